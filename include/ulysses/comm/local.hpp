@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file comm/local.hpp
+/// @brief LocalGroup: P ranks as threads of one process (the embedded default communicator).
+///
+/// Each rank is a thread that calls the collectives of its own LocalGroup::Comm. An all-to-all-v
+/// is: every rank publishes its send buffer, a barrier, every rank copies what its peers send it
+/// straight from their send buffers into its receive buffer, a barrier. Memory is host memory
+/// (plain std::memcpy). A rank that throws, or never arrives, makes the others fail with
+/// Error(aborted) or Error(timeout) instead of waiting forever.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// An in-process sequence-parallel group of `size` ranks, each driven by its own thread.
+/// Thread-safe for one call per rank at a time; a group serves one collective at a time.
+class LocalGroup {
+ public:
+  /// @param size    P >= 1 ranks
+  /// @param timeout how long a rank waits in a collective for the others before it throws
+  ///                Error(timeout) (and marks the group failed, so the others throw too)
+  /// @throws Error(invalid_group) size < 1
+  explicit LocalGroup(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5))
+      : size_(size), timeout_(timeout), slots_(size > 0 ? static_cast<std::size_t>(size) : 0) {
+    if (size < 1) throw Error(Errc::invalid_group, "LocalGroup size " + std::to_string(size) + " must be >= 1");
+  }
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+
+  int size() const { return size_; }
+
+  /// The communicator of one rank (a cheap handle; the group must outlive it). Models the
+  /// communicator concept of redistribute.hpp.
+  class Comm {
+   public:
+    int size() const { return g_->size_; }
+    int rank() const { return rank_; }
+
+    /// All-to-all-v in bytes (see the communicator concept in redistribute.hpp).
+    /// @throws Error(plan_mismatch) when a peer sends a different byte count than this rank
+    ///         expects; Error(timeout) / Error(aborted) as the group's barrier.
+    void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
+                   const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
+      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
+      mine.send = send;
+      mine.bytes = send_bytes;
+      mine.offsets = send_offsets;
+      g_->barrier(rank_);
+      try {
+        for (int p = 0; p < size(); ++p) {
+          const Slot& s = g_->slots_[static_cast<std::size_t>(p)];
+          if (s.bytes[rank_] != recv_bytes[p])
+            throw Error(Errc::plan_mismatch, "rank " + std::to_string(p) + " sends " + std::to_string(s.bytes[rank_]) +
+                                                 " bytes to rank " + std::to_string(rank_) + ", which expects " +
+                                                 std::to_string(recv_bytes[p]) + "; the ranks' plans differ");
+          if (recv_bytes[p]) std::memcpy(recv + recv_offsets[p], s.send + s.offsets[rank_], recv_bytes[p]);
+        }
+      } catch (...) {
+        g_->abort();
+        throw;
+      }
+      g_->barrier(rank_);  // peers may reuse their send buffers only after everyone has read them
+    }
+
+    /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
+    void barrier() { g_->barrier(rank_); }
+
+   private:
+    friend class LocalGroup;
+    Comm(LocalGroup* g, int r) : g_(g), rank_(r) {}
+    LocalGroup* g_;
+    int rank_;
+  };
+
+  /// The communicator of `rank`. @throws Error(invalid_group) rank outside [0, size).
+  Comm comm(int rank) {
+    if (rank < 0 || rank >= size_)
+      throw Error(Errc::invalid_group, "rank " + std::to_string(rank) + " outside LocalGroup [0, " + std::to_string(size_) + ")");
+    return Comm(this, rank);
+  }
+
+  /// Runs fn(Comm&) on `size` threads, one per rank, and joins them. If a rank throws, the group
+  /// is marked failed (peers blocked in a collective throw Error(aborted)) and the first
+  /// exception (the root cause, not the peers' aborts) is rethrown here.
+  template <class F>
+  void run(F&& fn) {
+    std::vector<std::exception_ptr> errs(static_cast<std::size_t>(size_));
+    std::vector<std::thread> th;
+    for (int r = 0; r < size_; ++r)
+      th.emplace_back([&, r] {
+        try {
+          Comm c = comm(r);
+          fn(c);
+        } catch (...) {
+          errs[static_cast<std::size_t>(r)] = std::current_exception();
+          abort();
+        }
+      });
+    for (auto& t : th) t.join();
+    std::exception_ptr first, any;  // first root cause; first error of any kind
+    for (auto& e : errs) {
+      if (!e) continue;
+      if (!any) any = e;
+      if (!first && !is_abort(e)) first = e;
+    }
+    if (!first) first = any;
+    if (first) std::rethrow_exception(first);
+  }
+
+  /// Marks the group failed: ranks waiting in a collective, and all later collectives, throw
+  /// Error(aborted). A group cannot be revived; make a new one.
+  void abort() {
+    std::lock_guard<std::mutex> l(m_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  static bool is_abort(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      return x.code() == Errc::aborted;
+    } catch (...) {
+    }
+    return false;
+  }
+
+  struct Slot {
+    const std::byte* send = nullptr;
+    const std::size_t* bytes = nullptr;
+    const std::size_t* offsets = nullptr;
+  };
+
+  void barrier(int rank) {
+    std::unique_lock<std::mutex> l(m_);
+    if (failed_) throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": another rank of the LocalGroup failed");
+    const std::uint64_t gen = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    const bool ok = cv_.wait_for(l, timeout_, [&] { return generation_ != gen || failed_; });
+    if (failed_) throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": another rank of the LocalGroup failed");
+    if (!ok) {
+      const int here = arrived_;
+      failed_ = true;
+      cv_.notify_all();
+      throw Error(Errc::timeout, "rank " + std::to_string(rank) + " waited " + std::to_string(timeout_.count()) +
+                                     " ms in a collective; only " + std::to_string(here) + " of " + std::to_string(size_) +
+                                     " ranks arrived (a rank skipped the call or failed outside it)");
+    }
+  }
+
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::vector<Slot> slots_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::uint64_t generation_ = 0;
+  bool failed_ = false;
+};
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file partition.hpp
+/// @brief How tokens (sequence partition) and heads (head partition) are split over the group.
+///
+/// A sequence partition is an ordered list of chunks (rank, global token offset, length); a rank
+/// may hold several (zigzag / dual-chunk load balancing for causal attention), and its local
+/// tensor holds its chunks back to back in the order they are listed. A head partition gives,
+/// for one tensor, the head range [begin, end) every rank holds in the head-sharded layout; under
+/// GQA the kv ranges of neighbouring ranks may overlap (a kv head used by the query heads of
+/// several ranks is sent to each of them: replication folded into the exchange).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "detail/checked.hpp"
+#include "error.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+inline void check_group_size(int P) {
+  if (P < 1) fail(Errc::invalid_group, "group size P=" + std::to_string(P) + " must be >= 1");
+}
+}  // namespace detail
+
+/// One contiguous run of tokens owned by one rank.
+struct SeqChunk {
+  int rank = 0;                   ///< owner, in [0, P)
+  std::int64_t offset = 0;        ///< first global token
+  std::int64_t length = 0;        ///< tokens (may be 0)
+  std::int64_t local_offset = 0;  ///< first token of the chunk in the owner's local tensor (computed)
+};
+
+/// The sequence partition: which global tokens each rank holds in the seq-sharded layout.
+///
+/// Invariants (checked by every factory): the chunks tile [0, S) exactly once; every rank in
+/// [0, P) is valid; a rank's local tensor holds its chunks in listing order, so its local length
+/// is the sum of its chunks' lengths.
+class SeqPartition {
+ public:
+  /// Even split: rank r holds [r*S/P, (r+1)*S/P).
+  /// @throws Error(invalid_group) P < 1; Error(invalid_shape) S < 1;
+  ///         Error(seq_not_divisible) S % P != 0 (the message lists the P that divide S).
+  static SeqPartition even(std::int64_t S, int P) {
+    check(S, P);
+    if (S % P != 0) {
+      std::ostringstream m;
+      m << "sequence length S=" << S << " is not divisible by group size P=" << P
+        << "; use SeqPartition::balanced (the first S % P ranks get one more token), pad S to "
+        << ((S + P - 1) / P) * P << ", or use P in " << detail::join(detail::divisors(S));
+      detail::fail(Errc::seq_not_divisible, m.str());
+    }
+    return balanced(S, P);
+  }
+
+  /// Balanced split: the first S % P ranks hold one token more; rank r's range is contiguous.
+  /// Ranks hold 0 tokens when S < P. @throws as even(), except seq_not_divisible.
+  static SeqPartition balanced(std::int64_t S, int P) {
+    check(S, P);
+    std::vector<std::int64_t> len(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r) len[r] = S / P + (r < S % P ? 1 : 0);
+    return lengths(len);
+  }
+
+  /// Explicit per-rank lengths (zeros allowed): rank r holds one contiguous range, ranks in order.
+  /// S = the sum. @throws Error(invalid_group) empty list; Error(seq_lengths_mismatch) a negative
+  /// length or a zero sum.
+  static SeqPartition lengths(const std::vector<std::int64_t>& len) {
+    detail::check_group_size(static_cast<int>(len.size()));
+    std::vector<SeqChunk> c;
+    std::int64_t off = 0;
+    for (std::size_t r = 0; r < len.size(); ++r) {
+      if (len[r] < 0)
+        detail::fail(Errc::seq_lengths_mismatch, "sequence length of rank " + std::to_string(r) + " is " +
+                                                     std::to_string(len[r]) + "; lengths must be >= 0");
+      c.push_back({static_cast<int>(r), off, len[r], 0});
+      off = detail::add(off, len[r], "sum of sequence lengths");
+    }
+    return chunks(off, static_cast<int>(len.size()), std::move(c));
+  }
+
+  /// Explicit per-rank lengths that must add up to S.
+  /// @throws Error(seq_lengths_mismatch) when the count differs from P or the sum from S.
+  static SeqPartition lengths(std::int64_t S, int P, const std::vector<std::int64_t>& len) {
+    check(S, P);
+    if (static_cast<std::int64_t>(len.size()) != P)
+      detail::fail(Errc::seq_lengths_mismatch, std::to_string(len.size()) + " sequence lengths given for group size P=" +
+                                                   std::to_string(P) + "; give one per rank");
+    SeqPartition p = lengths(len);
+    if (p.S_ != S)
+      detail::fail(Errc::seq_lengths_mismatch, "sequence lengths " + detail::join(len) + " sum to " +
+                                                   std::to_string(p.S_) + ", not to S=" + std::to_string(S));
+    return p;
+  }
+
+  /// Zigzag (dual-chunk) split for causal load balance: the sequence is cut into 2P balanced
+  /// chunks and rank r holds chunks r and 2P-1-r, in that order (as in Megatron-LM's context
+  /// parallelism and yunchang's "zigzag" ring attention). @throws as balanced().
+  static SeqPartition zigzag(std::int64_t S, int P) {
+    check(S, P);
+    const std::int64_t n = 2 * static_cast<std::int64_t>(P);
+    std::vector<std::int64_t> off(static_cast<std::size_t>(n + 1), 0);
+    for (std::int64_t i = 0; i < n; ++i) off[i + 1] = off[i] + S / n + (i < S % n ? 1 : 0);
+    std::vector<SeqChunk> c;
+    for (int r = 0; r < P; ++r) {
+      c.push_back({r, off[r], off[r + 1] - off[r], 0});
+      const std::int64_t j = n - 1 - r;
+      c.push_back({r, off[j], off[j + 1] - off[j], 0});
+    }
+    return chunks(S, P, std::move(c));
+  }
+
+  /// Any list of chunks (rank, offset, length); local_offset is computed. The chunks must tile
+  /// [0, S) exactly once. @throws Error(invalid_group) a rank outside [0, P);
+  /// Error(invalid_partition) gaps, overlaps or negative lengths.
+  static SeqPartition chunks(std::int64_t S, int P, std::vector<SeqChunk> c) {
+    detail::check_group_size(P);
+    if (S < 1) detail::fail(Errc::invalid_shape, "sequence length S=" + std::to_string(S) + " must be >= 1");
+    std::vector<std::int64_t> local(static_cast<std::size_t>(P), 0);
+    std::vector<std::pair<std::int64_t, std::int64_t>> cover;
+    for (auto& k : c) {
+      if (k.rank < 0 || k.rank >= P)
+        detail::fail(Errc::invalid_group, "sequence chunk names rank " + std::to_string(k.rank) +
+                                              " outside the group [0, " + std::to_string(P) + ")");
+      if (k.length < 0 || k.offset < 0)
+        detail::fail(Errc::invalid_partition, "sequence chunk at offset " + std::to_string(k.offset) + " has length " +
+                                                  std::to_string(k.length) + "; both must be >= 0");
+      k.local_offset = local[k.rank];
+      local[k.rank] += k.length;
+      if (k.length) cover.emplace_back(k.offset, k.length);
+    }
+    std::sort(cover.begin(), cover.end());
+    std::int64_t next = 0;
+    for (auto& [o, l] : cover) {
+      if (o != next)
+        detail::fail(Errc::invalid_partition, "sequence chunks do not tile [0, S=" + std::to_string(S) + "): " +
+                                                  (o < next ? "overlap" : "gap") + " at token " + std::to_string(std::min(o, next)));
+      next = o + l;
+    }
+    if (next != S)
+      detail::fail(Errc::seq_lengths_mismatch, "sequence chunks cover " + std::to_string(next) + " tokens, not S=" +
+                                                   std::to_string(S));
+    SeqPartition p;
+    p.S_ = S;
+    p.P_ = P;
+    p.chunks_ = std::move(c);
+    p.local_ = std::move(local);
+    return p;
+  }
+
+  std::int64_t seq_len() const { return S_; }  ///< S, global tokens
+  int degree() const { return P_; }             ///< P
+  /// Tokens rank r holds in the seq-sharded layout (S_r).
+  std::int64_t local_length(int r) const { return local_.at(static_cast<std::size_t>(r)); }
+  /// All chunks, in listing order.
+  const std::vector<SeqChunk>& chunks() const { return chunks_; }
+  /// Rank r's chunks in its local order.
+  std::vector<SeqChunk> chunks_of(int r) const {
+    std::vector<SeqChunk> out;
+    for (auto& k : chunks_)
+      if (k.rank == r) out.push_back(k);
+    return out;
+  }
+
+  friend bool operator==(const SeqPartition& a, const SeqPartition& b) {
+    if (a.S_ != b.S_ || a.P_ != b.P_ || a.chunks_.size() != b.chunks_.size()) return false;
+    for (std::size_t i = 0; i < a.chunks_.size(); ++i)
+      if (a.chunks_[i].rank != b.chunks_[i].rank || a.chunks_[i].offset != b.chunks_[i].offset ||
+          a.chunks_[i].length != b.chunks_[i].length)
+        return false;
+    return true;
+  }
+
+ private:
+  static void check(std::int64_t S, int P) {
+    detail::check_group_size(P);
+    if (S < 1) detail::fail(Errc::invalid_shape, "sequence length S=" + std::to_string(S) + " must be >= 1");
+  }
+  std::int64_t S_ = 0;
+  int P_ = 0;
+  std::vector<SeqChunk> chunks_;
+  std::vector<std::int64_t> local_;
+};
+
+/// The head partition of one tensor: the head range [begin(r), end(r)) rank r holds in the
+/// head-sharded layout.
+///
+/// Ranges are monotone (begin and end never decrease with r) and cover [0, H); neighbouring
+/// ranges may overlap only for kv tensors under GQA (replication). For the inverse exchange
+/// (head→seq) a replicated head is taken from its *owner*, the lowest rank holding it.
+class HeadPartition {
+ public:
+  /// Even split: rank r holds [r*H/P, (r+1)*H/P).
+  /// @throws Error(invalid_group) P < 1; Error(invalid_shape) H < 1; Error(heads_not_divisible)
+  ///         H % P != 0 (the message lists the P that divide H).
+  static HeadPartition even(std::int64_t H, int P) {
+    check(H, P, "num_heads");
+    if (H % P != 0) {
+      std::ostringstream m;
+      m << "num_heads=" << H << " is not divisible by group size " << P
+        << "; use HeadPartition::balanced or P in " << detail::join(detail::divisors(H));
+      detail::fail(Errc::heads_not_divisible, m.str());
+    }
+    HeadPartition p = balanced(H, P);
+    p.even_ = true;
+    return p;
+  }
+
+  /// Balanced split: the first H % P ranks hold one head more (H=7, P=4: [2,2,2,1]; H=3, P=4:
+  /// [1,1,1,0]). @throws as even(), except heads_not_divisible.
+  static HeadPartition balanced(std::int64_t H, int P) {
+    check(H, P, "num_heads");
+    std::vector<std::pair<std::int64_t, std::int64_t>> r;
+    std::int64_t b = 0;
+    for (int i = 0; i < P; ++i) {
+      const std::int64_t n = H / P + (i < H % P ? 1 : 0);
+      r.emplace_back(b, b + n);
+      b += n;
+    }
+    return ranges(H, std::move(r));
+  }
+
+  /// Explicit ranges [begin, end), one per rank, monotone, covering [0, H).
+  /// @throws Error(invalid_partition) when they are not monotone or do not cover [0, H).
+  static HeadPartition ranges(std::int64_t H, std::vector<std::pair<std::int64_t, std::int64_t>> r) {
+    check(H, static_cast<int>(r.size()), "num_heads");
+    std::int64_t prev_b = 0, prev_e = 0;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      auto [b, e] = r[i];
+      const bool empty = b == e;
+      if (b < 0 || e < b || e > H || (!empty && (b < prev_b || e < prev_e || b > prev_e)))
+        detail::fail(Errc::invalid_partition, "head range of rank " + std::to_string(i) + " is [" + std::to_string(b) +
+                                                  ", " + std::to_string(e) + "); ranges must lie in [0, " +
+                                                  std::to_string(H) + "), be monotone and leave no gap");
+      if (!empty) prev_b = b, prev_e = e;
+    }
+    if (prev_e != H)
+      detail::fail(Errc::invalid_partition, "head ranges end at " + std::to_string(prev_e) + ", not at H=" + std::to_string(H));
+    HeadPartition p;
+    p.H_ = H;
+    p.r_ = std::move(r);
+    return p;
+  }
+
+  /// The kv-head partition that goes with a query-head partition under GQA/MQA: rank r receives
+  /// exactly the kv heads its query heads use (query head h uses kv head h / (H / Hkv)).
+  ///
+  /// With an even query split this is the DeepSpeed-Ulysses rule: if Hkv % P == 0 every rank gets
+  /// Hkv/P kv heads; if P % Hkv == 0 every rank gets the one kv head its query heads use (ranks
+  /// r*P/Hkv .. share it; the sender copies it into each of their wire chunks, it is never
+  /// materialised P/Hkv times). With a balanced query split any Hkv is served, and neighbouring
+  /// ranks may share a kv head. Hkv == H gives the query partition itself.
+  /// @throws Error(invalid_shape) Hkv < 1; Error(gqa_invalid) Hkv does not divide H;
+  ///         Error(gqa_group_mismatch) even query split and neither Hkv % P nor P % Hkv is 0
+  ///         (the message lists the P that work).
+  static HeadPartition gqa(const HeadPartition& query, std::int64_t Hkv) {
+    const std::int64_t H = query.H_;
+    const int P = query.degree();
+    if (Hkv < 1) detail::fail(Errc::invalid_shape, "num_kv_heads=" + std::to_string(Hkv) + " must be >= 1");
+    if (H % Hkv != 0)
+      detail::fail(Errc::gqa_invalid, "num_kv_heads=" + std::to_string(Hkv) + " does not divide num_heads=" +
+                                          std::to_string(H) + "; GQA needs H % Hkv == 0");
+    if (query.even_ && Hkv % P != 0 && P % Hkv != 0) {
+      std::vector<std::int64_t> ok;
+      for (std::int64_t d : detail::divisors(H))
+        if (Hkv % d == 0 || d % Hkv == 0) ok.push_back(d);
+      std::ostringstream m;
+      m << "num_kv_heads=" << Hkv << " with group size P=" << P
+        << ": neither divides the other, so kv heads can be neither split nor replicated evenly; use P in "
+        << detail::join(ok) << " (num_heads=" << H << "), or HeadPartition::balanced for the query heads";
+      detail::fail(Errc::gqa_group_mismatch, m.str());
+    }
+    const std::int64_t g = H / Hkv;
+    std::vector<std::pair<std::int64_t, std::int64_t>> r;
+    std::int64_t last = 0;
+    for (int i = 0; i < P; ++i) {
+      auto [b, e] = query.r_[static_cast<std::size_t>(i)];
+      if (b == e)
+        r.emplace_back(last, last);
+      else
+        r.emplace_back(b / g, (e - 1) / g + 1), last = (e - 1) / g + 1;
+    }
+    HeadPartition p = ranges(Hkv, std::move(r));
+    p.even_ = query.even_;
+    p.query_per_kv_ = g;
+    return p;
+  }
+
+  std::int64_t num_heads() const { return H_; }                       ///< H of this tensor
+  int degree() const { return static_cast<int>(r_.size()); }          ///< P
+  std::int64_t begin(int r) const { return r_.at(static_cast<std::size_t>(r)).first; }   ///< first head of rank r
+  std::int64_t end(int r) const { return r_.at(static_cast<std::size_t>(r)).second; }    ///< one past rank r's last head
+  std::int64_t count(int r) const { return end(r) - begin(r); }       ///< H_r, heads rank r holds
+  /// For a kv partition made by gqa(): query heads per kv head (H / Hkv); 1 otherwise.
+  std::int64_t query_per_kv() const { return query_per_kv_; }
+  /// First head of rank r's range that no lower rank holds (the heads r sends in head→seq).
+  std::int64_t owned_begin(int r) const {
+    std::int64_t b = begin(r);
+    for (int i = 0; i < r; ++i) b = std::max(b, end(i));
+    return std::min(b, end(r));
+  }
+  /// True when no two ranges overlap.
+  bool disjoint() const {
+    for (int r = 0; r < degree(); ++r)
+      if (owned_begin(r) != begin(r)) return false;
+    return true;
+  }
+
+  friend bool operator==(const HeadPartition& a, const HeadPartition& b) { return a.H_ == b.H_ && a.r_ == b.r_; }
+
+ private:
+  static void check(std::int64_t H, int P, const char* what) {
+    detail::check_group_size(P);
+    if (H < 1) detail::fail(Errc::invalid_shape, std::string(what) + "=" + std::to_string(H) + " must be >= 1");
+  }
+  std::int64_t H_ = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> r_;
+  bool even_ = false;
+  std::int64_t query_per_kv_ = 1;
+};
+
+ULYSSES_NAMESPACE_END

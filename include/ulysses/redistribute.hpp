@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file redistribute.hpp
+/// @brief seq_to_head / head_to_seq over any communicator and executor: pack → exchange → unpack.
+///
+/// Follows DeepSpeed-Ulysses (Jacobs et al., arXiv:2309.14509): before attention an all-to-all
+/// turns seq-sharded q, k, v into head-sharded ones (scatter heads, gather sequence); after it,
+/// the inverse all-to-all returns the output to the seq sharding. Unlike DeepSpeed, q, k and v
+/// (with their own head counts under GQA) travel in ONE all-to-all.
+///
+/// Communicator concept — a type C used here must provide:
+/// - `int C::size() const` and `int C::rank() const`: the group's degree and this member's rank;
+/// - `void C::alltoallv(const std::byte* send, const std::size_t* send_bytes,
+///       const std::size_t* send_offsets, std::byte* recv, const std::size_t* recv_bytes,
+///       const std::size_t* recv_offsets)`: collective over the group; every array has size()
+///   entries indexed by peer rank, in bytes; the chunk for peer p is
+///   `[send + send_offsets[p], + send_bytes[p])`, and what p sends to this rank lands at
+///   `recv + recv_offsets[p]`. Zero-byte pairs occur (the own chunk is always 0) and must not
+///   hang. On return (or, for stream-ordered backends, in stream order) the data is in place.
+///   Errors are thrown as ulysses::Error(backend). Shipped: LocalGroup::Comm (comm/local.hpp),
+///   MpiComm (comm/mpi.hpp), NcclComm (comm/nccl.cuh).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "copy.hpp"
+#include "error.hpp"
+#include "plan.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// Caller-owned scratch memory of at least Plan::workspace_bytes() bytes (host memory for the host
+/// executor, device memory for the CUDA one). Its start must be aligned to 16 bytes for the CUDA
+/// executor's widest copies (any alignment is correct, narrower copies are taken otherwise).
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// The base pointers of the plan's tensors (q, k, v, ...) in the plan's order, held by value
+/// (at most kMaxTensors; more is reported as Error(wrong_tensor_count) by the calls).
+template <class Ptr>
+struct TensorList {
+  Ptr data[kMaxTensors] = {};
+  std::size_t size = 0;
+  TensorList() = default;
+  TensorList(std::initializer_list<Ptr> l) : TensorList(l.begin(), l.size()) {}
+  /// From an array of n pointers.
+  TensorList(const Ptr* d, std::size_t n) : size(n) {
+    for (std::size_t i = 0; i < n && i < static_cast<std::size_t>(kMaxTensors); ++i) data[i] = d[i];
+  }
+};
+
+namespace detail {
+
+inline std::size_t align_of_elem(std::size_t e) {
+  std::size_t a = 1;
+  while (a < 16 && e % (a * 2) == 0) a *= 2;
+  return a;
+}
+
+/// Checks the call's arguments against the plan and fills the buffer table. The checks are
+/// local to this rank: the plan has already made the global ones.
+/// @throws Error(wrong_tensor_count, workspace_too_small, misaligned, buffer_overlap, invalid_shape)
+inline BufferTable make_table(const Plan& plan, Direction dir, TensorList<const void*> in, TensorList<void*> out,
+                              Workspace ws) {
+  const int T = plan.num_tensors();
+  if (in.size != static_cast<std::size_t>(T) || out.size != static_cast<std::size_t>(T))
+    fail(Errc::wrong_tensor_count, std::to_string(in.size) + " inputs and " + std::to_string(out.size) +
+                                       " outputs given; the plan moves " + std::to_string(T) + " tensors");
+  if (ws.bytes < plan.workspace_bytes() || (plan.workspace_bytes() && !ws.data))
+    fail(Errc::workspace_too_small, "workspace of " + std::to_string(ws.bytes) + " bytes at " +
+                                        (ws.data ? "a valid address" : "null") + "; the plan needs " +
+                                        std::to_string(plan.workspace_bytes()) + " bytes (Plan::workspace_bytes())");
+  struct Range {
+    const std::byte* p;
+    std::size_t n;
+    std::string name;
+  };
+  std::vector<Range> inputs, outputs;
+  BufferTable tab;
+  for (int t = 0; t < T; ++t) {
+    const std::size_t e = plan.tensor(t).elem_bytes;
+    const std::size_t ib = plan.input_bytes(dir, t), ob = plan.output_bytes(dir, t);
+    const auto* ip = static_cast<const std::byte*>(in.data[t]);
+    auto* op = static_cast<std::byte*>(out.data[t]);
+    for (auto [p, n, what] : {std::tuple<const std::byte*, std::size_t, const char*>{ip, ib, "input"}, {op, ob, "output"}}) {
+      if (n && !p) fail(Errc::invalid_shape, std::string(what) + " " + std::to_string(t) + " is null but holds " + std::to_string(n) + " bytes");
+      if (reinterpret_cast<std::uintptr_t>(p) % align_of_elem(e))
+        fail(Errc::misaligned, std::string(what) + " " + std::to_string(t) + " is not aligned to its element size of " +
+                                   std::to_string(e) + " bytes");
+    }
+    inputs.push_back({ip, ib, "input " + std::to_string(t)});
+    outputs.push_back({op, ob, "output " + std::to_string(t)});
+    tab.base[Buffer::input(t)] = const_cast<std::byte*>(ip);
+    tab.base[Buffer::output(t)] = op;
+  }
+  auto* w = static_cast<std::byte*>(ws.data);
+  std::vector<Range> others = inputs;
+  others.push_back({w, plan.workspace_bytes(), "the workspace"});
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = 0; j < outputs.size(); ++j)
+      if (j != i) others.push_back(outputs[j]);
+    for (const Range& o : others) {
+      const Range& a = outputs[i];
+      if (a.n && o.n && a.p < o.p + o.n && o.p < a.p + a.n)
+        fail(Errc::buffer_overlap, a.name + " [" + std::to_string(a.n) + " bytes] overlaps " + o.name + " [" +
+                                       std::to_string(o.n) + " bytes]; outputs need their own memory");
+    }
+    others.resize(inputs.size() + 1);
+  }
+  tab.base[Buffer::send] = w;
+  tab.base[Buffer::recv] = w ? w + plan.recv_region_offset() : nullptr;
+  return tab;
+}
+
+template <class T>
+void check_elem(const Plan& plan) {
+  if (plan.tensor(0).elem_bytes != sizeof(T))
+    fail(Errc::invalid_shape, "element type of " + std::to_string(sizeof(T)) + " bytes given; the plan was made for " +
+                                  std::to_string(plan.tensor(0).elem_bytes) + "-byte elements");
+}
+
+template <class Comm>
+void check_comm(const Plan& plan, const Comm& comm) {
+  if (comm.size() != plan.degree() || comm.rank() != plan.rank())
+    fail(Errc::comm_mismatch, "communicator has size " + std::to_string(comm.size()) + " and rank " +
+                                  std::to_string(comm.rank()) + "; the plan was made for P=" + std::to_string(plan.degree()) +
+                                  ", rank " + std::to_string(plan.rank()));
+}
+
+}  // namespace detail
+
+/// Pack stage: copies this rank's inputs into the send region of the workspace (wire format).
+/// @pre `buffers` from make_buffers(); @throws nothing itself (executor errors propagate).
+template <class Exec>
+void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers) {
+  const Schedule& s = plan.schedule(dir);
+  exec.run(s.pack.data(), s.pack.size(), buffers);
+}
+
+/// Exchange stage: the all-to-all-v of the send region into the receive region.
+/// @throws Error(comm_mismatch) communicator of another size or rank; backend errors.
+template <class Comm>
+void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers) {
+  detail::check_comm(plan, comm);
+  const Schedule& s = plan.schedule(dir);
+  comm.alltoallv(buffers.base[Buffer::send], s.send_bytes.data(), s.send_offsets.data(), buffers.base[Buffer::recv],
+                 s.recv_bytes.data(), s.recv_offsets.data());
+}
+
+/// Unpack stage: copies the receive region into the outputs, and this rank's own chunk straight
+/// from its inputs to its outputs.
+template <class Exec>
+void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers) {
+  const Schedule& s = plan.schedule(dir);
+  exec.run(s.unpack.data(), s.unpack.size(), buffers);
+}
+
+/// Checks one call's pointers against the plan and returns the buffer table the stages run on.
+///
+/// @param in  the plan's tensors in order: seq-sharded [B, S_r, H, D] for seq_to_head,
+///            head-sharded [B, S, H_r, D] for head_to_seq (in the plan's layouts)
+/// @param out the other sharding, same order; must not overlap the inputs, each other or `ws`
+/// @throws Error(wrong_tensor_count) list sizes differ from Plan::num_tensors();
+///         Error(workspace_too_small) ws.bytes < Plan::workspace_bytes();
+///         Error(misaligned) a pointer not aligned to its element size (up to 16 bytes);
+///         Error(buffer_overlap) an output overlapping another buffer;
+///         Error(invalid_shape) a null pointer for a non-empty tensor.
+inline BufferTable make_buffers(const Plan& plan, Direction dir, TensorList<const void*> in, TensorList<void*> out,
+                                Workspace ws) {
+  return detail::make_table(plan, dir, in, out, ws);
+}
+
+/// Redistributes the plan's tensors in direction `dir`: pack, one exchange, unpack.
+///
+/// Every rank of the group calls it with the same plan inputs. No allocation other than the
+/// argument checks' small vectors; host executors return when done, CUDA ones when enqueued.
+/// @throws everything make_buffers() and exchange() throw; all argument errors are raised before
+///         the exchange, but they are local to this rank (cross-rank agreement is the plan's job).
+template <class Comm, class Exec>
+void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, TensorList<const void*> in,
+                  TensorList<void*> out, Workspace ws) {
+  detail::check_comm(plan, comm);
+  const BufferTable t = make_buffers(plan, dir, in, out, ws);
+  pack(plan, dir, exec, t);
+  exchange(plan, dir, comm, t);
+  unpack(plan, dir, exec, t);
+}
+
+/// seq→head: seq-sharded inputs [B, S_r, H, D] → head-sharded outputs [B, S, H_r, D], all tensors
+/// in one exchange. See redistribute().
+template <class Comm, class Exec>
+void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, TensorList<const void*> in, TensorList<void*> out, Workspace ws) {
+  redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws);
+}
+
+/// head→seq: head-sharded inputs [B, S, H_r, D] → seq-sharded outputs [B, S_r, H, D] (the inverse
+/// of seq_to_head, and its backward). A head held by several ranks (GQA replication) is taken from
+/// its lowest rank. See redistribute().
+template <class Comm, class Exec>
+void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, TensorList<const void*> in, TensorList<void*> out, Workspace ws) {
+  redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws);
+}
+
+/// One-tensor seq→head with a typed pointer. @throws Error(invalid_shape) when sizeof(T) differs
+/// from the plan's element size; otherwise as redistribute().
+template <class T, class Comm, class Exec>
+void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const T* in, T* out, Workspace ws) {
+  detail::check_elem<T>(plan);
+  seq_to_head(plan, comm, exec, {static_cast<const void*>(in)}, {static_cast<void*>(out)}, ws);
+}
+
+/// One-tensor head→seq with a typed pointer. @throws as the one-tensor seq_to_head().
+template <class T, class Comm, class Exec>
+void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const T* in, T* out, Workspace ws) {
+  detail::check_elem<T>(plan);
+  head_to_seq(plan, comm, exec, {static_cast<const void*>(in)}, {static_cast<void*>(out)}, ws);
+}
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: Apache-2.0
+# ctest -P script: (a) install ULYSSES_BUILD_DIR into a fresh prefix and build the consumer with
+# find_package, or (b) build the consumer with add_subdirectory(ULYSSES_SOURCE_DIR); then run it.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(args -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+if(ULYSSES_BUILD_DIR)
+  execute_process(COMMAND ${CMAKE_COMMAND} --install ${ULYSSES_BUILD_DIR} --prefix ${WORK_DIR}/prefix
+    RESULT_VARIABLE rc OUTPUT_QUIET)
+  if(rc)
+    message(FATAL_ERROR "cmake --install failed (${rc})")
+  endif()
+  list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+else()
+  list(APPEND args -DULYSSES_SOURCE_DIR=${ULYSSES_SOURCE_DIR} -DULYSSES_BUILD_TESTS=OFF
+    -DULYSSES_BUILD_EXAMPLES=OFF -DULYSSES_BUILD_BENCHMARKS=OFF -DULYSSES_ENABLE_CUDA=OFF)
+endif()
+foreach(step "configure;${args}" "build;--build;${WORK_DIR}/build")
+  list(POP_FRONT step name)
+  execute_process(COMMAND ${CMAKE_COMMAND} ${step} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc)
+    message(FATAL_ERROR "consumer ${name} failed (${rc}):\n${out}")
+  endif()
+endforeach()
+execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+message(STATUS "${out}")
+if(rc)
+  message(FATAL_ERROR "consumer failed (${rc})")
+endif()

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// The fault cases of the project's shared case list (C1–C8) and the models sweep, written once
+// and run on every backend (in-process group, MPI, CUDA). Each returns the cases for group size P.
+#pragma once
+
+#include "harness.hpp"
+
+namespace ut {
+
+inline const Format kFormats[] = {Format::bshd, Format::sbhd, Format::bhsd};
+
+/// C1: B=2, S=4, P=2, H=4, D=1 in each layout (a split along the wrong dimension passes when B=1).
+inline std::vector<Case> c1_cases() {
+  std::vector<Case> v;
+  for (Format f : kFormats)
+    v.push_back({std::string("C1 ") + to_string(f), 2, 2, SeqPartition::even(4, 2), {{HeadPartition::even(4, 2), 1}}, f});
+  return v;
+}
+
+/// C2: B in {1,2}, layouts bshd/sbhd/bhsd, one tensor and q/k/v (GQA) in one exchange, group size P.
+inline std::vector<Case> c2_cases(int P) {
+  std::vector<Case> v;
+  for (std::int64_t B : {1, 2})
+    for (Format f : kFormats) {
+      const std::string n = "C2 P=" + std::to_string(P) + " B=" + std::to_string(B) + " " + to_string(f);
+      auto q = HeadPartition::even(8, P);
+      v.push_back({n, P, B, SeqPartition::even(2 * P, P), {{q, 4}}, f});
+      v.push_back({n + " qkv", P, B, SeqPartition::even(2 * P, P),
+                   {{q, 4}, {HeadPartition::gqa(q, 2), 4}, {HeadPartition::gqa(q, 2), 4}}, f});
+    }
+  return v;
+}
+
+/// C3: S=7 over P=2 balanced (4 and 3 tokens), B=2, H=4, D=8.
+inline std::vector<Case> c3_cases() {
+  std::vector<Case> v;
+  for (Format f : kFormats)
+    v.push_back({std::string("C3 ") + to_string(f), 2, 2, SeqPartition::balanced(7, 2), {{HeadPartition::even(4, 2), 8}}, f});
+  return v;
+}
+
+/// C4: H=7 over P=4 ([2,2,2,1]) and H=20 over P=8 ([3,3,3,3,2,2,2,2]), bshd and sbhd.
+inline std::vector<Case> c4_cases(int P) {
+  std::vector<Case> v;
+  const std::int64_t H = P == 4 ? 7 : 20;
+  for (Format f : {Format::bshd, Format::sbhd})
+    v.push_back({"C4 H=" + std::to_string(H) + " " + to_string(f), P, 2, SeqPartition::even(2 * P, P),
+                 {{HeadPartition::balanced(H, P), 3}}, f});
+  return v;
+}
+
+/// C5: H=16, Hkv=2, P=4, B=1, S=16, D=8: q, k, v in one exchange, kv head r/2 on rank r.
+inline Case c5_case() {
+  auto q = HeadPartition::even(16, 4);
+  auto kv = HeadPartition::gqa(q, 2);
+  return {"C5", 4, 1, SeqPartition::even(16, 4), {{q, 8}, {kv, 8}, {kv, 8}}, Format::bshd};
+}
+
+/// C6: empty chunks at P=4: a rank with no tokens (lengths [5,0,3,4]) and a rank with no heads
+/// (H=3 balanced: [1,1,1,0]), separately and together, with q/k/v.
+inline std::vector<Case> c6_cases() {
+  auto h3 = HeadPartition::balanced(3, 4);
+  auto seq0 = SeqPartition::lengths(12, 4, {5, 0, 3, 4});
+  return {
+      {"C6 zero tokens", 4, 2, seq0, {{HeadPartition::even(4, 4), 4}}, Format::bshd},
+      {"C6 zero heads", 4, 2, SeqPartition::even(8, 4), {{h3, 4}}, Format::sbhd},
+      {"C6 both, qkv", 4, 1, seq0, {{h3, 4}, {HeadPartition::gqa(h3, 1), 4}, {HeadPartition::gqa(h3, 1), 2}}, Format::bhsd},
+  };
+}
+
+/// C8: B=2, S=8, P=2: the gathered sequence must be in (B, P, S_local) order, not (P, B, S_local).
+inline std::vector<Case> c8_cases() {
+  std::vector<Case> v;
+  for (Format f : kFormats)
+    v.push_back({std::string("C8 ") + to_string(f), 2, 2, SeqPartition::even(8, 2), {{HeadPartition::even(2, 2), 2}}, f});
+  return v;
+}
+
+/// Zigzag (dual-chunk) sequence partitions: rank r holds chunks r and 2P-1-r.
+inline std::vector<Case> zigzag_cases(int P) {
+  auto q = HeadPartition::balanced(6, P);
+  return {{"zigzag P=" + std::to_string(P), P, 2, SeqPartition::zigzag(4 * P + 1, P),
+           {{q, 4}, {HeadPartition::gqa(q, 3), 4}}, Format::sbhd}};
+}
+
+/// C7: the seq-sharded input of every rank is the view x[:, 4:12] of a [B=2, 16, H=2, D=4] bshd
+/// buffer (8 local tokens, not contiguous since B=2); the result of head→seq goes into the same
+/// view of another such buffer. Checks the values and that no byte outside the views changes.
+template <class T, class Comm>
+std::string run_view_case(Comm& comm, int P) {
+  using namespace ulysses;
+  const int r = comm.rank();
+  const std::int64_t B = 2, X = 16, H = 2, D = 4, L = 8, S = L * P;
+  const Layout view = Layout::strided({B, L, H, D}, {X * H * D, H * D, D, 1});
+  const std::int64_t base = 4 * H * D;  // element offset of x[0, 4]
+  auto hp = HeadPartition::even(H, P);
+  Plan plan({P, r}, B, SeqPartition::even(S, P),
+            {TensorSpec::of<T>(hp, D).with_seq_layout(view)});
+  std::vector<T> x(static_cast<std::size_t>(B * X * H * D), sentinel<T>()), y = x;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < L; ++s)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t d = 0; d < D; ++d)
+          x[static_cast<std::size_t>(base + view.offset(b, s, h, d))] = value<T>(position(0, b, r * L + s, h, d, S, H, D, B));
+  std::vector<T> mid(static_cast<std::size_t>(plan.head_layout(0).span_elems()));
+  std::vector<std::byte> ws(plan.workspace_bytes());
+  HostExecutor ex;
+  seq_to_head(plan, comm, ex, x.data() + base, mid.data(), Workspace{ws.data(), ws.size()});
+  const Layout& hl = plan.head_layout(0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = 0; h < hl.extent[2]; ++h)
+        for (std::int64_t d = 0; d < D; ++d)
+          if (!same_bits(mid[static_cast<std::size_t>(hl.offset(b, s, h, d))],
+                         value<T>(position(0, b, s, hp.begin(r) + h, d, S, H, D, B))))
+            return "C7 rank " + std::to_string(r) + ": seq_to_head wrong at b=" + std::to_string(b) + " s=" + std::to_string(s);
+  head_to_seq(plan, comm, ex, mid.data(), y.data() + base, Workspace{ws.data(), ws.size()});
+  if (std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) != 0)
+    return "C7 rank " + std::to_string(r) + ": head_to_seq into the view differs from the input view (or wrote outside it)";
+  return "";
+}
+
+}  // namespace ut
+
+#include "models.hpp"
+
+namespace ut {
+
+/// The error planning must raise for `m` at group size P with even head splits, or Errc{} (0) when
+/// planning must succeed: H % P != 0 → heads_not_divisible; then neither Hkv % P nor P % Hkv → gqa_group_mismatch.
+inline ulysses::Errc expected_even_error(const ulysses_models::Model& m, int P) {
+  if (m.num_heads % P != 0) return ulysses::Errc::heads_not_divisible;
+  if (m.num_kv_heads % P != 0 && P % m.num_kv_heads != 0) return ulysses::Errc::gqa_group_mismatch;
+  return ulysses::Errc{};
+}
+
+/// q, k, v of model m at group size P with a scaled-down sequence of S = 3P - 1 tokens (uneven,
+/// balanced), B=1; heads split evenly when `even`, else balanced; v uses v_head_dim (MLA).
+inline Case model_case(const ulysses_models::Model& m, int P, bool even) {
+  auto q = even ? HeadPartition::even(m.num_heads, P) : HeadPartition::balanced(m.num_heads, P);
+  auto kv = HeadPartition::gqa(q, m.num_kv_heads);
+  return {std::string(m.name) + " P=" + std::to_string(P) + (even ? " even" : " balanced"), P, 1,
+          SeqPartition::balanced(3 * P - 1, P), {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}}, Format::bshd};
+}
+
+}  // namespace ut

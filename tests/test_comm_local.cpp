@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// comm/local.hpp: the in-process group's all-to-all-v, zero-byte pairs, timeouts and aborts.
+#include <doctest/doctest.h>
+#include <ulysses/comm/local.hpp>
+
+#include <numeric>
+#include <vector>
+
+using namespace ulysses;
+
+TEST_CASE("alltoallv moves chunk (i -> j) of i bytes+j to rank j, with zero-byte pairs") {
+  // Rank i sends i+j bytes to rank j (0 for i = j = 0), each byte = 16*i + j.
+  const int P = 4;
+  LocalGroup g(P);
+  std::vector<std::vector<unsigned char>> got(P);
+  g.run([&](LocalGroup::Comm& c) {
+    const int i = c.rank();
+    std::vector<std::size_t> sb(P), so(P), rb(P), ro(P);
+    std::size_t st = 0, rt = 0;
+    for (int j = 0; j < P; ++j) sb[j] = i + j, so[j] = st, st += sb[j], rb[j] = j + i, ro[j] = rt, rt += rb[j];
+    std::vector<std::byte> send(st), recv(rt);
+    for (int j = 0; j < P; ++j)
+      for (std::size_t k = 0; k < sb[j]; ++k) send[so[j] + k] = std::byte(16 * i + j);
+    c.alltoallv(send.data(), sb.data(), so.data(), recv.data(), rb.data(), ro.data());
+    for (auto b : recv) got[i].push_back(static_cast<unsigned char>(b));
+  });
+  // Rank 1 receives 1 byte from 0 (0x01), 2 from 1 (0x11), 3 from 2 (0x21), 4 from 3 (0x31).
+  CHECK(got[1] == std::vector<unsigned char>{0x01, 0x11, 0x11, 0x21, 0x21, 0x21, 0x31, 0x31, 0x31, 0x31});
+  CHECK(got[0] == std::vector<unsigned char>{0x10, 0x20, 0x20, 0x30, 0x30, 0x30});
+}
+
+TEST_CASE("a rank that never arrives makes the others time out instead of hanging") {
+  LocalGroup g(3, std::chrono::milliseconds(200));
+  try {
+    g.run([&](LocalGroup::Comm& c) {
+      if (c.rank() != 2) c.barrier();
+    });
+    FAIL("expected a timeout");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::timeout);
+  }
+}
+
+TEST_CASE("a rank that throws aborts the others; run() rethrows the root cause") {
+  LocalGroup g(3);
+  try {
+    g.run([&](LocalGroup::Comm& c) {
+      if (c.rank() == 1) throw Error(Errc::invalid_shape, "root cause");
+      c.barrier();
+      c.barrier();
+    });
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_shape);
+  }
+  // The group stays failed.
+  auto c0 = g.comm(0);
+  CHECK_THROWS_AS(c0.barrier(), Error);
+}
+
+TEST_CASE("mismatched byte counts between ranks are reported, not silently copied") {
+  LocalGroup g(2);
+  try {
+    g.run([&](LocalGroup::Comm& c) {
+      std::vector<std::size_t> sb{0, 8}, so{0, 0}, rb{0, 0}, ro{0, 0};
+      if (c.rank() == 1) sb = {4, 0}, rb = {8, 0};  // rank 1 expects 8 from 0 but 0 sends 8... and 1 sends 4 to 0 which expects 0
+      std::vector<std::byte> buf(16);
+      c.alltoallv(buf.data(), sb.data(), so.data(), buf.data() + 8, rb.data(), ro.data());
+    });
+    FAIL("expected plan_mismatch");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::plan_mismatch);
+  }
+}
+
+TEST_CASE("comm(rank) checks the rank; size 0 is rejected") {
+  LocalGroup g(2);
+  CHECK_THROWS_AS(g.comm(2), Error);
+  try {
+    LocalGroup bad(0);
+    FAIL("expected invalid_group");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_group);
+  }
+}

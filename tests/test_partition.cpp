@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// partition.hpp: sequence and head splits, GQA kv ranges, and every planning error's code.
+#include <doctest/doctest.h>
+#include <ulysses/partition.hpp>
+
+#include <functional>
+#include <string>
+
+using namespace ulysses;
+
+namespace {
+/// The code and message of the Error f throws (code 0 when it throws none).
+std::pair<Errc, std::string> error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {Errc{}, ""};
+}
+std::vector<std::int64_t> counts(const HeadPartition& p) {
+  std::vector<std::int64_t> v;
+  for (int r = 0; r < p.degree(); ++r) v.push_back(p.count(r));
+  return v;
+}
+std::vector<std::int64_t> lengths(const SeqPartition& p) {
+  std::vector<std::int64_t> v;
+  for (int r = 0; r < p.degree(); ++r) v.push_back(p.local_length(r));
+  return v;
+}
+}  // namespace
+
+TEST_CASE("sequence splits: even, balanced, explicit, zigzag") {
+  CHECK(lengths(SeqPartition::even(12, 4)) == std::vector<std::int64_t>{3, 3, 3, 3});
+  CHECK(lengths(SeqPartition::balanced(7, 2)) == std::vector<std::int64_t>{4, 3});
+  CHECK(lengths(SeqPartition::balanced(2, 4)) == std::vector<std::int64_t>{1, 1, 0, 0});
+  auto ex = SeqPartition::lengths(12, 4, {5, 0, 3, 4});
+  CHECK(lengths(ex) == std::vector<std::int64_t>{5, 0, 3, 4});
+  CHECK(ex.chunks()[2].offset == 5);
+  auto z = SeqPartition::zigzag(16, 4);  // 8 chunks of 2: rank 1 holds chunks 1 and 6
+  auto c1 = z.chunks_of(1);
+  REQUIRE(c1.size() == 2);
+  CHECK(c1[0].offset == 2);
+  CHECK(c1[0].local_offset == 0);
+  CHECK(c1[1].offset == 12);
+  CHECK(c1[1].local_offset == 2);
+  CHECK(lengths(SeqPartition::zigzag(17, 4)) == std::vector<std::int64_t>{5, 4, 4, 4});
+}
+
+TEST_CASE("sequence split errors carry their codes and the numbers") {
+  auto [code, msg] = error_of([] { SeqPartition::even(7, 2); });
+  CHECK(code == Errc::seq_not_divisible);
+  CHECK(msg.find("S=7") != std::string::npos);
+  CHECK(msg.find("P=2") != std::string::npos);
+  CHECK(msg.find("{1,7}") != std::string::npos);
+  CHECK(error_of([] { SeqPartition::even(8, 0); }).first == Errc::invalid_group);
+  CHECK(error_of([] { SeqPartition::balanced(0, 2); }).first == Errc::invalid_shape);
+  CHECK(error_of([] { SeqPartition::lengths(12, 4, {5, 0, 3}); }).first == Errc::seq_lengths_mismatch);
+  CHECK(error_of([] { SeqPartition::lengths(12, 4, {5, 0, 3, 5}); }).first == Errc::seq_lengths_mismatch);
+  CHECK(error_of([] { SeqPartition::lengths({4, -1, 3}); }).first == Errc::seq_lengths_mismatch);
+  CHECK(error_of([] { SeqPartition::chunks(8, 2, {{0, 0, 4, 0}, {1, 3, 5, 0}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { SeqPartition::chunks(8, 2, {{0, 0, 4, 0}, {1, 5, 3, 0}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { SeqPartition::chunks(8, 2, {{0, 0, 4, 0}, {2, 4, 4, 0}}); }).first == Errc::invalid_group);
+  CHECK(error_of([] { SeqPartition::chunks(8, 2, {{0, 0, 4, 0}, {1, 4, 2, 0}}); }).first == Errc::seq_lengths_mismatch);
+}
+
+TEST_CASE("C4 head splits: H=7 over 4 is [2,2,2,1]; H=20 over 8 is [3,3,3,3,2,2,2,2]; even policy refuses") {
+  CHECK(counts(HeadPartition::balanced(7, 4)) == std::vector<std::int64_t>{2, 2, 2, 1});
+  CHECK(counts(HeadPartition::balanced(20, 8)) == std::vector<std::int64_t>{3, 3, 3, 3, 2, 2, 2, 2});
+  CHECK(counts(HeadPartition::balanced(3, 4)) == std::vector<std::int64_t>{1, 1, 1, 0});
+  auto [code, msg] = error_of([] { HeadPartition::even(30, 4); });
+  CHECK(code == Errc::heads_not_divisible);
+  CHECK(msg.find("num_heads=30 is not divisible by group size 4") != std::string::npos);
+  CHECK(msg.find("{1,2,3,5,6,10,15,30}") != std::string::npos);
+  CHECK(error_of([] { HeadPartition::even(0, 4); }).first == Errc::invalid_shape);
+}
+
+TEST_CASE("C5 GQA: H=16, Hkv=2, P=4 gives rank r the one kv head r/2") {
+  auto q = HeadPartition::even(16, 4);
+  auto kv = HeadPartition::gqa(q, 2);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(q.begin(r) == 4 * r);
+    CHECK(kv.begin(r) == r / 2);
+    CHECK(kv.count(r) == 1);
+  }
+  CHECK(kv.query_per_kv() == 8);
+  CHECK_FALSE(kv.disjoint());
+  CHECK(kv.owned_begin(1) == 1);  // rank 1's kv head 0 is owned by rank 0: nothing left to own
+  CHECK(kv.owned_begin(2) == 1);
+  CHECK(kv.owned_begin(3) == 2);
+}
+
+TEST_CASE("GQA with Hkv divisible by P splits kv heads; MQA replicates the one kv head") {
+  auto q = HeadPartition::even(32, 4);
+  CHECK(counts(HeadPartition::gqa(q, 8)) == std::vector<std::int64_t>{2, 2, 2, 2});
+  CHECK(HeadPartition::gqa(q, 8).disjoint());
+  auto mqa = HeadPartition::gqa(HeadPartition::balanced(71, 8), 1);  // Falcon-7B
+  for (int r = 0; r < 8; ++r) CHECK(mqa.begin(r) == 0);
+  // Balanced query split with shared kv heads: Qwen2.5-7B (H=28, Hkv=4) over 8 ranks.
+  auto qw = HeadPartition::gqa(HeadPartition::balanced(28, 8), 4);
+  CHECK(qw.begin(1) == 0);
+  CHECK(qw.end(1) == 2);  // query heads 4..7 use kv heads 0 and 1
+}
+
+TEST_CASE("GQA errors: Hkv must divide H; with even splits Hkv and P must divide one another") {
+  auto [code, msg] = error_of([] { HeadPartition::gqa(HeadPartition::even(24, 4), 6); });
+  CHECK(code == Errc::gqa_group_mismatch);
+  CHECK(msg.find("num_kv_heads=6") != std::string::npos);
+  CHECK(msg.find("{1,2,3,6,12,24}") != std::string::npos);
+  CHECK(error_of([] { HeadPartition::gqa(HeadPartition::even(32, 4), 3); }).first == Errc::gqa_invalid);
+  CHECK(error_of([] { HeadPartition::gqa(HeadPartition::even(32, 4), 0); }).first == Errc::invalid_shape);
+  CHECK(error_of([] { HeadPartition::gqa(HeadPartition::balanced(24, 4), 6); }).first == Errc{});
+}
+
+TEST_CASE("explicit head ranges must be monotone and cover [0, H)") {
+  CHECK(error_of([] { HeadPartition::ranges(4, {{0, 2}, {2, 4}}); }).first == Errc{});
+  CHECK(error_of([] { HeadPartition::ranges(4, {{0, 2}, {3, 4}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { HeadPartition::ranges(4, {{2, 4}, {0, 2}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { HeadPartition::ranges(4, {{0, 2}, {2, 3}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { HeadPartition::ranges(4, {}); }).first == Errc::invalid_group);
+}
