@@ -167,3 +167,170 @@ TEST_CASE("a larger plan's workspace is the send region (256-aligned) plus the r
   CHECK(plan.recv_region_offset() == 256);
   CHECK(plan.workspace_bytes() == 256 + 48);
 }
+
+TEST_CASE("cross-rank agreement: a rank that planned with other inputs makes EVERY rank throw, naming it") {
+  const int P = 4;
+  struct Variant {
+    const char* what;
+    std::function<Plan(int)> make;  // rank → its plan; rank 2 differs
+  };
+  auto q = HeadPartition::even(8, P);
+  const std::vector<Variant> variants = {
+      {"S", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(r == 2 ? 12 : 8, P), {TensorSpec::of<float>(q, 4)}); }},
+      {"H", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(r == 2 ? 4 : 8, P), 4)}); }},
+      {"element size", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
+      {"split", [&](int r) { return Plan({P, r}, 1, r == 2 ? SeqPartition::lengths(8, P, {3, 1, 2, 2}) : SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}); }},
+      {"layout", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, r == 2 ? Format::sbhd : Format::bshd); }},
+  };
+  for (const auto& v : variants) {
+    CAPTURE(v.what);
+    LocalGroup g(P);
+    std::vector<std::string> msg(P);
+    std::vector<Errc> code(P, Errc{});
+    g.run([&](LocalGroup::Comm& comm) {
+      Plan plan = v.make(comm.rank());
+      plan.set_check_agreement(true);
+      std::vector<std::byte> in(plan.seq_bytes(0)), out(plan.head_bytes(0)), ws(plan.workspace_bytes());
+      HostExecutor ex;
+      try {
+        seq_to_head(plan, comm, ex, {in.data()}, {out.data()}, {ws.data(), ws.size()});
+      } catch (const Error& e) {
+        code[comm.rank()] = e.code();
+        msg[comm.rank()] = e.what();
+      }
+    });
+    for (int r = 0; r < P; ++r) {
+      CHECK(code[r] == Errc::plan_mismatch);
+      CHECK(msg[r].find("ranks {2}") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("cross-rank agreement passes once for identical plans, and is off when asked") {
+  LocalGroup g(2);
+  std::vector<int> checked(2, 0);
+  g.run([&](LocalGroup::Comm& comm) {
+    Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
+    plan.set_check_agreement(true);
+    std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    seq_to_head(plan, comm, ex, in.data(), out.data(), {ws.data(), ws.size()});
+    checked[comm.rank()] = plan.agreement_checked();
+  });
+  CHECK(checked == std::vector<int>{1, 1});
+  Plan off({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)});
+  off.set_check_agreement(false);
+  CHECK_FALSE(off.check_agreement());
+}
+
+namespace {
+/// A 16-byte element (e.g. a complex<double> or a packed quartet of fp32).
+struct u128_t {
+  std::uint64_t lo, hi;
+};
+
+/// Special-value patterns of each element size, indexed by a position code.
+template <class T>
+T special(std::uint64_t code) {
+  T v{};
+  if constexpr (sizeof(T) == 1) {
+    const auto b = static_cast<std::uint8_t>(code);  // all 256 patterns
+    std::memcpy(&v, &b, 1);
+  } else if constexpr (sizeof(T) == 2) {
+    const auto b = static_cast<std::uint16_t>(code);  // all 65536 patterns (bf16/fp16 NaNs, -0, subnormals)
+    std::memcpy(&v, &b, 2);
+  } else if constexpr (sizeof(T) == 4) {
+    static const std::uint32_t pat[] = {0x7fc00000u, 0x7fc00001u, 0xffc12345u, 0x7f800001u /*sNaN*/, 0x80000000u /*-0*/,
+                                        0x00000001u /*min subnormal*/, 0x807fffffu, 0x7f800000u, 0xff800000u, 0x3f800000u};
+    const std::uint32_t b = code % 16 < 10 ? pat[code % 16] : static_cast<std::uint32_t>(code * 2654435761u);
+    std::memcpy(&v, &b, 4);
+  } else if constexpr (sizeof(T) == 8) {
+    static const std::uint64_t pat[] = {0x7ff8000000000000ull, 0x7ff0000000000001ull /*sNaN*/, 0xfff8dead0000beefull,
+                                        0x8000000000000000ull /*-0*/, 0x0000000000000001ull, 0x800fffffffffffffull};
+    const std::uint64_t b = code % 8 < 6 ? pat[code % 8] : code * 0x9E3779B97F4A7C15ull;
+    std::memcpy(&v, &b, 8);
+  } else {
+    const u128_t b{code * 0x9E3779B97F4A7C15ull, ~code};
+    std::memcpy(&v, &b, sizeof b);
+  }
+  return v;
+}
+
+template <class T>
+std::string run_special(const ut::Case& c) {
+  LocalGroup g(c.P);
+  std::vector<std::string> err(static_cast<std::size_t>(c.P));
+  g.run([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_case<T>(comm, c, HostExecutor{}, special<T>); });
+  std::string all;
+  for (auto& e : err) all += e;
+  return all;
+}
+}  // namespace
+
+TEST_CASE("special values: NaN payloads, -0.0, subnormals and every 1- and 2-byte pattern stay bit-exact") {
+  // 1 x 256 x 4 x 64 = 65536 elements per tensor: every 2-byte pattern appears once.
+  auto q = HeadPartition::even(4, 4);
+  const ut::Case c{"special", 4, 1, SeqPartition::even(256, 4), {{q, 64}, {HeadPartition::gqa(q, 2), 64}}, Format::sbhd};
+  CHECK(run_special<std::uint8_t>(c) == "");
+  CHECK(run_special<std::uint16_t>(c) == "");
+  CHECK(run_special<float>(c) == "");
+  CHECK(run_special<double>(c) == "");
+  CHECK(run_special<u128_t>(c) == "");
+}
+
+TEST_CASE("bad input matrix: each bad input gets its own error code") {
+  auto code = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return Errc{};
+  };
+  auto hp = HeadPartition::even(4, 2);
+  // zero or negative extents
+  CHECK(code([] { SeqPartition::even(0, 2); }) == Errc::invalid_shape);
+  CHECK(code([] { SeqPartition::balanced(-3, 2); }) == Errc::invalid_shape);
+  CHECK(code([] { HeadPartition::even(-4, 2); }) == Errc::invalid_shape);
+  CHECK(code([&] { Plan({2, 0}, -1, SeqPartition::even(4, 2), {TensorSpec::of<float>(hp, 4)}); }) == Errc::invalid_shape);
+  CHECK(code([&] { Plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(hp, -4)}); }) == Errc::invalid_shape);
+  CHECK(code([&] {
+          Plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(hp, 4).with_seq_layout(Layout::bshd(1, -2, 4, 4))});
+        }) == Errc::layout_mismatch);
+  // products that overflow int64
+  CHECK(code([&] {
+          Plan({2, 0}, std::int64_t(1) << 31, SeqPartition::even(std::int64_t(1) << 31, 2), {TensorSpec::of<float>(hp, 4)});
+        }) == Errc::size_overflow);
+  CHECK(code([&] {
+          Plan({2, 0}, 1, SeqPartition::even(4, 2),
+               {TensorSpec::of<float>(hp, 4).with_seq_layout(Layout::strided({1, 2, 4, 4}, {1, std::int64_t(1) << 62, 4, 1}))});
+        }) == Errc::size_overflow);
+  // aliasing strides
+  CHECK(code([&] {
+          Plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(hp, 4).with_seq_layout(Layout::strided({1, 2, 4, 4}, {0, 4, 4, 1}))});
+        }) == Errc::layout_aliasing);
+  // sequence lengths that do not sum to S; impossible GQA mapping
+  CHECK(code([] { SeqPartition::lengths(8, 2, {3, 4}); }) == Errc::seq_lengths_mismatch);
+  CHECK(code([] { HeadPartition::gqa(HeadPartition::even(12, 4), 6); }) == Errc::gqa_group_mismatch);
+  CHECK(code([] { HeadPartition::gqa(HeadPartition::even(12, 4), 5); }) == Errc::gqa_invalid);
+  // call-time errors: see "argument errors are raised before the exchange" above (workspace,
+  // overlap, misaligned, communicator size/rank, tensor count, null pointers).
+}
+
+TEST_CASE("pointers misaligned for vectors (but aligned for the element) take the narrow path and stay exact") {
+  LocalGroup g(2);
+  std::string err[2];
+  g.run([&](LocalGroup::Comm& comm) {
+    Plan plan({2, comm.rank()}, 2, SeqPartition::even(6, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 5)});
+    std::vector<float> in(plan.seq_bytes(0) / 4 + 1), out(plan.head_bytes(0) / 4 + 1), back(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i * 7 + comm.rank());
+    std::vector<std::byte> ws(plan.workspace_bytes() + 4);
+    HostExecutor ex;
+    seq_to_head(plan, comm, ex, in.data() + 1, out.data() + 1, {ws.data() + 4, plan.workspace_bytes()});
+    head_to_seq(plan, comm, ex, out.data() + 1, back.data() + 1, {ws.data() + 4, plan.workspace_bytes()});
+    if (!std::equal(in.begin() + 1, in.end(), back.begin() + 1)) err[comm.rank()] = "round trip differs";
+  });
+  CHECK(err[0] == "");
+  CHECK(err[1] == "");
+}

@@ -145,6 +145,34 @@ class Plan {
   /// Bytes this rank sends to other ranks in direction d (its own chunk excluded).
   std::size_t exchanged_bytes(Direction d) const { return schedule(d).send_total; }
 
+  /// 64-bit FNV-1a hash of the inputs every rank must share: P, B, the sequence partition, the
+  /// plan's Format and, per tensor, its head ranges, head dim and element size. (Local layouts are
+  /// not included: ranks may legitimately hold different views.)
+  std::uint64_t fingerprint() const {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](std::int64_t v) {
+      for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint64_t>((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    };
+    mix(group_.size), mix(batch_), mix(seq_.seq_len()), mix(static_cast<std::int64_t>(format_));
+    for (const SeqChunk& c : seq_.chunks()) mix(c.rank), mix(c.offset), mix(c.length);
+    for (const TensorSpec& x : tensors_) {
+      mix(x.heads.num_heads()), mix(x.head_dim), mix(static_cast<std::int64_t>(x.elem_bytes));
+      for (int r = 0; r < group_.size; ++r) mix(x.heads.begin(r)), mix(x.heads.end(r));
+    }
+    return h;
+  }
+
+  /// Whether the first exchange of this plan checks that every rank planned from the same inputs
+  /// (see check_agreement() in redistribute.hpp). Default: on in debug builds (NDEBUG undefined),
+  /// off otherwise; the macro ULYSSES_CHECK_AGREEMENT (0 or 1) overrides the default.
+  bool check_agreement() const { return check_; }
+  /// Turns the cross-rank check of the first exchange on or off (call before the first exchange).
+  void set_check_agreement(bool on) { check_ = on; }
+  /// True once the cross-rank check has passed for this plan (no further checks are made).
+  bool agreement_checked() const { return checked_; }
+  /// Records that the cross-rank check passed (called by check_agreement()).
+  void mark_agreement_checked() const { checked_ = true; }
+
  private:
   std::size_t span_bytes(const Layout& l, int t) const { return static_cast<std::size_t>(l.span_elems()) * tensor(t).elem_bytes; }
 
@@ -184,20 +212,21 @@ class Plan {
     const std::int64_t Sr = seq_.local_length(group_.rank), Hr = x.heads.count(group_.rank);
     if (!x.seq_layout) x.seq_layout = Layout::dense(format_, batch_, Sr, H, D);
     if (!x.head_layout) x.head_layout = Layout::dense(format_, batch_, seq_.seq_len(), Hr, D);
-    check_layout(*x.seq_layout, {batch_, Sr, H, D}, "seq-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
-    check_layout(*x.head_layout, {batch_, seq_.seq_len(), Hr, D},
+    check_layout(*x.seq_layout, {batch_, Sr, H, D}, x.elem_bytes, "seq-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
+    check_layout(*x.head_layout, {batch_, seq_.seq_len(), Hr, D}, x.elem_bytes,
                  "head-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
   }
 
-  static void check_layout(const Layout& l, std::array<std::int64_t, 4> want, const std::string& what) {
+  static void check_layout(const Layout& l, std::array<std::int64_t, 4> want, std::size_t elem_bytes, const std::string& what) {
     for (int i = 0; i < 4; ++i)
       if (l.extent[i] != want[i])
         detail::fail(Errc::layout_mismatch, what + " has extents " + l.str() + " but the plan needs [" + std::to_string(want[0]) +
                                                 "," + std::to_string(want[1]) + "," + std::to_string(want[2]) + "," +
                                                 std::to_string(want[3]) + "] over (b,s,h,d)");
-    std::int64_t reach = 0;
+    std::int64_t reach = 0;  // largest element offset; the buffer's bytes must fit int64
     for (int i = 0; i < 4; ++i)
       if (l.extent[i] > 0) reach = detail::add(reach, detail::mul(l.extent[i] - 1, l.stride[i], "layout span"), "layout span");
+    detail::mul(detail::add(reach, 1, "layout span"), static_cast<std::int64_t>(elem_bytes), "bytes of the layout span");
     if (!l.is_injective())
       detail::fail(Errc::layout_aliasing, what + " " + l.str() +
                                               " has negative strides or maps two elements to one address; strides must be >= 0 and "
@@ -324,6 +353,14 @@ class Plan {
   Format format_;
   Schedule sched_[2];
   std::size_t recv_region_ = 0, workspace_ = 0;
+#if defined(ULYSSES_CHECK_AGREEMENT)
+  bool check_ = ULYSSES_CHECK_AGREEMENT;
+#elif defined(NDEBUG)
+  bool check_ = false;
+#else
+  bool check_ = true;
+#endif
+  mutable bool checked_ = false;  // not atomic: one plan object is used by one rank's thread
 };
 
 ULYSSES_NAMESPACE_END

@@ -25,6 +25,8 @@
 #include <initializer_list>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "copy.hpp"
@@ -64,10 +66,10 @@ inline std::size_t align_of_elem(std::size_t e) {
 }
 
 /// Checks the call's arguments against the plan and fills the buffer table. The checks are
-/// local to this rank: the plan has already made the global ones.
+/// local to this rank (the plan has made the global ones) and allocate nothing unless they fail.
 /// @throws Error(wrong_tensor_count, workspace_too_small, misaligned, buffer_overlap, invalid_shape)
-inline BufferTable make_table(const Plan& plan, Direction dir, TensorList<const void*> in, TensorList<void*> out,
-                              Workspace ws) {
+inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<const void*>& in,
+                              const TensorList<void*>& out, Workspace ws) {
   const int T = plan.num_tensors();
   if (in.size != static_cast<std::size_t>(T) || out.size != static_cast<std::size_t>(T))
     fail(Errc::wrong_tensor_count, std::to_string(in.size) + " inputs and " + std::to_string(out.size) +
@@ -76,43 +78,37 @@ inline BufferTable make_table(const Plan& plan, Direction dir, TensorList<const 
     fail(Errc::workspace_too_small, "workspace of " + std::to_string(ws.bytes) + " bytes at " +
                                         (ws.data ? "a valid address" : "null") + "; the plan needs " +
                                         std::to_string(plan.workspace_bytes()) + " bytes (Plan::workspace_bytes())");
+  // Byte ranges: inputs 0..T-1, outputs T..2T-1, the workspace 2T.
   struct Range {
     const std::byte* p;
     std::size_t n;
-    std::string name;
   };
-  std::vector<Range> inputs, outputs;
+  Range range[2 * kMaxTensors + 1];
+  auto name = [T](int i) {
+    return i < T ? "input " + std::to_string(i) : i < 2 * T ? "output " + std::to_string(i - T) : std::string("the workspace");
+  };
   BufferTable tab;
-  for (int t = 0; t < T; ++t) {
+  for (int i = 0; i < 2 * T; ++i) {
+    const int t = i % T;
+    const bool is_in = i < T;
+    const auto* p = is_in ? static_cast<const std::byte*>(in.data[t]) : static_cast<const std::byte*>(out.data[t]);
+    const std::size_t n = is_in ? plan.input_bytes(dir, t) : plan.output_bytes(dir, t);
     const std::size_t e = plan.tensor(t).elem_bytes;
-    const std::size_t ib = plan.input_bytes(dir, t), ob = plan.output_bytes(dir, t);
-    const auto* ip = static_cast<const std::byte*>(in.data[t]);
-    auto* op = static_cast<std::byte*>(out.data[t]);
-    for (auto [p, n, what] : {std::tuple<const std::byte*, std::size_t, const char*>{ip, ib, "input"}, {op, ob, "output"}}) {
-      if (n && !p) fail(Errc::invalid_shape, std::string(what) + " " + std::to_string(t) + " is null but holds " + std::to_string(n) + " bytes");
-      if (reinterpret_cast<std::uintptr_t>(p) % align_of_elem(e))
-        fail(Errc::misaligned, std::string(what) + " " + std::to_string(t) + " is not aligned to its element size of " +
-                                   std::to_string(e) + " bytes");
-    }
-    inputs.push_back({ip, ib, "input " + std::to_string(t)});
-    outputs.push_back({op, ob, "output " + std::to_string(t)});
-    tab.base[Buffer::input(t)] = const_cast<std::byte*>(ip);
-    tab.base[Buffer::output(t)] = op;
+    if (n && !p) fail(Errc::invalid_shape, name(i) + " is null but holds " + std::to_string(n) + " bytes");
+    if (reinterpret_cast<std::uintptr_t>(p) % align_of_elem(e))
+      fail(Errc::misaligned, name(i) + " is not aligned to its element size of " + std::to_string(e) + " bytes");
+    range[i] = {p, n};
+    tab.base[is_in ? Buffer::input(t) : Buffer::output(t)] = const_cast<std::byte*>(p);
   }
   auto* w = static_cast<std::byte*>(ws.data);
-  std::vector<Range> others = inputs;
-  others.push_back({w, plan.workspace_bytes(), "the workspace"});
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    for (std::size_t j = 0; j < outputs.size(); ++j)
-      if (j != i) others.push_back(outputs[j]);
-    for (const Range& o : others) {
-      const Range& a = outputs[i];
-      if (a.n && o.n && a.p < o.p + o.n && o.p < a.p + a.n)
-        fail(Errc::buffer_overlap, a.name + " [" + std::to_string(a.n) + " bytes] overlaps " + o.name + " [" +
+  range[2 * T] = {w, plan.workspace_bytes()};
+  for (int i = T; i < 2 * T; ++i)  // every output against every other range
+    for (int j = 0; j <= 2 * T; ++j) {
+      const Range &a = range[i], &o = range[j];
+      if (j != i && a.n && o.n && a.p < o.p + o.n && o.p < a.p + a.n)
+        fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
                                        std::to_string(o.n) + " bytes]; outputs need their own memory");
     }
-    others.resize(inputs.size() + 1);
-  }
   tab.base[Buffer::send] = w;
   tab.base[Buffer::recv] = w ? w + plan.recv_region_offset() : nullptr;
   return tab;
@@ -133,7 +129,39 @@ void check_comm(const Plan& plan, const Comm& comm) {
                                   ", rank " + std::to_string(plan.rank()));
 }
 
+template <class C, class = void>
+struct has_allgather : std::false_type {};
+template <class C>
+struct has_allgather<C, std::void_t<decltype(std::declval<C&>().allgather(std::declval<const void*>(), std::size_t{},
+                                                                          std::declval<void*>()))>> : std::true_type {};
+
 }  // namespace detail
+
+/// Cross-rank agreement: all-gathers every rank's Plan::fingerprint() and throws on EVERY rank
+/// when they differ, naming the ranks whose inputs differ from rank 0's — instead of a hang or
+/// silently wrong data in the exchange. Collective; call it after planning (redistribute() calls
+/// it by itself before a plan's first exchange when Plan::check_agreement() is on). Needs the
+/// communicator's optional `void allgather(const void* send, std::size_t bytes, void* recv)`
+/// (LocalGroup::Comm and MpiComm have it); with a communicator without it, it does nothing.
+/// @throws Error(plan_mismatch) the fingerprints differ; Error(comm_mismatch) as exchange().
+template <class Comm>
+void check_agreement(const Plan& plan, Comm& comm) {
+  detail::check_comm(plan, comm);
+  if constexpr (detail::has_allgather<Comm>::value) {
+    const std::uint64_t mine = plan.fingerprint();
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(plan.degree()));
+    comm.allgather(&mine, sizeof mine, all.data());
+    std::vector<int> differ;
+    for (int r = 1; r < plan.degree(); ++r)
+      if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
+    if (!differ.empty())
+      detail::fail(Errc::plan_mismatch,
+                   "ranks " + detail::join(differ) + " built their plans from other inputs than rank 0 (rank " +
+                       std::to_string(plan.rank()) + " sees this on every rank); every rank must plan with the same "
+                       "P, B, sequence partition, head partitions, head dims, element sizes and format");
+  }
+  plan.mark_agreement_checked();
+}
 
 /// Pack stage: copies this rank's inputs into the send region of the workspace (wire format).
 /// @pre `buffers` from make_buffers(); @throws nothing itself (executor errors propagate).
@@ -143,10 +171,13 @@ void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffer
   exec.run(s.pack.data(), s.pack.size(), buffers);
 }
 
-/// Exchange stage: the all-to-all-v of the send region into the receive region.
-/// @throws Error(comm_mismatch) communicator of another size or rank; backend errors.
+/// Exchange stage: the all-to-all-v of the send region into the receive region. Before a plan's
+/// first exchange, runs check_agreement() when Plan::check_agreement() is on.
+/// @throws Error(comm_mismatch) communicator of another size or rank; Error(plan_mismatch) ranks
+///         planned from different inputs; backend errors.
 template <class Comm>
 void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers) {
+  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
   detail::check_comm(plan, comm);
   const Schedule& s = plan.schedule(dir);
   comm.alltoallv(buffers.base[Buffer::send], s.send_bytes.data(), s.send_offsets.data(), buffers.base[Buffer::recv],
@@ -171,8 +202,8 @@ void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buff
 ///         Error(misaligned) a pointer not aligned to its element size (up to 16 bytes);
 ///         Error(buffer_overlap) an output overlapping another buffer;
 ///         Error(invalid_shape) a null pointer for a non-empty tensor.
-inline BufferTable make_buffers(const Plan& plan, Direction dir, TensorList<const void*> in, TensorList<void*> out,
-                                Workspace ws) {
+inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<const void*>& in,
+                                const TensorList<void*>& out, Workspace ws) {
   return detail::make_table(plan, dir, in, out, ws);
 }
 

@@ -92,9 +92,10 @@ inline std::int64_t global_token(const SeqPartition& seq, int r, std::int64_t ls
 
 /// Runs `c` on rank `comm.rank()` with element type T: seq→head into fresh buffers, checked against
 /// the global tensor, then head→seq of that output, checked against the original shard; also
-/// checks that no byte outside an output's layout was written. Returns "" or what went wrong.
+/// checks that no byte outside an output's layout was written. Element values come from
+/// gen(position code) (default: value<T>). Returns "" or what went wrong.
 template <class T, class Comm, class Exec = ulysses::HostExecutor>
-std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}) {
+std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std::uint64_t) = &value<T>) {
   using namespace ulysses;
   const int r = comm.rank();
   const std::int64_t S = c.seq.seq_len();
@@ -112,7 +113,7 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}) {
         for (std::int64_t h = 0; h < H; ++h)
           for (std::int64_t d = 0; d < D; ++d)
             in[t][static_cast<std::size_t>(sl.offset(b, ls, h, d))] =
-                value<T>(position(t, b, global_token(c.seq, r, ls), h, d, S, H, D, c.B));
+                gen(position(t, b, global_token(c.seq, r, ls), h, d, S, H, D, c.B));
     mid[t].assign(static_cast<std::size_t>(plan.head_layout(t).span_elems()), sentinel<T>());
     back[t].assign(in[t].size(), sentinel<T>());
   }
@@ -140,7 +141,7 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}) {
           for (std::int64_t d = 0; d < D; ++d) {
             const auto o = static_cast<std::size_t>(hl.offset(b, s, h, d));
             touched[o] = 1;
-            if (!same_bits(mid[t][o], value<T>(position(t, b, s, h0 + h, d, S, H, D, c.B)))) {
+            if (!same_bits(mid[t][o], gen(position(t, b, s, h0 + h, d, S, H, D, c.B)))) {
               std::ostringstream m;
               m << "seq_to_head tensor " << t << " wrong at (b=" << b << ",s=" << s << ",h=" << h << ",d=" << d << ")";
               fail(m.str());

@@ -75,6 +75,17 @@ class LocalGroup {
       g_->barrier(rank_);  // peers may reuse their send buffers only after everyone has read them
     }
 
+    /// All-gather of `bytes` bytes from every rank: rank p's block lands at recv + p*bytes.
+    /// Used for the cross-rank plan check. @throws Error(timeout), Error(aborted).
+    void allgather(const void* send, std::size_t bytes, void* recv) {
+      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
+      mine.send = static_cast<const std::byte*>(send);
+      g_->barrier(rank_);
+      for (int p = 0; p < size(); ++p)
+        std::memcpy(static_cast<std::byte*>(recv) + static_cast<std::size_t>(p) * bytes, g_->slots_[static_cast<std::size_t>(p)].send, bytes);
+      g_->barrier(rank_);
+    }
+
     /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
     void barrier() { g_->barrier(rank_); }
 

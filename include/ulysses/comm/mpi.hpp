@@ -86,6 +86,14 @@ class MpiComm {
     check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 
+  /// All-gather of `bytes` bytes (at most INT_MAX) from every rank into recv (rank order).
+  /// Used for the cross-rank plan check. @throws Error(backend).
+  void allgather(const void* send, std::size_t bytes, void* recv) {
+    if (bytes > kIntMaxBytes) throw Error(Errc::size_overflow, "allgather of " + std::to_string(bytes) + " bytes");
+    check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_),
+          "MPI_Allgather");
+  }
+
  private:
   static constexpr int kTag = 0x75a;  // "ulysses"
   static void check(int rc, const char* what) {
