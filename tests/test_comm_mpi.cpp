@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <ulysses/comm/mpi.hpp>
 
+#include <cstdio>
+
 #include "cases.hpp"
 
 using namespace ulysses;
@@ -108,6 +110,57 @@ TEST_CASE("MPI: a plan for another group size is rejected before the exchange") 
   } catch (const Error& e) {
     CHECK(e.code() == Errc::comm_mismatch);
   }
+}
+
+TEST_CASE("MPI cross-rank agreement: a rank with another S makes every rank throw plan_mismatch") {
+  MpiComm comm(MPI_COMM_WORLD);
+  const int P = comm.size(), r = comm.rank();
+  if (P < 2) return;
+  const int odd = P - 1;  // the last rank plans with a longer sequence
+  Plan plan({P, r}, 1, SeqPartition::balanced(r == odd ? 4 * P : 2 * P, P),
+            {TensorSpec::of<float>(HeadPartition::balanced(4, P), 2)});
+  plan.set_check_agreement(true);
+  std::vector<std::byte> in(plan.seq_bytes(0)), out(plan.head_bytes(0)), ws(plan.workspace_bytes());
+  HostExecutor ex;
+  try {
+    seq_to_head(plan, comm, ex, {in.data()}, {out.data()}, {ws.data(), ws.size()});
+    FAIL("expected plan_mismatch");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::plan_mismatch);
+    CHECK(std::string(e.what()).find("ranks {" + std::to_string(odd) + "}") != std::string::npos);
+  }
+}
+
+TEST_CASE("MPI chunk over 2 GiB (P=2, run by `mpiexec -n 2`; needs ~9 GiB of free memory)") {
+  // Each rank sends 2 GiB + 4 KiB to the other: more than MPI's int count can describe.
+  MpiComm comm(MPI_COMM_WORLD);
+  if (comm.size() != 2) return;
+  long long avail_kib = 0;
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    long long v;
+    while (std::fscanf(f, "%63s %lld kB", key, &v) == 2)
+      if (std::string(key) == "MemAvailable:") avail_kib = v;
+    std::fclose(f);
+  }
+  int enough = avail_kib > (9ll << 20), all = 0;
+  MPI_Allreduce(&enough, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    MESSAGE("skipped: less than 9 GiB of memory available");
+    return;
+  }
+  const std::size_t n = (std::size_t(1) << 31) + 4096;
+  const int r = comm.rank(), peer = 1 - r;
+  std::vector<std::size_t> sb(2, 0), so(2, 0), rb(2, 0), ro(2, 0);
+  sb[peer] = rb[peer] = n;
+  std::vector<std::byte> send(n), recv(n);
+  for (std::size_t i = 0; i < n; i += 4096) send[i] = std::byte(static_cast<unsigned char>((i >> 12) * 31 + r));
+  send[n - 1] = std::byte(0xA0 + r);
+  comm.alltoallv(send.data(), sb.data(), so.data(), recv.data(), rb.data(), ro.data());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; i += 4096) bad += recv[i] != std::byte(static_cast<unsigned char>((i >> 12) * 31 + peer));
+  CHECK(bad == 0);
+  CHECK(recv[n - 1] == std::byte(0xA0 + peer));
 }
 
 int main(int argc, char** argv) {

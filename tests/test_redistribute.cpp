@@ -183,7 +183,8 @@ TEST_CASE("cross-rank agreement: a rank that planned with other inputs makes EVE
       {"layout", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, r == 2 ? Format::sbhd : Format::bshd); }},
   };
   for (const auto& v : variants) {
-    CAPTURE(v.what);
+    const std::string what = v.what;
+    CAPTURE(what);
     LocalGroup g(P);
     std::vector<std::string> msg(P);
     std::vector<Errc> code(P, Errc{});
@@ -200,6 +201,7 @@ TEST_CASE("cross-rank agreement: a rank that planned with other inputs makes EVE
       }
     });
     for (int r = 0; r < P; ++r) {
+      CAPTURE(msg[r]);
       CHECK(code[r] == Errc::plan_mismatch);
       CHECK(msg[r].find("ranks {2}") != std::string::npos);
     }

@@ -65,8 +65,17 @@ struct TensorSpec {
   }
 };
 
-/// The wire chunks and block lists of one direction, for this rank. Byte counts and offsets are
-/// indexed by peer rank; offsets are relative to the send (resp. receive) region of the workspace.
+/// Planning options.
+struct PlanOptions {
+  /// K >= 1: split each exchange into K stages along the heads (each rank's head range of every
+  /// tensor cut into K balanced parts), so that packing stage k+1 and unpacking stage k-1 can run
+  /// while stage k is exchanged (see HostPipeline). K = 1 is one exchange. At most 64.
+  int stages = 1;
+};
+
+/// The wire chunks and block lists of one direction (one stage), for this rank. Byte counts and offsets are
+/// indexed by peer rank; offsets are relative to the send (resp. receive) region of the workspace
+/// (stage k's chunks follow stage k-1's).
 /// The chunk with this rank itself is always empty: its data goes straight from input to output
 /// through blocks of `unpack` (which thus reads the inputs too).
 struct Schedule {
@@ -74,8 +83,8 @@ struct Schedule {
   std::vector<std::size_t> send_offsets;  ///< offset of each peer's chunk in the send region
   std::vector<std::size_t> recv_bytes;    ///< bytes this rank receives from each peer
   std::vector<std::size_t> recv_offsets;  ///< offset of each peer's chunk in the receive region
-  std::size_t send_total = 0;             ///< size of the send region, bytes
-  std::size_t recv_total = 0;             ///< size of the receive region, bytes
+  std::size_t send_total = 0;             ///< bytes this stage sends (its chunks start at send_offsets[0])
+  std::size_t recv_total = 0;             ///< bytes this stage receives
   std::vector<BlockCopy> pack;    ///< inputs → send region
   std::vector<BlockCopy> unpack;  ///< receive region → outputs, then this rank's own chunk inputs → outputs
 };
@@ -101,16 +110,23 @@ class Plan {
   ///         Error(invalid_shape) B, D or element size < 1, or no / too many tensors;
   ///         Error(size_overflow) a tensor's byte count overflows int64;
   ///         Error(layout_mismatch) a layout whose extents are not the local shape;
-  ///         Error(layout_aliasing) a layout with negative or aliasing strides.
+  ///         Error(layout_aliasing) a layout with negative or aliasing strides;
+  ///         Error(invalid_shape) options.stages outside [1, 64].
   Plan(Group group, std::int64_t batch, SeqPartition seq, std::vector<TensorSpec> tensors,
-       Format format = Format::bshd)
-      : group_(group), batch_(batch), seq_(std::move(seq)), tensors_(std::move(tensors)), format_(format) {
+       Format format = Format::bshd, PlanOptions options = {})
+      : group_(group), batch_(batch), seq_(std::move(seq)), tensors_(std::move(tensors)), format_(format), options_(options) {
     validate_global();
     for (std::size_t t = 0; t < tensors_.size(); ++t) resolve_layouts(static_cast<int>(t));
-    build(Direction::seq_to_head);
-    build(Direction::head_to_seq);
     std::size_t send = 0, recv = 0;
-    for (auto& s : sched_) send = std::max(send, s.send_total), recv = std::max(recv, s.recv_total);
+    for (int d = 0; d < 2; ++d) {
+      std::size_t sb = 0, rb = 0;
+      for (int k = 0; k < options_.stages; ++k) {
+        sched_[d].emplace_back();
+        build(static_cast<Direction>(d), k, sb, rb);
+        sb += sched_[d].back().send_total, rb += sched_[d].back().recv_total;
+      }
+      send = std::max(send, sb), recv = std::max(recv, rb);
+    }
     recv_region_ = (send + 255) / 256 * 256;
     workspace_ = recv_region_ + recv;
   }
@@ -122,6 +138,7 @@ class Plan {
   std::int64_t seq_len() const { return seq_.seq_len(); }       ///< S
   const SeqPartition& seq() const { return seq_; }              ///< the sequence partition
   Format format() const { return format_; }                     ///< default memory order
+  const PlanOptions& options() const { return options_; }       ///< planning options
   int num_tensors() const { return static_cast<int>(tensors_.size()); }
   const TensorSpec& tensor(int t) const { return tensors_.at(static_cast<std::size_t>(t)); }
   /// This rank's seq-sharded layout of tensor t: extents [B, S_r, H, D], strides in elements.
@@ -135,25 +152,33 @@ class Plan {
   std::size_t input_bytes(Direction d, int t) const { return d == Direction::seq_to_head ? seq_bytes(t) : head_bytes(t); }
   std::size_t output_bytes(Direction d, int t) const { return d == Direction::seq_to_head ? head_bytes(t) : seq_bytes(t); }
 
-  /// Chunks and block lists of direction d.
-  const Schedule& schedule(Direction d) const { return sched_[static_cast<int>(d)]; }
+  /// Number of pipeline stages K (PlanOptions::stages).
+  int num_stages() const { return options_.stages; }
+  /// Chunks and block lists of direction d, stage `stage` in [0, K).
+  const Schedule& schedule(Direction d, int stage = 0) const {
+    return sched_[static_cast<int>(d)].at(static_cast<std::size_t>(stage));
+  }
   /// Workspace bytes one call needs (either direction): send region at offset 0, receive region
   /// at recv_region_offset().
   std::size_t workspace_bytes() const { return workspace_; }
   /// Offset of the receive region in the workspace, bytes (a multiple of 256).
   std::size_t recv_region_offset() const { return recv_region_; }
   /// Bytes this rank sends to other ranks in direction d (its own chunk excluded).
-  std::size_t exchanged_bytes(Direction d) const { return schedule(d).send_total; }
+  std::size_t exchanged_bytes(Direction d) const {
+    std::size_t n = 0;
+    for (const Schedule& sc : sched_[static_cast<int>(d)]) n += sc.send_total;
+    return n;
+  }
 
   /// 64-bit FNV-1a hash of the inputs every rank must share: P, B, the sequence partition, the
-  /// plan's Format and, per tensor, its head ranges, head dim and element size. (Local layouts are
+  /// plan's Format, the number of stages and, per tensor, its head ranges, head dim and element size. (Local layouts are
   /// not included: ranks may legitimately hold different views.)
   std::uint64_t fingerprint() const {
     std::uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&h](std::int64_t v) {
       for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint64_t>((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
     };
-    mix(group_.size), mix(batch_), mix(seq_.seq_len()), mix(static_cast<std::int64_t>(format_));
+    mix(group_.size), mix(batch_), mix(seq_.seq_len()), mix(static_cast<std::int64_t>(format_)), mix(options_.stages);
     for (const SeqChunk& c : seq_.chunks()) mix(c.rank), mix(c.offset), mix(c.length);
     for (const TensorSpec& x : tensors_) {
       mix(x.heads.num_heads()), mix(x.head_dim), mix(static_cast<std::int64_t>(x.elem_bytes));
@@ -185,6 +210,8 @@ class Plan {
       detail::fail(Errc::invalid_group, "the sequence partition was made for P=" + std::to_string(seq_.degree()) +
                                             " ranks but the group has P=" + std::to_string(P));
     if (batch_ < 1) detail::fail(Errc::invalid_shape, "batch B=" + std::to_string(batch_) + " must be >= 1");
+    if (options_.stages < 1 || options_.stages > 64)
+      detail::fail(Errc::invalid_shape, "PlanOptions::stages=" + std::to_string(options_.stages) + " must be in [1, 64]");
     if (tensors_.empty() || tensors_.size() > static_cast<std::size_t>(kMaxTensors))
       detail::fail(Errc::invalid_shape, std::to_string(tensors_.size()) + " tensors given; a plan moves 1 to " +
                                             std::to_string(kMaxTensors));
@@ -241,19 +268,21 @@ class Plan {
     if (detail::make_block(ext, sstr, dstr, t_elem_bytes, soff, doff, sbuf, dbuf, c)) list.push_back(c);
   }
 
-  void build(Direction dir) {
-    const int P = group_.size, me = group_.rank;
+  /// Builds stage k of direction dir; its chunks start at send_base / recv_base of the regions.
+  void build(Direction dir, int k, std::size_t send_base, std::size_t recv_base) {
+    const int P = group_.size, me = group_.rank, K = options_.stages;
     const bool s2h = dir == Direction::seq_to_head;
-    Schedule& sc = sched_[static_cast<int>(dir)];
+    Schedule& sc = sched_[static_cast<int>(dir)][static_cast<std::size_t>(k)];
     sc.send_bytes.assign(P, 0);
     sc.send_offsets.assign(P, 0);
     sc.recv_bytes.assign(P, 0);
     sc.recv_offsets.assign(P, 0);
     // Chunk between a seq-sharded rank `sr` and a head-sharded rank `hr`: [B, S_sr, heads of hr, D]
-    // per tensor; in head→seq only the heads hr owns. Returns the head range.
+    // per tensor; in head→seq only the heads hr owns; of those, part k of K. Returns the head range.
     auto heads_of = [&](const TensorSpec& x, int hr) {
-      const std::int64_t b = s2h ? x.heads.begin(hr) : x.heads.owned_begin(hr);
-      return std::pair<std::int64_t, std::int64_t>(b, x.heads.end(hr));
+      const std::int64_t b = s2h ? x.heads.begin(hr) : x.heads.owned_begin(hr), n = x.heads.end(hr) - b;
+      const std::int64_t lo = b + k * (n / K) + std::min<std::int64_t>(k, n % K);
+      return std::pair<std::int64_t, std::int64_t>(lo, lo + n / K + (k < n % K ? 1 : 0));
     };
     auto chunk_bytes = [&](int sr, int hr) {
       std::size_t n = 0;
@@ -269,8 +298,8 @@ class Plan {
       sc.recv_bytes[p] = s2h ? chunk_bytes(p, me) : chunk_bytes(me, p);
     }
     for (int p = 0; p < P; ++p) {
-      sc.send_offsets[p] = sc.send_total, sc.send_total += sc.send_bytes[p];
-      sc.recv_offsets[p] = sc.recv_total, sc.recv_total += sc.recv_bytes[p];
+      sc.send_offsets[p] = send_base + sc.send_total, sc.send_total += sc.send_bytes[p];
+      sc.recv_offsets[p] = recv_base + sc.recv_total, sc.recv_total += sc.recv_bytes[p];
     }
     const std::vector<SeqChunk> my_chunks = seq_.chunks_of(me);
     for (int p = 0; p < P; ++p) {
@@ -295,7 +324,7 @@ class Plan {
             for (const SeqChunk& c : my_chunks) {
               const std::int64_t ext[4] = {batch_, c.length, Hm, D};
               add_block(sc.unpack, ext, e, in, sl.offset(0, c.local_offset, mb, 0) * e, sl.stride, out,
-                        hl.offset(0, c.offset, 0, 0) * e, hl.stride);
+                        hl.offset(0, c.offset, mb - x.heads.begin(me), 0) * e, hl.stride);
             }
             continue;
           }
@@ -310,7 +339,7 @@ class Plan {
           for (const SeqChunk& c : peer_chunks) {
             const std::int64_t ext[4] = {batch_, c.length, Hm, D};
             add_block(sc.unpack, ext, e, Buffer::recv, recv_t_off + c.local_offset * Hm * D * e, wire, out,
-                      hl.offset(0, c.offset, 0, 0) * e, hl.stride);
+                      hl.offset(0, c.offset, mb - x.heads.begin(me), 0) * e, hl.stride);
           }
           recv_t_off += batch_ * Tp * Hm * D * e;
         } else {
@@ -351,7 +380,8 @@ class Plan {
   SeqPartition seq_;
   std::vector<TensorSpec> tensors_;
   Format format_;
-  Schedule sched_[2];
+  PlanOptions options_;
+  std::vector<Schedule> sched_[2];  // per direction, per stage
   std::size_t recv_region_ = 0, workspace_ = 0;
 #if defined(ULYSSES_CHECK_AGREEMENT)
   bool check_ = ULYSSES_CHECK_AGREEMENT;

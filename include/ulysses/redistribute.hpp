@@ -163,11 +163,12 @@ void check_agreement(const Plan& plan, Comm& comm) {
   plan.mark_agreement_checked();
 }
 
-/// Pack stage: copies this rank's inputs into the send region of the workspace (wire format).
+/// Pack stage: copies this rank's inputs into the send region of the workspace (wire format);
+/// `stage` in [0, plan.num_stages()) selects the pipeline stage (all stages' regions are disjoint).
 /// @pre `buffers` from make_buffers(); @throws nothing itself (executor errors propagate).
 template <class Exec>
-void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers) {
-  const Schedule& s = plan.schedule(dir);
+void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const Schedule& s = plan.schedule(dir, stage);
   exec.run(s.pack.data(), s.pack.size(), buffers);
 }
 
@@ -176,10 +177,10 @@ void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffer
 /// @throws Error(comm_mismatch) communicator of another size or rank; Error(plan_mismatch) ranks
 ///         planned from different inputs; backend errors.
 template <class Comm>
-void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers) {
+void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
   if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
   detail::check_comm(plan, comm);
-  const Schedule& s = plan.schedule(dir);
+  const Schedule& s = plan.schedule(dir, stage);
   comm.alltoallv(buffers.base[Buffer::send], s.send_bytes.data(), s.send_offsets.data(), buffers.base[Buffer::recv],
                  s.recv_bytes.data(), s.recv_offsets.data());
 }
@@ -187,8 +188,8 @@ void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& bu
 /// Unpack stage: copies the receive region into the outputs, and this rank's own chunk straight
 /// from its inputs to its outputs.
 template <class Exec>
-void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers) {
-  const Schedule& s = plan.schedule(dir);
+void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const Schedule& s = plan.schedule(dir, stage);
   exec.run(s.unpack.data(), s.unpack.size(), buffers);
 }
 
@@ -218,9 +219,11 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, Tenso
                   TensorList<void*> out, Workspace ws) {
   detail::check_comm(plan, comm);
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
-  pack(plan, dir, exec, t);
-  exchange(plan, dir, comm, t);
-  unpack(plan, dir, exec, t);
+  for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
+    pack(plan, dir, exec, t, k);
+    exchange(plan, dir, comm, t, k);
+    unpack(plan, dir, exec, t, k);
+  }
 }
 
 /// seq→head: seq-sharded inputs [B, S_r, H, D] → head-sharded outputs [B, S, H_r, D], all tensors

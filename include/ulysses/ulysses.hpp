@@ -13,3 +13,4 @@
 #include "plan.hpp"
 #include "redistribute.hpp"
 #include "comm/local.hpp"
+#include "pipeline.hpp"

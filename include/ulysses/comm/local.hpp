@@ -54,24 +54,37 @@ class LocalGroup {
     ///         expects; Error(timeout) / Error(aborted) as the group's barrier.
     void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                    const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
+      alltoallv_with(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets,
+                     [](int, std::byte* dst, const std::byte* src, std::size_t n) { std::memcpy(dst, src, n); }, [] {});
+    }
+
+    /// All-to-all-v whose data movement the caller supplies (the hook DeviceLocalGroup uses to
+    /// move device memory with cudaMemcpyAsync). Same protocol as alltoallv(): every rank
+    /// publishes its send buffer, barrier, then this rank calls
+    /// `copy(peer, recv + recv_offsets[peer], peer_send + peer_offsets[rank], bytes)` for each
+    /// peer with a non-empty chunk for it (in peer order, its own chunk included when non-empty),
+    /// then `done()`, then a closing barrier after which peers may reuse their send buffers.
+    /// @throws what alltoallv() throws, and what copy / done throw (the group is then aborted).
+    template <class Copy, class Done>
+    void alltoallv_with(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets,
+                        std::byte* recv, const std::size_t* recv_bytes, const std::size_t* recv_offsets, Copy&& copy,
+                        Done&& done) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
       mine.send = send;
       mine.bytes = send_bytes;
       mine.offsets = send_offsets;
-      g_->barrier(rank_);
-      try {
+      g_->barrier(rank_, true);
+      g_->copy_phase([&] {
         for (int p = 0; p < size(); ++p) {
           const Slot& s = g_->slots_[static_cast<std::size_t>(p)];
           if (s.bytes[rank_] != recv_bytes[p])
             throw Error(Errc::plan_mismatch, "rank " + std::to_string(p) + " sends " + std::to_string(s.bytes[rank_]) +
                                                  " bytes to rank " + std::to_string(rank_) + ", which expects " +
                                                  std::to_string(recv_bytes[p]) + "; the ranks' plans differ");
-          if (recv_bytes[p]) std::memcpy(recv + recv_offsets[p], s.send + s.offsets[rank_], recv_bytes[p]);
+          if (recv_bytes[p]) copy(p, recv + recv_offsets[p], s.send + s.offsets[rank_], recv_bytes[p]);
         }
-      } catch (...) {
-        g_->abort();
-        throw;
-      }
+        done();
+      });
       g_->barrier(rank_);  // peers may reuse their send buffers only after everyone has read them
     }
 
@@ -80,9 +93,12 @@ class LocalGroup {
     void allgather(const void* send, std::size_t bytes, void* recv) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
       mine.send = static_cast<const std::byte*>(send);
-      g_->barrier(rank_);
-      for (int p = 0; p < size(); ++p)
-        std::memcpy(static_cast<std::byte*>(recv) + static_cast<std::size_t>(p) * bytes, g_->slots_[static_cast<std::size_t>(p)].send, bytes);
+      g_->barrier(rank_, true);
+      g_->copy_phase([&] {
+        for (int p = 0; p < size(); ++p)
+          std::memcpy(static_cast<std::byte*>(recv) + static_cast<std::size_t>(p) * bytes,
+                      g_->slots_[static_cast<std::size_t>(p)].send, bytes);
+      });
       g_->barrier(rank_);
     }
 
@@ -156,17 +172,21 @@ class LocalGroup {
     const std::size_t* offsets = nullptr;
   };
 
-  void barrier(int rank) {
+  /// Waits for all ranks. With `enter_copy`, the ranks then read each other's buffers: in_copy_
+  /// counts them until each has finished (see copy_phase()).
+  void barrier(int rank, bool enter_copy = false) {
     std::unique_lock<std::mutex> l(m_);
     if (failed_) throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": another rank of the LocalGroup failed");
     const std::uint64_t gen = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
       ++generation_;
+      if (enter_copy) in_copy_ = size_;
       cv_.notify_all();
       return;
     }
     const bool ok = cv_.wait_for(l, timeout_, [&] { return generation_ != gen || failed_; });
+    if (generation_ != gen) return;  // completed, even if a rank failed since
     if (failed_) throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": another rank of the LocalGroup failed");
     if (!ok) {
       const int here = arrived_;
@@ -178,6 +198,26 @@ class LocalGroup {
     }
   }
 
+  /// Runs this rank's reads of its peers' buffers. If they throw, the group is aborted and this
+  /// rank waits (up to the timeout) until no rank is still reading, so that no peer reads the
+  /// buffers of a rank that has returned; then the error propagates.
+  template <class F>
+  void copy_phase(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      std::unique_lock<std::mutex> l(m_);
+      --in_copy_;
+      failed_ = true;
+      cv_.notify_all();
+      cv_.wait_for(l, timeout_, [&] { return in_copy_ == 0; });
+      throw;
+    }
+    std::lock_guard<std::mutex> l(m_);
+    --in_copy_;
+    cv_.notify_all();
+  }
+
   int size_;
   std::chrono::milliseconds timeout_;
   std::vector<Slot> slots_;
@@ -185,6 +225,7 @@ class LocalGroup {
   std::condition_variable cv_;
   int arrived_ = 0;
   std::uint64_t generation_ = 0;
+  int in_copy_ = 0;  // ranks still reading peers' buffers in the current collective
   bool failed_ = false;
 };
 

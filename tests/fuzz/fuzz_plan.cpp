@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+// libFuzzer target over planning. The input bytes choose a group, a shape, splits, element sizes
+// and (possibly bad) layouts; then either planning throws ulysses::Error — with the same code on
+// every rank when the cause is global — or the P plans must be consistent:
+//   * what rank i sends to rank j is what rank j expects from rank i (bytes), in both directions;
+//   * every chunk lies inside its region, both regions inside the workspace;
+//   * every block copy lies inside the buffers it reads and writes;
+//   * pack fills the send region exactly and unpack reads the receive region exactly;
+// and, simulating the exchange in this one thread, seq→head gives each rank exactly its slice of
+// the global tensors and head→seq gives back the input, byte for byte.
+#include <ulysses/ulysses.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using namespace ulysses;
+
+struct Reader {
+  const std::uint8_t* p;
+  std::size_t n;
+  unsigned next(unsigned mod) {  // 0..mod-1 (0 when the input is exhausted)
+    if (!n) return 0;
+    --n;
+    return *p++ % mod;
+  }
+};
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "fuzz_plan: invariant broken: %s\n", what);
+  std::abort();
+}
+#define EXPECT(c) \
+  if (!(c)) die(#c)
+
+bool global_code(Errc c) { return c != Errc::layout_mismatch && c != Errc::layout_aliasing && c != Errc::size_overflow; }
+
+std::uint8_t byte_of(int t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, std::int64_t k) {
+  std::uint64_t x = ((((static_cast<std::uint64_t>(t) * 131 + b) * 977 + s) * 613 + h) * 397 + d) * 31 + k;
+  x ^= x >> 29, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 32;
+  return static_cast<std::uint8_t>(x);
+}
+
+/// Layout for extents e with padding (possibly aliasing when `bad`), in memory order `order`.
+Layout make_layout(Reader& in, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  const unsigned kind = in.next(8);
+  if (kind < 5) return Layout::dense(static_cast<Format>(kind % 3), B, S, H, D);
+  const std::int64_t ext[4] = {B, S, H, D};
+  static const int orders[4][4] = {{0, 1, 2, 3}, {1, 0, 2, 3}, {0, 2, 1, 3}, {3, 2, 1, 0}};
+  const int* ord = orders[in.next(4)];
+  std::int64_t st[4], stride = 1;
+  for (int k = 3; k >= 0; --k) {
+    const int dim = ord[k];
+    st[dim] = stride;
+    stride = stride * ext[dim] + (kind == 7 ? -static_cast<std::int64_t>(in.next(3)) : in.next(3));
+    if (stride < 0) stride = 0;
+  }
+  return Layout::strided({B, S, H, D}, {st[0], st[1], st[2], st[3]});
+}
+
+void check_blocks(const std::vector<BlockCopy>& list, const std::int64_t* size) {
+  for (const BlockCopy& c : list) {
+    EXPECT(c.row_bytes >= 1 && c.row_bytes % c.elem_bytes == 0);
+    EXPECT(c.src_offset >= 0 && c.dst_offset >= 0);
+    std::int64_t src_end = c.src_offset + c.row_bytes, dst_end = c.dst_offset + c.row_bytes;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT(c.extent[i] >= 1 && c.src_stride[i] >= 0 && c.dst_stride[i] >= 0);
+      src_end += (c.extent[i] - 1) * c.src_stride[i];
+      dst_end += (c.extent[i] - 1) * c.dst_stride[i];
+    }
+    EXPECT(src_end <= size[c.src_buffer]);
+    EXPECT(dst_end <= size[c.dst_buffer]);
+  }
+}
+
+std::int64_t sum_bytes(const std::vector<BlockCopy>& l, int buffer, bool as_src) {
+  std::int64_t n = 0;
+  for (const BlockCopy& c : l)
+    if ((as_src ? c.src_buffer : c.dst_buffer) == buffer) n += c.bytes();
+  return n;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Reader in{data, size};
+  const int P = 1 + static_cast<int>(in.next(6));
+  const std::int64_t B = 1 + in.next(3), S = in.next(24);  // S = 0 must be rejected
+  const unsigned split = in.next(4);
+  const Format fmt = static_cast<Format>(in.next(3));
+  const int T = 1 + static_cast<int>(in.next(3));
+  const int K = 1 + static_cast<int>(in.next(4));  // pipeline stages
+  std::vector<std::int64_t> lens(static_cast<std::size_t>(P));
+  for (auto& l : lens) l = in.next(7);
+
+  struct TDef {
+    std::int64_t H, Hkv, D;
+    std::size_t e;
+    unsigned heads;
+  };
+  std::vector<TDef> defs;
+  for (int t = 0; t < T; ++t)
+    defs.push_back({static_cast<std::int64_t>(in.next(10)), 1 + in.next(6), 1 + in.next(5),
+                    std::size_t{1} << in.next(4), in.next(4)});
+
+  // Build every rank's plan; collect verdicts.
+  std::vector<std::optional<Plan>> plans(static_cast<std::size_t>(P));
+  std::vector<Errc> codes(static_cast<std::size_t>(P), Errc{});
+  const std::size_t layout_seed = in.n;
+  for (int r = 0; r < P; ++r) {
+    Reader lin{in.p, layout_seed};  // the same layout bytes for every rank
+    try {
+      SeqPartition seq = split == 0   ? SeqPartition::even(S, P)
+                         : split == 1 ? SeqPartition::balanced(S, P)
+                         : split == 2 ? SeqPartition::zigzag(S, P)
+                                      : SeqPartition::lengths(S, P, lens);
+      std::vector<TensorSpec> specs;
+      std::optional<HeadPartition> q;
+      for (const TDef& d : defs) {
+        HeadPartition hp = d.heads == 0 ? HeadPartition::even(d.H, P)
+                           : d.heads == 1 || !q ? HeadPartition::balanced(d.H, P)
+                                                : HeadPartition::gqa(*q, d.Hkv);
+        if (!q) q = hp;
+        TensorSpec s{hp, d.D, d.e, std::nullopt, std::nullopt};
+        if (lin.next(2)) s.seq_layout = make_layout(lin, B, seq.local_length(r), hp.num_heads(), d.D);
+        if (lin.next(2)) s.head_layout = make_layout(lin, B, S, hp.count(r), d.D);
+        specs.push_back(s);
+      }
+      plans[static_cast<std::size_t>(r)].emplace(Group{P, r}, B, seq, specs, fmt, PlanOptions{K});
+    } catch (const Error& e) {
+      codes[static_cast<std::size_t>(r)] = e.code();
+    }
+  }
+  for (int r = 0; r < P; ++r)  // a global cause is seen by every rank
+    if (codes[r] != Errc{} && global_code(codes[r]))
+      for (int k = 0; k < P; ++k) EXPECT(codes[k] == codes[r]);
+  for (int r = 0; r < P; ++r)
+    if (!plans[r]) return 0;
+
+  for (int r = 0; r < P; ++r) EXPECT(plans[r]->fingerprint() == plans[0]->fingerprint());
+
+  // Buffers of every rank: inputs, outputs, workspace for both directions.
+  std::vector<std::vector<std::vector<std::uint8_t>>> seqbuf(P), headbuf(P), back(P);
+  std::vector<std::vector<std::uint8_t>> ws(P);
+  for (int r = 0; r < P; ++r) {
+    const Plan& p = *plans[r];
+    ws[r].assign(p.workspace_bytes(), 0);
+    for (int t = 0; t < T; ++t) {
+      seqbuf[r].emplace_back(p.seq_bytes(t), 0xEE);
+      headbuf[r].emplace_back(p.head_bytes(t), 0xEE);
+      back[r].emplace_back(p.seq_bytes(t), 0xEE);
+    }
+  }
+  // Fill the seq-sharded inputs from the global tensors.
+  for (int r = 0; r < P; ++r) {
+    const Plan& p = *plans[r];
+    for (int t = 0; t < T; ++t) {
+      const Layout& l = p.seq_layout(t);
+      const std::size_t e = p.tensor(t).elem_bytes;
+      for (const SeqChunk& c : p.seq().chunks_of(r))
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t s = 0; s < c.length; ++s)
+            for (std::int64_t h = 0; h < l.extent[2]; ++h)
+              for (std::int64_t d = 0; d < l.extent[3]; ++d)
+                for (std::size_t k = 0; k < e; ++k)
+                  seqbuf[r][t][l.offset(b, c.local_offset + s, h, d) * e + k] = byte_of(t, b, c.offset + s, h, d, k);
+    }
+  }
+
+  for (Direction dir : {Direction::seq_to_head, Direction::head_to_seq}) {
+    const bool s2h = dir == Direction::seq_to_head;
+    std::vector<BufferTable> tabs(P);
+    for (int r = 0; r < P; ++r) {
+      const Plan& p = *plans[r];
+      std::vector<const void*> ip;
+      std::vector<void*> op;
+      for (int t = 0; t < T; ++t) {
+        ip.push_back(s2h ? seqbuf[r][t].data() : headbuf[r][t].data());
+        op.push_back(s2h ? headbuf[r][t].data() : back[r][t].data());
+      }
+      tabs[r] = make_buffers(p, dir, {ip.data(), ip.size()}, {op.data(), op.size()}, {ws[r].data(), ws[r].size()});
+    }
+    for (int k = 0; k < K; ++k) {
+      for (int r = 0; r < P; ++r) {
+        const Plan& p = *plans[r];
+        const Schedule& sc = p.schedule(dir, k);
+        const std::size_t send_region = p.recv_region_offset(), recv_region = p.workspace_bytes() - p.recv_region_offset();
+        // Chunk consistency against every peer, inside the regions.
+        for (int j = 0; j < P; ++j) {
+          EXPECT(sc.send_bytes[j] == plans[j]->schedule(dir, k).recv_bytes[r]);
+          EXPECT(sc.send_offsets[j] + sc.send_bytes[j] <= send_region);
+          EXPECT(sc.recv_offsets[j] + sc.recv_bytes[j] <= recv_region);
+        }
+        EXPECT(sc.send_bytes[r] == 0 && sc.recv_bytes[r] == 0);
+        std::int64_t sizes[Buffer::count] = {};
+        for (int t = 0; t < T; ++t) {
+          sizes[Buffer::input(t)] = static_cast<std::int64_t>(p.input_bytes(dir, t));
+          sizes[Buffer::output(t)] = static_cast<std::int64_t>(p.output_bytes(dir, t));
+        }
+        sizes[Buffer::send] = static_cast<std::int64_t>(send_region);
+        sizes[Buffer::recv] = static_cast<std::int64_t>(recv_region);
+        check_blocks(sc.pack, sizes);
+        check_blocks(sc.unpack, sizes);
+        EXPECT(sum_bytes(sc.pack, Buffer::send, false) == static_cast<std::int64_t>(sc.send_total));
+        EXPECT(sum_bytes(sc.unpack, Buffer::recv, true) == static_cast<std::int64_t>(sc.recv_total));
+        HostExecutor ex;
+        pack(p, dir, ex, tabs[r], k);
+      }
+      for (int r = 0; r < P; ++r) {  // the exchange, by hand
+        const Schedule& sc = plans[r]->schedule(dir, k);
+        for (int j = 0; j < P; ++j)
+          if (sc.recv_bytes[j])
+            std::memcpy(tabs[r].base[Buffer::recv] + sc.recv_offsets[j],
+                        tabs[j].base[Buffer::send] + plans[j]->schedule(dir, k).send_offsets[r], sc.recv_bytes[j]);
+      }
+      for (int r = 0; r < P; ++r) {
+        HostExecutor ex;
+        unpack(*plans[r], dir, ex, tabs[r], k);
+      }
+    }
+    if (s2h) {  // every rank holds exactly its heads of the global tensors, for all S tokens
+      for (int r = 0; r < P; ++r)
+        for (int t = 0; t < T; ++t) {
+          const Layout& l = plans[r]->head_layout(t);
+          const std::size_t e = plans[r]->tensor(t).elem_bytes;
+          const std::int64_t h0 = plans[r]->tensor(t).heads.begin(r);
+          for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t s = 0; s < S; ++s)
+              for (std::int64_t h = 0; h < l.extent[2]; ++h)
+                for (std::int64_t d = 0; d < l.extent[3]; ++d)
+                  for (std::size_t k = 0; k < e; ++k)
+                    EXPECT(headbuf[r][t][l.offset(b, s, h, d) * e + k] == byte_of(t, b, s, h0 + h, d, k));
+        }
+    }
+  }
+  for (int r = 0; r < P; ++r)
+    for (int t = 0; t < T; ++t) EXPECT(back[r][t] == seqbuf[r][t]);
+  return 0;
+}
