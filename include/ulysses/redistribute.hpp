@@ -20,6 +20,7 @@
 ///   MpiComm (comm/mpi.hpp), NcclComm (comm/nccl.cuh).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -58,6 +59,44 @@ struct TensorList {
 };
 
 namespace detail {
+
+/// True when some element offset difference x - y (x, y offsets of `l`) equals `delta`, for an
+/// injective layout: the strides, sorted, are nested, so each dimension leaves at most a few
+/// candidates for its index difference. Answers true (conservatively) if the search would branch
+/// more than that.
+inline bool offset_difference_reachable(const Layout& l, std::int64_t delta) {
+  struct Dim {
+    std::int64_t m, s;
+  };
+  Dim d[4];
+  int n = 0;
+  for (int i = 0; i < 4; ++i)
+    if (l.extent[i] > 1) d[n++] = {l.extent[i] - 1, l.stride[i]};
+  std::sort(d, d + n, [](const Dim& a, const Dim& b) { return a.s > b.s; });
+  std::int64_t rest[5] = {0, 0, 0, 0, 0};  // rest[k]: largest |sum| of dims k..n-1
+  for (int k = n - 1; k >= 0; --k) rest[k] = rest[k + 1] + d[k].m * d[k].s;
+  int budget = 64;
+  auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
+  auto search = [&](auto&& self, int k, std::int64_t rem) -> bool {
+    if (--budget < 0) return true;
+    if (k == n) return rem == 0;
+    const std::int64_t s = d[k].s;
+    const std::int64_t lo = std::max(-d[k].m, -floor_div(-(rem - rest[k + 1]), s)), hi = std::min(d[k].m, floor_div(rem + rest[k + 1], s));
+    for (std::int64_t j = lo; j <= hi; ++j)
+      if (self(self, k + 1, rem - j * s)) return true;
+    return false;
+  };
+  return search(search, 0, delta);
+}
+
+/// Whether two views with the same layout `l`, element size e and bases `a`, `b` share a byte.
+inline bool same_layout_views_overlap(const Layout& l, std::size_t e, const std::byte* a, const std::byte* b) {
+  const std::int64_t delta = static_cast<std::int64_t>(b - a), E = static_cast<std::int64_t>(e);
+  const std::int64_t q = delta / E - (delta % E < 0);  // floor
+  // Elements at a + E*x and b + E*y overlap iff |delta + E*(y - x)| < E.
+  if (delta % E == 0) return offset_difference_reachable(l, q);
+  return offset_difference_reachable(l, q) || offset_difference_reachable(l, q + 1);
+}
 
 inline std::size_t align_of_elem(std::size_t e) {
   std::size_t a = 1;
@@ -102,12 +141,22 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
   }
   auto* w = static_cast<std::byte*>(ws.data);
   range[2 * T] = {w, plan.workspace_bytes()};
-  for (int i = T; i < 2 * T; ++i)  // every output against every other range
+  // Every output against every other range. Byte spans that meet are an overlap, except views of
+  // one layout interleaved without sharing a byte (q, k, v gradients written into one fused
+  // [B, S, 3, H, D] buffer), which an exact test clears.
+  auto layout_of = [&](int i) -> const Layout& {
+    const int t = i % T;
+    return (i < T) == (dir == Direction::seq_to_head) ? plan.seq_layout(t) : plan.head_layout(t);
+  };
+  for (int i = T; i < 2 * T; ++i)
     for (int j = 0; j <= 2 * T; ++j) {
       const Range &a = range[i], &o = range[j];
-      if (j != i && a.n && o.n && a.p < o.p + o.n && o.p < a.p + a.n)
-        fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
-                                       std::to_string(o.n) + " bytes]; outputs need their own memory");
+      if (j == i || !a.n || !o.n || !(a.p < o.p + o.n && o.p < a.p + a.n)) continue;
+      if (j < 2 * T && layout_of(i) == layout_of(j) && plan.tensor(i % T).elem_bytes == plan.tensor(j % T).elem_bytes &&
+          !same_layout_views_overlap(layout_of(i), plan.tensor(i % T).elem_bytes, a.p, o.p))
+        continue;
+      fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
+                                     std::to_string(o.n) + " bytes]; outputs need their own memory");
     }
   tab.base[Buffer::send] = w;
   tab.base[Buffer::recv] = w ? w + plan.recv_region_offset() : nullptr;
@@ -156,9 +205,9 @@ void check_agreement(const Plan& plan, Comm& comm) {
       if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
     if (!differ.empty())
       detail::fail(Errc::plan_mismatch,
-                   "ranks " + detail::join(differ) + " built their plans from other inputs than rank 0 (rank " +
-                       std::to_string(plan.rank()) + " sees this on every rank); every rank must plan with the same "
-                       "P, B, sequence partition, head partitions, head dims, element sizes and format");
+                   "ranks " + detail::join(differ) + " built their plans from other inputs than rank 0 (every rank "
+                       "reports this; this is rank " + std::to_string(plan.rank()) + "); every rank must plan with the "
+                       "same P, B, sequence partition, head partitions, head dims, element sizes, format and stages");
   }
   plan.mark_agreement_checked();
 }
