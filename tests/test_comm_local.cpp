@@ -83,3 +83,34 @@ TEST_CASE("comm(rank) checks the rank; size 0 is rejected") {
     CHECK(e.code() == Errc::invalid_group);
   }
 }
+
+TEST_CASE("ranks entering different collectives fail with plan_mismatch instead of crashing") {
+  LocalGroup g(2);
+  std::vector<Errc> code(2, Errc{});
+  g.run([&](LocalGroup::Comm& c) {
+    try {
+      if (c.rank() == 0) {
+        std::uint64_t x = 1, all[2];
+        c.allgather(&x, sizeof x, all);
+      } else {
+        std::vector<std::size_t> z(2, 0);
+        std::byte b[1];
+        c.alltoallv(b, z.data(), z.data(), b, z.data(), z.data());
+      }
+    } catch (const Error& e) {
+      code[c.rank()] = e.code();
+    }
+  });
+  CHECK(code[0] == Errc::plan_mismatch);
+  CHECK(code[1] == Errc::plan_mismatch);
+}
+
+TEST_CASE("allgather puts rank p's block at p * bytes") {
+  LocalGroup g(3);
+  std::vector<std::vector<std::uint32_t>> got(3, std::vector<std::uint32_t>(6));
+  g.run([&](LocalGroup::Comm& c) {
+    const std::uint32_t mine[2] = {10u * c.rank(), 10u * c.rank() + 1};
+    c.allgather(mine, sizeof mine, got[c.rank()].data());
+  });
+  for (int r = 0; r < 3; ++r) CHECK(got[r] == std::vector<std::uint32_t>{0, 1, 10, 11, 20, 21});
+}

@@ -97,6 +97,15 @@ TEST_CASE("MPI split path: chunks larger than the message limit go as several me
   check_mpi<double>(ut::c3_cases(), 1);
 }
 
+TEST_CASE("MPI: ranks whose offsets straddle the message limit still agree on one path (no hang)") {
+  // P ranks, 4-byte chunks, limit 4: rank 0's largest offset is 4*(P-2), the last rank's 4*(P-1).
+  for (int P : {2, 3, 4}) {
+    ut::Case c{"straddle P=" + std::to_string(P), P, 1, SeqPartition::even(P, P), {{HeadPartition::even(P, P), 1}}, Format::bshd};
+    check_mpi<float>({c}, 4);
+    check_mpi<float>({c}, 8);
+  }
+}
+
 TEST_CASE("MPI: a plan for another group size is rejected before the exchange") {
   MpiComm comm(MPI_COMM_WORLD);
   Plan plan({comm.size() + 1, 0}, 1, SeqPartition::balanced(8, comm.size() + 1),

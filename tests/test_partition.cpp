@@ -4,6 +4,7 @@
 #include <ulysses/partition.hpp>
 
 #include <functional>
+#include <limits>
 #include <string>
 
 using namespace ulysses;
@@ -118,4 +119,15 @@ TEST_CASE("explicit head ranges must be monotone and cover [0, H)") {
   CHECK(error_of([] { HeadPartition::ranges(4, {{2, 4}, {0, 2}}); }).first == Errc::invalid_partition);
   CHECK(error_of([] { HeadPartition::ranges(4, {{0, 2}, {2, 3}}); }).first == Errc::invalid_partition);
   CHECK(error_of([] { HeadPartition::ranges(4, {}); }).first == Errc::invalid_group);
+}
+
+TEST_CASE("explicit head ranges: empty ranges must keep the order too (no dropped heads)") {
+  CHECK(error_of([] { HeadPartition::ranges(6, {{0, 2}, {5, 5}, {2, 6}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { HeadPartition::ranges(6, {{0, 0}, {0, 3}, {3, 6}, {6, 6}}); }).first == Errc{});
+  CHECK(error_of([] { HeadPartition::ranges(6, {{0, 2}, {2, 2}, {2, 6}}); }).first == Errc{});
+}
+
+TEST_CASE("sequence chunks whose ends overflow int64 are a size_overflow, not a wrap-around") {
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  CHECK(error_of([&] { SeqPartition::chunks(5, 2, {{0, 0, 1, 0}, {1, 1, big, 0}}); }).first == Errc::size_overflow);
 }

@@ -384,3 +384,20 @@ TEST_CASE("exact overlap test of two views with one layout") {
   CHECK_FALSE(detail::same_layout_views_overlap(qkv, 4, base + 4096, base + 4096 + 50));  // 12.5: between q and v
   CHECK_FALSE(detail::same_layout_views_overlap(Layout::bshd(1, 2, 2, 2), 4, at(0), at(8)));  // adjacent
 }
+
+TEST_CASE("an input inside the workspace is refused (the exchange would overwrite it)") {
+  LocalGroup g(2);
+  std::vector<Errc> code(2, Errc{});
+  g.run([&](LocalGroup::Comm& comm) {
+    Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
+    REQUIRE(plan.workspace_bytes() > 0);
+    std::vector<float> ws(plan.workspace_bytes() / 4 + 64), out(plan.head_bytes(0) / 4);
+    HostExecutor ex;
+    try {
+      seq_to_head(plan, comm, ex, ws.data() + plan.recv_region_offset() / 4, out.data(), {ws.data(), ws.size() * 4});
+    } catch (const Error& e) {
+      code[comm.rank()] = e.code();
+    }
+  });
+  CHECK(code == std::vector<Errc>{Errc::buffer_overlap, Errc::buffer_overlap});
+}

@@ -130,8 +130,9 @@ class SeqPartition {
       if (k.length < 0 || k.offset < 0)
         detail::fail(Errc::invalid_partition, "sequence chunk at offset " + std::to_string(k.offset) + " has length " +
                                                   std::to_string(k.length) + "; both must be >= 0");
+      detail::add(k.offset, k.length, "end of a sequence chunk");
       k.local_offset = local[k.rank];
-      local[k.rank] += k.length;
+      local[k.rank] = detail::add(local[k.rank], k.length, "tokens of a rank");
       if (k.length) cover.emplace_back(k.offset, k.length);
     }
     std::sort(cover.begin(), cover.end());
@@ -229,18 +230,21 @@ class HeadPartition {
   /// @throws Error(invalid_partition) when they are not monotone or do not cover [0, H).
   static HeadPartition ranges(std::int64_t H, std::vector<std::pair<std::int64_t, std::int64_t>> r) {
     check(H, static_cast<int>(r.size()), "num_heads");
-    std::int64_t prev_b = 0, prev_e = 0;
+    // Monotone begins and ends (empty ranges included, so owned_begin() stays right), and the
+    // non-empty ranges leave no gap.
+    std::int64_t prev_b = 0, prev_e = 0, covered = 0;
     for (std::size_t i = 0; i < r.size(); ++i) {
       auto [b, e] = r[i];
       const bool empty = b == e;
-      if (b < 0 || e < b || e > H || (!empty && (b < prev_b || e < prev_e || b > prev_e)))
+      if (b < 0 || e < b || e > H || b < prev_b || e < prev_e || (!empty && b > covered) || (empty && e > covered))
         detail::fail(Errc::invalid_partition, "head range of rank " + std::to_string(i) + " is [" + std::to_string(b) +
                                                   ", " + std::to_string(e) + "); ranges must lie in [0, " +
                                                   std::to_string(H) + "), be monotone and leave no gap");
-      if (!empty) prev_b = b, prev_e = e;
+      prev_b = b, prev_e = e;
+      if (!empty) covered = e;
     }
-    if (prev_e != H)
-      detail::fail(Errc::invalid_partition, "head ranges end at " + std::to_string(prev_e) + ", not at H=" + std::to_string(H));
+    if (covered != H)
+      detail::fail(Errc::invalid_partition, "head ranges end at " + std::to_string(covered) + ", not at H=" + std::to_string(H));
     HeadPartition p;
     p.H_ = H;
     p.r_ = std::move(r);

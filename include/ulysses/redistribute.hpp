@@ -141,22 +141,23 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
   }
   auto* w = static_cast<std::byte*>(ws.data);
   range[2 * T] = {w, plan.workspace_bytes()};
-  // Every output against every other range. Byte spans that meet are an overlap, except views of
+  // Every output against every other range, every input against the workspace. Byte spans that
+  // meet are an overlap, except views of
   // one layout interleaved without sharing a byte (q, k, v gradients written into one fused
   // [B, S, 3, H, D] buffer), which an exact test clears.
   auto layout_of = [&](int i) -> const Layout& {
     const int t = i % T;
     return (i < T) == (dir == Direction::seq_to_head) ? plan.seq_layout(t) : plan.head_layout(t);
   };
-  for (int i = T; i < 2 * T; ++i)
-    for (int j = 0; j <= 2 * T; ++j) {
+  for (int i = 0; i < 2 * T; ++i)
+    for (int j = i < T ? 2 * T : 0; j <= 2 * T; ++j) {  // inputs only against the workspace
       const Range &a = range[i], &o = range[j];
       if (j == i || !a.n || !o.n || !(a.p < o.p + o.n && o.p < a.p + a.n)) continue;
       if (j < 2 * T && layout_of(i) == layout_of(j) && plan.tensor(i % T).elem_bytes == plan.tensor(j % T).elem_bytes &&
           !same_layout_views_overlap(layout_of(i), plan.tensor(i % T).elem_bytes, a.p, o.p))
         continue;
       fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
-                                     std::to_string(o.n) + " bytes]; outputs need their own memory");
+                                     std::to_string(o.n) + " bytes]; outputs and the workspace need their own memory");
     }
   tab.base[Buffer::send] = w;
   tab.base[Buffer::recv] = w ? w + plan.recv_region_offset() : nullptr;

@@ -70,11 +70,12 @@ class LocalGroup {
                         std::byte* recv, const std::size_t* recv_bytes, const std::size_t* recv_offsets, Copy&& copy,
                         Done&& done) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
+      mine.kind = kAlltoallv;
       mine.send = send;
       mine.bytes = send_bytes;
       mine.offsets = send_offsets;
       g_->barrier(rank_, true);
-      g_->copy_phase([&] {
+      g_->copy_phase(rank_, [&] {
         for (int p = 0; p < size(); ++p) {
           const Slot& s = g_->slots_[static_cast<std::size_t>(p)];
           if (s.bytes[rank_] != recv_bytes[p])
@@ -92,9 +93,11 @@ class LocalGroup {
     /// Used for the cross-rank plan check. @throws Error(timeout), Error(aborted).
     void allgather(const void* send, std::size_t bytes, void* recv) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
+      mine.kind = kAllgather;
+      mine.gather_bytes = bytes;
       mine.send = static_cast<const std::byte*>(send);
       g_->barrier(rank_, true);
-      g_->copy_phase([&] {
+      g_->copy_phase(rank_, [&] {
         for (int p = 0; p < size(); ++p)
           std::memcpy(static_cast<std::byte*>(recv) + static_cast<std::size_t>(p) * bytes,
                       g_->slots_[static_cast<std::size_t>(p)].send, bytes);
@@ -103,7 +106,10 @@ class LocalGroup {
     }
 
     /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
-    void barrier() { g_->barrier(rank_); }
+    void barrier() {
+      g_->slots_[static_cast<std::size_t>(rank_)].kind = kBarrier;
+      g_->barrier(rank_);
+    }
 
    private:
     friend class LocalGroup;
@@ -166,7 +172,16 @@ class LocalGroup {
     return false;
   }
 
+  /// Which collective a rank entered: ranks that entered different ones fail instead of reading
+  /// each other's slots.
+  enum Kind : int { kNone = 0, kAlltoallv, kAllgather, kBarrier };
+  static const char* kind_name(int k) {
+    return k == kAlltoallv ? "alltoallv" : k == kAllgather ? "allgather" : k == kBarrier ? "barrier" : "nothing";
+  }
+
   struct Slot {
+    int kind = kNone;
+    std::size_t gather_bytes = 0;  // allgather's block size
     const std::byte* send = nullptr;
     const std::size_t* bytes = nullptr;
     const std::size_t* offsets = nullptr;
@@ -202,8 +217,16 @@ class LocalGroup {
   /// rank waits (up to the timeout) until no rank is still reading, so that no peer reads the
   /// buffers of a rank that has returned; then the error propagates.
   template <class F>
-  void copy_phase(F&& f) {
+  void copy_phase(int rank, F&& f) {
     try {
+      const Slot& mine = slots_[static_cast<std::size_t>(rank)];
+      for (int p = 0; p < size_; ++p) {
+        const Slot& s = slots_[static_cast<std::size_t>(p)];
+        if (s.kind != mine.kind || (mine.kind == kAllgather && s.gather_bytes != mine.gather_bytes))
+          throw Error(Errc::plan_mismatch, "rank " + std::to_string(p) + " entered " + kind_name(s.kind) + " while rank " +
+                                               std::to_string(rank) + " entered " + kind_name(mine.kind) +
+                                               " (ranks must call the same collectives in the same order)");
+      }
       f();
     } catch (...) {
       std::unique_lock<std::mutex> l(m_);

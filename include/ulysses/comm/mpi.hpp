@@ -5,7 +5,8 @@
 /// Needs <mpi.h> (link ulysses::mpi). Buffers may be host memory or, with a CUDA-aware MPI,
 /// device memory. Byte counts are std::size_t end to end: MPI's `int` counts are never
 /// truncated. When every count and displacement fits the per-message limit the exchange is one
-/// MPI_Alltoallv of MPI_BYTE; otherwise each chunk is sent as point-to-point messages of at
+/// MPI_Alltoallv of MPI_BYTE (on every rank of the group, or on none: the ranks agree through an
+/// MPI_Allreduce of one int); otherwise each chunk is sent as point-to-point messages of at
 /// most `max_message_bytes` (MPI_Isend / MPI_Irecv, one tag, MPI's non-overtaking order keeps
 /// the pieces in sequence), so chunks over 2 GiB work with any MPI-3 library.
 #pragma once
@@ -54,10 +55,13 @@ class MpiComm {
   ///         error handler returns errors; MPI's default aborts the job).
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                  const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
-    bool fits = true;
+    // MPI_Alltoallv takes int counts and displacements. Whether they fit differs between ranks
+    // (offsets grow with the rank), so the ranks agree on the path first: one tiny allreduce.
+    int fits = 1;
     for (int p = 0; p < size_; ++p)
       fits = fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ &&
              recv_offsets[p] <= max_msg_;
+    if (size_ > 1) check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
     if (fits) {
       for (std::size_t p = 0; p < sc_.size(); ++p) {
         sc_[p] = static_cast<int>(send_bytes[p]), sd_[p] = static_cast<int>(send_offsets[p]);
