@@ -64,29 +64,41 @@ namespace detail {
 /// injective layout: the strides, sorted, are nested, so each dimension leaves at most a few
 /// candidates for its index difference. Answers true (conservatively) if the search would branch
 /// more than that.
+struct DiffDim {
+  std::int64_t m, s;  // largest index difference (extent - 1), stride
+};
+
+/// Depth-first search over the index difference of dimension k (dims sorted by stride, largest
+/// first; rest[k] = largest |offset| of dims k..n-1). `budget` bounds the work.
+inline bool diff_search(const DiffDim* d, const std::int64_t* rest, int n, int k, std::int64_t rem, int& budget) {
+  if (--budget < 0) return true;  // give up: answer "reachable" (conservative)
+  if (k >= n || k >= 4) return rem == 0;
+  auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
+  const std::int64_t s = d[k].s;
+  const std::int64_t lo = std::max(-d[k].m, -floor_div(rest[k + 1] - rem, s));
+  const std::int64_t hi = std::min(d[k].m, floor_div(rem + rest[k + 1], s));
+  for (std::int64_t j = lo; j <= hi; ++j)
+    if (diff_search(d, rest, n, k + 1, rem - j * s, budget)) return true;
+  return false;
+}
+
+/// True when some element offset difference x - y (x, y offsets of `l`) equals `delta`, for an
+/// injective layout: the strides, sorted, are nested, so each dimension leaves at most a few
+/// candidates for its index difference. Answers true (conservatively) if the search would branch
+/// more than a small budget.
 inline bool offset_difference_reachable(const Layout& l, std::int64_t delta) {
-  struct Dim {
-    std::int64_t m, s;
-  };
-  Dim d[4];
+  DiffDim d[4] = {};
   int n = 0;
   for (int i = 0; i < 4; ++i)
-    if (l.extent[i] > 1) d[n++] = {l.extent[i] - 1, l.stride[i]};
-  std::sort(d, d + n, [](const Dim& a, const Dim& b) { return a.s > b.s; });
-  std::int64_t rest[5] = {0, 0, 0, 0, 0};  // rest[k]: largest |sum| of dims k..n-1
+    if (l.extent[i] > 1) {  // insertion by stride, largest first
+      int k = n++;
+      for (; k > 0 && d[k - 1].s < l.stride[i]; --k) d[k] = d[k - 1];
+      d[k] = {l.extent[i] - 1, l.stride[i]};
+    }
+  std::int64_t rest[5] = {0, 0, 0, 0, 0};
   for (int k = n - 1; k >= 0; --k) rest[k] = rest[k + 1] + d[k].m * d[k].s;
   int budget = 64;
-  auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
-  auto search = [&](auto&& self, int k, std::int64_t rem) -> bool {
-    if (--budget < 0) return true;
-    if (k == n) return rem == 0;
-    const std::int64_t s = d[k].s;
-    const std::int64_t lo = std::max(-d[k].m, -floor_div(-(rem - rest[k + 1]), s)), hi = std::min(d[k].m, floor_div(rem + rest[k + 1], s));
-    for (std::int64_t j = lo; j <= hi; ++j)
-      if (self(self, k + 1, rem - j * s)) return true;
-    return false;
-  };
-  return search(search, 0, delta);
+  return diff_search(d, rest, n, 0, delta, budget);
 }
 
 /// Whether two views with the same layout `l`, element size e and bases `a`, `b` share a byte.
