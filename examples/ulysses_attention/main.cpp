@@ -8,6 +8,9 @@
 #if ULYSSES_DEMO_MPI
 #include <ulysses/comm/mpi.hpp>
 #endif
+#if ULYSSES_DEMO_CUDA
+#include "cuda_backend.hpp"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +35,7 @@ struct Config {
   Format layout = Format::bshd;
   std::string model = "Llama-3.1-8B";
   std::string backend = "local";
+  std::string device = "cpu";  // --device cuda: redistributions on the GPU (P virtual ranks on one device)
   bool balanced = false;  // head split
   double tolerance = 1e-4;
 };
@@ -66,6 +70,16 @@ void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, TensorList<
   unpack(plan, dir, exec, t);
   res.unpack_ms += ms_since(t0);
 }
+
+#if ULYSSES_DEMO_CUDA
+/// --device cuda: the same three phases on the GPU, timed with CUDA events (cuda_backend.cu).
+void timed_redistribute(const Plan& plan, Direction dir, demo_cuda::Rank& comm, TensorList<const void*> in,
+                        TensorList<void*> out, std::vector<std::byte>&, Result& res) {
+  double ms[3] = {0, 0, 0};
+  comm.redistribute(plan, dir, in, out, ms);
+  res.pack_ms += ms[0], res.exchange_ms += ms[1], res.unpack_ms += ms[2];
+}
+#endif
 
 /// Softmax attention of one query row against keys/values given by accessors; Acc is the
 /// accumulation type (float for the distributed run, double for the reference).
@@ -187,10 +201,12 @@ Result run_rank(Comm& comm, const Config& c) {
       "usage: ulysses_attention [--ranks P] [--batch B] [--seq S] [--heads H] [--kv-heads Hkv]\n"
       "                         [--head-dim D] [--v-head-dim Dv] [--layout bshd|sbhd|bhsd]\n"
       "                         [--model NAME] [--balanced] [--tolerance T] [--backend local|mpi]\n"
-      "                         [--list-models]\n"
+      "                         [--device cpu|cuda] [--list-models]\n"
       "Ulysses attention forward (fp32) on P ranks; compares with single-rank attention.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
-      "--backend mpi: run under `mpiexec -n P`; P is the number of MPI processes.\n");
+      "--backend mpi: run under `mpiexec -n P`; P is the number of MPI processes.\n"
+      "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
+      "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
 }
 
@@ -221,6 +237,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--balanced") c.balanced = true;
     else if (a == "--tolerance") c.tolerance = std::atof(need(i));
     else if (a == "--backend") c.backend = need(i);
+    else if (a == "--device") c.device = need(i);
     else if (a == "--layout") {
       const std::string l = need(i);
       if (l == "bshd") c.layout = Format::bshd;
@@ -239,6 +256,11 @@ Config parse(int argc, char** argv) {
     }
   }
   if (c.backend != "local" && c.backend != "mpi") usage(2);
+  if (c.device != "cpu" && c.device != "cuda") usage(2);
+  if (c.device == "cuda" && c.backend != "local") {
+    std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
+    std::exit(2);
+  }
   return c;
 }
 
@@ -257,6 +279,8 @@ int report(const Config& c, int P, const Result& m) {
   std::printf("ulysses attention demo: %s (H=%lld, Hkv=%lld, D=%lld, Dv=%lld), B=%lld, S=%lld, P=%d, fp32, %s, %s backend\n",
               c.model.c_str(), (long long)c.heads, (long long)c.kv_heads, (long long)c.head_dim, (long long)c.v_head_dim,
               (long long)c.batch, (long long)c.seq, P, to_string(c.layout), c.backend == "mpi" ? "MPI" : "in-process");
+  if (c.device == "cuda")
+    std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
   std::printf("  bytes exchanged per rank: seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB\n",
               m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20));
   std::printf("  phase times (max over ranks, both directions): pack %.3f ms, exchange %.3f ms, unpack %.3f ms, attention %.1f ms\n",
@@ -286,6 +310,22 @@ int main(int argc, char** argv) {
       return rc;
 #else
       std::fprintf(stderr, "this build has no MPI (install libopenmpi-dev and reconfigure)\n");
+      return 2;
+#endif
+    }
+    if (c.device == "cuda") {
+#if ULYSSES_DEMO_CUDA
+      const std::string why = demo_cuda::unavailable();
+      if (!why.empty()) {
+        std::printf("no CUDA device: skipping --device cuda (%s)\n", why.c_str());
+        return 77;  // ctest: skipped
+      }
+      std::printf("device: %s\n", demo_cuda::device_name().c_str());
+      std::vector<Result> rs(static_cast<std::size_t>(c.ranks));
+      demo_cuda::run_group(c.ranks, [&](demo_cuda::Rank& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c); });
+      return report(c, c.ranks, reduce_max(rs));
+#else
+      std::fprintf(stderr, "this build has no CUDA (install the CUDA toolkit and reconfigure)\n");
       return 2;
 #endif
     }

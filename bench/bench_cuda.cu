@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA benchmarks (Google Benchmark, manual time from CUDA events):
+// - pack / unpack of q, k, v (one launch each) on rank 0 of P, reported as bytes/s, with the
+//   bandwidth of cudaMemcpyAsync device-to-device of the same byte count measured in the same
+//   run (counters memcpy_GBps and ratio_to_memcpy = kernel bandwidth / memcpy bandwidth; the
+//   target is >= 0.9);
+// - seq_to_head of q, k, v (one exchange) with P virtual ranks on one GPU (DeviceLocalGroup),
+//   timed from the first rank's start to the last rank's end, with pack + copy + unpack of all
+//   ranks measured separately on one stream in the same run (counter ratio_to_parts; the target
+//   is <= 1.1).
+// Shapes: bf16, B=1, S=32768, H=32, Hkv=8, D in {64, 128}, P in {2, 4, 8}. The L2 cache is
+// flushed before every timed operation, so both sides are measured from DRAM. Without a device
+// the binary says so and exits 0.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <ulysses/ulysses.hpp>
+#include <ulysses/comm/local_device.cuh>
+#include <ulysses/cuda/copy.cuh>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace ulysses;
+
+namespace {
+
+struct bf16 {
+  std::uint16_t bits;
+};
+
+constexpr std::int64_t kS = 32768, kH = 32, kHkv = 8;
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#define BENCH_CUDA(x) ok((x), #x)
+
+/// Device memory, zero-filled (values do not matter for bandwidth).
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(std::size_t n) {
+    BENCH_CUDA(cudaMalloc(&p, n ? n : 1));
+    BENCH_CUDA(cudaMemset(p, 0, n ? n : 1));
+  }
+  DevMem(const DevMem&) = delete;
+  ~DevMem() { cudaFree(p); }
+  std::byte* get() const { return static_cast<std::byte*>(p); }
+};
+
+/// Timing events (a..d).
+struct Events {
+  cudaEvent_t a, b, c, d;
+  Events() {
+    for (cudaEvent_t* e : {&a, &b, &c, &d}) BENCH_CUDA(cudaEventCreate(e));
+  }
+  ~Events() {
+    for (cudaEvent_t e : {a, b, c, d}) cudaEventDestroy(e);
+  }
+  static double seconds(cudaEvent_t from, cudaEvent_t to) {
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, from, to));
+    return ms * 1e-3;
+  }
+};
+
+/// Evicts the L2 cache (writes a buffer larger than it) on stream s.
+struct L2Flush {
+  std::size_t bytes;
+  std::unique_ptr<DevMem> buf;
+  L2Flush() {
+    int dev = 0, l2 = 0;
+    BENCH_CUDA(cudaGetDevice(&dev));
+    BENCH_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    bytes = 2 * static_cast<std::size_t>(l2 > 0 ? l2 : 64 << 20);
+    buf = std::make_unique<DevMem>(bytes);
+  }
+  void operator()(cudaStream_t s) const { BENCH_CUDA(cudaMemsetAsync(buf->get(), 1, bytes, s)); }
+};
+
+/// The q, k, v plan of rank r of P (GQA: kv head partition from q's).
+Plan qkv_plan(int P, int r, std::int64_t D) {
+  const auto q = HeadPartition::even(kH, P);
+  const auto kv = HeadPartition::gqa(q, kHkv);
+  return Plan({P, r}, 1, SeqPartition::even(kS, P),
+              {TensorSpec::of<bf16>(q, D), TensorSpec::of<bf16>(kv, D), TensorSpec::of<bf16>(kv, D)});
+}
+
+/// One rank's device buffers for seq_to_head: inputs, outputs, workspace.
+struct RankBuffers {
+  std::vector<std::unique_ptr<DevMem>> in, out;
+  std::unique_ptr<DevMem> ws;
+  std::size_t ws_bytes;
+  explicit RankBuffers(const Plan& p) : ws_bytes(p.workspace_bytes()) {
+    for (int t = 0; t < p.num_tensors(); ++t) {
+      in.push_back(std::make_unique<DevMem>(p.seq_bytes(t)));
+      out.push_back(std::make_unique<DevMem>(p.head_bytes(t)));
+    }
+    ws = std::make_unique<DevMem>(ws_bytes);
+  }
+  TensorList<const void*> inputs() const {
+    TensorList<const void*> l;
+    for (auto& b : in) l.data[l.size++] = b->get();
+    return l;
+  }
+  TensorList<void*> outputs() const {
+    TensorList<void*> l;
+    for (auto& b : out) l.data[l.size++] = b->get();
+    return l;
+  }
+  Workspace workspace() const { return {ws->get(), ws_bytes}; }
+};
+
+std::size_t list_bytes(const std::vector<BlockCopy>& l) {
+  std::size_t n = 0;
+  for (const BlockCopy& c : l) n += static_cast<std::size_t>(c.bytes());
+  return n;
+}
+
+/// pack (or unpack) of rank 0 of P, next to cudaMemcpyAsync D2D of the same bytes.
+void bm_copy(benchmark::State& state, bool is_pack, std::int64_t D, int P) {
+  const Plan plan = qkv_plan(P, 0, D);
+  const Direction dir = Direction::seq_to_head;
+  const std::vector<BlockCopy>& list = is_pack ? plan.schedule(dir).pack : plan.schedule(dir).unpack;
+  const std::size_t bytes = list_bytes(list);
+  cudaStream_t s;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    RankBuffers b(plan);
+    const BufferTable t = make_buffers(plan, dir, b.inputs(), b.outputs(), b.workspace());
+    DevMem from(bytes), to(bytes);
+    CudaExecutor ex(plan, s);
+    L2Flush flush;
+    Events ev;
+    double kernel_s = 0, memcpy_s = 0;
+    for (auto _ : state) {
+      flush(s);
+      BENCH_CUDA(cudaEventRecord(ev.a, s));
+      ex.run(list.data(), list.size(), t);
+      BENCH_CUDA(cudaEventRecord(ev.b, s));
+      flush(s);
+      BENCH_CUDA(cudaEventRecord(ev.c, s));
+      BENCH_CUDA(cudaMemcpyAsync(to.get(), from.get(), bytes, cudaMemcpyDeviceToDevice, s));
+      BENCH_CUDA(cudaEventRecord(ev.d, s));
+      BENCH_CUDA(cudaEventSynchronize(ev.d));
+      const double k = Events::seconds(ev.a, ev.b);
+      kernel_s += k;
+      memcpy_s += Events::seconds(ev.c, ev.d);
+      state.SetIterationTime(k);
+    }
+    const double n = static_cast<double>(state.iterations());
+    state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+    state.counters["bytes"] = static_cast<double>(bytes);
+    state.counters["blocks"] = static_cast<double>(list.size());
+    state.counters["kernel_GBps"] = bytes * n / kernel_s * 1e-9;
+    state.counters["memcpy_GBps"] = bytes * n / memcpy_s * 1e-9;
+    state.counters["ratio_to_memcpy"] = memcpy_s / kernel_s;
+  }
+  BENCH_CUDA(cudaStreamDestroy(s));
+}
+
+/// Blocks a stream until the host releases it, so that everything enqueued behind it is
+/// measured without the host's enqueue time (the P threads, their barriers).
+__global__ void hold(volatile int* flag) {
+  while (*flag == 0) {
+  }
+}
+
+/// seq_to_head of q, k, v on P virtual ranks of one GPU; then the same work as separate parts.
+void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
+  std::vector<Plan> plans;
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(P));
+  std::vector<cudaEvent_t> done(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    plans.push_back(qkv_plan(P, r, D));
+    BENCH_CUDA(cudaStreamCreateWithFlags(&streams[static_cast<std::size_t>(r)], cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreateWithFlags(&done[static_cast<std::size_t>(r)], cudaEventDisableTiming));
+  }
+  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
+  {
+    std::vector<CudaExecutor> ex, ex0;  // per rank on its stream; per rank on stream 0 (parts)
+    for (int r = 0; r < P; ++r) {
+      ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
+      ex0.emplace_back(plans[static_cast<std::size_t>(r)], streams[0]);
+    }
+    int* flag = nullptr;
+    int* dflag = nullptr;
+    BENCH_CUDA(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
+    BENCH_CUDA(cudaHostGetDevicePointer(&dflag, flag, 0));
+    DeviceLocalGroup group(P);
+    L2Flush flush;
+    Events ev;
+    const cudaStream_t s0 = streams[0];
+    std::size_t moved = 0;  // bytes read (= written) by all ranks: pack + exchange + unpack
+    for (int r = 0; r < P; ++r) {
+      const Schedule& sc = plans[static_cast<std::size_t>(r)].schedule(Direction::seq_to_head);
+      moved += list_bytes(sc.pack) + sc.recv_total + list_bytes(sc.unpack);
+    }
+    BENCH_CUDA(cudaDeviceSynchronize());
+    double total_s = 0;
+    for (auto _ : state) {
+      *reinterpret_cast<volatile int*>(flag) = 0;
+      flush(s0);
+      hold<<<1, 1, 0, s0>>>(dflag);
+      BENCH_CUDA(cudaGetLastError());
+      BENCH_CUDA(cudaEventRecord(ev.a, s0));
+      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(streams[static_cast<std::size_t>(r)], ev.a, 0));
+      group.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        seq_to_head(plans[r], comm, ex[r], bufs[r]->inputs(), bufs[r]->outputs(), bufs[r]->workspace());
+        BENCH_CUDA(cudaEventRecord(done[r], streams[r]));
+      });
+      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done[static_cast<std::size_t>(r)], 0));
+      BENCH_CUDA(cudaEventRecord(ev.b, s0));
+      *reinterpret_cast<volatile int*>(flag) = 1;  // release: the GPU runs everything now
+      BENCH_CUDA(cudaEventSynchronize(ev.b));
+      const double t = Events::seconds(ev.a, ev.b);
+      total_s += t;
+      state.SetIterationTime(t);
+    }
+    // The same work in parts on stream 0: all packs, all exchange copies, all unpacks.
+    double parts_s[3] = {0, 0, 0};
+    const int reps = 5;
+    std::vector<BufferTable> tabs;
+    for (int r = 0; r < P; ++r) {
+      const auto& b = *bufs[static_cast<std::size_t>(r)];
+      tabs.push_back(make_buffers(plans[static_cast<std::size_t>(r)], Direction::seq_to_head, b.inputs(), b.outputs(), b.workspace()));
+    }
+    for (int rep = 0; rep < reps; ++rep)
+      for (int part = 0; part < 3; ++part) {
+        flush(s0);
+        BENCH_CUDA(cudaEventRecord(ev.a, s0));
+        for (int r = 0; r < P; ++r) {
+          const auto ru = static_cast<std::size_t>(r);
+          const Schedule& sc = plans[ru].schedule(Direction::seq_to_head);
+          if (part == 0) ex0[ru].run(sc.pack.data(), sc.pack.size(), tabs[ru]);
+          if (part == 2) ex0[ru].run(sc.unpack.data(), sc.unpack.size(), tabs[ru]);
+          if (part == 1)
+            for (int p = 0; p < P; ++p) {
+              const Schedule& sp = plans[static_cast<std::size_t>(p)].schedule(Direction::seq_to_head);
+              if (sc.recv_bytes[static_cast<std::size_t>(p)])
+                BENCH_CUDA(cudaMemcpyAsync(tabs[ru].base[Buffer::recv] + sc.recv_offsets[static_cast<std::size_t>(p)],
+                                           tabs[static_cast<std::size_t>(p)].base[Buffer::send] + sp.send_offsets[ru],
+                                           sc.recv_bytes[static_cast<std::size_t>(p)], cudaMemcpyDeviceToDevice, s0));
+            }
+        }
+        BENCH_CUDA(cudaEventRecord(ev.b, s0));
+        BENCH_CUDA(cudaEventSynchronize(ev.b));
+        parts_s[part] += Events::seconds(ev.a, ev.b) / reps;
+      }
+    const double n = static_cast<double>(state.iterations());
+    const double parts = parts_s[0] + parts_s[1] + parts_s[2];
+    state.SetBytesProcessed(static_cast<std::int64_t>(moved) * state.iterations());
+    state.counters["bytes_moved"] = static_cast<double>(moved);
+    state.counters["pack_us"] = parts_s[0] * 1e6;
+    state.counters["copy_us"] = parts_s[1] * 1e6;
+    state.counters["unpack_us"] = parts_s[2] * 1e6;
+    state.counters["parts_us"] = parts * 1e6;
+    state.counters["ratio_to_parts"] = total_s / n / parts;
+    BENCH_CUDA(cudaFreeHost(flag));
+  }
+  for (int r = 0; r < P; ++r) {
+    cudaStreamDestroy(streams[static_cast<std::size_t>(r)]);
+    cudaEventDestroy(done[static_cast<std::size_t>(r)]);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    std::printf("no CUDA device: skipping the CUDA benchmarks (cudaGetDeviceCount: %s)\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 0;
+  }
+  for (std::int64_t D : {64, 128})
+    for (int P : {2, 4, 8}) {
+      const std::string shape = "/D:" + std::to_string(D) + "/P:" + std::to_string(P);
+      benchmark::RegisterBenchmark(("pack" + shape).c_str(), bm_copy, true, D, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("unpack" + shape).c_str(), bm_copy, false, D, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("seq_to_head" + shape).c_str(), bm_seq_to_head, D, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  try {
+    benchmark::RunSpecifiedBenchmarks();
+  } catch (const std::exception& x) {
+    std::fprintf(stderr, "bench_cuda: %s\n", x.what());
+    return 1;
+  }
+  benchmark::Shutdown();
+  return 0;
+}

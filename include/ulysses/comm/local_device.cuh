@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file comm/local_device.cuh
+/// @brief DeviceLocalGroup: P ranks as threads of one process over device memory (P virtual
+///        ranks on one GPU), exchanging with cudaMemcpyAsync device-to-device on each rank's stream.
+///
+/// The protocol, host barriers, timeouts and aborts are LocalGroup's (comm/local.hpp): this group
+/// plugs a stream-ordered copy into LocalGroup::Comm::alltoallv_with. An all-to-all-v of rank j:
+///  1. record event `sent[j]` on stream j (everything enqueued before — the pack — precedes it),
+///     publish the send buffer, host barrier;
+///  2. for each peer p with a chunk for j: stream j waits for `sent[p]`, then cudaMemcpyAsync
+///     (device to device) of the chunk from p's send region into j's receive region;
+///  3. record event `read[j]` on stream j (j has read everything it needs), host barrier;
+///  4. stream j waits for `read[p]` of every peer p, so that nothing j enqueues later (its next
+///     pack into its send region) can overwrite data a peer is still copying.
+/// No host synchronisation with the device: the host threads only meet at barriers, the GPU
+/// orders the rest. The streams may belong to one device or, with unified addressing and peer
+/// access, several (the copies then go over NVLink/PCIe).
+///
+/// Not capturable in a CUDA graph across ranks (the ranks' streams are joined by events recorded
+/// by other threads); the CudaExecutor and NcclComm calls are.
+/// Needs the CUDA runtime (link ulysses::cuda); no kernels, so any C++ compiler that sees
+/// cuda_runtime_api.h will do.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../cuda/detail/config.cuh"
+#include "../error.hpp"
+#include "local.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// An in-process group of `size` ranks whose buffers are device memory; each rank is a thread
+/// with its own stream (the caller's). A group serves one collective at a time.
+class DeviceLocalGroup {
+ public:
+  /// @param size    P >= 1 ranks
+  /// @param timeout host wait in a collective before Error(timeout) (LocalGroup's)
+  /// @throws Error(invalid_group) size < 1; Error(backend) when cudaGetDevice fails.
+  /// The device current on the constructing thread becomes current on run()'s threads.
+  explicit DeviceLocalGroup(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5))
+      : host_(size, timeout), events_(static_cast<std::size_t>(size)) {
+    detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
+  }
+  DeviceLocalGroup(const DeviceLocalGroup&) = delete;
+  DeviceLocalGroup& operator=(const DeviceLocalGroup&) = delete;
+
+  int size() const { return host_.size(); }  ///< P
+  int device() const { return device_; }     ///< device made current on run()'s threads
+
+  /// The communicator of one rank: owns two CUDA events, refers to the group (which must outlive
+  /// it) and to the rank's stream. Models the communicator concept of redistribute.hpp. Move-only.
+  class Comm {
+   public:
+    Comm(const Comm&) = delete;
+    Comm& operator=(const Comm&) = delete;
+    /// Takes over the rank's events (the moved-from Comm can only be destroyed).
+    Comm(Comm&& o) noexcept : g_(o.g_), host_(o.host_), stream_(o.stream_), ev_(o.ev_) { o.ev_ = {}; }
+    Comm& operator=(Comm&&) = delete;
+    /// Destroys the rank's events (after which no peer may run a collective with this rank).
+    ~Comm() {
+      if (ev_.sent) cudaEventDestroy(ev_.sent);
+      if (ev_.read) cudaEventDestroy(ev_.read);
+    }
+
+    int size() const { return host_.size(); }  ///< P
+    int rank() const { return host_.rank(); }   ///< this rank
+    cudaStream_t stream() const { return stream_; }  ///< the stream the exchange is ordered on
+
+    /// All-to-all-v of device memory in bytes (see the communicator concept in
+    /// redistribute.hpp and the protocol in the file comment). Returns once the copies are
+    /// enqueued on stream(); they are complete in stream order.
+    /// @throws Error(plan_mismatch) a peer sends a different byte count than this rank expects;
+    ///         Error(timeout) / Error(aborted) as LocalGroup; Error(backend) a CUDA call failed
+    ///         (the group is then aborted, so peers do not wait forever).
+    void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
+                   const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
+      try {
+        detail::cuda_check(cudaEventRecord(ev_.sent, stream_), "cudaEventRecord");
+      } catch (...) {
+        g_->host_.abort();
+        throw;
+      }
+      const std::vector<Events>& ev = g_->events_;
+      host_.alltoallv_with(
+          send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets,
+          [&](int p, std::byte* dst, const std::byte* src, std::size_t n) {
+            if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].sent, 0), "cudaStreamWaitEvent");
+            detail::cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+          },
+          [&] { detail::cuda_check(cudaEventRecord(ev_.read, stream_), "cudaEventRecord"); });
+      // After the closing barrier every peer has recorded `read`; events are only re-recorded
+      // after the next call's first barrier, which this rank has not reached yet.
+      for (int p = 0; p < size(); ++p)
+        if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].read, 0), "cudaStreamWaitEvent");
+    }
+
+    /// All-gather of `bytes` bytes of HOST memory from every rank (rank p's block lands at
+    /// recv + p*bytes), on the host, with no device ordering: what check_agreement() uses to
+    /// compare the ranks' plan fingerprints. @throws Error(timeout), Error(aborted).
+    void allgather(const void* send, std::size_t bytes, void* recv) { host_.allgather(send, bytes, recv); }
+
+    /// Host barrier of the group (no device ordering). @throws Error(timeout), Error(aborted).
+    void barrier() { host_.barrier(); }
+
+   private:
+    friend class DeviceLocalGroup;
+    struct Events {
+      cudaEvent_t sent = nullptr, read = nullptr;
+    };
+    Comm(DeviceLocalGroup* g, LocalGroup::Comm host, cudaStream_t s) : g_(g), host_(host), stream_(s) {
+      detail::cuda_check(cudaEventCreateWithFlags(&ev_.sent, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      const cudaError_t e = cudaEventCreateWithFlags(&ev_.read, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        cudaEventDestroy(ev_.sent);
+        detail::cuda_check(e, "cudaEventCreateWithFlags");
+      }
+      g_->events_[static_cast<std::size_t>(rank())] = ev_;
+    }
+    DeviceLocalGroup* g_;
+    LocalGroup::Comm host_;
+    cudaStream_t stream_;
+    Events ev_;
+  };
+
+  /// Makes the communicator of `rank` on `stream` (creates its events on the current device).
+  /// Call it on the rank's thread before the rank's first collective, and not while a
+  /// collective of the group is in progress (a new Comm replaces the rank's old events).
+  /// @throws Error(invalid_group) rank outside [0, size); Error(backend) event creation failed.
+  Comm comm(int rank, cudaStream_t stream) { return Comm(this, host_.comm(rank), stream); }
+
+  /// Runs fn(Comm&) on size() threads, one per rank, with the group's device current and rank
+  /// r's communicator on `streams[r]`, and joins them. Errors: as LocalGroup::run (a rank that
+  /// throws aborts the others; the root cause is rethrown here).
+  /// @param streams size() streams of the group's device (not owned)
+  template <class F>
+  void run(const cudaStream_t* streams, F&& fn) {
+    host_.run([&](LocalGroup::Comm& c) {
+      detail::cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+      Comm dc(this, c, streams[c.rank()]);  // registers its events before its first collective
+      fn(dc);
+    });
+  }
+
+  /// Marks the group failed (LocalGroup::abort).
+  void abort() { host_.abort(); }
+
+ private:
+  using Events = Comm::Events;
+  LocalGroup host_;
+  std::vector<Events> events_;  // per rank, written by comm(); read by peers after a barrier
+  int device_ = 0;
+};
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file cuda/detail/config.cuh
+/// @brief Internals shared by the CUDA headers: the architecture-keyed inline namespace and the
+///        conversion of CUDA runtime errors into ulysses::Error.
+///
+/// Architecture-keyed namespace (the ODR guard CCCL uses for CUB/Thrust kernels):
+/// a header-only library that defines kernels and the host code that launches them gives every
+/// translation unit its own copy. If two TUs of one program are compiled for different GPU
+/// architectures (say one with -arch=sm_80, one with -arch=sm_90), the linker would keep ONE of
+/// the two inline host functions (`CudaExecutor::run`, the kernel stubs) and silently launch code
+/// built for the wrong architecture from the other TU. To prevent that, everything in
+/// cuda/copy.cuh lives in an inner inline namespace whose name spells the architectures the TU
+/// is compiled for, taken from nvcc's `__CUDA_ARCH_LIST__` (e.g. `800,900` gives
+/// `ulysses::v0::sm_800_900`, and `ulysses::v0::detail::sm_800_900` for the kernels). Users
+/// keep writing `ulysses::CudaExecutor`; two TUs built for different archs get different,
+/// non-clashing symbols. (nvcc lists `sm_90a` as 900 too: TUs for 90 and 90a share a name.) Define `ULYSSES_CUDA_ARCH_NAMESPACE`
+/// yourself to choose the name (e.g. with compilers that do not define `__CUDA_ARCH_LIST__`;
+/// those get `sm_unknown`). Types without device code (NcclComm, DeviceLocalGroup) stay in
+/// `ulysses::v0` so they can be passed between such TUs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "../../error.hpp"
+
+#define ULYSSES_DETAIL_PP_CAT_(a, b) a##b
+#define ULYSSES_DETAIL_PP_CAT(a, b) ULYSSES_DETAIL_PP_CAT_(a, b)
+#define ULYSSES_DETAIL_PP_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, N, ...) N
+#define ULYSSES_DETAIL_PP_COUNT(...) \
+  ULYSSES_DETAIL_PP_COUNT_(__VA_ARGS__, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define ULYSSES_DETAIL_ARCH_1(a) sm_##a
+#define ULYSSES_DETAIL_ARCH_2(a, b) sm_##a##_##b
+#define ULYSSES_DETAIL_ARCH_3(a, b, c) sm_##a##_##b##_##c
+#define ULYSSES_DETAIL_ARCH_4(a, b, c, d) sm_##a##_##b##_##c##_##d
+#define ULYSSES_DETAIL_ARCH_5(a, b, c, d, e) sm_##a##_##b##_##c##_##d##_##e
+#define ULYSSES_DETAIL_ARCH_6(a, b, c, d, e, f) sm_##a##_##b##_##c##_##d##_##e##_##f
+#define ULYSSES_DETAIL_ARCH_7(a, b, c, d, e, f, g) sm_##a##_##b##_##c##_##d##_##e##_##f##_##g
+#define ULYSSES_DETAIL_ARCH_8(a, b, c, d, e, f, g, h) sm_##a##_##b##_##c##_##d##_##e##_##f##_##g##_##h
+#define ULYSSES_DETAIL_ARCH_MANY(...) sm_many_archs
+#define ULYSSES_DETAIL_ARCH_9 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_10 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_11 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_12 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_13 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_14 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_15 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_16 ULYSSES_DETAIL_ARCH_MANY
+#define ULYSSES_DETAIL_ARCH_NS(...) \
+  ULYSSES_DETAIL_PP_CAT(ULYSSES_DETAIL_ARCH_, ULYSSES_DETAIL_PP_COUNT(__VA_ARGS__))(__VA_ARGS__)
+
+/// Name of the architecture-keyed inline namespace (see the file comment).
+#ifndef ULYSSES_CUDA_ARCH_NAMESPACE
+#if defined(__CUDA_ARCH_LIST__)
+#define ULYSSES_CUDA_ARCH_NAMESPACE ULYSSES_DETAIL_ARCH_NS(__CUDA_ARCH_LIST__)
+#else
+#define ULYSSES_CUDA_ARCH_NAMESPACE sm_unknown
+#endif
+#endif
+
+/// Opens `ulysses::v0::<arch namespace>` (all inline), for public types with device code.
+/// Internals go in `ulysses::v0::detail::<arch namespace>` (ULYSSES_CUDA_DETAIL_BEGIN), never in
+/// a `detail` inside the arch namespace: that would make every `detail::` in ulysses ambiguous.
+#define ULYSSES_CUDA_NAMESPACE_BEGIN \
+  ULYSSES_NAMESPACE_BEGIN            \
+  inline namespace ULYSSES_CUDA_ARCH_NAMESPACE {
+/// Closes what ULYSSES_CUDA_NAMESPACE_BEGIN opened.
+#define ULYSSES_CUDA_NAMESPACE_END \
+  }                                \
+  ULYSSES_NAMESPACE_END
+/// Opens `ulysses::v0::detail::<arch namespace>` (kernels and their helpers).
+#define ULYSSES_CUDA_DETAIL_BEGIN \
+  ULYSSES_NAMESPACE_BEGIN         \
+  namespace detail {              \
+  inline namespace ULYSSES_CUDA_ARCH_NAMESPACE {
+/// Closes what ULYSSES_CUDA_DETAIL_BEGIN opened.
+#define ULYSSES_CUDA_DETAIL_END \
+  }                             \
+  }                             \
+  ULYSSES_NAMESPACE_END
+
+/// Attributes of every ulysses kernel: hidden visibility, so that shared libraries that each
+/// instantiate a kernel do not interpose one another's (as CCCL does).
+#if defined(__GNUC__) || defined(__clang__)
+#define ULYSSES_KERNEL_ATTRIBUTES __global__ __attribute__((visibility("hidden")))
+#else
+#define ULYSSES_KERNEL_ATTRIBUTES __global__
+#endif
+
+/// `#pragma unroll` in device code (nothing in host code, where GCC would warn about it).
+#if defined(__CUDA_ARCH__)
+#define ULYSSES_UNROLL _Pragma("unroll")
+#else
+#define ULYSSES_UNROLL
+#endif
+
+ULYSSES_NAMESPACE_BEGIN
+namespace detail {
+
+/// Throws Error(backend) "<what>: <cudaGetErrorName>: <cudaGetErrorString>" unless e == cudaSuccess.
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  throw Error(Errc::backend, std::string(what) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace detail
+ULYSSES_NAMESPACE_END

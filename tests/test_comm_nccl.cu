@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+// comm/nccl.cuh: NcclComm with the CUDA executor. With one device: P=1 (every shared case that
+// has a P=1 form, and the raw all-to-all-v paths). With >= 2 devices: the shared cases (C1–C8,
+// zigzag, models) end to end on P GPUs of this process, one thread per GPU, one NCCL communicator
+// each (ncclCommInitAll), for every P <= the device count. Without a device only the suite "host"
+// runs (see support/device_main.cpp).
+#include <doctest/doctest.h>
+#include <ulysses/comm/nccl.cuh>
+
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "device_harness.cuh"
+
+using namespace ulysses;
+
+namespace {
+
+void nccl_ok(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
+}
+
+/// NCCL communicators over devices 0..P-1 of this process (ncclCommInitAll), with a stream on
+/// each device. Made once per P and kept for the whole test run.
+class NcclWorld {
+ public:
+  explicit NcclWorld(int P) : comms_(static_cast<std::size_t>(P)), streams_(static_cast<std::size_t>(P)) {
+    std::vector<int> devs(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r) devs[static_cast<std::size_t>(r)] = r;
+    nccl_ok(ncclCommInitAll(comms_.data(), P, devs.data()), "ncclCommInitAll");
+    for (int r = 0; r < P; ++r) {
+      UT_CUDA(cudaSetDevice(r));
+      UT_CUDA(cudaStreamCreateWithFlags(&streams_[static_cast<std::size_t>(r)], cudaStreamNonBlocking));
+    }
+    UT_CUDA(cudaSetDevice(0));
+  }
+  ~NcclWorld() {
+    for (std::size_t r = 0; r < comms_.size(); ++r) {
+      cudaSetDevice(static_cast<int>(r));
+      cudaStreamDestroy(streams_[r]);
+      ncclCommDestroy(comms_[r]);
+    }
+    cudaSetDevice(0);
+  }
+  int size() const { return static_cast<int>(comms_.size()); }
+
+  /// Runs fn(NcclComm&) on one thread per rank (its device current); returns all failures.
+  template <class F>
+  std::string run(F&& fn) {
+    std::vector<std::string> err(comms_.size());
+    std::vector<std::thread> th;
+    for (int r = 0; r < size(); ++r)
+      th.emplace_back([&, r] {
+        auto& e = err[static_cast<std::size_t>(r)];
+        try {
+          UT_CUDA(cudaSetDevice(r));
+          NcclComm comm(comms_[static_cast<std::size_t>(r)], streams_[static_cast<std::size_t>(r)]);
+          e = fn(comm);
+        } catch (const std::exception& x) {
+          e = x.what();
+        }
+      });
+    for (auto& t : th) t.join();
+    std::string all;
+    for (auto& e : err) all += e.empty() ? "" : e + "\n";
+    return all;
+  }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+  std::vector<cudaStream_t> streams_;
+};
+
+NcclWorld& world(int P) {
+  // Kept until the process exits (never destroyed: no NCCL teardown racing the CUDA runtime's).
+  static auto* worlds = new std::map<int, std::unique_ptr<NcclWorld>>;
+  auto& w = (*worlds)[P];
+  if (!w) w = std::make_unique<NcclWorld>(P);
+  return *w;
+}
+
+template <class T>
+void check_nccl(const std::vector<ut::Case>& cases) {
+  for (const auto& c : cases) {
+    if (c.P > ut::device_count()) continue;
+    CAPTURE(c.name);
+    CHECK(world(c.P).run([&](NcclComm& comm) { return ut::run_case_device<T>(comm, c, comm.stream()); }) == "");
+  }
+}
+
+/// Raw alltoallv on P=1 from offset `so` to offset `ro` of `n` bytes; "" when the bytes arrive.
+std::string self_exchange(std::size_t n, std::size_t so, std::size_t ro, NcclComm::Path want) {
+  return world(1).run([&](NcclComm& comm) -> std::string {
+    std::vector<std::byte> h(so + n);
+    ut::fill_random(h, 5);
+    ut::DeviceBuffer send(so + n), recv(ro + n);
+    send.upload(h.data(), comm.stream());
+    const std::size_t sb[1] = {n}, sof[1] = {so}, rb[1] = {n}, rof[1] = {ro};
+    if (NcclComm::path(1, sb, sof, rb, rof) != want) return "unexpected path";
+    comm.alltoallv(send.get(), sb, sof, recv.get(), rb, rof);
+    std::vector<std::byte> got(ro + n);
+    recv.download(got.data(), comm.stream());
+    return std::equal(got.begin() + static_cast<std::ptrdiff_t>(ro), got.end(), h.begin() + static_cast<std::ptrdiff_t>(so))
+               ? ""
+               : "bytes differ";
+  });
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("path: plans (empty own chunk) take grouped send/recv; the canonical layout takes ncclAlltoAll") {
+    // A plan at P=4 with equal peer chunks of 100 bytes: own chunk 0, peers back to back.
+    const std::size_t pb[4] = {100, 0, 100, 100}, po[4] = {0, 100, 100, 200};
+    CHECK(NcclComm::path(4, pb, po, pb, po) == NcclComm::Path::send_recv);
+    const std::size_t cb[4] = {100, 100, 100, 100}, co[4] = {0, 100, 200, 300};
+    CHECK(NcclComm::path(4, cb, co, cb, co) ==
+          (ULYSSES_NCCL_HAS_ALLTOALL ? NcclComm::Path::alltoall : NcclComm::Path::send_recv));
+    const std::size_t zb[4] = {0, 0, 0, 0};
+    CHECK(NcclComm::path(4, zb, zb, zb, zb) == NcclComm::Path::none);
+    // Uneven chunks, and one empty peer chunk: send/recv.
+    const std::size_t ub[4] = {100, 0, 60, 0}, uo[4] = {0, 100, 100, 160};
+    CHECK(NcclComm::path(4, ub, uo, ub, uo) == NcclComm::Path::send_recv);
+  }
+}
+
+TEST_CASE("NCCL P=1: raw all-to-all-v, ncclAlltoAll path and grouped send/recv to self") {
+  CHECK(self_exchange(1000, 0, 0, ULYSSES_NCCL_HAS_ALLTOALL ? NcclComm::Path::alltoall : NcclComm::Path::send_recv) == "");
+  CHECK(self_exchange(1000, 24, 8, NcclComm::Path::send_recv) == "");
+}
+
+TEST_CASE("NCCL P=1: allgather of host memory (what check_agreement uses)") {
+  CHECK(world(1).run([](NcclComm& comm) -> std::string {
+    const std::uint64_t mine = 0x0123456789abcdefull;
+    std::uint64_t all = 0;
+    comm.allgather(&mine, sizeof mine, &all);
+    const Plan plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)});
+    check_agreement(plan, comm);
+    return all == mine && plan.agreement_checked() ? "" : "allgather lost the bytes";
+  }) == "");
+}
+
+TEST_CASE("NCCL P=1: every shared case with a P=1 form (C2, zigzag, models), end to end") {
+  check_nccl<float>(ut::c2_cases(1));
+  check_nccl<float>(ut::zigzag_cases(1));
+  for (const auto& m : ulysses_models::kModels) check_nccl<ut::bf16_t>({ut::model_case(m, 1, true)});
+}
+
+TEST_CASE("NCCL on >= 2 GPUs: C1–C8, zigzag and the models on every P <= the device count") {
+  const int n = ut::device_count();
+  if (n < 2) {
+    MESSAGE("fewer than 2 CUDA devices (" << n << "): multi-GPU NCCL cases skipped");
+    return;
+  }
+  check_nccl<float>(ut::c1_cases());
+  for (int P = 2; P <= n; ++P) {
+    check_nccl<float>(ut::c2_cases(P));
+    check_nccl<float>(ut::zigzag_cases(P));
+  }
+  check_nccl<ut::bf16_t>(ut::c2_cases(2));
+  check_nccl<float>(ut::c3_cases());
+  check_nccl<float>(ut::c4_cases(4));
+  check_nccl<float>(ut::c4_cases(8));
+  check_nccl<float>({ut::c5_case()});
+  check_nccl<float>(ut::c6_cases());
+  check_nccl<float>(ut::c8_cases());
+  for (auto c : ut::c2_cases(2)) {  // K-stage plans: one exchange per stage
+    c.stages = 3;
+    check_nccl<float>({c});
+  }
+  CHECK(world(2).run([](NcclComm& comm) { return ut::run_view_case_device<float>(comm, 2, comm.stream()); }) == "");
+  // Plans made from different inputs: check_agreement (ncclAllGather of the fingerprints) throws on every rank.
+  CHECK(world(2).run([](NcclComm& comm) -> std::string {
+    const Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2),
+                    {TensorSpec::of<float>(HeadPartition::even(comm.rank() == 0 ? 2 : 4, 2), 4)});
+    try {
+      check_agreement(plan, comm);
+      return "no error";
+    } catch (const Error& e) {
+      return e.code() == Errc::plan_mismatch ? "" : e.what();
+    }
+  }) == "");
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {2, 4, 8})
+      if (P <= n) check_nccl<ut::bf16_t>({ut::model_case(m, P, ut::expected_even_error(m, P) == Errc{})});
+}

@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda/copy.cuh and comm/local_device.cuh: the CUDA executor runs every block list of the shared
+// cases (C1–C8, zigzag, the models) byte for byte like the host executor, at every alignment; the
+// shared cases end to end on P virtual ranks on one GPU (DeviceLocalGroup); graph capture; errors.
+// Without a CUDA device only the suite "host" runs (see support/device_main.cpp).
+// The host emulation of the kernel checks that every vector access is aligned as the GPU needs.
+#define ULYSSES_CHECK_VECTOR_ALIGNMENT 1
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "device_harness.cuh"
+
+using namespace ulysses;
+
+namespace {
+
+/// A 3-byte element: rows of odd byte counts force the kernel's 1-byte copies.
+struct e3_t {
+  unsigned char b[3];
+};
+
+/// The plans (every rank) of one executor comparison and the misalignments to run them at.
+struct ListCase {
+  std::string name;
+  std::vector<Plan> plans;
+  std::vector<std::size_t> misaligns;
+};
+
+/// The cases with K pipeline stages (PlanOptions::stages): every stage's lists are run.
+std::vector<ut::Case> staged(std::vector<ut::Case> cases, int K) {
+  for (auto& c : cases) c.stages = K, c.name += " K=" + std::to_string(K);
+  return cases;
+}
+
+template <class T>
+void add_cases(std::vector<ListCase>& out, const std::vector<ut::Case>& cases, std::vector<std::size_t> misaligns = {0, 2, 8}) {
+  for (const auto& c : cases) {
+    ListCase l{c.name + " (" + std::to_string(sizeof(T)) + "-byte elements)", {}, misaligns};
+    for (int r = 0; r < c.P; ++r) l.plans.push_back(ut::plan_of<T>(c, r));
+    out.push_back(std::move(l));
+  }
+}
+
+/// Every block list the executor comparisons run: the shared cases (C1–C8, zigzag) in several
+/// element sizes, C7's view layout, 3-byte elements, rows longer than a tile with a ragged
+/// tail, several outer dimensions with d outermost, and every model at P in {1, 2, 4, 8}.
+std::vector<ListCase> executor_cases() {
+  std::vector<ListCase> v;
+  add_cases<float>(v, ut::c1_cases());
+  for (int P : {2, 4, 8}) add_cases<float>(v, ut::c2_cases(P));
+  add_cases<ut::bf16_t>(v, ut::c2_cases(4), {0, 1, 2, 4, 6, 8, 12});
+  add_cases<double>(v, ut::c2_cases(2));
+  add_cases<ut::fp8_t>(v, ut::c2_cases(2), {0, 1, 3});
+  add_cases<float>(v, ut::c3_cases());
+  add_cases<float>(v, ut::c4_cases(4));
+  add_cases<float>(v, ut::c4_cases(8));
+  add_cases<ut::bf16_t>(v, {ut::c5_case()});
+  add_cases<float>(v, ut::c6_cases());
+  add_cases<float>(v, ut::c8_cases());
+  for (int P : {1, 2, 3, 4}) add_cases<float>(v, ut::zigzag_cases(P));
+  add_cases<ut::bf16_t>(v, staged(ut::c2_cases(4), 3));
+  add_cases<float>(v, staged({ut::c5_case()}, 2));
+  {  // C7: the seq-sharded layout is the view x[:, 4:12] of a [2, 16, 2, 4] buffer.
+    const Layout view = Layout::strided({2, 8, 2, 4}, {16 * 2 * 4, 2 * 4, 4, 1});
+    ListCase l{"C7 view", {}, {0, 4, 1}};
+    for (int r = 0; r < 2; ++r)
+      l.plans.push_back(Plan({2, r}, 2, SeqPartition::even(16, 2),
+                             {TensorSpec::of<float>(HeadPartition::even(2, 2), 4).with_seq_layout(view)}));
+    v.push_back(std::move(l));
+  }
+  {  // 3-byte elements with GQA q/k/v, sbhd.
+    auto q = HeadPartition::balanced(6, 3);
+    add_cases<e3_t>(v, {{"e3 qkv", 3, 2, SeqPartition::balanced(11, 3), {{q, 5}, {HeadPartition::gqa(q, 3), 5}, {HeadPartition::gqa(q, 3), 3}}, Format::sbhd}},
+                    {0, 1});
+  }
+  for (int P : {1, 2}) {  // rows far longer than a tile with a ragged tail (P=1: one row of ~2 MB)
+    auto h = HeadPartition::even(6, P);
+    add_cases<ut::bf16_t>(v, {{"big P=" + std::to_string(P), P, 1, SeqPartition::balanced(4099, P), {{h, 40}, {HeadPartition::gqa(h, 2), 40}}, Format::bshd}},
+                          {0, 2, 6});
+  }
+  {  // d outermost in memory: rows of one element, blocks with several outer dimensions.
+    const std::int64_t B = 2, S = 6, H = 4, D = 3, L = S / 2;
+    const Layout d_outer = Layout::strided({B, L, H, D}, {L * H * D, 1, L, L * H});
+    ListCase l{"d outer", {}, {0, 4}};
+    for (int r = 0; r < 2; ++r)
+      l.plans.push_back(Plan({2, r}, B, SeqPartition::even(S, 2), {TensorSpec::of<float>(HeadPartition::even(H, 2), D).with_seq_layout(d_outer)}));
+    v.push_back(std::move(l));
+  }
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {1, 2, 4, 8}) add_cases<ut::bf16_t>(v, {ut::model_case(m, P, ut::expected_even_error(m, P) == Errc{})}, {0, 2});
+  return v;
+}
+
+template <class T>
+void check_local(const std::vector<ut::Case>& cases) {
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    CHECK(ut::run_local_device<T>(c) == "");
+  }
+}
+
+#define UT_STR2(x) #x
+#define UT_STR(x) UT_STR2(x)
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("the inner namespace is named after the architectures this TU is built for") {
+    const std::string ns = UT_STR(ULYSSES_CUDA_ARCH_NAMESPACE);
+    CHECK(ns.rfind("sm_", 0) == 0);
+#if defined(__CUDA_ARCH_LIST__)
+    std::string list = UT_STR(__CUDA_ARCH_LIST__);
+    for (char& ch : list)
+      if (ch == ',') ch = '_';
+    CHECK(ns == "sm_" + list);
+#endif
+    // ulysses::CudaExecutor names the versioned, arch-keyed type.
+    CHECK(std::is_same_v<ulysses::CudaExecutor, ulysses::v0::ULYSSES_CUDA_ARCH_NAMESPACE::CudaExecutor>);
+  }
+
+  TEST_CASE("units cover every byte of a block exactly once, at most kTileBytes each") {
+    const std::int64_t tile = detail::kTileBytes;
+    for (std::int64_t row : std::vector<std::int64_t>{2, 128, 240, tile - 2, tile, tile + 2, 5 * tile + 6})
+      for (std::int64_t rows : {1, 3, 1000}) {
+        BlockCopy c{};
+        for (int i = 0; i < 4; ++i) c.extent[i] = 1;
+        c.extent[3] = rows;
+        c.row_bytes = row;
+        const auto g = detail::unit_geometry(c);
+        CHECK(g.segs * tile >= row);
+        CHECK((g.segs - 1) * tile < row);
+        CHECK(g.rows_per_unit * std::min(row, tile) <= tile);
+        CHECK(g.units == g.segs * ((rows + g.rows_per_unit - 1) / g.rows_per_unit));
+      }
+  }
+
+  TEST_CASE("the copy kernel emulated on the host == HostExecutor byte for byte, every list, every alignment") {
+    for (const ListCase& l : executor_cases())
+      for (const Plan& p : l.plans)
+        for (std::size_t m : l.misaligns) {
+          CAPTURE(l.name);
+          CAPTURE(m);
+          CHECK(ut::compare_emulated(p, l.name, m) == "");
+        }
+  }
+}
+
+TEST_CASE("CudaExecutor == HostExecutor byte for byte: every list of every case, every alignment") {
+  ut::Stream s;
+  for (const ListCase& l : executor_cases())
+    for (const Plan& p : l.plans)
+      for (std::size_t m : l.misaligns) {
+        CAPTURE(l.name);
+        CAPTURE(m);
+        CHECK(ut::compare_executors(p, l.name, m, s.get()) == "");
+      }
+}
+
+TEST_CASE("DeviceLocalGroup end to end: C1, C2 (P in 2,4,8; float, bf16, fp8), C3, C4, C5, C6, C8, zigzag") {
+  check_local<float>(ut::c1_cases());
+  for (int P : {2, 4, 8}) check_local<float>(ut::c2_cases(P));
+  check_local<ut::bf16_t>(ut::c2_cases(4));
+  check_local<ut::fp8_t>(ut::c2_cases(2));
+  check_local<double>(ut::c2_cases(2));
+  check_local<float>(ut::c3_cases());
+  check_local<float>(ut::c4_cases(4));
+  check_local<float>(ut::c4_cases(8));
+  check_local<float>({ut::c5_case()});
+  check_local<ut::bf16_t>({ut::c5_case()});
+  check_local<float>(ut::c6_cases());
+  check_local<float>(ut::c8_cases());
+  for (int P : {1, 2, 3, 4}) check_local<float>(ut::zigzag_cases(P));
+}
+
+TEST_CASE("DeviceLocalGroup end to end: K-stage plans (stages one after another on the stream)") {
+  check_local<float>(staged(ut::c2_cases(4), 3));
+  check_local<float>(staged(ut::c6_cases(), 2));
+  check_local<ut::bf16_t>(staged({ut::c5_case()}, 4));
+}
+
+TEST_CASE("DeviceLocalGroup end to end: C7 non-contiguous input view") {
+  CHECK(ut::on_device_group(2, [](DeviceLocalGroup::Comm& comm) { return ut::run_view_case_device<float>(comm, 2, comm.stream()); }) ==
+        "");
+}
+
+TEST_CASE("DeviceLocalGroup end to end: every model and P in {1,2,4,8,16,32}, q/k/v round trip (bf16)") {
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {1, 2, 4, 8, 16, 32}) {
+      const std::string name = m.name;
+      CAPTURE(name);
+      CAPTURE(P);
+      const bool even = ut::expected_even_error(m, P) == Errc{};
+      CHECK(ut::run_local_device<ut::bf16_t>(ut::model_case(m, P, even)) == "");
+    }
+}
+
+TEST_CASE("pack and unpack capture into a CUDA graph and replay like the host executor") {
+  const ut::Case c = ut::c2_cases(2)[1];  // q/k/v, P=2, B=1, bshd
+  const Plan plan = ut::plan_of<float>(c, 1);
+  ut::Stream s;
+  // Device copies of random inputs and receive region; host reference from the same bytes.
+  const Schedule& sc = plan.schedule(Direction::seq_to_head);
+  std::vector<std::vector<std::byte>> host;
+  std::vector<ut::DeviceBuffer> dev;
+  BufferTable ht, dt;
+  auto add = [&](int index, std::size_t bytes, bool random) {
+    host.emplace_back(bytes, std::byte{0x5a});
+    if (random) ut::fill_random(host.back(), static_cast<std::uint64_t>(index) + 3);
+    dev.emplace_back(bytes);
+    dev.back().upload(host.back().data(), s.get());
+  };
+  for (int t = 0; t < plan.num_tensors(); ++t) {
+    add(Buffer::input(t), plan.seq_bytes(t), true);
+    add(Buffer::output(t), plan.head_bytes(t), false);
+  }
+  add(Buffer::send, sc.send_total, false);
+  add(Buffer::recv, sc.recv_total, true);
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+  const int index[] = {Buffer::input(0), Buffer::output(0), Buffer::input(1), Buffer::output(1), Buffer::input(2),
+                       Buffer::output(2), Buffer::send, Buffer::recv};
+  for (std::size_t i = 0; i < host.size(); ++i) ht.base[index[i]] = host[i].data(), dt.base[index[i]] = dev[i].get();
+  CudaExecutor ex(plan, s.get());
+  UT_CUDA(cudaStreamSynchronize(s.get()));  // the upload of the lists is not part of the graph
+
+  cudaGraph_t graph = nullptr;
+  UT_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  ex.run(sc.pack.data(), sc.pack.size(), dt);  // would fail under capture if it allocated or synchronised
+  ex.run(sc.unpack.data(), sc.unpack.size(), dt);
+  UT_CUDA(cudaStreamEndCapture(s.get(), &graph));
+  std::size_t nodes = 0;
+  UT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(nodes == 2);  // one kernel per list
+  cudaGraphExec_t exec = nullptr;
+  UT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  UT_CUDA(cudaGraphLaunch(exec, s.get()));
+  UT_CUDA(cudaGraphLaunch(exec, s.get()));
+  HostExecutor{}.run(sc.pack.data(), sc.pack.size(), ht);
+  HostExecutor{}.run(sc.unpack.data(), sc.unpack.size(), ht);
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    std::vector<std::byte> got(host[i].size());
+    dev[i].download(got.data(), s.get());
+    CAPTURE(index[i]);
+    CHECK(got == host[i]);
+  }
+  UT_CUDA(cudaGraphExecDestroy(exec));
+  UT_CUDA(cudaGraphDestroy(graph));
+}
+
+TEST_CASE("CudaExecutor rejects block lists of another plan; empty lists launch nothing") {
+  ut::Stream s;
+  const Plan a = ut::plan_of<float>(ut::c1_cases()[0], 0);
+  const Plan b = a;  // same content, other lists
+  CudaExecutor ex(a, s.get());
+  BufferTable t;
+  const Schedule& sb = b.schedule(Direction::seq_to_head);
+  try {
+    ex.run(sb.pack.data(), sb.pack.size(), t);
+    FAIL("expected plan_mismatch");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::plan_mismatch);
+  }
+  const Schedule& sa = a.schedule(Direction::seq_to_head);
+  CHECK(ex.units(sa.pack.data(), sa.pack.size()) > 0);
+  CHECK(ex.units(sb.pack.data(), sb.pack.size()) == -1);
+  CHECK(ex.max_grid() >= 1);
+  ex.run(nullptr, 0, t);  // nothing to do, nothing launched
+  CudaExecutor moved(std::move(ex));
+  CHECK(moved.units(sa.pack.data(), sa.pack.size()) > 0);
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+}
+
+TEST_CASE("DeviceLocalGroup: mismatched byte counts are reported and abort the group, no hang") {
+  const std::string err = ut::on_device_group(2, [](DeviceLocalGroup::Comm& c) -> std::string {
+    ut::DeviceBuffer buf(16);
+    std::vector<std::size_t> sb{0, 8}, so{0, 0}, rb{0, 0}, ro{0, 0};
+    if (c.rank() == 1) sb = {4, 0}, rb = {8, 0};
+    c.alltoallv(buf.get(), sb.data(), so.data(), buf.get() + 8, rb.data(), ro.data());
+    UT_CUDA(cudaStreamSynchronize(c.stream()));
+    return "";
+  });
+  CHECK(err.find("plan_mismatch") != std::string::npos);
+}
+
+TEST_CASE("DeviceLocalGroup: check_agreement (host all-gather) catches plans made from different inputs, on every rank") {
+  const std::string err = ut::on_device_group(2, [](DeviceLocalGroup::Comm& c) -> std::string {
+    const Plan plan({2, c.rank()}, 1, SeqPartition::even(4, 2),
+                    {TensorSpec::of<float>(HeadPartition::even(c.rank() == 0 ? 2 : 4, 2), 4)});
+    try {
+      check_agreement(plan, c);
+      return "rank " + std::to_string(c.rank()) + ": no error";
+    } catch (const Error& e) {
+      return e.code() == Errc::plan_mismatch ? "" : e.what();
+    }
+  });
+  CHECK(err == "");
+}
