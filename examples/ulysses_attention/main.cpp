@@ -37,6 +37,7 @@ struct Config {
   std::string backend = "local";
   std::string device = "cpu";  // --device cuda: redistributions on the GPU (P virtual ranks on one device)
   bool balanced = false;  // head split
+  bool ranks_given = false;  // --ranks on the command line (checked against the MPI world size)
   double tolerance = 1e-4;
 };
 
@@ -204,6 +205,8 @@ Result run_rank(Comm& comm, const Config& c) {
       "                         [--device cpu|cuda] [--list-models]\n"
       "Ulysses attention forward (fp32) on P ranks; compares with single-rank attention.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
+      "--balanced: split heads with HeadPartition::balanced (H not divisible by P; uneven S needs nothing).\n"
+      "--model: a public model's head shapes (S stays 1024 unless --seq); a unique prefix is enough.\n"
       "--backend mpi: run under `mpiexec -n P`; P is the number of MPI processes.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
@@ -213,26 +216,41 @@ Result run_rank(Comm& comm, const Config& c) {
 Config parse(int argc, char** argv) {
   Config c;
   auto need = [&](int& i) -> const char* {
-    if (i + 1 >= argc) usage(2);
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", argv[i]);
+      usage(2);
+    }
     return argv[++i];
   };
+  auto number = [&](int& i) -> long long {  // a whole number, or exit 2 naming the flag
+    const char* flag = argv[i];
+    const char* v = need(i);
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (!*v || *end) {
+      std::fprintf(stderr, "%s expects a whole number, got '%s'\n", flag, v);
+      std::exit(2);
+    }
+    return n;
+  };
+  bool ranks_given = false;
   auto apply_model = [&](const std::string& name) {
     const auto* m = ulysses_models::find_model(name);
     if (!m) {
-      std::fprintf(stderr, "unknown model '%s'; --list-models lists them\n", name.c_str());
+      std::fprintf(stderr, "unknown or ambiguous model '%s'; --list-models lists them\n", name.c_str());
       std::exit(2);
     }
     c.model = m->name, c.heads = m->num_heads, c.kv_heads = m->num_kv_heads, c.head_dim = m->head_dim, c.v_head_dim = m->v_head_dim;
   };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--ranks") c.ranks = std::atoi(need(i));
-    else if (a == "--batch") c.batch = std::atoll(need(i));
-    else if (a == "--seq") c.seq = std::atoll(need(i));
-    else if (a == "--heads") c.heads = std::atoll(need(i)), c.model = "custom";
-    else if (a == "--kv-heads") c.kv_heads = std::atoll(need(i)), c.model = "custom";
-    else if (a == "--head-dim") c.head_dim = c.v_head_dim = std::atoll(need(i)), c.model = "custom";
-    else if (a == "--v-head-dim") c.v_head_dim = std::atoll(need(i)), c.model = "custom";
+    if (a == "--ranks") c.ranks = static_cast<int>(number(i)), ranks_given = true;
+    else if (a == "--batch") c.batch = number(i);
+    else if (a == "--seq") c.seq = number(i);
+    else if (a == "--heads") c.heads = number(i), c.model = "custom";
+    else if (a == "--kv-heads") c.kv_heads = number(i), c.model = "custom";
+    else if (a == "--head-dim") c.head_dim = c.v_head_dim = number(i), c.model = "custom";
+    else if (a == "--v-head-dim") c.v_head_dim = number(i), c.model = "custom";
     else if (a == "--model") apply_model(need(i));
     else if (a == "--balanced") c.balanced = true;
     else if (a == "--tolerance") c.tolerance = std::atof(need(i));
@@ -243,7 +261,10 @@ Config parse(int argc, char** argv) {
       if (l == "bshd") c.layout = Format::bshd;
       else if (l == "sbhd") c.layout = Format::sbhd;
       else if (l == "bhsd") c.layout = Format::bhsd;
-      else usage(2);
+      else {
+        std::fprintf(stderr, "--layout must be bshd, sbhd or bhsd, not '%s'\n", l.c_str());
+        std::exit(2);
+      }
     } else if (a == "--list-models") {
       for (const auto& m : ulysses_models::kModels)
         std::printf("%-18s H=%-3lld Hkv=%-3lld D=%-3lld Dv=%-3lld S=%lld\n", m.name, (long long)m.num_heads, (long long)m.num_kv_heads,
@@ -255,7 +276,11 @@ Config parse(int argc, char** argv) {
       usage(2);
     }
   }
-  if (c.backend != "local" && c.backend != "mpi") usage(2);
+  if (c.backend != "local" && c.backend != "mpi") {
+    std::fprintf(stderr, "--backend must be local or mpi, not '%s'\n", c.backend.c_str());
+    std::exit(2);
+  }
+  c.ranks_given = ranks_given;
   if (c.device != "cpu" && c.device != "cuda") usage(2);
   if (c.device == "cuda" && c.backend != "local") {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
@@ -299,6 +324,13 @@ int main(int argc, char** argv) {
 #if ULYSSES_DEMO_MPI
       MPI_Init(&argc, &argv);
       MpiComm comm(MPI_COMM_WORLD);
+      if (c.ranks_given && c.ranks != comm.size()) {
+        if (comm.rank() == 0)
+          std::fprintf(stderr, "--ranks %d but mpiexec started %d processes; with --backend mpi, P is the number of processes\n",
+                       c.ranks, comm.size());
+        MPI_Finalize();
+        return 2;
+      }
       Result r = run_rank(comm, c), m;
       double mine[7] = {r.max_err, r.pack_ms, r.exchange_ms, r.unpack_ms, r.attention_ms, r.bytes_s2h, r.bytes_h2s}, all[7];
       MPI_Allreduce(mine, all, 7, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

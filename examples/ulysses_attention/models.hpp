@@ -37,7 +37,9 @@ inline constexpr Model kModels[] = {
     {"CogVideoX-5B", 48, 48, 64, 64, 17776},
 };
 
-/// The model named `name` (exact match, or ignoring case and punctuation), or nullptr.
+/// The model named `name`, ignoring case and punctuation ("llama3.18b" finds "Llama-3.1-8B"), or
+/// else the only model whose name starts with it ("gpt-2" finds "GPT-2 small"); nullptr if none
+/// or several match.
 inline const Model* find_model(const std::string& name) {
   auto norm = [](const std::string& s) {
     std::string o;
@@ -45,9 +47,15 @@ inline const Model* find_model(const std::string& name) {
       if (std::isalnum(static_cast<unsigned char>(c))) o += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return o;
   };
-  for (const Model& m : kModels)
-    if (norm(m.name) == norm(name)) return &m;
-  return nullptr;
+  const std::string want = norm(name);
+  const Model* prefix = nullptr;
+  int prefixes = 0;
+  for (const Model& m : kModels) {
+    const std::string n = norm(m.name);
+    if (n == want) return &m;
+    if (!want.empty() && n.compare(0, want.size(), want) == 0) prefix = &m, ++prefixes;
+  }
+  return prefixes == 1 ? prefix : nullptr;
 }
 
 }  // namespace ulysses_models
