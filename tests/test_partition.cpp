@@ -3,22 +3,15 @@
 #include <doctest/doctest.h>
 #include <ulysses/partition.hpp>
 
-#include <functional>
 #include <limits>
 #include <string>
+
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
 namespace {
-/// The code and message of the Error f throws (code 0 when it throws none).
-std::pair<Errc, std::string> error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  return {Errc{}, ""};
-}
+using ut::error_of;
 std::vector<std::int64_t> counts(const HeadPartition& p) {
   std::vector<std::int64_t> v;
   for (int r = 0; r < p.degree(); ++r) v.push_back(p.count(r));

@@ -4,19 +4,12 @@
 #include <doctest/doctest.h>
 #include <ulysses/plan.hpp>
 
-#include <functional>
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
 namespace {
-Errc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc{};
-}
+using ut::code_of;
 using Sizes = std::vector<std::size_t>;
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "cases.hpp"
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
@@ -124,14 +125,7 @@ struct Fixture {
   Plan plan{{1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)}};
   std::vector<float> in = std::vector<float>(32), out = std::vector<float>(32);
   std::vector<std::byte> ws = std::vector<std::byte>(plan.workspace_bytes() + 64);
-  Errc code_of(const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    return Errc{};
-  }
+  static Errc code_of(const std::function<void()>& f) { return ut::code_of(f); }
 };
 }  // namespace
 
@@ -282,14 +276,7 @@ TEST_CASE("special values: NaN payloads, -0.0, subnormals and every 1- and 2-byt
 }
 
 TEST_CASE("bad input matrix: each bad input gets its own error code") {
-  auto code = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    return Errc{};
-  };
+  auto code = ut::code_of;
   auto hp = HeadPartition::even(4, 2);
   // zero or negative extents
   CHECK(code([] { SeqPartition::even(0, 2); }) == Errc::invalid_shape);
