@@ -8,6 +8,9 @@
 //   timed from the first rank's start to the last rank's end, with pack + copy + unpack of all
 //   ranks measured separately on one stream in the same run (counter ratio_to_parts; the target
 //   is <= 1.1).
+// - seq_to_head of q, k, v through CudaPipeline (cuda/pipeline.cuh) with K in {1, 2, 4} stages
+//   (pack of stage k+1 and unpack of stage k-1 overlapping the exchange of stage k), P in {2, 4},
+//   D=128, timed like seq_to_head (counter stages = K; compare with seq_to_head/D:128/P:*).
 // Shapes: bf16, B=1, S=32768, H=32, Hkv=8, D in {64, 128}, P in {2, 4, 8}. The L2 cache is
 // flushed before every timed operation, so both sides are measured from DRAM. Without a device
 // the binary says so and exits 0.
@@ -17,6 +20,7 @@
 #include <ulysses/ulysses.hpp>
 #include <ulysses/comm/local_device.cuh>
 #include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/pipeline.cuh>
 
 #include <cstdint>
 #include <cstdio>
@@ -269,6 +273,75 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
   }
 }
 
+/// seq_to_head of q, k, v with K stages overlapped by one CudaPipeline per rank, on P virtual
+/// ranks of one GPU (DeviceLocalGroup), timed from the first rank's start to the last rank's end.
+void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
+  std::vector<Plan> plans;
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(P));
+  std::vector<cudaEvent_t> done(static_cast<std::size_t>(P));
+  const auto q = HeadPartition::even(kH, P);
+  const auto kv = HeadPartition::gqa(q, kHkv);
+  for (int r = 0; r < P; ++r) {
+    plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
+                         {TensorSpec::of<bf16>(q, D), TensorSpec::of<bf16>(kv, D), TensorSpec::of<bf16>(kv, D)}, Format::bshd,
+                         PlanOptions{K}));
+    BENCH_CUDA(cudaStreamCreateWithFlags(&streams[static_cast<std::size_t>(r)], cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreateWithFlags(&done[static_cast<std::size_t>(r)], cudaEventDisableTiming));
+  }
+  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
+  {
+    std::vector<CudaExecutor> ex;
+    std::vector<std::unique_ptr<CudaPipeline>> pipes;
+    for (int r = 0; r < P; ++r) {
+      ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
+      pipes.push_back(std::make_unique<CudaPipeline>(streams[static_cast<std::size_t>(r)]));
+    }
+    int* flag = nullptr;
+    int* dflag = nullptr;
+    BENCH_CUDA(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
+    BENCH_CUDA(cudaHostGetDevicePointer(&dflag, flag, 0));
+    DeviceLocalGroup group(P);
+    L2Flush flush;
+    Events ev;
+    const cudaStream_t s0 = streams[0];
+    std::size_t moved = 0;  // bytes read (= written) by all ranks: pack + exchange + unpack
+    for (int r = 0; r < P; ++r)
+      for (int k = 0; k < K; ++k) {
+        const Schedule& sc = plans[static_cast<std::size_t>(r)].schedule(Direction::seq_to_head, k);
+        moved += list_bytes(sc.pack) + sc.recv_total + list_bytes(sc.unpack);
+      }
+    BENCH_CUDA(cudaDeviceSynchronize());
+    for (auto _ : state) {
+      *reinterpret_cast<volatile int*>(flag) = 0;
+      flush(s0);
+      hold<<<1, 1, 0, s0>>>(dflag);
+      BENCH_CUDA(cudaGetLastError());
+      BENCH_CUDA(cudaEventRecord(ev.a, s0));
+      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(streams[static_cast<std::size_t>(r)], ev.a, 0));
+      group.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        pipes[r]->seq_to_head(plans[r], comm, ex[r], bufs[r]->inputs(), bufs[r]->outputs(), bufs[r]->workspace());
+        BENCH_CUDA(cudaEventRecord(done[r], streams[r]));
+      });
+      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done[static_cast<std::size_t>(r)], 0));
+      BENCH_CUDA(cudaEventRecord(ev.b, s0));
+      *reinterpret_cast<volatile int*>(flag) = 1;  // release: the GPU runs everything now
+      BENCH_CUDA(cudaEventSynchronize(ev.b));
+      state.SetIterationTime(Events::seconds(ev.a, ev.b));
+    }
+    state.SetBytesProcessed(static_cast<std::int64_t>(moved) * state.iterations());
+    state.counters["bytes_moved"] = static_cast<double>(moved);
+    state.counters["stages"] = K;
+    BENCH_CUDA(cudaDeviceSynchronize());
+    BENCH_CUDA(cudaFreeHost(flag));
+  }
+  for (int r = 0; r < P; ++r) {
+    cudaStreamDestroy(streams[static_cast<std::size_t>(r)]);
+    cudaEventDestroy(done[static_cast<std::size_t>(r)]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -285,6 +358,11 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("pack" + shape).c_str(), bm_copy, true, D, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("unpack" + shape).c_str(), bm_copy, false, D, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("seq_to_head" + shape).c_str(), bm_seq_to_head, D, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+  for (int P : {2, 4})
+    for (int K : {1, 2, 4}) {
+      const std::string name = "pipeline_seq_to_head/D:128/P:" + std::to_string(P) + "/K:" + std::to_string(K);
+      benchmark::RegisterBenchmark(name.c_str(), bm_pipeline, std::int64_t{128}, P, K)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

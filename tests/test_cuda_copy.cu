@@ -11,6 +11,8 @@
 #include <string>
 #include <type_traits>
 
+#include <ulysses/cuda/pipeline.cuh>
+
 #include "device_harness.cuh"
 
 using namespace ulysses;
@@ -296,4 +298,175 @@ TEST_CASE("DeviceLocalGroup: check_agreement (host all-gather) catches plans mad
     }
   });
   CHECK(err == "");
+}
+
+// ---- CudaPipeline (cuda/pipeline.cuh): K-stage plans with pack / exchange / unpack overlapped ----
+
+namespace {
+
+/// run_case_device with the stages overlapped by a CudaPipeline on stream s: seq→head compared
+/// bit for bit with the expected head shard (what the host executor produces; sentinel outside
+/// the layout included), then head→seq of that output compared with the input shard. The same
+/// pipeline runs both directions (its events are reused). Returns "" or what went wrong.
+template <class T, class Comm>
+std::string run_case_pipeline(Comm& comm, const ut::Case& c, cudaStream_t s) {
+  const int r = comm.rank();
+  const Plan plan = ut::plan_of<T>(c, r);
+  const int NT = plan.num_tensors();
+  std::vector<std::vector<T>> in(NT), want(NT);
+  std::vector<ut::DeviceBuffer> d_in, d_mid, d_back;
+  TensorList<const void*> ip, mp_c;
+  TensorList<void*> mp, bp;
+  for (int t = 0; t < NT; ++t) {
+    in[t] = ut::seq_shard<T>(plan, c, t, r);
+    want[t] = ut::head_shard<T>(plan, c, t, r);
+    const std::vector<T> sent_mid(want[t].size(), ut::sentinel<T>()), sent_back(in[t].size(), ut::sentinel<T>());
+    d_in.emplace_back(in[t].size() * sizeof(T));
+    d_mid.emplace_back(want[t].size() * sizeof(T));
+    d_back.emplace_back(in[t].size() * sizeof(T));
+    d_in.back().upload(in[t].data(), s);
+    d_mid.back().upload(sent_mid.data(), s);
+    d_back.back().upload(sent_back.data(), s);
+    UT_CUDA(cudaStreamSynchronize(s));  // the sentinel vectors die here
+  }
+  for (int t = 0; t < NT; ++t) {
+    ip.data[ip.size++] = d_in[t].get();
+    mp.data[mp.size++] = d_mid[t].get();
+    mp_c.data[mp_c.size++] = d_mid[t].get();
+    bp.data[bp.size++] = d_back[t].get();
+  }
+  ut::DeviceBuffer ws(plan.workspace_bytes());
+  CudaExecutor ex(plan, s);  // its upload is ordered on s, before the pipeline's work
+  CudaPipeline pipe(s);
+  const Workspace w{ws.get(), ws.bytes()};
+  std::string err;
+  auto fail = [&](const std::string& what) {
+    if (err.empty()) err = c.name + " rank " + std::to_string(r) + ": " + what;
+  };
+  pipe.seq_to_head(plan, comm, ex, ip, mp, w);
+  for (int t = 0; t < NT; ++t) {
+    std::vector<T> got(want[t].size());
+    d_mid[t].download(got.data(), s);  // waits for s only: the pipeline joined its copy stream to s
+    const std::string d = ut::first_difference(got, want[t]);
+    if (!d.empty()) fail("CudaPipeline seq_to_head tensor " + std::to_string(t) + ": " + d);
+  }
+  pipe.head_to_seq(plan, comm, ex, mp_c, bp, w);
+  for (int t = 0; t < NT; ++t) {
+    std::vector<T> got(in[t].size());
+    d_back[t].download(got.data(), s);
+    const std::string d = ut::first_difference(got, in[t]);
+    if (!d.empty()) fail("CudaPipeline head_to_seq(seq_to_head(x)) != x for tensor " + std::to_string(t) + ": " + d);
+  }
+  return err;
+}
+
+template <class T>
+void check_pipeline(const std::vector<ut::Case>& cases) {
+  for (const auto& c : cases)
+    for (int K : {1, 2, 3, 4}) {
+      ut::Case k = c;
+      k.stages = K;
+      CAPTURE(c.name);
+      CAPTURE(K);
+      CHECK(ut::on_device_group(k.P, [&](DeviceLocalGroup::Comm& comm) { return run_case_pipeline<T>(comm, k, comm.stream()); }) ==
+            "");
+    }
+}
+
+/// A one-rank communicator exchanging on a given stream: a P=1 plan moves no bytes, so alltoallv
+/// has nothing to do (it checks that). Lets the pipeline be captured in a graph.
+struct SoloComm {
+  cudaStream_t s;
+  int size() const { return 1; }
+  int rank() const { return 0; }
+  cudaStream_t stream() const { return s; }
+  void alltoallv(const std::byte*, const std::size_t* sb, const std::size_t*, std::byte*, const std::size_t* rb, const std::size_t*) {
+    if (sb[0] || rb[0]) throw std::logic_error("SoloComm: a one-rank plan exchanged bytes");
+  }
+  void allgather(const void* send, std::size_t bytes, void* recv) { std::memcpy(recv, send, bytes); }
+};
+
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("CudaPipeline sees the stream of the shipped stream-ordered communicators") {
+    CHECK(detail::has_stream<DeviceLocalGroup::Comm>::value);
+    CHECK(detail::has_stream<SoloComm>::value);
+    CHECK(!detail::has_stream<LocalGroup::Comm>::value);
+    CHECK(CudaPipeline::kMaxStages == 64);
+  }
+}
+
+TEST_CASE("CudaPipeline on DeviceLocalGroup, K in {1,2,3,4}, P in {2,4}: bit-exact like the host executor") {
+  check_pipeline<float>(ut::c1_cases());
+  for (int P : {2, 4}) check_pipeline<float>(ut::c2_cases(P));
+  check_pipeline<ut::bf16_t>(ut::c2_cases(4));
+  check_pipeline<float>(ut::c3_cases());
+  check_pipeline<float>(ut::c4_cases(4));
+  check_pipeline<ut::bf16_t>({ut::c5_case()});
+  check_pipeline<float>(ut::c6_cases());
+  check_pipeline<float>(ut::c8_cases());
+  for (int P : {2, 4}) check_pipeline<float>(ut::zigzag_cases(P));
+}
+
+TEST_CASE("CudaPipeline captures into a CUDA graph (copy stream forked and joined) and replays") {
+  ut::Stream s;
+  const std::int64_t B = 2, S = 8, H = 4, D = 8;
+  const Plan plan({1, 0}, B, SeqPartition::even(S, 1), {TensorSpec::of<float>(HeadPartition::even(H, 1), D)}, Format::bshd,
+                  PlanOptions{3});
+  std::vector<float> x(static_cast<std::size_t>(B * S * H * D));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) + 0.5f;
+  const std::vector<float> sent(x.size(), -1.0f);
+  ut::DeviceBuffer din(x.size() * sizeof(float)), dout(x.size() * sizeof(float)), ws(plan.workspace_bytes() ? plan.workspace_bytes() : 16);
+  din.upload(x.data(), s.get());
+  dout.upload(sent.data(), s.get());
+  CudaExecutor ex(plan, s.get());
+  CudaPipeline pipe(s.get());
+  SoloComm comm{s.get()};
+  check_agreement(plan, comm);  // not capturable in general: before the capture
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+  cudaGraph_t graph = nullptr;
+  UT_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  pipe.seq_to_head(plan, comm, ex, {static_cast<const void*>(din.get())}, {static_cast<void*>(dout.get())},
+                   {ws.get(), ws.bytes()});
+  UT_CUDA(cudaStreamEndCapture(s.get(), &graph));  // fails (unjoined) if the copy stream was left forked
+  std::size_t nodes = 0;
+  UT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(nodes >= 3);  // one unpack kernel per stage (the packs of one rank are empty)
+  cudaGraphExec_t exec = nullptr;
+  UT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  UT_CUDA(cudaGraphLaunch(exec, s.get()));
+  std::vector<float> got(x.size());
+  dout.download(got.data(), s.get());
+  CHECK(got == x);  // P=1, same layout: seq→head is the identity
+  UT_CUDA(cudaGraphExecDestroy(exec));
+  UT_CUDA(cudaGraphDestroy(graph));
+}
+
+TEST_CASE("CudaPipeline rejects a communicator on another stream and bad arguments before enqueueing") {
+  ut::Stream s, other;
+  const Plan plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)}, Format::bshd,
+                  PlanOptions{2});
+  ut::DeviceBuffer din(plan.seq_bytes(0)), dout(plan.head_bytes(0)), ws(plan.workspace_bytes() ? plan.workspace_bytes() : 16);
+  CudaExecutor ex(plan, s.get());
+  CudaPipeline pipe(s.get());
+  CHECK(pipe.stream() == s.get());
+  CHECK(pipe.copy_stream() != nullptr);
+  SoloComm wrong{other.get()}, right{s.get()};
+  const TensorList<const void*> in{static_cast<const void*>(din.get())};
+  const TensorList<void*> out{static_cast<void*>(dout.get())};
+  try {
+    pipe.seq_to_head(plan, wrong, ex, in, out, {ws.get(), ws.bytes()});
+    FAIL("expected comm_mismatch");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::comm_mismatch);
+  }
+  try {
+    pipe.seq_to_head(plan, right, ex, in, TensorList<void*>{}, {ws.get(), ws.bytes()});
+    FAIL("expected wrong_tensor_count");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::wrong_tensor_count);
+  }
+  pipe.seq_to_head(plan, right, ex, in, out, {ws.get(), ws.bytes()});  // still usable
+  UT_CUDA(cudaStreamSynchronize(s.get()));
 }

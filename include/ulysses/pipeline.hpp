@@ -6,7 +6,7 @@
 /// HostPipeline runs them as a three-step pipeline: a packer thread packs stage k+1 and an
 /// unpacker thread unpacks stage k-1 while the calling thread exchanges stage k. Results are
 /// bit-identical to redistribute(). (The CUDA equivalent orders the same stages on two streams
-/// with events; see cuda/copy.cuh.)
+/// with events; see cuda/pipeline.cuh.)
 #pragma once
 
 #include <condition_variable>

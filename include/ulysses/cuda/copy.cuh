@@ -417,7 +417,16 @@ class CudaExecutor {
   ///         executor was made from (e.g. a copy of that plan, or another plan);
   ///         Error(backend) when the launch fails (cudaGetLastError; this may also report an
   ///         earlier asynchronous error of the context).
-  void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t) const {
+  void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t) const { run(blocks, n, t, stream_); }
+
+  /// As run(blocks, n, t), but launches on `stream` instead of the executor's stream (what
+  /// CudaPipeline does to pack and unpack on its copy stream while the exchange runs on the
+  /// caller's). Same guarantees: one launch, no allocation, no synchronisation; capturable.
+  /// @param stream a stream of the executor's device, ordered after the upload of the lists that
+  ///               the constructor enqueued on stream() (e.g. it waits for an event recorded on
+  ///               stream() after construction, or stream() has been synchronised once)
+  /// @throws as run(blocks, n, t).
+  void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream) const {
     if (n == 0) return;
     const List* l = nullptr;
     for (const List& x : lists_)
@@ -427,7 +436,7 @@ class CudaExecutor {
                                            " blocks given is not one of the block lists of the plan this executor "
                                            "was made from; make the executor from the Plan whose schedule you run");
     const std::int64_t grid = l->units < max_grid_ ? l->units : max_grid_;
-    detail::block_copy_kernel<detail::kCopyThreads><<<static_cast<unsigned>(grid), detail::kCopyThreads, 0, stream_>>>(
+    detail::block_copy_kernel<detail::kCopyThreads><<<static_cast<unsigned>(grid), detail::kCopyThreads, 0, stream>>>(
         l->dev_blocks, l->dev_units, static_cast<int>(l->n), l->units, t);
     detail::cuda_check(cudaGetLastError(), "block_copy_kernel launch");
   }

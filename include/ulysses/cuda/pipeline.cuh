@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file cuda/pipeline.cuh
+/// @brief CudaPipeline: overlaps pack, exchange and unpack of a K-stage plan on the GPU, with a
+///        second stream and events instead of HostPipeline's threads.
+///
+/// A plan made with PlanOptions::stages = K splits every exchange into K stages along the heads
+/// (Plan::schedule(dir, k)); stage k's chunks follow stage k-1's in the send and receive regions
+/// of the workspace, so the stages' regions are disjoint. CudaPipeline follows HostPipeline
+/// (pipeline.hpp): packing stage k+1 and unpacking stage k-1 overlap the exchange of stage k. It
+/// enqueues, with no host synchronisation and no allocation:
+///
+///     user stream:  rec start ─────────── wait P[k] → exchange k → rec X[k] ─ … ─ wait done
+///     copy stream:  wait start → pack 0 → rec P[0] → pack 1 → rec P[1] → wait X[0] → unpack 0
+///                   → pack 2 → rec P[2] → wait X[1] → unpack 1 → … → unpack K-1 → rec done
+///
+/// The exchange runs on the communicator's stream, which must be the user's stream (NcclComm,
+/// DeviceLocalGroup::Comm); packs and unpacks run on the pipeline's own copy stream. Because the
+/// copy stream first waits for everything enqueued on the user's stream before the call and the
+/// user's stream finally waits for the last unpack, the whole call is ordered on the user's
+/// stream like redistribute(): work enqueued after it sees the outputs, and the next call's packs
+/// cannot overwrite a send region a peer is still reading. The fork/join through events is the
+/// pattern CUDA graphs capture, so the call is capturable wherever the communicator's exchange
+/// is (NcclComm yes; DeviceLocalGroup no, see comm/local_device.cuh).
+///
+/// Needs nvcc (or another CUDA compiler); link ulysses::cuda.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../redistribute.hpp"
+#include "copy.cuh"
+#include "detail/config.cuh"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+template <class C, class = void>
+struct has_stream : std::false_type {};
+template <class C>
+struct has_stream<C, std::void_t<decltype(static_cast<cudaStream_t>(std::declval<const C&>().stream()))>> : std::true_type {};
+}  // namespace detail
+
+/// Runs the stages of a K-stage plan (K <= 64) on the GPU with pack(k+1) / exchange(k) /
+/// unpack(k-1) overlapped: the CUDA counterpart of HostPipeline. Results are bit-identical to
+/// redistribute() with the same plan.
+///
+/// Owns one non-blocking "copy" stream and 2*kMaxStages + 2 events (timing disabled), all created
+/// by the constructor on the device current then and destroyed by the destructor; run() creates
+/// nothing. Create one per rank (per user stream) and reuse it. Not thread-safe: one run() at a
+/// time (the events are reused by the next call, which is correct in stream order).
+class CudaPipeline {
+ public:
+  /// Most stages a plan may have (PlanOptions::stages is limited to the same).
+  static constexpr int kMaxStages = 64;
+
+  /// Creates the copy stream and the events on the current device.
+  /// @param stream the user's stream (0 = legacy default stream): every run() is ordered on it,
+  ///               and it must be the stream the communicator exchanges on. Not owned.
+  /// @throws Error(backend) when a CUDA call fails (what was created is released).
+  explicit CudaPipeline(cudaStream_t stream) : stream_(stream) {
+    try {
+      detail::cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (CudaPipeline)");
+      for (cudaEvent_t* e : {&start_, &done_}) create(e);
+      for (int k = 0; k < kMaxStages; ++k) create(&packed_[k]), create(&exchanged_[k]);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  CudaPipeline(const CudaPipeline&) = delete;
+  CudaPipeline& operator=(const CudaPipeline&) = delete;
+  /// Destroys the copy stream and the events (work already enqueued still completes; errors are
+  /// ignored).
+  ~CudaPipeline() { release(); }
+
+  /// Redistributes the plan's tensors in direction `dir` with the stages overlapped (see the
+  /// file comment for the order of operations); returns once everything is enqueued.
+  ///
+  /// @param plan  a plan with 1 <= K <= 64 stages; for K = 1 nothing overlaps (as redistribute()
+  ///              but on two streams)
+  /// @param dir   seq_to_head or head_to_seq
+  /// @param comm  a communicator (concept of redistribute.hpp) of the plan's size and rank whose
+  ///              exchange is ordered on stream() — NcclComm or DeviceLocalGroup::Comm made on
+  ///              that stream (checked when the communicator has `stream()`)
+  /// @param exec  the executor of the plan: a CudaExecutor made from `plan` (or any executor with
+  ///              `run(const BlockCopy*, std::size_t, const BufferTable&, cudaStream_t)`); its
+  ///              list upload must be ordered before this call's work on stream() — make it on
+  ///              stream() or synchronise its stream once. Packs and unpacks run on copy_stream()
+  /// @param in    the plan's tensors in order: seq-sharded [B, S_r, H, D] for seq_to_head,
+  ///              head-sharded [B, S, H_r, D] for head_to_seq (in the plan's layouts), device
+  ///              memory, ready in the order of stream()
+  /// @param out   the other sharding, same order; must not overlap the inputs, each other or `ws`
+  /// @param ws    device workspace of at least Plan::workspace_bytes() bytes (16-byte aligned for
+  ///              the widest copies); all stages use their own parts of it
+  /// @pre the pipeline's device is current; no other run() of this pipeline is in progress.
+  /// @throws before anything is enqueued: what make_buffers() throws (wrong_tensor_count,
+  ///         workspace_too_small, misaligned, buffer_overlap, invalid_shape); Error(comm_mismatch)
+  ///         for a communicator of another size or rank, or one that exchanges on another
+  ///         stream; Error(invalid_shape) for a plan of more than kMaxStages stages; what
+  ///         check_agreement() throws when the plan's first-exchange check is on.
+  ///         While enqueueing: the communicator's errors (backend, timeout, aborted,
+  ///         plan_mismatch) and the executor's (backend); the user's stream is then still joined
+  ///         to the copy stream (best effort) before the error propagates.
+  template <class Comm, class Exec>
+  void run(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<const void*>& in,
+           const TensorList<void*>& out, Workspace ws) {
+    detail::check_comm(plan, comm);
+    if constexpr (detail::has_stream<Comm>::value) {
+      if (static_cast<cudaStream_t>(comm.stream()) != stream_)
+        detail::fail(Errc::comm_mismatch, "the communicator exchanges on another stream than the CudaPipeline's; make the "
+                                          "communicator on the stream the pipeline was made with");
+    }
+    const int K = plan.num_stages();
+    if (K < 1 || K > kMaxStages)
+      detail::fail(Errc::invalid_shape, "the plan has " + std::to_string(K) + " stages; CudaPipeline runs 1 to " +
+                                            std::to_string(kMaxStages));
+    const BufferTable t = make_buffers(plan, dir, in, out, ws);
+    if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);  // before the fork
+
+    bool forked = false;
+    try {
+      detail::cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord (CudaPipeline)");
+      detail::cuda_check(cudaStreamWaitEvent(copy_, start_, 0), "cudaStreamWaitEvent (CudaPipeline)");
+      forked = true;
+      pack_stage(plan, dir, exec, t, 0);
+      for (int k = 0; k < K; ++k) {
+        if (k + 1 < K) pack_stage(plan, dir, exec, t, k + 1);  // overlaps exchange k on the GPU
+        detail::cuda_check(cudaStreamWaitEvent(stream_, packed_[k], 0), "cudaStreamWaitEvent (CudaPipeline)");
+        exchange(plan, dir, comm, t, k);
+        detail::cuda_check(cudaEventRecord(exchanged_[k], stream_), "cudaEventRecord (CudaPipeline)");
+        detail::cuda_check(cudaStreamWaitEvent(copy_, exchanged_[k], 0), "cudaStreamWaitEvent (CudaPipeline)");
+        const Schedule& s = plan.schedule(dir, k);
+        exec.run(s.unpack.data(), s.unpack.size(), t, copy_);  // overlaps exchange k+1
+      }
+      join();
+    } catch (...) {
+      if (forked) {  // keep the copy stream's work ordered before the user's next work (and a
+        try {        // capture joined), then report the first error
+          join();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+  }
+
+  /// run(plan, Direction::seq_to_head, ...): seq-sharded inputs [B, S_r, H, D] → head-sharded
+  /// outputs [B, S, H_r, D]. See run().
+  template <class Comm, class Exec>
+  void seq_to_head(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<const void*>& in,
+                   const TensorList<void*>& out, Workspace ws) {
+    run(plan, Direction::seq_to_head, comm, exec, in, out, ws);
+  }
+  /// run(plan, Direction::head_to_seq, ...): head-sharded inputs → seq-sharded outputs. See run().
+  template <class Comm, class Exec>
+  void head_to_seq(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<const void*>& in,
+                   const TensorList<void*>& out, Workspace ws) {
+    run(plan, Direction::head_to_seq, comm, exec, in, out, ws);
+  }
+
+  cudaStream_t stream() const { return stream_; }     ///< the user's stream (exchanges; ordering)
+  cudaStream_t copy_stream() const { return copy_; }  ///< the pipeline's stream (packs, unpacks)
+
+ private:
+  static void create(cudaEvent_t* e) {
+    detail::cuda_check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags (CudaPipeline)");
+  }
+  void release() noexcept {
+    for (cudaEvent_t* e : {&start_, &done_})
+      if (*e) cudaEventDestroy(*e), *e = nullptr;
+    for (int k = 0; k < kMaxStages; ++k) {
+      if (packed_[k]) cudaEventDestroy(packed_[k]), packed_[k] = nullptr;
+      if (exchanged_[k]) cudaEventDestroy(exchanged_[k]), exchanged_[k] = nullptr;
+    }
+    if (copy_) cudaStreamDestroy(copy_), copy_ = nullptr;
+  }
+  /// Pack stage k on the copy stream, then record packed_[k] there.
+  template <class Exec>
+  void pack_stage(const Plan& plan, Direction dir, const Exec& exec, const BufferTable& t, int k) {
+    const Schedule& s = plan.schedule(dir, k);
+    exec.run(s.pack.data(), s.pack.size(), t, copy_);
+    detail::cuda_check(cudaEventRecord(packed_[k], copy_), "cudaEventRecord (CudaPipeline)");
+  }
+  /// The user's stream waits for everything enqueued on the copy stream.
+  void join() {
+    detail::cuda_check(cudaEventRecord(done_, copy_), "cudaEventRecord (CudaPipeline)");
+    detail::cuda_check(cudaStreamWaitEvent(stream_, done_, 0), "cudaStreamWaitEvent (CudaPipeline)");
+  }
+
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t start_ = nullptr, done_ = nullptr;
+  cudaEvent_t packed_[kMaxStages] = {};
+  cudaEvent_t exchanged_[kMaxStages] = {};
+};
+
+ULYSSES_NAMESPACE_END
