@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host benchmarks (one process): pack and unpack on the host executor against std::memcpy of the
+// same bytes, and the in-process group (LocalGroup, one persistent thread per rank) — the exchange
+// alone, and seq_to_head / head_to_seq of q, k, v end to end, fused and as three exchanges —
+// against a bare in-process all-to-all of the same bytes. Shapes: Llama-3.1-8B attention
+// (H=32, Hkv=8, D=128), B=1, S in {4096, 16384}, P in {2, 4}, fp32 and bf16.
+//
+// Run: bench_host [--benchmark_filter=REGEX] [--benchmark_min_time=0.2] [--benchmark_out=host.json]
+// Naming, labels and counters: see common.hpp; bench/report turns the JSON into a table and chart.
+//
+// Timing: single-threaded pack / unpack / memcpy use CPU time (Google Benchmark's default: robust
+// to other load on a shared machine); the 2-thread executor and the in-process group use wall
+// time. The bare in-process all-to-all copies P equal chunks of the rank's bytes (its own chunk
+// included, like MPI_Alltoall) straight from the peers' buffers, with no plan and no barrier
+// beyond the driver's: it is the memory-bandwidth limit of an in-process exchange. The exchange
+// alone (LocalGroup::Comm::alltoallv) moves only the P-1 peer chunks: a rank's own chunk is
+// copied by unpack.
+#include "common.hpp"
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+using namespace ub;
+
+namespace {
+
+// ---- fixtures, cached: Google Benchmark calls a benchmark function several times ---------------
+
+using Key = std::tuple<int, std::int64_t, int, Mem, int>;  // P, S, elem, mem, ranks built
+
+/// The setups of ranks 0..n-1 for (P, S, elem, mem); the previous entry is freed first.
+std::vector<std::unique_ptr<RankSetup>>& setups(int P, std::int64_t S, int elem, Mem mem, int n) {
+  static Key key{};
+  static std::vector<std::unique_ptr<RankSetup>> cache;
+  const Key k{P, S, elem, mem, n};
+  if (cache.empty() || k != key) {
+    cache.clear();
+    for (int r = 0; r < n; ++r) cache.push_back(std::make_unique<RankSetup>(P, r, S, elem, mem));
+    key = k;
+  }
+  return cache;
+}
+
+/// Source and destination of `bytes` for the memcpy baseline.
+std::pair<Buf*, Buf*> memcpy_bufs(std::size_t bytes) {
+  static Buf src, dst;
+  if (src.size() != bytes) {
+    src = Buf();
+    dst = Buf();
+    src = Buf(bytes, 0x44);
+    dst = Buf(bytes, 0x55);
+  }
+  return {&src, &dst};
+}
+
+// ---- host pack / unpack ------------------------------------------------------------------------
+
+void bm_pack_unpack(benchmark::State& st, bool is_pack, int P, std::int64_t S, int elem, Mem mem, int threads) {
+  RankSetup& r = *setups(P, S, elem, mem, 1)[0];
+  const Direction d = Direction::seq_to_head;
+  const BufferTable t = r.table(d);
+  const Schedule& s = r.fused->schedule(d);
+  HostExecutor ex(threads);
+  for (auto _ : st) {
+    if (is_pack)
+      pack(*r.fused, d, ex, t);
+    else
+      unpack(*r.fused, d, ex, t);
+    benchmark::ClobberMemory();
+  }
+  set_counters(st, list_bytes(is_pack ? s.pack : s.unpack));
+}
+
+void bm_memcpy(benchmark::State& st, std::size_t bytes) {
+  auto [src, dst] = memcpy_bufs(bytes);
+  for (auto _ : st) {
+    std::memcpy(dst->data(), src->data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  set_counters(st, bytes);
+}
+
+/// Bytes of rank 0's seq_to_head pack (resp. unpack) list: the same in every memory arrangement.
+std::size_t stage_bytes(bool is_pack, int P, std::int64_t S, int elem) {
+  const auto q = HeadPartition::even(kH, P);
+  const auto kv = HeadPartition::gqa(q, kHkv);
+  std::vector<TensorSpec> specs;
+  for (const HeadPartition& h : {q, kv, kv}) specs.push_back(TensorSpec{h, kD, static_cast<std::size_t>(elem), std::nullopt, std::nullopt});
+  const Plan p(Group{P, 0}, kB, SeqPartition::even(S, P), specs);
+  const Schedule& s = p.schedule(Direction::seq_to_head);
+  return list_bytes(is_pack ? s.pack : s.unpack);
+}
+
+// ---- the in-process group: P persistent rank threads in lockstep --------------------------------
+
+/// Runs a job on every rank of a LocalGroup: rank 0 on the calling (benchmark) thread, ranks
+/// 1..P-1 on threads created once, so the benchmark loop creates no thread.
+class Lockstep {
+ public:
+  explicit Lockstep(int P) : group_(P) {
+    for (int r = 1; r < P; ++r) workers_.emplace_back([this, r] { loop(r); });
+  }
+  ~Lockstep() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  LocalGroup& group() { return group_; }
+
+  /// Runs job(r) on every rank r and returns when all are done; rethrows a rank's exception.
+  void step(const std::function<void(int)>& job) {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      job_ = &job;
+      pending_ = static_cast<int>(workers_.size());
+      ++gen_;
+    }
+    cv_.notify_all();
+    std::exception_ptr mine;
+    try {
+      job(0);
+    } catch (...) {
+      mine = std::current_exception();
+    }
+    std::unique_lock<std::mutex> l(m_);
+    done_.wait(l, [&] { return pending_ == 0; });
+    if (mine) std::rethrow_exception(mine);
+    if (err_) std::rethrow_exception(std::exchange(err_, nullptr));
+  }
+
+ private:
+  void loop(int r) {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> l(m_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || gen_ != seen; });
+      if (stop_) return;
+      seen = gen_;
+      const auto* job = job_;
+      l.unlock();
+      std::exception_ptr e;
+      try {
+        (*job)(r);
+      } catch (...) {
+        e = std::current_exception();
+      }
+      l.lock();
+      if (e && !err_) err_ = e;
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  LocalGroup group_;
+  std::vector<std::thread> workers_;
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  int pending_ = 0;
+  std::uint64_t gen_ = 0;
+  bool stop_ = false;
+  std::exception_ptr err_;
+};
+
+Lockstep& lockstep(int P) {
+  static std::map<int, std::unique_ptr<Lockstep>> m;
+  auto& p = m[P];
+  if (!p) p = std::make_unique<Lockstep>(P);
+  return *p;
+}
+
+enum class Local { bare, exchange, s2h_fused, s2h_separate, h2s_fused, h2s_separate };
+
+void bm_local(benchmark::State& st, Local what, int P, std::int64_t S, int elem) {
+  auto& rs = setups(P, S, elem, Mem::bshd, P);
+  Lockstep& ls = lockstep(P);
+  std::vector<LocalGroup::Comm> comms;
+  std::vector<BufferTable> tables;
+  std::vector<HostExecutor> execs(static_cast<std::size_t>(P));  // one per rank, single-threaded
+  for (int r = 0; r < P; ++r) {
+    comms.push_back(ls.group().comm(r));
+    tables.push_back(rs[static_cast<std::size_t>(r)]->table(Direction::seq_to_head));
+  }
+  const std::size_t bytes = rs[0]->bytes_per_rank(), chunk = bytes / static_cast<std::size_t>(P);
+  const std::function<void(int)> job = [&](int r) {
+    RankSetup& me = *rs[static_cast<std::size_t>(r)];
+    LocalGroup::Comm& c = comms[static_cast<std::size_t>(r)];
+    HostExecutor& ex = execs[static_cast<std::size_t>(r)];
+    const Direction d = what == Local::h2s_fused || what == Local::h2s_separate ? Direction::head_to_seq : Direction::seq_to_head;
+    switch (what) {
+      case Local::bare:  // P equal chunks (own one included) straight from the peers' send buffers
+        for (int p = 0; p < P; ++p)
+          std::memcpy(me.head_buf.data() + static_cast<std::size_t>(p) * chunk,
+                      rs[static_cast<std::size_t>(p)]->seq_buf.data() + static_cast<std::size_t>(r) * chunk, chunk);
+        break;
+      case Local::exchange: exchange(*me.fused, d, c, tables[static_cast<std::size_t>(r)]); break;
+      case Local::s2h_fused:
+      case Local::h2s_fused: redistribute(*me.fused, d, c, ex, me.inputs(d), me.outputs(d), me.workspace()); break;
+      case Local::s2h_separate:
+      case Local::h2s_separate:
+        for (int t = 0; t < 3; ++t)
+          redistribute(*me.single[static_cast<std::size_t>(t)], d, c, ex, me.inputs(d, t, 1), me.outputs(d, t, 1), me.workspace());
+        break;
+    }
+  };
+  for (auto _ : st) ls.step(job);
+  set_counters(st, bytes, P);
+}
+
+void register_all() {
+  auto reg = [](const std::string& name, const std::string& lab, auto fn) {
+    return benchmark::RegisterBenchmark(name.c_str(), [fn, lab](benchmark::State& st) {
+      fn(st);
+      st.SetLabel(lab);
+    });
+  };
+  for (int elem : kElemBytes)
+    for (std::int64_t S : kSeqs)
+      for (int P : kDegrees) {
+        // Host pack / unpack of rank 0's seq_to_head lists, single thread, then 2 threads (bshd).
+        for (bool is_pack : {true, false}) {
+          const std::string fam = case_name(is_pack ? "host_pack" : "host_unpack", elem, S, P);
+          const std::string base = fam + "/memcpy";
+          // Single-threaded: CPU time (Google Benchmark's default), robust to other load on a shared machine.
+          reg(base, "", [=](benchmark::State& st) { bm_memcpy(st, stage_bytes(is_pack, P, S, elem)); });
+          for (Mem m : kMems)
+            reg(fam + "/" + mem_name(m), label(base), [=](benchmark::State& st) { bm_pack_unpack(st, is_pack, P, S, elem, m, 1); });
+          // Two threads: wall time.
+          reg(fam + "/bshd_2threads", label(base), [=](benchmark::State& st) { bm_pack_unpack(st, is_pack, P, S, elem, Mem::bshd, 2); })
+              ->UseRealTime();
+        }
+        // In-process group (bshd).
+        const std::string bare = case_name("local_alltoall", elem, S, P) + "/bare";
+        reg(bare, "", [=](benchmark::State& st) { bm_local(st, Local::bare, P, S, elem); })->UseRealTime();
+        reg(case_name("local_exchange", elem, S, P) + "/ulysses", label(bare),
+            [=](benchmark::State& st) { bm_local(st, Local::exchange, P, S, elem); })
+            ->UseRealTime();
+        for (bool s2h : {true, false}) {
+          const std::string fam = case_name(s2h ? "local_seq_to_head" : "local_head_to_seq", elem, S, P);
+          reg(fam + "/fused", label(bare, fam + "/separate"),
+              [=](benchmark::State& st) { bm_local(st, s2h ? Local::s2h_fused : Local::h2s_fused, P, S, elem); })
+              ->UseRealTime();
+          reg(fam + "/separate", label(bare),
+              [=](benchmark::State& st) { bm_local(st, s2h ? Local::s2h_separate : Local::h2s_separate, P, S, elem); })
+              ->UseRealTime();
+        }
+      }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_all();
+  benchmark::AddCustomContext("ulysses_benchmark", "host");
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// MPI benchmarks, one rank per process: the exchange alone (MpiComm's MPI_Alltoallv) and
+// seq_to_head / head_to_seq of q, k, v end to end, fused in one exchange and as three separate
+// exchanges, against a bare MPI_Alltoall of the same bytes (bytes per rank in P equal chunks).
+// P is the size of MPI_COMM_WORLD (run with -n 2 and -n 4). Shapes: Llama-3.1-8B attention
+// (H=32, Hkv=8, D=128), B=1, S in {4096, 16384}, fp32 and bf16, bshd.
+//
+// Run: mpiexec -n 4 bench_mpi [--benchmark_min_time=0.2] [--benchmark_out=mpi_p4.json]
+// Every rank runs every benchmark; only rank 0 reports (the other ranks drop the --benchmark_out*
+// flags and use a silent reporter). Timing: each iteration is MPI_Barrier, MPI_Wtime around the
+// operation, and the maximum over ranks (MPI_Allreduce) as the benchmark's manual time; every rank
+// thus sees the same times and Google Benchmark picks the same iteration counts on every rank.
+// The host executor is single-threaded (one rank per process); ULYSSES_BENCH_STREAMING_MIN_BYTES
+// overrides its HostExecutorOptions::streaming_min_bytes (e.g. 18446744073709551615: never stream),
+// to compare cached and streaming stores.
+#include "common.hpp"
+
+#include <ulysses/comm/mpi.hpp>
+
+#include <climits>
+#include <functional>
+#include <iostream>
+#include <tuple>
+
+using namespace ub;
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+
+/// Rank `g_rank`'s setup for (S, elem), cached (Google Benchmark calls a function several times).
+RankSetup& setup(std::int64_t S, int elem) {
+  static std::tuple<std::int64_t, int> key{};
+  static std::unique_ptr<RankSetup> cache;
+  if (!cache || key != std::make_tuple(S, elem)) {
+    cache.reset();
+    cache = std::make_unique<RankSetup>(g_size, g_rank, S, elem, Mem::bshd);
+    key = {S, elem};
+  }
+  return *cache;
+}
+
+/// Runs op once per iteration with the max-over-ranks manual time.
+void timed_loop(benchmark::State& st, const std::function<void()>& op) {
+  for (auto _ : st) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    op();
+    double dt = MPI_Wtime() - t0, mx = 0;
+    MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    st.SetIterationTime(mx);
+  }
+}
+
+enum class What { alltoall, exchange, s2h_fused, s2h_separate, h2s_fused, h2s_separate };
+
+void bm(benchmark::State& st, What what, std::int64_t S, int elem) {
+  RankSetup& r = setup(S, elem);
+  MpiComm comm(MPI_COMM_WORLD);
+  HostExecutorOptions o;
+  if (const char* e = std::getenv("ULYSSES_BENCH_STREAMING_MIN_BYTES")) o.streaming_min_bytes = std::stoull(e);
+  HostExecutor ex(o);
+  const std::size_t bytes = r.bytes_per_rank();
+  const std::size_t chunk = bytes / static_cast<std::size_t>(g_size);
+  if (chunk > static_cast<std::size_t>(INT_MAX)) {
+    st.SkipWithError("chunk over INT_MAX bytes");
+    return;
+  }
+  const Direction d = what == What::h2s_fused || what == What::h2s_separate ? Direction::head_to_seq : Direction::seq_to_head;
+  const BufferTable table = r.table(d);
+  std::function<void()> op;
+  switch (what) {
+    case What::alltoall:
+      op = [&] {
+        MPI_Alltoall(r.seq_buf.data(), static_cast<int>(chunk), MPI_BYTE, r.head_buf.data(), static_cast<int>(chunk), MPI_BYTE,
+                     MPI_COMM_WORLD);
+      };
+      break;
+    case What::exchange: op = [&] { exchange(*r.fused, d, comm, table); }; break;
+    case What::s2h_fused:
+    case What::h2s_fused: op = [&] { redistribute(*r.fused, d, comm, ex, r.inputs(d), r.outputs(d), r.workspace()); }; break;
+    case What::s2h_separate:
+    case What::h2s_separate:
+      op = [&] {
+        for (int t = 0; t < 3; ++t)
+          redistribute(*r.single[static_cast<std::size_t>(t)], d, comm, ex, r.inputs(d, t, 1), r.outputs(d, t, 1), r.workspace());
+      };
+      break;
+  }
+  timed_loop(st, op);
+  set_counters(st, bytes, g_size);
+}
+
+void register_all() {
+  auto reg = [](const std::string& name, const std::string& lab, What w, std::int64_t S, int elem) {
+    benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+      bm(st, w, S, elem);
+      st.SetLabel(lab);
+    })->UseManualTime();
+  };
+  for (int elem : kElemBytes)
+    for (std::int64_t S : kSeqs) {
+      const std::string base = case_name("mpi_alltoall", elem, S, g_size) + "/MPI_Alltoall";
+      reg(base, "", What::alltoall, S, elem);
+      reg(case_name("mpi_exchange", elem, S, g_size) + "/alltoallv", label(base), What::exchange, S, elem);
+      for (bool s2h : {true, false}) {
+        const std::string fam = case_name(s2h ? "mpi_seq_to_head" : "mpi_head_to_seq", elem, S, g_size);
+        reg(fam + "/fused", label(base, fam + "/separate"), s2h ? What::s2h_fused : What::h2s_fused, S, elem);
+        reg(fam + "/separate", label(base), s2h ? What::s2h_separate : What::h2s_separate, S, elem);
+      }
+    }
+}
+
+/// Reports nothing (ranks other than 0).
+class Silent : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  if (kH % g_size != 0 || (kHkv % g_size != 0 && g_size % kHkv != 0)) {
+    if (g_rank == 0) std::cerr << "bench_mpi: run with a group size that divides H=32 and fits Hkv=8 (2, 4 or 8 ranks)\n";
+    MPI_Finalize();
+    return 2;
+  }
+  // Only rank 0 writes --benchmark_out: the others drop the flag (they would truncate the file).
+  std::vector<char*> args(argv, argv + argc);
+  if (g_rank != 0)
+    args.erase(std::remove_if(args.begin() + 1, args.end(),
+                              [](char* a) { return std::string(a).rfind("--benchmark_out", 0) == 0; }),
+               args.end());
+  int n = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) {
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  register_all();
+  benchmark::AddCustomContext("ulysses_benchmark", "mpi");
+  benchmark::AddCustomContext("mpi_ranks", std::to_string(g_size));
+  if (g_rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    Silent silent;
+    benchmark::RunSpecifiedBenchmarks(&silent);
+  }
+  benchmark::Shutdown();
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared by the benchmarks: the Llama-3.1-8B attention shapes (H=32, Hkv=8, D=128, B=1), the
+// memory formats measured, one rank's buffers and plans, and the naming / counter conventions that
+// bench/report reads.
+//
+// Naming: every benchmark is "<family>/<dtype>/S:<S>/P:<P>/<variant>". Its label is
+// "baseline=<name of the benchmark it is measured against>" (and for a fused exchange also
+// ";separate=<name of the same tensors in three exchanges>"); bench/report pairs them by name.
+// Counters: bytes_per_second (SetBytesProcessed: bytes copied for pack/unpack/memcpy, bytes per
+// rank for exchanges) and, for exchanges, algbw = bytes per rank / time and busbw = algbw*(P-1)/P
+// (the nccl-tests convention; bytes per rank = the rank's share of q, k and v).
+#pragma once
+
+#include <benchmark/benchmark.h>
+#include <ulysses/ulysses.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sys/mman.h>
+
+namespace ub {
+
+using namespace ulysses;
+
+inline constexpr std::int64_t kH = 32, kHkv = 8, kD = 128, kB = 1;  // Llama-3.1-8B attention
+inline const std::int64_t kSeqs[] = {4096, 16384};
+inline const int kDegrees[] = {2, 4};
+inline const int kElemBytes[] = {4, 2};
+
+/// "fp32" / "bf16" (the 2-byte payload: moved as bytes, so any 2-byte type measures the same).
+inline std::string dtype_name(int elem_bytes) { return elem_bytes == 4 ? "fp32" : "bf16"; }
+
+/// How the local tensors sit in memory: a dense format, or q, k, v as views into one fused
+/// projection output [B, S_r, H + 2*Hkv, D] (seq-sharded) and [B, S, H_r + 2*Hkv_r, D] (head-sharded).
+enum class Mem { bshd, sbhd, bhsd, strided };
+inline const Mem kMems[] = {Mem::bshd, Mem::sbhd, Mem::bhsd, Mem::strided};
+inline const char* mem_name(Mem m) {
+  switch (m) {
+    case Mem::bshd: return "bshd";
+    case Mem::sbhd: return "sbhd";
+    case Mem::bhsd: return "bhsd";
+    case Mem::strided: return "strided";
+  }
+  return "?";
+}
+
+/// True unless ULYSSES_BENCH_THP=0: benchmark buffers ask for transparent huge pages.
+inline bool use_thp() {
+  const char* e = std::getenv("ULYSSES_BENCH_THP");
+  return !(e && std::string(e) == "0");
+}
+
+/// Host buffer aligned to 2 MiB, written once at construction (so every page is mapped before
+/// timing). Unless ULYSSES_BENCH_THP=0 it is madvise(MADV_HUGEPAGE)d, as engines' large tensors
+/// often are (THP "always", or PyTorch's THP_MEM_ALLOC_ENABLE): with 4 KiB pages, copies of rows
+/// scattered one per page (strided views) pay a TLB miss per row, the baseline memcpy does not.
+class Buf {
+ public:
+  Buf() = default;
+  explicit Buf(std::size_t bytes, unsigned char fill = 0x5a) : n_(bytes) {
+    constexpr std::size_t kAlign = std::size_t{2} << 20;
+    const std::size_t rounded = std::max<std::size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    p_.reset(static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded)));
+    if (!p_) throw std::bad_alloc();
+    if (use_thp()) madvise(p_.get(), rounded, MADV_HUGEPAGE);
+    std::memset(p_.get(), fill, rounded);
+  }
+  std::byte* data() const { return p_.get(); }
+  std::size_t size() const { return n_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> p_;
+  std::size_t n_ = 0;
+};
+
+/// "<family>/<dtype>/S:<S>/P:<P>"
+inline std::string case_name(const std::string& family, int elem_bytes, std::int64_t S, int P) {
+  return family + "/" + dtype_name(elem_bytes) + "/S:" + std::to_string(S) + "/P:" + std::to_string(P);
+}
+
+/// One rank's q, k, v in one memory arrangement: the fused plan (q, k, v in one exchange), the
+/// three one-tensor plans (three exchanges), seq-sharded and head-sharded buffers (seq_to_head
+/// reads the former and writes the latter; head_to_seq the reverse) and one workspace.
+struct RankSetup {
+  int P, rank, elem;
+  std::int64_t S;
+  Mem mem;
+  std::vector<TensorSpec> specs;
+  std::unique_ptr<Plan> fused;
+  std::vector<std::unique_ptr<Plan>> single;  // one plan per tensor
+  Buf seq_buf, head_buf, ws;
+  std::byte* seq_ptr[3] = {};
+  std::byte* head_ptr[3] = {};
+
+  RankSetup(int P_, int rank_, std::int64_t S_, int elem_, Mem mem_) : P(P_), rank(rank_), elem(elem_), S(S_), mem(mem_) {
+    const auto q = HeadPartition::even(kH, P);
+    const auto kv = HeadPartition::gqa(q, kHkv);
+    const auto seq = SeqPartition::even(S, P);
+    const std::int64_t Sr = seq.local_length(rank);
+    const HeadPartition parts[3] = {q, kv, kv};
+    const Format f = mem == Mem::sbhd ? Format::sbhd : mem == Mem::bhsd ? Format::bhsd : Format::bshd;
+    // Fused views: head offsets of q, k, v inside [.., H+2Hkv, D] and [.., Hr+2Hkv_r, D].
+    const std::int64_t Hs = kH + 2 * kHkv, Hh = q.count(rank) + 2 * kv.count(rank);
+    const std::int64_t seq_h0[3] = {0, kH, kH + kHkv}, head_h0[3] = {0, q.count(rank), q.count(rank) + kv.count(rank)};
+    std::size_t seq_off[3], head_off[3], seq_total = 0, head_total = 0;
+    for (int t = 0; t < 3; ++t) {
+      TensorSpec s{parts[t], kD, static_cast<std::size_t>(elem), std::nullopt, std::nullopt};
+      const std::int64_t Ht = parts[t].num_heads(), Hrt = parts[t].count(rank);
+      if (mem == Mem::strided) {
+        s.with_seq_layout(Layout::strided({kB, Sr, Ht, kD}, {Sr * Hs * kD, Hs * kD, kD, 1}));
+        s.with_head_layout(Layout::strided({kB, S, Hrt, kD}, {S * Hh * kD, Hh * kD, kD, 1}));
+        seq_off[t] = static_cast<std::size_t>(seq_h0[t] * kD * elem);
+        head_off[t] = static_cast<std::size_t>(head_h0[t] * kD * elem);
+      } else {
+        s.with_seq_layout(Layout::dense(f, kB, Sr, Ht, kD));
+        s.with_head_layout(Layout::dense(f, kB, S, Hrt, kD));
+        seq_off[t] = seq_total;
+        head_off[t] = head_total;
+        seq_total += static_cast<std::size_t>(kB * Sr * Ht * kD * elem);
+        head_total += static_cast<std::size_t>(kB * S * Hrt * kD * elem);
+      }
+      specs.push_back(s);
+    }
+    if (mem == Mem::strided) {
+      seq_total = static_cast<std::size_t>(kB * Sr * Hs * kD * elem);
+      head_total = static_cast<std::size_t>(kB * S * Hh * kD * elem);
+    }
+    fused = std::make_unique<Plan>(Group{P, rank}, kB, seq, specs);
+    std::size_t ws_bytes = fused->workspace_bytes();
+    for (int t = 0; t < 3; ++t) {
+      single.push_back(std::make_unique<Plan>(Group{P, rank}, kB, seq, std::vector<TensorSpec>{specs[t]}));
+      ws_bytes = std::max(ws_bytes, single.back()->workspace_bytes());
+    }
+    seq_buf = Buf(seq_total, 0x11);
+    head_buf = Buf(head_total, 0x22);
+    ws = Buf(ws_bytes, 0x33);
+    for (int t = 0; t < 3; ++t) seq_ptr[t] = seq_buf.data() + seq_off[t], head_ptr[t] = head_buf.data() + head_off[t];
+  }
+
+  /// Inputs of direction d for tensors [t0, t0+n).
+  TensorList<const void*> inputs(Direction d, int t0 = 0, int n = 3) const {
+    TensorList<const void*> l;
+    for (int t = t0; t < t0 + n; ++t) l.data[l.size++] = d == Direction::seq_to_head ? seq_ptr[t] : head_ptr[t];
+    return l;
+  }
+  /// Outputs of direction d for tensors [t0, t0+n).
+  TensorList<void*> outputs(Direction d, int t0 = 0, int n = 3) const {
+    TensorList<void*> l;
+    for (int t = t0; t < t0 + n; ++t) l.data[l.size++] = d == Direction::seq_to_head ? head_ptr[t] : seq_ptr[t];
+    return l;
+  }
+  Workspace workspace() const { return {ws.data(), ws.size()}; }
+  /// The fused plan's buffer table for direction d. Built directly, not by make_buffers(): its
+  /// overlap check compares byte spans, so it rejects q, k, v outputs interleaved in one fused
+  /// buffer (Mem::strided) although their elements are disjoint. Dense arrangements give the
+  /// same table as make_buffers().
+  BufferTable table(Direction d) const {
+    BufferTable t;
+    const auto in = inputs(d);
+    const auto out = outputs(d);
+    for (int i = 0; i < 3; ++i) {
+      t.base[Buffer::input(i)] = static_cast<std::byte*>(const_cast<void*>(in.data[i]));
+      t.base[Buffer::output(i)] = static_cast<std::byte*>(out.data[i]);
+    }
+    t.base[Buffer::send] = ws.data();
+    t.base[Buffer::recv] = ws.data() + fused->recv_region_offset();
+    return t;
+  }
+  /// The rank's share of q, k and v in bytes (the nccl-tests "size" of the all-to-all).
+  std::size_t bytes_per_rank() const {
+    std::size_t n = 0;
+    for (int t = 0; t < 3; ++t)
+      n += static_cast<std::size_t>(kB * fused->seq().local_length(rank) * specs[t].heads.num_heads() * kD * elem);
+    return n;
+  }
+};
+
+/// Bytes a block list copies.
+inline std::size_t list_bytes(const std::vector<BlockCopy>& l) {
+  std::size_t n = 0;
+  for (const BlockCopy& c : l) n += static_cast<std::size_t>(c.bytes());
+  return n;
+}
+
+/// Sets bytes_per_second (SetBytesProcessed) and, for exchanges (P > 0), algbw and busbw, all
+/// rates over the benchmark's own time (manual or real).
+inline void set_counters(benchmark::State& st, std::size_t bytes, int P = 0) {
+  st.SetBytesProcessed(static_cast<std::int64_t>(bytes) * static_cast<std::int64_t>(st.iterations()));
+  if (P > 0) {
+    const double total = static_cast<double>(bytes) * static_cast<double>(st.iterations());
+    st.counters["algbw"] = benchmark::Counter(total, benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+    st.counters["busbw"] = benchmark::Counter(total * (P - 1) / P, benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+  }
+}
+
+/// Label naming the baseline (and optionally the three-exchange variant) of a benchmark.
+inline std::string label(const std::string& baseline, const std::string& separate = "") {
+  return "baseline=" + baseline + (separate.empty() ? "" : ";separate=" + separate);
+}
+
+}  // namespace ub

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds and runs every CPU benchmark, then bench/report: one command, about 5-8 minutes on 2 cores.
+#
+#   bench/run_cpu.sh [OUTDIR]          (default OUTDIR: bench/results)
+#
+# Writes OUTDIR/cpu.md + OUTDIR/cpu.png (bench/report) from the Google Benchmark JSON it keeps in
+# JSON_DIR (host.json, mpi_p2.json, mpi_p4.json). Environment knobs:
+#   BUILD_DIR  build directory (default build-bench; configured with CMAKE_BUILD_TYPE=Release)
+#   JSON_DIR   where the raw JSON goes (default BUILD_DIR/bench_json, outside the source tree)
+#   MIN_TIME   --benchmark_min_time per repetition, seconds (default 0.2)
+#   REPS       --benchmark_repetitions (default 5; the report takes the fastest: the run least
+#              disturbed by other load; bench/report --stat median for the median)
+#   FILTER     --benchmark_filter regex (default: all)
+#   MPI_RANKS  group sizes run under mpiexec (default "2 4"; empty: skip MPI)
+# Needs: CMake >= 3.25, a C++17 compiler, Google Benchmark (libbenchmark-dev), MPI for bench_mpi
+# (e.g. openmpi-bin libopenmpi-dev), python3 (+ python3-matplotlib for the chart).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+out="${1:-$root/bench/results}"
+build="${BUILD_DIR:-$root/build-bench}"
+min_time="${MIN_TIME:-0.2}"
+reps="${REPS:-5}"
+filter="${FILTER:-.}"
+ranks="${MPI_RANKS-2 4}"
+raw="${JSON_DIR:-$build/bench_json}"
+mkdir -p "$out" "$raw"
+
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
+fi
+targets=(bench_host)
+if cmake --build "$build" --target help 2>/dev/null | grep -q 'bench_mpi'; then
+  targets+=(bench_mpi)  # only when MPI was found
+fi
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc 2>/dev/null || echo 2)"
+[ -x "$build/bench/bench_host" ] || { echo "run_cpu.sh: bench_host was not built (is Google Benchmark installed? apt-get install libbenchmark-dev)" >&2; exit 1; }
+
+common=(--benchmark_min_time="$min_time" --benchmark_repetitions="$reps" --benchmark_filter="$filter"
+        --benchmark_out_format=json)
+[ "$reps" -gt 1 ] && common+=(--benchmark_display_aggregates_only=true)  # JSON keeps every repetition
+
+jsons=("$raw/host.json")
+echo "== bench_host -> $raw/host.json"
+"$build/bench/bench_host" "${common[@]}" --benchmark_out="$raw/host.json"
+
+if [ -n "$ranks" ] && [ -x "$build/bench/bench_mpi" ]; then
+  mpiexec_flags=()
+  if mpiexec --version 2>&1 | grep -qi "open mpi\|openrte"; then
+    mpiexec_flags+=(--oversubscribe)  # more ranks than cores on small machines
+    if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+  fi
+  for n in $ranks; do
+    echo "== mpiexec -n $n bench_mpi -> $raw/mpi_p$n.json"
+    mpiexec -n "$n" "${mpiexec_flags[@]}" "$build/bench/bench_mpi" "${common[@]}" --benchmark_out="$raw/mpi_p$n.json"
+    jsons+=("$raw/mpi_p$n.json")
+  done
+else
+  echo "== bench_mpi skipped (not built or MPI_RANKS empty)"
+fi
+
+# The report needs python3; the chart needs matplotlib: take the first python3 that has it.
+py=python3
+for c in python3 /usr/bin/python3; do
+  if command -v "$c" >/dev/null && "$c" -c 'import matplotlib' 2>/dev/null; then py="$c"; break; fi
+done
+"$py" "$here/report" "${jsons[@]}" -o "$out"
