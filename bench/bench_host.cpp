@@ -214,6 +214,31 @@ void bm_local(benchmark::State& st, Local what, int P, std::int64_t S, int elem)
   set_counters(st, bytes, P);
 }
 
+/// seq_to_head of q, k, v through a K-stage plan and HostPipeline (pack k+1 and unpack k-1 on two
+/// worker threads while stage k is exchanged). K = 1 has nothing to overlap: the baseline.
+void bm_local_pipeline(benchmark::State& st, int K, int P, std::int64_t S, int elem) {
+  auto& rs = setups(P, S, elem, Mem::bshd, P);
+  Lockstep& ls = lockstep(P);
+  std::vector<LocalGroup::Comm> comms;
+  std::vector<std::unique_ptr<Plan>> plans;
+  std::vector<std::unique_ptr<HostPipeline>> pipes;
+  std::vector<HostExecutor> packers(static_cast<std::size_t>(P)), unpackers(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    const RankSetup& me = *rs[static_cast<std::size_t>(r)];
+    comms.push_back(ls.group().comm(r));
+    plans.push_back(std::make_unique<Plan>(Group{P, r}, kB, SeqPartition::even(S, P), me.specs, Format::bshd, PlanOptions{K}));
+    pipes.push_back(std::make_unique<HostPipeline>());
+  }
+  const std::function<void(int)> job = [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    RankSetup& me = *rs[i];
+    const Direction d = Direction::seq_to_head;
+    pipes[i]->run(*plans[i], d, comms[i], packers[i], unpackers[i], me.inputs(d), me.outputs(d), me.workspace());
+  };
+  for (auto _ : st) ls.step(job);
+  set_counters(st, rs[0]->bytes_per_rank(), P);
+}
+
 void register_all() {
   auto reg = [](const std::string& name, const std::string& lab, auto fn) {
     return benchmark::RegisterBenchmark(name.c_str(), [fn, lab](benchmark::State& st) {
@@ -242,6 +267,12 @@ void register_all() {
         reg(case_name("local_exchange", elem, S, P) + "/ulysses", label(bare),
             [=](benchmark::State& st) { bm_local(st, Local::exchange, P, S, elem); })
             ->UseRealTime();
+        // Overlap: K pipeline stages (HostPipeline), K = 1 the baseline.
+        const std::string pipe = case_name("local_pipeline_seq_to_head", elem, S, P);
+        for (int K : {1, 2, 4})
+          reg(pipe + "/K:" + std::to_string(K), K == 1 ? "" : label(pipe + "/K:1"),
+              [=](benchmark::State& st) { bm_local_pipeline(st, K, P, S, elem); })
+              ->UseRealTime();
         for (bool s2h : {true, false}) {
           const std::string fam = case_name(s2h ? "local_seq_to_head" : "local_head_to_seq", elem, S, P);
           reg(fam + "/fused", label(bare, fam + "/separate"),
