@@ -304,60 +304,15 @@ TEST_CASE("DeviceLocalGroup: check_agreement (host all-gather) catches plans mad
 
 namespace {
 
-/// run_case_device with the stages overlapped by a CudaPipeline on stream s: seq→head compared
-/// bit for bit with the expected head shard (what the host executor produces; sentinel outside
-/// the layout included), then head→seq of that output compared with the input shard. The same
-/// pipeline runs both directions (its events are reused). Returns "" or what went wrong.
+/// run_case_device with the stages overlapped by a CudaPipeline on stream s (what the host
+/// executor produces is the expectation; sentinel outside the layout included). The same pipeline
+/// runs both directions (its events are reused). Returns "" or what went wrong.
 template <class T, class Comm>
 std::string run_case_pipeline(Comm& comm, const ut::Case& c, cudaStream_t s) {
-  const int r = comm.rank();
-  const Plan plan = ut::plan_of<T>(c, r);
-  const int NT = plan.num_tensors();
-  std::vector<std::vector<T>> in(NT), want(NT);
-  std::vector<ut::DeviceBuffer> d_in, d_mid, d_back;
-  TensorList<const void*> ip, mp_c;
-  TensorList<void*> mp, bp;
-  for (int t = 0; t < NT; ++t) {
-    in[t] = ut::seq_shard<T>(plan, c, t, r);
-    want[t] = ut::head_shard<T>(plan, c, t, r);
-    const std::vector<T> sent_mid(want[t].size(), ut::sentinel<T>()), sent_back(in[t].size(), ut::sentinel<T>());
-    d_in.emplace_back(in[t].size() * sizeof(T));
-    d_mid.emplace_back(want[t].size() * sizeof(T));
-    d_back.emplace_back(in[t].size() * sizeof(T));
-    d_in.back().upload(in[t].data(), s);
-    d_mid.back().upload(sent_mid.data(), s);
-    d_back.back().upload(sent_back.data(), s);
-    UT_CUDA(cudaStreamSynchronize(s));  // the sentinel vectors die here
-  }
-  for (int t = 0; t < NT; ++t) {
-    ip.data[ip.size++] = d_in[t].get();
-    mp.data[mp.size++] = d_mid[t].get();
-    mp_c.data[mp_c.size++] = d_mid[t].get();
-    bp.data[bp.size++] = d_back[t].get();
-  }
-  ut::DeviceBuffer ws(plan.workspace_bytes());
-  CudaExecutor ex(plan, s);  // its upload is ordered on s, before the pipeline's work
   CudaPipeline pipe(s);
-  const Workspace w{ws.get(), ws.bytes()};
-  std::string err;
-  auto fail = [&](const std::string& what) {
-    if (err.empty()) err = c.name + " rank " + std::to_string(r) + ": " + what;
-  };
-  pipe.seq_to_head(plan, comm, ex, ip, mp, w);
-  for (int t = 0; t < NT; ++t) {
-    std::vector<T> got(want[t].size());
-    d_mid[t].download(got.data(), s);  // waits for s only: the pipeline joined its copy stream to s
-    const std::string d = ut::first_difference(got, want[t]);
-    if (!d.empty()) fail("CudaPipeline seq_to_head tensor " + std::to_string(t) + ": " + d);
-  }
-  pipe.head_to_seq(plan, comm, ex, mp_c, bp, w);
-  for (int t = 0; t < NT; ++t) {
-    std::vector<T> got(in[t].size());
-    d_back[t].download(got.data(), s);
-    const std::string d = ut::first_difference(got, in[t]);
-    if (!d.empty()) fail("CudaPipeline head_to_seq(seq_to_head(x)) != x for tensor " + std::to_string(t) + ": " + d);
-  }
-  return err;
+  return ut::run_case_device_with<T>(comm, c, s,
+                                     [&](const Plan& plan, Direction d, CudaExecutor& ex, const TensorList<const void*>& in,
+                                         const TensorList<void*>& out, Workspace w) { pipe.run(plan, d, comm, ex, in, out, w); });
 }
 
 template <class T>

@@ -144,18 +144,20 @@ std::string first_difference(const std::vector<T>& got, const std::vector<T>& wa
 /// Runs case c on rank `comm.rank()` on device memory with a CudaExecutor on stream s: seq→head
 /// into sentinel-filled outputs, compared bit for bit with the expected head shard (sentinel
 /// outside the layout included), then head→seq of that output into sentinel-filled buffers,
-/// compared with the input shard. Returns "" or what went wrong. Comm is any communicator
-/// whose exchange is ordered on s (DeviceLocalGroup::Comm, NcclComm).
-template <class T, class Comm>
-std::string run_case_device(Comm& comm, const Case& c, cudaStream_t s) {
+/// compared with the input shard. `move(plan, dir, exec, in, out, ws)` performs each
+/// redistribution (redistribute() by default, a CudaPipeline in the pipeline tests). Returns ""
+/// or what went wrong. Comm is any communicator whose exchange is ordered on s
+/// (DeviceLocalGroup::Comm, NcclComm).
+template <class T, class Comm, class Move>
+std::string run_case_device_with(Comm& comm, const Case& c, cudaStream_t s, Move&& move) {
   using namespace ulysses;
   const int r = comm.rank();
   const Plan plan = plan_of<T>(c, r);
   const int NT = plan.num_tensors();
   std::vector<std::vector<T>> in(NT), want(NT);
   std::vector<DeviceBuffer> d_in, d_mid, d_back;
-  std::vector<const void*> ip, mp_c;
-  std::vector<void*> mp, bp;
+  TensorList<const void*> ip, mp_c;
+  TensorList<void*> mp, bp;
   for (int t = 0; t < NT; ++t) {
     in[t] = seq_shard<T>(plan, c, t, r);
     want[t] = head_shard<T>(plan, c, t, r);
@@ -169,26 +171,26 @@ std::string run_case_device(Comm& comm, const Case& c, cudaStream_t s) {
     UT_CUDA(cudaStreamSynchronize(s));  // the sentinel vectors die here
   }
   for (int t = 0; t < NT; ++t) {
-    ip.push_back(d_in[t].get());
-    mp.push_back(d_mid[t].get());
-    mp_c.push_back(d_mid[t].get());
-    bp.push_back(d_back[t].get());
+    ip.data[ip.size++] = d_in[t].get();
+    mp.data[mp.size++] = d_mid[t].get();
+    mp_c.data[mp_c.size++] = d_mid[t].get();
+    bp.data[bp.size++] = d_back[t].get();
   }
   DeviceBuffer ws(plan.workspace_bytes());
-  CudaExecutor ex(plan, s);
+  CudaExecutor ex(plan, s);  // its upload is ordered on s, before the redistributions
   const Workspace w{ws.get(), ws.bytes()};
   std::string err;
   auto fail = [&](const std::string& what) {
     if (err.empty()) err = c.name + " rank " + std::to_string(r) + ": " + what;
   };
-  seq_to_head(plan, comm, ex, {ip.data(), ip.size()}, {mp.data(), mp.size()}, w);
+  move(plan, Direction::seq_to_head, ex, ip, mp, w);
   for (int t = 0; t < NT; ++t) {
     std::vector<T> got(want[t].size());
     d_mid[t].download(got.data(), s);
     const std::string d = first_difference(got, want[t]);
     if (!d.empty()) fail("seq_to_head tensor " + std::to_string(t) + ": " + d);
   }
-  head_to_seq(plan, comm, ex, {mp_c.data(), mp_c.size()}, {bp.data(), bp.size()}, w);
+  move(plan, Direction::head_to_seq, ex, mp_c, bp, w);
   for (int t = 0; t < NT; ++t) {
     std::vector<T> got(in[t].size());
     d_back[t].download(got.data(), s);
@@ -196,6 +198,15 @@ std::string run_case_device(Comm& comm, const Case& c, cudaStream_t s) {
     if (!d.empty()) fail("head_to_seq(seq_to_head(x)) != x for tensor " + std::to_string(t) + ": " + d);
   }
   return err;
+}
+
+/// run_case_device_with() through redistribute().
+template <class T, class Comm>
+std::string run_case_device(Comm& comm, const Case& c, cudaStream_t s) {
+  return run_case_device_with<T>(comm, c, s,
+                                 [&](const ulysses::Plan& plan, ulysses::Direction d, ulysses::CudaExecutor& ex,
+                                     const ulysses::TensorList<const void*>& in, const ulysses::TensorList<void*>& out,
+                                     ulysses::Workspace w) { ulysses::redistribute(plan, d, comm, ex, in, out, w); });
 }
 
 /// C7 on device memory: the seq-sharded input of every rank is the view x[:, 4:12] of a
