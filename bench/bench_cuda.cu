@@ -173,17 +173,71 @@ __global__ void hold(volatile int* flag) {
   }
 }
 
+/// P rank streams and the timing protocol shared by the group benchmarks: stream 0 is held by a
+/// spin kernel while the host enqueues every rank's work (so the P threads, their barriers and the
+/// enqueue cost are not timed), the other streams fork from it and join back, then the kernel is
+/// released and the GPU time from fork to join is measured with events.
+class GroupTimer {
+ public:
+  explicit GroupTimer(int P) : streams(static_cast<std::size_t>(P)), done_(static_cast<std::size_t>(P)) {
+    for (std::size_t r = 0; r < streams.size(); ++r) {
+      BENCH_CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+      BENCH_CUDA(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
+    }
+    BENCH_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
+    BENCH_CUDA(cudaHostGetDevicePointer(&dflag_, flag_, 0));
+  }
+  GroupTimer(const GroupTimer&) = delete;
+  GroupTimer& operator=(const GroupTimer&) = delete;
+  ~GroupTimer() {
+    cudaDeviceSynchronize();
+    cudaFreeHost(flag_);
+    for (std::size_t r = 0; r < streams.size(); ++r) {
+      cudaStreamDestroy(streams[r]);
+      cudaEventDestroy(done_[r]);
+    }
+  }
+
+  /// Runs per_rank(comm) on every rank of `group` (each on its own stream) and returns the GPU
+  /// seconds from the fork to the join of all rank streams, with a cold L2.
+  template <class F>
+  double step(DeviceLocalGroup& group, F&& per_rank) {
+    const cudaStream_t s0 = streams[0];
+    *reinterpret_cast<volatile int*>(flag_) = 0;
+    flush(s0);
+    hold<<<1, 1, 0, s0>>>(dflag_);
+    BENCH_CUDA(cudaGetLastError());
+    BENCH_CUDA(cudaEventRecord(ev.a, s0));
+    for (std::size_t r = 1; r < streams.size(); ++r) BENCH_CUDA(cudaStreamWaitEvent(streams[r], ev.a, 0));
+    group.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      per_rank(comm);
+      BENCH_CUDA(cudaEventRecord(done_[r], streams[r]));
+    });
+    for (std::size_t r = 1; r < streams.size(); ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done_[r], 0));
+    BENCH_CUDA(cudaEventRecord(ev.b, s0));
+    *reinterpret_cast<volatile int*>(flag_) = 1;  // release: the GPU runs everything now
+    BENCH_CUDA(cudaEventSynchronize(ev.b));
+    return Events::seconds(ev.a, ev.b);
+  }
+
+  std::vector<cudaStream_t> streams;  ///< one per rank
+  L2Flush flush;
+  Events ev;
+
+ private:
+  std::vector<cudaEvent_t> done_;
+  int* flag_ = nullptr;
+  int* dflag_ = nullptr;
+};
+
 /// seq_to_head of q, k, v on P virtual ranks of one GPU; then the same work as separate parts.
 void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
   std::vector<Plan> plans;
   std::vector<std::unique_ptr<RankBuffers>> bufs;
-  std::vector<cudaStream_t> streams(static_cast<std::size_t>(P));
-  std::vector<cudaEvent_t> done(static_cast<std::size_t>(P));
-  for (int r = 0; r < P; ++r) {
-    plans.push_back(qkv_plan(P, r, D));
-    BENCH_CUDA(cudaStreamCreateWithFlags(&streams[static_cast<std::size_t>(r)], cudaStreamNonBlocking));
-    BENCH_CUDA(cudaEventCreateWithFlags(&done[static_cast<std::size_t>(r)], cudaEventDisableTiming));
-  }
+  GroupTimer timer(P);
+  const std::vector<cudaStream_t>& streams = timer.streams;
+  for (int r = 0; r < P; ++r) plans.push_back(qkv_plan(P, r, D));
   for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
   {
     std::vector<CudaExecutor> ex, ex0;  // per rank on its stream; per rank on stream 0 (parts)
@@ -191,13 +245,9 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
       ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
       ex0.emplace_back(plans[static_cast<std::size_t>(r)], streams[0]);
     }
-    int* flag = nullptr;
-    int* dflag = nullptr;
-    BENCH_CUDA(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
-    BENCH_CUDA(cudaHostGetDevicePointer(&dflag, flag, 0));
     DeviceLocalGroup group(P);
-    L2Flush flush;
-    Events ev;
+    L2Flush& flush = timer.flush;
+    Events& ev = timer.ev;
     const cudaStream_t s0 = streams[0];
     std::size_t moved = 0;  // bytes read (= written) by all ranks: pack + exchange + unpack
     for (int r = 0; r < P; ++r) {
@@ -207,22 +257,10 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
     BENCH_CUDA(cudaDeviceSynchronize());
     double total_s = 0;
     for (auto _ : state) {
-      *reinterpret_cast<volatile int*>(flag) = 0;
-      flush(s0);
-      hold<<<1, 1, 0, s0>>>(dflag);
-      BENCH_CUDA(cudaGetLastError());
-      BENCH_CUDA(cudaEventRecord(ev.a, s0));
-      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(streams[static_cast<std::size_t>(r)], ev.a, 0));
-      group.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+      const double t = timer.step(group, [&](DeviceLocalGroup::Comm& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         seq_to_head(plans[r], comm, ex[r], bufs[r]->inputs(), bufs[r]->outputs(), bufs[r]->workspace());
-        BENCH_CUDA(cudaEventRecord(done[r], streams[r]));
       });
-      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done[static_cast<std::size_t>(r)], 0));
-      BENCH_CUDA(cudaEventRecord(ev.b, s0));
-      *reinterpret_cast<volatile int*>(flag) = 1;  // release: the GPU runs everything now
-      BENCH_CUDA(cudaEventSynchronize(ev.b));
-      const double t = Events::seconds(ev.a, ev.b);
       total_s += t;
       state.SetIterationTime(t);
     }
@@ -265,11 +303,6 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
     state.counters["unpack_us"] = parts_s[2] * 1e6;
     state.counters["parts_us"] = parts * 1e6;
     state.counters["ratio_to_parts"] = total_s / n / parts;
-    BENCH_CUDA(cudaFreeHost(flag));
-  }
-  for (int r = 0; r < P; ++r) {
-    cudaStreamDestroy(streams[static_cast<std::size_t>(r)]);
-    cudaEventDestroy(done[static_cast<std::size_t>(r)]);
   }
 }
 
@@ -278,16 +311,14 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
 void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
   std::vector<Plan> plans;
   std::vector<std::unique_ptr<RankBuffers>> bufs;
-  std::vector<cudaStream_t> streams(static_cast<std::size_t>(P));
-  std::vector<cudaEvent_t> done(static_cast<std::size_t>(P));
+  GroupTimer timer(P);
+  const std::vector<cudaStream_t>& streams = timer.streams;
   const auto q = HeadPartition::even(kH, P);
   const auto kv = HeadPartition::gqa(q, kHkv);
   for (int r = 0; r < P; ++r) {
     plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
                          {TensorSpec::of<bf16>(q, D), TensorSpec::of<bf16>(kv, D), TensorSpec::of<bf16>(kv, D)}, Format::bshd,
                          PlanOptions{K}));
-    BENCH_CUDA(cudaStreamCreateWithFlags(&streams[static_cast<std::size_t>(r)], cudaStreamNonBlocking));
-    BENCH_CUDA(cudaEventCreateWithFlags(&done[static_cast<std::size_t>(r)], cudaEventDisableTiming));
   }
   for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
   {
@@ -297,14 +328,7 @@ void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
       ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
       pipes.push_back(std::make_unique<CudaPipeline>(streams[static_cast<std::size_t>(r)]));
     }
-    int* flag = nullptr;
-    int* dflag = nullptr;
-    BENCH_CUDA(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
-    BENCH_CUDA(cudaHostGetDevicePointer(&dflag, flag, 0));
     DeviceLocalGroup group(P);
-    L2Flush flush;
-    Events ev;
-    const cudaStream_t s0 = streams[0];
     std::size_t moved = 0;  // bytes read (= written) by all ranks: pack + exchange + unpack
     for (int r = 0; r < P; ++r)
       for (int k = 0; k < K; ++k) {
@@ -312,33 +336,15 @@ void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
         moved += list_bytes(sc.pack) + sc.recv_total + list_bytes(sc.unpack);
       }
     BENCH_CUDA(cudaDeviceSynchronize());
-    for (auto _ : state) {
-      *reinterpret_cast<volatile int*>(flag) = 0;
-      flush(s0);
-      hold<<<1, 1, 0, s0>>>(dflag);
-      BENCH_CUDA(cudaGetLastError());
-      BENCH_CUDA(cudaEventRecord(ev.a, s0));
-      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(streams[static_cast<std::size_t>(r)], ev.a, 0));
-      group.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+    for (auto _ : state)
+      state.SetIterationTime(timer.step(group, [&](DeviceLocalGroup::Comm& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         pipes[r]->seq_to_head(plans[r], comm, ex[r], bufs[r]->inputs(), bufs[r]->outputs(), bufs[r]->workspace());
-        BENCH_CUDA(cudaEventRecord(done[r], streams[r]));
-      });
-      for (int r = 1; r < P; ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done[static_cast<std::size_t>(r)], 0));
-      BENCH_CUDA(cudaEventRecord(ev.b, s0));
-      *reinterpret_cast<volatile int*>(flag) = 1;  // release: the GPU runs everything now
-      BENCH_CUDA(cudaEventSynchronize(ev.b));
-      state.SetIterationTime(Events::seconds(ev.a, ev.b));
-    }
+      }));
     state.SetBytesProcessed(static_cast<std::int64_t>(moved) * state.iterations());
     state.counters["bytes_moved"] = static_cast<double>(moved);
     state.counters["stages"] = K;
     BENCH_CUDA(cudaDeviceSynchronize());
-    BENCH_CUDA(cudaFreeHost(flag));
-  }
-  for (int r = 0; r < P; ++r) {
-    cudaStreamDestroy(streams[static_cast<std::size_t>(r)]);
-    cudaEventDestroy(done[static_cast<std::size_t>(r)]);
   }
 }
 
