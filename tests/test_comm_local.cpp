@@ -114,3 +114,55 @@ TEST_CASE("allgather puts rank p's block at p * bytes") {
   });
   for (int r = 0; r < 3; ++r) CHECK(got[r] == std::vector<std::uint32_t>{0, 1, 10, 11, 20, 21});
 }
+
+TEST_CASE("exchange_messages: the k-th message from rank i to rank j lands in j's k-th receive from i") {
+  // Rank i sends rank j two messages: (i + j + 1) bytes of 16*i + j, then 1 byte of 0xF0 + i.
+  const int P = 3;
+  LocalGroup g(P);
+  std::vector<std::vector<unsigned char>> got(P);
+  g.run([&](LocalGroup::Comm& c) {
+    const int i = c.rank();
+    std::vector<std::vector<std::byte>> sbuf, rbuf;
+    std::vector<Message> send, recv;
+    for (int j = 0; j < P; ++j) {
+      if (j == i) continue;
+      sbuf.emplace_back(static_cast<std::size_t>(i + j + 1), std::byte(16 * i + j));
+      sbuf.emplace_back(1, std::byte(0xF0 + i));
+      rbuf.emplace_back(static_cast<std::size_t>(i + j + 1));
+      rbuf.emplace_back(1);
+    }
+    for (std::size_t k = 0; k < sbuf.size(); ++k) {
+      const int peer = static_cast<int>(k / 2) < i ? static_cast<int>(k / 2) : static_cast<int>(k / 2) + 1;
+      send.push_back({peer, sbuf[k].data(), sbuf[k].size()});
+      recv.push_back({peer, rbuf[k].data(), rbuf[k].size()});
+    }
+    c.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
+    for (auto& b : rbuf)
+      for (auto x : b) got[static_cast<std::size_t>(i)].push_back(static_cast<unsigned char>(x));
+  });
+  // Rank 1 receives from 0: 2 bytes 0x01 then 0xF0; from 2: 4 bytes 0x21 then 0xF2.
+  CHECK(got[1] == std::vector<unsigned char>{0x01, 0x01, 0xF0, 0x21, 0x21, 0x21, 0x21, 0xF2});
+  CHECK(got[0] == std::vector<unsigned char>{0x10, 0x10, 0xF1, 0x20, 0x20, 0x20, 0xF2});
+}
+
+TEST_CASE("exchange_messages: other counts or sizes than the receiver expects are plan_mismatch") {
+  for (int variant = 0; variant < 3; ++variant) {
+    CAPTURE(variant);
+    LocalGroup g(2, std::chrono::seconds(20));
+    std::byte a[8] = {}, b[8] = {};
+    try {
+      g.run([&](LocalGroup::Comm& c) {
+        std::vector<Message> send{{1 - c.rank(), a, 4}}, recv{{1 - c.rank(), b, 4}};
+        if (c.rank() == 1) {
+          if (variant == 0) recv[0].bytes = 8;                      // expects more bytes
+          if (variant == 1) send.push_back({0, a + 4, 4});          // sends an extra message
+          if (variant == 2) recv.push_back({0, b + 4, 4});          // expects an extra message
+        }
+        c.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
+      });
+      FAIL("expected plan_mismatch");
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::plan_mismatch);
+    }
+  }
+}

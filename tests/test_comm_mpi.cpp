@@ -41,13 +41,16 @@ bool on_groups_of(int P, F&& fn) {
 
 template <class T>
 void check_mpi(const std::vector<ut::Case>& cases, std::size_t max_message = MpiComm::kIntMaxBytes) {
-  for (const auto& c : cases) {
-    CAPTURE(c.name);
-    on_groups_of(c.P, [&](MPI_Comm sub) {
-      MpiComm comm(sub, max_message);
-      CHECK(ut::run_case<T>(comm, c) == "");
-    });
-  }
+  for (auto c : cases)
+    for (bool direct : {true, false}) {  // message-level exchange (MPI_Isend/Irecv), then MPI_Alltoallv
+      c.direct_pieces = direct;
+      CAPTURE(c.name);
+      CAPTURE(direct);
+      on_groups_of(c.P, [&](MPI_Comm sub) {
+        MpiComm comm(sub, max_message);
+        CHECK(ut::run_case<T>(comm, c) == "");
+      });
+    }
 }
 
 }  // namespace
@@ -95,6 +98,36 @@ TEST_CASE("MPI split path: chunks larger than the message limit go as several me
   check_mpi<float>({ut::c5_case()}, 7);
   check_mpi<ut::fp8_t>(ut::c6_cases(), 3);
   check_mpi<double>(ut::c3_cases(), 1);
+}
+
+TEST_CASE("MPI exchange_messages: the k-th message from rank i to j is j's k-th receive from i, split or not") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), i = world.rank();
+  for (std::size_t limit : {MpiComm::kIntMaxBytes, std::size_t{3}}) {
+    CAPTURE(limit);
+    MpiComm comm(MPI_COMM_WORLD, limit);
+    // Rank i sends rank j (i + j + 1) bytes of 16*i + j, then 1 byte of 0xF0 + i.
+    std::vector<std::vector<std::byte>> sbuf, rbuf;
+    std::vector<Message> send, recv;
+    for (int j = 0; j < P; ++j) {
+      if (j == i) continue;
+      sbuf.emplace_back(static_cast<std::size_t>(i + j + 1), std::byte(16 * i + j));
+      sbuf.emplace_back(1, std::byte(0xF0 + i));
+      rbuf.emplace_back(static_cast<std::size_t>(i + j + 1));
+      rbuf.emplace_back(1);
+    }
+    for (std::size_t k = 0; k < sbuf.size(); ++k) {
+      const int peer = static_cast<int>(k / 2) < i ? static_cast<int>(k / 2) : static_cast<int>(k / 2) + 1;
+      send.push_back({peer, sbuf[k].data(), sbuf[k].size()});
+      recv.push_back({peer, rbuf[k].data(), rbuf[k].size()});
+    }
+    comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
+    for (std::size_t k = 0; k < rbuf.size(); k += 2) {
+      const int j = static_cast<int>(k / 2) < i ? static_cast<int>(k / 2) : static_cast<int>(k / 2) + 1;
+      CHECK(rbuf[k] == std::vector<std::byte>(static_cast<std::size_t>(i + j + 1), std::byte(16 * j + i)));
+      CHECK(rbuf[k + 1] == std::vector<std::byte>(1, std::byte(0xF0 + j)));
+    }
+  }
 }
 
 TEST_CASE("MPI: ranks whose offsets straddle the message limit still agree on one path (no hang)") {

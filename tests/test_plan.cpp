@@ -61,6 +61,103 @@ TEST_CASE("C5: q, k, v in one exchange; the kv head is sent to each rank that ne
   }
 }
 
+namespace {
+std::size_t piece_bytes(const std::vector<Piece>& l) {
+  std::size_t n = 0;
+  for (const Piece& p : l) n += p.bytes;
+  return n;
+}
+std::size_t block_bytes(const std::vector<BlockCopy>& l) {
+  std::size_t n = 0;
+  for (const BlockCopy& c : l) n += static_cast<std::size_t>(c.bytes());
+  return n;
+}
+}  // namespace
+
+TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in place, one message per (peer, tensor)") {
+  // C5 shapes, rank 1: q 4 tok*4 heads*8*4 B = 512 bytes a peer, k and v 128 each.
+  auto q = HeadPartition::even(16, 4);
+  auto kv = HeadPartition::gqa(q, 2);
+  Plan p({4, 1}, 1, SeqPartition::even(16, 4),
+         {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8), TensorSpec::of<float>(kv, 8)});
+  const Schedule& s2h = p.schedule(Direction::seq_to_head);
+  REQUIRE(s2h.recv_pieces.size() == 9);  // peers 0, 2, 3 x q, k, v
+  const std::size_t want_bytes[3] = {512, 128, 128};
+  for (std::size_t i = 0; i < 9; ++i) {
+    const Piece& pc = s2h.recv_pieces[i];
+    const int peer = i < 3 ? 0 : i < 6 ? 2 : 3, t = static_cast<int>(i % 3);
+    CHECK(pc.peer == peer);
+    CHECK(pc.tensor == t);
+    CHECK(pc.bytes == want_bytes[t]);
+    // Output [S=16, H_r, D=8]: peer's 4 tokens start at token 4*peer, one contiguous range.
+    CHECK(pc.direct());
+    CHECK(pc.buffer == Buffer::output(t));
+    CHECK(pc.offset == static_cast<std::int64_t>(4 * peer * want_bytes[t] / 4));
+    // Sending: my 4 tokens of the peer's heads are strided in [4, 16, 8]: staged in the send region.
+    const Piece& sp = s2h.send_pieces[i];
+    CHECK(!sp.direct());
+    CHECK(sp.buffer == Buffer::send);
+    CHECK(sp.offset == static_cast<std::int64_t>(s2h.send_offsets[peer] + (t == 0 ? 0 : t == 1 ? 512 : 640)));
+  }
+  CHECK(s2h.pack_staged.size() == s2h.pack.size());
+  CHECK(block_bytes(s2h.unpack_staged) == 768);  // only the own chunk is left to unpack
+  CHECK(piece_bytes(s2h.recv_pieces) == s2h.recv_total);
+  CHECK(piece_bytes(s2h.send_pieces) == s2h.send_total);
+  // head→seq: the reverse. Rank 1 holds no kv head it owns (rank 0 owns kv head 0): q only.
+  const Schedule& h2s = p.schedule(Direction::head_to_seq);
+  REQUIRE(h2s.send_pieces.size() == 3);
+  for (const Piece& pc : h2s.send_pieces) {
+    CHECK(pc.direct());
+    CHECK(pc.buffer == Buffer::input(0));
+    CHECK(pc.offset == 4 * pc.peer * 4 * 8 * 4);  // token 4*peer of [16, 4, 8] floats
+  }
+  CHECK(h2s.pack_staged.empty());
+  CHECK(h2s.recv_pieces.size() == 3 * 3 - 2);  // from rank 0: q, k, v; from ranks 2, 3: q, k, v minus the non-owner 3
+  CHECK(piece_bytes(h2s.recv_pieces) == h2s.recv_total);
+  for (const Piece& pc : h2s.recv_pieces) CHECK(!pc.direct());
+  CHECK(block_bytes(h2s.unpack_staged) == h2s.recv_total + 512);  // plus the own chunk (q)
+}
+
+TEST_CASE("direct pieces: B=2 and zigzag pieces are staged; bhsd sends seq→head in place") {
+  const auto heads = HeadPartition::even(4, 2);
+  Plan b2({2, 0}, 2, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)});
+  for (Direction d : {Direction::seq_to_head, Direction::head_to_seq}) {
+    const Schedule& s = b2.schedule(d);
+    REQUIRE(s.send_pieces.size() == 1);
+    REQUIRE(s.recv_pieces.size() == 1);
+    CHECK(!s.send_pieces[0].direct());
+    CHECK(!s.recv_pieces[0].direct());
+    CHECK(block_bytes(s.pack_staged) == block_bytes(s.pack));
+    CHECK(block_bytes(s.unpack_staged) == block_bytes(s.unpack));
+  }
+  Plan zz({2, 1}, 1, SeqPartition::zigzag(8, 2), {TensorSpec::of<float>(heads, 2)});
+  CHECK(!zz.schedule(Direction::seq_to_head).recv_pieces.at(0).direct());  // two chunks of the peer
+  // bhsd, two heads a rank: the peer's heads are contiguous in [B, H, S_r, D] but head-major,
+  // while the wire is token-major [B, S_r, H_p, D]: staged.
+  Plan bh2({2, 1}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bhsd);
+  CHECK(!bh2.schedule(Direction::seq_to_head).send_pieces.at(0).direct());
+  // bhsd, one head a rank: [S_r, D] of head 0 is the wire itself: sent in place.
+  Plan bh({2, 1}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 2)}, Format::bhsd);
+  const Schedule& s = bh.schedule(Direction::seq_to_head);
+  REQUIRE(s.send_pieces.size() == 1);
+  CHECK(s.send_pieces[0].direct());
+  CHECK(s.send_pieces[0].buffer == Buffer::input(0));
+  CHECK(s.send_pieces[0].offset == 0);  // peer 0's head 0 comes first
+  CHECK(s.send_pieces[0].bytes == 4 * 2 * 4);
+  CHECK(s.pack_staged.empty());
+  // Received into [B, 1, S, D]: peer 0's tokens 0..3 of my one head, contiguous too.
+  CHECK(s.recv_pieces[0].direct());
+  CHECK(s.recv_pieces[0].offset == 0);
+  CHECK(block_bytes(s.unpack_staged) == 4 * 2 * 4);  // only the own chunk
+}
+
+TEST_CASE("direct_pieces is part of the fingerprint") {
+  const auto heads = HeadPartition::even(4, 2);
+  Plan a({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bshd, PlanOptions{1, true});
+  Plan b({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bshd, PlanOptions{1, false});
+  CHECK(a.fingerprint() != b.fingerprint());
+}
+
 TEST_CASE("planning errors have their codes, and every rank reaches the same verdict") {
   auto hp = HeadPartition::even(4, 2);
   auto spec = TensorSpec::of<float>(hp, 8);

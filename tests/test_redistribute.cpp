@@ -21,12 +21,17 @@ std::string run_local(const ut::Case& c) {
   return all;
 }
 
+/// Runs every case both ways: one message per (peer, tensor) (PlanOptions::direct_pieces, the
+/// default) and one all-to-all-v of the wire.
 template <class T>
 void check_all(const std::vector<ut::Case>& cases) {
-  for (const auto& c : cases) {
-    CAPTURE(c.name);
-    CHECK(run_local<T>(c) == "");
-  }
+  for (auto c : cases)
+    for (bool direct : {true, false}) {
+      c.direct_pieces = direct;
+      CAPTURE(c.name);
+      CAPTURE(direct);
+      CHECK(run_local<T>(c) == "");
+    }
 }
 
 }  // namespace

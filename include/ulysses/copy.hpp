@@ -57,6 +57,15 @@ struct BufferTable {
   std::byte* base[Buffer::count] = {};
 };
 
+/// One point-to-point message of a message-level exchange (the optional exchange_messages() of the
+/// communicator concept, redistribute.hpp): `bytes` contiguous bytes at `data`, sent to or
+/// received from rank `peer`. Read when sending, written when receiving.
+struct Message {
+  int peer = 0;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 /// One strided block copy, byte-addressed and type-erased.
 ///
 /// Copies the rows at `src_base + src_offset + sum_i idx_i * src_stride[i]` to
@@ -435,6 +444,10 @@ struct HostExecutorOptions {
 /// already nearly saturates it, more threads gain little.
 class HostExecutor {
  public:
+  /// Runs its copies with host loads and stores, and returns when they are done (redistribute()
+  /// may then hand the caller's pointers straight to a host communicator).
+  static constexpr bool runs_on_host = true;
+
   /// Single-threaded executor with the default options: runs on the calling thread, owns no threads.
   HostExecutor() = default;
 

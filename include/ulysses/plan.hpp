@@ -71,6 +71,29 @@ struct PlanOptions {
   /// tensor cut into K balanced parts), so that packing stage k+1 and unpacking stage k-1 can run
   /// while stage k is exchanged (see HostPipeline). K = 1 is one exchange. At most 64.
   int stages = 1;
+  /// Exchange one message per (peer, tensor) instead of one chunk per peer, wherever the
+  /// communicator can (it has exchange_messages(), see redistribute.hpp: LocalGroup::Comm and
+  /// MpiComm) and the executor runs on the host. A message whose bytes form one contiguous range
+  /// of the user's tensor is then sent straight from the input, or received straight into the
+  /// output, skipping its pack or unpack copy (e.g. seq→head in bshd with B = 1 receives every
+  /// message in place; head→seq sends every message in place). Same bytes either way. Every rank
+  /// must choose the same (it is part of Plan::fingerprint()).
+  bool direct_pieces = true;
+};
+
+/// One message of the message-level exchange (PlanOptions::direct_pieces): the bytes of one tensor
+/// in the chunk between this rank and `peer`, in wire order. Both ranks of a pair list the same
+/// pieces (one per tensor with bytes, in tensor order), so the k-th piece one sends to the other
+/// is the k-th piece the other receives from it.
+struct Piece {
+  int peer = 0;             ///< the other rank
+  int tensor = 0;           ///< index of the tensor in the plan
+  std::size_t bytes = 0;    ///< > 0
+  std::int32_t buffer = 0;  ///< where the bytes lie: Buffer::input(t) (sending) or Buffer::output(t)
+                            ///< (receiving) when direct, else Buffer::send / Buffer::recv
+  std::int64_t offset = 0;  ///< bytes from that buffer's base (the piece is `bytes` contiguous bytes there)
+  /// True when the piece lies in the user's tensor (no pack / unpack copy).
+  bool direct() const { return buffer != Buffer::send && buffer != Buffer::recv; }
 };
 
 /// The wire chunks and block lists of one direction (one stage), for this rank. Byte counts and offsets are
@@ -87,6 +110,11 @@ struct Schedule {
   std::size_t recv_total = 0;             ///< bytes this stage receives
   std::vector<BlockCopy> pack;    ///< inputs → send region
   std::vector<BlockCopy> unpack;  ///< receive region → outputs, then this rank's own chunk inputs → outputs
+  // Message-level exchange (PlanOptions::direct_pieces; each list in peer order, then tensor order).
+  std::vector<Piece> send_pieces;        ///< what this rank sends, one piece per (peer, tensor) with bytes
+  std::vector<Piece> recv_pieces;        ///< what this rank receives, likewise
+  std::vector<BlockCopy> pack_staged;    ///< the pack blocks of the send pieces that are not direct
+  std::vector<BlockCopy> unpack_staged;  ///< the unpack blocks of the receive pieces that are not direct, then the own chunk's
 };
 
 /// Everything one rank needs to run seq→head and head→seq for a set of tensors.
@@ -171,14 +199,14 @@ class Plan {
   }
 
   /// 64-bit FNV-1a hash of the inputs every rank must share: P, B, the sequence partition, the
-  /// plan's Format, the number of stages and, per tensor, its head ranges, head dim and element size. (Local layouts are
+  /// plan's Format, the number of stages, PlanOptions::direct_pieces and, per tensor, its head ranges, head dim and element size. (Local layouts are
   /// not included: ranks may legitimately hold different views.)
   std::uint64_t fingerprint() const {
     std::uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&h](std::int64_t v) {
       for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint64_t>((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
     };
-    mix(group_.size), mix(batch_), mix(seq_.seq_len()), mix(static_cast<std::int64_t>(format_)), mix(options_.stages);
+    mix(group_.size), mix(batch_), mix(seq_.seq_len()), mix(static_cast<std::int64_t>(format_)), mix(options_.stages), mix(options_.direct_pieces);
     for (const SeqChunk& c : seq_.chunks()) mix(c.rank), mix(c.offset), mix(c.length);
     for (const TensorSpec& x : tensors_) {
       mix(x.heads.num_heads()), mix(x.head_dim), mix(static_cast<std::int64_t>(x.elem_bytes));
@@ -302,6 +330,12 @@ class Plan {
       sc.recv_offsets[p] = recv_base + sc.recv_total, sc.recv_total += sc.recv_bytes[p];
     }
     const std::vector<SeqChunk> my_chunks = seq_.chunks_of(me);
+    struct Mark {  // where a (peer, tensor) piece starts in the block lists and in the regions
+      std::size_t pack, unpack;
+      std::int64_t send, recv;
+      int peer, tensor;
+    };
+    std::vector<Mark> pieces;
     for (int p = 0; p < P; ++p) {
       const std::int64_t T = seq_.local_length(s2h ? me : p);
       // Pack: this rank sends to p. Unpack: this rank receives from p.
@@ -309,6 +343,7 @@ class Plan {
       std::int64_t recv_t_off = static_cast<std::int64_t>(sc.recv_offsets[p]);
       const std::vector<SeqChunk> peer_chunks = seq_.chunks_of(p);
       for (int t = 0; t < num_tensors(); ++t) {
+        if (p != me) pieces.push_back({sc.pack.size(), sc.unpack.size(), send_t_off, recv_t_off, p, t});
         const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
         const Layout& sl = *x.seq_layout;
         const Layout& hl = *x.head_layout;
@@ -373,6 +408,37 @@ class Plan {
         }
       }
     }
+    split_pieces(sc, pieces);
+  }
+
+  /// Fills the message-level lists of `sc` from the marks of its (peer, tensor) pieces.
+  template <class Mark>
+  static void split_pieces(Schedule& sc, const std::vector<Mark>& marks) {
+    for (std::size_t i = 0; i < marks.size(); ++i) {
+      const Mark& m = marks[i];
+      const bool last = i + 1 == marks.size();
+      for (int send = 1; send >= 0; --send) {
+        const std::vector<BlockCopy>& all = send ? sc.pack : sc.unpack;
+        std::size_t end = last ? all.size() : send ? marks[i + 1].pack : marks[i + 1].unpack;
+        const std::size_t begin = send ? m.pack : m.unpack;
+        if (!send)  // the own chunk's blocks sit between two peers' pieces: they are not part of this one
+          while (end > begin && all[end - 1].src_buffer != Buffer::recv) --end;
+        std::size_t bytes = 0;
+        for (std::size_t b = begin; b < end; ++b) bytes += static_cast<std::size_t>(all[b].bytes());
+        if (!bytes) continue;
+        Piece pc{m.peer, m.tensor, bytes, send ? Buffer::send : Buffer::recv, send ? m.send : m.recv};
+        if (end - begin == 1 && all[begin].rows() == 1) {  // one contiguous range of the user's tensor
+          pc.buffer = send ? all[begin].src_buffer : all[begin].dst_buffer;
+          pc.offset = send ? all[begin].src_offset : all[begin].dst_offset;
+        } else {
+          std::vector<BlockCopy>& staged = send ? sc.pack_staged : sc.unpack_staged;
+          staged.insert(staged.end(), all.begin() + static_cast<std::ptrdiff_t>(begin), all.begin() + static_cast<std::ptrdiff_t>(end));
+        }
+        (send ? sc.send_pieces : sc.recv_pieces).push_back(pc);
+      }
+    }
+    for (const BlockCopy& c : sc.unpack)  // the own chunk: input → output, after the exchange
+      if (c.src_buffer != Buffer::recv) sc.unpack_staged.push_back(c);
   }
 
   Group group_;

@@ -18,6 +18,13 @@
 ///   hang. On return (or, for stream-ordered backends, in stream order) the data is in place.
 ///   Errors are thrown as ulysses::Error(backend). Shipped: LocalGroup::Comm (comm/local.hpp),
 ///   MpiComm (comm/mpi.hpp), NcclComm (comm/nccl.cuh).
+/// - optionally `void C::exchange_messages(const Message* send, std::size_t n_send,
+///       const Message* recv, std::size_t n_recv)`: collective; this rank sends each message of
+///   `send` to its peer and receives each message of `recv` from its peer, into its `data`. The
+///   k-th message rank i sends to rank j is the k-th message rank j receives from rank i (same
+///   byte count). Messages never go to the rank itself. With it, redistribute() on a host
+///   executor sends one message per (peer, tensor), straight from / into the user's tensors where
+///   they are contiguous (PlanOptions::direct_pieces). Shipped: LocalGroup::Comm, MpiComm.
 #pragma once
 
 #include <algorithm>
@@ -197,6 +204,22 @@ template <class C>
 struct has_allgather<C, std::void_t<decltype(std::declval<C&>().allgather(std::declval<const void*>(), std::size_t{},
                                                                           std::declval<void*>()))>> : std::true_type {};
 
+template <class C, class = void>
+struct has_exchange_messages : std::false_type {};
+template <class C>
+struct has_exchange_messages<C, std::void_t<decltype(std::declval<C&>().exchange_messages(
+                                    std::declval<const Message*>(), std::size_t{}, std::declval<const Message*>(), std::size_t{}))>>
+    : std::true_type {};
+
+template <class E, class = void>
+struct runs_on_host : std::false_type {};
+template <class E>
+struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
+
+/// Whether redistribute() takes the message-level path for this communicator and executor.
+template <class Comm, class Exec>
+constexpr bool message_path_v = has_exchange_messages<Comm>::value && runs_on_host<Exec>::value;
+
 }  // namespace detail
 
 /// Cross-rank agreement: all-gathers every rank's Plan::fingerprint() and throws on EVERY rank
@@ -247,6 +270,28 @@ void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& bu
                  s.recv_bytes.data(), s.recv_offsets.data());
 }
 
+/// Message-level exchange of one stage (PlanOptions::direct_pieces): one message per (peer,
+/// tensor), sent from the user's input where the piece is contiguous there and from the send
+/// region otherwise (after pack_staged), received into the output where contiguous and into the
+/// receive region otherwise (before unpack_staged). Before a plan's first exchange, runs
+/// check_agreement() when Plan::check_agreement() is on. Allocates two small vectors (one entry
+/// per piece).
+/// @throws as exchange().
+template <class Comm>
+void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
+  detail::check_comm(plan, comm);
+  const Schedule& s = plan.schedule(dir, stage);
+  auto messages = [&buffers](const std::vector<Piece>& pieces) {
+    std::vector<Message> m;
+    m.reserve(pieces.size());
+    for (const Piece& p : pieces) m.push_back({p.peer, buffers.base[p.buffer] + p.offset, p.bytes});
+    return m;
+  };
+  const std::vector<Message> send = messages(s.send_pieces), recv = messages(s.recv_pieces);
+  comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
+}
+
 /// Unpack stage: copies the receive region into the outputs, and this rank's own chunk straight
 /// from its inputs to its outputs.
 template <class Exec>
@@ -272,6 +317,11 @@ inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorLis
 
 /// Redistributes the plan's tensors in direction `dir`: pack, one exchange, unpack.
 ///
+/// With a communicator that has exchange_messages(), a host executor and
+/// PlanOptions::direct_pieces (the default), the exchange is one message per (peer, tensor) and
+/// pieces contiguous in the user's tensors skip their pack or unpack copy (see exchange_pieces());
+/// otherwise it is one all-to-all-v of the wire. Same bytes either way.
+///
 /// Every rank of the group calls it with the same plan inputs. No allocation other than the
 /// argument checks' small vectors; host executors return when done, CUDA ones when enqueued.
 /// @throws everything make_buffers() and exchange() throw; all argument errors are raised before
@@ -281,6 +331,17 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, Tenso
                   TensorList<void*> out, Workspace ws) {
   detail::check_comm(plan, comm);
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
+  if constexpr (detail::message_path_v<Comm, Exec>) {
+    if (plan.options().direct_pieces) {
+      for (int k = 0; k < plan.num_stages(); ++k) {
+        const Schedule& s = plan.schedule(dir, k);
+        exec.run(s.pack_staged.data(), s.pack_staged.size(), t);
+        exchange_pieces(plan, dir, comm, t, k);
+        exec.run(s.unpack_staged.data(), s.unpack_staged.size(), t);
+      }
+      return;
+    }
+  }
   for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
     pack(plan, dir, exec, t, k);
     exchange(plan, dir, comm, t, k);

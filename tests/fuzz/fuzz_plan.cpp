@@ -6,7 +6,10 @@
 //   * every chunk lies inside its region, both regions inside the workspace;
 //   * every block copy lies inside the buffers it reads and writes;
 //   * pack fills the send region exactly and unpack reads the receive region exactly;
-// and, simulating the exchange in this one thread, seq→head gives each rank exactly its slice of
+//   * the message-level pieces match pairwise (count and bytes), lie inside their buffers and
+//     cover the chunks;
+// and, simulating the exchange in this one thread (one all-to-all-v of the wire, or one message
+// per (peer, tensor) straight from / into the tensors where the plan says so), seq→head gives each rank exactly its slice of
 // the global tensors and head→seq gives back the input, byte for byte.
 #include <ulysses/ulysses.hpp>
 
@@ -93,7 +96,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const unsigned split = in.next(4);
   const Format fmt = static_cast<Format>(in.next(3));
   const int T = 1 + static_cast<int>(in.next(3));
-  const int K = 1 + static_cast<int>(in.next(4));  // pipeline stages
+  const unsigned kb = in.next(8);
+  const int K = 1 + static_cast<int>(kb % 4);  // pipeline stages
+  const bool messages = kb >= 4;               // simulate the message-level exchange (direct pieces)
   std::vector<std::int64_t> lens(static_cast<std::size_t>(P));
   for (auto& l : lens) l = in.next(7);
 
@@ -207,11 +212,42 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         check_blocks(sc.unpack, sizes);
         EXPECT(sum_bytes(sc.pack, Buffer::send, false) == static_cast<std::int64_t>(sc.send_total));
         EXPECT(sum_bytes(sc.unpack, Buffer::recv, true) == static_cast<std::int64_t>(sc.recv_total));
+        check_blocks(sc.pack_staged, sizes);
+        check_blocks(sc.unpack_staged, sizes);
+        std::size_t sent = 0, received = 0;
+        for (const Piece& pc : sc.send_pieces) {
+          EXPECT(pc.peer != r && pc.bytes > 0 && pc.offset >= 0 && pc.offset + static_cast<std::int64_t>(pc.bytes) <= sizes[pc.buffer]);
+          sent += pc.bytes;
+        }
+        for (const Piece& pc : sc.recv_pieces) {
+          EXPECT(pc.peer != r && pc.bytes > 0 && pc.offset >= 0 && pc.offset + static_cast<std::int64_t>(pc.bytes) <= sizes[pc.buffer]);
+          received += pc.bytes;
+        }
+        EXPECT(sent == sc.send_total && received == sc.recv_total);
         HostExecutor ex;
-        pack(p, dir, ex, tabs[r], k);
+        if (messages)
+          ex.run(sc.pack_staged.data(), sc.pack_staged.size(), tabs[r]);
+        else
+          pack(p, dir, ex, tabs[r], k);
       }
       for (int r = 0; r < P; ++r) {  // the exchange, by hand
         const Schedule& sc = plans[r]->schedule(dir, k);
+        if (messages) {  // r's k-th piece from j is j's k-th piece to r
+          std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
+          for (const Piece& rp : sc.recv_pieces) {
+            const std::vector<Piece>& from = plans[rp.peer]->schedule(dir, k).send_pieces;
+            std::size_t& i = next[static_cast<std::size_t>(rp.peer)];
+            while (i < from.size() && from[i].peer != r) ++i;
+            EXPECT(i < from.size() && from[i].bytes == rp.bytes && from[i].tensor == rp.tensor);
+            std::memcpy(tabs[r].base[rp.buffer] + rp.offset, tabs[rp.peer].base[from[i].buffer] + from[i].offset, rp.bytes);
+            ++i;
+          }
+          for (int j = 0; j < P; ++j) {
+            const std::vector<Piece>& from = plans[j]->schedule(dir, k).send_pieces;
+            for (std::size_t i = next[static_cast<std::size_t>(j)]; i < from.size(); ++i) EXPECT(from[i].peer != r);
+          }
+          continue;
+        }
         for (int j = 0; j < P; ++j)
           if (sc.recv_bytes[j])
             std::memcpy(tabs[r].base[Buffer::recv] + sc.recv_offsets[j],
@@ -219,7 +255,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       for (int r = 0; r < P; ++r) {
         HostExecutor ex;
-        unpack(*plans[r], dir, ex, tabs[r], k);
+        const Schedule& sc = plans[r]->schedule(dir, k);
+        if (messages)
+          ex.run(sc.unpack_staged.data(), sc.unpack_staged.size(), tabs[r]);
+        else
+          unpack(*plans[r], dir, ex, tabs[r], k);
       }
     }
     if (s2h) {  // every rank holds exactly its heads of the global tensors, for all S tokens

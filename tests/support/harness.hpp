@@ -45,6 +45,7 @@ struct Case {
   Format format = Format::bshd;
   int stages = 1;          ///< PlanOptions::stages
   bool pipelined = false;  ///< run through HostPipeline (else redistribute())
+  bool direct_pieces = true;  ///< PlanOptions::direct_pieces (false: one all-to-all-v of the wire)
 };
 
 /// Position code of global element (t, b, s, h, d) of a tensor [B, S, H, D].
@@ -103,7 +104,7 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std
   const std::int64_t S = c.seq.seq_len();
   std::vector<TensorSpec> specs;
   for (auto& t : c.tensors) specs.push_back(TensorSpec::of<T>(t.heads, t.D));
-  Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages});
+  Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces});
   const int NT = plan.num_tensors();
   std::vector<std::vector<T>> in(NT), mid(NT), back(NT);
   for (int t = 0; t < NT; ++t) {

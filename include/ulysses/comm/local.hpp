@@ -4,7 +4,8 @@
 ///
 /// Each rank is a thread that calls the collectives of its own LocalGroup::Comm. An all-to-all-v
 /// is: every rank publishes its send buffer, a barrier, every rank copies what its peers send it
-/// straight from their send buffers into its receive buffer, a barrier. Memory is host memory
+/// straight from their send buffers into its receive buffer, a barrier (exchange_messages() the
+/// same with lists of messages). Memory is host memory
 /// (plain std::memcpy). A rank that throws, or never arrives, makes the others fail with
 /// Error(aborted) or Error(timeout) instead of waiting forever.
 #pragma once
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "../copy.hpp"
 #include "../error.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -87,6 +89,48 @@ class LocalGroup {
         done();
       });
       g_->barrier(rank_);  // peers may reuse their send buffers only after everyone has read them
+    }
+
+    /// Message-level exchange (the optional member of the communicator concept in
+    /// redistribute.hpp): every rank publishes its send list, a barrier, every rank copies each
+    /// message it receives straight from the sender's memory (the k-th message rank p sends to
+    /// this rank into this rank's k-th receive from p), a barrier.
+    /// @throws Error(plan_mismatch) when a peer sends other messages (count or bytes) than this
+    ///         rank receives, or a message to a rank outside the group; Error(timeout) /
+    ///         Error(aborted) as the group's barrier.
+    void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
+      mine.kind = kMessages;
+      mine.messages = send;
+      mine.n_messages = n_send;
+      g_->barrier(rank_, true);
+      g_->copy_phase(rank_, [&] {
+        std::vector<std::size_t> next(static_cast<std::size_t>(size()), 0);  // scan position in each peer's list
+        auto next_to_me = [&](int p) -> const Message* {
+          const Slot& s = g_->slots_[static_cast<std::size_t>(p)];
+          for (std::size_t& i = next[static_cast<std::size_t>(p)]; i < s.n_messages; ++i)
+            if (s.messages[i].peer == rank_) return &s.messages[i++];
+          return nullptr;
+        };
+        for (std::size_t i = 0; i < n_recv; ++i) {
+          const Message& m = recv[i];
+          if (m.peer < 0 || m.peer >= size())
+            throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank_) + " receives from rank " + std::to_string(m.peer) +
+                                                 ", outside the group of " + std::to_string(size()));
+          const Message* s = next_to_me(m.peer);
+          if (!s || s->bytes != m.bytes)
+            throw Error(Errc::plan_mismatch, "rank " + std::to_string(m.peer) + " sends " +
+                                                 (s ? std::to_string(s->bytes) + " bytes" : std::string("no message")) +
+                                                 " where rank " + std::to_string(rank_) + " receives " +
+                                                 std::to_string(m.bytes) + "; the ranks' plans differ");
+          if (m.bytes) std::memcpy(m.data, s->data, m.bytes);
+        }
+        for (int p = 0; p < size(); ++p)
+          if (next_to_me(p))
+            throw Error(Errc::plan_mismatch, "rank " + std::to_string(p) + " sends rank " + std::to_string(rank_) +
+                                                 " more messages than it receives; the ranks' plans differ");
+      });
+      g_->barrier(rank_);  // senders may reuse their buffers only after everyone has read them
     }
 
     /// All-gather of `bytes` bytes from every rank: rank p's block lands at recv + p*bytes.
@@ -174,9 +218,10 @@ class LocalGroup {
 
   /// Which collective a rank entered: ranks that entered different ones fail instead of reading
   /// each other's slots.
-  enum Kind : int { kNone = 0, kAlltoallv, kAllgather, kBarrier };
+  enum Kind : int { kNone = 0, kAlltoallv, kAllgather, kBarrier, kMessages };
   static const char* kind_name(int k) {
-    return k == kAlltoallv ? "alltoallv" : k == kAllgather ? "allgather" : k == kBarrier ? "barrier" : "nothing";
+    return k == kAlltoallv ? "alltoallv" : k == kAllgather ? "allgather" : k == kBarrier ? "barrier"
+         : k == kMessages  ? "exchange_messages" : "nothing";
   }
 
   struct Slot {
@@ -185,6 +230,8 @@ class LocalGroup {
     const std::byte* send = nullptr;
     const std::size_t* bytes = nullptr;
     const std::size_t* offsets = nullptr;
+    const Message* messages = nullptr;  // exchange_messages' send list
+    std::size_t n_messages = 0;
   };
 
   /// Waits for all ranks. With `enter_copy`, the ranks then read each other's buffers: in_copy_

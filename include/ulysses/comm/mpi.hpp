@@ -8,7 +8,9 @@
 /// MPI_Alltoallv of MPI_BYTE (on every rank of the group, or on none: the ranks agree through an
 /// MPI_Allreduce of one int); otherwise each chunk is sent as point-to-point messages of at
 /// most `max_message_bytes` (MPI_Isend / MPI_Irecv, one tag, MPI's non-overtaking order keeps
-/// the pieces in sequence), so chunks over 2 GiB work with any MPI-3 library.
+/// the pieces in sequence), so chunks over 2 GiB work with any MPI-3 library. The message-level
+/// exchange (one message per (peer, tensor), see redistribute()) is MPI_Isend / MPI_Irecv with
+/// the same splitting.
 #pragma once
 
 #include <mpi.h>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../copy.hpp"
 #include "../error.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -73,20 +76,22 @@ class MpiComm {
     }
     // Split path: every chunk as messages of at most max_msg_ bytes. Receives first.
     reqs_.clear();
-    auto post = [&](bool is_send, std::byte* base, std::size_t bytes, int peer) {
-      for (std::size_t done = 0; done < bytes;) {
-        const int n = static_cast<int>(std::min(max_msg_, bytes - done));
-        MPI_Request r;
-        if (is_send)
-          check(MPI_Isend(base + done, n, MPI_BYTE, peer, kTag, comm_, &r), "MPI_Isend");
-        else
-          check(MPI_Irecv(base + done, n, MPI_BYTE, peer, kTag, comm_, &r), "MPI_Irecv");
-        reqs_.push_back(r);
-        done += static_cast<std::size_t>(n);
-      }
-    };
     for (int p = 0; p < size_; ++p) post(false, recv + recv_offsets[p], recv_bytes[p], p);
     for (int p = 0; p < size_; ++p) post(true, const_cast<std::byte*>(send) + send_offsets[p], send_bytes[p], p);
+    check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+
+  /// Message-level exchange (the optional member of the communicator concept in
+  /// redistribute.hpp): MPI_Irecv for every message of `recv`, MPI_Isend for every message of
+  /// `send`, one MPI_Waitall. A message over max_message_bytes() goes as several MPI messages of
+  /// at most that size (both sides cut it the same way; MPI's non-overtaking order between a pair
+  /// of ranks keeps the k-th message of each side matched). Collective over the group in effect:
+  /// every rank with messages for this one must call it too.
+  /// @throws Error(backend) as alltoallv().
+  void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+    reqs_.clear();
+    for (std::size_t i = 0; i < n_recv; ++i) post(false, recv[i].data, recv[i].bytes, recv[i].peer);
+    for (std::size_t i = 0; i < n_send; ++i) post(true, send[i].data, send[i].bytes, send[i].peer);
     check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 
@@ -100,6 +105,20 @@ class MpiComm {
 
  private:
   static constexpr int kTag = 0x75a;  // "ulysses"
+
+  /// Posts `bytes` at `base` to / from `peer` as MPI messages of at most max_msg_ bytes.
+  void post(bool is_send, std::byte* base, std::size_t bytes, int peer) {
+    for (std::size_t done = 0; done < bytes;) {
+      const int n = static_cast<int>(std::min(max_msg_, bytes - done));
+      MPI_Request r;
+      if (is_send)
+        check(MPI_Isend(base + done, n, MPI_BYTE, peer, kTag, comm_, &r), "MPI_Isend");
+      else
+        check(MPI_Irecv(base + done, n, MPI_BYTE, peer, kTag, comm_, &r), "MPI_Irecv");
+      reqs_.push_back(r);
+      done += static_cast<std::size_t>(n);
+    }
+  }
   static void check(int rc, const char* what) {
     if (rc == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING];
@@ -111,7 +130,7 @@ class MpiComm {
   std::size_t max_msg_;
   int size_ = 0, rank_ = 0;
   std::vector<int> sc_, sd_, rc_, rd_;  // int counts for MPI_Alltoallv, sized once
-  std::vector<MPI_Request> reqs_;       // split path only
+  std::vector<MPI_Request> reqs_;       // split path and message-level exchange
 };
 
 ULYSSES_NAMESPACE_END
