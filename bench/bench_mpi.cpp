@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // MPI benchmarks, one rank per process: the exchange alone (MpiComm's MPI_Alltoallv) and
-// seq_to_head / head_to_seq of q, k, v end to end, fused in one exchange and as three separate
-// exchanges, against a bare MPI_Alltoall of the same bytes (bytes per rank in P equal chunks).
+// seq_to_head / head_to_seq of q, k, v end to end — fused in one exchange (`fused`: one message per
+// (peer, tensor), in place where contiguous; `fused_alltoallv`: pack, one MPI_Alltoallv, unpack) and
+// as three separate exchanges — against a bare MPI_Alltoall of the same bytes (bytes per rank in P
+// equal chunks). `two_pass_floor` is a memcpy of the peers' bytes followed by that MPI_Alltoall: the
+// least time of any method that copies the exchanged bytes once more than MPI_Alltoall does.
 // P is the size of MPI_COMM_WORLD (run with -n 2 and -n 4). Shapes: Llama-3.1-8B attention
 // (H=32, Hkv=8, D=128), B=1, S in {4096, 16384}, fp32 and bf16, bshd.
 //
@@ -52,7 +55,7 @@ void timed_loop(benchmark::State& st, const std::function<void()>& op) {
   }
 }
 
-enum class What { alltoall, exchange, s2h_fused, s2h_separate, h2s_fused, h2s_separate };
+enum class What { alltoall, two_pass, exchange, s2h_fused, s2h_alltoallv, s2h_separate, h2s_fused, h2s_alltoallv, h2s_separate };
 
 void bm(benchmark::State& st, What what, std::int64_t S, int elem) {
   RankSetup& r = setup(S, elem);
@@ -66,7 +69,8 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem) {
     st.SkipWithError("chunk over INT_MAX bytes");
     return;
   }
-  const Direction d = what == What::h2s_fused || what == What::h2s_separate ? Direction::head_to_seq : Direction::seq_to_head;
+  const Direction d = what == What::h2s_fused || what == What::h2s_alltoallv || what == What::h2s_separate ? Direction::head_to_seq
+                                                                                                            : Direction::seq_to_head;
   const BufferTable table = r.table(d);
   std::function<void()> op;
   switch (what) {
@@ -76,7 +80,18 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem) {
                      MPI_COMM_WORLD);
       };
       break;
+    case What::two_pass:  // the floor of any method that copies the peers' bytes once more than MPI_Alltoall
+      op = [&] {
+        std::memcpy(r.ws.data(), r.seq_buf.data(), bytes - chunk);
+        MPI_Alltoall(r.seq_buf.data(), static_cast<int>(chunk), MPI_BYTE, r.head_buf.data(), static_cast<int>(chunk), MPI_BYTE,
+                     MPI_COMM_WORLD);
+      };
+      break;
     case What::exchange: op = [&] { exchange(*r.fused, d, comm, table); }; break;
+    case What::s2h_alltoallv:
+    case What::h2s_alltoallv:
+      op = [&] { redistribute(*r.fused_alltoallv, d, comm, ex, r.inputs(d), r.outputs(d), r.workspace()); };
+      break;
     case What::s2h_fused:
     case What::h2s_fused: op = [&] { redistribute(*r.fused, d, comm, ex, r.inputs(d), r.outputs(d), r.workspace()); }; break;
     case What::s2h_separate:
@@ -103,9 +118,11 @@ void register_all() {
       const std::string base = case_name("mpi_alltoall", elem, S, g_size) + "/MPI_Alltoall";
       reg(base, "", What::alltoall, S, elem);
       reg(case_name("mpi_exchange", elem, S, g_size) + "/alltoallv", label(base), What::exchange, S, elem);
+      reg(case_name("mpi_exchange", elem, S, g_size) + "/two_pass_floor", label(base), What::two_pass, S, elem);
       for (bool s2h : {true, false}) {
         const std::string fam = case_name(s2h ? "mpi_seq_to_head" : "mpi_head_to_seq", elem, S, g_size);
         reg(fam + "/fused", label(base, fam + "/separate"), s2h ? What::s2h_fused : What::h2s_fused, S, elem);
+        reg(fam + "/fused_alltoallv", label(base), s2h ? What::s2h_alltoallv : What::h2s_alltoallv, S, elem);
         reg(fam + "/separate", label(base), s2h ? What::s2h_separate : What::h2s_separate, S, elem);
       }
     }

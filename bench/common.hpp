@@ -96,6 +96,7 @@ struct RankSetup {
   Mem mem;
   std::vector<TensorSpec> specs;
   std::unique_ptr<Plan> fused;
+  std::unique_ptr<Plan> fused_alltoallv;      // the same, PlanOptions::direct_pieces off: one all-to-all-v of the wire
   std::vector<std::unique_ptr<Plan>> single;  // one plan per tensor
   Buf seq_buf, head_buf, ws;
   std::byte* seq_ptr[3] = {};
@@ -135,6 +136,7 @@ struct RankSetup {
       head_total = static_cast<std::size_t>(kB * S * Hh * kD * elem);
     }
     fused = std::make_unique<Plan>(Group{P, rank}, kB, seq, specs);
+    fused_alltoallv = std::make_unique<Plan>(Group{P, rank}, kB, seq, specs, Format::bshd, PlanOptions{1, false});
     std::size_t ws_bytes = fused->workspace_bytes();
     for (int t = 0; t < 3; ++t) {
       single.push_back(std::make_unique<Plan>(Group{P, rank}, kB, seq, std::vector<TensorSpec>{specs[t]}));

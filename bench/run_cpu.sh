@@ -31,7 +31,8 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 fi
 targets=(bench_host)
-if cmake --build "$build" --target help 2>/dev/null | grep -q 'bench_mpi'; then
+available=$(cmake --build "$build" --target help 2>/dev/null || true)  # (no grep -q in a pipe: SIGPIPE + pipefail)
+if grep -q 'bench_mpi' <<<"$available"; then
   targets+=(bench_mpi)  # only when MPI was found
 fi
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc 2>/dev/null || echo 2)"

@@ -58,6 +58,51 @@ TEST_CASE("C1: batch > 1 keeps tokens of each sequence apart (literal values, bs
   CHECK(out[1] == std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
 }
 
+namespace {
+struct ChunkOnlyComm {  // a communicator with alltoallv only (no exchange_messages)
+  int size() const { return 1; }
+  int rank() const { return 0; }
+  void alltoallv(const std::byte*, const std::size_t*, const std::size_t*, std::byte*, const std::size_t*, const std::size_t*) {}
+};
+}  // namespace
+
+TEST_CASE("uses_pieces: message-level path with exchange_messages, a host executor and direct_pieces on") {
+  Plan on({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 2)});
+  Plan off({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 2)}, Format::bshd,
+           PlanOptions{1, false});
+  CHECK(has_exchange_messages_v<LocalGroup::Comm>);
+  CHECK(!has_exchange_messages_v<ChunkOnlyComm>);
+  CHECK(uses_pieces<LocalGroup::Comm, HostExecutor>(on));
+  CHECK(!uses_pieces<LocalGroup::Comm, HostExecutor>(off));
+  CHECK(!uses_pieces<ChunkOnlyComm, HostExecutor>(on));
+}
+
+TEST_CASE("the message-level stages run one by one give C1's literal values (seq→head in place)") {
+  // C1's shapes with B=1: x[s][h] = 4*s + h; rank r holds heads 2r, 2r+1 of all 4 tokens.
+  const int P = 2;
+  LocalGroup g(P);
+  std::vector<std::vector<float>> out(P);
+  std::vector<std::size_t> staged_unpack(P);
+  g.run([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    Plan plan({P, r}, 1, SeqPartition::even(4, P), {TensorSpec::of<float>(HeadPartition::even(4, P), 1)});
+    std::vector<float> in;
+    for (int s = 0; s < 2; ++s)
+      for (int h = 0; h < 4; ++h) in.push_back(static_cast<float>(4 * (2 * r + s) + h));
+    out[r].assign(8, -1.f);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    const BufferTable t = make_buffers(plan, Direction::seq_to_head, {in.data()}, {out[r].data()}, {ws.data(), ws.size()});
+    pack_pieces(plan, Direction::seq_to_head, ex, t);
+    exchange_pieces(plan, Direction::seq_to_head, comm, t);
+    unpack_pieces(plan, Direction::seq_to_head, ex, t);
+    staged_unpack[r] = plan.schedule(Direction::seq_to_head).unpack_staged.size();
+  });
+  CHECK(out[0] == std::vector<float>{0, 1, 4, 5, 8, 9, 12, 13});
+  CHECK(out[1] == std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15});
+  CHECK(staged_unpack == std::vector<std::size_t>{1, 1});  // the own chunk only: the peer's landed in place
+}
+
 TEST_CASE("C1: batch > 1 in bshd, sbhd, bhsd") { check_all<float>(ut::c1_cases()); }
 
 TEST_CASE("C2: head_to_seq inverts seq_to_head; P in {2,4,8}, B in {1,2}, all layouts, q/k/v fused") {

@@ -55,20 +55,28 @@ float input_value(int t, std::int64_t b, std::int64_t s, std::int64_t h, std::in
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-/// Runs pack → exchange → unpack with per-phase timing.
+/// Runs the stages redistribute() runs, with per-phase timing: with LocalGroup and MPI, one
+/// message per (peer, tensor), in place where contiguous (pack_pieces → exchange_pieces →
+/// unpack_pieces); otherwise pack → exchange → unpack.
 template <class Comm>
 void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, TensorList<const void*> in, TensorList<void*> out,
                         std::vector<std::byte>& ws, Result& res) {
   HostExecutor exec;
   const BufferTable t = make_buffers(plan, dir, in, out, {ws.data(), ws.size()});
+  const bool pieces = uses_pieces<Comm, HostExecutor>(plan);
   auto t0 = Clock::now();
-  pack(plan, dir, exec, t);
+  pieces ? pack_pieces(plan, dir, exec, t) : pack(plan, dir, exec, t);
   res.pack_ms += ms_since(t0);
   t0 = Clock::now();
-  exchange(plan, dir, comm, t);
+  if constexpr (has_exchange_messages_v<Comm>) {
+    if (pieces) exchange_pieces(plan, dir, comm, t);
+    else exchange(plan, dir, comm, t);
+  } else {
+    exchange(plan, dir, comm, t);
+  }
   res.exchange_ms += ms_since(t0);
   t0 = Clock::now();
-  unpack(plan, dir, exec, t);
+  pieces ? unpack_pieces(plan, dir, exec, t) : unpack(plan, dir, exec, t);
   res.unpack_ms += ms_since(t0);
 }
 

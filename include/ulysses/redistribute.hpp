@@ -270,6 +270,35 @@ void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& bu
                  s.recv_bytes.data(), s.recv_offsets.data());
 }
 
+/// True when Comm has the optional exchange_messages() of the communicator concept.
+template <class Comm>
+inline constexpr bool has_exchange_messages_v = detail::has_exchange_messages<Comm>::value;
+
+/// Whether redistribute() exchanges one message per (peer, tensor) for this plan, communicator
+/// type and executor type: the communicator has exchange_messages(), the executor runs on the host
+/// and PlanOptions::direct_pieces is on. Its stages are then pack_pieces(), exchange_pieces(),
+/// unpack_pieces(); otherwise pack(), exchange(), unpack().
+template <class Comm, class Exec>
+bool uses_pieces(const Plan& plan) {
+  return detail::message_path_v<Comm, Exec> && plan.options().direct_pieces;
+}
+
+/// Pack stage of the message-level path: packs only the pieces that are not direct
+/// (Schedule::pack_staged) into the send region.
+template <class Exec>
+void pack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const Schedule& s = plan.schedule(dir, stage);
+  exec.run(s.pack_staged.data(), s.pack_staged.size(), buffers);
+}
+
+/// Unpack stage of the message-level path: unpacks the pieces that are not direct and copies this
+/// rank's own chunk (Schedule::unpack_staged).
+template <class Exec>
+void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const Schedule& s = plan.schedule(dir, stage);
+  exec.run(s.unpack_staged.data(), s.unpack_staged.size(), buffers);
+}
+
 /// Message-level exchange of one stage (PlanOptions::direct_pieces): one message per (peer,
 /// tensor), sent from the user's input where the piece is contiguous there and from the send
 /// region otherwise (after pack_staged), received into the output where contiguous and into the
@@ -279,6 +308,7 @@ void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& bu
 /// @throws as exchange().
 template <class Comm>
 void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  static_assert(detail::has_exchange_messages<Comm>::value, "exchange_pieces needs a communicator with exchange_messages()");
   if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
   detail::check_comm(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
@@ -332,12 +362,11 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, Tenso
   detail::check_comm(plan, comm);
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
   if constexpr (detail::message_path_v<Comm, Exec>) {
-    if (plan.options().direct_pieces) {
+    if (uses_pieces<Comm, Exec>(plan)) {
       for (int k = 0; k < plan.num_stages(); ++k) {
-        const Schedule& s = plan.schedule(dir, k);
-        exec.run(s.pack_staged.data(), s.pack_staged.size(), t);
+        pack_pieces(plan, dir, exec, t, k);
         exchange_pieces(plan, dir, comm, t, k);
-        exec.run(s.unpack_staged.data(), s.unpack_staged.size(), t);
+        unpack_pieces(plan, dir, exec, t, k);
       }
       return;
     }
