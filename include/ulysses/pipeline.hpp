@@ -38,7 +38,9 @@ class HostPipeline {
 
   /// seq_to_head / head_to_seq (by `dir`) of the plan's tensors with stage k's exchange
   /// overlapping stage k+1's pack and stage k-1's unpack. Arguments as redistribute(); `pack_exec`
-  /// and `unpack_exec` run concurrently and must be different objects.
+  /// and `unpack_exec` run concurrently and must be different objects. Like redistribute(), it
+  /// exchanges one message per (peer, tensor) when uses_pieces() says so (pack_pieces(),
+  /// exchange_pieces(), unpack_pieces() per stage).
   /// @throws what redistribute() throws; an error in a worker is rethrown here after both workers
   ///         have stopped.
   template <class Comm, class PackExec, class UnpackExec>
@@ -47,6 +49,8 @@ class HostPipeline {
     detail::check_comm(plan, comm);
     const BufferTable t = make_buffers(plan, dir, in, out, ws);
     const int K = plan.num_stages();
+    // The message-level stages when redistribute() would take them (both executors on the host).
+    const bool pieces = uses_pieces<Comm, PackExec>(plan) && detail::runs_on_host<UnpackExec>::value;
     {
       std::lock_guard<std::mutex> l(m_);
       packed_ = exchanged_ = 0;
@@ -55,14 +59,14 @@ class HostPipeline {
     }
     auto pack_job = [&] {
       for (int k = 0; k < K && !stopped(); ++k) {
-        pack(plan, dir, pack_exec, t, k);
+        pieces ? pack_pieces(plan, dir, pack_exec, t, k) : pack(plan, dir, pack_exec, t, k);
         advance(packed_);
       }
     };
     auto unpack_job = [&] {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(exchanged_, k)) return;
-        unpack(plan, dir, unpack_exec, t, k);
+        pieces ? unpack_pieces(plan, dir, unpack_exec, t, k) : unpack(plan, dir, unpack_exec, t, k);
       }
     };
     packer_.start(&pack_job);
@@ -70,7 +74,12 @@ class HostPipeline {
     try {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(packed_, k)) break;
-        exchange(plan, dir, comm, t, k);
+        if constexpr (has_exchange_messages_v<Comm>) {
+          if (pieces) exchange_pieces(plan, dir, comm, t, k);
+          else exchange(plan, dir, comm, t, k);
+        } else {
+          exchange(plan, dir, comm, t, k);
+        }
         advance(exchanged_);
       }
     } catch (...) {
