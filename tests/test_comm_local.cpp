@@ -146,7 +146,7 @@ TEST_CASE("exchange_messages: the k-th message from rank i to rank j lands in j'
 }
 
 TEST_CASE("exchange_messages: other counts or sizes than the receiver expects are plan_mismatch") {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     CAPTURE(variant);
     LocalGroup g(2, std::chrono::seconds(20));
     std::byte a[8] = {}, b[8] = {};
@@ -157,6 +157,7 @@ TEST_CASE("exchange_messages: other counts or sizes than the receiver expects ar
           if (variant == 0) recv[0].bytes = 8;                      // expects more bytes
           if (variant == 1) send.push_back({0, a + 4, 4});          // sends an extra message
           if (variant == 2) recv.push_back({0, b + 4, 4});          // expects an extra message
+          if (variant == 3) send[0].peer = 5;                       // to a rank outside the group
         }
         c.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
       });

@@ -64,6 +64,9 @@ struct ChunkOnlyComm {  // a communicator with alltoallv only (no exchange_messa
   int rank() const { return 0; }
   void alltoallv(const std::byte*, const std::size_t*, const std::size_t*, std::byte*, const std::size_t*, const std::size_t*) {}
 };
+struct MutableMessagesComm : ChunkOnlyComm {  // exchange_messages with non-const lists
+  void exchange_messages(Message*, std::size_t, Message*, std::size_t) {}
+};
 }  // namespace
 
 TEST_CASE("uses_pieces: message-level path with exchange_messages, a host executor and direct_pieces on") {
@@ -72,6 +75,7 @@ TEST_CASE("uses_pieces: message-level path with exchange_messages, a host execut
            PlanOptions{1, false});
   CHECK(has_exchange_messages_v<LocalGroup::Comm>);
   CHECK(!has_exchange_messages_v<ChunkOnlyComm>);
+  CHECK(has_exchange_messages_v<MutableMessagesComm>);
   CHECK(uses_pieces<LocalGroup::Comm, HostExecutor>(on));
   CHECK(!uses_pieces<LocalGroup::Comm, HostExecutor>(off));
   CHECK(!uses_pieces<ChunkOnlyComm, HostExecutor>(on));

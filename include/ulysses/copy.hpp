@@ -427,6 +427,10 @@ struct HostExecutorOptions {
 /// - `void E::run(const BlockCopy* blocks, std::size_t n, const BufferTable& buffers)`: performs
 ///   the n copies, complete (or ordered, for a stream-based executor) before the communicator's next
 ///   call; the blocks of one list never overlap in their destinations, so any order is valid.
+/// - optionally `static constexpr bool E::runs_on_host = true`: its copies are host loads and
+///   stores on host memory, done when run() returns. Only then may redistribute() take the
+///   message-level path (PlanOptions::direct_pieces), which hands the caller's own pointers to the
+///   communicator. Without it, an executor gets the one all-to-all-v of the packed wire.
 ///
 /// Host executor: memory is host memory. `HostExecutor{}` (the default) is single-threaded: it runs
 /// on the calling thread and owns no threads. `HostExecutor(n)` runs each call on n threads (the

@@ -75,9 +75,11 @@ struct PlanOptions {
   /// communicator can (it has exchange_messages(), see redistribute.hpp: LocalGroup::Comm and
   /// MpiComm) and the executor runs on the host. A message whose bytes form one contiguous range
   /// of the user's tensor is then sent straight from the input, or received straight into the
-  /// output, skipping its pack or unpack copy (e.g. seq→head in bshd with B = 1 receives every
-  /// message in place; head→seq sends every message in place). Same bytes either way. Every rank
-  /// must choose the same (it is part of Plan::fingerprint()).
+  /// output, skipping its pack or unpack copy (e.g. in bshd with B = 1, one stage and one sequence
+  /// chunk per rank, seq→head receives every message in place and head→seq sends in place every
+  /// piece except those of kv heads a rank holds without owning them; Piece::direct() tells).
+  /// Same bytes either way. Every rank must choose the same (it is part of Plan::fingerprint()),
+  /// and use the same communicator and executor types (the path also depends on them).
   bool direct_pieces = true;
 };
 

@@ -22,7 +22,8 @@
 ///       const Message* recv, std::size_t n_recv)`: collective; this rank sends each message of
 ///   `send` to its peer and receives each message of `recv` from its peer, into its `data`. The
 ///   k-th message rank i sends to rank j is the k-th message rank j receives from rank i (same
-///   byte count). Messages never go to the rank itself. With it, redistribute() on a host
+///   byte count). Messages never go to the rank itself; every rank calls it, even with empty
+///   lists. (Parameters of type `Message*` work too.) With it, redistribute() on a host
 ///   executor sends one message per (peer, tensor), straight from / into the user's tensors where
 ///   they are contiguous (PlanOptions::direct_pieces). Shipped: LocalGroup::Comm, MpiComm.
 #pragma once
@@ -208,7 +209,7 @@ template <class C, class = void>
 struct has_exchange_messages : std::false_type {};
 template <class C>
 struct has_exchange_messages<C, std::void_t<decltype(std::declval<C&>().exchange_messages(
-                                    std::declval<const Message*>(), std::size_t{}, std::declval<const Message*>(), std::size_t{}))>>
+                                    std::declval<Message*>(), std::size_t{}, std::declval<Message*>(), std::size_t{}))>>
     : std::true_type {};
 
 template <class E, class = void>
@@ -243,7 +244,7 @@ void check_agreement(const Plan& plan, Comm& comm) {
       detail::fail(Errc::plan_mismatch,
                    "ranks " + detail::join(differ) + " built their plans from other inputs than rank 0 (every rank "
                        "reports this; this is rank " + std::to_string(plan.rank()) + "); every rank must plan with the "
-                       "same P, B, sequence partition, head partitions, head dims, element sizes, format and stages");
+                       "same P, B, sequence partition, head partitions, head dims, element sizes, format, stages and direct_pieces");
   }
   plan.mark_agreement_checked();
 }
@@ -303,8 +304,8 @@ void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTabl
 /// tensor), sent from the user's input where the piece is contiguous there and from the send
 /// region otherwise (after pack_staged), received into the output where contiguous and into the
 /// receive region otherwise (before unpack_staged). Before a plan's first exchange, runs
-/// check_agreement() when Plan::check_agreement() is on. Allocates two small vectors (one entry
-/// per piece).
+/// check_agreement() when Plan::check_agreement() is on. Allocates only on a thread's first call
+/// (two message lists, one entry per piece, reused afterwards).
 /// @throws as exchange().
 template <class Comm>
 void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
@@ -312,13 +313,15 @@ void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTa
   if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
   detail::check_comm(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
-  auto messages = [&buffers](const std::vector<Piece>& pieces) {
-    std::vector<Message> m;
-    m.reserve(pieces.size());
+  // The message lists live per thread and keep their capacity: no allocation after the first call.
+  // (Non-const elements: a communicator may take Message* or const Message*.)
+  thread_local std::vector<Message> send, recv;
+  auto fill = [&buffers](std::vector<Message>& m, const std::vector<Piece>& pieces) {
+    m.clear();
     for (const Piece& p : pieces) m.push_back({p.peer, buffers.base[p.buffer] + p.offset, p.bytes});
-    return m;
   };
-  const std::vector<Message> send = messages(s.send_pieces), recv = messages(s.recv_pieces);
+  fill(send, s.send_pieces);
+  fill(recv, s.recv_pieces);
   comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
 }
 

@@ -96,7 +96,7 @@ class LocalGroup {
     /// message it receives straight from the sender's memory (the k-th message rank p sends to
     /// this rank into this rank's k-th receive from p), a barrier.
     /// @throws Error(plan_mismatch) when a peer sends other messages (count or bytes) than this
-    ///         rank receives, or a message to a rank outside the group; Error(timeout) /
+    ///         rank receives, or a message goes to or comes from a rank outside the group; Error(timeout) /
     ///         Error(aborted) as the group's barrier.
     void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
@@ -105,7 +105,12 @@ class LocalGroup {
       mine.n_messages = n_send;
       g_->barrier(rank_, true);
       g_->copy_phase(rank_, [&] {
-        std::vector<std::size_t> next(static_cast<std::size_t>(size()), 0);  // scan position in each peer's list
+        for (std::size_t i = 0; i < n_send; ++i)
+          if (send[i].peer < 0 || send[i].peer >= size())
+            throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank_) + " sends to rank " + std::to_string(send[i].peer) +
+                                                 ", outside the group of " + std::to_string(size()));
+        std::vector<std::size_t>& next = mine.next;  // scan position in each peer's list (kept: no allocation after the first call)
+        next.assign(static_cast<std::size_t>(size()), 0);
         auto next_to_me = [&](int p) -> const Message* {
           const Slot& s = g_->slots_[static_cast<std::size_t>(p)];
           for (std::size_t& i = next[static_cast<std::size_t>(p)]; i < s.n_messages; ++i)
@@ -232,6 +237,7 @@ class LocalGroup {
     const std::size_t* offsets = nullptr;
     const Message* messages = nullptr;  // exchange_messages' send list
     std::size_t n_messages = 0;
+    std::vector<std::size_t> next;      // exchange_messages' scratch, touched by its own rank only
   };
 
   /// Waits for all ranks. With `enter_copy`, the ranks then read each other's buffers: in_copy_

@@ -35,7 +35,8 @@ class MpiComm {
   /// Wraps `comm` (not owned, not duplicated: the caller keeps it alive and must not run other
   /// collectives on it concurrently).
   /// @param max_message_bytes largest single MPI message and displacement, in bytes; 1 ..
-  ///        INT_MAX. Tests lower it to exercise the splitting path with small buffers.
+  ///        INT_MAX. Tests lower it to exercise the splitting path with small buffers. Every rank
+  ///        of the group must pass the same value (both sides of a pair cut messages by it).
   /// @throws Error(backend) when MPI_Comm_size / MPI_Comm_rank fail;
   ///         Error(invalid_shape) max_message_bytes out of range.
   explicit MpiComm(MPI_Comm comm, std::size_t max_message_bytes = kIntMaxBytes)
