@@ -48,7 +48,8 @@ echo "== bench_host -> $raw/host.json"
 
 if [ -n "$ranks" ] && [ -x "$build/bench/bench_mpi" ]; then
   mpiexec_flags=()
-  if mpiexec --version 2>&1 | grep -qi "open mpi\|openrte"; then
+  mpi_version=$(mpiexec --version 2>&1 || true)
+  if grep -qi "open mpi\|openrte" <<<"$mpi_version"; then
     mpiexec_flags+=(--oversubscribe)  # more ranks than cores on small machines
     if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
   fi
