@@ -149,9 +149,9 @@ TEST_CASE("exchange_messages: other counts or sizes than the receiver expects ar
   for (int variant = 0; variant < 4; ++variant) {
     CAPTURE(variant);
     LocalGroup g(2, std::chrono::seconds(20));
-    std::byte a[8] = {}, b[8] = {};
     try {
       g.run([&](LocalGroup::Comm& c) {
+        std::byte a[8] = {}, b[8] = {};  // this rank's own buffers (a peer reads a until the closing barrier)
         std::vector<Message> send{{1 - c.rank(), a, 4}}, recv{{1 - c.rank(), b, 4}};
         if (c.rank() == 1) {
           if (variant == 0) recv[0].bytes = 8;                      // expects more bytes
