@@ -68,54 +68,71 @@ struct TensorList {
 
 namespace detail {
 
-/// True when some element offset difference x - y (x, y offsets of `l`) equals `delta`, for an
-/// injective layout: the strides, sorted, are nested, so each dimension leaves at most a few
-/// candidates for its index difference. Answers true (conservatively) if the search would branch
-/// more than that.
+/// One dimension of the search below: the range of the index difference i - j (i an index of the
+/// first view, j of the second) and the stride both views share there.
 struct DiffDim {
-  std::int64_t m, s;  // largest index difference (extent - 1), stride
+  std::int64_t lo, hi, s;
 };
 
 /// Depth-first search over the index difference of dimension k (dims sorted by stride, largest
-/// first; rest[k] = largest |offset| of dims k..n-1). `budget` bounds the work.
-inline bool diff_search(const DiffDim* d, const std::int64_t* rest, int n, int k, std::int64_t rem, int& budget) {
+/// first; the remaining dims k..n-1 reach offsets in [rest_lo[k], rest_hi[k]]). `budget` bounds
+/// the work.
+inline bool diff_search(const DiffDim* d, const std::int64_t* rest_lo, const std::int64_t* rest_hi, int n, int k,
+                        std::int64_t rem, int& budget) {
   if (--budget < 0) return true;  // give up: answer "reachable" (conservative)
   if (k >= n || k >= 4) return rem == 0;
   auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
   const std::int64_t s = d[k].s;
-  const std::int64_t lo = std::max(-d[k].m, -floor_div(rest[k + 1] - rem, s));
-  const std::int64_t hi = std::min(d[k].m, floor_div(rem + rest[k + 1], s));
+  // rem - j*s must stay within what dims k+1.. can reach.
+  const std::int64_t lo = std::max(d[k].lo, -floor_div(rest_hi[k + 1] - rem, s));
+  const std::int64_t hi = std::min(d[k].hi, floor_div(rem - rest_lo[k + 1], s));
   for (std::int64_t j = lo; j <= hi; ++j)
-    if (diff_search(d, rest, n, k + 1, rem - j * s, budget)) return true;
+    if (diff_search(d, rest_lo, rest_hi, n, k + 1, rem - j * s, budget)) return true;
   return false;
 }
 
-/// True when some element offset difference x - y (x, y offsets of `l`) equals `delta`, for an
-/// injective layout: the strides, sorted, are nested, so each dimension leaves at most a few
-/// candidates for its index difference. Answers true (conservatively) if the search would branch
-/// more than a small budget.
-inline bool offset_difference_reachable(const Layout& l, std::int64_t delta) {
-  DiffDim d[4] = {};
-  int n = 0;
+/// Whether two layouts have the same stride in every dimension where either has more than one
+/// index (the condition of the exact test below; e.g. q, k, v views of one fused buffer).
+inline bool same_strides(const Layout& a, const Layout& b) {
   for (int i = 0; i < 4; ++i)
-    if (l.extent[i] > 1) {  // insertion by stride, largest first
-      int k = n++;
-      for (; k > 0 && d[k - 1].s < l.stride[i]; --k) d[k] = d[k - 1];
-      d[k] = {l.extent[i] - 1, l.stride[i]};
-    }
-  std::int64_t rest[5] = {0, 0, 0, 0, 0};
-  for (int k = n - 1; k >= 0; --k) rest[k] = rest[k + 1] + d[k].m * d[k].s;
-  int budget = 64;
-  return diff_search(d, rest, n, 0, delta, budget);
+    if (a.extent[i] > 1 && b.extent[i] > 1 && a.stride[i] != b.stride[i]) return false;
+  return true;
 }
 
-/// Whether two views with the same layout `l`, element size e and bases `a`, `b` share a byte.
-inline bool same_layout_views_overlap(const Layout& l, std::size_t e, const std::byte* a, const std::byte* b) {
+/// True when some element offset difference x - y (x an offset of `a`, y of `b`) equals `delta`,
+/// for injective layouts with the same strides: the strides, sorted, are nested, so each dimension
+/// leaves at most a few candidates for its index difference. Answers true (conservatively) if the
+/// search would branch more than a small budget.
+inline bool offset_difference_reachable(const Layout& a, const Layout& b, std::int64_t delta) {
+  DiffDim d[4] = {};
+  int n = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (a.extent[i] < 1 || b.extent[i] < 1) return false;  // an empty view shares nothing
+    if (a.extent[i] == 1 && b.extent[i] == 1) continue;
+    const DiffDim x{-(b.extent[i] - 1), a.extent[i] - 1, a.extent[i] > 1 ? a.stride[i] : b.stride[i]};
+    int k = n++;  // insertion by stride, largest first
+    for (; k > 0 && d[k - 1].s < x.s; --k) d[k] = d[k - 1];
+    d[k] = x;
+  }
+  std::int64_t rest_lo[5] = {0, 0, 0, 0, 0}, rest_hi[5] = {0, 0, 0, 0, 0};
+  for (int k = n - 1; k >= 0; --k) {
+    rest_lo[k] = rest_lo[k + 1] + d[k].lo * d[k].s;
+    rest_hi[k] = rest_hi[k + 1] + d[k].hi * d[k].s;
+  }
+  int budget = 64;
+  return diff_search(d, rest_lo, rest_hi, n, 0, delta, budget);
+}
+
+/// Whether views with layouts `la` at `a` and `lb` at `b` (elements of e bytes) share a byte.
+/// Exact for layouts with the same strides (same_strides()); otherwise true whenever their byte
+/// spans meet (the caller's test).
+inline bool views_overlap(const Layout& la, const std::byte* a, const Layout& lb, const std::byte* b, std::size_t e) {
+  if (!same_strides(la, lb)) return true;
   const std::int64_t delta = static_cast<std::int64_t>(b - a), E = static_cast<std::int64_t>(e);
   const std::int64_t q = delta / E - (delta % E < 0);  // floor
   // Elements at a + E*x and b + E*y overlap iff |delta + E*(y - x)| < E.
-  if (delta % E == 0) return offset_difference_reachable(l, q);
-  return offset_difference_reachable(l, q) || offset_difference_reachable(l, q + 1);
+  if (delta % E == 0) return offset_difference_reachable(la, lb, q);
+  return offset_difference_reachable(la, lb, q) || offset_difference_reachable(la, lb, q + 1);
 }
 
 inline std::size_t align_of_elem(std::size_t e) {
@@ -162,9 +179,9 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
   auto* w = static_cast<std::byte*>(ws.data);
   range[2 * T] = {w, plan.workspace_bytes()};
   // Every output against every other range, every input against the workspace. Byte spans that
-  // meet are an overlap, except views of
-  // one layout interleaved without sharing a byte (q, k, v gradients written into one fused
-  // [B, S, 3, H, D] buffer), which an exact test clears.
+  // meet are an overlap, except views with the same strides interleaved without sharing a byte
+  // (q, k, v gradients written into one fused [B, S, 3, H, D] or [B, S, H + 2*Hkv, D] buffer),
+  // which an exact test clears.
   auto layout_of = [&](int i) -> const Layout& {
     const int t = i % T;
     return (i < T) == (dir == Direction::seq_to_head) ? plan.seq_layout(t) : plan.head_layout(t);
@@ -173,8 +190,8 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
     for (int j = i < T ? 2 * T : 0; j <= 2 * T; ++j) {  // inputs only against the workspace
       const Range &a = range[i], &o = range[j];
       if (j == i || !a.n || !o.n || !(a.p < o.p + o.n && o.p < a.p + a.n)) continue;
-      if (j < 2 * T && layout_of(i) == layout_of(j) && plan.tensor(i % T).elem_bytes == plan.tensor(j % T).elem_bytes &&
-          !same_layout_views_overlap(layout_of(i), plan.tensor(i % T).elem_bytes, a.p, o.p))
+      if (j < 2 * T && plan.tensor(i % T).elem_bytes == plan.tensor(j % T).elem_bytes &&
+          !views_overlap(layout_of(i), a.p, layout_of(j), o.p, plan.tensor(i % T).elem_bytes))
         continue;
       fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
                                      std::to_string(o.n) + " bytes]; outputs and the workspace need their own memory");
