@@ -161,22 +161,9 @@ struct RankSetup {
     return l;
   }
   Workspace workspace() const { return {ws.data(), ws.size()}; }
-  /// The fused plan's buffer table for direction d. Built directly, not by make_buffers(): its
-  /// overlap check compares byte spans, so it rejects q, k, v outputs interleaved in one fused
-  /// buffer (Mem::strided) although their elements are disjoint. Dense arrangements give the
-  /// same table as make_buffers().
-  BufferTable table(Direction d) const {
-    BufferTable t;
-    const auto in = inputs(d);
-    const auto out = outputs(d);
-    for (int i = 0; i < 3; ++i) {
-      t.base[Buffer::input(i)] = static_cast<std::byte*>(const_cast<void*>(in.data[i]));
-      t.base[Buffer::output(i)] = static_cast<std::byte*>(out.data[i]);
-    }
-    t.base[Buffer::send] = ws.data();
-    t.base[Buffer::recv] = ws.data() + fused->recv_region_offset();
-    return t;
-  }
+  /// The fused plan's buffer table for direction d (make_buffers(): q, k, v interleaved in one
+  /// fused buffer, Mem::strided, pass its exact overlap test).
+  BufferTable table(Direction d) const { return make_buffers(*fused, d, inputs(d), outputs(d), workspace()); }
   /// The rank's share of q, k and v in bytes (the nccl-tests "size" of the all-to-all).
   std::size_t bytes_per_rank() const {
     std::size_t n = 0;
