@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 #include <ulysses/comm/local.hpp>
 
+#include "messages.hpp"
+
 #include <numeric>
 #include <vector>
 
@@ -122,22 +124,9 @@ TEST_CASE("exchange_messages: the k-th message from rank i to rank j lands in j'
   std::vector<std::vector<unsigned char>> got(P);
   g.run([&](LocalGroup::Comm& c) {
     const int i = c.rank();
-    std::vector<std::vector<std::byte>> sbuf, rbuf;
-    std::vector<Message> send, recv;
-    for (int j = 0; j < P; ++j) {
-      if (j == i) continue;
-      sbuf.emplace_back(static_cast<std::size_t>(i + j + 1), std::byte(16 * i + j));
-      sbuf.emplace_back(1, std::byte(0xF0 + i));
-      rbuf.emplace_back(static_cast<std::size_t>(i + j + 1));
-      rbuf.emplace_back(1);
-    }
-    for (std::size_t k = 0; k < sbuf.size(); ++k) {
-      const int peer = static_cast<int>(k / 2) < i ? static_cast<int>(k / 2) : static_cast<int>(k / 2) + 1;
-      send.push_back({peer, sbuf[k].data(), sbuf[k].size()});
-      recv.push_back({peer, rbuf[k].data(), rbuf[k].size()});
-    }
-    c.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
-    for (auto& b : rbuf)
+    ut::MessagePattern m(P, i);
+    c.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size());
+    for (auto& b : m.rbuf)
       for (auto x : b) got[static_cast<std::size_t>(i)].push_back(static_cast<unsigned char>(x));
   });
   // Rank 1 receives from 0: 2 bytes 0x01 then 0xF0; from 2: 4 bytes 0x21 then 0xF2.

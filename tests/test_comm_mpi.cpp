@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <ulysses/comm/mpi.hpp>
 
+#include "messages.hpp"
+
 #include <cstdio>
 
 #include "cases.hpp"
@@ -106,26 +108,12 @@ TEST_CASE("MPI exchange_messages: the k-th message from rank i to j is j's k-th 
   for (std::size_t limit : {MpiComm::kIntMaxBytes, std::size_t{3}}) {
     CAPTURE(limit);
     MpiComm comm(MPI_COMM_WORLD, limit);
-    // Rank i sends rank j (i + j + 1) bytes of 16*i + j, then 1 byte of 0xF0 + i.
-    std::vector<std::vector<std::byte>> sbuf, rbuf;
-    std::vector<Message> send, recv;
-    for (int j = 0; j < P; ++j) {
-      if (j == i) continue;
-      sbuf.emplace_back(static_cast<std::size_t>(i + j + 1), std::byte(16 * i + j));
-      sbuf.emplace_back(1, std::byte(0xF0 + i));
-      rbuf.emplace_back(static_cast<std::size_t>(i + j + 1));
-      rbuf.emplace_back(1);
-    }
-    for (std::size_t k = 0; k < sbuf.size(); ++k) {
-      const int peer = static_cast<int>(k / 2) < i ? static_cast<int>(k / 2) : static_cast<int>(k / 2) + 1;
-      send.push_back({peer, sbuf[k].data(), sbuf[k].size()});
-      recv.push_back({peer, rbuf[k].data(), rbuf[k].size()});
-    }
-    comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
-    for (std::size_t k = 0; k < rbuf.size(); k += 2) {
-      const int j = static_cast<int>(k / 2) < i ? static_cast<int>(k / 2) : static_cast<int>(k / 2) + 1;
-      CHECK(rbuf[k] == std::vector<std::byte>(static_cast<std::size_t>(i + j + 1), std::byte(16 * j + i)));
-      CHECK(rbuf[k + 1] == std::vector<std::byte>(1, std::byte(0xF0 + j)));
+    ut::MessagePattern m(P, i);  // rank i sends rank j (i + j + 1) bytes of 16*i + j, then 1 byte of 0xF0 + i
+    comm.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size());
+    for (std::size_t k = 0; k < m.rbuf.size(); k += 2) {
+      const int j = m.peer[k];
+      CHECK(m.rbuf[k] == std::vector<std::byte>(static_cast<std::size_t>(i + j + 1), std::byte(16 * j + i)));
+      CHECK(m.rbuf[k + 1] == std::vector<std::byte>(1, std::byte(0xF0 + j)));
     }
   }
 }

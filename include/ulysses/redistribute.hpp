@@ -266,6 +266,16 @@ void check_agreement(const Plan& plan, Comm& comm) {
   plan.mark_agreement_checked();
 }
 
+namespace detail {
+/// What every exchange stage does first: the cross-rank check before a plan's first exchange (when
+/// Plan::check_agreement() is on), then the communicator's size and rank against the plan.
+template <class Comm>
+void before_exchange(const Plan& plan, Comm& comm) {
+  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
+  check_comm(plan, comm);
+}
+}  // namespace detail
+
 /// Pack stage: copies this rank's inputs into the send region of the workspace (wire format);
 /// `stage` in [0, plan.num_stages()) selects the pipeline stage (all stages' regions are disjoint).
 /// @pre `buffers` from make_buffers(); @throws nothing itself (executor errors propagate).
@@ -281,8 +291,7 @@ void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffer
 ///         planned from different inputs; backend errors.
 template <class Comm>
 void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
-  detail::check_comm(plan, comm);
+  detail::before_exchange(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
   comm.alltoallv(buffers.base[Buffer::send], s.send_bytes.data(), s.send_offsets.data(), buffers.base[Buffer::recv],
                  s.recv_bytes.data(), s.recv_offsets.data());
@@ -327,8 +336,7 @@ void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTabl
 template <class Comm>
 void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
   static_assert(detail::has_exchange_messages<Comm>::value, "exchange_pieces needs a communicator with exchange_messages()");
-  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
-  detail::check_comm(plan, comm);
+  detail::before_exchange(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
   // The message lists live per thread and keep their capacity: no allocation after the first call.
   // (Non-const elements: a communicator may take Message* or const Message*.)
