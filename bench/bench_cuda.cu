@@ -46,13 +46,15 @@ void ok(cudaError_t e, const char* what) {
 /// Device memory, zero-filled (values do not matter for bandwidth).
 struct DevMem {
   void* p = nullptr;
-  explicit DevMem(std::size_t n) {
+  std::size_t n = 0;
+  explicit DevMem(std::size_t bytes) : n(bytes) {
     BENCH_CUDA(cudaMalloc(&p, n ? n : 1));
     BENCH_CUDA(cudaMemset(p, 0, n ? n : 1));
   }
   DevMem(const DevMem&) = delete;
   ~DevMem() { cudaFree(p); }
   std::byte* get() const { return static_cast<std::byte*>(p); }
+  std::size_t bytes() const { return n; }
 };
 
 /// Timing events (a..d).
@@ -105,14 +107,14 @@ struct RankBuffers {
     }
     ws = std::make_unique<DevMem>(ws_bytes);
   }
-  TensorList<const void*> inputs() const {
-    TensorList<const void*> l;
-    for (auto& b : in) l.data[l.size++] = b->get();
+  TensorList<ConstByteSpan> inputs() const {
+    TensorList<ConstByteSpan> l;
+    for (auto& b : in) l.push_back({b->get(), b->bytes()});
     return l;
   }
-  TensorList<void*> outputs() const {
-    TensorList<void*> l;
-    for (auto& b : out) l.data[l.size++] = b->get();
+  TensorList<ByteSpan> outputs() const {
+    TensorList<ByteSpan> l;
+    for (auto& b : out) l.push_back({b->get(), b->bytes()});
     return l;
   }
   Workspace workspace() const { return {ws->get(), ws_bytes}; }

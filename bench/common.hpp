@@ -148,16 +148,19 @@ struct RankSetup {
     for (int t = 0; t < 3; ++t) seq_ptr[t] = seq_buf.data() + seq_off[t], head_ptr[t] = head_buf.data() + head_off[t];
   }
 
+  /// Tensor t's seq-sharded (resp. head-sharded) buffer: from its base to the end of the arrangement.
+  ByteSpan seq_span(int t) const { return {seq_ptr[t], static_cast<std::size_t>(seq_buf.data() + seq_buf.size() - seq_ptr[t])}; }
+  ByteSpan head_span(int t) const { return {head_ptr[t], static_cast<std::size_t>(head_buf.data() + head_buf.size() - head_ptr[t])}; }
   /// Inputs of direction d for tensors [t0, t0+n).
-  TensorList<const void*> inputs(Direction d, int t0 = 0, int n = 3) const {
-    TensorList<const void*> l;
-    for (int t = t0; t < t0 + n; ++t) l.data[l.size++] = d == Direction::seq_to_head ? seq_ptr[t] : head_ptr[t];
+  TensorList<ConstByteSpan> inputs(Direction d, int t0 = 0, int n = 3) const {
+    TensorList<ConstByteSpan> l;
+    for (int t = t0; t < t0 + n; ++t) l.push_back(d == Direction::seq_to_head ? seq_span(t) : head_span(t));
     return l;
   }
   /// Outputs of direction d for tensors [t0, t0+n).
-  TensorList<void*> outputs(Direction d, int t0 = 0, int n = 3) const {
-    TensorList<void*> l;
-    for (int t = t0; t < t0 + n; ++t) l.data[l.size++] = d == Direction::seq_to_head ? head_ptr[t] : seq_ptr[t];
+  TensorList<ByteSpan> outputs(Direction d, int t0 = 0, int n = 3) const {
+    TensorList<ByteSpan> l;
+    for (int t = t0; t < t0 + n; ++t) l.push_back(d == Direction::seq_to_head ? head_span(t) : seq_span(t));
     return l;
   }
   Workspace workspace() const { return {ws.data(), ws.size()}; }

@@ -135,7 +135,7 @@ TEST_CASE("MPI: a plan for another group size is rejected before the exchange") 
   std::vector<std::byte> ws(plan.workspace_bytes());
   HostExecutor ex;
   try {
-    seq_to_head(plan, comm, ex, in.data(), out.data(), {ws.data(), ws.size()});
+    seq_to_head(plan, comm, ex, in, out, ws);
     FAIL("expected comm_mismatch");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::comm_mismatch);
@@ -153,7 +153,7 @@ TEST_CASE("MPI cross-rank agreement: a rank with another S makes every rank thro
   std::vector<std::byte> in(plan.seq_bytes(0)), out(plan.head_bytes(0)), ws(plan.workspace_bytes());
   HostExecutor ex;
   try {
-    seq_to_head(plan, comm, ex, {in.data()}, {out.data()}, {ws.data(), ws.size()});
+    seq_to_head(plan, comm, ex, in, out, ws);
     FAIL("expected plan_mismatch");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::plan_mismatch);

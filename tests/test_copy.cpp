@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// copy.hpp: block construction (dimension merging) and the host executor (single- and
-// multi-threaded, with and without streaming stores).
+// copy.hpp: the host executor (single- and multi-threaded, with and without streaming stores),
+// copies and sums.
 #include <doctest/doctest.h>
 #include <ulysses/copy.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -15,33 +16,6 @@
 #include "harness.hpp"
 
 using namespace ulysses;
-
-TEST_CASE("a block between two dense tensors of the same layout is one contiguous row") {
-  const std::int64_t ext[4] = {2, 3, 4, 5}, st[4] = {60, 20, 5, 1};
-  BlockCopy c;
-  REQUIRE(detail::make_block(ext, st, st, 4, 0, 0, 0, 1, c));
-  CHECK(c.row_bytes == 120 * 4);
-  CHECK(c.rows() == 1);
-  CHECK(c.bytes() == 480);
-}
-
-TEST_CASE("head slice of bshd to a row-major wire block: rows of H_j*D elements") {
-  // Source [B=2, S=3, H=4, D=5] bshd, heads 2..3 → wire [2, 3, 2, 5].
-  const std::int64_t ext[4] = {2, 3, 2, 5}, src[4] = {60, 20, 5, 1}, dst[4] = {30, 10, 5, 1};
-  BlockCopy c;
-  REQUIRE(detail::make_block(ext, src, dst, 2, 2 * 5 * 2, 0, 0, 1, c));
-  CHECK(c.row_bytes == 10 * 2);
-  CHECK(c.extent[3] == 6);  // b and s merge on both sides: 60 = 3*20 and 30 = 3*10
-  CHECK(c.src_stride[3] == 40);
-  CHECK(c.dst_stride[3] == 20);
-  CHECK(c.extent[0] * c.extent[1] * c.extent[2] == 1);
-}
-
-TEST_CASE("empty blocks build nothing; extent-1 dims are dropped") {
-  const std::int64_t ext0[4] = {2, 0, 4, 5}, st[4] = {60, 20, 5, 1};
-  BlockCopy c;
-  CHECK_FALSE(detail::make_block(ext0, st, st, 4, 0, 0, 0, 1, c));
-}
 
 TEST_CASE("host executor: strided d (transpose-like) copies element by element, exactly") {
   // src [1, 2, 3, 4] with d outermost (strides 24, 1, 2, 6... ) → dense bshd dst.
@@ -266,4 +240,82 @@ TEST_CASE("seq_to_head / head_to_seq with a 2-thread streaming executor per rank
       grp.run([&](LocalGroup::Comm& comm) { err[static_cast<std::size_t>(comm.rank())] = ut::run_case<ut::bf16_t>(comm, c, ex); });
       for (auto& e : err) CHECK(e == "");
     }
+}
+
+namespace {
+/// A list of sums: each of n destinations [rows, D] of 2-, 4- or 8-byte elements, the sum of 2..5
+/// terms read from strided sources, plus copies between them; and the naive reference computed
+/// element by element with detail::sum_element.
+struct SumList {
+  std::vector<std::vector<std::byte>> bufs;  // buffer i at Buffer index i (inputs) / kMaxTensors+i (outputs)
+  std::vector<BlockCopy> blocks;
+  std::vector<std::vector<std::byte>> want;  // the outputs the reference gives
+};
+SumList random_sums(std::mt19937& g) {
+  SumList l;
+  const ElementType types[] = {ElementType::bfloat16, ElementType::float16, ElementType::float32, ElementType::float64};
+  const ElementType type = types[g() % 4];
+  const std::int64_t e = static_cast<std::int64_t>(size_of(type));
+  const std::int64_t rows = 1 + g() % 300, D = 1 + g() % 70, n = 2 + g() % 4;
+  // Sources: input(j) holds term j as [rows, D] with row stride D + pad_j (elements).
+  std::vector<std::int64_t> pad;
+  for (int j = 0; j < n; ++j) {
+    pad.push_back(g() % 3);
+    l.bufs.emplace_back(static_cast<std::size_t>(rows * (D + pad.back()) * e));
+    for (auto& b : l.bufs.back()) b = static_cast<std::byte>(g() % 7 == 0 ? 0x7f : g());  // some NaN/inf patterns
+  }
+  const std::int64_t dpad = g() % 2;
+  const std::size_t out_bytes = static_cast<std::size_t>(rows * (D + dpad) * e);
+  const std::int64_t ext[4] = {1, rows, 1, D}, dst[4] = {0, D + dpad, 0, 1};
+  std::vector<std::array<std::int64_t, 4>> st;
+  for (int j = 0; j < n; ++j) st.push_back({0, D + pad[j], 0, 1});
+  std::vector<const std::int64_t*> sp;
+  std::vector<std::int64_t> soff(static_cast<std::size_t>(n), 0);
+  std::vector<int> sbuf;
+  for (int j = 0; j < n; ++j) sp.push_back(st[j].data()), sbuf.push_back(Buffer::input(j));
+  // A copy first (input 0 → output 1), then the sum into output 0: cuts fall anywhere.
+  BlockCopy c;
+  REQUIRE(detail::make_block(ext, st[0].data(), dst, e, 0, 0, Buffer::input(0), Buffer::output(1), c));
+  l.blocks.push_back(c);
+  std::vector<BlockCopy> grp(static_cast<std::size_t>(n));
+  REQUIRE(detail::make_blocks(ext, static_cast<int>(n), sp.data(), dst, e, soff.data(), 0, sbuf.data(), Buffer::output(0), type, grp.data()));
+  l.blocks.insert(l.blocks.end(), grp.begin(), grp.end());
+  for (int o = 0; o < 2; ++o) l.bufs.emplace_back(out_bytes, std::byte{0x5a});
+  l.want = {l.bufs[static_cast<std::size_t>(n)], l.bufs[static_cast<std::size_t>(n) + 1]};
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t d = 0; d < D; ++d) {
+      std::vector<const std::byte*> terms;
+      for (int j = 0; j < n; ++j) terms.push_back(l.bufs[static_cast<std::size_t>(j)].data() + (r * (D + pad[j]) + d) * e);
+      const auto at = static_cast<std::size_t>((r * (D + dpad) + d) * e);
+      detail::sum_element(type, terms.data(), static_cast<int>(n), l.want[0].data() + at);
+      std::memcpy(l.want[1].data() + at, terms[0], static_cast<std::size_t>(e));
+    }
+  return l;
+}
+BufferTable sum_table(SumList& l) {
+  BufferTable t;
+  const std::size_t n = l.bufs.size() - 2;
+  for (std::size_t j = 0; j < n; ++j) t.base[Buffer::input(static_cast<int>(j))] = l.bufs[j].data();
+  t.base[Buffer::output(0)] = l.bufs[n].data();
+  t.base[Buffer::output(1)] = l.bufs[n + 1].data();
+  return t;
+}
+}  // namespace
+
+TEST_CASE("host executor sums: every element the ordered sum of its terms, same bits with 1..4 threads cutting anywhere") {
+  std::mt19937 g(2024);
+  for (int trial = 0; trial < 80; ++trial) {
+    const SumList base = random_sums(g);
+    for (int threads : {1, 2, 3, 4})
+      for (std::size_t min_bytes : {std::size_t{1}, std::size_t{61}, std::size_t{1} << 20}) {
+        CAPTURE(trial);
+        CAPTURE(threads);
+        CAPTURE(min_bytes);
+        SumList l = base;
+        HostExecutor(HostExecutorOptions{threads, min_bytes, 0}).run(l.blocks.data(), l.blocks.size(), sum_table(l));
+        const std::size_t n = l.bufs.size() - 2;
+        CHECK(l.bufs[n] == l.want[0]);
+        CHECK(l.bufs[n + 1] == l.want[1]);
+      }
+  }
 }

@@ -311,8 +311,8 @@ template <class T, class Comm>
 std::string run_case_pipeline(Comm& comm, const ut::Case& c, cudaStream_t s) {
   CudaPipeline pipe(s);
   return ut::run_case_device_with<T>(comm, c, s,
-                                     [&](const Plan& plan, Direction d, CudaExecutor& ex, const TensorList<const void*>& in,
-                                         const TensorList<void*>& out, Workspace w) { pipe.run(plan, d, comm, ex, in, out, w); });
+                                     [&](const Plan& plan, Direction d, CudaExecutor& ex, const TensorList<ConstByteSpan>& in,
+                                         const TensorList<ByteSpan>& out, Workspace w) { pipe.run(plan, d, comm, ex, in, out, w); });
 }
 
 template <class T>
@@ -382,8 +382,7 @@ TEST_CASE("CudaPipeline captures into a CUDA graph (copy stream forked and joine
   UT_CUDA(cudaStreamSynchronize(s.get()));
   cudaGraph_t graph = nullptr;
   UT_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-  pipe.seq_to_head(plan, comm, ex, {static_cast<const void*>(din.get())}, {static_cast<void*>(dout.get())},
-                   {ws.get(), ws.bytes()});
+  pipe.seq_to_head(plan, comm, ex, {{din.get(), din.bytes()}}, {{dout.get(), dout.bytes()}}, {ws.get(), ws.bytes()});
   UT_CUDA(cudaStreamEndCapture(s.get(), &graph));  // fails (unjoined) if the copy stream was left forked
   std::size_t nodes = 0;
   UT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
@@ -408,8 +407,8 @@ TEST_CASE("CudaPipeline rejects a communicator on another stream and bad argumen
   CHECK(pipe.stream() == s.get());
   CHECK(pipe.copy_stream() != nullptr);
   SoloComm wrong{other.get()}, right{s.get()};
-  const TensorList<const void*> in{static_cast<const void*>(din.get())};
-  const TensorList<void*> out{static_cast<void*>(dout.get())};
+  const TensorList<ConstByteSpan> in{{din.get(), din.bytes()}};
+  const TensorList<ByteSpan> out{{dout.get(), dout.bytes()}};
   try {
     pipe.seq_to_head(plan, wrong, ex, in, out, {ws.get(), ws.bytes()});
     FAIL("expected comm_mismatch");
@@ -417,7 +416,7 @@ TEST_CASE("CudaPipeline rejects a communicator on another stream and bad argumen
     CHECK(e.code() == Errc::comm_mismatch);
   }
   try {
-    pipe.seq_to_head(plan, right, ex, in, TensorList<void*>{}, {ws.get(), ws.bytes()});
+    pipe.seq_to_head(plan, right, ex, in, TensorList<ByteSpan>{}, {ws.get(), ws.bytes()});
     FAIL("expected wrong_tensor_count");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::wrong_tensor_count);

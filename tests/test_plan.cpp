@@ -53,11 +53,23 @@ TEST_CASE("C5: q, k, v in one exchange; the kv head is sent to each rank that ne
     Sizes want(4, 768);
     want[r] = 0;
     CHECK(p.schedule(Direction::seq_to_head).send_bytes == want);
-    // head→seq: a replicated kv head is returned by its lowest holder only (ranks 0 and 2).
+    // head→seq summing the replicas (the default, the backward of seq→head): every holder sends
+    // its copy of the kv head; ranks 1 and 3 hold theirs without owning it (256 bytes a peer).
+    CHECK(p.schedule(Direction::head_to_seq).send_bytes == want);
+    CHECK(p.replica_bytes(Direction::head_to_seq) == (r % 2 == 0 ? 0u : 3 * 256u));
+    CHECK(p.replica_bytes(Direction::seq_to_head) == 0);
+    CHECK(p.workspace_bytes() == 2304 + 2304);  // send region 2304 (a multiple of 256) + receive region
+    // head→seq taking the owner's copy (the plain inverse): the kv head comes from its lowest
+    // holder only (ranks 0 and 2).
+    Plan inv({4, r}, 1, SeqPartition::even(16, 4),
+             {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner),
+              TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner)});
     Sizes back(4, r % 2 == 0 ? 768 : 512);
     back[r] = 0;
-    CHECK(p.schedule(Direction::head_to_seq).send_bytes == back);
-    CHECK(p.workspace_bytes() == 2304 + 2304);  // send region 2304 (a multiple of 256) + receive region
+    CHECK(inv.schedule(Direction::head_to_seq).send_bytes == back);
+    CHECK(inv.replica_bytes(Direction::head_to_seq) == 0);
+    CHECK(inv.first_non_adjoint_tensor() == 1);
+    CHECK(p.first_non_adjoint_tensor() == -1);
   }
 }
 
@@ -79,7 +91,8 @@ TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in p
   auto q = HeadPartition::even(16, 4);
   auto kv = HeadPartition::gqa(q, 2);
   Plan p({4, 1}, 1, SeqPartition::even(16, 4),
-         {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8), TensorSpec::of<float>(kv, 8)});
+         {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner),
+          TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner)});
   const Schedule& s2h = p.schedule(Direction::seq_to_head);
   REQUIRE(s2h.recv_pieces.size() == 9);  // peers 0, 2, 3 x q, k, v
   const std::size_t want_bytes[3] = {512, 128, 128};
@@ -116,6 +129,26 @@ TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in p
   CHECK(piece_bytes(h2s.recv_pieces) == h2s.recv_total);
   for (const Piece& pc : h2s.recv_pieces) CHECK(!pc.direct());
   CHECK(block_bytes(h2s.unpack_staged) == h2s.recv_total + 512);  // plus the own chunk (q)
+
+  // Summing the replicas (the default): rank 1 sends its copy of kv head 0 too, in place (its
+  // [16, 1, 8] k and v hold each peer's 4 tokens contiguously). What it receives is staged: q as
+  // before, k and v because they are terms of sums (kv head 0 from ranks 0 and 1, kv head 1 from
+  // ranks 2 and 3, for each of k and v: 4 sums of 2 terms).
+  Plan sum({4, 1}, 1, SeqPartition::even(16, 4),
+           {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8), TensorSpec::of<float>(kv, 8)});
+  const Schedule& b = sum.schedule(Direction::head_to_seq);
+  REQUIRE(b.send_pieces.size() == 9);
+  for (const Piece& pc : b.send_pieces) CHECK(pc.direct());
+  REQUIRE(b.recv_pieces.size() == 9);
+  for (const Piece& pc : b.recv_pieces) CHECK(!pc.direct());
+  std::size_t sums = 0;
+  for (const BlockCopy& c : b.unpack)
+    if (c.op == BlockOp::sum) {
+      ++sums;
+      CHECK(c.sources == 2);
+      CHECK(c.type == ElementType::float32);
+    }
+  CHECK(sums == 4);
 }
 
 TEST_CASE("direct pieces: B=2 and zigzag pieces are staged; bhsd sends seq→head in place") {

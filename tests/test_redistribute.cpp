@@ -52,7 +52,7 @@ TEST_CASE("C1: batch > 1 keeps tokens of each sequence apart (literal values, bs
     out[r].resize(16);
     std::vector<std::byte> ws(plan.workspace_bytes());
     HostExecutor ex;
-    seq_to_head(plan, comm, ex, in.data(), out[r].data(), {ws.data(), ws.size()});
+    seq_to_head(plan, comm, ex, in, out[r], ws);
   });
   CHECK(out[0] == std::vector<float>{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29});
   CHECK(out[1] == std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
@@ -96,7 +96,7 @@ TEST_CASE("the message-level stages run one by one give C1's literal values (seq
     out[r].assign(8, -1.f);
     std::vector<std::byte> ws(plan.workspace_bytes());
     HostExecutor ex;
-    const BufferTable t = make_buffers(plan, Direction::seq_to_head, {in.data()}, {out[r].data()}, {ws.data(), ws.size()});
+    const BufferTable t = make_buffers(plan, Direction::seq_to_head, {in}, {out[r]}, ws);
     pack_pieces(plan, Direction::seq_to_head, ex, t);
     exchange_pieces(plan, Direction::seq_to_head, comm, t);
     unpack_pieces(plan, Direction::seq_to_head, ex, t);
@@ -188,22 +188,55 @@ TEST_CASE_FIXTURE(Fixture, "argument errors are raised before the exchange, with
   auto comm = g.comm(0);
   HostExecutor ex;
   Workspace w{ws.data(), ws.size()};
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in.data(), out.data(), w); }) == Errc{});
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, {in.data(), in.data()}, {out.data()}, w); }) == Errc::wrong_tensor_count);
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in.data(), out.data(), Workspace{ws.data(), 0}); }) ==
+  auto at = [](std::vector<float>& v, std::size_t i) { return ByteSpan{v.data() + i, (v.size() - i) * sizeof(float)}; };
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in, out, w); }) == Errc{});
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, {in, in}, {out}, w); }) == Errc::wrong_tensor_count);
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in, out, Workspace{ws.data(), 0}); }) ==
         (plan.workspace_bytes() ? Errc::workspace_too_small : Errc{}));
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in.data(), in.data(), w); }) == Errc::buffer_overlap);
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in.data(), in.data() + 31, w); }) == Errc::buffer_overlap);
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in, in, w); }) == Errc::buffer_overlap);
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in, ByteSpan{in.data() + 31, 32 * sizeof(float)}, w); }) == Errc::buffer_overlap);
   CHECK(code_of([&] {
-          seq_to_head(plan, comm, ex, {static_cast<const void*>(in.data())},
-                      {static_cast<void*>(reinterpret_cast<std::byte*>(out.data()) + 1)}, w);
+          seq_to_head(plan, comm, ex, in, ByteSpan{reinterpret_cast<std::byte*>(out.data()) + 1, 32 * sizeof(float)}, w);
         }) == Errc::misaligned);
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in.data(), static_cast<float*>(nullptr), w); }) == Errc::invalid_shape);
-  double* dbl = nullptr;
-  CHECK(code_of([&] { seq_to_head(plan, comm, ex, dbl, dbl, w); }) == Errc::invalid_shape);
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, in, ByteSpan{nullptr, 32 * sizeof(float)}, w); }) == Errc::invalid_shape);
   LocalGroup g2(2);
   auto other = g2.comm(1);
-  CHECK(code_of([&] { seq_to_head(plan, other, ex, in.data(), out.data(), w); }) == Errc::comm_mismatch);
+  CHECK(code_of([&] { seq_to_head(plan, other, ex, in, out, w); }) == Errc::comm_mismatch);
+  // Buffers shorter than their layouts: the message names the tensor, the bytes given and needed.
+  auto [code, msg] = ut::error_of([&] { seq_to_head(plan, comm, ex, in, at(out, 1), w); });
+  CHECK(code == Errc::buffer_too_small);
+  CHECK(msg.find("output 0") != std::string::npos);
+  CHECK(msg.find("124 bytes") != std::string::npos);
+  CHECK(msg.find("needs 128 bytes") != std::string::npos);
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, ConstByteSpan{in.data(), 64}, out, w); }) == Errc::buffer_too_small);
+  CHECK(code_of([&] { seq_to_head(plan, comm, ex, ConstByteSpan{nullptr, 0}, out, w); }) == Errc::buffer_too_small);
+}
+
+TEST_CASE("q, k, v carved from one arena and passed in the wrong order: buffer_too_small naming the tensor") {
+  // GQA H=4, Hkv=2, P=2, B=1, S=4, D=4 float: q needs 128 bytes a rank, k and v 64. A user who
+  // passes {k, q, v} gives tensor 0 (q) the 64 bytes of k: refused before anything moves.
+  LocalGroup g(2);
+  std::vector<std::string> msg(2);
+  g.run([&](LocalGroup::Comm& comm) {
+    const auto a = attention_specs<float>(2, {4, 2, 4});
+    Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), a.qkv());
+    std::vector<float> arena((plan.seq_bytes(0) + plan.seq_bytes(1) + plan.seq_bytes(2)) / 4);
+    const ConstByteSpan q{arena.data(), plan.seq_bytes(0)}, k{arena.data() + 32, plan.seq_bytes(1)},
+        v{arena.data() + 48, plan.seq_bytes(2)};
+    std::vector<float> q2(plan.head_bytes(0) / 4), k2(plan.head_bytes(1) / 4), v2(plan.head_bytes(2) / 4);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    try {
+      seq_to_head(plan, comm, ex, {k, q, v}, {q2, k2, v2}, ws);
+    } catch (const Error& e) {
+      if (e.code() == Errc::buffer_too_small) msg[comm.rank()] = e.what();
+    }
+  });
+  for (const auto& m : msg) {
+    CAPTURE(m);
+    CHECK(m.find("input 0 (tensor 0, seq-sharded) holds 64 bytes") != std::string::npos);
+    CHECK(m.find("needs 128 bytes") != std::string::npos);
+  }
 }
 
 TEST_CASE("a larger plan's workspace is the send region (256-aligned) plus the receive region") {
@@ -216,19 +249,30 @@ TEST_CASE("a larger plan's workspace is the send region (256-aligned) plus the r
   CHECK(plan.workspace_bytes() == 256 + 48);
 }
 
-TEST_CASE("cross-rank agreement: a rank that planned with other inputs makes EVERY rank throw, naming it") {
+TEST_CASE("cross-rank agreement (on by default, every build): a rank that planned another wire makes EVERY rank throw, naming it and the field") {
   const int P = 4;
   struct Variant {
-    const char* what;
+    const char* what;   // the field agreement_field() names
     std::function<Plan(int)> make;  // rank → its plan; rank 2 differs
   };
   auto q = HeadPartition::even(8, P);
+  auto kv = HeadPartition::gqa(q, 2);  // kv head 0 on ranks 0, 1; kv head 1 on ranks 2, 3
   const std::vector<Variant> variants = {
-      {"S", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(r == 2 ? 12 : 8, P), {TensorSpec::of<float>(q, 4)}); }},
-      {"H", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(r == 2 ? 4 : 8, P), 4)}); }},
-      {"element size", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
-      {"split", [&](int r) { return Plan({P, r}, 1, r == 2 ? SeqPartition::lengths(8, P, {3, 1, 2, 2}) : SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}); }},
-      {"layout", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, r == 2 ? Format::sbhd : Format::bshd); }},
+      {"the sequence length S", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(r == 2 ? 12 : 8, P), {TensorSpec::of<float>(q, 4)}); }},
+      {"the head partition of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(r == 2 ? 4 : 8, P), 4)}); }},
+      {"the head dim or element size of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
+      {"the sequence partition", [&](int r) { return Plan({P, r}, 1, r == 2 ? SeqPartition::lengths(8, P, {3, 1, 2, 2}) : SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}); }},
+      {"the number of stages K", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{r == 2 ? 2 : 1}); }},
+      {"PlanOptions::direct_pieces", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{1, r != 2}); }},
+      {"the head partition of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(r == 2 ? HeadPartition::ranges(8, {{0, 3}, {3, 4}, {4, 6}, {6, 8}}) : q, 4)}); }},
+      {"the replica handling (Replicas, element type) of tensor 1", [&](int r) {
+         return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4), TensorSpec::of<float>(kv, 4).with_replicas(r == 2 ? Replicas::owner : Replicas::sum)});
+       }},
+      {"the number of tensors", [&](int r) {
+         std::vector<TensorSpec> t{TensorSpec::of<float>(q, 4)};
+         if (r == 2) t.push_back(TensorSpec::of<float>(kv, 4));
+         return Plan({P, r}, 1, SeqPartition::even(8, P), t);
+       }},
   };
   for (const auto& v : variants) {
     const std::string what = v.what;
@@ -238,11 +282,16 @@ TEST_CASE("cross-rank agreement: a rank that planned with other inputs makes EVE
     std::vector<Errc> code(P, Errc{});
     g.run([&](LocalGroup::Comm& comm) {
       Plan plan = v.make(comm.rank());
-      plan.set_check_agreement(true);
-      std::vector<std::byte> in(plan.seq_bytes(0)), out(plan.head_bytes(0)), ws(plan.workspace_bytes());
+      REQUIRE(plan.check_agreement());  // the default
+      TensorList<ConstByteSpan> in;
+      TensorList<ByteSpan> out;
+      std::vector<std::vector<std::byte>> bufs;
+      for (int t = 0; t < plan.num_tensors(); ++t) bufs.emplace_back(plan.seq_bytes(t)), bufs.emplace_back(plan.head_bytes(t));
+      for (int t = 0; t < plan.num_tensors(); ++t) in.push_back(bufs[2 * t]), out.push_back(bufs[2 * t + 1]);
+      std::vector<std::byte> ws(plan.workspace_bytes());
       HostExecutor ex;
       try {
-        seq_to_head(plan, comm, ex, {in.data()}, {out.data()}, {ws.data(), ws.size()});
+        seq_to_head(plan, comm, ex, in, out, ws);
       } catch (const Error& e) {
         code[comm.rank()] = e.code();
         msg[comm.rank()] = e.what();
@@ -252,6 +301,80 @@ TEST_CASE("cross-rank agreement: a rank that planned with other inputs makes EVE
       CAPTURE(msg[r]);
       CHECK(code[r] == Errc::plan_mismatch);
       CHECK(msg[r].find("ranks {2}") != std::string::npos);
+      CHECK(msg[r].find("rank 2 in " + what) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("cross-rank agreement ignores what is a rank's own business: bshd next to sbhd next to a strided view, exact") {
+  // Rank 0 holds bshd, rank 1 sbhd, rank 2 bhsd, rank 3 a padded view: the wire is the same, the
+  // check passes, and every rank gets its exact slice (the debug-only check used to refuse this).
+  const int P = 4;
+  const std::int64_t B = 2, S = 8, H = 4, D = 3;
+  auto hp = HeadPartition::even(H, P);
+  LocalGroup g(P);
+  std::vector<std::string> err(P);
+  g.run([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    const std::int64_t L = S / P;
+    auto spec = TensorSpec::of<float>(hp, D);
+    if (r == 3) spec.with_seq_layout(Layout::strided({B, L, H, D}, {L * H * 5, H * 5, 5, 1}));  // rows padded to 5
+    Plan plan({P, r}, B, SeqPartition::even(S, P), {spec}, r == 0 ? Format::bshd : r == 1 ? Format::sbhd : Format::bhsd);
+    const Layout& sl = plan.seq_layout(0);
+    std::vector<float> x(plan.seq_bytes(0) / 4, -1.f), y(plan.head_bytes(0) / 4), back(x.size(), -1.f);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < L; ++s)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d)
+            x[static_cast<std::size_t>(sl.offset(b, s, h, d))] = static_cast<float>(((b * S + r * L + s) * H + h) * D + d);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    seq_to_head(plan, comm, ex, x, y, ws);
+    const Layout& hl = plan.head_layout(0);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t h = 0; h < hl.extent[2]; ++h)
+          for (std::int64_t d = 0; d < D; ++d)
+            if (y[static_cast<std::size_t>(hl.offset(b, s, h, d))] != static_cast<float>(((b * S + s) * H + hp.begin(r) + h) * D + d))
+              err[r] = "wrong element";
+    head_to_seq(plan, comm, ex, y, back, ws);
+    if (back != x) err[r] += " round trip differs";
+    if (!plan.agreement_checked()) err[r] += " not checked";
+  });
+  for (int r = 0; r < P; ++r) CHECK(err[r] == "");
+}
+
+TEST_CASE("C9: ranks that planned different head splits throw plan_mismatch on every rank, with default options") {
+  // P=2, H=3, S=4, D=2, B=1, fp32. Rank 0 splits [2,1]; rank 1 [1,2], [0,3] or [3,0]. Before the
+  // fix: output elements never written, a hang, a truncation error. Now: one verdict, no data moved.
+  const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> rank1 = {
+      {{0, 1}, {1, 3}}, {{0, 0}, {0, 3}}, {{0, 3}, {3, 3}}};
+  for (const auto& other : rank1) {
+    LocalGroup g(2);
+    std::vector<std::string> msg(2);
+    std::vector<Errc> code(2, Errc{});
+    std::vector<std::vector<float>> out(2);
+    g.run([&](LocalGroup::Comm& comm) {
+      const int r = comm.rank();
+      const auto heads = r == 0 ? HeadPartition::ranges(3, {{0, 2}, {2, 3}}) : HeadPartition::ranges(3, other);
+      Plan plan({2, r}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(heads, 2)});
+      std::vector<float> in(plan.seq_bytes(0) / 4, 1.f);
+      out[r].assign(plan.head_bytes(0) / 4, -7.f);
+      std::vector<std::byte> ws(plan.workspace_bytes());
+      HostExecutor ex;
+      try {
+        seq_to_head(plan, comm, ex, in, out[r], ws);
+      } catch (const Error& e) {
+        code[r] = e.code();
+        msg[r] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(msg[r]);
+      CHECK(code[r] == Errc::plan_mismatch);
+      CHECK(msg[r].find("ranks {1}") != std::string::npos);
+      CHECK(msg[r].find("the head partition of tensor 0") != std::string::npos);
+      for (float v : out[r]) CHECK(v == -7.f);  // nothing arrived
     }
   }
 }
@@ -261,17 +384,41 @@ TEST_CASE("cross-rank agreement passes once for identical plans, and is off when
   std::vector<int> checked(2, 0);
   g.run([&](LocalGroup::Comm& comm) {
     Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
-    plan.set_check_agreement(true);
     std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
     std::vector<std::byte> ws(plan.workspace_bytes());
     HostExecutor ex;
-    seq_to_head(plan, comm, ex, in.data(), out.data(), {ws.data(), ws.size()});
+    seq_to_head(plan, comm, ex, in, out, ws);
     checked[comm.rank()] = plan.agreement_checked();
   });
   CHECK(checked == std::vector<int>{1, 1});
   Plan off({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)});
+  CHECK(off.check_agreement());
   off.set_check_agreement(false);
   CHECK_FALSE(off.check_agreement());
+}
+
+namespace {
+/// A communicator with alltoallv only: check_agreement() all-gathers through it.
+struct AlltoallvOnly {
+  LocalGroup::Comm c;
+  int size() const { return c.size(); }
+  int rank() const { return c.rank(); }
+  void alltoallv(const std::byte* s, const std::size_t* sb, const std::size_t* so, std::byte* r, const std::size_t* rb,
+                 const std::size_t* ro) {
+    c.alltoallv(s, sb, so, r, rb, ro);
+  }
+};
+}  // namespace
+
+TEST_CASE("cross-rank agreement through alltoallv when the communicator has no allgather") {
+  LocalGroup g(3);
+  std::vector<Errc> code(3, Errc{});
+  g.run([&](LocalGroup::Comm& comm) {
+    AlltoallvOnly c{comm};
+    Plan plan({3, comm.rank()}, 1, SeqPartition::even(comm.rank() == 1 ? 6 : 3, 3), {TensorSpec::of<float>(HeadPartition::even(3, 3), 2)});
+    code[comm.rank()] = ut::code_of([&] { check_agreement(plan, c); });
+  });
+  CHECK(code == std::vector<Errc>(3, Errc::plan_mismatch));
 }
 
 namespace {
@@ -321,7 +468,8 @@ std::string run_special(const ut::Case& c) {
 TEST_CASE("special values: NaN payloads, -0.0, subnormals and every 1- and 2-byte pattern stay bit-exact") {
   // 1 x 256 x 4 x 64 = 65536 elements per tensor: every 2-byte pattern appears once.
   auto q = HeadPartition::even(4, 4);
-  const ut::Case c{"special", 4, 1, SeqPartition::even(256, 4), {{q, 64}, {HeadPartition::gqa(q, 2), 64}}, Format::sbhd};
+  ut::Case c{"special", 4, 1, SeqPartition::even(256, 4), {{q, 64}, {HeadPartition::gqa(q, 2), 64}}, Format::sbhd};
+  c.replicas = Replicas::owner;  // data movement only (sums of special values: test_copy.cpp)
   CHECK(run_special<std::uint8_t>(c) == "");
   CHECK(run_special<std::uint16_t>(c) == "");
   CHECK(run_special<float>(c) == "");
@@ -370,8 +518,9 @@ TEST_CASE("pointers misaligned for vectors (but aligned for the element) take th
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i * 7 + comm.rank());
     std::vector<std::byte> ws(plan.workspace_bytes() + 4);
     HostExecutor ex;
-    seq_to_head(plan, comm, ex, in.data() + 1, out.data() + 1, {ws.data() + 4, plan.workspace_bytes()});
-    head_to_seq(plan, comm, ex, out.data() + 1, back.data() + 1, {ws.data() + 4, plan.workspace_bytes()});
+    const Workspace w{ws.data() + 4, plan.workspace_bytes()};
+    seq_to_head(plan, comm, ex, ConstByteSpan{in.data() + 1, plan.seq_bytes(0)}, ByteSpan{out.data() + 1, plan.head_bytes(0)}, w);
+    head_to_seq(plan, comm, ex, ConstByteSpan{out.data() + 1, plan.head_bytes(0)}, ByteSpan{back.data() + 1, plan.seq_bytes(0)}, w);
     if (!std::equal(in.begin() + 1, in.end(), back.begin() + 1)) err[comm.rank()] = "round trip differs";
   });
   CHECK(err[0] == "");
@@ -395,15 +544,16 @@ TEST_CASE("q, k, v as views of one fused [B, S, 3, H, D] buffer, both ways (forw
     std::vector<float> q(plan.head_bytes(0) / 4), k(q.size()), v(q.size());
     std::vector<std::byte> ws(plan.workspace_bytes());
     HostExecutor ex;
-    const float* f = fused.data();
-    seq_to_head(plan, comm, ex, {f, f + H * D, f + 2 * H * D}, {q.data(), k.data(), v.data()}, {ws.data(), ws.size()});
+    // Views of the fused buffers: from a pointer to the buffer's end.
+    auto in_view = [&](std::int64_t at) { return ConstByteSpan{fused.data() + at, (fused.size() - static_cast<std::size_t>(at)) * 4}; };
+    auto out_view = [&](std::int64_t at) { return ByteSpan{back.data() + at, (back.size() - static_cast<std::size_t>(at)) * 4}; };
+    seq_to_head(plan, comm, ex, {in_view(0), in_view(H * D), in_view(2 * H * D)}, {q, k, v}, ws);
     // Backward: the gradients go back into the fused layout, three interleaved views of one buffer.
-    float* b = back.data();
-    head_to_seq(plan, comm, ex, {q.data(), k.data(), v.data()}, {b, b + H * D, b + 2 * H * D}, {ws.data(), ws.size()});
+    head_to_seq(plan, comm, ex, {q, k, v}, {out_view(0), out_view(H * D), out_view(2 * H * D)}, ws);
     if (back != fused) err[r] = "fused round trip differs";
     // Views that do share bytes are still refused: k shifted by one element overlaps q.
     try {
-      head_to_seq(plan, comm, ex, {q.data(), k.data(), v.data()}, {b, b + 1, b + 2 * H * D}, {ws.data(), ws.size()});
+      head_to_seq(plan, comm, ex, {q, k, v}, {out_view(0), out_view(1), out_view(2 * H * D)}, ws);
       err[r] += " overlapping views accepted";
     } catch (const Error& e) {
       if (e.code() != Errc::buffer_overlap) err[r] += " wrong code";
@@ -435,15 +585,15 @@ TEST_CASE("q, k, v (GQA) as views of one fused [B, S, H + 2*Hkv, D] buffer, both
     std::vector<float> q(plan.head_bytes(0) / 4), k(plan.head_bytes(1) / 4), v(plan.head_bytes(2) / 4);
     std::vector<std::byte> ws(plan.workspace_bytes());
     HostExecutor ex;
-    const float* f = fused.data();
-    seq_to_head(plan, comm, ex, {f, f + H * D, f + (H + Hkv) * D}, {q.data(), k.data(), v.data()}, {ws.data(), ws.size()});
+    auto in_view = [&](std::int64_t at) { return ConstByteSpan{fused.data() + at, (fused.size() - static_cast<std::size_t>(at)) * 4}; };
+    auto out_view = [&](std::int64_t at) { return ByteSpan{back.data() + at, (back.size() - static_cast<std::size_t>(at)) * 4}; };
+    seq_to_head(plan, comm, ex, {in_view(0), in_view(H * D), in_view((H + Hkv) * D)}, {q, k, v}, ws);
     // Rank r holds kv head r of token s, batch b at fused[((b*L + s)*Hs + H + r)*D] (from the rank that holds s).
     if (k[0] != static_cast<float>(H * D + r * D)) err[r] += " k of token 0 is not kv head r of rank 0's first token";
-    float* b = back.data();
-    head_to_seq(plan, comm, ex, {q.data(), k.data(), v.data()}, {b, b + H * D, b + (H + Hkv) * D}, {ws.data(), ws.size()});
+    head_to_seq(plan, comm, ex, {q, k, v}, {out_view(0), out_view(H * D), out_view((H + Hkv) * D)}, ws);
     if (back != fused) err[r] += " fused round trip differs";
     try {  // k's view moved one element into q's heads: refused
-      head_to_seq(plan, comm, ex, {q.data(), k.data(), v.data()}, {b, b + H * D - 1, b + (H + Hkv) * D}, {ws.data(), ws.size()});
+      head_to_seq(plan, comm, ex, {q, k, v}, {out_view(0), out_view(H * D - 1), out_view((H + Hkv) * D)}, ws);
       err[r] += " overlapping views accepted";
     } catch (const Error& e) {
       if (e.code() != Errc::buffer_overlap) err[r] += " wrong code";
@@ -546,10 +696,158 @@ TEST_CASE("an input inside the workspace is refused (the exchange would overwrit
     std::vector<float> ws(plan.workspace_bytes() / 4 + 64), out(plan.head_bytes(0) / 4);
     HostExecutor ex;
     try {
-      seq_to_head(plan, comm, ex, ws.data() + plan.recv_region_offset() / 4, out.data(), {ws.data(), ws.size() * 4});
+      seq_to_head(plan, comm, ex, ConstByteSpan{ws.data() + plan.recv_region_offset() / 4, plan.seq_bytes(0)}, out, ws);
     } catch (const Error& e) {
       code[comm.rank()] = e.code();
     }
   });
   CHECK(code == std::vector<Errc>{Errc::buffer_overlap, Errc::buffer_overlap});
+}
+
+// ---- the backward of seq→head: adjointness and the summed inverse --------------------------------
+
+namespace {
+/// Runs run_adjoint_case<T> for case c on an in-process group; "" or the failures, and whether
+/// the two inner products agree.
+template <class T>
+std::string adjoint_local(const ut::Case& c) {
+  LocalGroup g(c.P);
+  std::vector<ut::AdjointShare> share(static_cast<std::size_t>(c.P));
+  g.run([&](LocalGroup::Comm& comm) { share[static_cast<std::size_t>(comm.rank())] = ut::run_adjoint_case<T>(comm, c); });
+  std::string all;
+  std::int64_t fwd = 0, bwd = 0;
+  for (auto& s : share) all += s.error.empty() ? "" : s.error + "\n", fwd += s.forward, bwd += s.backward;
+  if (fwd != bwd) all += c.name + ": <seq_to_head(x), y> = " + std::to_string(fwd) + " but <x, backward(y)> = " + std::to_string(bwd);
+  return all;
+}
+}  // namespace
+
+TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every model x P in {1..32} x partitions x layouts x K") {
+  // Integer-valued data, so every sum is exact; the backward is also checked element by element
+  // (the sum over the holders of each head, ascending). P=16 and 32 replicate the kv heads of
+  // Llama, Mistral, Qwen and Gemma; Falcon (MQA) on every rank.
+  int cases = 0;
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {1, 2, 4, 8, 16, 32}) {
+      const bool even_ok = ut::expected_even_error(m, P) == Errc{};
+      int i = 0;
+      for (const auto& [pname, seq] : ut::sweep_partitions(P))
+        for (int layout = 0; layout < 4; ++layout)
+          for (int K : {1, 3}) {
+            // every combination for small groups; for P >= 8 a rotation through them (each model
+            // still sees every partition, layout and K across its group sizes)
+            if (P >= 8 && (i++ % 4) != (P + layout) % 4) continue;
+            const bool even = even_ok && pname != "balanced";
+            auto q = even ? HeadPartition::even(m.num_heads, P) : HeadPartition::balanced(m.num_heads, P);
+            auto kv = HeadPartition::gqa(q, m.num_kv_heads);
+            ut::Case c{std::string(m.name) + " P=" + std::to_string(P) + " " + pname + " layout " + std::to_string(layout) +
+                           " K=" + std::to_string(K),
+                       P, 1, seq, {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}},
+                       layout == 3 ? Format::bshd : ut::kFormats[layout], K};
+            c.padded = layout == 3;
+            CAPTURE(c.name);
+            CHECK(adjoint_local<float>(c) == "");
+            ++cases;
+          }
+    }
+  CHECK(cases > 700);
+}
+
+TEST_CASE("adjointness in double and bfloat16, B=2, message path and all-to-all-v path") {
+  auto q = HeadPartition::balanced(6, 4);
+  auto kv = HeadPartition::gqa(q, 3);  // kv head 1 on ranks 1 and 2 (a shared boundary head)
+  for (bool direct : {true, false})
+    for (int K : {1, 2}) {
+      ut::Case c{"B=2 balanced GQA", 4, 2, SeqPartition::zigzag(11, 4), {{q, 5}, {kv, 5}, {kv, 3}}, Format::sbhd, K};
+      c.direct_pieces = direct;
+      CAPTURE(direct);
+      CAPTURE(K);
+      CHECK(adjoint_local<double>(c) == "");
+      CHECK(adjoint_local<ut::bf16v>(c) == "");
+      CHECK(adjoint_local<float>(c) == "");
+    }
+}
+
+TEST_CASE("C11: MQA H=4, Hkv=1, P=4: the gradient of the replicated kv head is the sum of every rank's (fp32 and bf16)") {
+  // B=1, S=8, D=2. seq→head gives every rank kv head 0; in the backward rank r holds dk = (r+1)*code(s, d)
+  // for all 8 tokens. After seq_to_head_backward every rank's seq-sharded dk is 10*code for its
+  // tokens (taking one copy would give 1*code).
+  const int P = 4;
+  const std::int64_t S = 8, D = 2;
+  auto code = [](std::int64_t s, std::int64_t d) { return static_cast<float>(s * D + d + 1); };
+  for (bool bf16 : {false, true}) {
+    LocalGroup g(P);
+    std::vector<std::vector<float>> dk(P);
+    g.run([&](LocalGroup::Comm& comm) {
+      const int r = comm.rank();
+      const auto a = attention_specs<float>(P, {4, 1, D}, bf16 ? ElementType::bfloat16 : ElementType::float32);
+      std::vector<TensorSpec> specs = a.qkv();
+      if (bf16)
+        for (auto& x : specs) x.elem_bytes = 2;
+      Plan plan({P, r}, 1, SeqPartition::even(S, P), specs);
+      REQUIRE(a.kv_heads.count(r) == 1);
+      const std::size_t e = bf16 ? 2 : 4;
+      std::vector<std::vector<std::byte>> grad_head(3), grad_seq(3);
+      for (int t = 0; t < 3; ++t) grad_head[t].resize(plan.head_bytes(t)), grad_seq[t].resize(plan.seq_bytes(t));
+      for (std::int64_t s = 0; s < S; ++s)  // dk on rank r: [B=1, S, 1, D] = (r+1) * code
+        for (std::int64_t d = 0; d < D; ++d) {
+          const float v = static_cast<float>(r + 1) * code(s, d);
+          auto* p = grad_head[1].data() + (s * D + d) * static_cast<std::int64_t>(e);
+          if (bf16) {
+            const std::uint16_t b = detail::float_to_bfloat16(v);
+            std::memcpy(p, &b, 2);
+          } else {
+            std::memcpy(p, &v, 4);
+          }
+        }
+      std::vector<std::byte> ws(plan.workspace_bytes());
+      HostExecutor ex;
+      seq_to_head_backward(plan, comm, ex, {grad_head[0], grad_head[1], grad_head[2]}, {grad_seq[0], grad_seq[1], grad_seq[2]}, ws);
+      for (std::int64_t i = 0; i < 2 * D; ++i) {  // 2 tokens a rank
+        const std::byte* p = grad_seq[1].data() + i * static_cast<std::int64_t>(e);
+        float v;
+        if (bf16) {
+          std::uint16_t b;
+          std::memcpy(&b, p, 2);
+          v = detail::bfloat16_to_float(b);
+        } else {
+          std::memcpy(&v, p, 4);
+        }
+        dk[r].push_back(v);
+      }
+    });
+    for (int r = 0; r < P; ++r)
+      for (std::int64_t i = 0; i < 2 * D; ++i) {
+        const std::int64_t s = 2 * r + i / D, d = i % D;
+        float want = 10 * code(s, d);
+        if (bf16) {  // fp32 sum of the bf16 terms in rank order, rounded once
+          float acc = 0;
+          for (int q = 0; q < P; ++q) acc += detail::bfloat16_to_float(detail::float_to_bfloat16(static_cast<float>(q + 1) * code(s, d)));
+          want = detail::bfloat16_to_float(detail::float_to_bfloat16(acc));
+        }
+        CAPTURE(r);
+        CAPTURE(i);
+        CHECK(dk[r][static_cast<std::size_t>(i)] == want);
+      }
+  }
+}
+
+TEST_CASE("the backwards by name refuse a plan whose replicated heads take their owner's copy (not_adjoint), on every rank") {
+  LocalGroup g(4);
+  std::vector<Errc> code(4, Errc{}), ok(4, Errc::backend);
+  g.run([&](LocalGroup::Comm& comm) {
+    auto q = HeadPartition::even(4, 4);
+    auto kv = HeadPartition::gqa(q, 1);
+    Plan inv({4, comm.rank()}, 1, SeqPartition::even(4, 4), {TensorSpec::of<float>(q, 2), TensorSpec::of<float>(kv, 2).with_replicas(Replicas::owner)});
+    std::vector<float> a(8), b(8), c(8), d(2);  // q: 8 elements either way; kv: 8 head-sharded, 2 seq-sharded
+    std::vector<std::byte> ws(inv.workspace_bytes());
+    HostExecutor ex;
+    code[comm.rank()] = ut::code_of([&] { seq_to_head_backward(inv, comm, ex, {a, c}, {b, d}, ws); });
+    // The plain inverse works with that plan: head_to_seq(seq_to_head(x)) == x.
+    ok[comm.rank()] = ut::code_of([&] { head_to_seq(inv, comm, ex, {a, c}, {b, d}, ws); });
+  });
+  CHECK(code == std::vector<Errc>(4, Errc::not_adjoint));
+  CHECK(ok == std::vector<Errc>(4, Errc{}));
+  CHECK(backward_of(Direction::seq_to_head) == Direction::head_to_seq);
+  CHECK(backward_of(Direction::head_to_seq) == Direction::seq_to_head);
 }

@@ -76,7 +76,11 @@ int run(const Config& c, int rank, int P, int local_rank) {
     const auto q = HeadPartition::balanced(c.heads, P);
     const auto kv = HeadPartition::gqa(q, c.kv_heads);
     const auto seq = SeqPartition::balanced(c.seq, P);
-    const Plan plan({P, rank}, 1, seq, {TensorSpec::of<elem>(q, c.head_dim), TensorSpec::of<elem>(kv, c.head_dim), TensorSpec::of<elem>(kv, c.head_dim)});
+    // head→seq here is the inverse of seq→head (the round trip is checked): a replicated kv head
+    // comes back from its owner (Replicas::owner); a training backward would sum them instead.
+    const Plan plan({P, rank}, 1, seq,
+                    {TensorSpec::of<elem>(q, c.head_dim), TensorSpec::of<elem>(kv, c.head_dim).with_replicas(Replicas::owner),
+                     TensorSpec::of<elem>(kv, c.head_dim).with_replicas(Replicas::owner)});
     const std::int64_t H[3] = {c.heads, c.kv_heads, c.kv_heads}, D = c.head_dim;
     // Device buffers: inputs (seq-sharded), outputs (head-sharded), back (seq-sharded), workspace.
     std::vector<void*> mem;
@@ -86,8 +90,8 @@ int run(const Config& c, int rank, int P, int local_rank) {
       mem.push_back(p);
       return p;
     };
-    TensorList<const void*> in, mid_in;
-    TensorList<void*> mid, back;
+    TensorList<ConstByteSpan> in, mid_in;
+    TensorList<ByteSpan> mid, back;
     std::vector<std::vector<elem>> host_in(3);
     for (int t = 0; t < 3; ++t) {
       const Layout& l = plan.seq_layout(t);
@@ -99,11 +103,11 @@ int run(const Config& c, int rank, int P, int local_rank) {
               host_in[t][static_cast<std::size_t>(l.offset(0, ch.local_offset + i, h, d))] = value(t, ch.offset + i, h, d);
       void* p = alloc(plan.seq_bytes(t));
       cuda(cudaMemcpy(p, host_in[t].data(), plan.seq_bytes(t), cudaMemcpyHostToDevice), "cudaMemcpy");
-      in.data[in.size++] = p;
+      in.push_back({p, plan.seq_bytes(t)});
       void* m = alloc(plan.head_bytes(t));
-      mid.data[mid.size++] = m;
-      mid_in.data[mid_in.size++] = m;
-      back.data[back.size++] = alloc(plan.seq_bytes(t));
+      mid.push_back({m, plan.head_bytes(t)});
+      mid_in.push_back({m, plan.head_bytes(t)});
+      back.push_back({alloc(plan.seq_bytes(t)), plan.seq_bytes(t)});
     }
     const Workspace ws{alloc(plan.workspace_bytes()), plan.workspace_bytes()};
     NcclComm comm(nc, s);
@@ -117,8 +121,8 @@ int run(const Config& c, int rank, int P, int local_rank) {
       const Layout& hl = plan.head_layout(t);
       const std::int64_t h0 = (t == 0 ? q : kv).begin(rank);
       std::vector<elem> got(plan.head_bytes(t) / sizeof(elem)), round(host_in[t].size());
-      cuda(cudaMemcpy(got.data(), mid.data[t], plan.head_bytes(t), cudaMemcpyDeviceToHost), "cudaMemcpy");
-      cuda(cudaMemcpy(round.data(), back.data[t], plan.seq_bytes(t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      cuda(cudaMemcpy(got.data(), mid.data[t].data, plan.head_bytes(t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      cuda(cudaMemcpy(round.data(), back.data[t].data, plan.seq_bytes(t), cudaMemcpyDeviceToHost), "cudaMemcpy");
       for (std::int64_t i = 0; i < c.seq; ++i)
         for (std::int64_t h = 0; h < hl.extent[2]; ++h)
           for (std::int64_t d = 0; d < D; ++d)

@@ -36,8 +36,8 @@ std::string device_name() {
 int Rank::size() const { return impl_->comm->size(); }
 int Rank::rank() const { return impl_->comm->rank(); }
 
-void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, ulysses::TensorList<const void*> in,
-                        ulysses::TensorList<void*> out, double ms[3]) {
+void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, const ulysses::TensorList<ulysses::ConstByteSpan>& in,
+                        const ulysses::TensorList<ulysses::ByteSpan>& out, double ms[3]) {
   using namespace ulysses;
   const cudaStream_t s = impl_->comm->stream();
   // Device buffers from the stream-ordered allocator (no device-wide synchronisation).
@@ -48,13 +48,13 @@ void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, ulyss
     mem.push_back(p);
     return static_cast<std::byte*>(p);
   };
-  TensorList<const void*> din;
-  TensorList<void*> dout;
+  TensorList<ConstByteSpan> din;
+  TensorList<ByteSpan> dout;
   for (int t = 0; t < plan.num_tensors(); ++t) {
     std::byte* i = alloc(plan.input_bytes(dir, t));
-    cuda_check(cudaMemcpyAsync(i, in.data[t], plan.input_bytes(dir, t), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-    din.data[din.size++] = i;
-    dout.data[dout.size++] = alloc(plan.output_bytes(dir, t));
+    cuda_check(cudaMemcpyAsync(i, in.data[t].data, plan.input_bytes(dir, t), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    din.push_back({i, plan.input_bytes(dir, t)});
+    dout.push_back({alloc(plan.output_bytes(dir, t)), plan.output_bytes(dir, t)});
   }
   const Workspace ws{alloc(plan.workspace_bytes()), plan.workspace_bytes()};
   CudaExecutor ex(plan, s);
@@ -76,7 +76,7 @@ void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, ulyss
     }
   }
   for (int t = 0; t < plan.num_tensors(); ++t)
-    cuda_check(cudaMemcpyAsync(out.data[t], dout.data[t], plan.output_bytes(dir, t), cudaMemcpyDeviceToHost, s),
+    cuda_check(cudaMemcpyAsync(out.data[t].data, dout.data[t].data, plan.output_bytes(dir, t), cudaMemcpyDeviceToHost, s),
                "cudaMemcpyAsync");
   for (void* p : mem) cuda_check(cudaFreeAsync(p, s), "cudaFreeAsync");
   cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");

@@ -32,8 +32,8 @@ class Rank {
   /// ms[0..2] += the device time of pack, exchange, unpack on this rank's stream (CUDA events;
   /// the exchange includes waiting for the peers' packs). Collective: all ranks call it.
   /// @throws ulysses::Error as ulysses::redistribute, Error(backend) for CUDA failures.
-  void redistribute(const ulysses::Plan& plan, ulysses::Direction dir, ulysses::TensorList<const void*> in,
-                    ulysses::TensorList<void*> out, double ms[3]);
+  void redistribute(const ulysses::Plan& plan, ulysses::Direction dir, const ulysses::TensorList<ulysses::ConstByteSpan>& in,
+                    const ulysses::TensorList<ulysses::ByteSpan>& out, double ms[3]);
 
  private:
   Impl* impl_;

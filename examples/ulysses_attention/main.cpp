@@ -1,9 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Ulysses attention forward on P ranks (DeepSpeed-Ulysses, arXiv:2309.14509):
-//   q, k, v seq-sharded [B, S_r, H, D] → seq_to_head (ONE exchange for q, k and v, GQA included)
-//   → exact softmax attention over the whole sequence for the rank's heads
-//   → head_to_seq of the output → compared with single-rank attention over the whole sequence.
-// Runs on the in-process group (P threads, default) or under `mpiexec -n P ... --backend mpi`.
+// Ulysses attention on P ranks (DeepSpeed-Ulysses, arXiv:2309.14509), forward and (--backward)
+// backward:
+//   forward:  q, k, v seq-sharded [B, S_r, H, D] → seq_to_head (ONE exchange for q, k and v, GQA
+//             included) → exact softmax attention over the whole sequence for the rank's heads
+//             → head_to_seq of the output o;
+//   backward: do seq-sharded → head_to_seq_backward (seq→head) → attention backward for the
+//             rank's heads (dq, and this rank's partial dk, dv of the kv heads it holds)
+//             → seq_to_head_backward (head→seq that SUMS the partial gradients of a kv head held
+//             by several ranks) → dq, dk, dv seq-sharded;
+// and compares o (and dq, dk, dv) with single-rank attention over the whole sequence computed in
+// double precision. Runs on the in-process group (P threads, default) or under
+// `mpiexec -n P ... --backend mpi`.
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
 #include <ulysses/comm/mpi.hpp>
@@ -20,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "models.hpp"
@@ -36,17 +44,21 @@ struct Config {
   std::string model = "Llama-3.1-8B";
   std::string backend = "local";
   std::string device = "cpu";  // --device cuda: redistributions on the GPU (P virtual ranks on one device)
-  bool balanced = false;  // head split
-  bool ranks_given = false;  // --ranks on the command line (checked against the MPI world size)
+  bool balanced = false;       // head split
+  bool backward = false;       // --backward: the attention backward through the adjoints too
+  bool ranks_given = false;    // --ranks on the command line (checked against the MPI world size)
+  bool seq_given = false;
   double tolerance = 1e-4;
 };
 
-struct Result {  // one rank's measurements
-  double max_err = 0, pack_ms = 0, exchange_ms = 0, unpack_ms = 0, attention_ms = 0;
-  double bytes_s2h = 0, bytes_h2s = 0;
+/// One rank's measurements (max abs errors against the double-precision reference, phase times).
+struct Result {
+  double err_o = 0, err_dq = 0, err_dk = 0, err_dv = 0, err_unsummed = 0;
+  double pack_ms = 0, exchange_ms = 0, unpack_ms = 0, attention_ms = 0;
+  double bytes_s2h = 0, bytes_h2s = 0, bytes_replica = 0;
 };
 
-// Deterministic input in [-1, 1): a hash of (tensor, b, s, h, d).
+// Deterministic input in [-1, 1): a hash of (tensor, b, s, h, d); tensors 0..3 are q, k, v, do.
 float input_value(int t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) {
   std::uint64_t x = (((static_cast<std::uint64_t>(t) * 131 + b) * 1000003 + s) * 4099 + h) * 1031 + d;
   x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
@@ -59,10 +71,10 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 /// message per (peer, tensor), in place where contiguous (pack_pieces → exchange_pieces →
 /// unpack_pieces); otherwise pack → exchange → unpack.
 template <class Comm>
-void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, TensorList<const void*> in, TensorList<void*> out,
-                        std::vector<std::byte>& ws, Result& res) {
+void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, const TensorList<ConstByteSpan>& in,
+                        const TensorList<ByteSpan>& out, std::vector<std::byte>& ws, Result& res) {
   HostExecutor exec;
-  const BufferTable t = make_buffers(plan, dir, in, out, {ws.data(), ws.size()});
+  const BufferTable t = make_buffers(plan, dir, in, out, ws);
   const bool pieces = uses_pieces<Comm, HostExecutor>(plan);
   auto t0 = Clock::now();
   pieces ? pack_pieces(plan, dir, exec, t) : pack(plan, dir, exec, t);
@@ -82,39 +94,121 @@ void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, TensorList<
 
 #if ULYSSES_DEMO_CUDA
 /// --device cuda: the same three phases on the GPU, timed with CUDA events (cuda_backend.cu).
-void timed_redistribute(const Plan& plan, Direction dir, demo_cuda::Rank& comm, TensorList<const void*> in,
-                        TensorList<void*> out, std::vector<std::byte>&, Result& res) {
+void timed_redistribute(const Plan& plan, Direction dir, demo_cuda::Rank& comm, const TensorList<ConstByteSpan>& in,
+                        const TensorList<ByteSpan>& out, std::vector<std::byte>&, Result& res) {
   double ms[3] = {0, 0, 0};
   comm.redistribute(plan, dir, in, out, ms);
   res.pack_ms += ms[0], res.exchange_ms += ms[1], res.unpack_ms += ms[2];
 }
 #endif
 
-/// Softmax attention of one query row against keys/values given by accessors; Acc is the
-/// accumulation type (float for the distributed run, double for the reference).
-template <class Acc, class KAt, class VAt>
-void attend_row(const float* q, std::int64_t S, std::int64_t D, std::int64_t Dv, KAt k_at, VAt v_at, Acc* scores,
-                Acc* out) {
+/// Softmax attention of one head, forward and (optionally) backward, for the query rows
+/// [row_begin, row_end) against all S keys. Rows are contiguous: Q [S, D], K [S, D], V [S, Dv],
+/// dO [S, Dv]. Writes O and dQ of the rows processed; ADDS to dK and dV (every row contributes to
+/// every key). Acc is the accumulation type: float for the ranks, double for the reference.
+///   p_ij = softmax_j(q_i . k_j / sqrt(D)),  o_i = sum_j p_ij v_j;
+///   dv_j += p_ij do_i,  ds_ij = p_ij (do_i . v_j - do_i . o_i),
+///   dq_i = sum_j ds_ij k_j / sqrt(D),  dk_j += ds_ij q_i / sqrt(D).
+template <class Acc, class In>
+void attention_head(const In* Q, const In* K, const In* V, const In* dO, std::int64_t S, std::int64_t D, std::int64_t Dv,
+                    std::int64_t row_begin, std::int64_t row_end, Acc* O, Acc* dQ, Acc* dK, Acc* dV) {
   const Acc scale = Acc(1) / std::sqrt(static_cast<Acc>(D));
-  Acc mx = -INFINITY;
-  for (std::int64_t j = 0; j < S; ++j) {
-    const float* k = k_at(j);
-    Acc dot = 0;
-    for (std::int64_t d = 0; d < D; ++d) dot += static_cast<Acc>(q[d]) * static_cast<Acc>(k[d]);
-    scores[j] = dot * scale;
-    mx = std::max(mx, scores[j]);
-  }
-  Acc sum = 0;
-  for (std::int64_t j = 0; j < S; ++j) sum += scores[j] = std::exp(scores[j] - mx);
-  for (std::int64_t d = 0; d < Dv; ++d) out[d] = 0;
-  for (std::int64_t j = 0; j < S; ++j) {
-    const float* v = v_at(j);
-    const Acc p = scores[j] / sum;
-    for (std::int64_t d = 0; d < Dv; ++d) out[d] += p * static_cast<Acc>(v[d]);
+  std::vector<Acc> p(static_cast<std::size_t>(S)), o(static_cast<std::size_t>(Dv));
+  for (std::int64_t i = row_begin; i < row_end; ++i) {
+    const In* q = Q + i * D;
+    Acc mx = -INFINITY;
+    for (std::int64_t j = 0; j < S; ++j) {
+      Acc dot = 0;
+      for (std::int64_t d = 0; d < D; ++d) dot += static_cast<Acc>(q[d]) * static_cast<Acc>(K[j * D + d]);
+      p[j] = dot * scale;
+      mx = std::max(mx, p[j]);
+    }
+    Acc sum = 0;
+    for (std::int64_t j = 0; j < S; ++j) sum += p[j] = std::exp(p[j] - mx);
+    std::fill(o.begin(), o.end(), Acc(0));
+    for (std::int64_t j = 0; j < S; ++j) {
+      p[j] /= sum;
+      for (std::int64_t d = 0; d < Dv; ++d) o[d] += p[j] * static_cast<Acc>(V[j * Dv + d]);
+    }
+    if (O) std::copy(o.begin(), o.end(), O + i * Dv);
+    if (!dO) continue;
+    const In* g = dO + i * Dv;
+    Acc delta = 0;  // do_i . o_i
+    for (std::int64_t d = 0; d < Dv; ++d) delta += static_cast<Acc>(g[d]) * o[d];
+    for (std::int64_t d = 0; d < D; ++d) dQ[i * D + d] = 0;
+    for (std::int64_t j = 0; j < S; ++j) {
+      Acc dp = 0;
+      for (std::int64_t d = 0; d < Dv; ++d) {
+        dp += static_cast<Acc>(g[d]) * static_cast<Acc>(V[j * Dv + d]);
+        dV[j * Dv + d] += p[j] * static_cast<Acc>(g[d]);
+      }
+      const Acc ds = p[j] * (dp - delta) * scale;
+      for (std::int64_t d = 0; d < D; ++d) {
+        dQ[i * D + d] += ds * static_cast<Acc>(K[j * D + d]);
+        dK[j * D + d] += ds * static_cast<Acc>(q[d]);
+      }
+    }
   }
 }
 
-/// Gathers rows of a tensor in `l` (d possibly strided) into contiguous float rows: rows[s*D + d].
+/// Single-rank attention over the whole sequence in double precision, from the global inputs:
+/// o (and with `backward` dq, dk, dv) dense [B][S][heads][D]. o and dq are computed for the query
+/// rows `rows` only (all rows when backward: every row contributes to dk and dv). kv heads are
+/// spread over the machine's threads.
+struct Reference {
+  std::vector<double> o, dq, dk, dv;
+};
+Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool backward) {
+  const std::int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim, Dv = c.v_head_dim, g = H / Hkv;
+  Reference ref;
+  ref.o.assign(static_cast<std::size_t>(B * S * H * Dv), 0.0);
+  if (backward) {
+    ref.dq.assign(static_cast<std::size_t>(B * S * H * D), 0.0);
+    ref.dk.assign(static_cast<std::size_t>(B * S * Hkv * D), 0.0);
+    ref.dv.assign(static_cast<std::size_t>(B * S * Hkv * Dv), 0.0);
+  }
+  auto work = [&](std::int64_t b, std::int64_t kv) {
+    auto global = [&](int t, std::int64_t h, std::int64_t dim) {
+      std::vector<double> x(static_cast<std::size_t>(S * dim));
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t d = 0; d < dim; ++d) x[static_cast<std::size_t>(s * dim + d)] = input_value(t, b, s, h, d);
+      return x;
+    };
+    const auto K = global(1, kv, D), V = global(2, kv, Dv);
+    std::vector<double> O(static_cast<std::size_t>(S * Dv)), dQ(static_cast<std::size_t>(S * D)), dK(static_cast<std::size_t>(S * D), 0.0),
+        dV(static_cast<std::size_t>(S * Dv), 0.0);
+    for (std::int64_t h = kv * g; h < (kv + 1) * g; ++h) {
+      const auto Q = global(0, h, D);
+      if (backward) {
+        const auto dO = global(3, h, Dv);
+        attention_head<double>(Q.data(), K.data(), V.data(), dO.data(), S, D, Dv, 0, S, O.data(), dQ.data(), dK.data(), dV.data());
+      }
+      for (std::int64_t i : rows) {
+        if (!backward) attention_head<double, double>(Q.data(), K.data(), V.data(), nullptr, S, D, Dv, i, i + 1, O.data(), nullptr, nullptr, nullptr);
+        for (std::int64_t d = 0; d < Dv; ++d) ref.o[static_cast<std::size_t>(((b * S + i) * H + h) * Dv + d)] = O[static_cast<std::size_t>(i * Dv + d)];
+        if (backward)
+          for (std::int64_t d = 0; d < D; ++d) ref.dq[static_cast<std::size_t>(((b * S + i) * H + h) * D + d)] = dQ[static_cast<std::size_t>(i * D + d)];
+      }
+    }
+    if (backward)
+      for (std::int64_t s = 0; s < S; ++s) {
+        for (std::int64_t d = 0; d < D; ++d) ref.dk[static_cast<std::size_t>(((b * S + s) * Hkv + kv) * D + d)] = dK[static_cast<std::size_t>(s * D + d)];
+        for (std::int64_t d = 0; d < Dv; ++d) ref.dv[static_cast<std::size_t>(((b * S + s) * Hkv + kv) * Dv + d)] = dV[static_cast<std::size_t>(s * Dv + d)];
+      }
+  };
+  const std::int64_t jobs = B * Hkv;
+  const int nt = static_cast<int>(std::min<std::int64_t>(jobs, std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<std::thread> th;
+  for (int w = 0; w < nt; ++w)
+    th.emplace_back([&, w] {
+      for (std::int64_t j = w; j < jobs; j += nt) work(j / Hkv, j % Hkv);
+    });
+  for (auto& t : th) t.join();
+  return ref;
+}
+
+/// Rows of head h of batch b of a local tensor in layout l (d possibly strided), as contiguous
+/// float rows: rows[s*D + d].
 std::vector<float> rows_of(const std::vector<float>& x, const Layout& l, std::int64_t b, std::int64_t h) {
   std::vector<float> r(static_cast<std::size_t>(l.extent[1] * l.extent[3]));
   for (std::int64_t s = 0; s < l.extent[1]; ++s)
@@ -122,86 +216,141 @@ std::vector<float> rows_of(const std::vector<float>& x, const Layout& l, std::in
   return r;
 }
 
+/// Max abs difference between a seq-sharded local tensor (layout l, this rank's chunks) and the
+/// dense global reference [B][S][heads][dim].
+double max_error(const std::vector<float>& x, const Layout& l, const std::vector<SeqChunk>& mine, const std::vector<double>& ref,
+                 std::int64_t S) {
+  double m = 0;
+  const std::int64_t heads = l.extent[2], dim = l.extent[3];
+  for (const SeqChunk& ch : mine)
+    for (std::int64_t b = 0; b < l.extent[0]; ++b)
+      for (std::int64_t s = 0; s < ch.length; ++s)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t d = 0; d < dim; ++d) {
+            const double e = std::abs(ref[static_cast<std::size_t>(((b * S + ch.offset + s) * heads + h) * dim + d)] -
+                                      x[static_cast<std::size_t>(l.offset(b, ch.local_offset + s, h, d))]);
+            m = std::isnan(e) ? INFINITY : std::max(m, e);
+          }
+  return m;
+}
+
+/// A float buffer of `bytes` bytes.
+std::vector<float> buffer(std::size_t bytes, float fill = 0.f) { return std::vector<float>(bytes / sizeof(float), fill); }
+
+/// This rank's seq-sharded tensor t (0..3: q, k, v, do) of the global inputs, in layout l.
+std::vector<float> seq_input(int t, const Layout& l, std::size_t bytes, const std::vector<SeqChunk>& mine) {
+  std::vector<float> x = buffer(bytes);
+  for (const SeqChunk& ch : mine)
+    for (std::int64_t b = 0; b < l.extent[0]; ++b)
+      for (std::int64_t s = 0; s < ch.length; ++s)
+        for (std::int64_t h = 0; h < l.extent[2]; ++h)
+          for (std::int64_t d = 0; d < l.extent[3]; ++d)
+            x[static_cast<std::size_t>(l.offset(b, ch.local_offset + s, h, d))] = input_value(t, b, ch.offset + s, h, d);
+  return x;
+}
+
 template <class Comm>
-Result run_rank(Comm& comm, const Config& c) {
+Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   Result res;
   const int P = comm.size(), r = comm.rank();
   const auto seq = SeqPartition::balanced(c.seq, P);
-  const auto qh = c.balanced ? HeadPartition::balanced(c.heads, P) : HeadPartition::even(c.heads, P);
-  const auto kvh = HeadPartition::gqa(qh, c.kv_heads);
-  // q, k, v in one plan (one exchange); the attention output o in another (head→seq).
-  Plan qkv({P, r}, c.batch, seq,
-           {TensorSpec::of<float>(qh, c.head_dim), TensorSpec::of<float>(kvh, c.head_dim), TensorSpec::of<float>(kvh, c.v_head_dim)},
-           c.layout);
-  Plan po({P, r}, c.batch, seq, {TensorSpec::of<float>(qh, c.v_head_dim)}, c.layout);
+  const std::vector<SeqChunk> mine = seq.chunks_of(r);
+  // q, k, v in one plan (one exchange), the output o in another; k and v serve q and sum their
+  // replicas in head→seq (the backward of seq→head).
+  const AttentionSpecs a = attention_specs<float>(P, {c.heads, c.kv_heads, c.head_dim, c.v_head_dim},
+                                                  c.balanced ? HeadPolicy::balanced : HeadPolicy::even);
+  Plan qkv({P, r}, c.batch, seq, a.qkv(), c.layout);
+  Plan po({P, r}, c.batch, seq, a.out(), c.layout);
   std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), po.workspace_bytes()));
 
-  // Seq-sharded inputs: this rank's tokens of the global q, k, v.
+  // ---- forward ----
   std::vector<float> in[3], mid[3];
-  const std::int64_t Hs[3] = {c.heads, c.kv_heads, c.kv_heads}, Ds[3] = {c.head_dim, c.head_dim, c.v_head_dim};
-  const std::vector<SeqChunk> mine = seq.chunks_of(r);
   for (int t = 0; t < 3; ++t) {
-    const Layout& l = qkv.seq_layout(t);
-    in[t].resize(qkv.seq_bytes(t) / sizeof(float));
-    for (const SeqChunk& ch : mine)
-      for (std::int64_t b = 0; b < c.batch; ++b)
-        for (std::int64_t s = 0; s < ch.length; ++s)
-          for (std::int64_t h = 0; h < Hs[t]; ++h)
-            for (std::int64_t d = 0; d < Ds[t]; ++d)
-              in[t][static_cast<std::size_t>(l.offset(b, ch.local_offset + s, h, d))] = input_value(t, b, ch.offset + s, h, d);
-    mid[t].resize(qkv.head_bytes(t) / sizeof(float));
+    in[t] = seq_input(t, qkv.seq_layout(t), qkv.seq_bytes(t), mine);
+    mid[t] = buffer(qkv.head_bytes(t));
   }
-  timed_redistribute(qkv, Direction::seq_to_head, comm, {in[0].data(), in[1].data(), in[2].data()},
-                     {mid[0].data(), mid[1].data(), mid[2].data()}, ws, res);
+  timed_redistribute(qkv, Direction::seq_to_head, comm, {in[0], in[1], in[2]}, {mid[0], mid[1], mid[2]}, ws, res);
 
-  // Attention for this rank's query heads over all S tokens; query head h uses kv head h / g.
-  auto t0 = Clock::now();
-  const std::int64_t S = c.seq, g = c.heads / c.kv_heads, Hr = qh.count(r);
+  // Attention for this rank's query heads over all S tokens (and, with --backward, its gradients
+  // from the head-sharded do: dq2 of its query heads, partial dk2, dv2 of the kv heads it holds).
+  const std::int64_t S = c.seq, Hr = a.query_heads.count(r);
   const Layout &lq = qkv.head_layout(0), &lk = qkv.head_layout(1), &lv = qkv.head_layout(2), &lo = po.head_layout(0);
-  std::vector<float> o(po.head_bytes(0) / sizeof(float));
-  std::vector<float> scores(static_cast<std::size_t>(S)), row(static_cast<std::size_t>(c.v_head_dim));
+  std::vector<float> o = buffer(po.head_bytes(0)), do_seq, do2, dq2, dk2, dv2;
+  if (c.backward) {
+    // do → head-sharded: head_to_seq_backward(po, ...), which is seq→head of po; the timed stages
+    // run exactly that (backward_of(head_to_seq); both plans' directions are adjoint pairs: k and v
+    // sum their replicas, o has none).
+    if (po.first_non_adjoint_tensor() >= 0 || qkv.first_non_adjoint_tensor() >= 0) throw Error(Errc::not_adjoint, "demo plans");
+    do_seq = seq_input(3, po.seq_layout(0), po.seq_bytes(0), mine);
+    do2 = buffer(po.head_bytes(0));
+    timed_redistribute(po, backward_of(Direction::head_to_seq), comm, {do_seq}, {do2}, ws, res);
+    dq2 = buffer(qkv.head_bytes(0)), dk2 = buffer(qkv.head_bytes(1)), dv2 = buffer(qkv.head_bytes(2));
+  }
+  auto t0 = Clock::now();
+  std::vector<float> O(static_cast<std::size_t>(S * c.v_head_dim)), dQ(static_cast<std::size_t>(S * c.head_dim)),
+      dK(static_cast<std::size_t>(S * c.head_dim)), dV(static_cast<std::size_t>(S * c.v_head_dim));
   for (std::int64_t b = 0; b < c.batch; ++b)
     for (std::int64_t h = 0; h < Hr; ++h) {
-      const std::int64_t kv = (qh.begin(r) + h) / g - kvh.begin(r);
+      const std::int64_t kv = a.local_kv_head(r, h);
       const auto Q = rows_of(mid[0], lq, b, h), K = rows_of(mid[1], lk, b, kv), V = rows_of(mid[2], lv, b, kv);
-      for (std::int64_t i = 0; i < S; ++i) {
-        attend_row<float>(&Q[static_cast<std::size_t>(i * c.head_dim)], S, c.head_dim, c.v_head_dim,
-                          [&](std::int64_t j) { return &K[static_cast<std::size_t>(j * c.head_dim)]; },
-                          [&](std::int64_t j) { return &V[static_cast<std::size_t>(j * c.v_head_dim)]; }, scores.data(), row.data());
-        for (std::int64_t d = 0; d < c.v_head_dim; ++d) o[static_cast<std::size_t>(lo.offset(b, i, h, d))] = row[static_cast<std::size_t>(d)];
+      std::vector<float> G;
+      if (c.backward) G = rows_of(do2, lo, b, h);
+      std::fill(dK.begin(), dK.end(), 0.f), std::fill(dV.begin(), dV.end(), 0.f);
+      attention_head<float>(Q.data(), K.data(), V.data(), c.backward ? G.data() : nullptr, S, c.head_dim, c.v_head_dim, 0, S,
+                            O.data(), dQ.data(), dK.data(), dV.data());
+      for (std::int64_t s = 0; s < S; ++s) {
+        for (std::int64_t d = 0; d < c.v_head_dim; ++d) o[static_cast<std::size_t>(lo.offset(b, s, h, d))] = O[static_cast<std::size_t>(s * c.v_head_dim + d)];
+        if (!c.backward) continue;
+        for (std::int64_t d = 0; d < c.head_dim; ++d) {
+          dq2[static_cast<std::size_t>(lq.offset(b, s, h, d))] = dQ[static_cast<std::size_t>(s * c.head_dim + d)];
+          dk2[static_cast<std::size_t>(lk.offset(b, s, kv, d))] += dK[static_cast<std::size_t>(s * c.head_dim + d)];
+        }
+        for (std::int64_t d = 0; d < c.v_head_dim; ++d) dv2[static_cast<std::size_t>(lv.offset(b, s, kv, d))] += dV[static_cast<std::size_t>(s * c.v_head_dim + d)];
       }
     }
   res.attention_ms = ms_since(t0);
 
-  std::vector<float> out(po.seq_bytes(0) / sizeof(float));
-  timed_redistribute(po, Direction::head_to_seq, comm, {o.data()}, {out.data()}, ws, res);
+  std::vector<float> out = buffer(po.seq_bytes(0));
+  timed_redistribute(po, Direction::head_to_seq, comm, {o}, {out}, ws, res);
   res.bytes_s2h = static_cast<double>(qkv.exchanged_bytes(Direction::seq_to_head));
   res.bytes_h2s = static_cast<double>(po.exchanged_bytes(Direction::head_to_seq));
 
-  // Reference: single-rank attention over the whole sequence (double accumulation), evaluated at
-  // this rank's tokens, from the global k and v.
-  const Layout& ls = po.seq_layout(0);
-  std::vector<float> kg(static_cast<std::size_t>(S * c.head_dim)), vg(static_cast<std::size_t>(S * c.v_head_dim)), qrow(static_cast<std::size_t>(c.head_dim));
-  std::vector<double> sd(static_cast<std::size_t>(S)), ref(static_cast<std::size_t>(c.v_head_dim));
-  for (std::int64_t b = 0; b < c.batch; ++b)
-    for (std::int64_t kv = 0; kv < c.kv_heads; ++kv) {
-      for (std::int64_t j = 0; j < S; ++j) {
-        for (std::int64_t d = 0; d < c.head_dim; ++d) kg[static_cast<std::size_t>(j * c.head_dim + d)] = input_value(1, b, j, kv, d);
-        for (std::int64_t d = 0; d < c.v_head_dim; ++d) vg[static_cast<std::size_t>(j * c.v_head_dim + d)] = input_value(2, b, j, kv, d);
-      }
-      for (std::int64_t h = kv * g; h < (kv + 1) * g; ++h)
-        for (const SeqChunk& ch : mine)
-          for (std::int64_t s = 0; s < ch.length; ++s) {
-            for (std::int64_t d = 0; d < c.head_dim; ++d) qrow[static_cast<std::size_t>(d)] = input_value(0, b, ch.offset + s, h, d);
-            attend_row<double>(qrow.data(), S, c.head_dim, c.v_head_dim,
-                               [&](std::int64_t j) { return &kg[static_cast<std::size_t>(j * c.head_dim)]; },
-                               [&](std::int64_t j) { return &vg[static_cast<std::size_t>(j * c.v_head_dim)]; }, sd.data(), ref.data());
-            for (std::int64_t d = 0; d < c.v_head_dim; ++d) {
-              const double e = std::abs(ref[static_cast<std::size_t>(d)] - out[static_cast<std::size_t>(ls.offset(b, ch.local_offset + s, h, d))]);
-              res.max_err = std::isnan(e) ? INFINITY : std::max(res.max_err, e);
-            }
-          }
-    }
+  // ---- backward: dq, dk, dv back to the seq sharding, summing the kv heads' partial gradients ----
+  std::vector<float> dq, dk, dv;
+  if (c.backward) {
+    dq = buffer(qkv.seq_bytes(0)), dk = buffer(qkv.seq_bytes(1)), dv = buffer(qkv.seq_bytes(2));
+    // seq_to_head_backward(qkv, ...): head→seq of qkv, whose k and v sum their replicas; the
+    // timed stages run exactly that.
+    timed_redistribute(qkv, backward_of(Direction::seq_to_head), comm, {dq2, dk2, dv2}, {dq, dk, dv}, ws, res);
+    res.bytes_replica = static_cast<double>(qkv.replica_bytes(Direction::head_to_seq));
+    // What an engine that takes one rank's copy instead of the sum gets (the fault this prevents):
+    // the same gradients through a plan whose k and v take their owner's copy.
+    Plan owner({P, r}, c.batch, seq,
+               {a.q, TensorSpec(a.k).with_replicas(Replicas::owner), TensorSpec(a.v).with_replicas(Replicas::owner)}, c.layout);
+    std::vector<float> dq_u = buffer(owner.seq_bytes(0)), dk_u = buffer(owner.seq_bytes(1)), dv_u = buffer(owner.seq_bytes(2));
+    std::vector<std::byte> ws_u(owner.workspace_bytes());
+    Result ignored;
+    timed_redistribute(owner, Direction::head_to_seq, comm, {dq2, dk2, dv2}, {dq_u, dk_u, dv_u}, ws_u, ignored);
+    dk2 = std::move(dk_u), dv2 = std::move(dv_u);  // kept for the comparison below
+  }
+
+  // ---- compare with single-rank attention in double precision ----
+  Reference own;
+  if (!shared_ref) {
+    std::vector<std::int64_t> rows;
+    for (const SeqChunk& ch : mine)
+      for (std::int64_t s = 0; s < ch.length; ++s) rows.push_back(ch.offset + s);
+    own = reference(c, rows, c.backward);
+    shared_ref = &own;
+  }
+  res.err_o = max_error(out, po.seq_layout(0), mine, shared_ref->o, S);
+  if (c.backward) {
+    res.err_dq = max_error(dq, qkv.seq_layout(0), mine, shared_ref->dq, S);
+    res.err_dk = max_error(dk, qkv.seq_layout(1), mine, shared_ref->dk, S);
+    res.err_dv = max_error(dv, qkv.seq_layout(2), mine, shared_ref->dv, S);
+    res.err_unsummed = std::max(max_error(dk2, qkv.seq_layout(1), mine, shared_ref->dk, S),
+                                max_error(dv2, qkv.seq_layout(2), mine, shared_ref->dv, S));
+  }
   return res;
 }
 
@@ -209,12 +358,15 @@ Result run_rank(Comm& comm, const Config& c) {
   std::printf(
       "usage: ulysses_attention [--ranks P] [--batch B] [--seq S] [--heads H] [--kv-heads Hkv]\n"
       "                         [--head-dim D] [--v-head-dim Dv] [--layout bshd|sbhd|bhsd]\n"
-      "                         [--model NAME] [--balanced] [--tolerance T] [--backend local|mpi]\n"
-      "                         [--device cpu|cuda] [--list-models]\n"
-      "Ulysses attention forward (fp32) on P ranks; compares with single-rank attention.\n"
+      "                         [--model NAME] [--balanced] [--backward] [--tolerance T]\n"
+      "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
+      "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
-      "--balanced: split heads with HeadPartition::balanced (H not divisible by P; uneven S needs nothing).\n"
-      "--model: a public model's head shapes (S stays 1024 unless --seq); a unique prefix is enough.\n"
+      "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
+      "            partial gradients of kv heads held by several ranks); default then P=16, S=256\n"
+      "            (each of Llama's 8 kv heads on 2 ranks).\n"
+      "--balanced: split heads with HeadPolicy::balanced (H not divisible by P; uneven S needs nothing).\n"
+      "--model: a public model's head shapes (S stays as it is unless --seq); a unique prefix is enough.\n"
       "--backend mpi: run under `mpiexec -n P`; P is the number of MPI processes.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
@@ -241,7 +393,6 @@ Config parse(int argc, char** argv) {
     }
     return n;
   };
-  bool ranks_given = false;
   auto apply_model = [&](const std::string& name) {
     const auto* m = ulysses_models::find_model(name);
     if (!m) {
@@ -252,15 +403,16 @@ Config parse(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--ranks") c.ranks = static_cast<int>(number(i)), ranks_given = true;
+    if (a == "--ranks") c.ranks = static_cast<int>(number(i)), c.ranks_given = true;
     else if (a == "--batch") c.batch = number(i);
-    else if (a == "--seq") c.seq = number(i);
+    else if (a == "--seq") c.seq = number(i), c.seq_given = true;
     else if (a == "--heads") c.heads = number(i), c.model = "custom";
     else if (a == "--kv-heads") c.kv_heads = number(i), c.model = "custom";
     else if (a == "--head-dim") c.head_dim = c.v_head_dim = number(i), c.model = "custom";
     else if (a == "--v-head-dim") c.v_head_dim = number(i), c.model = "custom";
     else if (a == "--model") apply_model(need(i));
     else if (a == "--balanced") c.balanced = true;
+    else if (a == "--backward") c.backward = true;
     else if (a == "--tolerance") c.tolerance = std::atof(need(i));
     else if (a == "--backend") c.backend = need(i);
     else if (a == "--device") c.device = need(i);
@@ -288,11 +440,14 @@ Config parse(int argc, char** argv) {
     std::fprintf(stderr, "--backend must be local or mpi, not '%s'\n", c.backend.c_str());
     std::exit(2);
   }
-  c.ranks_given = ranks_given;
   if (c.device != "cpu" && c.device != "cuda") usage(2);
   if (c.device == "cuda" && c.backend != "local") {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
     std::exit(2);
+  }
+  if (c.backward) {  // defaults that exercise replicated kv heads (Hkv < P) and finish quickly
+    if (!c.ranks_given && c.backend == "local") c.ranks = 16;
+    if (!c.seq_given) c.seq = 256;
   }
   return c;
 }
@@ -300,26 +455,43 @@ Config parse(int argc, char** argv) {
 Result reduce_max(const std::vector<Result>& rs) {
   Result m;
   for (const Result& r : rs) {
-    m.max_err = std::max(m.max_err, r.max_err), m.pack_ms = std::max(m.pack_ms, r.pack_ms);
-    m.exchange_ms = std::max(m.exchange_ms, r.exchange_ms), m.unpack_ms = std::max(m.unpack_ms, r.unpack_ms);
-    m.attention_ms = std::max(m.attention_ms, r.attention_ms);
+    m.err_o = std::max(m.err_o, r.err_o), m.err_dq = std::max(m.err_dq, r.err_dq), m.err_dk = std::max(m.err_dk, r.err_dk);
+    m.err_dv = std::max(m.err_dv, r.err_dv), m.err_unsummed = std::max(m.err_unsummed, r.err_unsummed);
+    m.pack_ms = std::max(m.pack_ms, r.pack_ms), m.exchange_ms = std::max(m.exchange_ms, r.exchange_ms);
+    m.unpack_ms = std::max(m.unpack_ms, r.unpack_ms), m.attention_ms = std::max(m.attention_ms, r.attention_ms);
     m.bytes_s2h = std::max(m.bytes_s2h, r.bytes_s2h), m.bytes_h2s = std::max(m.bytes_h2s, r.bytes_h2s);
+    m.bytes_replica = std::max(m.bytes_replica, r.bytes_replica);
   }
   return m;
 }
 
 int report(const Config& c, int P, const Result& m) {
-  std::printf("ulysses attention demo: %s (H=%lld, Hkv=%lld, D=%lld, Dv=%lld), B=%lld, S=%lld, P=%d, fp32, %s, %s backend\n",
+  std::printf("ulysses attention demo: %s (H=%lld, Hkv=%lld, D=%lld, Dv=%lld), B=%lld, S=%lld, P=%d, fp32, %s, %s backend%s\n",
               c.model.c_str(), (long long)c.heads, (long long)c.kv_heads, (long long)c.head_dim, (long long)c.v_head_dim,
-              (long long)c.batch, (long long)c.seq, P, to_string(c.layout), c.backend == "mpi" ? "MPI" : "in-process");
+              (long long)c.batch, (long long)c.seq, P, to_string(c.layout), c.backend == "mpi" ? "MPI" : "in-process",
+              c.backward ? ", forward + backward" : "");
   if (c.device == "cuda")
     std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
   std::printf("  bytes exchanged per rank: seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB\n",
               m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20));
-  std::printf("  phase times (max over ranks, both directions): pack %.3f ms, exchange %.3f ms, unpack %.3f ms, attention %.1f ms\n",
+  if (c.backward) {
+    const long long holders = c.kv_heads < P ? (P + c.kv_heads - 1) / c.kv_heads : 1;
+    std::printf("  backward: dq, dk, dv in one exchange; kv heads on up to %lld ranks each, their partial gradients\n"
+                "            summed (%.3f MiB of replica copies sent per rank)\n",
+                holders, m.bytes_replica / (1 << 20));
+  }
+  std::printf("  phase times (max over ranks, all exchanges): pack %.3f ms, exchange %.3f ms, unpack %.3f ms, attention %.1f ms\n",
               m.pack_ms, m.exchange_ms, m.unpack_ms, m.attention_ms);
-  const bool ok = m.max_err <= c.tolerance;
-  std::printf("  max abs error vs single-rank attention: %.3g (tolerance %.1g): %s\n", m.max_err, c.tolerance, ok ? "OK" : "FAILED");
+  bool ok = m.err_o <= c.tolerance;
+  std::printf("  max abs error vs single-rank attention (double): o %.3g", m.err_o);
+  if (c.backward) {
+    ok = ok && m.err_dq <= c.tolerance && m.err_dk <= c.tolerance && m.err_dv <= c.tolerance;
+    std::printf(", dq %.3g, dk %.3g, dv %.3g", m.err_dq, m.err_dk, m.err_dv);
+  }
+  std::printf(" (tolerance %.1g): %s\n", c.tolerance, ok ? "OK" : "FAILED");
+  if (c.backward)
+    std::printf("  (dk, dv taking one rank's copy of a replicated kv head instead of the sum: max abs error %.3g)\n",
+                m.err_unsummed);
   return ok ? 0 : 1;
 }
 
@@ -339,10 +511,11 @@ int main(int argc, char** argv) {
         MPI_Finalize();
         return 2;
       }
-      Result r = run_rank(comm, c), m;
-      double mine[7] = {r.max_err, r.pack_ms, r.exchange_ms, r.unpack_ms, r.attention_ms, r.bytes_s2h, r.bytes_h2s}, all[7];
-      MPI_Allreduce(mine, all, 7, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      m = {all[0], all[1], all[2], all[3], all[4], all[5], all[6]};
+      Result r = run_rank(comm, c, nullptr);
+      double mine[13] = {r.err_o, r.err_dq, r.err_dk, r.err_dv, r.err_unsummed, r.pack_ms, r.exchange_ms, r.unpack_ms,
+                         r.attention_ms, r.bytes_s2h, r.bytes_h2s, r.bytes_replica, 0}, all[13];
+      MPI_Allreduce(mine, all, 13, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      const Result m{all[0], all[1], all[2], all[3], all[4], all[5], all[6], all[7], all[8], all[9], all[10], all[11]};
       int rc = 0;
       if (comm.rank() == 0) rc = report(c, comm.size(), m);
       MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -353,6 +526,9 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
+    // In-process: one reference for all ranks, computed once on all the machine's threads.
+    std::vector<std::int64_t> all_rows(static_cast<std::size_t>(c.seq));
+    for (std::int64_t s = 0; s < c.seq; ++s) all_rows[static_cast<std::size_t>(s)] = s;
     if (c.device == "cuda") {
 #if ULYSSES_DEMO_CUDA
       const std::string why = demo_cuda::unavailable();
@@ -361,8 +537,9 @@ int main(int argc, char** argv) {
         return 77;  // ctest: skipped
       }
       std::printf("device: %s\n", demo_cuda::device_name().c_str());
+      const Reference ref = reference(c, all_rows, c.backward);
       std::vector<Result> rs(static_cast<std::size_t>(c.ranks));
-      demo_cuda::run_group(c.ranks, [&](demo_cuda::Rank& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c); });
+      demo_cuda::run_group(c.ranks, [&](demo_cuda::Rank& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c, &ref); });
       return report(c, c.ranks, reduce_max(rs));
 #else
       std::fprintf(stderr, "this build has no CUDA (install the CUDA toolkit and reconfigure)\n");
@@ -370,8 +547,9 @@ int main(int argc, char** argv) {
 #endif
     }
     LocalGroup group(c.ranks);
+    const Reference ref = reference(c, all_rows, c.backward);
     std::vector<Result> rs(static_cast<std::size_t>(c.ranks));
-    group.run([&](LocalGroup::Comm& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c); });
+    group.run([&](LocalGroup::Comm& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c, &ref); });
     return report(c, c.ranks, reduce_max(rs));
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

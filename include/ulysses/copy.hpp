@@ -1,17 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file copy.hpp
-/// @brief Block-copy descriptors (what pack and unpack are made of) and the host executor.
+/// @brief The host executor: runs a plan's block lists (block.hpp) with host loads and stores.
 ///
-/// Pack and unpack are the same operation: a list of strided 4-D block copies between a local
-/// tensor and a region of a wire buffer (or, for a rank's own chunk, between its input and output
-/// tensors). A block names its source and destination by index into a BufferTable, so one list
-/// serves every call of a plan whatever pointers the caller passes, and the host and CUDA
-/// executors run the very same lists.
-///
-/// The host executor (HostExecutor) runs a list on the calling thread or on a small persistent
-/// pool (HostExecutorOptions::threads), visits each block's loops in a page-friendly order, and
-/// writes large lists with streaming (non-temporal) stores on x86-64; every setting writes the
-/// same bytes.
+/// HostExecutor runs a list on the calling thread or on a small persistent pool
+/// (HostExecutorOptions::threads), visits each block's loops in a page-friendly order, and writes
+/// large lists with streaming (non-temporal) stores on x86-64; every setting writes the same
+/// bytes. Sums (BlockOp::sum) add their terms by the rules of element.hpp.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "block.hpp"
+#include "element.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 
@@ -38,107 +34,7 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// Most tensors one plan can move in one exchange (q, k, v and a few more).
-inline constexpr int kMaxTensors = 16;
-
-/// Indices into a BufferTable: inputs are 0..T-1, outputs kMaxTensors..kMaxTensors+T-1, then
-/// the send and receive halves of the wire buffer.
-struct Buffer {
-  static constexpr int input(int t) { return t; }
-  static constexpr int output(int t) { return kMaxTensors + t; }
-  static constexpr int send = 2 * kMaxTensors;
-  static constexpr int recv = 2 * kMaxTensors + 1;
-  static constexpr int count = 2 * kMaxTensors + 2;
-};
-
-/// The base pointers one execution of a plan works on (trivially copyable: passed by value to
-/// CUDA kernels). Unused entries are null.
-struct BufferTable {
-  std::byte* base[Buffer::count] = {};
-};
-
-/// One point-to-point message of a message-level exchange (the optional exchange_messages() of the
-/// communicator concept, redistribute.hpp): `bytes` contiguous bytes at `data`, sent to or
-/// received from rank `peer`. Read when sending, written when receiving.
-struct Message {
-  int peer = 0;
-  std::byte* data = nullptr;
-  std::size_t bytes = 0;
-};
-
-/// One strided block copy, byte-addressed and type-erased.
-///
-/// Copies the rows at `src_base + src_offset + sum_i idx_i * src_stride[i]` to
-/// `dst_base + dst_offset + sum_i idx_i * dst_stride[i]` for idx in [0, extent) (4 outer
-/// dimensions, outermost first), each row being `row_bytes` contiguous bytes. Built from a
-/// (b, s, h, d) block by make_block(), which merges dimensions that are contiguous on both sides,
-/// so a row is at least one element and usually D elements or more.
-struct BlockCopy {
-  std::int64_t extent[4];      ///< outer loop extents, outermost first (padded with 1)
-  std::int64_t src_stride[4];  ///< bytes
-  std::int64_t dst_stride[4];  ///< bytes
-  std::int64_t src_offset;     ///< bytes from the source buffer's base
-  std::int64_t dst_offset;     ///< bytes from the destination buffer's base
-  std::int64_t row_bytes;      ///< contiguous bytes per innermost copy (a multiple of elem_bytes)
-  std::int32_t src_buffer;     ///< index into BufferTable
-  std::int32_t dst_buffer;     ///< index into BufferTable
-  std::int32_t elem_bytes;     ///< element size (the alignment every pointer keeps)
-
-  /// Rows this block copies.
-  ULYSSES_HOST_DEVICE constexpr std::int64_t rows() const { return extent[0] * extent[1] * extent[2] * extent[3]; }
-  /// Bytes this block copies.
-  ULYSSES_HOST_DEVICE constexpr std::int64_t bytes() const { return rows() * row_bytes; }
-};
-
 namespace detail {
-
-/// Builds the BlockCopy of a (b, s, h, d) block of extents `ext`, whose source and destination
-/// strides are in elements of `elem_bytes` bytes. Dimensions are ordered by destination stride
-/// (any loop order is a valid copy), extent-1 dimensions dropped, and neighbours merged where both
-/// sides are contiguous. Returns false (and builds nothing) for an empty block.
-inline bool make_block(const std::int64_t ext[4], const std::int64_t src_stride_elems[4],
-                       const std::int64_t dst_stride_elems[4], std::int64_t elem_bytes, std::int64_t src_offset_bytes,
-                       std::int64_t dst_offset_bytes, int src_buffer, int dst_buffer, BlockCopy& out) {
-  struct Dim {
-    std::int64_t n, ss, ds;
-  };
-  Dim dims[5];
-  int nd = 0;
-  for (int i = 0; i < 4; ++i) {
-    if (ext[i] == 0) return false;
-    if (ext[i] > 1) dims[nd++] = {ext[i], src_stride_elems[i] * elem_bytes, dst_stride_elems[i] * elem_bytes};
-  }
-  // Outermost first by destination stride (stable: ties keep the logical order).
-  std::stable_sort(dims, dims + nd, [](const Dim& a, const Dim& b) { return a.ds > b.ds; });
-  dims[nd++] = {elem_bytes, 1, 1};  // the bytes of one element, always contiguous
-  // Merge from the inside out.
-  int w = nd - 1;
-  for (int k = nd - 2; k >= 0; --k) {
-    Dim& in = dims[w];
-    const Dim& o = dims[k];
-    if (o.ss == in.n * in.ss && o.ds == in.n * in.ds) {
-      in.n *= o.n;
-    } else {
-      dims[--w] = o;
-    }
-  }
-  // dims[w..nd) now: outer dims then the innermost; the innermost has unit strides.
-  out = BlockCopy{};
-  out.row_bytes = dims[nd - 1].n;
-  const int outer = nd - 1 - w;
-  for (int i = 0; i < 4; ++i) {
-    const int k = i - (4 - outer);  // right-align the outer dims
-    out.extent[i] = k >= 0 ? dims[w + k].n : 1;
-    out.src_stride[i] = k >= 0 ? dims[w + k].ss : 0;
-    out.dst_stride[i] = k >= 0 ? dims[w + k].ds : 0;
-  }
-  out.src_offset = src_offset_bytes;
-  out.dst_offset = dst_offset_bytes;
-  out.src_buffer = src_buffer;
-  out.dst_buffer = dst_buffer;
-  out.elem_bytes = static_cast<std::int32_t>(elem_bytes);
-  return true;
-}
 
 template <std::size_t N>
 inline void copy_rows_fixed(std::byte* dst, const std::byte* src, std::int64_t n, std::int64_t ds, std::int64_t ss) {
@@ -248,7 +144,7 @@ inline void copy_rows_as(bool streaming, std::byte* dst, const std::byte* src, s
 
 }  // namespace detail
 
-/// Runs one block copy on the host.
+/// Runs one block copy on the host (op == BlockOp::copy; sums run through HostExecutor::run).
 /// @param streaming copy rows of 64 bytes or more with non-temporal (cache-bypassing) stores; the
 ///                  caller must then call detail::stream_fence() before the data is read by
 ///                  another thread. Same bytes either way.
@@ -294,6 +190,15 @@ inline BlockCopy host_order(const BlockCopy& c) {
   return o;
 }
 
+/// Byte offsets (source, destination) of row `row` of block c (rows numbered row-major over
+/// extent[0..3], as the host loops visit them).
+inline void row_offsets_host(const BlockCopy& c, std::int64_t row, std::int64_t& so, std::int64_t& dso) {
+  const std::int64_t i3 = row % c.extent[3], r2 = row / c.extent[3], i2 = r2 % c.extent[2], r1 = r2 / c.extent[2];
+  const std::int64_t i1 = r1 % c.extent[1], i0 = r1 / c.extent[1];
+  so = i0 * c.src_stride[0] + i1 * c.src_stride[1] + i2 * c.src_stride[2] + i3 * c.src_stride[3];
+  dso = i0 * c.dst_stride[0] + i1 * c.dst_stride[1] + i2 * c.dst_stride[2] + i3 * c.dst_stride[3];
+}
+
 /// Copies the bytes [lo, hi) of block `c` (bytes numbered row by row in loop order, row-major over
 /// extent[0..3], then within the row): whole rows go through copy_rows_as, a row cut by lo or hi
 /// is copied in part. The result is the same bytes as run_block_host restricted to that range.
@@ -302,13 +207,12 @@ inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64
   if (lo == 0 && hi == c.bytes()) return run_block_host(c, t, streaming);
   const std::byte* src = t.base[c.src_buffer] + c.src_offset;
   std::byte* dst = t.base[c.dst_buffer] + c.dst_offset;
-  const std::int64_t R = c.row_bytes, e3 = c.extent[3], e2 = c.extent[2], e1 = c.extent[1];
+  const std::int64_t R = c.row_bytes, e3 = c.extent[3];
   std::int64_t pos = lo;
   while (pos < hi) {
-    const std::int64_t row = pos / R, off = pos % R;
-    const std::int64_t i3 = row % e3, r2 = row / e3, i2 = r2 % e2, r1 = r2 / e2, i1 = r1 % e1, i0 = r1 / e1;
-    const std::int64_t so = i0 * c.src_stride[0] + i1 * c.src_stride[1] + i2 * c.src_stride[2] + i3 * c.src_stride[3];
-    const std::int64_t dso = i0 * c.dst_stride[0] + i1 * c.dst_stride[1] + i2 * c.dst_stride[2] + i3 * c.dst_stride[3];
+    const std::int64_t row = pos / R, off = pos % R, i3 = row % e3;
+    std::int64_t so, dso;
+    row_offsets_host(c, row, so, dso);
     if (off != 0 || hi - pos < R) {  // a row cut by the range: copy its part
       const std::int64_t n = std::min(R - off, hi - pos);
       copy_rows_as(streaming, dst + dso + off, src + so + off, 1, n, n, n);
@@ -321,13 +225,60 @@ inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64
   }
 }
 
-/// Copies the bytes [lo, hi) of the concatenation of the n blocks' byte ranges (block 0 first).
+/// The sum whose terms are g[0..g[0].sources), for the destination bytes [lo, hi) (multiples of
+/// the element size, numbered as in run_block_range): every element is the sum of its terms in
+/// order, added and rounded by the rules of element.hpp, written once. Elements go in batches of
+/// kSumBatch (accumulators on the stack; no allocation).
+/// @pre g[0].op == BlockOp::sum; 0 <= lo <= hi <= g[0].bytes()
+template <class A>
+void run_sum_range_as(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi) {
+  constexpr std::int64_t kSumBatch = 256;
+  const BlockCopy& c = g[0];
+  const int n = c.sources;
+  const std::int64_t E = c.elem_bytes, R = c.row_bytes;
+  typename A::Acc acc[kSumBatch];
+  for (std::int64_t pos = lo; pos < hi;) {
+    const std::int64_t row = pos / R, off = pos % R;
+    const std::int64_t len = std::min({R - off, hi - pos, kSumBatch * E}), m = len / E;
+    std::int64_t so = 0, dso = 0;
+    for (int j = 0; j < n; ++j) {
+      row_offsets_host(g[j], row, so, dso);
+      const std::byte* src = t.base[g[j].src_buffer] + g[j].src_offset + so + off;
+      if (j == 0)
+        for (std::int64_t i = 0; i < m; ++i) acc[i] = A::load(src + i * E);
+      else
+        for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] + A::load(src + i * E);
+    }
+    std::byte* dst = t.base[c.dst_buffer] + c.dst_offset + dso + off;
+    for (std::int64_t i = 0; i < m; ++i) A::store(dst + i * E, acc[i]);
+    pos += len;
+  }
+}
+
+/// run_sum_range_as for the sum's element type.
+inline void run_sum_range(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi) {
+  with_sum_arith(g[0].type, [&](auto a) { run_sum_range_as<decltype(a)>(g, t, lo, hi); });
+}
+
+/// Runs the bytes [lo, hi) of the concatenation of the n blocks' written bytes (block 0 first;
+/// BlockCopy::written_bytes(): the further terms of a sum count nothing, its first block the
+/// destination). A sum's part is cut at element boundaries (both neighbouring ranges round the
+/// same way, so they meet exactly).
 inline void run_blocks_range(const BlockCopy* blocks, std::size_t n, const BufferTable& t, std::int64_t lo,
                              std::int64_t hi, bool streaming) {
   std::int64_t start = 0;
   for (std::size_t i = 0; i < n && start < hi; ++i) {
-    const std::int64_t b = blocks[i].bytes(), end = start + b;
-    if (end > lo) run_block_range(host_order(blocks[i]), t, std::max(lo, start) - start, std::min(hi, end) - start, streaming);
+    const BlockCopy& c = blocks[i];
+    const std::int64_t b = c.written_bytes(), end = start + b;
+    if (end > lo && b > 0) {
+      const std::int64_t a = std::max(lo, start) - start, z = std::min(hi, end) - start;
+      if (c.op == BlockOp::sum) {
+        const std::int64_t E = c.elem_bytes;
+        run_sum_range(&c, t, a / E * E, z / E * E);
+      } else {
+        run_block_range(host_order(c), t, a, z, streaming);
+      }
+    }
     start = end;
   }
 }
@@ -425,8 +376,10 @@ struct HostExecutorOptions {
 ///
 /// Executor concept (what `seq_to_head` / `head_to_seq` need from an executor type E):
 /// - `void E::run(const BlockCopy* blocks, std::size_t n, const BufferTable& buffers)`: performs
-///   the n copies, complete (or ordered, for a stream-based executor) before the communicator's next
-///   call; the blocks of one list never overlap in their destinations, so any order is valid.
+///   the n copies and sums (block.hpp; a sum adds its terms by the rules of element.hpp), complete
+///   (or ordered, for a stream-based executor) before the communicator's next call; the blocks of
+///   one list never overlap in their destinations, so any order is valid (a sum's terms stay
+///   together, in order).
 /// - optionally `static constexpr bool E::runs_on_host = true`: its copies are host loads and
 ///   stores on host memory, done when run() returns. Only then may redistribute() take the
 ///   message-level path (PlanOptions::direct_pieces), which hands the caller's own pointers to the
@@ -497,7 +450,7 @@ class HostExecutor {
   ///      each other or any source.
   void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t) const {
     std::int64_t total = 0;
-    for (std::size_t i = 0; i < n; ++i) total += blocks[i].bytes();
+    for (std::size_t i = 0; i < n; ++i) total += blocks[i].written_bytes();
     const bool streaming = static_cast<std::uint64_t>(total) >= opt_.streaming_min_bytes;
     int parts = 1;
     if (pool_) {
@@ -505,7 +458,10 @@ class HostExecutor {
       parts = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(opt_.threads), std::max<std::uint64_t>(1, want)));
     }
     if (parts <= 1) {
-      for (std::size_t i = 0; i < n; ++i) run_block_host(detail::host_order(blocks[i]), t, streaming);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (blocks[i].op == BlockOp::copy) run_block_host(detail::host_order(blocks[i]), t, streaming);
+        else if (blocks[i].op == BlockOp::sum) detail::run_sum_range(&blocks[i], t, 0, blocks[i].bytes());
+      }
       if (streaming) detail::stream_fence();
       return;
     }

@@ -18,7 +18,7 @@ enum class Errc : int {
   seq_not_divisible,         ///< even sequence split asked for, S % P != 0
   seq_lengths_mismatch,      ///< explicit sequence lengths: wrong count, negative, or sum != S
   heads_not_divisible,       ///< even head split asked for, H % P != 0
-  gqa_invalid,               ///< Hkv does not divide H, or a kv partition does not match its query partition
+  gqa_invalid,               ///< Hkv does not divide H, or a kv partition does not give a rank the kv heads its query heads use
   gqa_group_mismatch,        ///< even split: neither Hkv % P == 0 nor P % Hkv == 0
   invalid_partition,         ///< an explicit partition that does not tile [0, extent) or is not monotone
   layout_mismatch,           ///< a layout whose extents differ from the local shape the plan expects
@@ -32,6 +32,9 @@ enum class Errc : int {
   timeout,                   ///< a peer did not arrive at a collective in time (in-process group)
   aborted,                   ///< a peer failed; the collective was abandoned (in-process group)
   backend,                   ///< the communication or device backend reported an error (its message included)
+  buffer_too_small,          ///< a tensor buffer holds fewer bytes than its layout spans (the message names the tensor)
+  not_summable,              ///< replicated heads are to be summed, but the element type has no addition (opaque)
+  not_adjoint,               ///< a backward call on a plan whose head→seq takes replicated heads from their owner
 };
 
 /// Name of an error code, e.g. "heads_not_divisible".
@@ -57,6 +60,9 @@ inline const char* to_string(Errc c) noexcept {
     case Errc::timeout: return "timeout";
     case Errc::aborted: return "aborted";
     case Errc::backend: return "backend";
+    case Errc::buffer_too_small: return "buffer_too_small";
+    case Errc::not_summable: return "not_summable";
+    case Errc::not_adjoint: return "not_adjoint";
   }
   return "unknown";
 }

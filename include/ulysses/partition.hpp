@@ -192,8 +192,16 @@ class SeqPartition {
 /// head-sharded layout.
 ///
 /// Ranges are monotone (begin and end never decrease with r) and cover [0, H); neighbouring
-/// ranges may overlap only for kv tensors under GQA (replication). For the inverse exchange
-/// (head→seq) a replicated head is taken from its *owner*, the lowest rank holding it.
+/// ranges may overlap (replication: a kv head under GQA/MQA used by the query heads of several
+/// ranks). The ranks holding a head form a contiguous run of ranks (holders()); the lowest is its
+/// *owner*. In head→seq a replicated head is either summed over its holders (Replicas::sum, the
+/// adjoint of seq→head: what the backward pass needs) or taken from its owner (Replicas::owner,
+/// the plain inverse); see TensorSpec::replicas in plan.hpp.
+///
+/// Two visible properties besides the ranges: even_split() (made by even(), or by gqa() of such a
+/// partition: every rank must hold as many heads as every other, and gqa() refuses kv counts that
+/// cannot be split or replicated evenly) and query_per_kv() (made by gqa()); both are part of
+/// operator==. Neither changes a byte on the wire.
 class HeadPartition {
  public:
   /// Even split: rank r holds [r*H/P, (r+1)*H/P).
@@ -302,20 +310,45 @@ class HeadPartition {
   std::int64_t count(int r) const { return end(r) - begin(r); }       ///< H_r, heads rank r holds
   /// For a kv partition made by gqa(): query heads per kv head (H / Hkv); 1 otherwise.
   std::int64_t query_per_kv() const { return query_per_kv_; }
+  /// True for a partition made by even() or by gqa() of one (the "even" head policy: gqa() then
+  /// requires Hkv % P == 0 or P % Hkv == 0, as DeepSpeed-Ulysses does).
+  bool even_split() const { return even_; }
   /// First head of rank r's range that no lower rank holds (the heads r sends in head→seq).
   std::int64_t owned_begin(int r) const {
     std::int64_t b = begin(r);
     for (int i = 0; i < r; ++i) b = std::max(b, end(i));
     return std::min(b, end(r));
   }
-  /// True when no two ranges overlap.
+  /// True when no two ranges overlap (no head is held by two ranks).
   bool disjoint() const {
     for (int r = 0; r < degree(); ++r)
       if (owned_begin(r) != begin(r)) return false;
     return true;
   }
+  /// The ranks holding head h: [first, last) (contiguous, since ranges are monotone; the first is
+  /// the owner). @pre 0 <= h < num_heads()
+  std::pair<int, int> holders(std::int64_t h) const {
+    int first = 0;
+    while (first < degree() && end(first) <= h) ++first;
+    int last = first;
+    while (last < degree() && begin(last) <= h) ++last;
+    return {first, last};
+  }
+  /// The rank owning head h (the lowest holder). @pre 0 <= h < num_heads()
+  int owner(std::int64_t h) const { return holders(h).first; }
+  /// "[0,2) [2,3)" for messages.
+  std::string str() const {
+    std::string o;
+    for (int r = 0; r < degree(); ++r)
+      o += (r ? " [" : "[") + std::to_string(begin(r)) + "," + std::to_string(end(r)) + ")";
+    return o;
+  }
 
-  friend bool operator==(const HeadPartition& a, const HeadPartition& b) { return a.H_ == b.H_ && a.r_ == b.r_; }
+  /// Same head count and ranges, made by the same policy (even_split(), query_per_kv()).
+  friend bool operator==(const HeadPartition& a, const HeadPartition& b) {
+    return a.H_ == b.H_ && a.r_ == b.r_ && a.even_ == b.even_ && a.query_per_kv_ == b.query_per_kv_;
+  }
+  friend bool operator!=(const HeadPartition& a, const HeadPartition& b) { return !(a == b); }
 
  private:
   static void check(std::int64_t H, int P, const char* what) {

@@ -45,7 +45,7 @@ class HostPipeline {
   ///         have stopped.
   template <class Comm, class PackExec, class UnpackExec>
   void run(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec, UnpackExec& unpack_exec,
-           const TensorList<const void*>& in, const TensorList<void*>& out, Workspace ws) {
+           const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
     detail::check_comm(plan, comm);
     const BufferTable t = make_buffers(plan, dir, in, out, ws);
     const int K = plan.num_stages();

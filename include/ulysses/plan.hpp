@@ -17,7 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "copy.hpp"
+#include "block.hpp"
+#include "element.hpp"
 #include "detail/checked.hpp"
 #include "error.hpp"
 #include "layout.hpp"
@@ -34,23 +35,56 @@ struct Group {
 /// Which way a redistribution goes.
 enum class Direction {
   seq_to_head,  ///< seq-sharded [B, S_r, H, D] → head-sharded [B, S, H_r, D] (before attention)
-  head_to_seq,  ///< head-sharded → seq-sharded (after attention; the backward of seq_to_head)
+  head_to_seq,  ///< head-sharded → seq-sharded (after attention; with Replicas::sum, the backward of seq_to_head)
 };
 
+/// What head→seq does with a head that several ranks hold (GQA/MQA kv heads when Hkv < P, or the
+/// shared boundary head of balanced splits).
+enum class Replicas {
+  sum,    ///< add the holders' copies, in ascending rank order (element.hpp): head→seq is then the
+          ///< adjoint (backward) of seq→head, what dk and dv need. The default.
+  owner,  ///< take the copy of the owner (the lowest holder): head→seq is then the inverse of
+          ///< seq→head (head_to_seq(seq_to_head(x)) == x), but not its adjoint.
+};
+
+/// Name of a Replicas value ("sum", "owner").
+inline const char* to_string(Replicas r) noexcept { return r == Replicas::sum ? "sum" : "owner"; }
+
 /// One tensor of a redistribution (q, k, v, ...): its head partition, head dimension, element
-/// size, and optionally this rank's local layouts (default: dense in the plan's Format).
+/// size and type, what head→seq does with replicated heads, which query tensor it serves (kv
+/// tensors), and optionally this rank's local layouts (default: dense in the plan's Format).
+///
+/// Prefer attention_specs() (attention.hpp), which makes q, k, v and o of an attention layer
+/// with the GQA pairing right by construction.
 struct TensorSpec {
-  HeadPartition heads;              ///< head partition over the group (H = heads.num_heads())
-  std::int64_t head_dim = 0;        ///< D, elements per head row
-  std::size_t elem_bytes = 0;       ///< bytes per element (any trivially copyable type)
+  HeadPartition heads;                ///< head partition over the group (H = heads.num_heads())
+  std::int64_t head_dim = 0;          ///< D, elements per head row
+  std::size_t elem_bytes = 0;         ///< bytes per element (any trivially copyable type)
   std::optional<Layout> seq_layout;   ///< this rank's seq-sharded tensor, extents [B, S_r, H, D]
   std::optional<Layout> head_layout;  ///< this rank's head-sharded tensor, extents [B, S, H_r, D]
+  ElementType type = ElementType::opaque;  ///< what the elements are (needed to sum replicated heads)
+  Replicas replicas = Replicas::sum;       ///< head→seq of a head held by several ranks (only matters then)
+  int serves = kAuto;  ///< for a kv tensor: index (in the plan) of the query tensor it serves; kNone; or kAuto
 
-  /// Spec for elements of type T.
+  /// `serves`: decide from the head counts (see Plan): a tensor after the first whose head count
+  /// divides the first tensor's and is smaller serves the first (the q, k, v convention).
+  static constexpr int kAuto = -2;
+  /// `serves`: the tensor serves no query tensor (no GQA pairing check).
+  static constexpr int kNone = -1;
+
+  /// Spec for elements of type T (type: element_type_of<T>: float32, float64, or opaque unless
+  /// specialised).
   template <class T>
   static TensorSpec of(HeadPartition heads, std::int64_t head_dim) {
+    return of<T>(std::move(heads), head_dim, element_type_of_v<T>);
+  }
+  /// Spec for elements of type T that are `type` (e.g. your own bf16 struct as
+  /// ElementType::bfloat16). The sizes must agree (checked by Plan: Error(invalid_shape)).
+  template <class T>
+  static TensorSpec of(HeadPartition heads, std::int64_t head_dim, ElementType type) {
     static_assert(std::is_trivially_copyable_v<T>, "ulysses moves elements as bytes: T must be trivially copyable");
     TensorSpec s{std::move(heads), head_dim, sizeof(T), std::nullopt, std::nullopt};
+    s.type = type;
     return s;
   }
   /// Sets this rank's seq-sharded layout (strides in elements; extents must be [B, S_r, H, D]).
@@ -61,6 +95,21 @@ struct TensorSpec {
   /// Sets this rank's head-sharded layout (strides in elements; extents must be [B, S, H_r, D]).
   TensorSpec& with_head_layout(const Layout& l) {
     head_layout = l;
+    return *this;
+  }
+  /// Sets what head→seq does with replicated heads (Replicas::sum by default).
+  TensorSpec& with_replicas(Replicas r) {
+    replicas = r;
+    return *this;
+  }
+  /// Declares the element type (its size must be elem_bytes).
+  TensorSpec& with_type(ElementType t) {
+    type = t;
+    return *this;
+  }
+  /// Declares that this kv tensor serves the query tensor at index `query` of the plan (or kNone).
+  TensorSpec& serving(int query) {
+    serves = query;
     return *this;
   }
 };
@@ -94,6 +143,9 @@ struct Piece {
   std::int32_t buffer = 0;  ///< where the bytes lie: Buffer::input(t) (sending) or Buffer::output(t)
                             ///< (receiving) when direct, else Buffer::send / Buffer::recv
   std::int64_t offset = 0;  ///< bytes from that buffer's base (the piece is `bytes` contiguous bytes there)
+  std::size_t wire_offset = 0;  ///< where the piece lies in the send (resp. receive) region, bytes
+  std::uint32_t first = 0;      ///< its blocks: [first, last) of Schedule::pack (sending) or of
+  std::uint32_t last = 0;       ///< Schedule::unpack (receiving; a summed head's terms are not among them)
   /// True when the piece lies in the user's tensor (no pack / unpack copy).
   bool direct() const { return buffer != Buffer::send && buffer != Buffer::recv; }
 };
@@ -110,23 +162,37 @@ struct Schedule {
   std::vector<std::size_t> recv_offsets;  ///< offset of each peer's chunk in the receive region
   std::size_t send_total = 0;             ///< bytes this stage sends (its chunks start at send_offsets[0])
   std::size_t recv_total = 0;             ///< bytes this stage receives
-  std::vector<BlockCopy> pack;    ///< inputs → send region
-  std::vector<BlockCopy> unpack;  ///< receive region → outputs, then this rank's own chunk inputs → outputs
+  /// Of send_total: bytes of heads this rank holds without owning them, sent in head→seq only for
+  /// tensors that sum their replicas (Replicas::sum): the extra bytes of the summed inverse.
+  std::size_t replica_bytes = 0;
+  std::vector<BlockCopy> pack;    ///< inputs → send region, piece by piece (Piece::first/last)
+  /// Receive region → outputs piece by piece, then this rank's own chunk (inputs → outputs), then
+  /// the sums of replicated heads (head→seq with Replicas::sum: terms from the receive region and
+  /// from this rank's input, in ascending rank order).
+  std::vector<BlockCopy> unpack;
   // Message-level exchange (PlanOptions::direct_pieces; each list in peer order, then tensor order).
   std::vector<Piece> send_pieces;        ///< what this rank sends, one piece per (peer, tensor) with bytes
   std::vector<Piece> recv_pieces;        ///< what this rank receives, likewise
   std::vector<BlockCopy> pack_staged;    ///< the pack blocks of the send pieces that are not direct
-  std::vector<BlockCopy> unpack_staged;  ///< the unpack blocks of the receive pieces that are not direct, then the own chunk's
+  std::vector<BlockCopy> unpack_staged;  ///< the unpack blocks of the receive pieces that are not direct, then the own chunk's and the sums
 };
+
+/// The fixed-size record of what determines the wire, all-gathered by check_agreement()
+/// (redistribute.hpp): kAgreementWords 64-bit words, one field (or a hash of one) per word.
+inline constexpr int kAgreementWords = 64;
+using AgreementRecord = std::array<std::uint64_t, kAgreementWords>;
 
 /// Everything one rank needs to run seq→head and head→seq for a set of tensors.
 ///
 /// Wire format (stable): the chunk from rank i to rank j holds, for each tensor in the order
 /// given, the block [B, tokens, heads, D] in row-major order (d fastest), where tokens are the
 /// seq-sharded rank's local tokens (in its local order) and heads are the head-sharded rank's
-/// heads (for head→seq, only the heads it owns: a replicated kv head is sent by its lowest rank).
-/// Chunks lie back to back in peer order. Engines running their own collective can use
-/// `schedule()` and the executors and move the wire themselves.
+/// heads of the stage in increasing order: in seq→head all it holds; in head→seq the heads it
+/// owns, and with Replicas::sum (for a tensor whose ranges overlap) every head it holds, so that
+/// the receiver can add the copies. With K stages, stage k carries part k of K of every rank's
+/// range (seq→head) or of every owner's owned range (head→seq: a replica goes in the stage its
+/// owner sends it). Chunks lie back to back in peer order. Engines running their own collective
+/// can use `schedule()` and the executors and move the wire themselves.
 class Plan {
  public:
   /// Plans the redistribution of `tensors` for member `group.rank` of a group of `group.size`.
@@ -137,11 +203,19 @@ class Plan {
   /// @param tensors 1..kMaxTensors tensors, each with a head partition over P ranks
   /// @param format  memory order of the local tensors whose layouts are not given
   /// @throws Error(invalid_group) bad rank or size, or a partition made for another P;
-  ///         Error(invalid_shape) B, D or element size < 1, or no / too many tensors;
+  ///         Error(invalid_shape) B, D or element size < 1, no / too many tensors, an element
+  ///         type whose size is not the element size, options.stages outside [1, 64];
   ///         Error(size_overflow) a tensor's byte count overflows int64;
   ///         Error(layout_mismatch) a layout whose extents are not the local shape;
   ///         Error(layout_aliasing) a layout with negative or aliasing strides;
-  ///         Error(invalid_shape) options.stages outside [1, 64].
+  ///         Error(gqa_invalid) a kv tensor whose partition does not give a rank the kv heads its
+  ///         query heads use (or whose head count does not divide its query tensor's; the message
+  ///         names the rank and the heads);
+  ///         Error(not_summable) a tensor with replicated heads and Replicas::sum whose element
+  ///         type is opaque (declare it, e.g. TensorSpec::of<T>(heads, D, ElementType::bfloat16),
+  ///         or choose Replicas::owner for a plain inverse).
+  ///         Every error depends only on inputs all ranks share, except layout_mismatch,
+  ///         layout_aliasing and size_overflow of a rank's own layouts.
   Plan(Group group, std::int64_t batch, SeqPartition seq, std::vector<TensorSpec> tensors,
        Format format = Format::bshd, PlanOptions options = {})
       : group_(group), batch_(batch), seq_(std::move(seq)), tensors_(std::move(tensors)), format_(format), options_(options) {
@@ -181,6 +255,20 @@ class Plan {
   /// Bytes of the input (resp. output) buffer of tensor t in direction d.
   std::size_t input_bytes(Direction d, int t) const { return d == Direction::seq_to_head ? seq_bytes(t) : head_bytes(t); }
   std::size_t output_bytes(Direction d, int t) const { return d == Direction::seq_to_head ? head_bytes(t) : seq_bytes(t); }
+  /// The query tensor tensor t serves (GQA pairing, resolved from TensorSpec::serves), or
+  /// TensorSpec::kNone.
+  int serves(int t) const { return serves_.at(static_cast<std::size_t>(t)); }
+  /// True when head→seq sums tensor t's replicated heads: it has some (its ranges overlap) and
+  /// Replicas::sum.
+  bool sums_replicas(int t) const { return tensor(t).replicas == Replicas::sum && !tensor(t).heads.disjoint(); }
+  /// The first tensor whose replicated heads head→seq takes from their owner (Replicas::owner
+  /// with overlapping ranges), or -1 when there is none: then seq→head and head→seq are each
+  /// other's adjoints, and seq_to_head_backward() / head_to_seq_backward() accept the plan.
+  int first_non_adjoint_tensor() const {
+    for (int t = 0; t < num_tensors(); ++t)
+      if (tensor(t).replicas == Replicas::owner && !tensor(t).heads.disjoint()) return t;
+    return -1;
+  }
 
   /// Number of pipeline stages K (PlanOptions::stages).
   int num_stages() const { return options_.stages; }
@@ -193,35 +281,79 @@ class Plan {
   std::size_t workspace_bytes() const { return workspace_; }
   /// Offset of the receive region in the workspace, bytes (a multiple of 256).
   std::size_t recv_region_offset() const { return recv_region_; }
-  /// Bytes this rank sends to other ranks in direction d (its own chunk excluded).
+  /// Bytes this rank sends to other ranks in direction d (its own chunk excluded), all stages.
   std::size_t exchanged_bytes(Direction d) const {
     std::size_t n = 0;
     for (const Schedule& sc : sched_[static_cast<int>(d)]) n += sc.send_total;
     return n;
   }
+  /// Of exchanged_bytes(d): the copies of replicated heads this rank sends without owning them
+  /// (head→seq with Replicas::sum; 0 otherwise): what the summed inverse sends beyond the plain one.
+  std::size_t replica_bytes(Direction d) const {
+    std::size_t n = 0;
+    for (const Schedule& sc : sched_[static_cast<int>(d)]) n += sc.replica_bytes;
+    return n;
+  }
 
-  /// 64-bit FNV-1a hash of the inputs every rank must share: P, B, the sequence partition, the
-  /// plan's Format, the number of stages, PlanOptions::direct_pieces and, per tensor, its head ranges, head dim and element size. (Local layouts are
-  /// not included: ranks may legitimately hold different views.)
+  /// What determines the wire, one field per word: P, B, S, the sequence partition, the number of
+  /// tensors, stages, path options, and per tensor its head partition (H and ranges), its head dim
+  /// and element size, and how head→seq treats its replicas (with the element type, when it sums).
+  /// Nothing that is a rank's own business: not its layouts or format, not its pointers. Ranks
+  /// whose records differ would exchange different bytes; check_agreement() compares them.
+  AgreementRecord agreement_record() const {
+    AgreementRecord w{};
+    auto hash = [](std::uint64_t h, std::int64_t v) {  // 64-bit FNV-1a over the 8 bytes of v
+      for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint64_t>((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+      return h;
+    };
+    const std::uint64_t h0 = 0xcbf29ce484222325ull;
+    w[0] = 0x756c797373657301ull;  // "ulysses" + record version 1
+    w[1] = static_cast<std::uint64_t>(group_.size);
+    w[2] = static_cast<std::uint64_t>(batch_);
+    w[3] = static_cast<std::uint64_t>(seq_.seq_len());
+    std::uint64_t h = h0;
+    for (const SeqChunk& c : seq_.chunks()) h = hash(hash(hash(h, c.rank), c.offset), c.length);
+    w[4] = h;
+    w[5] = tensors_.size();
+    w[6] = static_cast<std::uint64_t>(options_.stages);
+    w[7] = options_.direct_pieces ? 1 : 0;
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      const TensorSpec& x = tensors_[t];
+      h = hash(h0, x.heads.num_heads());
+      for (int r = 0; r < group_.size; ++r) h = hash(hash(h, x.heads.begin(r)), x.heads.end(r));
+      w[kHeadsWord + t] = h;
+      w[kElementWord + t] = hash(hash(h0, x.head_dim), static_cast<std::int64_t>(x.elem_bytes));
+      const bool sums = sums_replicas(static_cast<int>(t));
+      w[kReplicasWord + t] = hash(hash(h0, sums ? 1 : 0), sums ? static_cast<std::int64_t>(x.type) : 0);
+    }
+    return w;
+  }
+  /// What word i of agreement_record() stands for ("the head partition of tensor 1", ...).
+  static std::string agreement_field(int i) {
+    static const char* const first[8] = {"the record version", "the group size P", "the batch B", "the sequence length S",
+                                         "the sequence partition", "the number of tensors", "the number of stages K",
+                                         "PlanOptions::direct_pieces"};
+    if (i < 8) return first[i];
+    if (i < kElementWord) return "the head partition of tensor " + std::to_string(i - kHeadsWord);
+    if (i < kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - kElementWord);
+    if (i < kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - kReplicasWord);
+    return "word " + std::to_string(i);
+  }
+  /// 64-bit FNV-1a hash of agreement_record(): equal on ranks that would exchange the same bytes.
   std::uint64_t fingerprint() const {
     std::uint64_t h = 0xcbf29ce484222325ull;
-    auto mix = [&h](std::int64_t v) {
-      for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint64_t>((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
-    };
-    mix(group_.size), mix(batch_), mix(seq_.seq_len()), mix(static_cast<std::int64_t>(format_)), mix(options_.stages), mix(options_.direct_pieces);
-    for (const SeqChunk& c : seq_.chunks()) mix(c.rank), mix(c.offset), mix(c.length);
-    for (const TensorSpec& x : tensors_) {
-      mix(x.heads.num_heads()), mix(x.head_dim), mix(static_cast<std::int64_t>(x.elem_bytes));
-      for (int r = 0; r < group_.size; ++r) mix(x.heads.begin(r)), mix(x.heads.end(r));
-    }
+    for (std::uint64_t v : agreement_record())
+      for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
     return h;
   }
 
-  /// Whether the first exchange of this plan checks that every rank planned from the same inputs
-  /// (see check_agreement() in redistribute.hpp). Default: on in debug builds (NDEBUG undefined),
-  /// off otherwise; the macro ULYSSES_CHECK_AGREEMENT (0 or 1) overrides the default.
+  /// Whether the first exchange of this plan checks that every rank planned the same wire (see
+  /// check_agreement() in redistribute.hpp). Default: on, in every build type; the macro
+  /// ULYSSES_CHECK_AGREEMENT=0 turns the default off. Every rank must choose the same (a rank
+  /// that skips the check while its peers make it leaves them waiting in the all-gather).
   bool check_agreement() const { return check_; }
-  /// Turns the cross-rank check of the first exchange on or off (call before the first exchange).
+  /// Turns the cross-rank check of the first exchange on or off (call before the first exchange,
+  /// the same on every rank).
   void set_check_agreement(bool on) { check_ = on; }
   /// True once the cross-rank check has passed for this plan (no further checks are made).
   bool agreement_checked() const { return checked_; }
@@ -229,6 +361,14 @@ class Plan {
   void mark_agreement_checked() const { checked_ = true; }
 
  private:
+  static constexpr int kHeadsWord = 8, kElementWord = kHeadsWord + kMaxTensors, kReplicasWord = kElementWord + kMaxTensors;
+  static_assert(kReplicasWord + kMaxTensors <= kAgreementWords, "the agreement record holds every field");
+
+  /// A run of heads [lo, hi).
+  struct Run {
+    std::int64_t lo, hi;
+  };
+
   std::size_t span_bytes(const Layout& l, int t) const { return static_cast<std::size_t>(l.span_elems()) * tensor(t).elem_bytes; }
 
   void validate_global() {
@@ -255,11 +395,71 @@ class Plan {
       if (x.head_dim < 1) detail::fail(Errc::invalid_shape, name + ": head_dim D=" + std::to_string(x.head_dim) + " must be >= 1");
       if (x.elem_bytes < 1 || x.elem_bytes > (1u << 20))
         detail::fail(Errc::invalid_shape, name + ": element size " + std::to_string(x.elem_bytes) + " bytes is out of range");
+      if (x.type != ElementType::opaque && size_of(x.type) != x.elem_bytes)
+        detail::fail(Errc::invalid_shape, name + ": element type " + to_string(x.type) + " has " + std::to_string(size_of(x.type)) +
+                                              " bytes, but the element size is " + std::to_string(x.elem_bytes));
       std::int64_t n = detail::mul(batch_, seq_.seq_len(), "B*S");
       n = detail::mul(n, x.heads.num_heads(), "B*S*H");
       n = detail::mul(n, x.head_dim, "B*S*H*D");
       n = detail::mul(n, static_cast<std::int64_t>(x.elem_bytes), "bytes of B*S*H*D");
       total = detail::add(total, n, "bytes of all tensors");
+      if (sums_replicas(static_cast<int>(t)) && !summable(x.type)) {
+        const std::int64_t h = first_replicated_head(x.heads);
+        const auto [f, l] = x.heads.holders(h);
+        detail::fail(Errc::not_summable,
+                     name + " has heads held by several ranks (head " + std::to_string(h) + " on ranks [" + std::to_string(f) +
+                         ", " + std::to_string(l) + ")), which head→seq sums (Replicas::sum, the backward of seq→head), but its "
+                         "element type is opaque (" + std::to_string(x.elem_bytes) + "-byte elements): declare it "
+                         "(TensorSpec::of<T>(heads, D, ElementType::bfloat16), with_type(), or specialise "
+                         "ulysses::element_type_of<T>), or choose with_replicas(Replicas::owner) for the plain inverse");
+      }
+    }
+    resolve_pairing();
+  }
+
+  static std::int64_t first_replicated_head(const HeadPartition& hp) {
+    for (int r = 1; r < hp.degree(); ++r)
+      if (hp.owned_begin(r) != hp.begin(r)) return hp.begin(r);
+    return 0;
+  }
+
+  /// Resolves TensorSpec::serves and checks that every kv tensor gives each rank the kv heads its
+  /// query heads use (query head h uses kv head h / (H / Hkv)).
+  void resolve_pairing() {
+    const int T = num_tensors(), P = group_.size;
+    serves_.assign(static_cast<std::size_t>(T), TensorSpec::kNone);
+    for (int t = 0; t < T; ++t) {
+      const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
+      int q = x.serves;
+      const std::int64_t Hkv = x.heads.num_heads();
+      if (q == TensorSpec::kAuto) {
+        const std::int64_t H0 = tensors_[0].heads.num_heads();
+        q = t > 0 && Hkv < H0 && H0 % Hkv == 0 ? 0 : TensorSpec::kNone;
+      }
+      if (q == TensorSpec::kNone) continue;
+      const std::string name = "tensor " + std::to_string(t);
+      if (q < 0 || q >= T || q == t || tensors_[static_cast<std::size_t>(q)].serves >= 0)
+        detail::fail(Errc::gqa_invalid, name + " says it serves tensor " + std::to_string(q) +
+                                            ", which is not another query tensor of the plan (0.." + std::to_string(T - 1) + ")");
+      const HeadPartition& qh = tensors_[static_cast<std::size_t>(q)].heads;
+      const std::int64_t H = qh.num_heads();
+      if (H % Hkv != 0)
+        detail::fail(Errc::gqa_invalid, name + " (kv, " + std::to_string(Hkv) + " heads) serves tensor " + std::to_string(q) +
+                                            " (" + std::to_string(H) + " query heads): GQA needs H % Hkv == 0");
+      const std::int64_t g = H / Hkv;
+      for (int r = 0; r < P; ++r) {
+        if (qh.count(r) == 0) continue;
+        const std::int64_t need_b = qh.begin(r) / g, need_e = (qh.end(r) - 1) / g + 1;
+        if (need_b < x.heads.begin(r) || need_e > x.heads.end(r))
+          detail::fail(Errc::gqa_invalid,
+                       "rank " + std::to_string(r) + " holds query heads [" + std::to_string(qh.begin(r)) + ", " +
+                           std::to_string(qh.end(r)) + ") of tensor " + std::to_string(q) + ", which use kv heads [" +
+                           std::to_string(need_b) + ", " + std::to_string(need_e) + "), but the partition of " + name +
+                           " gives it kv heads [" + std::to_string(x.heads.begin(r)) + ", " + std::to_string(x.heads.end(r)) +
+                           "); make it with HeadPartition::gqa(query partition, " + std::to_string(Hkv) +
+                           ") or use attention_specs() (to skip this check: serving(TensorSpec::kNone))");
+      }
+      serves_[static_cast<std::size_t>(t)] = q;
     }
   }
 
@@ -290,157 +490,264 @@ class Plan {
                                               "non-overlapping");
   }
 
+  /// Part k of K of the head range [b, e) (balanced: the first (e-b) % K parts one head longer).
+  Run part(std::int64_t b, std::int64_t e, int k) const {
+    const std::int64_t n = e - b, K = options_.stages;
+    const std::int64_t lo = b + k * (n / K) + std::min<std::int64_t>(k, n % K);
+    return {lo, lo + n / K + (k < n % K ? 1 : 0)};
+  }
+
+  /// The heads of tensor x that head-sharded rank hr puts on the wire in stage k, ascending:
+  /// seq→head: part k of its range; head→seq: part k of its owned range, and when x sums its
+  /// replicas also the heads it holds of lower owners, each in the stage of its owner's part.
+  std::vector<Run> stage_heads(const TensorSpec& x, bool sums, int hr, bool s2h, int k) const {
+    const HeadPartition& hp = x.heads;
+    std::vector<Run> runs;
+    auto add = [&](Run r) {
+      if (r.hi > r.lo) runs.push_back(r);
+    };
+    if (s2h) {
+      add(part(hp.begin(hr), hp.end(hr), k));
+    } else if (!sums) {
+      add(part(hp.owned_begin(hr), hp.end(hr), k));
+    } else {
+      for (int o = 0; o <= hr; ++o) {  // owned ranges ascend with o
+        const Run p = part(hp.owned_begin(o), hp.end(o), k);
+        add({std::max(p.lo, hp.begin(hr)), std::min(p.hi, hp.end(hr))});
+      }
+    }
+    return runs;
+  }
+  static std::int64_t total(const std::vector<Run>& runs) {
+    std::int64_t n = 0;
+    for (const Run& r : runs) n += r.hi - r.lo;
+    return n;
+  }
+  /// Position of head h in the list `runs` (h must be in it).
+  static std::int64_t index_of(const std::vector<Run>& runs, std::int64_t h) {
+    std::int64_t i = 0;
+    for (const Run& r : runs) {
+      if (h < r.hi) return i + (h - r.lo);
+      i += r.hi - r.lo;
+    }
+    return i;
+  }
+
   /// Appends the block copying extents `ext` from (src buffer, byte offset, element strides) to
   /// (dst buffer, byte offset, element strides).
-  static void add_block(std::vector<BlockCopy>& list, const std::int64_t ext[4], int t_elem_bytes, int sbuf,
+  static void add_block(std::vector<BlockCopy>& list, const std::int64_t ext[4], std::int64_t elem_bytes, int sbuf,
                         std::int64_t soff, const std::int64_t sstr[4], int dbuf, std::int64_t doff, const std::int64_t dstr[4]) {
     BlockCopy c;
-    if (detail::make_block(ext, sstr, dstr, t_elem_bytes, soff, doff, sbuf, dbuf, c)) list.push_back(c);
+    if (detail::make_block(ext, sstr, dstr, elem_bytes, soff, doff, sbuf, dbuf, c)) list.push_back(c);
   }
 
   /// Builds stage k of direction dir; its chunks start at send_base / recv_base of the regions.
   void build(Direction dir, int k, std::size_t send_base, std::size_t recv_base) {
-    const int P = group_.size, me = group_.rank, K = options_.stages;
+    const int P = group_.size, me = group_.rank, T = num_tensors();
     const bool s2h = dir == Direction::seq_to_head;
     Schedule& sc = sched_[static_cast<int>(dir)][static_cast<std::size_t>(k)];
     sc.send_bytes.assign(P, 0);
     sc.send_offsets.assign(P, 0);
     sc.recv_bytes.assign(P, 0);
     sc.recv_offsets.assign(P, 0);
-    // Chunk between a seq-sharded rank `sr` and a head-sharded rank `hr`: [B, S_sr, heads of hr, D]
-    // per tensor; in head→seq only the heads hr owns; of those, part k of K. Returns the head range.
-    auto heads_of = [&](const TensorSpec& x, int hr) {
-      const std::int64_t b = s2h ? x.heads.begin(hr) : x.heads.owned_begin(hr), n = x.heads.end(hr) - b;
-      const std::int64_t lo = b + k * (n / K) + std::min<std::int64_t>(k, n % K);
-      return std::pair<std::int64_t, std::int64_t>(lo, lo + n / K + (k < n % K ? 1 : 0));
+    // heads[t][r]: the heads head-sharded rank r puts on the wire for tensor t in this stage.
+    std::vector<std::vector<std::vector<Run>>> heads(static_cast<std::size_t>(T));
+    std::vector<char> sums(static_cast<std::size_t>(T));
+    for (int t = 0; t < T; ++t) {
+      sums[t] = !s2h && sums_replicas(t);
+      for (int r = 0; r < P; ++r) heads[t].push_back(stage_heads(tensors_[t], sums[t], r, s2h, k));
+    }
+    // Bytes of tensor t in the chunk between seq-sharded rank sr and head-sharded rank hr.
+    auto piece_bytes = [&](int t, int sr, int hr) {
+      const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
+      return static_cast<std::size_t>(batch_ * seq_.local_length(sr) * total(heads[t][hr]) * x.head_dim) * x.elem_bytes;
     };
-    auto chunk_bytes = [&](int sr, int hr) {
-      std::size_t n = 0;
-      for (auto& x : tensors_) {
-        auto [hb, he] = heads_of(x, hr);
-        n += static_cast<std::size_t>(batch_ * seq_.local_length(sr) * (he - hb) * x.head_dim) * x.elem_bytes;
-      }
-      return n;
+    // recv_at[p][t]: offset of tensor t's piece from p in the receive region.
+    std::vector<std::vector<std::size_t>> recv_at(static_cast<std::size_t>(P), std::vector<std::size_t>(static_cast<std::size_t>(T)));
+    std::vector<std::vector<std::size_t>> send_at = recv_at;
+    std::size_t so = send_base, ro = recv_base;
+    for (int p = 0; p < P; ++p) {
+      sc.send_offsets[p] = so, sc.recv_offsets[p] = ro;
+      if (p != me)
+        for (int t = 0; t < T; ++t) {
+          send_at[p][t] = so, recv_at[p][t] = ro;
+          const std::size_t sb = s2h ? piece_bytes(t, me, p) : piece_bytes(t, p, me);
+          const std::size_t rb = s2h ? piece_bytes(t, p, me) : piece_bytes(t, me, p);
+          so += sb, ro += rb;
+          sc.send_bytes[p] += sb, sc.recv_bytes[p] += rb;
+          if (sums[t]) {  // heads I hold below my owned range are copies I send only to be summed
+            const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
+            const std::int64_t own = x.heads.owned_begin(me);
+            std::int64_t n = 0;
+            for (const Run& r : heads[t][me]) n += std::max<std::int64_t>(0, std::min(r.hi, own) - r.lo);
+            sc.replica_bytes += static_cast<std::size_t>(batch_ * seq_.local_length(p) * n * x.head_dim) * x.elem_bytes;
+          }
+        }
+      sc.send_total += sc.send_bytes[p], sc.recv_total += sc.recv_bytes[p];
+    }
+    // A head of tensor t is summed on receipt when several ranks hold it (and t sums).
+    auto summed = [&](int t, std::int64_t h) {
+      if (!sums[t]) return false;
+      const auto [f, l] = tensors_[static_cast<std::size_t>(t)].heads.holders(h);
+      return l - f > 1;
     };
+    // Splits a list of runs into the maximal runs of heads that are (not) summed.
+    auto runs_where = [&](int t, const std::vector<Run>& runs, bool want_summed) {
+      std::vector<Run> out;
+      for (const Run& r : runs)
+        for (std::int64_t h = r.lo; h < r.hi; ++h) {
+          if (summed(t, h) != want_summed) continue;
+          if (!out.empty() && out.back().hi == h) ++out.back().hi;
+          else out.push_back({h, h + 1});
+        }
+      return out;
+    };
+    const std::vector<SeqChunk> my_chunks = seq_.chunks_of(me);
+    const std::int64_t Tm = seq_.local_length(me);
     for (int p = 0; p < P; ++p) {
       if (p == me) continue;
-      sc.send_bytes[p] = s2h ? chunk_bytes(me, p) : chunk_bytes(p, me);
-      sc.recv_bytes[p] = s2h ? chunk_bytes(p, me) : chunk_bytes(me, p);
-    }
-    for (int p = 0; p < P; ++p) {
-      sc.send_offsets[p] = send_base + sc.send_total, sc.send_total += sc.send_bytes[p];
-      sc.recv_offsets[p] = recv_base + sc.recv_total, sc.recv_total += sc.recv_bytes[p];
-    }
-    const std::vector<SeqChunk> my_chunks = seq_.chunks_of(me);
-    struct Mark {  // where a (peer, tensor) piece starts in the block lists and in the regions
-      std::size_t pack, unpack;
-      std::int64_t send, recv;
-      int peer, tensor;
-    };
-    std::vector<Mark> pieces;
-    for (int p = 0; p < P; ++p) {
-      const std::int64_t T = seq_.local_length(s2h ? me : p);
-      // Pack: this rank sends to p. Unpack: this rank receives from p.
-      std::int64_t send_t_off = static_cast<std::int64_t>(sc.send_offsets[p]);
-      std::int64_t recv_t_off = static_cast<std::int64_t>(sc.recv_offsets[p]);
       const std::vector<SeqChunk> peer_chunks = seq_.chunks_of(p);
-      for (int t = 0; t < num_tensors(); ++t) {
-        if (p != me) pieces.push_back({sc.pack.size(), sc.unpack.size(), send_t_off, recv_t_off, p, t});
+      const std::int64_t Tp = seq_.local_length(p);
+      for (int t = 0; t < T; ++t) {
         const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
         const Layout& sl = *x.seq_layout;
         const Layout& hl = *x.head_layout;
-        const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim;
+        const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
         const int in = Buffer::input(t), out = Buffer::output(t);
+        Piece send{p, t, s2h ? piece_bytes(t, me, p) : piece_bytes(t, p, me), Buffer::send, 0, send_at[p][t]};
+        Piece recv{p, t, s2h ? piece_bytes(t, p, me) : piece_bytes(t, me, p), Buffer::recv, 0, recv_at[p][t]};
+        send.offset = static_cast<std::int64_t>(send.wire_offset), recv.offset = static_cast<std::int64_t>(recv.wire_offset);
+        send.first = static_cast<std::uint32_t>(sc.pack.size()), recv.first = static_cast<std::uint32_t>(sc.unpack.size());
+        const auto so_t = static_cast<std::int64_t>(send.wire_offset), ro_t = static_cast<std::int64_t>(recv.wire_offset);
         if (s2h) {
-          // seq→head. Pack to p: my tokens, p's heads. Unpack from p: p's tokens, my heads.
-          const auto [hb, he] = heads_of(x, p);
-          const std::int64_t Hp = he - hb;
-          const auto [mb, me_end] = heads_of(x, me);
-          const std::int64_t Hm = me_end - mb;
-          if (p == me) {
-            for (const SeqChunk& c : my_chunks) {
-              const std::int64_t ext[4] = {batch_, c.length, Hm, D};
-              add_block(sc.unpack, ext, e, in, sl.offset(0, c.local_offset, mb, 0) * e, sl.stride, out,
-                        hl.offset(0, c.offset, mb - x.heads.begin(me), 0) * e, hl.stride);
+          // Pack to p: my tokens, p's heads. Unpack from p: p's tokens, my heads.
+          const std::vector<Run>& ph = heads[t][p];
+          const std::int64_t n = total(ph);
+          const std::int64_t wire[4] = {Tm * n * D, n * D, D, 1};
+          for (const Run& r : ph) {
+            const std::int64_t ext[4] = {batch_, Tm, r.hi - r.lo, D};
+            add_block(sc.pack, ext, e, in, sl.offset(0, 0, r.lo, 0) * e, sl.stride, Buffer::send, so_t + index_of(ph, r.lo) * D * e, wire);
+          }
+          const std::vector<Run>& mh = heads[t][me];
+          const std::int64_t m = total(mh);
+          const std::int64_t rwire[4] = {Tp * m * D, m * D, D, 1};
+          for (const SeqChunk& c : peer_chunks)
+            for (const Run& r : mh) {
+              const std::int64_t ext[4] = {batch_, c.length, r.hi - r.lo, D};
+              add_block(sc.unpack, ext, e, Buffer::recv, ro_t + (c.local_offset * m + index_of(mh, r.lo)) * D * e, rwire, out,
+                        hl.offset(0, c.offset, r.lo - hb, 0) * e, hl.stride);
             }
-            continue;
-          }
-          {
-            const std::int64_t ext[4] = {batch_, T, Hp, D};
-            const std::int64_t wire[4] = {T * Hp * D, Hp * D, D, 1};
-            add_block(sc.pack, ext, e, in, sl.offset(0, 0, hb, 0) * e, sl.stride, Buffer::send, send_t_off, wire);
-            send_t_off += batch_ * T * Hp * D * e;
-          }
-          const std::int64_t Tp = seq_.local_length(p);
-          const std::int64_t wire[4] = {Tp * Hm * D, Hm * D, D, 1};
-          for (const SeqChunk& c : peer_chunks) {
-            const std::int64_t ext[4] = {batch_, c.length, Hm, D};
-            add_block(sc.unpack, ext, e, Buffer::recv, recv_t_off + c.local_offset * Hm * D * e, wire, out,
-                      hl.offset(0, c.offset, mb - x.heads.begin(me), 0) * e, hl.stride);
-          }
-          recv_t_off += batch_ * Tp * Hm * D * e;
         } else {
-          // head→seq. Pack to p: p's tokens, the heads I own. Unpack from p: my tokens, p's owned heads.
-          const auto [ob, oe] = heads_of(x, me);
-          const std::int64_t Ho = oe - ob, mb = x.heads.begin(me);
-          if (p == me) {
-            for (const SeqChunk& c : my_chunks) {
-              const std::int64_t ext[4] = {batch_, c.length, Ho, D};
-              add_block(sc.unpack, ext, e, in, hl.offset(0, c.offset, ob - mb, 0) * e, hl.stride, out,
-                        sl.offset(0, c.local_offset, ob, 0) * e, sl.stride);
-            }
-            continue;
-          }
-          const std::int64_t Tp = seq_.local_length(p);
-          {
-            const std::int64_t wire[4] = {Tp * Ho * D, Ho * D, D, 1};
+          // Pack to p: p's tokens, the heads I put on the wire. Unpack from p: my tokens, p's heads
+          // (those summed on receipt are read by the sums below).
+          const std::vector<Run>& mh = heads[t][me];
+          const std::int64_t m = total(mh);
+          const std::int64_t wire[4] = {Tp * m * D, m * D, D, 1};
+          for (const Run& r : mh)
             for (const SeqChunk& c : peer_chunks) {
-              const std::int64_t ext[4] = {batch_, c.length, Ho, D};
-              add_block(sc.pack, ext, e, in, hl.offset(0, c.offset, ob - mb, 0) * e, hl.stride, Buffer::send,
-                        send_t_off + c.local_offset * Ho * D * e, wire);
+              const std::int64_t ext[4] = {batch_, c.length, r.hi - r.lo, D};
+              add_block(sc.pack, ext, e, in, hl.offset(0, c.offset, r.lo - hb, 0) * e, hl.stride, Buffer::send,
+                        so_t + (c.local_offset * m + index_of(mh, r.lo)) * D * e, wire);
             }
-            send_t_off += batch_ * Tp * Ho * D * e;
+          const std::vector<Run>& ph = heads[t][p];
+          const std::int64_t n = total(ph);
+          const std::int64_t rwire[4] = {Tm * n * D, n * D, D, 1};
+          for (const Run& r : runs_where(t, ph, false)) {
+            const std::int64_t ext[4] = {batch_, Tm, r.hi - r.lo, D};
+            add_block(sc.unpack, ext, e, Buffer::recv, ro_t + index_of(ph, r.lo) * D * e, rwire, out, sl.offset(0, 0, r.lo, 0) * e,
+                      sl.stride);
           }
-          const auto [pb, pe] = heads_of(x, p);
-          const std::int64_t Hp = pe - pb, Tm = seq_.local_length(me);
-          const std::int64_t ext[4] = {batch_, Tm, Hp, D};
-          const std::int64_t wire[4] = {Tm * Hp * D, Hp * D, D, 1};
-          add_block(sc.unpack, ext, e, Buffer::recv, recv_t_off, wire, out, sl.offset(0, 0, pb, 0) * e, sl.stride);
-          recv_t_off += batch_ * Tm * Hp * D * e;
+        }
+        send.last = static_cast<std::uint32_t>(sc.pack.size()), recv.last = static_cast<std::uint32_t>(sc.unpack.size());
+        if (send.bytes) sc.send_pieces.push_back(place(send, sc.pack, true));
+        if (recv.bytes) sc.recv_pieces.push_back(place(recv, sc.unpack, false));
+      }
+    }
+    // This rank's own chunk: input → output, for the heads it would send itself.
+    const std::size_t own_first = sc.unpack.size();
+    for (int t = 0; t < T; ++t) {
+      const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
+      const Layout& sl = *x.seq_layout;
+      const Layout& hl = *x.head_layout;
+      const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
+      const int in = Buffer::input(t), out = Buffer::output(t);
+      for (const Run& r : s2h ? heads[t][me] : runs_where(t, heads[t][me], false))
+        for (const SeqChunk& c : my_chunks) {
+          const std::int64_t ext[4] = {batch_, c.length, r.hi - r.lo, D};
+          if (s2h)
+            add_block(sc.unpack, ext, e, in, sl.offset(0, c.local_offset, r.lo, 0) * e, sl.stride, out,
+                      hl.offset(0, c.offset, r.lo - hb, 0) * e, hl.stride);
+          else
+            add_block(sc.unpack, ext, e, in, hl.offset(0, c.offset, r.lo - hb, 0) * e, hl.stride, out,
+                      sl.offset(0, c.local_offset, r.lo, 0) * e, sl.stride);
+        }
+    }
+    // Sums (head→seq, Replicas::sum): each head of this stage held by several ranks, from every
+    // holder's copy in ascending rank order (the wire of a peer, this rank's own input).
+    for (int t = 0; t < T; ++t) {
+      if (!sums[t]) continue;
+      const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
+      const HeadPartition& hp = x.heads;
+      const Layout& sl = *x.seq_layout;
+      const Layout& hl = *x.head_layout;
+      const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim;
+      std::vector<Run> stage;  // the heads of this stage: part k of every owned range
+      for (int o = 0; o < P; ++o) {
+        const Run r = part(hp.owned_begin(o), hp.end(o), k);
+        if (r.hi > r.lo) stage.push_back(r);
+      }
+      for (const Run& run : runs_where(t, stage, true)) {
+        for (std::int64_t a = run.lo; a < run.hi;) {  // sub-runs with the same holders
+          const auto holders = hp.holders(a);
+          std::int64_t b = a + 1;
+          while (b < run.hi && hp.holders(b) == holders) ++b;
+          const int n = holders.second - holders.first;
+          for (const SeqChunk& c : my_chunks) {
+            const std::int64_t ext[4] = {batch_, c.length, b - a, D};
+            std::vector<std::array<std::int64_t, 4>> strides(static_cast<std::size_t>(n));
+            std::vector<const std::int64_t*> sp(static_cast<std::size_t>(n));
+            std::vector<std::int64_t> soff(static_cast<std::size_t>(n));
+            std::vector<int> sbuf(static_cast<std::size_t>(n));
+            for (int j = 0; j < n; ++j) {
+              const int q = holders.first + j;
+              if (q == me) {
+                for (int i = 0; i < 4; ++i) strides[j][i] = hl.stride[i];
+                soff[j] = hl.offset(0, c.offset, a - hp.begin(me), 0) * e, sbuf[j] = Buffer::input(t);
+              } else {
+                const std::int64_t nq = total(heads[t][q]);
+                strides[j] = {Tm * nq * D, nq * D, D, 1};
+                soff[j] = static_cast<std::int64_t>(recv_at[q][t]) + (c.local_offset * nq + index_of(heads[t][q], a)) * D * e;
+                sbuf[j] = Buffer::recv;
+              }
+              sp[j] = strides[j].data();
+            }
+            std::vector<BlockCopy> g(static_cast<std::size_t>(n));
+            if (detail::make_blocks(ext, n, sp.data(), sl.stride, e, soff.data(), sl.offset(0, c.local_offset, a, 0) * e,
+                                    sbuf.data(), Buffer::output(t), x.type, g.data()))
+              sc.unpack.insert(sc.unpack.end(), g.begin(), g.end());
+          }
+          a = b;
         }
       }
     }
-    split_pieces(sc, pieces);
+    // Message-level lists: the staged blocks of the pieces that are not direct, then the rest.
+    for (const Piece& pc : sc.send_pieces)
+      if (!pc.direct()) sc.pack_staged.insert(sc.pack_staged.end(), sc.pack.begin() + pc.first, sc.pack.begin() + pc.last);
+    for (const Piece& pc : sc.recv_pieces)
+      if (!pc.direct()) sc.unpack_staged.insert(sc.unpack_staged.end(), sc.unpack.begin() + pc.first, sc.unpack.begin() + pc.last);
+    sc.unpack_staged.insert(sc.unpack_staged.end(), sc.unpack.begin() + static_cast<std::ptrdiff_t>(own_first), sc.unpack.end());
   }
 
-  /// Fills the message-level lists of `sc` from the marks of its (peer, tensor) pieces.
-  template <class Mark>
-  static void split_pieces(Schedule& sc, const std::vector<Mark>& marks) {
-    for (std::size_t i = 0; i < marks.size(); ++i) {
-      const Mark& m = marks[i];
-      const bool last = i + 1 == marks.size();
-      for (int send = 1; send >= 0; --send) {
-        const std::vector<BlockCopy>& all = send ? sc.pack : sc.unpack;
-        std::size_t end = last ? all.size() : send ? marks[i + 1].pack : marks[i + 1].unpack;
-        const std::size_t begin = send ? m.pack : m.unpack;
-        if (!send)  // the own chunk's blocks sit between two peers' pieces: they are not part of this one
-          while (end > begin && all[end - 1].src_buffer != Buffer::recv) --end;
-        std::size_t bytes = 0;
-        for (std::size_t b = begin; b < end; ++b) bytes += static_cast<std::size_t>(all[b].bytes());
-        if (!bytes) continue;
-        Piece pc{m.peer, m.tensor, bytes, send ? Buffer::send : Buffer::recv, send ? m.send : m.recv};
-        if (end - begin == 1 && all[begin].rows() == 1) {  // one contiguous range of the user's tensor
-          pc.buffer = send ? all[begin].src_buffer : all[begin].dst_buffer;
-          pc.offset = send ? all[begin].src_offset : all[begin].dst_offset;
-        } else {
-          std::vector<BlockCopy>& staged = send ? sc.pack_staged : sc.unpack_staged;
-          staged.insert(staged.end(), all.begin() + static_cast<std::ptrdiff_t>(begin), all.begin() + static_cast<std::ptrdiff_t>(end));
-        }
-        (send ? sc.send_pieces : sc.recv_pieces).push_back(pc);
-      }
-    }
-    for (const BlockCopy& c : sc.unpack)  // the own chunk: input → output, after the exchange
-      if (c.src_buffer != Buffer::recv) sc.unpack_staged.push_back(c);
+  /// Makes a piece direct when its blocks are one contiguous range of the user's tensor that
+  /// covers all its bytes (sending: one pack block; receiving: one unpack block, and no byte of it
+  /// is a term of a sum).
+  static Piece place(Piece pc, const std::vector<BlockCopy>& list, bool sending) {
+    if (pc.last - pc.first != 1) return pc;
+    const BlockCopy& c = list[pc.first];
+    if (c.rows() != 1 || static_cast<std::size_t>(c.bytes()) != pc.bytes) return pc;
+    pc.buffer = sending ? c.src_buffer : c.dst_buffer;
+    pc.offset = sending ? c.src_offset : c.dst_offset;
+    return pc;
   }
 
   Group group_;
@@ -449,12 +756,11 @@ class Plan {
   std::vector<TensorSpec> tensors_;
   Format format_;
   PlanOptions options_;
+  std::vector<int> serves_;
   std::vector<Schedule> sched_[2];  // per direction, per stage
   std::size_t recv_region_ = 0, workspace_ = 0;
 #if defined(ULYSSES_CHECK_AGREEMENT)
   bool check_ = ULYSSES_CHECK_AGREEMENT;
-#elif defined(NDEBUG)
-  bool check_ = false;
 #else
   bool check_ = true;
 #endif

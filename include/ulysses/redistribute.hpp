@@ -1,11 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file redistribute.hpp
-/// @brief seq_to_head / head_to_seq over any communicator and executor: pack → exchange → unpack.
+/// @brief seq_to_head / head_to_seq and their backwards over any communicator and executor:
+///        pack → exchange → unpack.
 ///
 /// Follows DeepSpeed-Ulysses (Jacobs et al., arXiv:2309.14509): before attention an all-to-all
 /// turns seq-sharded q, k, v into head-sharded ones (scatter heads, gather sequence); after it,
 /// the inverse all-to-all returns the output to the seq sharding. Unlike DeepSpeed, q, k and v
 /// (with their own head counts under GQA) travel in ONE all-to-all.
+///
+/// Adjoints (what an autograd wiring calls in the backward pass):
+///
+///     forward        backward                 what the backward sums
+///     seq_to_head    seq_to_head_backward     the copies of a head seq→head sent to several ranks
+///                    (= head→seq, Replicas::sum)   (kv heads when Hkv < P), in ascending rank order
+///     head_to_seq    head_to_seq_backward     nothing (it copies a replicated head to every holder)
+///                    (= seq→head)
 ///
 /// Communicator concept — a type C used here must provide:
 /// - `int C::size() const` and `int C::rank() const`: the group's degree and this member's rank;
@@ -26,6 +35,10 @@
 ///   lists. (Parameters of type `Message*` work too.) With it, redistribute() on a host
 ///   executor sends one message per (peer, tensor), straight from / into the user's tensors where
 ///   they are contiguous (PlanOptions::direct_pieces). Shipped: LocalGroup::Comm, MpiComm.
+/// - optionally `void C::allgather(const void* send, std::size_t bytes, void* recv)` of host
+///   memory (rank p's bytes land at recv + p * bytes): what check_agreement() uses; without it
+///   check_agreement() all-gathers through alltoallv() on host buffers, unless the type declares
+///   `static constexpr bool device_memory = true` (then the check is skipped).
 #pragma once
 
 #include <algorithm>
@@ -38,31 +51,72 @@
 #include <utility>
 #include <vector>
 
-#include "copy.hpp"
+#include "block.hpp"
 #include "error.hpp"
 #include "plan.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+template <class C, class P, class = void>
+struct is_byte_range : std::false_type {};
+template <class C, class P>
+struct is_byte_range<C, P, std::void_t<decltype(std::declval<C&>().data()), decltype(std::declval<C&>().size())>>
+    : std::is_convertible<decltype(std::declval<C&>().data()), P> {};
+}  // namespace detail
+
+/// A buffer the library reads: base pointer and size in bytes (at least what the plan needs:
+/// Plan::input_bytes(); more is fine). Made from (pointer, bytes) or from any contiguous range
+/// with data() and size() (std::vector<T>, std::array, std::span, ...: size() * sizeof(T) bytes).
+struct ConstByteSpan {
+  const void* data = nullptr;  ///< base pointer (the layout's element (0,0,0,0))
+  std::size_t bytes = 0;       ///< bytes available from data
+  ConstByteSpan() = default;
+  ConstByteSpan(const void* d, std::size_t n) : data(d), bytes(n) {}
+  template <class C, class = std::enable_if_t<detail::is_byte_range<const C, const void*>::value>>
+  ConstByteSpan(const C& c) : data(c.data()), bytes(c.size() * sizeof(*c.data())) {}  // NOLINT: implicit by design
+};
+
+/// A buffer the library writes (or uses as scratch): base pointer and size in bytes. Made like
+/// ConstByteSpan, from (pointer, bytes) or a non-const contiguous range.
+struct ByteSpan {
+  void* data = nullptr;   ///< base pointer
+  std::size_t bytes = 0;  ///< bytes available from data
+  ByteSpan() = default;
+  ByteSpan(void* d, std::size_t n) : data(d), bytes(n) {}
+  template <class C, class = std::enable_if_t<detail::is_byte_range<C, void*>::value && !std::is_const_v<C>>>
+  ByteSpan(C& c) : data(c.data()), bytes(c.size() * sizeof(*c.data())) {}  // NOLINT: implicit by design
+  operator ConstByteSpan() const { return {data, bytes}; }  ///< the same bytes, read-only
+};
+
 /// Caller-owned scratch memory of at least Plan::workspace_bytes() bytes (host memory for the host
 /// executor, device memory for the CUDA one). Its start must be aligned to 16 bytes for the CUDA
 /// executor's widest copies (any alignment is correct, narrower copies are taken otherwise).
-struct Workspace {
-  void* data = nullptr;
-  std::size_t bytes = 0;
-};
+using Workspace = ByteSpan;
 
-/// The base pointers of the plan's tensors (q, k, v, ...) in the plan's order, held by value
-/// (at most kMaxTensors; more is reported as Error(wrong_tensor_count) by the calls).
-template <class Ptr>
+/// The buffers of the plan's tensors (q, k, v, ...) in the plan's order, held by value (at most
+/// kMaxTensors; more is reported as Error(wrong_tensor_count) by the calls). Span is
+/// ConstByteSpan (inputs) or ByteSpan (outputs): `{q, k, v}` with q, k, v vectors, or
+/// `{{q_ptr, q_bytes}, {k_ptr, k_bytes}, {v_ptr, v_bytes}}`.
+template <class Span>
 struct TensorList {
-  Ptr data[kMaxTensors] = {};
+  Span data[kMaxTensors] = {};
   std::size_t size = 0;
   TensorList() = default;
-  TensorList(std::initializer_list<Ptr> l) : TensorList(l.begin(), l.size()) {}
-  /// From an array of n pointers.
-  TensorList(const Ptr* d, std::size_t n) : size(n) {
+  TensorList(std::initializer_list<Span> l) : TensorList(l.begin(), l.size()) {}
+  /// From an array of n spans.
+  TensorList(const Span* d, std::size_t n) : size(n) {
     for (std::size_t i = 0; i < n && i < static_cast<std::size_t>(kMaxTensors); ++i) data[i] = d[i];
+  }
+  /// From a list of spans convertible to Span (ByteSpan → ConstByteSpan).
+  template <class S, class = std::enable_if_t<std::is_convertible_v<S, Span> && !std::is_same_v<S, Span>>>
+  TensorList(const TensorList<S>& o) : size(o.size) {  // NOLINT: implicit by design
+    for (std::size_t i = 0; i < static_cast<std::size_t>(kMaxTensors); ++i) data[i] = o.data[i];
+  }
+  /// Appends one span (at most kMaxTensors are kept; size counts them all).
+  void push_back(Span s) {
+    if (size < static_cast<std::size_t>(kMaxTensors)) data[size] = s;
+    ++size;
   }
 };
 
@@ -143,9 +197,10 @@ inline std::size_t align_of_elem(std::size_t e) {
 
 /// Checks the call's arguments against the plan and fills the buffer table. The checks are
 /// local to this rank (the plan has made the global ones) and allocate nothing unless they fail.
-/// @throws Error(wrong_tensor_count, workspace_too_small, misaligned, buffer_overlap, invalid_shape)
-inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<const void*>& in,
-                              const TensorList<void*>& out, Workspace ws) {
+/// @throws Error(wrong_tensor_count, workspace_too_small, buffer_too_small, misaligned,
+///         buffer_overlap, invalid_shape)
+inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
+                              const TensorList<ByteSpan>& out, Workspace ws) {
   const int T = plan.num_tensors();
   if (in.size != static_cast<std::size_t>(T) || out.size != static_cast<std::size_t>(T))
     fail(Errc::wrong_tensor_count, std::to_string(in.size) + " inputs and " + std::to_string(out.size) +
@@ -160,16 +215,27 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
     std::size_t n;
   };
   Range range[2 * kMaxTensors + 1];
-  auto name = [T](int i) {
-    return i < T ? "input " + std::to_string(i) : i < 2 * T ? "output " + std::to_string(i - T) : std::string("the workspace");
+  const bool s2h = dir == Direction::seq_to_head;
+  auto name = [T, s2h](int i) {
+    if (i >= 2 * T) return std::string("the workspace");
+    const bool is_in = i < T;
+    return std::string(is_in ? "input " : "output ") + std::to_string(i % T) + " (tensor " + std::to_string(i % T) + ", " +
+           (is_in == s2h ? "seq-sharded" : "head-sharded") + ")";
   };
   BufferTable tab;
   for (int i = 0; i < 2 * T; ++i) {
     const int t = i % T;
     const bool is_in = i < T;
-    const auto* p = is_in ? static_cast<const std::byte*>(in.data[t]) : static_cast<const std::byte*>(out.data[t]);
+    const auto* p = is_in ? static_cast<const std::byte*>(in.data[t].data) : static_cast<const std::byte*>(out.data[t].data);
+    const std::size_t given = is_in ? in.data[t].bytes : out.data[t].bytes;
     const std::size_t n = is_in ? plan.input_bytes(dir, t) : plan.output_bytes(dir, t);
     const std::size_t e = plan.tensor(t).elem_bytes;
+    if (given < n)
+      fail(Errc::buffer_too_small, name(i) + " holds " + std::to_string(given) + " bytes; its layout " +
+                                       (is_in == s2h ? plan.seq_layout(t) : plan.head_layout(t)).str() + " of " +
+                                       std::to_string(e) + "-byte elements needs " + std::to_string(n) +
+                                       " bytes (Plan::" + (is_in == s2h ? "seq_bytes" : "head_bytes") + "(" + std::to_string(t) +
+                                       ")); are the tensors in the plan's order?");
     if (n && !p) fail(Errc::invalid_shape, name(i) + " is null but holds " + std::to_string(n) + " bytes");
     if (reinterpret_cast<std::uintptr_t>(p) % align_of_elem(e))
       fail(Errc::misaligned, name(i) + " is not aligned to its element size of " + std::to_string(e) + " bytes");
@@ -184,7 +250,7 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
   // which an exact test clears.
   auto layout_of = [&](int i) -> const Layout& {
     const int t = i % T;
-    return (i < T) == (dir == Direction::seq_to_head) ? plan.seq_layout(t) : plan.head_layout(t);
+    return (i < T) == s2h ? plan.seq_layout(t) : plan.head_layout(t);
   };
   for (int i = 0; i < 2 * T; ++i)
     for (int j = i < T ? 2 * T : 0; j <= 2 * T; ++j) {  // inputs only against the workspace
@@ -199,13 +265,6 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
   tab.base[Buffer::send] = w;
   tab.base[Buffer::recv] = w ? w + plan.recv_region_offset() : nullptr;
   return tab;
-}
-
-template <class T>
-void check_elem(const Plan& plan) {
-  if (plan.tensor(0).elem_bytes != sizeof(T))
-    fail(Errc::invalid_shape, "element type of " + std::to_string(sizeof(T)) + " bytes given; the plan was made for " +
-                                  std::to_string(plan.tensor(0).elem_bytes) + "-byte elements");
 }
 
 template <class Comm>
@@ -238,30 +297,79 @@ struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
 template <class Comm, class Exec>
 constexpr bool message_path_v = has_exchange_messages<Comm>::value && runs_on_host<Exec>::value;
 
+template <class C, class = void>
+struct device_memory : std::false_type {};
+template <class C>
+struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
+
+/// Whether check_agreement() can run on this communicator: it has allgather() (host memory), or
+/// its alltoallv() takes host memory (it does not declare `device_memory = true`).
+template <class Comm>
+constexpr bool can_check_agreement_v = has_allgather<Comm>::value || !device_memory<Comm>::value;
+
+/// The words of `a` that differ from `b`, as "the head partition of tensor 0, ..." (at most 4).
+inline std::string differing_fields(const AgreementRecord& a, const AgreementRecord& b) {
+  std::string out;
+  int n = 0;
+  for (int i = 0; i < kAgreementWords; ++i) {
+    if (a[static_cast<std::size_t>(i)] == b[static_cast<std::size_t>(i)]) continue;
+    if (n++ < 4) out += (out.empty() ? "" : ", ") + Plan::agreement_field(i);
+  }
+  if (n > 4) out += " and " + std::to_string(n - 4) + " more";
+  return out;
+}
+
 }  // namespace detail
 
-/// Cross-rank agreement: all-gathers every rank's Plan::fingerprint() and throws on EVERY rank
-/// when they differ, naming the ranks whose inputs differ from rank 0's — instead of a hang or
-/// silently wrong data in the exchange. Collective; call it after planning (redistribute() calls
-/// it by itself before a plan's first exchange when Plan::check_agreement() is on). Needs the
-/// communicator's optional `void allgather(const void* send, std::size_t bytes, void* recv)`
-/// (LocalGroup::Comm and MpiComm have it); with a communicator without it, it does nothing.
-/// @throws Error(plan_mismatch) the fingerprints differ; Error(comm_mismatch) as exchange().
+/// Cross-rank agreement: all-gathers every rank's Plan::agreement_record() (512 bytes: what
+/// determines the wire — P, B, the sequence partition, head partitions, head dims, element sizes,
+/// stages, path options, replica handling — and nothing a rank may choose alone, such as its
+/// layouts or format) and throws on EVERY rank when they differ, naming the ranks whose records
+/// differ from rank 0's and the fields, instead of a hang, a truncation or silently wrong data in
+/// the exchange. Collective; redistribute() and the stage functions call it by themselves before
+/// a plan's first exchange (Plan::check_agreement(), on by default in every build).
+///
+/// Uses the communicator's optional `void allgather(const void* send, std::size_t bytes, void*
+/// recv)` (host memory; LocalGroup::Comm, MpiComm, NcclComm, DeviceLocalGroup::Comm have it), or
+/// else its alltoallv() on host buffers. A communicator of device memory without allgather()
+/// declares `static constexpr bool device_memory = true`, and the check is skipped for it.
+/// @throws Error(plan_mismatch) the records differ; Error(comm_mismatch) as exchange(); the
+///         communicator's errors.
 template <class Comm>
 void check_agreement(const Plan& plan, Comm& comm) {
   detail::check_comm(plan, comm);
-  if constexpr (detail::has_allgather<Comm>::value) {
-    const std::uint64_t mine = plan.fingerprint();
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(plan.degree()));
-    comm.allgather(&mine, sizeof mine, all.data());
-    std::vector<int> differ;
-    for (int r = 1; r < plan.degree(); ++r)
-      if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
-    if (!differ.empty())
+  if constexpr (detail::can_check_agreement_v<Comm>) {
+    const int P = plan.degree(), me = plan.rank();
+    const AgreementRecord mine = plan.agreement_record();
+    std::vector<AgreementRecord> all(static_cast<std::size_t>(P));
+    if constexpr (detail::has_allgather<Comm>::value) {
+      comm.allgather(mine.data(), sizeof mine, all.data());
+    } else {  // an all-gather through alltoallv: every peer receives this rank's record
+      std::vector<std::size_t> sb(static_cast<std::size_t>(P), sizeof mine), so(static_cast<std::size_t>(P), 0), rb = sb, ro = so;
+      for (int p = 0; p < P; ++p) ro[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * sizeof mine;
+      sb[static_cast<std::size_t>(me)] = rb[static_cast<std::size_t>(me)] = 0;  // the own chunk stays empty
+      all[static_cast<std::size_t>(me)] = mine;
+      comm.alltoallv(reinterpret_cast<const std::byte*>(mine.data()), sb.data(), so.data(),
+                     reinterpret_cast<std::byte*>(all.data()), rb.data(), ro.data());
+    }
+    std::string diff;
+    int first = -1;
+    for (int r = 1; r < P; ++r) {
+      const std::string f = detail::differing_fields(all[static_cast<std::size_t>(r)], all[0]);
+      if (f.empty()) continue;
+      if (first < 0) first = r;
+      if (diff.size() < 600) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " in " + f;
+    }
+    if (first >= 0) {
+      std::vector<int> differ;
+      for (int r = 1; r < P; ++r)
+        if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
       detail::fail(Errc::plan_mismatch,
-                   "ranks " + detail::join(differ) + " built their plans from other inputs than rank 0 (every rank "
-                       "reports this; this is rank " + std::to_string(plan.rank()) + "); every rank must plan with the "
-                       "same P, B, sequence partition, head partitions, head dims, element sizes, format, stages and direct_pieces");
+                   "ranks " + detail::join(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " +
+                       std::to_string(me) + "): " + diff +
+                       ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
+                       "sizes, stages, path options and replica handling (local layouts may differ)");
+    }
   }
   plan.mark_agreement_checked();
 }
@@ -271,8 +379,18 @@ namespace detail {
 /// Plan::check_agreement() is on), then the communicator's size and rank against the plan.
 template <class Comm>
 void before_exchange(const Plan& plan, Comm& comm) {
-  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
   check_comm(plan, comm);
+  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
+}
+
+/// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
+inline void require_adjoint(const Plan& plan, const char* what) {
+  const int t = plan.first_non_adjoint_tensor();
+  if (t < 0) return;
+  fail(Errc::not_adjoint, std::string(what) + ": tensor " + std::to_string(t) +
+                              " has heads held by several ranks and Replicas::owner: head→seq takes their owner's copy, which "
+                              "is the inverse of seq→head but not its backward (the backward sums the copies). Plan the "
+                              "gradients with Replicas::sum (the default)");
 }
 }  // namespace detail
 
@@ -358,18 +476,23 @@ void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buff
   exec.run(s.unpack.data(), s.unpack.size(), buffers);
 }
 
-/// Checks one call's pointers against the plan and returns the buffer table the stages run on.
+/// Checks one call's buffers against the plan and returns the buffer table the stages run on.
 ///
 /// @param in  the plan's tensors in order: seq-sharded [B, S_r, H, D] for seq_to_head,
-///            head-sharded [B, S, H_r, D] for head_to_seq (in the plan's layouts)
-/// @param out the other sharding, same order; must not overlap the inputs, each other or `ws`
+///            head-sharded [B, S, H_r, D] for head_to_seq (in the plan's layouts), each with its
+///            size in bytes (at least Plan::input_bytes(dir, t))
+/// @param out the other sharding, same order, sizes at least Plan::output_bytes(dir, t); must not
+///            overlap the inputs, each other or `ws`
+/// @param ws  at least Plan::workspace_bytes() bytes
 /// @throws Error(wrong_tensor_count) list sizes differ from Plan::num_tensors();
 ///         Error(workspace_too_small) ws.bytes < Plan::workspace_bytes();
+///         Error(buffer_too_small) a tensor's buffer is shorter than its layout's span (the
+///         message names the tensor, the bytes given and the bytes needed);
 ///         Error(misaligned) a pointer not aligned to its element size (up to 16 bytes);
 ///         Error(buffer_overlap) an output overlapping another buffer;
 ///         Error(invalid_shape) a null pointer for a non-empty tensor.
-inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<const void*>& in,
-                                const TensorList<void*>& out, Workspace ws) {
+inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
+                                const TensorList<ByteSpan>& out, Workspace ws) {
   return detail::make_table(plan, dir, in, out, ws);
 }
 
@@ -380,13 +503,15 @@ inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorLis
 /// pieces contiguous in the user's tensors skip their pack or unpack copy (see exchange_pieces());
 /// otherwise it is one all-to-all-v of the wire. Same bytes either way.
 ///
-/// Every rank of the group calls it with the same plan inputs. No allocation other than the
-/// argument checks' small vectors; host executors return when done, CUDA ones when enqueued.
+/// Every rank of the group calls it with the same plan inputs. Before a plan's first exchange the
+/// ranks compare what they planned (check_agreement(), one small all-gather). No allocation other
+/// than that and the argument checks' small vectors; host executors return when done, CUDA ones
+/// when enqueued.
 /// @throws everything make_buffers() and exchange() throw; all argument errors are raised before
 ///         the exchange, but they are local to this rank (cross-rank agreement is the plan's job).
 template <class Comm, class Exec>
-void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, TensorList<const void*> in,
-                  TensorList<void*> out, Workspace ws) {
+void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
+                  const TensorList<ByteSpan>& out, Workspace ws) {
   detail::check_comm(plan, comm);
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
   if constexpr (detail::message_path_v<Comm, Exec>) {
@@ -406,34 +531,81 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, Tenso
   }
 }
 
-/// seq→head: seq-sharded inputs [B, S_r, H, D] → head-sharded outputs [B, S, H_r, D], all tensors
-/// in one exchange. See redistribute().
+/// seq→head (forward, before attention): seq-sharded inputs [B, S_r, H, D] → head-sharded
+/// outputs [B, S, H_r, D], all tensors in one exchange; a head several ranks need (GQA/MQA kv
+/// heads when Hkv < P) is sent to each of them. See redistribute().
 template <class Comm, class Exec>
-void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, TensorList<const void*> in, TensorList<void*> out, Workspace ws) {
+void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
+                 Workspace ws) {
   redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws);
 }
 
-/// head→seq: head-sharded inputs [B, S, H_r, D] → seq-sharded outputs [B, S_r, H, D] (the inverse
-/// of seq_to_head, and its backward). A head held by several ranks (GQA replication) is taken from
-/// its lowest rank. See redistribute().
+/// head→seq (forward, after attention): head-sharded inputs [B, S, H_r, D] → seq-sharded outputs
+/// [B, S_r, H, D]. A head held by several ranks is summed over its holders (Replicas::sum, the
+/// default: then this is the adjoint of seq_to_head) or taken from its owner (Replicas::owner:
+/// then this is the inverse of seq_to_head). For the attention output o (disjoint query heads)
+/// both are the same. See redistribute().
 template <class Comm, class Exec>
-void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, TensorList<const void*> in, TensorList<void*> out, Workspace ws) {
+void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
+                 Workspace ws) {
   redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws);
 }
 
-/// One-tensor seq→head with a typed pointer. @throws Error(invalid_shape) when sizeof(T) differs
-/// from the plan's element size; otherwise as redistribute().
-template <class T, class Comm, class Exec>
-void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const T* in, T* out, Workspace ws) {
-  detail::check_elem<T>(plan);
-  seq_to_head(plan, comm, exec, {static_cast<const void*>(in)}, {static_cast<void*>(out)}, ws);
+/// The backward of seq_to_head (its adjoint; DeepSpeed-Ulysses' backward of the first
+/// all-to-all): head-sharded gradients [B, S, H_r, D] (dq, dk, dv from the attention backward) →
+/// seq-sharded gradients [B, S_r, H, D]. Where seq_to_head copied a head to several ranks (kv heads
+/// under GQA/MQA with Hkv < P, or the shared boundary head of balanced splits), each holder's
+/// partial gradient is added, in ascending rank order (element.hpp: 16-bit types in float32,
+/// rounded once). It is head→seq of the same plan, which must sum its replicas (Replicas::sum,
+/// the default).
+/// @throws Error(not_adjoint) a tensor with replicated heads has Replicas::owner (checked before
+///         anything moves, on every rank alike); otherwise as redistribute().
+template <class Comm, class Exec>
+void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_head,
+                          const TensorList<ByteSpan>& grad_seq, Workspace ws) {
+  detail::require_adjoint(plan, "seq_to_head_backward");
+  redistribute(plan, Direction::head_to_seq, comm, exec, grad_head, grad_seq, ws);
 }
 
-/// One-tensor head→seq with a typed pointer. @throws as the one-tensor seq_to_head().
-template <class T, class Comm, class Exec>
-void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const T* in, T* out, Workspace ws) {
-  detail::check_elem<T>(plan);
-  head_to_seq(plan, comm, exec, {static_cast<const void*>(in)}, {static_cast<void*>(out)}, ws);
+/// The backward of head_to_seq (its adjoint): seq-sharded gradients [B, S_r, H, D] (do) →
+/// head-sharded gradients [B, S, H_r, D]: seq→head of the same plan (which copies a replicated
+/// head to every holder, the adjoint of summing them).
+/// @throws Error(not_adjoint) a tensor with replicated heads has Replicas::owner (the adjoint of
+///         taking the owner's copy is not seq→head); otherwise as redistribute().
+template <class Comm, class Exec>
+void head_to_seq_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_seq,
+                          const TensorList<ByteSpan>& grad_head, Workspace ws) {
+  detail::require_adjoint(plan, "head_to_seq_backward");
+  redistribute(plan, Direction::seq_to_head, comm, exec, grad_seq, grad_head, ws);
+}
+
+/// The direction that runs the backward of direction d (seq_to_head ↔ head_to_seq), for engines
+/// that drive redistribute() or a pipeline with a Direction; valid when
+/// Plan::first_non_adjoint_tensor() < 0.
+constexpr Direction backward_of(Direction d) {
+  return d == Direction::seq_to_head ? Direction::head_to_seq : Direction::seq_to_head;
+}
+
+/// One-tensor seq_to_head: `in` and `out` are the plan's only tensor (a span, or a contiguous
+/// range such as a std::vector). @throws as seq_to_head().
+template <class Comm, class Exec>
+void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, ConstByteSpan in, ByteSpan out, Workspace ws) {
+  redistribute(plan, Direction::seq_to_head, comm, exec, TensorList<ConstByteSpan>{in}, TensorList<ByteSpan>{out}, ws);
+}
+/// One-tensor head_to_seq. @throws as head_to_seq().
+template <class Comm, class Exec>
+void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, ConstByteSpan in, ByteSpan out, Workspace ws) {
+  redistribute(plan, Direction::head_to_seq, comm, exec, TensorList<ConstByteSpan>{in}, TensorList<ByteSpan>{out}, ws);
+}
+/// One-tensor seq_to_head_backward. @throws as seq_to_head_backward().
+template <class Comm, class Exec>
+void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, ConstByteSpan grad_head, ByteSpan grad_seq, Workspace ws) {
+  seq_to_head_backward(plan, comm, exec, TensorList<ConstByteSpan>{grad_head}, TensorList<ByteSpan>{grad_seq}, ws);
+}
+/// One-tensor head_to_seq_backward. @throws as head_to_seq_backward().
+template <class Comm, class Exec>
+void head_to_seq_backward(const Plan& plan, Comm& comm, Exec& exec, ConstByteSpan grad_seq, ByteSpan grad_head, Workspace ws) {
+  head_to_seq_backward(plan, comm, exec, TensorList<ConstByteSpan>{grad_seq}, TensorList<ByteSpan>{grad_head}, ws);
 }
 
 ULYSSES_NAMESPACE_END

@@ -19,8 +19,8 @@ int main() {
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::uint16_t>(i + 1000 * comm.rank());
     std::vector<std::byte> ws(plan.workspace_bytes());
     HostExecutor exec;
-    seq_to_head(plan, comm, exec, x.data(), y.data(), {ws.data(), ws.size()});
-    head_to_seq(plan, comm, exec, y.data(), z.data(), {ws.data(), ws.size()});
+    seq_to_head(plan, comm, exec, x, y, ws);
+    head_to_seq(plan, comm, exec, y, z, ws);
     if (x != z) bad = 1;
   });
   std::printf("consumer: %s\n", bad ? "round trip FAILED" : "round trip exact");

@@ -112,12 +112,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     defs.push_back({static_cast<std::int64_t>(in.next(10)), 1 + in.next(6), 1 + in.next(5),
                     std::size_t{1} << in.next(4), in.next(4)});
 
+  // Options from the last input byte (so that the corpus keeps its meaning above): bit 0 gives
+  // tensors of 2, 4 or 8 bytes a summable element type; bit 1 gives every rank its own format and
+  // layouts (they must not change the wire); bit 2 makes head→seq take the owner's copy of a
+  // replicated head instead of summing the copies (the default).
+  const unsigned opts = size ? data[size - 1] : 0;
+  const bool typed = opts & 1, per_rank = opts & 2;
+  const Replicas replicas = opts & 4 ? Replicas::owner : Replicas::sum;
+
   // Build every rank's plan; collect verdicts.
   std::vector<std::optional<Plan>> plans(static_cast<std::size_t>(P));
   std::vector<Errc> codes(static_cast<std::size_t>(P), Errc{});
   const std::size_t layout_seed = in.n;
   for (int r = 0; r < P; ++r) {
-    Reader lin{in.p, layout_seed};  // the same layout bytes for every rank
+    const std::size_t shift = per_rank && layout_seed ? static_cast<std::size_t>(r) % layout_seed : 0;
+    Reader lin{in.p + shift, layout_seed - shift};  // the same layout bytes for every rank, unless per_rank
     try {
       SeqPartition seq = split == 0   ? SeqPartition::even(S, P)
                          : split == 1 ? SeqPartition::balanced(S, P)
@@ -131,11 +140,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                                 : HeadPartition::gqa(*q, d.Hkv);
         if (!q) q = hp;
         TensorSpec s{hp, d.D, d.e, std::nullopt, std::nullopt};
+        if (typed && (d.e == 2 || d.e == 4 || d.e == 8))
+          s.type = d.e == 4 ? ElementType::float32 : d.e == 8 ? ElementType::float64 : specs.size() % 2 ? ElementType::float16 : ElementType::bfloat16;
+        s.replicas = replicas;
         if (lin.next(2)) s.seq_layout = make_layout(lin, B, seq.local_length(r), hp.num_heads(), d.D);
         if (lin.next(2)) s.head_layout = make_layout(lin, B, S, hp.count(r), d.D);
         specs.push_back(s);
       }
-      plans[static_cast<std::size_t>(r)].emplace(Group{P, r}, B, seq, specs, fmt, PlanOptions{K});
+      const Format f = per_rank ? static_cast<Format>((static_cast<int>(fmt) + r) % 3) : fmt;
+      plans[static_cast<std::size_t>(r)].emplace(Group{P, r}, B, seq, specs, f, PlanOptions{K});
     } catch (const Error& e) {
       codes[static_cast<std::size_t>(r)] = e.code();
     }
@@ -181,13 +194,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::vector<BufferTable> tabs(P);
     for (int r = 0; r < P; ++r) {
       const Plan& p = *plans[r];
-      std::vector<const void*> ip;
-      std::vector<void*> op;
+      TensorList<ConstByteSpan> ip;
+      TensorList<ByteSpan> op;
       for (int t = 0; t < T; ++t) {
-        ip.push_back(s2h ? seqbuf[r][t].data() : headbuf[r][t].data());
-        op.push_back(s2h ? headbuf[r][t].data() : back[r][t].data());
+        ip.push_back(s2h ? seqbuf[r][t] : headbuf[r][t]);
+        op.push_back(s2h ? headbuf[r][t] : back[r][t]);
       }
-      tabs[r] = make_buffers(p, dir, {ip.data(), ip.size()}, {op.data(), op.size()}, {ws[r].data(), ws[r].size()});
+      tabs[r] = make_buffers(p, dir, ip, op, ws[r]);
     }
     for (int k = 0; k < K; ++k) {
       for (int r = 0; r < P; ++r) {
@@ -212,6 +225,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         check_blocks(sc.unpack, sizes);
         EXPECT(sum_bytes(sc.pack, Buffer::send, false) == static_cast<std::int64_t>(sc.send_total));
         EXPECT(sum_bytes(sc.unpack, Buffer::recv, true) == static_cast<std::int64_t>(sc.recv_total));
+        for (std::size_t i = 0; i < sc.unpack.size(); ++i) {  // a sum's terms follow it, same geometry
+          const BlockCopy& c = sc.unpack[i];
+          if (c.op != BlockOp::sum) {
+            EXPECT(c.op == BlockOp::copy);
+            continue;
+          }
+          EXPECT(!s2h && c.sources >= 2 && i + static_cast<std::size_t>(c.sources) <= sc.unpack.size() && summable(c.type));
+          for (int j = 1; j < c.sources; ++j) {
+            const BlockCopy& x = sc.unpack[i + static_cast<std::size_t>(j)];
+            EXPECT(x.op == BlockOp::sum_term && x.dst_offset == c.dst_offset && x.row_bytes == c.row_bytes);
+            for (int d = 0; d < 4; ++d) EXPECT(x.extent[d] == c.extent[d] && x.dst_stride[d] == c.dst_stride[d]);
+          }
+          i += static_cast<std::size_t>(c.sources) - 1;
+        }
         check_blocks(sc.pack_staged, sizes);
         check_blocks(sc.unpack_staged, sizes);
         std::size_t sent = 0, received = 0;
@@ -262,7 +289,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           unpack(*plans[r], dir, ex, tabs[r], k);
       }
     }
-    if (s2h) {  // every rank holds exactly its heads of the global tensors, for all S tokens
+    if (s2h) {  // every rank holds exactly its heads of the global tensors, for all S tokens; then
+                // each rank's head-sharded values become its own, so that head→seq shows whose
+                // copy (or which sum of copies) arrives where
       for (int r = 0; r < P; ++r)
         for (int t = 0; t < T; ++t) {
           const Layout& l = plans[r]->head_layout(t);
@@ -272,12 +301,40 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             for (std::int64_t s = 0; s < S; ++s)
               for (std::int64_t h = 0; h < l.extent[2]; ++h)
                 for (std::int64_t d = 0; d < l.extent[3]; ++d)
-                  for (std::size_t k = 0; k < e; ++k)
+                  for (std::size_t k = 0; k < e; ++k) {
                     EXPECT(headbuf[r][t][l.offset(b, s, h, d) * e + k] == byte_of(t, b, s, h0 + h, d, k));
+                    headbuf[r][t][l.offset(b, s, h, d) * e + k] = byte_of(t + 7 * (r + 1), b, s, h0 + h, d, k);
+                  }
         }
     }
   }
-  for (int r = 0; r < P; ++r)
-    for (int t = 0; t < T; ++t) EXPECT(back[r][t] == seqbuf[r][t]);
+  // head→seq: element (b, s, h, d) of rank r's output is the owner's copy of head h, or, when the
+  // plan sums the tensor's replicas, the sum over the holders in ascending rank order.
+  for (int r = 0; r < P; ++r) {
+    const Plan& p = *plans[r];
+    for (int t = 0; t < T; ++t) {
+      const Layout& l = p.seq_layout(t);
+      const TensorSpec& x = p.tensor(t);
+      const std::size_t e = x.elem_bytes;
+      std::vector<std::uint8_t> want(p.seq_bytes(t), 0xEE), term(e * static_cast<std::size_t>(P));
+      for (const SeqChunk& c : p.seq().chunks_of(r))
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t s = 0; s < c.length; ++s)
+            for (std::int64_t h = 0; h < l.extent[2]; ++h)
+              for (std::int64_t d = 0; d < l.extent[3]; ++d) {
+                std::uint8_t* w = &want[static_cast<std::size_t>(l.offset(b, c.local_offset + s, h, d)) * e];
+                const auto [f, last] = x.heads.holders(h);
+                const int n = p.sums_replicas(t) ? last - f : 1;
+                std::vector<const std::byte*> terms;
+                for (int j = 0; j < n; ++j) {
+                  for (std::size_t k = 0; k < e; ++k) term[j * e + k] = byte_of(t + 7 * (f + j + 1), b, c.offset + s, h, d, k);
+                  terms.push_back(reinterpret_cast<const std::byte*>(&term[j * e]));
+                }
+                if (n == 1) std::memcpy(w, terms[0], e);
+                else detail::sum_element(x.type, terms.data(), n, reinterpret_cast<std::byte*>(w));
+              }
+      EXPECT(back[r][t] == want);
+    }
+  }
   return 0;
 }

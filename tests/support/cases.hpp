@@ -105,7 +105,8 @@ std::string run_view_case(Comm& comm, int P) {
   std::vector<T> mid(static_cast<std::size_t>(plan.head_layout(0).span_elems()));
   std::vector<std::byte> ws(plan.workspace_bytes());
   HostExecutor ex;
-  seq_to_head(plan, comm, ex, x.data() + base, mid.data(), Workspace{ws.data(), ws.size()});
+  const std::size_t view_bytes = (x.size() - static_cast<std::size_t>(base)) * sizeof(T);
+  seq_to_head(plan, comm, ex, ConstByteSpan{x.data() + base, view_bytes}, mid, ws);
   const Layout& hl = plan.head_layout(0);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t s = 0; s < S; ++s)
@@ -114,7 +115,7 @@ std::string run_view_case(Comm& comm, int P) {
           if (!same_bits(mid[static_cast<std::size_t>(hl.offset(b, s, h, d))],
                          value<T>(position(0, b, s, hp.begin(r) + h, d, S, H, D, B))))
             return "C7 rank " + std::to_string(r) + ": seq_to_head wrong at b=" + std::to_string(b) + " s=" + std::to_string(s);
-  head_to_seq(plan, comm, ex, mid.data(), y.data() + base, Workspace{ws.data(), ws.size()});
+  head_to_seq(plan, comm, ex, mid, ByteSpan{y.data() + base, view_bytes}, ws);
   if (std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) != 0)
     return "C7 rank " + std::to_string(r) + ": head_to_seq into the view differs from the input view (or wrote outside it)";
   return "";

@@ -93,14 +93,6 @@ class Stream {
   cudaStream_t s_ = nullptr;
 };
 
-/// The plan of case c on rank r with element type T (as run_case builds it).
-template <class T>
-ulysses::Plan plan_of(const Case& c, int r) {
-  std::vector<ulysses::TensorSpec> specs;
-  for (auto& t : c.tensors) specs.push_back(ulysses::TensorSpec::of<T>(t.heads, t.D));
-  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages});
-}
-
 /// Rank r's seq-sharded tensor t of case c: the global values at its tokens, the sentinel in
 /// the layout's gaps (as run_case fills its inputs).
 template <class T>
@@ -108,11 +100,12 @@ std::vector<T> seq_shard(const ulysses::Plan& plan, const Case& c, int t, int r)
   const ulysses::Layout& sl = plan.seq_layout(t);
   const std::int64_t S = c.seq.seq_len(), H = c.tensors[t].heads.num_heads(), D = c.tensors[t].D;
   std::vector<T> v(static_cast<std::size_t>(sl.span_elems()), sentinel<T>());
+  const std::vector<std::int64_t> tok = global_tokens(c.seq, r);
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t ls = 0; ls < sl.extent[1]; ++ls)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t d = 0; d < D; ++d)
-          v[static_cast<std::size_t>(sl.offset(b, ls, h, d))] = value<T>(position(t, b, global_token(c.seq, r, ls), h, d, S, H, D, c.B));
+          v[static_cast<std::size_t>(sl.offset(b, ls, h, d))] = value<T>(position(t, b, tok[static_cast<std::size_t>(ls)], h, d, S, H, D, c.B));
   return v;
 }
 
@@ -129,6 +122,22 @@ std::vector<T> head_shard(const ulysses::Plan& plan, const Case& c, int t, int r
       for (std::int64_t h = 0; h < hl.extent[2]; ++h)
         for (std::int64_t d = 0; d < D; ++d)
           v[static_cast<std::size_t>(hl.offset(b, s, h, d))] = value<T>(position(t, b, s, h0 + h, d, S, H, D, c.B));
+  return v;
+}
+
+/// What head→seq(seq→head(x)) leaves in rank r's seq-sharded tensor t: the input shard, with
+/// each element of a head whose replicas the plan sums replaced by their sum (round_trip_value).
+template <class T>
+std::vector<T> round_trip_shard(const ulysses::Plan& plan, const Case& c, int t, int r) {
+  std::vector<T> v = seq_shard<T>(plan, c, t, r);
+  const ulysses::Layout& sl = plan.seq_layout(t);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t ls = 0; ls < sl.extent[1]; ++ls)
+      for (std::int64_t h = 0; h < sl.extent[2]; ++h)
+        for (std::int64_t d = 0; d < sl.extent[3]; ++d) {
+          const auto o = static_cast<std::size_t>(sl.offset(b, ls, h, d));
+          v[o] = round_trip_value<T>(plan, t, h, v[o]);
+        }
   return v;
 }
 
@@ -156,8 +165,8 @@ std::string run_case_device_with(Comm& comm, const Case& c, cudaStream_t s, Move
   const int NT = plan.num_tensors();
   std::vector<std::vector<T>> in(NT), want(NT);
   std::vector<DeviceBuffer> d_in, d_mid, d_back;
-  TensorList<const void*> ip, mp_c;
-  TensorList<void*> mp, bp;
+  TensorList<ConstByteSpan> ip, mp_c;
+  TensorList<ByteSpan> mp, bp;
   for (int t = 0; t < NT; ++t) {
     in[t] = seq_shard<T>(plan, c, t, r);
     want[t] = head_shard<T>(plan, c, t, r);
@@ -171,10 +180,10 @@ std::string run_case_device_with(Comm& comm, const Case& c, cudaStream_t s, Move
     UT_CUDA(cudaStreamSynchronize(s));  // the sentinel vectors die here
   }
   for (int t = 0; t < NT; ++t) {
-    ip.data[ip.size++] = d_in[t].get();
-    mp.data[mp.size++] = d_mid[t].get();
-    mp_c.data[mp_c.size++] = d_mid[t].get();
-    bp.data[bp.size++] = d_back[t].get();
+    ip.push_back({d_in[t].get(), d_in[t].bytes()});
+    mp.push_back({d_mid[t].get(), d_mid[t].bytes()});
+    mp_c.push_back({d_mid[t].get(), d_mid[t].bytes()});
+    bp.push_back({d_back[t].get(), d_back[t].bytes()});
   }
   DeviceBuffer ws(plan.workspace_bytes());
   CudaExecutor ex(plan, s);  // its upload is ordered on s, before the redistributions
@@ -194,8 +203,8 @@ std::string run_case_device_with(Comm& comm, const Case& c, cudaStream_t s, Move
   for (int t = 0; t < NT; ++t) {
     std::vector<T> got(in[t].size());
     d_back[t].download(got.data(), s);
-    const std::string d = first_difference(got, in[t]);
-    if (!d.empty()) fail("head_to_seq(seq_to_head(x)) != x for tensor " + std::to_string(t) + ": " + d);
+    const std::string d = first_difference(got, round_trip_shard<T>(plan, c, t, r));
+    if (!d.empty()) fail("head_to_seq(seq_to_head(x)) != x (or its replicas' sum) for tensor " + std::to_string(t) + ": " + d);
   }
   return err;
 }
@@ -205,7 +214,7 @@ template <class T, class Comm>
 std::string run_case_device(Comm& comm, const Case& c, cudaStream_t s) {
   return run_case_device_with<T>(comm, c, s,
                                  [&](const ulysses::Plan& plan, ulysses::Direction d, ulysses::CudaExecutor& ex,
-                                     const ulysses::TensorList<const void*>& in, const ulysses::TensorList<void*>& out,
+                                     const ulysses::TensorList<ulysses::ConstByteSpan>& in, const ulysses::TensorList<ulysses::ByteSpan>& out,
                                      ulysses::Workspace w) { ulysses::redistribute(plan, d, comm, ex, in, out, w); });
 }
 
@@ -241,13 +250,15 @@ std::string run_view_case_device(Comm& comm, int P, cudaStream_t s) {
   dmid.upload(sent_mid.data(), s);
   CudaExecutor ex(plan, s);
   const Workspace w{ws.get(), ws.bytes()};
-  const T* xin = reinterpret_cast<const T*>(dx.get()) + base;
-  seq_to_head(plan, comm, ex, xin, reinterpret_cast<T*>(dmid.get()), w);
+  const std::size_t view_bytes = dx.bytes() - static_cast<std::size_t>(base) * sizeof(T);
+  seq_to_head(plan, comm, ex, ConstByteSpan{dx.get() + base * static_cast<std::int64_t>(sizeof(T)), view_bytes},
+              ByteSpan{dmid.get(), dmid.bytes()}, w);
   std::vector<T> got(want.size());
   dmid.download(got.data(), s);
   std::string d = first_difference(got, want);
   if (!d.empty()) return "C7 rank " + std::to_string(r) + ": seq_to_head: " + d;
-  head_to_seq(plan, comm, ex, reinterpret_cast<const T*>(dmid.get()), reinterpret_cast<T*>(dy.get()) + base, w);
+  head_to_seq(plan, comm, ex, ConstByteSpan{dmid.get(), dmid.bytes()},
+              ByteSpan{dy.get() + base * static_cast<std::int64_t>(sizeof(T)), view_bytes}, w);
   std::vector<T> y(x.size());
   dy.download(y.data(), s);
   d = first_difference(y, x);
@@ -380,7 +391,7 @@ inline void emulate_kernel(const ulysses::BlockCopy* blocks, std::size_t n, cons
     const Unit w = find_unit(l.blocks.data(), l.unit_begin.data(), static_cast<int>(n), u, t, b);
     if (w.tabulated)
       for (int tid = 0; tid < kCopyThreads; ++tid) tabulate_rows(*b, w, tid, *rt);
-    for (int tid = 0; tid < kCopyThreads; ++tid) copy_unit(w, tid, *rt);
+    for (int tid = 0; tid < kCopyThreads; ++tid) run_unit(b, w, tid, *rt, t);
   }
 }
 

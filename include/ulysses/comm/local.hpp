@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "../copy.hpp"
+#include "../block.hpp"
 #include "../error.hpp"
 
 ULYSSES_NAMESPACE_BEGIN

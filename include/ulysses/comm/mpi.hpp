@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "../copy.hpp"
+#include "../block.hpp"
 #include "../error.hpp"
 
 ULYSSES_NAMESPACE_BEGIN

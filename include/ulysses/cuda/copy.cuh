@@ -28,6 +28,8 @@
 /// inline namespace named after the target architectures (see cuda/detail/config.cuh).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -38,7 +40,8 @@
 #include <utility>
 #include <vector>
 
-#include "../copy.hpp"
+#include "../block.hpp"
+#include "../element.hpp"
 #include "../error.hpp"
 #include "../plan.hpp"
 #include "detail/config.cuh"
@@ -71,6 +74,7 @@ struct UnitGeometry {
 };
 
 ULYSSES_HOST_DEVICE inline UnitGeometry unit_geometry(const BlockCopy& c) {
+  if (c.op == BlockOp::sum_term) return {1, 1, 0};  // the sum's first block does its work
   const std::int64_t rows = c.rows();
   if (c.row_bytes >= kTileBytes) {
     const std::int64_t segs = (c.row_bytes + kTileBytes - 1) / kTileBytes;
@@ -186,7 +190,8 @@ struct Unit {
   int nr;                   ///< rows of the unit
   int len;                  ///< bytes of each row's segment
   int width;                ///< vector bytes: 16, 8, 4, 2 or 1
-  bool tabulated;           ///< rows' offsets are in the CTA's RowTable (blocks that are not 1-D)
+  bool tabulated;           ///< rows' offsets are in the CTA's RowTable (copies of blocks that are not 1-D)
+  bool sum;                 ///< the unit is part of a sum (BlockOp::sum): sum_unit() computes it
 };
 
 /// Offsets of a unit's rows (blocks that are not 1-D), computed once per row by the CTA's threads.
@@ -221,7 +226,8 @@ ULYSSES_HOST_DEVICE __forceinline__ Unit find_unit(const KernelBlock* blocks, co
   w.dst = t.base[b.c.dst_buffer] + b.c.dst_offset;
   w.src_stride = b.c.src_stride[3];
   w.dst_stride = b.c.dst_stride[3];
-  w.tabulated = b.shape != RowShape::one_d;
+  w.sum = b.c.op == BlockOp::sum;
+  w.tabulated = !w.sum && b.shape != RowShape::one_d;
   // c0 is a multiple of 16, so the addresses, strides and length decide.
   const std::uint64_t a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(w.src)) |
                           static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(w.dst)) |
@@ -290,6 +296,45 @@ ULYSSES_HOST_DEVICE __forceinline__ void copy_unit(const Unit& w, int tid, const
   }
 }
 
+/// Thread `tid`'s elements of a unit of a sum: the unit's block `b` is the sum's first term and
+/// b[1..sources) the others (consecutive in the list). Each element is the sum of its terms in
+/// order, by the rules of element.hpp (sum_element), written once; consecutive threads take
+/// consecutive elements (coalesced stores). Row offsets are computed per element and term (a sum
+/// is the small part of a list: the replicated heads).
+ULYSSES_HOST_DEVICE __forceinline__ void sum_unit(const KernelBlock* b, const Unit& w, int tid, const BufferTable& t) {
+  const BlockCopy& c = b->c;
+  const int n = c.sources, E = c.elem_bytes;
+  const int nel = w.len / E, total = w.nr * nel;
+  for (int k = tid; k < total; k += kCopyThreads) {
+    const int row = k / nel;
+    const std::int64_t r = w.r0 + row, byte = w.c0 + static_cast<std::int64_t>(k - row * nel) * E;
+    std::int64_t so, dso;
+    if (b->shape == RowShape::one_d) dso = r * c.dst_stride[3];
+    else row_offsets(c, b->shape, r, so, dso);
+    std::byte* dst = w.dst + dso + byte;
+    with_sum_arith(c.type, [&](auto a) {
+      using A = decltype(a);
+      typename A::Acc acc{};
+      for (int j = 0; j < n; ++j) {
+        const BlockCopy& cj = b[j].c;
+        if (b->shape == RowShape::one_d) so = r * cj.src_stride[3];
+        else row_offsets(cj, b->shape, r, so, dso);
+        const typename A::Acc x = A::load(t.base[cj.src_buffer] + cj.src_offset + so + byte);
+        acc = j == 0 ? x : acc + x;
+      }
+      A::store(dst, acc);
+    });
+  }
+}
+
+/// Thread `tid`'s work of unit `w` of block `b`: its share of a copy (after the CTA tabulated the
+/// rows when w.tabulated) or of a sum.
+ULYSSES_HOST_DEVICE __forceinline__ void run_unit(const KernelBlock* b, const Unit& w, int tid, const RowTable& rt,
+                                                  const BufferTable& t) {
+  if (w.sum) sum_unit(b, w, tid, t);
+  else copy_unit(w, tid, rt);
+}
+
 /// The copy kernel: CTAs loop over the units of a block list (grid-stride). For a unit of a
 /// block that is not 1-D, the CTA first tabulates its rows' offsets in shared memory.
 /// @param blocks      the list, in device memory (n >= 1 entries)
@@ -311,11 +356,23 @@ ULYSSES_KERNEL_ATTRIBUTES void __launch_bounds__(Threads)
       tabulate_rows(*b, w, tid, rt);
       __syncthreads();
     }
-    copy_unit(w, tid, rt);
+    run_unit(b, w, tid, rt, t);
   }
 }
 
 ULYSSES_CUDA_DETAIL_END
+
+ULYSSES_NAMESPACE_BEGIN
+/// CUDA's 16-bit floating-point types are known element types (TensorSpec::of<__half>, ...).
+template <>
+struct element_type_of<__half> {
+  static constexpr ElementType value = ElementType::float16;
+};
+template <>
+struct element_type_of<__nv_bfloat16> {
+  static constexpr ElementType value = ElementType::bfloat16;
+};
+ULYSSES_NAMESPACE_END
 
 ULYSSES_CUDA_NAMESPACE_BEGIN
 

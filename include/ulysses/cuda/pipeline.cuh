@@ -106,8 +106,8 @@ class CudaPipeline {
   ///         plan_mismatch) and the executor's (backend); the user's stream is then still joined
   ///         to the copy stream (best effort) before the error propagates.
   template <class Comm, class Exec>
-  void run(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<const void*>& in,
-           const TensorList<void*>& out, Workspace ws) {
+  void run(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+           const TensorList<ByteSpan>& out, Workspace ws) {
     detail::check_comm(plan, comm);
     if constexpr (detail::has_stream<Comm>::value) {
       if (static_cast<cudaStream_t>(comm.stream()) != stream_)
@@ -151,14 +151,14 @@ class CudaPipeline {
   /// run(plan, Direction::seq_to_head, ...): seq-sharded inputs [B, S_r, H, D] → head-sharded
   /// outputs [B, S, H_r, D]. See run().
   template <class Comm, class Exec>
-  void seq_to_head(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<const void*>& in,
-                   const TensorList<void*>& out, Workspace ws) {
+  void seq_to_head(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+                   const TensorList<ByteSpan>& out, Workspace ws) {
     run(plan, Direction::seq_to_head, comm, exec, in, out, ws);
   }
   /// run(plan, Direction::head_to_seq, ...): head-sharded inputs → seq-sharded outputs. See run().
   template <class Comm, class Exec>
-  void head_to_seq(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<const void*>& in,
-                   const TensorList<void*>& out, Workspace ws) {
+  void head_to_seq(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+                   const TensorList<ByteSpan>& out, Workspace ws) {
     run(plan, Direction::head_to_seq, comm, exec, in, out, ws);
   }
 
