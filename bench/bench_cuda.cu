@@ -11,6 +11,8 @@
 // - seq_to_head of q, k, v through CudaPipeline (cuda/pipeline.cuh) with K in {1, 2, 4} stages
 //   (pack of stage k+1 and unpack of stage k-1 overlapping the exchange of stage k), P in {2, 4},
 //   D=128, timed like seq_to_head (counter stages = K; compare with seq_to_head/D:128/P:*).
+// - head_to_seq of dq, dk, dv summing the kv heads' replicas (the backward of seq_to_head) against
+//   taking their owner's copy, P in {4, 16} (at 16 every kv head is on 2 ranks).
 // Shapes: bf16, B=1, S=32768, H=32, Hkv=8, D in {64, 128}, P in {2, 4, 8}. The L2 cache is
 // flushed before every timed operation, so both sides are measured from DRAM. Without a device
 // the binary says so and exits 0.
@@ -350,6 +352,49 @@ void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
   }
 }
 
+/// head→seq of dq, dk, dv (bf16, D=128) on P virtual ranks of one GPU, the kv heads' replicas
+/// summed (Replicas::sum: the backward of seq→head, float32 accumulation and one rounding in the
+/// unpack kernel) or taken from their owner (Replicas::owner: the plain inverse). At P=16 every
+/// kv head is on 2 ranks. Timed like seq_to_head; counters: bytes a rank sends (mean) and the
+/// replica copies among them.
+void bm_summed_inverse(benchmark::State& state, bool sum, int P) {
+  std::vector<Plan> plans;
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupTimer timer(P);
+  const std::vector<cudaStream_t>& streams = timer.streams;
+  const auto q = HeadPartition::even(kH, P);
+  const auto kv = HeadPartition::gqa(q, kHkv);
+  const Replicas rep = sum ? Replicas::sum : Replicas::owner;
+  for (int r = 0; r < P; ++r)
+    plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
+                         {TensorSpec::of<bf16>(q, 128, ElementType::bfloat16),
+                          TensorSpec::of<bf16>(kv, 128, ElementType::bfloat16).with_replicas(rep),
+                          TensorSpec::of<bf16>(kv, 128, ElementType::bfloat16).with_replicas(rep)}));
+  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
+  {
+    std::vector<CudaExecutor> ex;
+    for (int r = 0; r < P; ++r) ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
+    DeviceLocalGroup group(P);
+    // head→seq reads the head-sharded buffers (RankBuffers' outputs) and writes the seq-sharded ones.
+    auto run = [&](DeviceLocalGroup::Comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const RankBuffers& b = *bufs[r];
+      TensorList<ConstByteSpan> in;
+      TensorList<ByteSpan> out;
+      for (std::size_t t = 0; t < 3; ++t) in.push_back({b.out[t]->get(), b.out[t]->bytes()}), out.push_back({b.in[t]->get(), b.in[t]->bytes()});
+      head_to_seq(plans[r], comm, ex[r], in, out, b.workspace());
+    };
+    timer.step(group, run);  // the first call compares the ranks' plans (host all-gather): not timed
+    double sent = 0, replica = 0;
+    for (const Plan& p : plans)
+      sent += static_cast<double>(p.exchanged_bytes(Direction::head_to_seq)), replica += static_cast<double>(p.replica_bytes(Direction::head_to_seq));
+    for (auto _ : state) state.SetIterationTime(timer.step(group, run));
+    state.counters["bytes_sent"] = sent / P;
+    state.counters["replica_bytes"] = replica / P;
+    BENCH_CUDA(cudaDeviceSynchronize());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -371,6 +416,11 @@ int main(int argc, char** argv) {
     for (int K : {1, 2, 4}) {
       const std::string name = "pipeline_seq_to_head/D:128/P:" + std::to_string(P) + "/K:" + std::to_string(K);
       benchmark::RegisterBenchmark(name.c_str(), bm_pipeline, std::int64_t{128}, P, K)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+  for (int P : {4, 16})
+    for (bool sum : {false, true}) {
+      const std::string name = "summed_inverse/bf16/D:128/P:" + std::to_string(P) + (sum ? "/sum" : "/owner");
+      benchmark::RegisterBenchmark(name.c_str(), bm_summed_inverse, sum, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -3,7 +3,9 @@
 // same bytes, and the in-process group (LocalGroup, one persistent thread per rank) — the exchange
 // alone, and seq_to_head / head_to_seq of q, k, v end to end, fused and as three exchanges —
 // against a bare in-process all-to-all of the same bytes. Shapes: Llama-3.1-8B attention
-// (H=32, Hkv=8, D=128), B=1, S in {4096, 16384}, P in {2, 4}, fp32 and bf16.
+// (H=32, Hkv=8, D=128), B=1, S in {4096, 16384}, P in {2, 4}, fp32 and bf16; and head→seq of
+// dq, dk, dv summing the kv heads' replicas (the backward of seq→head) against taking the owner's
+// copy, at P=4 (no replica) and P=16 (every kv head on 2 ranks).
 //
 // Run: bench_host [--benchmark_filter=REGEX] [--benchmark_min_time=0.2] [--benchmark_out=host.json]
 // Naming, labels and counters: see common.hpp; bench/report turns the JSON into a table and chart.
@@ -239,6 +241,39 @@ void bm_local_pipeline(benchmark::State& st, int K, int P, std::int64_t S, int e
   set_counters(st, rs[0]->bytes_per_rank(), P);
 }
 
+/// head→seq of dq, dk, dv (bshd) on the in-process group, the kv heads' copies summed (the
+/// backward of seq→head, Replicas::sum) or taken from their owner (Replicas::owner, the plain
+/// inverse): what the summed inverse costs. At P > Hkv every kv head is on P/Hkv ranks, so each
+/// holder sends its copy and the receiver adds them; the counters report the bytes a rank sends
+/// (bytes_sent, mean over the ranks) and the replica copies among them (replica_bytes).
+void bm_summed_inverse(benchmark::State& st, Replicas replicas, int P, std::int64_t S, int elem) {
+  auto& rs = setups(P, S, elem, Mem::bshd, P);
+  Lockstep& ls = lockstep(P);
+  std::vector<LocalGroup::Comm> comms;
+  std::vector<std::unique_ptr<Plan>> plans;
+  std::vector<Buf> ws;
+  std::vector<HostExecutor> execs(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    std::vector<TensorSpec> specs = rs[static_cast<std::size_t>(r)]->specs;
+    for (auto& x : specs) x.with_type(elem == 4 ? ElementType::float32 : ElementType::bfloat16).with_replicas(replicas);
+    comms.push_back(ls.group().comm(r));
+    plans.push_back(std::make_unique<Plan>(Group{P, r}, kB, SeqPartition::even(S, P), specs));
+    ws.emplace_back(plans.back()->workspace_bytes(), 0x33);
+  }
+  const Direction d = Direction::head_to_seq;
+  const std::function<void(int)> job = [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    RankSetup& me = *rs[i];
+    redistribute(*plans[i], d, comms[i], execs[i], me.inputs(d), me.outputs(d), ws[i]);
+  };
+  for (auto _ : st) ls.step(job);
+  set_counters(st, rs[0]->bytes_per_rank(), P);
+  double sent = 0, replica = 0;  // per rank, averaged over the ranks (a kv head's non-owners send the copies)
+  for (const auto& p : plans) sent += static_cast<double>(p->exchanged_bytes(d)), replica += static_cast<double>(p->replica_bytes(d));
+  st.counters["bytes_sent"] = sent / P;
+  st.counters["replica_bytes"] = replica / P;
+}
+
 void register_all() {
   auto reg = [](const std::string& name, const std::string& lab, auto fn) {
     return benchmark::RegisterBenchmark(name.c_str(), [fn, lab](benchmark::State& st) {
@@ -282,6 +317,16 @@ void register_all() {
               [=](benchmark::State& st) { bm_local(st, s2h ? Local::s2h_separate : Local::h2s_separate, P, S, elem); })
               ->UseRealTime();
         }
+      }
+  // The summed inverse (the backward of seq→head) against the plain one: P=16 replicates every
+  // Llama-3.1-8B kv head on 2 ranks; P=4 replicates none (the two must match).
+  for (int elem : kElemBytes)
+    for (std::int64_t S : kSeqs)
+      for (int P : {4, 16}) {
+        const std::string fam = case_name("local_summed_inverse", elem, S, P);
+        reg(fam + "/owner", "", [=](benchmark::State& st) { bm_summed_inverse(st, Replicas::owner, P, S, elem); })->UseRealTime();
+        reg(fam + "/sum", label(fam + "/owner"), [=](benchmark::State& st) { bm_summed_inverse(st, Replicas::sum, P, S, elem); })
+            ->UseRealTime();
       }
 }
 

@@ -115,6 +115,7 @@ struct RankSetup {
     std::size_t seq_off[3], head_off[3], seq_total = 0, head_total = 0;
     for (int t = 0; t < 3; ++t) {
       TensorSpec s{parts[t], kD, static_cast<std::size_t>(elem), std::nullopt, std::nullopt};
+      s.with_type(elem == 4 ? ElementType::float32 : ElementType::bfloat16);  // (kv heads replicated at P > 8 are summed)
       const std::int64_t Ht = parts[t].num_heads(), Hrt = parts[t].count(rank);
       if (mem == Mem::strided) {
         s.with_seq_layout(Layout::strided({kB, Sr, Ht, kD}, {Sr * Hs * kD, Hs * kD, kD, 1}));

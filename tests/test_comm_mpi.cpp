@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "cases.hpp"
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
@@ -191,6 +192,84 @@ TEST_CASE("MPI chunk over 2 GiB (P=2, run by `mpiexec -n 2`; needs ~9 GiB of fre
   for (std::size_t i = 0; i < n; i += 4096) bad += recv[i] != std::byte(static_cast<unsigned char>((i >> 12) * 31 + peer));
   CHECK(bad == 0);
   CHECK(recv[n - 1] == std::byte(0xA0 + peer));
+}
+
+// ---- training safety under MPI (this suite is built as the default preset: Release, NDEBUG) ------
+
+TEST_CASE("MPI C9: ranks that planned different head splits throw plan_mismatch on every rank, default options") {
+  const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> other = {{{0, 1}, {1, 3}}, {{0, 0}, {0, 3}}, {{0, 3}, {3, 3}}};
+  for (const auto& split : other)
+    on_groups_of(2, [&](MPI_Comm sub) {
+      MpiComm comm(sub);
+      const int r = comm.rank();
+      const auto heads = r == 0 ? HeadPartition::ranges(3, {{0, 2}, {2, 3}}) : HeadPartition::ranges(3, split);
+      Plan plan({2, r}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(heads, 2)});
+      CHECK(plan.check_agreement());
+      std::vector<float> in(plan.seq_bytes(0) / 4, 1.f), out(plan.head_bytes(0) / 4, -7.f);
+      std::vector<std::byte> ws(plan.workspace_bytes());
+      HostExecutor ex;
+      auto [code, msg] = ut::error_of([&] { seq_to_head(plan, comm, ex, in, out, ws); });
+      CAPTURE(msg);
+      CHECK(code == Errc::plan_mismatch);
+      CHECK(msg.find("rank 1 in the head partition of tensor 0") != std::string::npos);
+      for (float v : out) CHECK(v == -7.f);
+    });
+}
+
+TEST_CASE("MPI C10: a kv split that does not follow the query split is refused on every rank before any exchange") {
+  MpiComm comm(MPI_COMM_WORLD);
+  const int P = comm.size(), r = comm.rank();
+  if (P < 3) return;
+  auto q = HeadPartition::even(P, P);  // one query head a rank; kv heads: 2, split balanced [1,1,0,..]
+  auto [code, msg] = ut::error_of([&] {
+    Plan({P, r}, 1, SeqPartition::even(2 * P, P), {TensorSpec::of<float>(q, 4), TensorSpec::of<float>(HeadPartition::balanced(2, P), 4)});
+  });
+  CHECK(code == (P % 2 == 0 ? Errc::gqa_invalid : Errc{}));  // H % Hkv: P even pairs it with tensor 0
+  if (P % 2 == 0) CHECK(msg.find("rank " + std::to_string(P - 1) + " holds query heads") != std::string::npos);
+}
+
+TEST_CASE("MPI C11: MQA, every rank's partial gradient of the kv head is summed (fp32)") {
+  on_groups_of(4, [&](MPI_Comm sub) {
+    MpiComm comm(sub);
+    const int P = 4, r = comm.rank();
+    const auto a = attention_specs<float>(P, {4, 1, 2});
+    Plan plan({P, r}, 1, SeqPartition::even(8, P), a.qkv());
+    std::vector<float> dq2(plan.head_bytes(0) / 4), dk2(plan.head_bytes(1) / 4), dv2(plan.head_bytes(2) / 4);
+    for (std::size_t i = 0; i < dk2.size(); ++i) dk2[i] = static_cast<float>(r + 1) * static_cast<float>(i + 1);  // (r+1)*code(s, d)
+    std::vector<float> dq(plan.seq_bytes(0) / 4), dk(plan.seq_bytes(1) / 4), dv(plan.seq_bytes(2) / 4);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    seq_to_head_backward(plan, comm, ex, {dq2, dk2, dv2}, {dq, dk, dv}, ws);
+    for (std::size_t i = 0; i < dk.size(); ++i) CHECK(dk[i] == 10.f * static_cast<float>(2 * 2 * r + i + 1));
+  });
+}
+
+TEST_CASE("MPI adjointness: every model at every P that fits the world, partitions, layouts, K, both exchange paths") {
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {1, 2, 3, 4}) {
+      int i = 0;
+      for (const auto& [pname, seq] : ut::sweep_partitions(P))
+        for (int layout = 0; layout < 4; ++layout) {
+          if ((i++ + P) % 3) continue;  // a rotation: every partition and layout for some model/P
+          const bool even = ut::expected_even_error(m, P) == Errc{} && pname != "balanced";
+          auto q = even ? HeadPartition::even(m.num_heads, P) : HeadPartition::balanced(m.num_heads, P);
+          auto kv = HeadPartition::gqa(q, m.num_kv_heads);
+          ut::Case c{std::string(m.name) + " P=" + std::to_string(P) + " " + pname + " layout " + std::to_string(layout), P, 1, seq,
+                     {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}}, layout == 3 ? Format::bshd : ut::kFormats[layout],
+                     1 + 2 * (i % 2)};
+          c.padded = layout == 3;
+          c.direct_pieces = i % 3 != 0;
+          CAPTURE(c.name);
+          on_groups_of(P, [&](MPI_Comm sub) {
+            MpiComm comm(sub);
+            const ut::AdjointShare s = ut::run_adjoint_case<float>(comm, c);
+            CHECK(s.error == "");
+            long long mine[2] = {s.forward, s.backward}, sum[2];
+            MPI_Allreduce(mine, sum, 2, MPI_LONG_LONG, MPI_SUM, sub);
+            CHECK(sum[0] == sum[1]);
+          });
+        }
+    }
 }
 
 int main(int argc, char** argv) {

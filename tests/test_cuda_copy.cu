@@ -64,6 +64,12 @@ std::vector<ListCase> executor_cases() {
   add_cases<float>(v, ut::c8_cases());
   for (int P : {1, 2, 3, 4}) add_cases<float>(v, ut::zigzag_cases(P));
   add_cases<ut::bf16_t>(v, staged(ut::c2_cases(4), 3));
+  // Sums of replicated kv heads in head→seq (the backward of seq→head): bfloat16 (float32
+  // accumulation, one rounding), float64, and over K stages.
+  add_cases<ut::bf16v>(v, ut::c2_cases(4), {0, 2, 6});
+  add_cases<ut::bf16v>(v, staged({ut::c5_case()}, 3), {0, 2});
+  add_cases<double>(v, {ut::c5_case()});
+  add_cases<float>(v, ut::zigzag_cases(3));
   add_cases<float>(v, staged({ut::c5_case()}, 2));
   {  // C7: the seq-sharded layout is the view x[:, 4:12] of a [2, 16, 2, 4] buffer.
     const Layout view = Layout::strided({2, 8, 2, 4}, {16 * 2 * 4, 2 * 4, 4, 1});
@@ -140,13 +146,17 @@ TEST_SUITE("host") {
   }
 
   TEST_CASE("the copy kernel emulated on the host == HostExecutor byte for byte, every list, every alignment") {
+    int with_sums = 0;  // plans whose head→seq sums replicated heads (bf16, fp32, fp64)
     for (const ListCase& l : executor_cases())
-      for (const Plan& p : l.plans)
+      for (const Plan& p : l.plans) {
+        for (const BlockCopy& c : p.schedule(Direction::head_to_seq).unpack) with_sums += c.op == BlockOp::sum;
         for (std::size_t m : l.misaligns) {
           CAPTURE(l.name);
           CAPTURE(m);
           CHECK(ut::compare_emulated(p, l.name, m) == "");
         }
+      }
+    CHECK(with_sums > 50);
   }
 }
 

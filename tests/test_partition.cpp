@@ -124,3 +124,24 @@ TEST_CASE("sequence chunks whose ends overflow int64 are a size_overflow, not a 
   const std::int64_t big = std::numeric_limits<std::int64_t>::max();
   CHECK(error_of([&] { SeqPartition::chunks(5, 2, {{0, 0, 1, 0}, {1, 1, big, 0}}); }).first == Errc::size_overflow);
 }
+
+TEST_CASE("the even policy is visible and part of equality; holders and owners of replicated heads") {
+  const auto e = HeadPartition::even(8, 4), b = HeadPartition::balanced(8, 4);
+  CHECK(e.even_split());
+  CHECK_FALSE(b.even_split());
+  CHECK(e != b);  // same ranges, another policy
+  CHECK(HeadPartition::gqa(e, 2).even_split());
+  CHECK(HeadPartition::gqa(e, 2) != HeadPartition::gqa(b, 2));
+  CHECK(HeadPartition::gqa(e, 2).query_per_kv() == 4);
+  const auto kv = HeadPartition::gqa(HeadPartition::even(32, 16), 8);  // Llama at P=16: kv head h on ranks 2h, 2h+1
+  CHECK(kv.holders(0) == std::pair<int, int>{0, 2});
+  CHECK(kv.holders(5) == std::pair<int, int>{10, 12});
+  CHECK(kv.owner(5) == 10);
+  const auto mqa = HeadPartition::gqa(HeadPartition::balanced(71, 4), 1);  // Falcon: every rank
+  CHECK(mqa.holders(0) == std::pair<int, int>{0, 4});
+  const auto shared = HeadPartition::gqa(HeadPartition::balanced(28, 2), 7);  // H=28, Hkv=7, P=2: kv head 3 on both
+  CHECK(shared.holders(3) == std::pair<int, int>{0, 2});
+  CHECK(shared.holders(2) == std::pair<int, int>{0, 1});
+  CHECK(shared.holders(4) == std::pair<int, int>{1, 2});
+  CHECK(shared.str() == "[0,4) [3,7)");
+}

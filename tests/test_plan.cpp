@@ -231,3 +231,91 @@ TEST_CASE("default layouts follow the plan's format") {
   CHECK(p.head_layout(0) == Layout::sbhd(3, 10, 2, 8));
   CHECK(p.seq_bytes(0) == 3 * 5 * 4 * 8 * sizeof(double));
 }
+
+TEST_CASE("C10: a kv split that does not follow its query split is gqa_invalid, naming the rank and the kv heads it needs") {
+  // H=4, Hkv=2, P=4: q split evenly (one head a rank), k and v split by balanced(2, 4) = [1,1,0,0]:
+  // ranks 2 and 3 hold query heads 2 and 3, which use kv head 1, but would receive no kv head.
+  auto q = HeadPartition::even(4, 4);
+  auto bad = HeadPartition::balanced(2, 4);
+  for (int r = 0; r < 4; ++r) {  // the same verdict on every rank
+    for (int serves : {TensorSpec::kAuto, 0}) {  // inferred from the head counts, or declared
+      CAPTURE(r);
+      CAPTURE(serves);
+      auto [code, msg] = ut::error_of([&] {
+        Plan({4, r}, 1, SeqPartition::even(8, 4),
+             {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(bad, 8).serving(serves), TensorSpec::of<float>(bad, 8).serving(serves)});
+      });
+      CHECK(code == Errc::gqa_invalid);
+      CHECK(msg.find("rank 2 holds query heads [2, 3)") != std::string::npos);
+      CHECK(msg.find("use kv heads [1, 2)") != std::string::npos);
+      CHECK(msg.find("but gets kv heads [2, 2)") != std::string::npos);
+      CHECK(msg.find("rank 3 holds query heads [3, 4)") != std::string::npos);
+      CHECK(msg.find("rank 1 holds query heads [1, 2)") != std::string::npos);  // kv head 0 needed, 1 given
+      CHECK(msg.find("does not give 3 rank(s)") != std::string::npos);
+    }
+  }
+  // H=12, Hkv=4, P=5: balanced q [3,3,2,2,2]; kv balanced(4,5) gives rank 3 [3,4) but it needs [2,4).
+  auto q5 = HeadPartition::balanced(12, 5);
+  auto [code, msg] = ut::error_of([&] {
+    Plan({5, 0}, 1, SeqPartition::even(10, 5), {TensorSpec::of<float>(q5, 8), TensorSpec::of<float>(HeadPartition::balanced(4, 5), 8)});
+  });
+  CHECK(code == Errc::gqa_invalid);
+  CHECK(msg.find("rank 3 holds query heads [8, 10)") != std::string::npos);
+  CHECK(msg.find("use kv heads [2, 4)") != std::string::npos);
+  // The right split (HeadPartition::gqa) plans; so does an explicit opt-out of the check.
+  CHECK(ut::code_of([&] {
+          Plan({5, 0}, 1, SeqPartition::even(10, 5), {TensorSpec::of<float>(q5, 8), TensorSpec::of<float>(HeadPartition::gqa(q5, 4), 8)});
+        }) == Errc{});
+  CHECK(ut::code_of([&] {
+          Plan({4, 0}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(bad, 8).serving(TensorSpec::kNone)});
+        }) == Errc{});
+  // A declared pairing that cannot hold: Hkv does not divide H, or the query tensor is itself a kv.
+  CHECK(ut::code_of([&] {
+          Plan({4, 0}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(HeadPartition::even(4, 4), 8).serving(0),
+                                                      TensorSpec::of<float>(HeadPartition::balanced(3, 4), 8).serving(0)});
+        }) == Errc::gqa_invalid);
+  CHECK(ut::code_of([&] {
+          Plan({4, 0}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(q, 8).serving(1), TensorSpec::of<float>(q, 8).serving(0)});
+        }) == Errc::gqa_invalid);
+}
+
+TEST_CASE("summing replicated heads needs an element type with addition: not_summable at plan time, on every rank") {
+  auto q = HeadPartition::even(8, 4);
+  auto kv = HeadPartition::gqa(q, 2);  // each kv head on 2 ranks
+  for (int r = 0; r < 4; ++r) {
+    auto [code, msg] = ut::error_of([&] {
+      Plan({4, r}, 1, SeqPartition::even(8, 4), {TensorSpec::of<std::uint16_t>(q, 8), TensorSpec::of<std::uint16_t>(kv, 8)});
+    });
+    CHECK(code == Errc::not_summable);
+    CHECK(msg.find("tensor 1") != std::string::npos);
+    CHECK(msg.find("head 0 on ranks [0, 2)") != std::string::npos);
+    // Declared as bfloat16, or asking for the owner's copy: plans.
+    CHECK(ut::code_of([&] {
+            Plan({4, r}, 1, SeqPartition::even(8, 4),
+                 {TensorSpec::of<std::uint16_t>(q, 8), TensorSpec::of<std::uint16_t>(kv, 8, ElementType::bfloat16)});
+          }) == Errc{});
+    CHECK(ut::code_of([&] {
+            Plan({4, r}, 1, SeqPartition::even(8, 4),
+                 {TensorSpec::of<std::uint16_t>(q, 8), TensorSpec::of<std::uint16_t>(kv, 8).with_replicas(Replicas::owner)});
+          }) == Errc{});
+  }
+  // Without replication an opaque type sums nothing and plans; a type of the wrong size does not.
+  CHECK(ut::code_of([&] { Plan({4, 0}, 1, SeqPartition::even(8, 4), {TensorSpec::of<std::uint16_t>(q, 8)}); }) == Errc{});
+  CHECK(ut::code_of([&] { Plan({4, 0}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(q, 8, ElementType::bfloat16)}); }) ==
+        Errc::invalid_shape);
+}
+
+TEST_CASE("the agreement record holds what determines the wire and nothing local") {
+  auto q = HeadPartition::even(8, 2);
+  const Plan a({2, 0}, 2, SeqPartition::even(8, 2), {TensorSpec::of<float>(q, 4)}, Format::bshd);
+  const Plan b({2, 1}, 2, SeqPartition::even(8, 2), {TensorSpec::of<float>(q, 4)}, Format::bhsd);  // other rank, other format
+  const Plan c({2, 0}, 2, SeqPartition::even(8, 2),
+               {TensorSpec::of<float>(q, 4).with_seq_layout(Layout::strided({2, 4, 8, 4}, {200, 40, 5, 1}))});  // a padded view
+  CHECK(a.agreement_record() == b.agreement_record());
+  CHECK(a.agreement_record() == c.agreement_record());
+  CHECK(a.fingerprint() == b.fingerprint());
+  const Plan d({2, 0}, 2, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::ranges(8, {{0, 5}, {5, 8}}), 4)});
+  CHECK(a.agreement_record()[8] != d.agreement_record()[8]);
+  CHECK(Plan::agreement_field(8) == "the head partition of tensor 0");
+  CHECK(Plan::agreement_field(1) == "the group size P");
+}

@@ -233,24 +233,26 @@ inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64
 template <class A>
 void run_sum_range_as(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi) {
   constexpr std::int64_t kSumBatch = 256;
+  using Bits = typename A::Bits;
   const BlockCopy& c = g[0];
   const int n = c.sources;
   const std::int64_t E = c.elem_bytes, R = c.row_bytes;
   typename A::Acc acc[kSumBatch];
+  Bits raw[kSumBatch];  // the batch of one term (or of the result) as stored
   for (std::int64_t pos = lo; pos < hi;) {
     const std::int64_t row = pos / R, off = pos % R;
     const std::int64_t len = std::min({R - off, hi - pos, kSumBatch * E}), m = len / E;
     std::int64_t so = 0, dso = 0;
     for (int j = 0; j < n; ++j) {
       row_offsets_host(g[j], row, so, dso);
-      const std::byte* src = t.base[g[j].src_buffer] + g[j].src_offset + so + off;
+      std::memcpy(raw, t.base[g[j].src_buffer] + g[j].src_offset + so + off, static_cast<std::size_t>(len));
       if (j == 0)
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = A::load(src + i * E);
+        for (std::int64_t i = 0; i < m; ++i) acc[i] = A::widen(raw[i]);
       else
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] + A::load(src + i * E);
+        for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] + A::widen(raw[i]);
     }
-    std::byte* dst = t.base[c.dst_buffer] + c.dst_offset + dso + off;
-    for (std::int64_t i = 0; i < m; ++i) A::store(dst + i * E, acc[i]);
+    for (std::int64_t i = 0; i < m; ++i) raw[i] = A::narrow(acc[i]);
+    std::memcpy(t.base[c.dst_buffer] + c.dst_offset + dso + off, raw, static_cast<std::size_t>(len));
     pos += len;
   }
 }

@@ -100,18 +100,22 @@ ULYSSES_HOST_DEVICE inline float bits_float(std::uint32_t u) {
   return f;
 }
 
-/// binary16 bits → float32, exactly (subnormals, infinities and NaN payloads included).
+/// binary16 bits → float32, exactly (subnormals, infinities and NaN payloads included). Rebias
+/// the exponent; infinities and NaNs get the top exponent; subnormals are renormalised by one
+/// exact float32 subtraction (as in F. Giesen's well-known conversion). Needs denormals on
+/// (never -ffast-math / --use_fast_math: see the file comment).
 ULYSSES_HOST_DEVICE inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return bits_float(sign);
-    exp = 113;  // normalise the subnormal: value = mant * 2^-24
-    while (!(mant & 0x400u)) mant <<= 1, --exp;
-    return bits_float(sign | (exp << 23) | ((mant & 0x3ffu) << 13));
+  constexpr std::uint32_t shifted_exp = 0x7c00u << 13;
+  std::uint32_t o = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+  const std::uint32_t exp = o & shifted_exp;
+  o += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23;  // infinity or NaN
+  } else if (exp == 0) {      // zero or subnormal: value = mantissa * 2^-24, exactly
+    o += 1u << 23;
+    o = float_bits(bits_float(o) - bits_float(113u << 23));
   }
-  return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+  return bits_float(o | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
 }
 
 /// float32 → binary16 bits, rounded to nearest, ties to even; overflow gives infinity, a NaN
@@ -139,72 +143,93 @@ ULYSSES_HOST_DEVICE inline std::uint16_t float_to_half(float f) {
 ULYSSES_HOST_DEVICE inline float bfloat16_to_float(std::uint16_t b) { return bits_float(static_cast<std::uint32_t>(b) << 16); }
 
 /// float32 → bfloat16 bits, rounded to nearest, ties to even; a NaN stays a (quiet) NaN.
+/// (Branch-free, so that loops over it vectorise.)
 ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16(float f) {
-  std::uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>(x >> 16);
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, quiet = (x >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 /// The arithmetic of a sum of elements of type T (see the file comment): `Acc` the type terms
-/// are added in, load() one term (exactly), store() the rounded result (canonical NaN).
-/// Host and device; pointers may be misaligned (bytes are read through memcpy).
+/// are added in, `Bits` the stored element, widen() one term to Acc (exactly), narrow() the
+/// result back (rounded; a NaN becomes the canonical quiet NaN); load() / store() the same from /
+/// to bytes (which may be misaligned: read through memcpy). Branch-free where it matters, so that
+/// the host's batch loops vectorise. Host and device.
 template <ElementType T>
 struct SumArith;
 template <>
 struct SumArith<ElementType::float64> {
   using Acc = double;
-  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
+  using Bits = std::uint64_t;
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) {
     double x;
-    std::memcpy(&x, p, 8);
+    std::memcpy(&x, &b, 8);
     return x;
   }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) {
+    Bits b;
+    std::memcpy(&b, &x, 8);
+    return x != x ? Bits{0x7ff8000000000000ull} : b;
+  }
+  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return widen(b);
+  }
   ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    if (x != x) {
-      const std::uint64_t nan = 0x7ff8000000000000ull;
-      std::memcpy(p, &nan, 8);
-    } else {
-      std::memcpy(p, &x, 8);
-    }
+    const Bits b = narrow(x);
+    std::memcpy(p, &b, sizeof b);
   }
 };
 template <>
 struct SumArith<ElementType::float32> {
   using Acc = float;
+  using Bits = std::uint32_t;
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bits_float(b); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7fc00000u} : float_bits(x); }
   ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    float x;
-    std::memcpy(&x, p, 4);
-    return x;
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return widen(b);
   }
   ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const std::uint32_t u = x != x ? 0x7fc00000u : float_bits(x);
-    std::memcpy(p, &u, 4);
+    const Bits b = narrow(x);
+    std::memcpy(p, &b, sizeof b);
   }
 };
 template <>
 struct SumArith<ElementType::float16> {
   using Acc = float;
+  using Bits = std::uint16_t;
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return half_to_float(b); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7e00} : float_to_half(x); }
   ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    std::uint16_t h;
-    std::memcpy(&h, p, 2);
-    return half_to_float(h);
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return widen(b);
   }
   ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const std::uint16_t u = x != x ? std::uint16_t{0x7e00} : float_to_half(x);
-    std::memcpy(p, &u, 2);
+    const Bits b = narrow(x);
+    std::memcpy(p, &b, sizeof b);
   }
 };
 template <>
 struct SumArith<ElementType::bfloat16> {
   using Acc = float;
+  using Bits = std::uint16_t;
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bfloat16_to_float(b); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) {
+    const std::uint32_t b = float_bits(x), rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return static_cast<Bits>((b & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+  }
   ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    std::uint16_t h;
-    std::memcpy(&h, p, 2);
-    return bfloat16_to_float(h);
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return widen(b);
   }
   ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const std::uint16_t u = x != x ? std::uint16_t{0x7fc0} : float_to_bfloat16(x);
-    std::memcpy(p, &u, 2);
+    const Bits b = narrow(x);
+    std::memcpy(p, &b, sizeof b);
   }
 };
 

@@ -447,18 +447,24 @@ class Plan {
         detail::fail(Errc::gqa_invalid, name + " (kv, " + std::to_string(Hkv) + " heads) serves tensor " + std::to_string(q) +
                                             " (" + std::to_string(H) + " query heads): GQA needs H % Hkv == 0");
       const std::int64_t g = H / Hkv;
+      std::string bad;
+      int n_bad = 0;
       for (int r = 0; r < P; ++r) {
         if (qh.count(r) == 0) continue;
         const std::int64_t need_b = qh.begin(r) / g, need_e = (qh.end(r) - 1) / g + 1;
-        if (need_b < x.heads.begin(r) || need_e > x.heads.end(r))
-          detail::fail(Errc::gqa_invalid,
-                       "rank " + std::to_string(r) + " holds query heads [" + std::to_string(qh.begin(r)) + ", " +
-                           std::to_string(qh.end(r)) + ") of tensor " + std::to_string(q) + ", which use kv heads [" +
-                           std::to_string(need_b) + ", " + std::to_string(need_e) + "), but the partition of " + name +
-                           " gives it kv heads [" + std::to_string(x.heads.begin(r)) + ", " + std::to_string(x.heads.end(r)) +
-                           "); make it with HeadPartition::gqa(query partition, " + std::to_string(Hkv) +
-                           ") or use attention_specs() (to skip this check: serving(TensorSpec::kNone))");
+        if (need_b >= x.heads.begin(r) && need_e <= x.heads.end(r)) continue;
+        if (n_bad++ < 4)
+          bad += "; rank " + std::to_string(r) + " holds query heads [" + std::to_string(qh.begin(r)) + ", " + std::to_string(qh.end(r)) +
+                 ") of tensor " + std::to_string(q) + ", which use kv heads [" + std::to_string(need_b) + ", " +
+                 std::to_string(need_e) + "), but gets kv heads [" + std::to_string(x.heads.begin(r)) + ", " +
+                 std::to_string(x.heads.end(r)) + ")";
       }
+      if (n_bad)
+        detail::fail(Errc::gqa_invalid, "the kv partition of " + name + " " + x.heads.str() + " does not give " +
+                                            std::to_string(n_bad) + " rank(s) the kv heads their query heads use" + bad +
+                                            (n_bad > 4 ? "; ..." : "") + ". Make it with HeadPartition::gqa(query partition, " +
+                                            std::to_string(Hkv) + ") or use attention_specs() (to skip this check: "
+                                            "serving(TensorSpec::kNone))");
       serves_[static_cast<std::size_t>(t)] = q;
     }
   }

@@ -231,10 +231,16 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std
 }
 
 /// Arithmetic adapter of an element type for the adjoint checks: float and double are
-/// themselves; bf16v is a bfloat16 stored as bits (ElementType::bfloat16).
+/// themselves; bf16v is a bfloat16 stored as bits (ElementType::bfloat16, declared below).
 struct bf16v {
   std::uint16_t bits;
 };
+}  // namespace ut
+template <>
+struct ulysses::element_type_of<ut::bf16v> {
+  static constexpr ulysses::ElementType value = ulysses::ElementType::bfloat16;
+};
+namespace ut {
 template <class T>
 float to_float(T x) {
   if constexpr (std::is_same_v<T, bf16v>) return ulysses::detail::bfloat16_to_float(x.bits);
@@ -276,7 +282,7 @@ AdjointShare run_adjoint_case(Comm& comm, const Case& c) {
   for (int t = 0; t < base.num_tensors(); ++t) {
     TensorSpec x = base.tensor(t);
     x.elem_bytes = sizeof(T);
-    x.type = std::is_same_v<T, bf16v> ? ElementType::bfloat16 : element_type_of_v<T>;
+    x.type = element_type_of_v<T>;
     x.replicas = Replicas::sum;
     specs.push_back(x);
   }
