@@ -90,14 +90,14 @@ void check_nccl(const std::vector<ut::Case>& cases) {
 }
 
 /// Raw alltoallv on P=1 from offset `so` to offset `ro` of `n` bytes; "" when the bytes arrive.
-std::string self_exchange(std::size_t n, std::size_t so, std::size_t ro, NcclComm::Path want) {
+std::string self_exchange(std::size_t n, std::size_t so, std::size_t ro) {
   return world(1).run([&](NcclComm& comm) -> std::string {
     std::vector<std::byte> h(so + n);
     ut::fill_random(h, 5);
     ut::DeviceBuffer send(so + n), recv(ro + n);
     send.upload(h.data(), comm.stream());
     const std::size_t sb[1] = {n}, sof[1] = {so}, rb[1] = {n}, rof[1] = {ro};
-    if (NcclComm::path(1, sb, sof, rb, rof) != want) return "unexpected path";
+    if (NcclComm::path(1, sb, rb) != NcclComm::Path::send_recv) return "unexpected path";
     comm.alltoallv(send.get(), sb, sof, recv.get(), rb, rof);
     std::vector<std::byte> got(ro + n);
     recv.download(got.data(), comm.stream());
@@ -110,24 +110,70 @@ std::string self_exchange(std::size_t n, std::size_t so, std::size_t ro, NcclCom
 }  // namespace
 
 TEST_SUITE("host") {
-  TEST_CASE("path: plans (empty own chunk) take grouped send/recv; the canonical layout takes ncclAlltoAll") {
-    // A plan at P=4 with equal peer chunks of 100 bytes: own chunk 0, peers back to back.
-    const std::size_t pb[4] = {100, 0, 100, 100}, po[4] = {0, 100, 100, 200};
-    CHECK(NcclComm::path(4, pb, po, pb, po) == NcclComm::Path::send_recv);
-    const std::size_t cb[4] = {100, 100, 100, 100}, co[4] = {0, 100, 200, 300};
-    CHECK(NcclComm::path(4, cb, co, cb, co) ==
-          (ULYSSES_NCCL_HAS_ALLTOALL ? NcclComm::Path::alltoall : NcclComm::Path::send_recv));
+  TEST_CASE("path: grouped send/recv whenever a byte moves (never ncclAlltoAll: ranks could not agree on it)") {
+    const std::size_t pb[4] = {100, 0, 100, 100};  // a plan's chunks: own chunk 0
+    CHECK(NcclComm::path(4, pb, pb) == NcclComm::Path::send_recv);
+    const std::size_t cb[4] = {100, 100, 100, 100};  // the canonical all-to-all layout: still send/recv
+    CHECK(NcclComm::path(4, cb, cb) == NcclComm::Path::send_recv);
     const std::size_t zb[4] = {0, 0, 0, 0};
-    CHECK(NcclComm::path(4, zb, zb, zb, zb) == NcclComm::Path::none);
-    // Uneven chunks, and one empty peer chunk: send/recv.
-    const std::size_t ub[4] = {100, 0, 60, 0}, uo[4] = {0, 100, 100, 160};
-    CHECK(NcclComm::path(4, ub, uo, ub, uo) == NcclComm::Path::send_recv);
+    CHECK(NcclComm::path(4, zb, zb) == NcclComm::Path::none);
+    CHECK(NcclComm::path(4, zb, pb) == NcclComm::Path::send_recv);  // receives only
+    CHECK(NcclComm::device_memory);
   }
 }
 
-TEST_CASE("NCCL P=1: raw all-to-all-v, ncclAlltoAll path and grouped send/recv to self") {
-  CHECK(self_exchange(1000, 0, 0, ULYSSES_NCCL_HAS_ALLTOALL ? NcclComm::Path::alltoall : NcclComm::Path::send_recv) == "");
-  CHECK(self_exchange(1000, 24, 8, NcclComm::Path::send_recv) == "");
+TEST_CASE("NCCL P=1: raw all-to-all-v, grouped send/recv to self") {
+  CHECK(self_exchange(1000, 0, 0) == "");
+  CHECK(self_exchange(1000, 24, 8) == "");
+}
+
+TEST_CASE("NCCL P=1, non-blocking communicator: calls return with the work enqueued (ncclInProgress waited out)") {
+  ncclUniqueId id;
+  nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t nc = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&nc, 1, id, 0, &cfg);
+  while (r == ncclInProgress) ncclCommGetAsyncError(nc, &r);
+  REQUIRE(r == ncclSuccess);
+  ut::Stream s;
+  {
+    NcclComm comm(nc, s.get());
+    const std::uint64_t mine = 0x0123456789abcdefull;
+    std::uint64_t all = 0;
+    comm.allgather(&mine, sizeof mine, &all);  // returned: the bytes are there
+    CHECK(all == mine);
+    CHECK(ut::run_case_device<float>(comm, ut::c2_cases(1)[1], s.get()) == "");
+  }
+  ncclCommDestroy(nc);
+}
+
+TEST_CASE("NCCL P=1: the plan check refuses to run inside a stream capture; an executor on another stream is refused") {
+  CHECK(world(1).run([](NcclComm& comm) -> std::string {
+    const Plan plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)});
+    cudaGraph_t g = nullptr;
+    UT_CUDA(cudaStreamBeginCapture(comm.stream(), cudaStreamCaptureModeThreadLocal));
+    std::string err;
+    try {
+      check_agreement(plan, comm);
+      err = "no error under capture";
+    } catch (const Error& e) {
+      if (e.code() != Errc::backend || std::string(e.what()).find("before capturing") == std::string::npos) err = e.what();
+    }
+    UT_CUDA(cudaStreamEndCapture(comm.stream(), &g));
+    if (g) UT_CUDA(cudaGraphDestroy(g));
+    ut::Stream other;
+    CudaExecutor ex(plan, other.get());
+    ut::DeviceBuffer in(plan.seq_bytes(0)), out(plan.head_bytes(0)), ws(16);
+    try {
+      seq_to_head(plan, comm, ex, ConstByteSpan{in.get(), in.bytes()}, ByteSpan{out.get(), out.bytes()}, ByteSpan{ws.get(), 16});
+      err += " executor on another stream accepted";
+    } catch (const Error& e) {
+      if (e.code() != Errc::comm_mismatch) err += e.what();
+    }
+    UT_CUDA(cudaStreamSynchronize(other.get()));
+    return err;
+  }) == "");
 }
 
 TEST_CASE("NCCL P=1: allgather of host memory (what check_agreement uses)") {

@@ -129,6 +129,23 @@ TEST_SUITE("host") {
     CHECK(std::is_same_v<ulysses::CudaExecutor, ulysses::v0::ULYSSES_CUDA_ARCH_NAMESPACE::CudaExecutor>);
   }
 
+  TEST_CASE("the kernel's division by a row's vector count (a multiply-high) is exact at every quotient boundary") {
+    int wrong = 0;
+    for (int d = 1; d <= 1 << 16; ++d) {
+      const std::uint64_t r = detail::reciprocal(d);
+      for (int q = 0; q * d <= (1 << 16); ++q)
+        for (int k : {q * d - 1, q * d, q * d + 1, q * d + d / 2})
+          if (k >= 0 && k < (1 << 16) && detail::quotient(k, r) != k / d) ++wrong;
+    }
+    CHECK(wrong == 0);
+  }
+
+  TEST_CASE("CudaPipeline caps the copy kernel's grid with executors that can (CudaExecutor)") {
+    CHECK(detail::caps_grid<CudaExecutor>::value);
+    CHECK(!detail::caps_grid<HostExecutor>::value);
+    CHECK(CudaPipeline::kReservedSms == 32);
+  }
+
   TEST_CASE("units cover every byte of a block exactly once, at most kTileBytes each") {
     const std::int64_t tile = detail::kTileBytes;
     for (std::int64_t row : std::vector<std::int64_t>{2, 128, 240, tile - 2, tile, tile + 2, 5 * tile + 6})

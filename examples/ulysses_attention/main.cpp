@@ -477,7 +477,7 @@ int report(const Config& c, int P, const Result& m) {
   if (c.backward) {
     const long long holders = c.kv_heads < P ? (P + c.kv_heads - 1) / c.kv_heads : 1;
     std::printf("  backward: dq, dk, dv in one exchange; kv heads on up to %lld ranks each, their partial gradients\n"
-                "            summed (%.3f MiB of replica copies sent per rank)\n",
+                "            summed (a rank sends at most %.3f MiB of replica copies)\n",
                 holders, m.bytes_replica / (1 << 20));
   }
   std::printf("  phase times (max over ranks, all exchanges): pack %.3f ms, exchange %.3f ms, unpack %.3f ms, attention %.1f ms\n",

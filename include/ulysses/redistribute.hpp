@@ -297,6 +297,24 @@ struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
 template <class Comm, class Exec>
 constexpr bool message_path_v = has_exchange_messages<Comm>::value && runs_on_host<Exec>::value;
 
+/// Whether C has `stream()` (stream-ordered communicators and executors: NcclComm,
+/// DeviceLocalGroup::Comm, CudaExecutor).
+template <class C, class = void>
+struct has_stream : std::false_type {};
+template <class C>
+struct has_stream<C, std::void_t<decltype(std::declval<const C&>().stream())>> : std::true_type {};
+
+/// Throws Error(comm_mismatch) when both the communicator and the executor are stream-ordered and
+/// on different streams (pack → exchange → unpack would not be ordered).
+template <class Comm, class Exec>
+void check_streams(const Comm& comm, const Exec& exec) {
+  if constexpr (has_stream<Comm>::value && has_stream<Exec>::value) {
+    if (!(comm.stream() == exec.stream()))
+      fail(Errc::comm_mismatch, "the executor runs on another stream than the communicator exchanges on, so pack, exchange "
+                                "and unpack would not be ordered: make both on the same stream");
+  }
+}
+
 template <class C, class = void>
 struct device_memory : std::false_type {};
 template <class C>
@@ -507,12 +525,15 @@ inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorLis
 /// ranks compare what they planned (check_agreement(), one small all-gather). No allocation other
 /// than that and the argument checks' small vectors; host executors return when done, CUDA ones
 /// when enqueued.
-/// @throws everything make_buffers() and exchange() throw; all argument errors are raised before
-///         the exchange, but they are local to this rank (cross-rank agreement is the plan's job).
+/// @throws everything make_buffers() and exchange() throw, and Error(comm_mismatch) for a
+///         stream-ordered executor on another stream than the communicator's; all argument errors
+///         are raised before the exchange, but they are local to this rank (what every rank must
+///         share is compared by check_agreement() at the first exchange).
 template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
                   const TensorList<ByteSpan>& out, Workspace ws) {
   detail::check_comm(plan, comm);
+  detail::check_streams(comm, exec);
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
   if constexpr (detail::message_path_v<Comm, Exec>) {
     if (uses_pieces<Comm, Exec>(plan)) {

@@ -18,6 +18,10 @@
 ///
 /// Not capturable in a CUDA graph across ranks (the ranks' streams are joined by events recorded
 /// by other threads); the CudaExecutor and NcclComm calls are.
+///
+/// Lifetime: the events belong to the group (created by a rank's first comm(), on its thread's
+/// current device; destroyed with the group, after every rank's thread is gone), so a rank that
+/// finishes early never destroys an event a slower peer is about to wait on.
 /// Needs the CUDA runtime (link ulysses::cuda); no kernels, so any C++ compiler that sees
 /// cuda_runtime_api.h will do.
 #pragma once
@@ -50,24 +54,25 @@ class DeviceLocalGroup {
   }
   DeviceLocalGroup(const DeviceLocalGroup&) = delete;
   DeviceLocalGroup& operator=(const DeviceLocalGroup&) = delete;
+  /// Destroys the ranks' events (work already enqueued still completes; errors are ignored).
+  /// @pre no rank is in a collective of the group.
+  ~DeviceLocalGroup() {
+    for (Events& e : events_) {
+      if (e.sent) cudaEventDestroy(e.sent);
+      if (e.read) cudaEventDestroy(e.read);
+    }
+  }
 
   int size() const { return host_.size(); }  ///< P
   int device() const { return device_; }     ///< device made current on run()'s threads
 
-  /// The communicator of one rank: owns two CUDA events, refers to the group (which must outlive
-  /// it) and to the rank's stream. Models the communicator concept of redistribute.hpp. Move-only.
+  /// The communicator of one rank: refers to the group (which must outlive it), to the rank's two
+  /// CUDA events (owned by the group) and to the rank's stream. Models the communicator concept of
+  /// redistribute.hpp (device memory; allgather() of host memory for check_agreement()).
   class Comm {
    public:
-    Comm(const Comm&) = delete;
-    Comm& operator=(const Comm&) = delete;
-    /// Takes over the rank's events (the moved-from Comm can only be destroyed).
-    Comm(Comm&& o) noexcept : g_(o.g_), host_(o.host_), stream_(o.stream_), ev_(o.ev_) { o.ev_ = {}; }
-    Comm& operator=(Comm&&) = delete;
-    /// Destroys the rank's events (after which no peer may run a collective with this rank).
-    ~Comm() {
-      if (ev_.sent) cudaEventDestroy(ev_.sent);
-      if (ev_.read) cudaEventDestroy(ev_.read);
-    }
+    /// Buffers of alltoallv() are device memory.
+    static constexpr bool device_memory = true;
 
     int size() const { return host_.size(); }  ///< P
     int rank() const { return host_.rank(); }   ///< this rank
@@ -115,13 +120,10 @@ class DeviceLocalGroup {
       cudaEvent_t sent = nullptr, read = nullptr;
     };
     Comm(DeviceLocalGroup* g, LocalGroup::Comm host, cudaStream_t s) : g_(g), host_(host), stream_(s) {
-      detail::cuda_check(cudaEventCreateWithFlags(&ev_.sent, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      const cudaError_t e = cudaEventCreateWithFlags(&ev_.read, cudaEventDisableTiming);
-      if (e != cudaSuccess) {
-        cudaEventDestroy(ev_.sent);
-        detail::cuda_check(e, "cudaEventCreateWithFlags");
-      }
-      g_->events_[static_cast<std::size_t>(rank())] = ev_;
+      Events& mine = g_->events_[static_cast<std::size_t>(rank())];
+      if (!mine.sent) detail::cuda_check(cudaEventCreateWithFlags(&mine.sent, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      if (!mine.read) detail::cuda_check(cudaEventCreateWithFlags(&mine.read, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      ev_ = mine;
     }
     DeviceLocalGroup* g_;
     LocalGroup::Comm host_;
@@ -129,9 +131,9 @@ class DeviceLocalGroup {
     Events ev_;
   };
 
-  /// Makes the communicator of `rank` on `stream` (creates its events on the current device).
-  /// Call it on the rank's thread before the rank's first collective, and not while a
-  /// collective of the group is in progress (a new Comm replaces the rank's old events).
+  /// Makes the communicator of `rank` on `stream` (the rank's first call creates its two events on
+  /// the current device; later calls reuse them). Call it on the rank's thread before the rank's
+  /// first collective.
   /// @throws Error(invalid_group) rank outside [0, size); Error(backend) event creation failed.
   Comm comm(int rank, cudaStream_t stream) { return Comm(this, host_.comm(rank), stream); }
 
@@ -154,7 +156,7 @@ class DeviceLocalGroup {
  private:
   using Events = Comm::Events;
   LocalGroup host_;
-  std::vector<Events> events_;  // per rank, written by comm(); read by peers after a barrier
+  std::vector<Events> events_;  // per rank, created by its first comm(); read by peers after a barrier; freed by ~DeviceLocalGroup
   int device_ = 0;
 };
 

@@ -8,23 +8,24 @@
 /// capturable in a CUDA graph like any NCCL call), which must be the stream the executor runs
 /// on so that pack → exchange → unpack are ordered.
 ///
-/// Algorithm choice (follows NCCL's point-to-point guide, "all-to-all-v" with grouped calls):
-/// - **Grouped ncclSend / ncclRecv** (the path ulysses plans take): inside one
-///   ncclGroupStart/ncclGroupEnd, a receive for every peer with a non-empty incoming chunk and a
-///   send for every peer with a non-empty outgoing chunk. Zero-byte pairs are skipped on BOTH
-///   sides: rank i posts a send to j iff send_bytes[j] > 0 and rank j posts the receive from i
-///   iff recv_bytes[i] > 0, and the two numbers are the same chunk in every rank's plan (the
-///   plan computes the global picture), so every posted operation has its partner.
-/// - **ncclAlltoAll** (NCCL >= 2.28, detected with NCCL_VERSION_CODE): used only when the call
-///   has ncclAlltoAll's own layout: every one of the P chunks, the own one included, has the
-///   same size c > 0 on both sides, at offset p * c. Plans never have that layout for P > 1:
-///   their own chunk is always empty (it goes input → output inside unpack) and the peer chunks
-///   lie back to back, so ncclAlltoAll would need a gap of c bytes in the workspace for the own
-///   chunk and would move those c bytes for nothing (and equal peer chunks need S and every
-///   head count divisible by P, which the balanced and zigzag partitions do not promise). Plans
-///   therefore always take the grouped send/recv path — NCCL's own documented recipe for
-///   all-to-all-v; the ncclAlltoAll path serves engines that call the communicator directly
-///   with the canonical layout.
+/// Algorithm (NCCL's own recipe for all-to-all-v, "Point-to-point communication" in its user
+/// guide): inside one ncclGroupStart/ncclGroupEnd, a receive for every peer with a non-empty
+/// incoming chunk and a send for every peer with a non-empty outgoing chunk. Zero-byte pairs are
+/// skipped on BOTH sides: rank i posts a send to j iff send_bytes[j] > 0 and rank j posts the
+/// receive from i iff recv_bytes[i] > 0, and the two numbers are the same chunk in every rank's
+/// plan (the plan computes the global picture; check_agreement() verifies it), so every posted
+/// operation has its partner. ncclAlltoAll (NCCL >= 2.28) is not used: it needs equal chunks at
+/// p * c with the own one included, a property of this rank's arrays only, so ranks could choose
+/// different collectives and hang; and plans never have that layout (their own chunk is empty).
+///
+/// Contracts the caller keeps:
+/// - the executor runs on stream() (redistribute() checks it when the executor has stream());
+/// - do not call inside your own open ncclGroupStart(): NCCL would defer the exchange to your
+///   ncclGroupEnd(), after the unpack kernel was enqueued behind it on the stream (wrong data);
+/// - non-blocking communicators (ncclConfig_t::blocking = 0) work: ncclInProgress is waited out
+///   (ncclCommGetAsyncError) before a call returns, so the operations are enqueued when it does;
+/// - allgather() (the plan check) synchronises the stream and cannot be captured: run
+///   check_agreement(plan, comm) once before capturing a plan's first exchange in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,16 +37,6 @@
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
 
-#if defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-/// 1 when <nccl.h> declares ncclAlltoAll (NCCL >= 2.28), else 0.
-#define ULYSSES_NCCL_HAS_ALLTOALL 1
-#endif
-#endif
-#ifndef ULYSSES_NCCL_HAS_ALLTOALL
-#define ULYSSES_NCCL_HAS_ALLTOALL 0
-#endif
-
 ULYSSES_NAMESPACE_BEGIN
 
 /// Communicator over an NCCL communicator and a CUDA stream (models the concept of
@@ -53,6 +44,9 @@ ULYSSES_NAMESPACE_BEGIN
 /// operations on the communicator concurrently from another thread.
 class NcclComm {
  public:
+  /// Buffers of alltoallv() are device memory.
+  static constexpr bool device_memory = true;
+
   /// Wraps `comm` and `stream`.
   /// @param comm   an initialised NCCL communicator (blocking or non-blocking)
   /// @param stream the stream every exchange is enqueued on (device of `comm`)
@@ -67,39 +61,24 @@ class NcclComm {
   ncclComm_t get() const { return comm_; }         ///< the wrapped communicator
   cudaStream_t stream() const { return stream_; }  ///< the stream exchanges are enqueued on
 
-  /// Which NCCL call alltoallv() makes for the given chunks (see the file comment).
-  enum class Path { none, alltoall, send_recv };
-
-  /// The path alltoallv() takes for these arrays (`size` entries each, bytes): `alltoall` when
-  /// NCCL has ncclAlltoAll and every chunk, the own one included, is c > 0 bytes at offset p*c
-  /// on both sides; `none` when nothing moves; else `send_recv`.
-  static Path path(int size, const std::size_t* send_bytes, const std::size_t* send_offsets, const std::size_t* recv_bytes,
-                   const std::size_t* recv_offsets) {
-    bool any = false, canonical = true;
-    const std::size_t c = send_bytes[0];
-    for (int p = 0; p < size; ++p) {
-      any = any || send_bytes[p] || recv_bytes[p];
-      const std::size_t at = static_cast<std::size_t>(p) * c;
-      canonical = canonical && send_bytes[p] == c && recv_bytes[p] == c && send_offsets[p] == at && recv_offsets[p] == at;
-    }
-    if (!any) return Path::none;
-    return ULYSSES_NCCL_HAS_ALLTOALL && canonical ? Path::alltoall : Path::send_recv;
+  /// What alltoallv() does for these arrays (`size` entries each, bytes): `none` when nothing
+  /// moves (no operation is posted), else `send_recv` (grouped ncclSend / ncclRecv).
+  enum class Path { none, send_recv };
+  static Path path(int size, const std::size_t* send_bytes, const std::size_t* recv_bytes) {
+    for (int p = 0; p < size; ++p)
+      if (send_bytes[p] || recv_bytes[p]) return Path::send_recv;
+    return Path::none;
   }
 
   /// All-to-all-v in bytes of device memory (see the communicator concept in redistribute.hpp),
-  /// enqueued on stream(). Collective over the communicator; no host synchronisation.
+  /// enqueued on stream(): grouped ncclSend / ncclRecv, zero-byte pairs skipped on both sides.
+  /// Collective over the communicator; no host synchronisation (a non-blocking communicator's
+  /// ncclInProgress is waited out before return).
   /// @throws Error(backend) with ncclGetErrorString and ncclGetLastError when an NCCL call fails
   ///         (the group is always closed with ncclGroupEnd first).
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                  const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
-    const Path how = path(size_, send_bytes, send_offsets, recv_bytes, recv_offsets);
-    if (how == Path::none) return;
-#if ULYSSES_NCCL_HAS_ALLTOALL
-    if (how == Path::alltoall) {
-      check(ncclAlltoAll(send, recv, send_bytes[0], ncclUint8, comm_, stream_), "ncclAlltoAll");
-      return;
-    }
-#endif
+    if (path(size_, send_bytes, recv_bytes) == Path::none) return;
     check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t first = ncclSuccess;
     const char* what = "";
@@ -123,13 +102,18 @@ class NcclComm {
   /// capturing its first exchange.
   /// @throws Error(backend) CUDA or NCCL failures.
   void allgather(const void* send, std::size_t bytes, void* recv) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    detail::cuda_check(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone)
+      throw Error(Errc::backend, "NcclComm::allgather (the cross-rank plan check) cannot run while the stream is captured: "
+                                 "call check_agreement(plan, comm) before capturing a plan's first exchange");
     const std::size_t total = bytes * static_cast<std::size_t>(size_);
     void* dev = nullptr;
     detail::cuda_check(cudaMallocAsync(&dev, total ? total : 1, stream_), "cudaMallocAsync");
     auto* d = static_cast<std::byte*>(dev);
     cudaError_t e = cudaMemcpyAsync(d + bytes * static_cast<std::size_t>(rank_), send, bytes, cudaMemcpyHostToDevice, stream_);
     ncclResult_t r = ncclSuccess;
-    if (e == cudaSuccess) r = ncclAllGather(d + bytes * static_cast<std::size_t>(rank_), d, bytes, ncclUint8, comm_, stream_);
+    if (e == cudaSuccess) r = wait(ncclAllGather(d + bytes * static_cast<std::size_t>(rank_), d, bytes, ncclUint8, comm_, stream_));
     if (e == cudaSuccess && r == ncclSuccess) e = cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost, stream_);
     cudaFreeAsync(dev, stream_);
     if (e == cudaSuccess && r == ncclSuccess) e = cudaStreamSynchronize(stream_);
@@ -138,14 +122,20 @@ class NcclComm {
   }
 
  private:
-  /// Success, or (non-blocking communicators) in progress until ncclCommGetAsyncError says
-  /// otherwise; anything else throws with NCCL's messages.
-  void check(ncclResult_t r, const char* what) const {
+  /// r, or for ncclInProgress (a non-blocking communicator still enqueueing) the state
+  /// ncclCommGetAsyncError reports once it is no longer in progress.
+  ncclResult_t wait(ncclResult_t r) const {
     while (r == ncclInProgress) {
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) return q;
       r = state;
     }
+    return r;
+  }
+  /// Success (after waiting out ncclInProgress); anything else throws with NCCL's messages.
+  void check(ncclResult_t r, const char* what) const {
+    r = wait(r);
     if (r == ncclSuccess) return;
     const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
     throw Error(Errc::backend, std::string(what) + " failed: " + ncclGetErrorString(r) +

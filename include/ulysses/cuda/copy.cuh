@@ -241,6 +241,16 @@ ULYSSES_HOST_DEVICE __forceinline__ void tabulate_rows(const KernelBlock& b, con
   if (tid < w.nr) row_offsets(b.c, b.shape, w.r0 + tid, rt.src[tid], rt.dst[tid]);
 }
 
+/// ceil(2^32 / d) for d >= 1: with it, quotient(k, reciprocal(d)) == k / d for every
+/// 0 <= k < 2^16 and d <= 2^16 (the error term k * (ceil(2^32/d)*d - 2^32) / 2^32 < k * d / 2^32
+/// stays below 1): a multiply-high instead of a division per vector.
+ULYSSES_HOST_DEVICE __forceinline__ std::uint64_t reciprocal(int d) {
+  return ((std::uint64_t{1} << 32) + static_cast<std::uint64_t>(d) - 1) / static_cast<std::uint64_t>(d);
+}
+ULYSSES_HOST_DEVICE __forceinline__ int quotient(int k, std::uint64_t rcp) {
+  return static_cast<int>((static_cast<std::uint64_t>(k) * rcp) >> 32);
+}
+
 /// Thread `tid` (of kCopyThreads) copies its share of the unit in vectors of V: consecutive
 /// threads take consecutive vectors (coalesced); each issues kCopyUnroll loads before its stores.
 /// @pre w.len % sizeof(V) == 0 and every address and stride is a multiple of sizeof(V).
@@ -248,12 +258,7 @@ template <class V>
 ULYSSES_HOST_DEVICE __forceinline__ void copy_vectors(const Unit& w, int tid, const RowTable& rt) {
   const int nvec = w.len / static_cast<int>(sizeof(V));
   const int total = w.nr * nvec;  // <= kTileBytes
-  const bool pow2 = (nvec & (nvec - 1)) == 0;
-#if defined(__CUDA_ARCH__)
-  const int shift = __ffs(nvec) - 1;  // log2(nvec) when pow2
-#else
-  const int shift = __builtin_ctz(static_cast<unsigned>(nvec));
-#endif
+  const std::uint64_t rcp = reciprocal(nvec);  // k / nvec without a division (total <= 2^14)
   for (int k0 = tid; k0 < total; k0 += kCopyThreads * kCopyUnroll) {
     V v[kCopyUnroll] = {};
     std::int64_t dst_off[kCopyUnroll] = {};
@@ -263,7 +268,7 @@ ULYSSES_HOST_DEVICE __forceinline__ void copy_vectors(const Unit& w, int tid, co
       if (k < total) {
         int row = 0, col = k;
         if (w.nr > 1) {
-          row = pow2 ? k >> shift : k / nvec;
+          row = quotient(k, rcp);
           col = k - row * nvec;
         }
         std::int64_t so, dso;
@@ -305,8 +310,9 @@ ULYSSES_HOST_DEVICE __forceinline__ void sum_unit(const KernelBlock* b, const Un
   const BlockCopy& c = b->c;
   const int n = c.sources, E = c.elem_bytes;
   const int nel = w.len / E, total = w.nr * nel;
+  const std::uint64_t rcp = reciprocal(nel);
   for (int k = tid; k < total; k += kCopyThreads) {
-    const int row = k / nel;
+    const int row = quotient(k, rcp);  // k / nel
     const std::int64_t r = w.r0 + row, byte = w.c0 + static_cast<std::int64_t>(k - row * nel) * E;
     std::int64_t so, dso;
     if (b->shape == RowShape::one_d) dso = r * c.dst_stride[3];
@@ -385,14 +391,21 @@ ULYSSES_CUDA_NAMESPACE_BEGIN
 /// aligned for the widest copies (any alignment is correct).
 ///
 /// Thread-safety: run() is const and may be called from several threads (it only launches).
-/// Lifetime: the Plan must outlive the executor (run() recognises the plan's lists by address).
-/// Source: the block semantics of copy.hpp (run_block_host is the reference).
+/// Lifetime: the Plan must outlive the executor (run() recognises the plan's lists by address),
+/// and the executor must outlive every CUDA graph that captured one of its launches (the kernels
+/// read the block lists from the executor's device memory, freed by its destructor).
+/// Grid: a launch uses at most SM count × resident CTAs per SM of the copy kernel, or fewer when
+/// asked (run(..., max_ctas)): CudaPipeline leaves SMs free so that the NCCL kernel of the stage
+/// being exchanged can run beside a pack or an unpack.
+/// Source: the block semantics of block.hpp (copy.hpp's host executor is the reference).
 class CudaExecutor {
  public:
   /// Uploads the plan's block lists and sizes the grid for the current device.
   ///
-  /// Call it outside stream capture (it allocates, with cudaMalloc). The upload is enqueued on
-  /// `stream` (every run() on that stream is ordered after it); nothing is synchronised.
+  /// Call it outside stream capture (it allocates: cudaMalloc, and cudaMallocHost for the pinned
+  /// host image of the lists, so that the upload is a true asynchronous copy). The upload is
+  /// enqueued on `stream` (every run() on that stream is ordered after it); nothing else is
+  /// synchronised.
   /// @param plan   the plan whose lists run() will be given; must outlive the executor
   /// @param stream the stream run() launches on (0 = the legacy default stream); it must belong
   ///               to the current device, which run() expects to be current too
@@ -405,7 +418,9 @@ class CudaExecutor {
     detail::cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                            &per_sm, detail::block_copy_kernel<detail::kCopyThreads>, detail::kCopyThreads, 0),
                        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    max_grid_ = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    sms_ = sms > 0 ? sms : 1;
+    per_sm_ = per_sm > 0 ? per_sm : 1;
+    max_grid_ = static_cast<std::int64_t>(sms_) * per_sm_;
 
     // Every list of the plan: both directions, every stage, pack and unpack.
     std::vector<const std::vector<BlockCopy>*> src;
@@ -425,25 +440,33 @@ class CudaExecutor {
       units_at[i] = bytes;
       bytes += kl[i].unit_begin.size() * sizeof(std::int64_t);
     }
-    image_.resize(bytes);
+    void* pinned = nullptr;
+    detail::cuda_check(cudaMallocHost(&pinned, bytes), "cudaMallocHost (CudaExecutor block lists)");
+    image_ = static_cast<std::byte*>(pinned);
     lists_.resize(src.size());
     for (std::size_t i = 0; i < src.size(); ++i) {
       if (!kl[i].blocks.empty())
-        std::memcpy(image_.data() + blocks_at[i], kl[i].blocks.data(), kl[i].blocks.size() * sizeof(detail::KernelBlock));
-      std::memcpy(image_.data() + units_at[i], kl[i].unit_begin.data(), kl[i].unit_begin.size() * sizeof(std::int64_t));
+        std::memcpy(image_ + blocks_at[i], kl[i].blocks.data(), kl[i].blocks.size() * sizeof(detail::KernelBlock));
+      std::memcpy(image_ + units_at[i], kl[i].unit_begin.data(), kl[i].unit_begin.size() * sizeof(std::int64_t));
       lists_[i] = List{src[i]->data(), src[i]->size(), nullptr, nullptr, kl[i].unit_begin.back()};
     }
-    detail::cuda_check(cudaMalloc(&mem_, bytes), "cudaMalloc (CudaExecutor block lists)");
+    const cudaError_t m = cudaMalloc(&mem_, bytes);
+    if (m != cudaSuccess) {
+      cudaFreeHost(image_);
+      image_ = nullptr;
+      detail::cuda_check(m, "cudaMalloc (CudaExecutor block lists)");
+    }
     auto* dev = static_cast<std::byte*>(mem_);
     for (std::size_t i = 0; i < src.size(); ++i) {
       lists_[i].dev_blocks = reinterpret_cast<const detail::KernelBlock*>(dev + blocks_at[i]);
       lists_[i].dev_units = reinterpret_cast<const std::int64_t*>(dev + units_at[i]);
     }
-    // image_ stays alive with the executor, so the asynchronous upload may read it at leisure.
-    const cudaError_t e = cudaMemcpyAsync(mem_, image_.data(), bytes, cudaMemcpyHostToDevice, stream_);
+    // image_ (pinned) stays alive with the executor, so the asynchronous upload may read it at leisure.
+    const cudaError_t e = cudaMemcpyAsync(mem_, image_, bytes, cudaMemcpyHostToDevice, stream_);
     if (e != cudaSuccess) {
       cudaFree(mem_);
-      mem_ = nullptr;
+      cudaFreeHost(image_);
+      mem_ = nullptr, image_ = nullptr;
       detail::cuda_check(e, "cudaMemcpyAsync (CudaExecutor block lists)");
     }
   }
@@ -456,9 +479,11 @@ class CudaExecutor {
     swap(o);
     return *this;
   }
-  /// Frees the device lists (cudaFree, which waits for the device; errors are ignored).
+  /// Frees the device lists and their pinned host image (cudaFree / cudaFreeHost, which wait for
+  /// the device; errors are ignored).
   ~CudaExecutor() {
     if (mem_) cudaFree(mem_);
+    if (image_) cudaFreeHost(image_);
   }
 
   /// Enqueues the n block copies of `blocks` on the executor's stream: ONE kernel launch (none
@@ -483,7 +508,12 @@ class CudaExecutor {
   ///               the constructor enqueued on stream() (e.g. it waits for an event recorded on
   ///               stream() after construction, or stream() has been synchronised once)
   /// @throws as run(blocks, n, t).
-  void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream) const {
+  void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream) const { run(blocks, n, t, stream, 0); }
+
+  /// As run(blocks, n, t, stream), with at most `max_ctas` CTAs (0: no cap beyond max_grid()):
+  /// what CudaPipeline passes so that a pack or unpack leaves SMs to the exchange's NCCL kernel.
+  /// Same bytes whatever the grid. @throws as run(blocks, n, t).
+  void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream, std::int64_t max_ctas) const {
     if (n == 0) return;
     const List* l = nullptr;
     for (const List& x : lists_)
@@ -492,7 +522,8 @@ class CudaExecutor {
       throw Error(Errc::plan_mismatch, "CudaExecutor::run: the list of " + std::to_string(n) +
                                            " blocks given is not one of the block lists of the plan this executor "
                                            "was made from; make the executor from the Plan whose schedule you run");
-    const std::int64_t grid = l->units < max_grid_ ? l->units : max_grid_;
+    std::int64_t grid = l->units < max_grid_ ? l->units : max_grid_;
+    if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
     detail::block_copy_kernel<detail::kCopyThreads><<<static_cast<unsigned>(grid), detail::kCopyThreads, 0, stream>>>(
         l->dev_blocks, l->dev_units, static_cast<int>(l->n), l->units, t);
     detail::cuda_check(cudaGetLastError(), "block_copy_kernel launch");
@@ -502,6 +533,10 @@ class CudaExecutor {
   int device() const { return device_; }           ///< the device current at construction
   /// Most CTAs one launch uses: SM count × resident CTAs per SM of the copy kernel.
   std::int64_t max_grid() const { return max_grid_; }
+  /// SM count of the executor's device.
+  int sm_count() const { return sms_; }
+  /// Resident CTAs per SM of the copy kernel (occupancy).
+  int ctas_per_sm() const { return per_sm_; }
   /// Units of work (≤ kTileBytes bytes each) of a list of the plan, or -1 for a foreign list.
   std::int64_t units(const BlockCopy* blocks, std::size_t n) const {
     for (const List& x : lists_)
@@ -524,13 +559,15 @@ class CudaExecutor {
     std::swap(stream_, o.stream_);
     std::swap(device_, o.device_);
     std::swap(max_grid_, o.max_grid_);
+    std::swap(sms_, o.sms_);
+    std::swap(per_sm_, o.per_sm_);
   }
 
   std::vector<List> lists_;
   void* mem_ = nullptr;
-  std::vector<std::byte> image_;  // host image of mem_ (source of the asynchronous upload)
+  std::byte* image_ = nullptr;  // pinned host image of mem_ (source of the asynchronous upload)
   cudaStream_t stream_ = nullptr;
-  int device_ = 0;
+  int device_ = 0, sms_ = 1, per_sm_ = 1;
   std::int64_t max_grid_ = 1;
 };
 

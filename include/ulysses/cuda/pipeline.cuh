@@ -27,9 +27,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../redistribute.hpp"
 #include "copy.cuh"
@@ -38,10 +40,15 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
-template <class C, class = void>
-struct has_stream : std::false_type {};
-template <class C>
-struct has_stream<C, std::void_t<decltype(static_cast<cudaStream_t>(std::declval<const C&>().stream()))>> : std::true_type {};
+/// Whether an executor can cap a launch's grid: sm_count(), ctas_per_sm() and
+/// run(blocks, n, table, stream, max_ctas), as CudaExecutor.
+template <class E, class = void>
+struct caps_grid : std::false_type {};
+template <class E>
+struct caps_grid<E, std::void_t<decltype(std::declval<const E&>().sm_count()), decltype(std::declval<const E&>().ctas_per_sm()),
+                                decltype(std::declval<const E&>().run(std::declval<const BlockCopy*>(), std::size_t{},
+                                                                      std::declval<const BufferTable&>(), cudaStream_t{},
+                                                                      std::int64_t{}))>> : std::true_type {};
 }  // namespace detail
 
 /// Runs the stages of a K-stage plan (K <= 64) on the GPU with pack(k+1) / exchange(k) /
@@ -52,16 +59,26 @@ struct has_stream<C, std::void_t<decltype(static_cast<cudaStream_t>(std::declval
 /// by the constructor on the device current then and destroyed by the destructor; run() creates
 /// nothing. Create one per rank (per user stream) and reuse it. Not thread-safe: one run() at a
 /// time (the events are reused by the next call, which is correct in stream order).
+///
+/// SMs: a pack or unpack launched with the whole grid (SM count × occupancy) would fill every SM
+/// and the NCCL kernel of the stage being exchanged could not start until it ends. The pipeline
+/// launches its copies with at most (SM count − reserved_sms) × occupancy CTAs (an executor with
+/// `run(blocks, n, table, stream, max_ctas)`, as CudaExecutor), leaving reserved_sms SMs to the
+/// exchange (NCCL's point-to-point kernels use up to 32 channels, one CTA each, by default).
 class CudaPipeline {
  public:
   /// Most stages a plan may have (PlanOptions::stages is limited to the same).
   static constexpr int kMaxStages = 64;
+  /// SMs left free for the exchange by default (see the class comment).
+  static constexpr int kReservedSms = 32;
 
   /// Creates the copy stream and the events on the current device.
-  /// @param stream the user's stream (0 = legacy default stream): every run() is ordered on it,
-  ///               and it must be the stream the communicator exchanges on. Not owned.
+  /// @param stream       the user's stream (0 = legacy default stream): every run() is ordered on
+  ///                     it, and it must be the stream the communicator exchanges on. Not owned.
+  /// @param reserved_sms SMs the packs and unpacks leave to the exchange (>= 0; at least one SM
+  ///                     always copies)
   /// @throws Error(backend) when a CUDA call fails (what was created is released).
-  explicit CudaPipeline(cudaStream_t stream) : stream_(stream) {
+  explicit CudaPipeline(cudaStream_t stream, int reserved_sms = kReservedSms) : stream_(stream), reserved_sms_(reserved_sms) {
     try {
       detail::cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (CudaPipeline)");
       for (cudaEvent_t* e : {&start_, &done_}) create(e);
@@ -134,7 +151,7 @@ class CudaPipeline {
         detail::cuda_check(cudaEventRecord(exchanged_[k], stream_), "cudaEventRecord (CudaPipeline)");
         detail::cuda_check(cudaStreamWaitEvent(copy_, exchanged_[k], 0), "cudaStreamWaitEvent (CudaPipeline)");
         const Schedule& s = plan.schedule(dir, k);
-        exec.run(s.unpack.data(), s.unpack.size(), t, copy_);  // overlaps exchange k+1
+        copy(exec, s.unpack, t);  // overlaps exchange k+1
       }
       join();
     } catch (...) {
@@ -178,11 +195,20 @@ class CudaPipeline {
     }
     if (copy_) cudaStreamDestroy(copy_), copy_ = nullptr;
   }
+  /// Runs a list on the copy stream, with the grid capped when the executor can (see the class comment).
+  template <class Exec>
+  void copy(const Exec& exec, const std::vector<BlockCopy>& list, const BufferTable& t) {
+    if constexpr (detail::caps_grid<Exec>::value) {
+      const int sms = std::max(1, exec.sm_count() - std::max(0, reserved_sms_));
+      exec.run(list.data(), list.size(), t, copy_, static_cast<std::int64_t>(sms) * exec.ctas_per_sm());
+    } else {
+      exec.run(list.data(), list.size(), t, copy_);
+    }
+  }
   /// Pack stage k on the copy stream, then record packed_[k] there.
   template <class Exec>
   void pack_stage(const Plan& plan, Direction dir, const Exec& exec, const BufferTable& t, int k) {
-    const Schedule& s = plan.schedule(dir, k);
-    exec.run(s.pack.data(), s.pack.size(), t, copy_);
+    copy(exec, plan.schedule(dir, k).pack, t);
     detail::cuda_check(cudaEventRecord(packed_[k], copy_), "cudaEventRecord (CudaPipeline)");
   }
   /// The user's stream waits for everything enqueued on the copy stream.
@@ -192,6 +218,7 @@ class CudaPipeline {
   }
 
   cudaStream_t stream_ = nullptr;
+  int reserved_sms_ = kReservedSms;
   cudaStream_t copy_ = nullptr;
   cudaEvent_t start_ = nullptr, done_ = nullptr;
   cudaEvent_t packed_[kMaxStages] = {};
