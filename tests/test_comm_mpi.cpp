@@ -45,10 +45,11 @@ bool on_groups_of(int P, F&& fn) {
 template <class T>
 void check_mpi(const std::vector<ut::Case>& cases, std::size_t max_message = MpiComm::kIntMaxBytes) {
   for (auto c : cases)
-    for (bool direct : {true, false}) {  // message-level exchange (MPI_Isend/Irecv), then MPI_Alltoallv
-      c.direct_pieces = direct;
+    for (Path path : ut::host_paths<MpiComm>()) {  // MPI_Alltoallv, then one message per (peer, tensor) (MPI_Isend/Irecv)
+      c.path = path;
+      const std::string via = to_string(path);
       CAPTURE(c.name);
-      CAPTURE(direct);
+      CAPTURE(via);
       on_groups_of(c.P, [&](MPI_Comm sub) {
         MpiComm comm(sub, max_message);
         CHECK(ut::run_case<T>(comm, c) == "");
@@ -258,7 +259,7 @@ TEST_CASE("MPI adjointness: every model at every P that fits the world, partitio
                      {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}}, layout == 3 ? Format::bshd : ut::kFormats[layout],
                      1 + 2 * (i % 2)};
           c.padded = layout == 3;
-          c.direct_pieces = i % 3 != 0;
+          c.path = i % 3 != 0 ? Path::messages : Path::alltoallv;
           CAPTURE(c.name);
           on_groups_of(P, [&](MPI_Comm sub) {
             MpiComm comm(sub);

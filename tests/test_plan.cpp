@@ -151,37 +151,53 @@ TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in p
   CHECK(sums == 4);
 }
 
-TEST_CASE("direct pieces: B=2 and zigzag pieces are staged; bhsd sends seq→head in place") {
+TEST_CASE("pieces per (tensor, batch, sequence chunk): bshd receives seq→head and sends head→seq in place at B=2 and with zigzag") {
   const auto heads = HeadPartition::even(4, 2);
+  // B=2, rank 0: 4 tokens a rank, 2 heads a rank, D=2: a piece per batch index, 4*2*2*4 = 64 bytes.
   Plan b2({2, 0}, 2, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)});
-  for (Direction d : {Direction::seq_to_head, Direction::head_to_seq}) {
-    const Schedule& s = b2.schedule(d);
-    REQUIRE(s.send_pieces.size() == 1);
-    REQUIRE(s.recv_pieces.size() == 1);
-    CHECK(!s.send_pieces[0].direct());
-    CHECK(!s.recv_pieces[0].direct());
-    CHECK(block_bytes(s.pack_staged) == block_bytes(s.pack));
-    CHECK(block_bytes(s.unpack_staged) == block_bytes(s.unpack));
+  const Schedule& s = b2.schedule(Direction::seq_to_head);
+  REQUIRE(s.recv_pieces.size() == 2);
+  for (int b = 0; b < 2; ++b) {
+    const Piece& pc = s.recv_pieces[static_cast<std::size_t>(b)];
+    CHECK(pc.bytes == 64);
+    CHECK(pc.direct());  // peer 1's tokens 4..7 of batch b: one contiguous range of my [2, 8, 2, 2] output
+    CHECK(pc.buffer == Buffer::output(0));
+    CHECK(pc.offset == (b * 8 + 4) * 2 * 2 * 4);
+    CHECK(pc.wire_offset == s.recv_offsets[1] + static_cast<std::size_t>(b) * 64);
+    CHECK(!s.send_pieces[static_cast<std::size_t>(b)].direct());  // my tokens of the peer's heads: strided
   }
-  Plan zz({2, 1}, 1, SeqPartition::zigzag(8, 2), {TensorSpec::of<float>(heads, 2)});
-  CHECK(!zz.schedule(Direction::seq_to_head).recv_pieces.at(0).direct());  // two chunks of the peer
+  CHECK(block_bytes(s.unpack_staged) == block_bytes(s.unpack) - 128);  // only the own chunk is unpacked
+  const Schedule& h = b2.schedule(Direction::head_to_seq);
+  REQUIRE(h.send_pieces.size() == 2);
+  for (const Piece& pc : h.send_pieces) CHECK(pc.direct());
+  for (const Piece& pc : h.recv_pieces) CHECK(!pc.direct());
+  CHECK(h.pack_staged.empty());
+  // Zigzag: rank 1 holds chunks 1 and 2 (of 4 chunks of 2 tokens); rank 0 receives one piece per
+  // chunk of rank 1, each in place (tokens 2..3 and 4..5 of its output).
+  Plan zz({2, 0}, 1, SeqPartition::zigzag(8, 2), {TensorSpec::of<float>(heads, 2)});
+  const Schedule& z = zz.schedule(Direction::seq_to_head);
+  REQUIRE(z.recv_pieces.size() == 2);
+  CHECK(z.recv_pieces[0].direct());
+  CHECK(z.recv_pieces[1].direct());
+  CHECK(z.recv_pieces[0].offset == 2 * 2 * 2 * 4);
+  CHECK(z.recv_pieces[1].offset == 4 * 2 * 2 * 4);
   // bhsd, two heads a rank: the peer's heads are contiguous in [B, H, S_r, D] but head-major,
   // while the wire is token-major [B, S_r, H_p, D]: staged.
   Plan bh2({2, 1}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bhsd);
   CHECK(!bh2.schedule(Direction::seq_to_head).send_pieces.at(0).direct());
   // bhsd, one head a rank: [S_r, D] of head 0 is the wire itself: sent in place.
   Plan bh({2, 1}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 2)}, Format::bhsd);
-  const Schedule& s = bh.schedule(Direction::seq_to_head);
-  REQUIRE(s.send_pieces.size() == 1);
-  CHECK(s.send_pieces[0].direct());
-  CHECK(s.send_pieces[0].buffer == Buffer::input(0));
-  CHECK(s.send_pieces[0].offset == 0);  // peer 0's head 0 comes first
-  CHECK(s.send_pieces[0].bytes == 4 * 2 * 4);
-  CHECK(s.pack_staged.empty());
+  const Schedule& one = bh.schedule(Direction::seq_to_head);
+  REQUIRE(one.send_pieces.size() == 1);
+  CHECK(one.send_pieces[0].direct());
+  CHECK(one.send_pieces[0].buffer == Buffer::input(0));
+  CHECK(one.send_pieces[0].offset == 0);  // peer 0's head 0 comes first
+  CHECK(one.send_pieces[0].bytes == 4 * 2 * 4);
+  CHECK(one.pack_staged.empty());
   // Received into [B, 1, S, D]: peer 0's tokens 0..3 of my one head, contiguous too.
-  CHECK(s.recv_pieces[0].direct());
-  CHECK(s.recv_pieces[0].offset == 0);
-  CHECK(block_bytes(s.unpack_staged) == 4 * 2 * 4);  // only the own chunk
+  CHECK(one.recv_pieces[0].direct());
+  CHECK(one.recv_pieces[0].offset == 0);
+  CHECK(block_bytes(one.unpack_staged) == 4 * 2 * 4);  // only the own chunk
 }
 
 TEST_CASE("direct_pieces is part of the fingerprint") {

@@ -21,15 +21,16 @@ std::string run_local(const ut::Case& c) {
   return all;
 }
 
-/// Runs every case both ways: one message per (peer, tensor) (PlanOptions::direct_pieces, the
-/// default) and one all-to-all-v of the wire.
+/// Runs every case on every transport of the in-process group: direct (each rank copies from its
+/// peers' inputs: the default), one message per (peer, tensor), one all-to-all-v of the wire.
 template <class T>
 void check_all(const std::vector<ut::Case>& cases) {
   for (auto c : cases)
-    for (bool direct : {true, false}) {
-      c.direct_pieces = direct;
+    for (Path path : ut::host_paths<LocalGroup::Comm>()) {
+      c.path = path;
+      const std::string via = to_string(path);
       CAPTURE(c.name);
-      CAPTURE(direct);
+      CAPTURE(via);
       CHECK(run_local<T>(c) == "");
     }
 }
@@ -69,16 +70,40 @@ struct MutableMessagesComm : ChunkOnlyComm {  // exchange_messages with non-cons
 };
 }  // namespace
 
-TEST_CASE("uses_pieces: message-level path with exchange_messages, a host executor and direct_pieces on") {
-  Plan on({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 2)});
-  Plan off({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 2)}, Format::bshd,
-           PlanOptions{1, false});
+TEST_CASE("choose_path: the fewest copies the communicator and executor allow, or the path asked for") {
+  auto plan = [](PlanOptions o) { return Plan({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 2)}, Format::bshd, o); };
   CHECK(has_exchange_messages_v<LocalGroup::Comm>);
   CHECK(!has_exchange_messages_v<ChunkOnlyComm>);
   CHECK(has_exchange_messages_v<MutableMessagesComm>);
-  CHECK(uses_pieces<LocalGroup::Comm, HostExecutor>(on));
-  CHECK(!uses_pieces<LocalGroup::Comm, HostExecutor>(off));
-  CHECK(!uses_pieces<ChunkOnlyComm, HostExecutor>(on));
+  CHECK(PathSupport<LocalGroup::Comm, HostExecutor>::direct);
+  CHECK(!PathSupport<MutableMessagesComm, HostExecutor>::direct);
+  CHECK(choose_path<LocalGroup::Comm, HostExecutor>(plan({})) == Path::direct);
+  CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan({})) == Path::messages);
+  CHECK(choose_path<ChunkOnlyComm, HostExecutor>(plan({})) == Path::alltoallv);
+  CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan(PlanOptions{1, false})) == Path::alltoallv);  // direct_pieces off
+  CHECK(choose_path<LocalGroup::Comm, HostExecutor>(plan(PlanOptions{1, true, Path::messages})) == Path::messages);
+  CHECK(uses_pieces<LocalGroup::Comm, HostExecutor>(plan(PlanOptions{1, true, Path::messages})));
+  CHECK(!uses_pieces<LocalGroup::Comm, HostExecutor>(plan({})));
+  CHECK(ut::code_of([&] { choose_path<ChunkOnlyComm, HostExecutor>(plan(PlanOptions{1, true, Path::direct})); }) == Errc::path_unsupported);
+  CHECK(ut::code_of([&] { choose_path<ChunkOnlyComm, HostExecutor>(plan(PlanOptions{1, true, Path::messages})); }) == Errc::path_unsupported);
+  CHECK(std::string(to_string(Path::direct)) == "direct");
+}
+
+TEST_CASE("copies per element per direction: direct 1, messages 1 (bshd: received in place), alltoallv (2P-1)/P") {
+  // Llama-3.1-8B q, k, v at P=4, bshd, B=1 (seq→head receives in place on the message path) and B=4.
+  for (std::int64_t B : {1, 4}) {
+    const auto a = attention_specs<float>(4, {32, 8, 128});
+    Plan plan({4, 1}, B, SeqPartition::even(64, 4), a.qkv());
+    const CopyCount all = plan.copies(Direction::seq_to_head, Path::alltoallv), msg = plan.copies(Direction::seq_to_head, Path::messages),
+                    dir = plan.copies(Direction::seq_to_head, Path::direct);
+    CHECK(all.executor == doctest::Approx(7.0 / 4));  // pack 3/4 + unpack 1
+    CHECK(all.transport == doctest::Approx(3.0 / 4));
+    CHECK(msg.executor == doctest::Approx(1.0));  // the unpack goes away (received in place, one piece per batch index)
+    CHECK(dir.executor == 1.0);
+    CHECK(dir.transport == 0.0);
+    const CopyCount back = plan.copies(Direction::head_to_seq, Path::messages);  // sent in place, unpacked
+    CHECK(back.executor == doctest::Approx(1.0));
+  }
 }
 
 TEST_CASE("the message-level stages run one by one give C1's literal values (seq→head in place)") {
@@ -263,7 +288,7 @@ TEST_CASE("cross-rank agreement (on by default, every build): a rank that planne
       {"the head dim or element size of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
       {"the sequence partition", [&](int r) { return Plan({P, r}, 1, r == 2 ? SeqPartition::lengths(8, P, {3, 1, 2, 2}) : SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}); }},
       {"the number of stages K", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{r == 2 ? 2 : 1}); }},
-      {"PlanOptions::direct_pieces", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{1, r != 2}); }},
+      {"the path options (PlanOptions::path, direct_pieces)", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{1, r != 2}); }},
       {"the head partition of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(r == 2 ? HeadPartition::ranges(8, {{0, 3}, {3, 4}, {4, 6}, {6, 8}}) : q, 4)}); }},
       {"the replica handling (Replicas, element type) of tensor 1", [&](int r) {
          return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4), TensorSpec::of<float>(kv, 4).with_replicas(r == 2 ? Replicas::owner : Replicas::sum)});
@@ -687,11 +712,12 @@ TEST_CASE("exact overlap test of two views with one layout") {
   CHECK_FALSE(detail::views_overlap(Layout::bshd(1, 2, 2, 2), at(0), Layout::bshd(1, 2, 2, 2), at(8), 4));  // adjacent
 }
 
-TEST_CASE("an input inside the workspace is refused (the exchange would overwrite it)") {
+TEST_CASE("an input inside the workspace is refused (the exchange would overwrite it; the direct path uses none)") {
   LocalGroup g(2);
   std::vector<Errc> code(2, Errc{});
   g.run([&](LocalGroup::Comm& comm) {
-    Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
+    Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)}, Format::bshd,
+              PlanOptions{1, true, Path::messages});
     REQUIRE(plan.workspace_bytes() > 0);
     std::vector<float> ws(plan.workspace_bytes() / 4 + 64), out(plan.head_bytes(0) / 4);
     HostExecutor ex;
@@ -722,11 +748,12 @@ std::string adjoint_local(const ut::Case& c) {
 }
 }  // namespace
 
-TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every model x P in {1..32} x partitions x layouts x K") {
+TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every model x P in {1..32} x partitions x layouts x K x transports") {
   // Integer-valued data, so every sum is exact; the backward is also checked element by element
   // (the sum over the holders of each head, ascending). P=16 and 32 replicate the kv heads of
   // Llama, Mistral, Qwen and Gemma; Falcon (MQA) on every rank.
   int cases = 0;
+  const std::vector<Path> paths = ut::host_paths<LocalGroup::Comm>();
   for (const auto& m : ulysses_models::kModels)
     for (int P : {1, 2, 4, 8, 16, 32}) {
       const bool even_ok = ut::expected_even_error(m, P) == Errc{};
@@ -745,7 +772,10 @@ TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every
                        P, 1, seq, {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}},
                        layout == 3 ? Format::bshd : ut::kFormats[layout], K};
             c.padded = layout == 3;
+            c.path = paths[static_cast<std::size_t>(cases) % paths.size()];  // every transport in turn
+            const std::string via = to_string(c.path);
             CAPTURE(c.name);
+            CAPTURE(via);
             CHECK(adjoint_local<float>(c) == "");
             ++cases;
           }
@@ -753,14 +783,15 @@ TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every
   CHECK(cases > 700);
 }
 
-TEST_CASE("adjointness in double and bfloat16, B=2, message path and all-to-all-v path") {
+TEST_CASE("adjointness in double and bfloat16, B=2, on every transport") {
   auto q = HeadPartition::balanced(6, 4);
   auto kv = HeadPartition::gqa(q, 3);  // kv head 1 on ranks 1 and 2 (a shared boundary head)
-  for (bool direct : {true, false})
+  for (Path path : ut::host_paths<LocalGroup::Comm>())
     for (int K : {1, 2}) {
       ut::Case c{"B=2 balanced GQA", 4, 2, SeqPartition::zigzag(11, 4), {{q, 5}, {kv, 5}, {kv, 3}}, Format::sbhd, K};
-      c.direct_pieces = direct;
-      CAPTURE(direct);
+      c.path = path;
+      const std::string via = to_string(path);
+      CAPTURE(via);
       CAPTURE(K);
       CHECK(adjoint_local<double>(c) == "");
       CHECK(adjoint_local<ut::bf16v>(c) == "");

@@ -56,6 +56,7 @@ struct Result {
   double err_o = 0, err_dq = 0, err_dk = 0, err_dv = 0, err_unsummed = 0;
   double pack_ms = 0, exchange_ms = 0, unpack_ms = 0, attention_ms = 0;
   double bytes_s2h = 0, bytes_h2s = 0, bytes_replica = 0;
+  Path path = Path::alltoallv;  // the transport the exchanges took
 };
 
 // Deterministic input in [-1, 1): a hash of (tensor, b, s, h, d); tensors 0..3 are q, k, v, do.
@@ -67,20 +68,31 @@ float input_value(int t, std::int64_t b, std::int64_t s, std::int64_t h, std::in
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-/// Runs the stages redistribute() runs, with per-phase timing: with LocalGroup and MPI, one
-/// message per (peer, tensor), in place where contiguous (pack_pieces → exchange_pieces →
-/// unpack_pieces); otherwise pack → exchange → unpack.
+/// Runs the stages redistribute() runs on the path it takes (choose_path), with per-phase timing:
+/// in-process, the direct path (each rank copies from its peers' inputs into its outputs: timed
+/// as the exchange); under MPI, one message per (peer, tensor), in place where contiguous
+/// (pack_pieces → exchange_pieces → unpack_pieces); otherwise pack → exchange → unpack.
 template <class Comm>
 void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, const TensorList<ConstByteSpan>& in,
                         const TensorList<ByteSpan>& out, std::vector<std::byte>& ws, Result& res) {
   HostExecutor exec;
+  const Path path = choose_path<Comm, HostExecutor>(plan);
+  res.path = path;
+  if constexpr (PathSupport<Comm, HostExecutor>::direct) {
+    if (path == Path::direct) {
+      const auto t0 = Clock::now();
+      redistribute(plan, dir, comm, exec, in, out, ws);
+      res.exchange_ms += ms_since(t0);
+      return;
+    }
+  }
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
-  const bool pieces = uses_pieces<Comm, HostExecutor>(plan);
+  const bool pieces = path == Path::messages;
   auto t0 = Clock::now();
   pieces ? pack_pieces(plan, dir, exec, t) : pack(plan, dir, exec, t);
   res.pack_ms += ms_since(t0);
   t0 = Clock::now();
-  if constexpr (has_exchange_messages_v<Comm>) {
+  if constexpr (PathSupport<Comm, HostExecutor>::messages) {
     if (pieces) exchange_pieces(plan, dir, comm, t);
     else exchange(plan, dir, comm, t);
   } else {
@@ -461,6 +473,7 @@ Result reduce_max(const std::vector<Result>& rs) {
     m.unpack_ms = std::max(m.unpack_ms, r.unpack_ms), m.attention_ms = std::max(m.attention_ms, r.attention_ms);
     m.bytes_s2h = std::max(m.bytes_s2h, r.bytes_s2h), m.bytes_h2s = std::max(m.bytes_h2s, r.bytes_h2s);
     m.bytes_replica = std::max(m.bytes_replica, r.bytes_replica);
+    m.path = r.path;
   }
   return m;
 }
@@ -472,8 +485,9 @@ int report(const Config& c, int P, const Result& m) {
               c.backward ? ", forward + backward" : "");
   if (c.device == "cuda")
     std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
-  std::printf("  bytes exchanged per rank: seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB\n",
-              m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20));
+  std::printf("  bytes exchanged per rank: seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB; path: %s%s\n",
+              m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20), to_string(m.path),
+              m.path == Path::direct ? " (each rank copies from its peers' inputs, one copy per element)" : "");
   if (c.backward) {
     const long long holders = c.kv_heads < P ? (P + c.kv_heads - 1) / c.kv_heads : 1;
     std::printf("  backward: dq, dk, dv in one exchange; kv heads on up to %lld ranks each, their partial gradients\n"
@@ -515,7 +529,7 @@ int main(int argc, char** argv) {
       double mine[13] = {r.err_o, r.err_dq, r.err_dk, r.err_dv, r.err_unsummed, r.pack_ms, r.exchange_ms, r.unpack_ms,
                          r.attention_ms, r.bytes_s2h, r.bytes_h2s, r.bytes_replica, 0}, all[13];
       MPI_Allreduce(mine, all, 13, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      const Result m{all[0], all[1], all[2], all[3], all[4], all[5], all[6], all[7], all[8], all[9], all[10], all[11]};
+      const Result m{all[0], all[1], all[2], all[3], all[4], all[5], all[6], all[7], all[8], all[9], all[10], all[11], r.path};
       int rc = 0;
       if (comm.rank() == 0) rc = report(c, comm.size(), m);
       MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);

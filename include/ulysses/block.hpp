@@ -32,20 +32,33 @@ ULYSSES_NAMESPACE_BEGIN
 inline constexpr int kMaxTensors = 16;
 
 /// Indices into a BufferTable: inputs are 0..T-1, outputs kMaxTensors..kMaxTensors+T-1, then
-/// the send and receive halves of the wire buffer.
+/// the send and receive halves of the wire buffer; then the inputs of other ranks of the group
+/// (the direct transport: ranks that share memory read each other's inputs).
 struct Buffer {
   static constexpr int input(int t) { return t; }
   static constexpr int output(int t) { return kMaxTensors + t; }
   static constexpr int send = 2 * kMaxTensors;
   static constexpr int recv = 2 * kMaxTensors + 1;
-  static constexpr int count = 2 * kMaxTensors + 2;
+  static constexpr int count = 2 * kMaxTensors + 2;  ///< entries of BufferTable::base
+  /// Input t of rank p (BufferTable::peers[p * kMaxTensors + t]).
+  static constexpr int peer_input(int p, int t) { return count + p * kMaxTensors + t; }
 };
 
 /// The base pointers one execution of a plan works on (trivially copyable: passed by value to
 /// CUDA kernels). Unused entries are null.
 struct BufferTable {
   std::byte* base[Buffer::count] = {};
+  /// The direct transport's view of the group: peers[p * kMaxTensors + t] is rank p's input t
+  /// (this rank's own included), in memory the executor can read; null on the other transports.
+  std::byte* const* peers = nullptr;
 };
+
+namespace detail {
+/// The base pointer of buffer `index` of a table (an own buffer, or a peer's input).
+ULYSSES_HOST_DEVICE inline std::byte* buffer_at(const BufferTable& t, int index) {
+  return index < Buffer::count ? t.base[index] : t.peers[index - Buffer::count];
+}
+}  // namespace detail
 
 /// One point-to-point message of a message-level exchange (the optional exchange_messages() of the
 /// communicator concept, redistribute.hpp): `bytes` contiguous bytes at `data`, sent to or

@@ -150,8 +150,8 @@ inline void copy_rows_as(bool streaming, std::byte* dst, const std::byte* src, s
 ///                  another thread. Same bytes either way.
 /// @pre the table holds valid pointers for the block's buffers; source and destination do not overlap.
 inline void run_block_host(const BlockCopy& c, const BufferTable& t, bool streaming = false) {
-  const std::byte* src = t.base[c.src_buffer] + c.src_offset;
-  std::byte* dst = t.base[c.dst_buffer] + c.dst_offset;
+  const std::byte* src = detail::buffer_at(t, c.src_buffer) + c.src_offset;
+  std::byte* dst = detail::buffer_at(t, c.dst_buffer) + c.dst_offset;
   for (std::int64_t i0 = 0; i0 < c.extent[0]; ++i0)
     for (std::int64_t i1 = 0; i1 < c.extent[1]; ++i1)
       for (std::int64_t i2 = 0; i2 < c.extent[2]; ++i2)
@@ -205,8 +205,8 @@ inline void row_offsets_host(const BlockCopy& c, std::int64_t row, std::int64_t&
 /// @pre 0 <= lo <= hi <= c.bytes()
 inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64_t lo, std::int64_t hi, bool streaming) {
   if (lo == 0 && hi == c.bytes()) return run_block_host(c, t, streaming);
-  const std::byte* src = t.base[c.src_buffer] + c.src_offset;
-  std::byte* dst = t.base[c.dst_buffer] + c.dst_offset;
+  const std::byte* src = detail::buffer_at(t, c.src_buffer) + c.src_offset;
+  std::byte* dst = detail::buffer_at(t, c.dst_buffer) + c.dst_offset;
   const std::int64_t R = c.row_bytes, e3 = c.extent[3];
   std::int64_t pos = lo;
   while (pos < hi) {
@@ -245,14 +245,14 @@ void run_sum_range_as(const BlockCopy* g, const BufferTable& t, std::int64_t lo,
     std::int64_t so = 0, dso = 0;
     for (int j = 0; j < n; ++j) {
       row_offsets_host(g[j], row, so, dso);
-      std::memcpy(raw, t.base[g[j].src_buffer] + g[j].src_offset + so + off, static_cast<std::size_t>(len));
+      std::memcpy(raw, buffer_at(t, g[j].src_buffer) + g[j].src_offset + so + off, static_cast<std::size_t>(len));
       if (j == 0)
         for (std::int64_t i = 0; i < m; ++i) acc[i] = A::widen(raw[i]);
       else
         for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] + A::widen(raw[i]);
     }
     for (std::int64_t i = 0; i < m; ++i) raw[i] = A::narrow(acc[i]);
-    std::memcpy(t.base[c.dst_buffer] + c.dst_offset + dso + off, raw, static_cast<std::size_t>(len));
+    std::memcpy(detail::buffer_at(t, c.dst_buffer) + c.dst_offset + dso + off, raw, static_cast<std::size_t>(len));
     pos += len;
   }
 }

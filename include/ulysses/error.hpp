@@ -35,6 +35,7 @@ enum class Errc : int {
   buffer_too_small,          ///< a tensor buffer holds fewer bytes than its layout spans (the message names the tensor)
   not_summable,              ///< replicated heads are to be summed, but the element type has no addition (opaque)
   not_adjoint,               ///< a backward call on a plan whose head→seq takes replicated heads from their owner
+  path_unsupported,          ///< PlanOptions::path names a transport the communicator and executor cannot do
 };
 
 /// Name of an error code, e.g. "heads_not_divisible".
@@ -63,6 +64,7 @@ inline const char* to_string(Errc c) noexcept {
     case Errc::buffer_too_small: return "buffer_too_small";
     case Errc::not_summable: return "not_summable";
     case Errc::not_adjoint: return "not_adjoint";
+    case Errc::path_unsupported: return "path_unsupported";
   }
   return "unknown";
 }

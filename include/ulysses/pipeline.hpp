@@ -38,19 +38,30 @@ class HostPipeline {
 
   /// seq_to_head / head_to_seq (by `dir`) of the plan's tensors with stage k's exchange
   /// overlapping stage k+1's pack and stage k-1's unpack. Arguments as redistribute(); `pack_exec`
-  /// and `unpack_exec` run concurrently and must be different objects. Like redistribute(), it
-  /// exchanges one message per (peer, tensor) when uses_pieces() says so (pack_pieces(),
-  /// exchange_pieces(), unpack_pieces() per stage).
+  /// and `unpack_exec` run concurrently and must be different objects. It takes the path
+  /// redistribute() takes (choose_path() with the pack executor; the unpack executor must run
+  /// where the pack executor runs): per stage pack_pieces(), exchange_pieces(), unpack_pieces() on
+  /// the message path, pack(), exchange(), unpack() on the all-to-all-v path; the direct path has
+  /// nothing to overlap (one copy per element, no exchange) and runs exchange_direct() with
+  /// `pack_exec` on the calling thread.
   /// @throws what redistribute() throws; an error in a worker is rethrown here after both workers
   ///         have stopped.
   template <class Comm, class PackExec, class UnpackExec>
   void run(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec, UnpackExec& unpack_exec,
            const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
+    static_assert(detail::runs_on_host<PackExec>::value == detail::runs_on_host<UnpackExec>::value,
+                  "the pack and unpack executors of a HostPipeline run in the same memory");
     detail::check_comm(plan, comm);
+    const Path path = choose_path<Comm, PackExec>(plan);
+    if constexpr (PathSupport<Comm, PackExec>::direct) {
+      if (path == Path::direct) {
+        const BufferTable t = detail::make_table(plan, dir, in, out, ws, 0);
+        return exchange_direct(plan, dir, comm, pack_exec, t);
+      }
+    }
     const BufferTable t = make_buffers(plan, dir, in, out, ws);
     const int K = plan.num_stages();
-    // The message-level stages when redistribute() would take them (both executors on the host).
-    const bool pieces = uses_pieces<Comm, PackExec>(plan) && detail::runs_on_host<UnpackExec>::value;
+    const bool pieces = path == Path::messages;
     {
       std::lock_guard<std::mutex> l(m_);
       packed_ = exchanged_ = 0;
@@ -74,7 +85,7 @@ class HostPipeline {
     try {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(packed_, k)) break;
-        if constexpr (has_exchange_messages_v<Comm>) {
+        if constexpr (PathSupport<Comm, PackExec>::messages) {
           if (pieces) exchange_pieces(plan, dir, comm, t, k);
           else exchange(plan, dir, comm, t, k);
         } else {

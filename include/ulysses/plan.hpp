@@ -114,6 +114,28 @@ struct TensorSpec {
   }
 };
 
+/// Which transport moves the bytes between the ranks (PlanOptions::path; choose_path() in
+/// transport.hpp picks one for `automatic`). Every path gives the same bytes.
+enum class Path : int {
+  automatic = 0,  ///< the fewest copies the communicator and executor allow: direct, else messages, else alltoallv
+  alltoallv,      ///< pack into the send region, one all-to-all-v of the wire, unpack from the receive region
+  messages,       ///< one message per (peer, tensor), sent from / received into the user's tensors where
+                  ///< contiguous, staged in the workspace otherwise (communicator: exchange_messages())
+  direct,         ///< ranks that share memory copy straight from each other's inputs into their own
+                  ///< outputs: one copy per element, no workspace (communicator: with_peers())
+};
+
+/// Name of a path ("automatic", "alltoallv", "messages", "direct").
+inline const char* to_string(Path p) noexcept {
+  switch (p) {
+    case Path::automatic: return "automatic";
+    case Path::alltoallv: return "alltoallv";
+    case Path::messages: return "messages";
+    case Path::direct: return "direct";
+  }
+  return "?";
+}
+
 /// Planning options.
 struct PlanOptions {
   /// K >= 1: split each exchange into K stages along the heads (each rank's head range of every
@@ -129,13 +151,18 @@ struct PlanOptions {
   /// piece except those of kv heads a rank holds without owning them; Piece::direct() tells).
   /// Same bytes either way. Every rank must choose the same (it is part of Plan::fingerprint()),
   /// and use the same communicator and executor types (the path also depends on them).
+  /// `false` with Path::automatic means Path::alltoallv.
   bool direct_pieces = true;
+  /// The transport (Path::automatic: chosen by choose_path() from what the communicator and the
+  /// executor can do). A path they cannot do is Error(path_unsupported) before any exchange.
+  Path path = Path::automatic;
 };
 
-/// One message of the message-level exchange (PlanOptions::direct_pieces): the bytes of one tensor
-/// in the chunk between this rank and `peer`, in wire order. Both ranks of a pair list the same
-/// pieces (one per tensor with bytes, in tensor order), so the k-th piece one sends to the other
-/// is the k-th piece the other receives from it.
+/// One message of the message-level exchange (Path::messages): the bytes of one tensor, of one
+/// batch index and one sequence chunk of the seq-sharded side, in the chunk between this rank and
+/// `peer`, in wire order. Both ranks of a pair list the same pieces (in tensor, then batch, then
+/// chunk order; empty ones left out), so the k-th piece one sends to the other is the k-th piece
+/// the other receives from it.
 struct Piece {
   int peer = 0;             ///< the other rank
   int tensor = 0;           ///< index of the tensor in the plan
@@ -175,6 +202,22 @@ struct Schedule {
   std::vector<Piece> recv_pieces;        ///< what this rank receives, likewise
   std::vector<BlockCopy> pack_staged;    ///< the pack blocks of the send pieces that are not direct
   std::vector<BlockCopy> unpack_staged;  ///< the unpack blocks of the receive pieces that are not direct, then the own chunk's and the sums
+};
+
+/// One rank's local layouts (extents and strides of the seq-sharded and head-sharded layout of
+/// every tensor), as the ranks exchange them once per plan for the direct transport: a rank that
+/// reads a peer's input must know how the peer holds it.
+struct LayoutRecord {
+  std::int64_t v[kMaxTensors][2][8] = {};  ///< [tensor][0: seq-sharded, 1: head-sharded][extents 0..3, strides 4..7]
+};
+
+/// Copies per element of one direction on one rank: bytes the executor copies (packs, unpacks,
+/// sums and direct copies; a sum counts once per element it writes) and bytes the transport
+/// delivers, both over the bytes of the rank's outputs. DeepSpeed-Ulysses' op sequence counts
+/// executor 1 at B = 1 (the permute before its all-to-all) and 2 at B > 1, transport 1.
+struct CopyCount {
+  double executor = 0;   ///< executor bytes / output bytes
+  double transport = 0;  ///< bytes received from other ranks / output bytes
 };
 
 /// The fixed-size record of what determines the wire, all-gathered by check_agreement()
@@ -295,6 +338,25 @@ class Plan {
     return n;
   }
 
+  /// Copies per element of direction d on this rank when it takes path p (Path::automatic counts
+  /// as alltoallv; Path::direct is 1 executor copy and no transport by construction).
+  CopyCount copies(Direction d, Path p) const {
+    double out = 0, exec = 0, wire = 0;
+    auto bytes = [](const std::vector<BlockCopy>& l) {
+      double n = 0;
+      for (const BlockCopy& c : l) n += static_cast<double>(c.written_bytes());
+      return n;
+    };
+    for (const Schedule& sc : sched_[static_cast<int>(d)]) {
+      out += bytes(sc.unpack);
+      wire += static_cast<double>(sc.recv_total);
+      exec += p == Path::messages ? bytes(sc.pack_staged) + bytes(sc.unpack_staged) : bytes(sc.pack) + bytes(sc.unpack);
+    }
+    if (out == 0) return {};
+    if (p == Path::direct) return {1, 0};
+    return {exec / out, wire / out};
+  }
+
   /// What determines the wire, one field per word: P, B, S, the sequence partition, the number of
   /// tensors, stages, path options, and per tensor its head partition (H and ranges), its head dim
   /// and element size, and how head→seq treats its replicas (with the element type, when it sums).
@@ -316,7 +378,7 @@ class Plan {
     w[4] = h;
     w[5] = tensors_.size();
     w[6] = static_cast<std::uint64_t>(options_.stages);
-    w[7] = options_.direct_pieces ? 1 : 0;
+    w[7] = (options_.direct_pieces ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1;
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const TensorSpec& x = tensors_[t];
       h = hash(h0, x.heads.num_heads());
@@ -332,7 +394,7 @@ class Plan {
   static std::string agreement_field(int i) {
     static const char* const first[8] = {"the record version", "the group size P", "the batch B", "the sequence length S",
                                          "the sequence partition", "the number of tensors", "the number of stages K",
-                                         "PlanOptions::direct_pieces"};
+                                         "the path options (PlanOptions::path, direct_pieces)"};
     if (i < 8) return first[i];
     if (i < kElementWord) return "the head partition of tensor " + std::to_string(i - kHeadsWord);
     if (i < kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - kElementWord);
@@ -346,6 +408,32 @@ class Plan {
       for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
     return h;
   }
+
+  /// This rank's layouts, for the direct transport (see LayoutRecord).
+  LayoutRecord layout_record() const {
+    LayoutRecord r;
+    for (int t = 0; t < num_tensors(); ++t)
+      for (int side = 0; side < 2; ++side) {
+        const Layout& l = side == 0 ? seq_layout(t) : head_layout(t);
+        for (int i = 0; i < 4; ++i) r.v[t][side][i] = l.extent[i], r.v[t][side][4 + i] = l.stride[i];
+      }
+    return r;
+  }
+  /// Builds the direct transport's block lists from every rank's layout_record() (`all` holds P
+  /// of them, in rank order). Called once per plan by the direct transport (it allocates); the
+  /// lists stay with the plan. @throws Error(plan_mismatch) when a record's extents are not the
+  /// ones rank p's local shape has (the ranks' plans differ).
+  void set_peer_layouts(const LayoutRecord* all) const {
+    for (int d = 0; d < 2; ++d) build_direct(static_cast<Direction>(d), all);
+    direct_ready_ = true;
+  }
+  /// True once set_peer_layouts() has run.
+  bool has_direct_lists() const { return direct_ready_; }
+  /// The direct transport's block list of direction d (all stages at once): for every peer p (this
+  /// rank included) and tensor, the blocks copying p's input (Buffer::peer_input(p, t)) into this
+  /// rank's outputs, then the sums of replicated heads (head→seq, Replicas::sum) over the holders'
+  /// inputs in ascending rank order. One copy per element, no workspace. @pre has_direct_lists()
+  const std::vector<BlockCopy>& direct_list(Direction d) const { return direct_[static_cast<int>(d)]; }
 
   /// Whether the first exchange of this plan checks that every rank planned the same wire (see
   /// check_agreement() in redistribute.hpp). Default: on, in every build type; the macro
@@ -610,6 +698,12 @@ class Plan {
     };
     const std::vector<SeqChunk> my_chunks = seq_.chunks_of(me);
     const std::int64_t Tm = seq_.local_length(me);
+    // The chunk between me and a peer holds, per tensor, the wire block [B, Ts, n, D] (Ts: the
+    // seq-side rank's local tokens, n: the head-side rank's heads of this stage). It is cut into
+    // one piece per (b, chunk of the seq-side rank): the same cut on both sides (it depends on B
+    // and the sequence partition only), and each piece is contiguous in the user's tensor more
+    // often than the whole (bshd: seq→head receives, head→seq sends every piece in place, at any
+    // B, for zigzag splits too).
     for (int p = 0; p < P; ++p) {
       if (p == me) continue;
       const std::vector<SeqChunk> peer_chunks = seq_.chunks_of(p);
@@ -620,53 +714,50 @@ class Plan {
         const Layout& hl = *x.head_layout;
         const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
         const int in = Buffer::input(t), out = Buffer::output(t);
-        Piece send{p, t, s2h ? piece_bytes(t, me, p) : piece_bytes(t, p, me), Buffer::send, 0, send_at[p][t]};
-        Piece recv{p, t, s2h ? piece_bytes(t, p, me) : piece_bytes(t, me, p), Buffer::recv, 0, recv_at[p][t]};
-        send.offset = static_cast<std::int64_t>(send.wire_offset), recv.offset = static_cast<std::int64_t>(recv.wire_offset);
-        send.first = static_cast<std::uint32_t>(sc.pack.size()), recv.first = static_cast<std::uint32_t>(sc.unpack.size());
-        const auto so_t = static_cast<std::int64_t>(send.wire_offset), ro_t = static_cast<std::int64_t>(recv.wire_offset);
-        if (s2h) {
-          // Pack to p: my tokens, p's heads. Unpack from p: p's tokens, my heads.
-          const std::vector<Run>& ph = heads[t][p];
-          const std::int64_t n = total(ph);
-          const std::int64_t wire[4] = {Tm * n * D, n * D, D, 1};
-          for (const Run& r : ph) {
-            const std::int64_t ext[4] = {batch_, Tm, r.hi - r.lo, D};
-            add_block(sc.pack, ext, e, in, sl.offset(0, 0, r.lo, 0) * e, sl.stride, Buffer::send, so_t + index_of(ph, r.lo) * D * e, wire);
-          }
-          const std::vector<Run>& mh = heads[t][me];
-          const std::int64_t m = total(mh);
-          const std::int64_t rwire[4] = {Tp * m * D, m * D, D, 1};
-          for (const SeqChunk& c : peer_chunks)
-            for (const Run& r : mh) {
-              const std::int64_t ext[4] = {batch_, c.length, r.hi - r.lo, D};
-              add_block(sc.unpack, ext, e, Buffer::recv, ro_t + (c.local_offset * m + index_of(mh, r.lo)) * D * e, rwire, out,
-                        hl.offset(0, c.offset, r.lo - hb, 0) * e, hl.stride);
+        // Sending to p: the seq side is me (seq→head) or p (head→seq); the heads are p's or mine.
+        {
+          const std::vector<SeqChunk>& cs = s2h ? my_chunks : peer_chunks;
+          const std::int64_t Ts = s2h ? Tm : Tp;
+          const std::vector<Run>& hs = heads[t][s2h ? p : me];
+          const std::int64_t n = total(hs);
+          const std::int64_t wire[4] = {Ts * n * D, n * D, D, 1};
+          for (std::int64_t b = 0; b < batch_; ++b)
+            for (const SeqChunk& c : cs) {
+              const auto off = static_cast<std::int64_t>(send_at[p][t]) + ((b * Ts + c.local_offset) * n) * D * e;
+              Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), Buffer::send, off, static_cast<std::size_t>(off)};
+              pc.first = static_cast<std::uint32_t>(sc.pack.size());
+              for (const Run& r : hs) {
+                const std::int64_t ext[4] = {1, c.length, r.hi - r.lo, D};
+                const std::int64_t src = s2h ? sl.offset(b, c.local_offset, r.lo, 0) : hl.offset(b, c.offset, r.lo - hb, 0);
+                add_block(sc.pack, ext, e, in, src * e, s2h ? sl.stride : hl.stride, Buffer::send, off + index_of(hs, r.lo) * D * e, wire);
+              }
+              pc.last = static_cast<std::uint32_t>(sc.pack.size());
+              if (pc.bytes) sc.send_pieces.push_back(place(pc, sc.pack, true));
             }
-        } else {
-          // Pack to p: p's tokens, the heads I put on the wire. Unpack from p: my tokens, p's heads
-          // (those summed on receipt are read by the sums below).
-          const std::vector<Run>& mh = heads[t][me];
-          const std::int64_t m = total(mh);
-          const std::int64_t wire[4] = {Tp * m * D, m * D, D, 1};
-          for (const Run& r : mh)
-            for (const SeqChunk& c : peer_chunks) {
-              const std::int64_t ext[4] = {batch_, c.length, r.hi - r.lo, D};
-              add_block(sc.pack, ext, e, in, hl.offset(0, c.offset, r.lo - hb, 0) * e, hl.stride, Buffer::send,
-                        so_t + (c.local_offset * m + index_of(mh, r.lo)) * D * e, wire);
-            }
-          const std::vector<Run>& ph = heads[t][p];
-          const std::int64_t n = total(ph);
-          const std::int64_t rwire[4] = {Tm * n * D, n * D, D, 1};
-          for (const Run& r : runs_where(t, ph, false)) {
-            const std::int64_t ext[4] = {batch_, Tm, r.hi - r.lo, D};
-            add_block(sc.unpack, ext, e, Buffer::recv, ro_t + index_of(ph, r.lo) * D * e, rwire, out, sl.offset(0, 0, r.lo, 0) * e,
-                      sl.stride);
-          }
         }
-        send.last = static_cast<std::uint32_t>(sc.pack.size()), recv.last = static_cast<std::uint32_t>(sc.unpack.size());
-        if (send.bytes) sc.send_pieces.push_back(place(send, sc.pack, true));
-        if (recv.bytes) sc.recv_pieces.push_back(place(recv, sc.unpack, false));
+        // Receiving from p: the seq side is p (seq→head) or me (head→seq); the heads are mine or
+        // p's (those summed on receipt are read by the sums below, not copied here).
+        {
+          const std::vector<SeqChunk>& cs = s2h ? peer_chunks : my_chunks;
+          const std::int64_t Ts = s2h ? Tp : Tm;
+          const std::vector<Run>& hs = heads[t][s2h ? me : p];
+          const std::int64_t n = total(hs);
+          const std::int64_t wire[4] = {Ts * n * D, n * D, D, 1};
+          const std::vector<Run> copied = s2h ? hs : runs_where(t, hs, false);
+          for (std::int64_t b = 0; b < batch_; ++b)
+            for (const SeqChunk& c : cs) {
+              const auto off = static_cast<std::int64_t>(recv_at[p][t]) + ((b * Ts + c.local_offset) * n) * D * e;
+              Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), Buffer::recv, off, static_cast<std::size_t>(off)};
+              pc.first = static_cast<std::uint32_t>(sc.unpack.size());
+              for (const Run& r : copied) {
+                const std::int64_t ext[4] = {1, c.length, r.hi - r.lo, D};
+                const std::int64_t dst = s2h ? hl.offset(b, c.offset, r.lo - hb, 0) : sl.offset(b, c.local_offset, r.lo, 0);
+                add_block(sc.unpack, ext, e, Buffer::recv, off + index_of(hs, r.lo) * D * e, wire, out, dst * e, s2h ? hl.stride : sl.stride);
+              }
+              pc.last = static_cast<std::uint32_t>(sc.unpack.size());
+              if (pc.bytes) sc.recv_pieces.push_back(place(pc, sc.unpack, false));
+            }
+        }
       }
     }
     // This rank's own chunk: input → output, for the heads it would send itself.
@@ -744,6 +835,72 @@ class Plan {
     sc.unpack_staged.insert(sc.unpack_staged.end(), sc.unpack.begin() + static_cast<std::ptrdiff_t>(own_first), sc.unpack.end());
   }
 
+  /// Builds direct_[dir] (see direct_list()) from every rank's layouts.
+  void build_direct(Direction dir, const LayoutRecord* all) const {
+    const int P = group_.size, me = group_.rank, T = num_tensors();
+    const bool s2h = dir == Direction::seq_to_head;
+    std::vector<BlockCopy>& out = direct_[static_cast<int>(dir)];
+    out.clear();
+    const std::vector<SeqChunk> my_chunks = seq_.chunks_of(me);
+    for (int t = 0; t < T; ++t) {
+      const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
+      const HeadPartition& hp = x.heads;
+      const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim;
+      auto layout_of = [&](int p, bool seq_side) {
+        const std::int64_t* v = all[p].v[t][seq_side ? 0 : 1];
+        const Layout l = Layout::strided({v[0], v[1], v[2], v[3]}, {v[4], v[5], v[6], v[7]});
+        const std::int64_t want[4] = {batch_, seq_side ? seq_.local_length(p) : seq_.seq_len(), seq_side ? hp.num_heads() : hp.count(p), D};
+        for (int i = 0; i < 4; ++i)
+          if (l.extent[i] != want[i])
+            detail::fail(Errc::plan_mismatch, "rank " + std::to_string(p) + " holds tensor " + std::to_string(t) + " as " + l.str() +
+                                                  ", not the local shape this rank's plan gives it; the ranks' plans differ");
+        return l;
+      };
+      if (s2h) {  // my heads of every peer's tokens, from the peer's seq-sharded input
+        const Layout& hl = *x.head_layout;
+        const std::int64_t hb = hp.begin(me), n = hp.count(me);
+        for (int p = 0; p < P; ++p) {
+          const Layout lp = layout_of(p, true);
+          for (const SeqChunk& c : seq_.chunks_of(p)) {
+            const std::int64_t ext[4] = {batch_, c.length, n, D};
+            add_block(out, ext, e, Buffer::peer_input(p, t), lp.offset(0, c.local_offset, hb, 0) * e, lp.stride, Buffer::output(t),
+                      hl.offset(0, c.offset, 0, 0) * e, hl.stride);
+          }
+        }
+        continue;
+      }
+      // head→seq: every head of my tokens from its owner, or summed over its holders.
+      const Layout& sl = *x.seq_layout;
+      const bool sums = sums_replicas(t);
+      for (std::int64_t a = 0; a < hp.num_heads();) {
+        const auto holders = hp.holders(a);
+        std::int64_t b = a + 1;
+        while (b < hp.num_heads() && hp.holders(b) == holders) ++b;
+        const int n = sums ? holders.second - holders.first : 1;
+        std::vector<Layout> lq;
+        std::vector<std::array<std::int64_t, 4>> strides;
+        std::vector<int> bufs;
+        for (int j = 0; j < n; ++j) {
+          lq.push_back(layout_of(holders.first + j, false));
+          strides.push_back({lq[j].stride[0], lq[j].stride[1], lq[j].stride[2], lq[j].stride[3]});
+          bufs.push_back(Buffer::peer_input(holders.first + j, t));
+        }
+        for (const SeqChunk& c : my_chunks) {
+          const std::int64_t ext[4] = {batch_, c.length, b - a, D};
+          std::vector<const std::int64_t*> sp;
+          std::vector<std::int64_t> soff;
+          for (int j = 0; j < n; ++j)
+            sp.push_back(strides[j].data()), soff.push_back(lq[j].offset(0, c.offset, a - hp.begin(holders.first + j), 0) * e);
+          std::vector<BlockCopy> g(static_cast<std::size_t>(n));
+          if (detail::make_blocks(ext, n, sp.data(), sl.stride, e, soff.data(), sl.offset(0, c.local_offset, a, 0) * e, bufs.data(),
+                                  Buffer::output(t), x.type, g.data()))
+            out.insert(out.end(), g.begin(), g.end());
+        }
+        a = b;
+      }
+    }
+  }
+
   /// Makes a piece direct when its blocks are one contiguous range of the user's tensor that
   /// covers all its bytes (sending: one pack block; receiving: one unpack block, and no byte of it
   /// is a term of a sum).
@@ -771,6 +928,8 @@ class Plan {
   bool check_ = true;
 #endif
   mutable bool checked_ = false;  // not atomic: one plan object is used by one rank's thread
+  mutable bool direct_ready_ = false;
+  mutable std::vector<BlockCopy> direct_[2];  // the direct transport's lists, per direction (set_peer_layouts)
 };
 
 ULYSSES_NAMESPACE_END

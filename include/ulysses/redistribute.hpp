@@ -16,29 +16,9 @@
 ///     head_to_seq    head_to_seq_backward     nothing (it copies a replicated head to every holder)
 ///                    (= seq→head)
 ///
-/// Communicator concept — a type C used here must provide:
-/// - `int C::size() const` and `int C::rank() const`: the group's degree and this member's rank;
-/// - `void C::alltoallv(const std::byte* send, const std::size_t* send_bytes,
-///       const std::size_t* send_offsets, std::byte* recv, const std::size_t* recv_bytes,
-///       const std::size_t* recv_offsets)`: collective over the group; every array has size()
-///   entries indexed by peer rank, in bytes; the chunk for peer p is
-///   `[send + send_offsets[p], + send_bytes[p])`, and what p sends to this rank lands at
-///   `recv + recv_offsets[p]`. Zero-byte pairs occur (the own chunk is always 0) and must not
-///   hang. On return (or, for stream-ordered backends, in stream order) the data is in place.
-///   Errors are thrown as ulysses::Error(backend). Shipped: LocalGroup::Comm (comm/local.hpp),
-///   MpiComm (comm/mpi.hpp), NcclComm (comm/nccl.cuh).
-/// - optionally `void C::exchange_messages(const Message* send, std::size_t n_send,
-///       const Message* recv, std::size_t n_recv)`: collective; this rank sends each message of
-///   `send` to its peer and receives each message of `recv` from its peer, into its `data`. The
-///   k-th message rank i sends to rank j is the k-th message rank j receives from rank i (same
-///   byte count). Messages never go to the rank itself; every rank calls it, even with empty
-///   lists. (Parameters of type `Message*` work too.) With it, redistribute() on a host
-///   executor sends one message per (peer, tensor), straight from / into the user's tensors where
-///   they are contiguous (PlanOptions::direct_pieces). Shipped: LocalGroup::Comm, MpiComm.
-/// - optionally `void C::allgather(const void* send, std::size_t bytes, void* recv)` of host
-///   memory (rank p's bytes land at recv + p * bytes): what check_agreement() uses; without it
-///   check_agreement() all-gathers through alltoallv() on host buffers, unless the type declares
-///   `static constexpr bool device_memory = true` (then the check is skipped).
+/// The communicator and executor concepts (what a type must provide, and the optional
+/// capabilities that enable the message and direct paths) are in transport.hpp, with the one
+/// function that chooses the path (choose_path()).
 #pragma once
 
 #include <algorithm>
@@ -54,6 +34,7 @@
 #include "block.hpp"
 #include "error.hpp"
 #include "plan.hpp"
+#include "transport.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -199,13 +180,14 @@ inline std::size_t align_of_elem(std::size_t e) {
 /// local to this rank (the plan has made the global ones) and allocate nothing unless they fail.
 /// @throws Error(wrong_tensor_count, workspace_too_small, buffer_too_small, misaligned,
 ///         buffer_overlap, invalid_shape)
+/// `ws_needed`: the workspace bytes the path uses (Plan::workspace_bytes(), or 0 for the direct path).
 inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
-                              const TensorList<ByteSpan>& out, Workspace ws) {
+                              const TensorList<ByteSpan>& out, Workspace ws, std::size_t ws_needed) {
   const int T = plan.num_tensors();
   if (in.size != static_cast<std::size_t>(T) || out.size != static_cast<std::size_t>(T))
     fail(Errc::wrong_tensor_count, std::to_string(in.size) + " inputs and " + std::to_string(out.size) +
                                        " outputs given; the plan moves " + std::to_string(T) + " tensors");
-  if (ws.bytes < plan.workspace_bytes() || (plan.workspace_bytes() && !ws.data))
+  if (ws.bytes < ws_needed || (ws_needed && !ws.data))
     fail(Errc::workspace_too_small, "workspace of " + std::to_string(ws.bytes) + " bytes at " +
                                         (ws.data ? "a valid address" : "null") + "; the plan needs " +
                                         std::to_string(plan.workspace_bytes()) + " bytes (Plan::workspace_bytes())");
@@ -242,8 +224,8 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
     range[i] = {p, n};
     tab.base[is_in ? Buffer::input(t) : Buffer::output(t)] = const_cast<std::byte*>(p);
   }
-  auto* w = static_cast<std::byte*>(ws.data);
-  range[2 * T] = {w, plan.workspace_bytes()};
+  auto* w = ws_needed ? static_cast<std::byte*>(ws.data) : nullptr;
+  range[2 * T] = {w, ws_needed};
   // Every output against every other range, every input against the workspace. Byte spans that
   // meet are an overlap, except views with the same strides interleaved without sharing a byte
   // (q, k, v gradients written into one fused [B, S, 3, H, D] or [B, S, H + 2*Hkv, D] buffer),
@@ -275,35 +257,6 @@ void check_comm(const Plan& plan, const Comm& comm) {
                                   ", rank " + std::to_string(plan.rank()));
 }
 
-template <class C, class = void>
-struct has_allgather : std::false_type {};
-template <class C>
-struct has_allgather<C, std::void_t<decltype(std::declval<C&>().allgather(std::declval<const void*>(), std::size_t{},
-                                                                          std::declval<void*>()))>> : std::true_type {};
-
-template <class C, class = void>
-struct has_exchange_messages : std::false_type {};
-template <class C>
-struct has_exchange_messages<C, std::void_t<decltype(std::declval<C&>().exchange_messages(
-                                    std::declval<Message*>(), std::size_t{}, std::declval<Message*>(), std::size_t{}))>>
-    : std::true_type {};
-
-template <class E, class = void>
-struct runs_on_host : std::false_type {};
-template <class E>
-struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
-
-/// Whether redistribute() takes the message-level path for this communicator and executor.
-template <class Comm, class Exec>
-constexpr bool message_path_v = has_exchange_messages<Comm>::value && runs_on_host<Exec>::value;
-
-/// Whether C has `stream()` (stream-ordered communicators and executors: NcclComm,
-/// DeviceLocalGroup::Comm, CudaExecutor).
-template <class C, class = void>
-struct has_stream : std::false_type {};
-template <class C>
-struct has_stream<C, std::void_t<decltype(std::declval<const C&>().stream())>> : std::true_type {};
-
 /// Throws Error(comm_mismatch) when both the communicator and the executor are stream-ordered and
 /// on different streams (pack → exchange → unpack would not be ordered).
 template <class Comm, class Exec>
@@ -314,11 +267,6 @@ void check_streams(const Comm& comm, const Exec& exec) {
                                 "and unpack would not be ordered: make both on the same stream");
   }
 }
-
-template <class C, class = void>
-struct device_memory : std::false_type {};
-template <class C>
-struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
 
 /// Whether check_agreement() can run on this communicator: it has allgather() (host memory), or
 /// its alltoallv() takes host memory (it does not declare `device_memory = true`).
@@ -438,12 +386,12 @@ template <class Comm>
 inline constexpr bool has_exchange_messages_v = detail::has_exchange_messages<Comm>::value;
 
 /// Whether redistribute() exchanges one message per (peer, tensor) for this plan, communicator
-/// type and executor type: the communicator has exchange_messages(), the executor runs on the host
-/// and PlanOptions::direct_pieces is on. Its stages are then pack_pieces(), exchange_pieces(),
-/// unpack_pieces(); otherwise pack(), exchange(), unpack().
+/// type and executor type (choose_path() gives Path::messages). Its stages are then pack_pieces(),
+/// exchange_pieces(), unpack_pieces().
+/// @throws as choose_path().
 template <class Comm, class Exec>
 bool uses_pieces(const Plan& plan) {
-  return detail::message_path_v<Comm, Exec> && plan.options().direct_pieces;
+  return choose_path<Comm, Exec>(plan) == Path::messages;
 }
 
 /// Pack stage of the message-level path: packs only the pieces that are not direct
@@ -511,15 +459,63 @@ void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buff
 ///         Error(invalid_shape) a null pointer for a non-empty tensor.
 inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
                                 const TensorList<ByteSpan>& out, Workspace ws) {
-  return detail::make_table(plan, dir, in, out, ws);
+  return detail::make_table(plan, dir, in, out, ws, plan.workspace_bytes());
 }
 
-/// Redistributes the plan's tensors in direction `dir`: pack, one exchange, unpack.
-///
-/// With a communicator that has exchange_messages(), a host executor and
-/// PlanOptions::direct_pieces (the default), the exchange is one message per (peer, tensor) and
-/// pieces contiguous in the user's tensors skip their pack or unpack copy (see exchange_pieces());
-/// otherwise it is one all-to-all-v of the wire. Same bytes either way.
+namespace detail {
+/// Runs the direct transport's list with the peers' inputs: what with_peers() calls on each rank.
+template <class Exec>
+struct DirectWork {
+  const std::vector<BlockCopy>* list;
+  const BufferTable* table;
+  Exec* exec;
+  int P;
+  static void run(void* ctx, const void* const* all) {
+    const auto& w = *static_cast<const DirectWork*>(ctx);
+    // peers[p * kMaxTensors + t] = rank p's input t; kept per thread (no allocation after the first call).
+    thread_local std::vector<std::byte*> peers;
+    peers.resize(static_cast<std::size_t>(w.P) * kMaxTensors);
+    for (int p = 0; p < w.P; ++p)
+      for (int t = 0; t < kMaxTensors; ++t)
+        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = static_cast<std::byte* const*>(all[p])[t];
+    BufferTable t = *w.table;
+    t.peers = peers.data();
+    w.exec->run(w.list->data(), w.list->size(), t);
+  }
+};
+}  // namespace detail
+
+/// The direct transport (Path::direct) of direction `dir`, all stages at once: every rank copies
+/// its share of every peer's input straight into its own outputs (one copy per element, no
+/// workspace, no wire), between two synchronisations of the group (with_peers(): no rank reads a
+/// peer's input before the peer has published it, and none returns while a peer may still read
+/// its input). Before a plan's first exchange, check_agreement() when on; before its first direct
+/// exchange, one all-gather of the ranks' layouts (LayoutRecord), from which the plan builds its
+/// direct lists (allocation, once).
+/// @pre `buffers` from make_buffers(); the communicator shares this process's memory
+///      (PathSupport<Comm, Exec>::direct).
+/// @throws as exchange(); Error(plan_mismatch) when a peer's layouts do not fit this rank's plan.
+template <class Comm, class Exec>
+void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const BufferTable& buffers) {
+  static_assert(PathSupport<Comm, Exec>::direct, "exchange_direct needs with_peers(), allgather() and a host executor");
+  detail::before_exchange(plan, comm);
+  if (!plan.has_direct_lists()) {
+    const LayoutRecord mine = plan.layout_record();
+    std::vector<LayoutRecord> all(static_cast<std::size_t>(plan.degree()));
+    comm.allgather(&mine, sizeof mine, all.data());
+    plan.set_peer_layouts(all.data());
+  }
+  std::byte* inputs[kMaxTensors] = {};
+  for (int t = 0; t < plan.num_tensors(); ++t) inputs[t] = buffers.base[Buffer::input(t)];
+  detail::DirectWork<Exec> work{&plan.direct_list(dir), &buffers, &exec, plan.degree()};
+  comm.with_peers(inputs, &detail::DirectWork<Exec>::run, &work);
+}
+
+/// Redistributes the plan's tensors in direction `dir` over the path choose_path() gives (see
+/// transport.hpp): direct (ranks sharing memory copy each element once, input to output; no
+/// workspace needed), messages (one message per (peer, tensor); pieces contiguous in the user's
+/// tensors skip their pack or unpack copy; see exchange_pieces()), or alltoallv (pack, one
+/// all-to-all-v of the wire, unpack). Same bytes on every path.
 ///
 /// Every rank of the group calls it with the same plan inputs. Before a plan's first exchange the
 /// ranks compare what they planned (check_agreement(), one small all-gather). No allocation other
@@ -534,9 +530,13 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const
                   const TensorList<ByteSpan>& out, Workspace ws) {
   detail::check_comm(plan, comm);
   detail::check_streams(comm, exec);
-  const BufferTable t = make_buffers(plan, dir, in, out, ws);
-  if constexpr (detail::message_path_v<Comm, Exec>) {
-    if (uses_pieces<Comm, Exec>(plan)) {
+  const Path path = choose_path<Comm, Exec>(plan);
+  const BufferTable t = detail::make_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes());
+  if constexpr (PathSupport<Comm, Exec>::direct) {
+    if (path == Path::direct) return exchange_direct(plan, dir, comm, exec, t);
+  }
+  if constexpr (PathSupport<Comm, Exec>::messages) {
+    if (path == Path::messages) {
       for (int k = 0; k < plan.num_stages(); ++k) {
         pack_pieces(plan, dir, exec, t, k);
         exchange_pieces(plan, dir, comm, t, k);

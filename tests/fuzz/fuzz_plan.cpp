@@ -8,9 +8,10 @@
 //   * pack fills the send region exactly and unpack reads the receive region exactly;
 //   * the message-level pieces match pairwise (count and bytes), lie inside their buffers and
 //     cover the chunks;
-// and, simulating the exchange in this one thread (one all-to-all-v of the wire, or one message
-// per (peer, tensor) straight from / into the tensors where the plan says so), seq→head gives each rank exactly its slice of
-// the global tensors and head→seq gives back the input, byte for byte.
+// and, simulating the exchange in this one thread (one all-to-all-v of the wire, one message per
+// piece straight from / into the tensors where the plan says so, or the direct transport: every
+// rank reads its peers' inputs), seq→head gives each rank exactly its slice of the global tensors,
+// and head→seq gives each rank the owner's copy of every head, or the sum of its holders' copies.
 #include <ulysses/ulysses.hpp>
 
 #include <cstdint>
@@ -117,7 +118,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // layouts (they must not change the wire); bit 2 makes head→seq take the owner's copy of a
   // replicated head instead of summing the copies (the default).
   const unsigned opts = size ? data[size - 1] : 0;
-  const bool typed = opts & 1, per_rank = opts & 2;
+  const bool typed = opts & 1, per_rank = opts & 2, direct = opts & 8;  // bit 3: the direct transport
   const Replicas replicas = opts & 4 ? Replicas::owner : Replicas::sum;
 
   // Build every rank's plan; collect verdicts.
@@ -202,7 +203,31 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       tabs[r] = make_buffers(p, dir, ip, op, ws[r]);
     }
-    for (int k = 0; k < K; ++k) {
+    if (direct) {  // every rank reads its peers' inputs into its outputs (one list, all stages)
+      std::vector<LayoutRecord> layouts;
+      for (int r = 0; r < P; ++r) layouts.push_back(plans[r]->layout_record());
+      std::vector<std::byte*> peers(static_cast<std::size_t>(P) * kMaxTensors, nullptr);
+      for (int r = 0; r < P; ++r)
+        for (int t = 0; t < T; ++t) peers[static_cast<std::size_t>(r * kMaxTensors + t)] = tabs[r].base[Buffer::input(t)];
+      for (int r = 0; r < P; ++r) {
+        const Plan& p = *plans[r];
+        p.set_peer_layouts(layouts.data());
+        for (const BlockCopy& c : p.direct_list(dir)) {  // sources in the peers' inputs, destinations in my outputs
+          EXPECT(c.src_buffer >= Buffer::count && c.dst_buffer < Buffer::count);
+          const int q = (c.src_buffer - Buffer::count) / kMaxTensors, t = (c.src_buffer - Buffer::count) % kMaxTensors;
+          EXPECT(q >= 0 && q < P && t < T);
+          std::int64_t src_end = c.src_offset + c.row_bytes, dst_end = c.dst_offset + c.row_bytes;
+          for (int i = 0; i < 4; ++i) src_end += (c.extent[i] - 1) * c.src_stride[i], dst_end += (c.extent[i] - 1) * c.dst_stride[i];
+          EXPECT(src_end <= static_cast<std::int64_t>(plans[q]->input_bytes(dir, t)));
+          EXPECT(dst_end <= static_cast<std::int64_t>(p.output_bytes(dir, c.dst_buffer - kMaxTensors)));
+        }
+        BufferTable t = tabs[r];
+        t.peers = peers.data();
+        HostExecutor ex;
+        ex.run(p.direct_list(dir).data(), p.direct_list(dir).size(), t);
+      }
+    }
+    for (int k = 0; k < (direct ? 0 : K); ++k) {
       for (int r = 0; r < P; ++r) {
         const Plan& p = *plans[r];
         const Schedule& sc = p.schedule(dir, k);

@@ -48,7 +48,19 @@ struct Case {
   bool direct_pieces = true;  ///< PlanOptions::direct_pieces (false: one all-to-all-v of the wire)
   ulysses::Replicas replicas = ulysses::Replicas::sum;  ///< every tensor's (opaque types always take Replicas::owner)
   bool padded = false;  ///< strided views: every rank's local tensors with padded rows and tokens (rank-dependent)
+  ulysses::Path path = ulysses::Path::automatic;  ///< PlanOptions::path: the transport
 };
+
+/// The transports a communicator type can run with the host executor (the transport axis of the
+/// shared cases: every case must give the same bytes on each).
+template <class Comm>
+std::vector<ulysses::Path> host_paths() {
+  using S = ulysses::PathSupport<Comm, ulysses::HostExecutor>;
+  std::vector<ulysses::Path> v{ulysses::Path::alltoallv};
+  if (S::messages) v.push_back(ulysses::Path::messages);
+  if (S::direct) v.push_back(ulysses::Path::direct);
+  return v;
+}
 
 /// The spec of tensor `tc` of case c with element type T: summable types (float, double) sum
 /// their replicated heads in head→seq as the case says (Replicas::sum, the default), opaque ones
@@ -79,7 +91,7 @@ ulysses::Plan plan_of(const Case& c, int r) {
       specs.back().with_head_layout(padded_view(c.B, c.seq.seq_len(), t.heads.count(r), t.D, r + 1));
     }
   }
-  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces});
+  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces, c.path});
 }
 
 /// What head→seq(seq→head(x)) gives element x of head h of tensor t: x itself, or, when the plan
@@ -286,7 +298,7 @@ AdjointShare run_adjoint_case(Comm& comm, const Case& c) {
     x.replicas = Replicas::sum;
     specs.push_back(x);
   }
-  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces});
+  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces, c.path});
   const int NT = plan.num_tensors();
   const std::int64_t S = c.seq.seq_len();
   const std::vector<std::int64_t> tok = global_tokens(c.seq, r);

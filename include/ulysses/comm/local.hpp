@@ -5,7 +5,8 @@
 /// Each rank is a thread that calls the collectives of its own LocalGroup::Comm. An all-to-all-v
 /// is: every rank publishes its send buffer, a barrier, every rank copies what its peers send it
 /// straight from their send buffers into its receive buffer, a barrier (exchange_messages() the
-/// same with lists of messages). Memory is host memory
+/// same with lists of messages; with_peers(), the direct transport's step, hands every rank its
+/// peers' published pointers between the two barriers). Memory is host memory
 /// (plain std::memcpy). A rank that throws, or never arrives, makes the others fail with
 /// Error(aborted) or Error(timeout) instead of waiting forever.
 #pragma once
@@ -154,6 +155,26 @@ class LocalGroup {
       g_->barrier(rank_);
     }
 
+    /// Shared-memory step (the direct transport; the optional with_peers() of the communicator
+    /// concept, transport.hpp): publishes `mine`, waits for every rank, calls work(ctx, all) with
+    /// all[p] = rank p's `mine` (an array of size() pointers, valid during the call), then waits
+    /// until every rank's work has returned, so no rank leaves while a peer may still read its
+    /// memory. If work throws on any rank, the group is aborted (peers get Error(aborted)).
+    /// @throws Error(timeout), Error(aborted), what work throws.
+    void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
+      Slot& me = g_->slots_[static_cast<std::size_t>(rank_)];
+      me.kind = kPeers;
+      me.send = static_cast<const std::byte*>(mine);
+      g_->barrier(rank_, true);
+      g_->copy_phase(rank_, [&] {
+        std::vector<const void*>& all = me.peers;  // this rank's scratch (kept: no allocation after the first call)
+        all.resize(static_cast<std::size_t>(size()));
+        for (int p = 0; p < size(); ++p) all[static_cast<std::size_t>(p)] = g_->slots_[static_cast<std::size_t>(p)].send;
+        work(ctx, all.data());
+      });
+      g_->barrier(rank_);  // every rank's reads of its peers' memory are done
+    }
+
     /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
     void barrier() {
       g_->slots_[static_cast<std::size_t>(rank_)].kind = kBarrier;
@@ -223,10 +244,10 @@ class LocalGroup {
 
   /// Which collective a rank entered: ranks that entered different ones fail instead of reading
   /// each other's slots.
-  enum Kind : int { kNone = 0, kAlltoallv, kAllgather, kBarrier, kMessages };
+  enum Kind : int { kNone = 0, kAlltoallv, kAllgather, kBarrier, kMessages, kPeers };
   static const char* kind_name(int k) {
     return k == kAlltoallv ? "alltoallv" : k == kAllgather ? "allgather" : k == kBarrier ? "barrier"
-         : k == kMessages  ? "exchange_messages" : "nothing";
+         : k == kMessages  ? "exchange_messages" : k == kPeers ? "with_peers" : "nothing";
   }
 
   struct Slot {
@@ -238,6 +259,7 @@ class LocalGroup {
     const Message* messages = nullptr;  // exchange_messages' send list
     std::size_t n_messages = 0;
     std::vector<std::size_t> next;      // exchange_messages' scratch, touched by its own rank only
+    std::vector<const void*> peers;     // with_peers' scratch, touched by its own rank only
   };
 
   /// Waits for all ranks. With `enter_copy`, the ranks then read each other's buffers: in_copy_

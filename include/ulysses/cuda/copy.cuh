@@ -222,8 +222,8 @@ ULYSSES_HOST_DEVICE __forceinline__ Unit find_unit(const KernelBlock* blocks, co
   w.nr = static_cast<int>(b.rows - w.r0 < b.rows_per_unit ? b.rows - w.r0 : b.rows_per_unit);
   w.c0 = seg * kTileBytes;
   w.len = static_cast<int>(b.c.row_bytes - w.c0 < kTileBytes ? b.c.row_bytes - w.c0 : kTileBytes);
-  w.src = t.base[b.c.src_buffer] + b.c.src_offset;
-  w.dst = t.base[b.c.dst_buffer] + b.c.dst_offset;
+  w.src = buffer_at(t, b.c.src_buffer) + b.c.src_offset;
+  w.dst = buffer_at(t, b.c.dst_buffer) + b.c.dst_offset;
   w.src_stride = b.c.src_stride[3];
   w.dst_stride = b.c.dst_stride[3];
   w.sum = b.c.op == BlockOp::sum;
@@ -325,7 +325,7 @@ ULYSSES_HOST_DEVICE __forceinline__ void sum_unit(const KernelBlock* b, const Un
         const BlockCopy& cj = b[j].c;
         if (b->shape == RowShape::one_d) so = r * cj.src_stride[3];
         else row_offsets(cj, b->shape, r, so, dso);
-        const typename A::Acc x = A::load(t.base[cj.src_buffer] + cj.src_offset + so + byte);
+        const typename A::Acc x = A::load(buffer_at(t, cj.src_buffer) + cj.src_offset + so + byte);
         acc = j == 0 ? x : acc + x;
       }
       A::store(dst, acc);
