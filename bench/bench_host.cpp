@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host benchmarks (one process): pack and unpack on the host executor against std::memcpy of the
 // same bytes, and the in-process group (LocalGroup, one persistent thread per rank) — the exchange
-// alone, and seq_to_head / head_to_seq of q, k, v end to end, fused and as three exchanges —
-// against a bare in-process all-to-all of the same bytes. Shapes: Llama-3.1-8B attention
+// alone, and seq_to_head / head_to_seq of q, k, v end to end (B in {1, 4}: the default path,
+// which is direct in-process; the message and all-to-all-v paths; three separate exchanges; and
+// DeepSpeed's op sequence written plainly on the same group) — against a bare in-process
+// all-to-all of the same bytes. Shapes: Llama-3.1-8B attention
 // (H=32, Hkv=8, D=128), B=1, S in {4096, 16384}, P in {2, 4}, fp32 and bf16; and head→seq of
 // dq, dk, dv summing the kv heads' replicas (the backward of seq→head) against taking the owner's
 // copy, at P=4 (no replica) and P=16 (every kv head on 2 ranks).
@@ -33,16 +35,16 @@ namespace {
 
 // ---- fixtures, cached: Google Benchmark calls a benchmark function several times ---------------
 
-using Key = std::tuple<int, std::int64_t, int, Mem, int>;  // P, S, elem, mem, ranks built
+using Key = std::tuple<int, std::int64_t, int, Mem, int, std::int64_t>;  // P, S, elem, mem, ranks built, B
 
-/// The setups of ranks 0..n-1 for (P, S, elem, mem); the previous entry is freed first.
-std::vector<std::unique_ptr<RankSetup>>& setups(int P, std::int64_t S, int elem, Mem mem, int n) {
+/// The setups of ranks 0..n-1 for (P, S, elem, mem, B); the previous entry is freed first.
+std::vector<std::unique_ptr<RankSetup>>& setups(int P, std::int64_t S, int elem, Mem mem, int n, std::int64_t B = kB) {
   static Key key{};
   static std::vector<std::unique_ptr<RankSetup>> cache;
-  const Key k{P, S, elem, mem, n};
+  const Key k{P, S, elem, mem, n, B};
   if (cache.empty() || k != key) {
     cache.clear();
-    for (int r = 0; r < n; ++r) cache.push_back(std::make_unique<RankSetup>(P, r, S, elem, mem));
+    for (int r = 0; r < n; ++r) cache.push_back(std::make_unique<RankSetup>(P, r, S, elem, mem, B));
     key = k;
   }
   return cache;
@@ -178,42 +180,67 @@ Lockstep& lockstep(int P) {
   return *p;
 }
 
-enum class Local { bare, exchange, s2h_fused, s2h_separate, h2s_fused, h2s_separate };
+/// What an in-process benchmark runs: the bare all-to-all of the bytes, the exchange alone, or a
+/// redistribution of q, k, v (by `how`) in one direction.
+enum class Local { bare, exchange, redistribute };
+/// How a redistribution of q, k, v is run: one plan on its default path (direct in-process) or on
+/// a forced path, three one-tensor plans, or DeepSpeed's op sequence (three all-to-alls).
+enum class How { fused, messages, alltoallv, separate, deepspeed };
 
-void bm_local(benchmark::State& st, Local what, int P, std::int64_t S, int elem) {
-  auto& rs = setups(P, S, elem, Mem::bshd, P);
+void bm_local(benchmark::State& st, Local what, How how, Direction d, int P, std::int64_t S, int elem, std::int64_t B) {
+  auto& rs = setups(P, S, elem, Mem::bshd, P, B);
   Lockstep& ls = lockstep(P);
   std::vector<LocalGroup::Comm> comms;
   std::vector<BufferTable> tables;
   std::vector<HostExecutor> execs(static_cast<std::size_t>(P));  // one per rank, single-threaded
+  std::vector<Buf> ds_send, ds_recv;                             // DeepSpeed's scratch, per rank
   for (int r = 0; r < P; ++r) {
     comms.push_back(ls.group().comm(r));
     tables.push_back(rs[static_cast<std::size_t>(r)]->table(Direction::seq_to_head));
+    if (how == How::deepspeed) {
+      const std::size_t q_bytes = static_cast<std::size_t>(B * (S / P) * kH * kD * elem);
+      ds_send.emplace_back(q_bytes, 0x44), ds_recv.emplace_back(q_bytes, 0x55);
+    }
   }
   const std::size_t bytes = rs[0]->bytes_per_rank(), chunk = bytes / static_cast<std::size_t>(P);
   const std::function<void(int)> job = [&](int r) {
-    RankSetup& me = *rs[static_cast<std::size_t>(r)];
-    LocalGroup::Comm& c = comms[static_cast<std::size_t>(r)];
-    HostExecutor& ex = execs[static_cast<std::size_t>(r)];
-    const Direction d = what == Local::h2s_fused || what == Local::h2s_separate ? Direction::head_to_seq : Direction::seq_to_head;
-    switch (what) {
-      case Local::bare:  // P equal chunks (own one included) straight from the peers' send buffers
-        for (int p = 0; p < P; ++p)
-          std::memcpy(me.head_buf.data() + static_cast<std::size_t>(p) * chunk,
-                      rs[static_cast<std::size_t>(p)]->seq_buf.data() + static_cast<std::size_t>(r) * chunk, chunk);
-        break;
-      case Local::exchange: exchange(*me.fused, d, c, tables[static_cast<std::size_t>(r)]); break;
-      case Local::s2h_fused:
-      case Local::h2s_fused: redistribute(*me.fused, d, c, ex, me.inputs(d), me.outputs(d), me.workspace()); break;
-      case Local::s2h_separate:
-      case Local::h2s_separate:
+    const auto i = static_cast<std::size_t>(r);
+    RankSetup& me = *rs[i];
+    LocalGroup::Comm& c = comms[i];
+    HostExecutor& ex = execs[i];
+    if (what == Local::bare) {  // P equal chunks (own one included) straight from the peers' buffers
+      for (int p = 0; p < P; ++p)
+        std::memcpy(me.head_buf.data() + static_cast<std::size_t>(p) * chunk,
+                    rs[static_cast<std::size_t>(p)]->seq_buf.data() + static_cast<std::size_t>(r) * chunk, chunk);
+      return;
+    }
+    if (what == Local::exchange) return exchange(*me.fused, d, c, tables[i]);
+    switch (how) {
+      case How::fused: redistribute(*me.fused, d, c, ex, me.inputs(d), me.outputs(d), me.workspace()); break;
+      case How::messages: redistribute(*me.fused_messages, d, c, ex, me.inputs(d), me.outputs(d), me.workspace()); break;
+      case How::alltoallv: redistribute(*me.fused_alltoallv, d, c, ex, me.inputs(d), me.outputs(d), me.workspace()); break;
+      case How::separate:
         for (int t = 0; t < 3; ++t)
           redistribute(*me.single[static_cast<std::size_t>(t)], d, c, ex, me.inputs(d, t, 1), me.outputs(d, t, 1), me.workspace());
+        break;
+      case How::deepspeed:
+        for (int t = 0; t < 3; ++t) {
+          const std::int64_t H = t == 0 ? kH : kHkv;
+          const bool s2h = d == Direction::seq_to_head;
+          deepspeed_op_sequence(c, d, B, S, H, kD, elem, s2h ? me.seq_ptr[t] : me.head_ptr[t], s2h ? me.head_ptr[t] : me.seq_ptr[t],
+                                ds_send[i].data(), ds_recv[i].data());
+        }
         break;
     }
   };
   for (auto _ : st) ls.step(job);
   set_counters(st, bytes, P);
+  if (what == Local::redistribute && how != How::separate && how != How::deepspeed) {
+    const Plan& p = how == How::fused ? *rs[0]->fused : how == How::messages ? *rs[0]->fused_messages : *rs[0]->fused_alltoallv;
+    const Path path = how == How::fused ? choose_path<LocalGroup::Comm, HostExecutor>(p) : p.options().path;
+    st.counters["copies"] = p.copies(d, path).executor;  // per element, by the executor (DeepSpeed: 1 at B=1, 2 at B>1)
+  }
+  if (how == How::deepspeed) st.counters["copies"] = B > 1 ? 2 : 1;  // either direction
 }
 
 /// seq_to_head of q, k, v through a K-stage plan and HostPipeline (pack k+1 and unpack k-1 on two
@@ -298,9 +325,10 @@ void register_all() {
         }
         // In-process group (bshd).
         const std::string bare = case_name("local_alltoall", elem, S, P) + "/bare";
-        reg(bare, "", [=](benchmark::State& st) { bm_local(st, Local::bare, P, S, elem); })->UseRealTime();
+        reg(bare, "", [=](benchmark::State& st) { bm_local(st, Local::bare, How::fused, Direction::seq_to_head, P, S, elem, 1); })
+            ->UseRealTime();
         reg(case_name("local_exchange", elem, S, P) + "/ulysses", label(bare),
-            [=](benchmark::State& st) { bm_local(st, Local::exchange, P, S, elem); })
+            [=](benchmark::State& st) { bm_local(st, Local::exchange, How::fused, Direction::seq_to_head, P, S, elem, 1); })
             ->UseRealTime();
         // Overlap: K pipeline stages (HostPipeline), K = 1 the baseline.
         const std::string pipe = case_name("local_pipeline_seq_to_head", elem, S, P);
@@ -308,16 +336,28 @@ void register_all() {
           reg(pipe + "/K:" + std::to_string(K), K == 1 ? "" : label(pipe + "/K:1"),
               [=](benchmark::State& st) { bm_local_pipeline(st, K, P, S, elem); })
               ->UseRealTime();
-        for (bool s2h : {true, false}) {
-          const std::string fam = case_name(s2h ? "local_seq_to_head" : "local_head_to_seq", elem, S, P);
-          reg(fam + "/fused", label(bare, fam + "/separate"),
-              [=](benchmark::State& st) { bm_local(st, s2h ? Local::s2h_fused : Local::h2s_fused, P, S, elem); })
-              ->UseRealTime();
-          reg(fam + "/separate", label(bare),
-              [=](benchmark::State& st) { bm_local(st, s2h ? Local::s2h_separate : Local::h2s_separate, P, S, elem); })
-              ->UseRealTime();
-        }
       }
+  // seq_to_head / head_to_seq of q, k, v end to end, B in {1, 4}: the default path (direct), the
+  // message and all-to-all-v paths, three separate plans, and DeepSpeed's op sequence on the same
+  // group, each against the bare all-to-all of the same bytes.
+  for (int elem : kElemBytes)
+    for (std::int64_t S : kSeqs)
+      for (std::int64_t B : {1, 4})
+        for (int P : kDegrees) {
+          const std::string bare = case_name("local_alltoall", elem, S, P, B) + "/bare";
+          if (B > 1)
+            reg(bare, "", [=](benchmark::State& st) { bm_local(st, Local::bare, How::fused, Direction::seq_to_head, P, S, elem, B); })
+                ->UseRealTime();
+          for (Direction d : {Direction::seq_to_head, Direction::head_to_seq}) {
+            const std::string fam = case_name(d == Direction::seq_to_head ? "local_seq_to_head" : "local_head_to_seq", elem, S, P, B);
+            const std::pair<How, const char*> hows[] = {{How::fused, "fused"}, {How::messages, "messages"}, {How::alltoallv, "alltoallv"},
+                                                        {How::separate, "separate"}, {How::deepspeed, "deepspeed"}};
+            for (const auto& [how, name] : hows)
+              reg(fam + "/" + name, how == How::fused ? label(bare, fam + "/separate") + ";deepspeed=" + fam + "/deepspeed" : label(bare),
+                  [=, how = how](benchmark::State& st) { bm_local(st, Local::redistribute, how, d, P, S, elem, B); })
+                  ->UseRealTime();
+          }
+        }
   // The summed inverse (the backward of seq→head) against the plain one: P=16 replicates every
   // Llama-3.1-8B kv head on 2 ranks; P=4 replicates none (the two must match).
   for (int elem : kElemBytes)

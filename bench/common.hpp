@@ -15,6 +15,7 @@
 #include <ulysses/ulysses.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -82,9 +83,10 @@ class Buf {
   std::size_t n_ = 0;
 };
 
-/// "<family>/<dtype>/S:<S>/P:<P>"
-inline std::string case_name(const std::string& family, int elem_bytes, std::int64_t S, int P) {
-  return family + "/" + dtype_name(elem_bytes) + "/S:" + std::to_string(S) + "/P:" + std::to_string(P);
+/// "<family>/<dtype>/S:<S>/P:<P>", with "/B:<B>" before "/P:" when B > 1.
+inline std::string case_name(const std::string& family, int elem_bytes, std::int64_t S, int P, std::int64_t B = 1) {
+  return family + "/" + dtype_name(elem_bytes) + "/S:" + std::to_string(S) + (B > 1 ? "/B:" + std::to_string(B) : std::string()) +
+         "/P:" + std::to_string(P);
 }
 
 /// One rank's q, k, v in one memory arrangement: the fused plan (q, k, v in one exchange), the
@@ -94,15 +96,18 @@ struct RankSetup {
   int P, rank, elem;
   std::int64_t S;
   Mem mem;
+  std::int64_t B;
   std::vector<TensorSpec> specs;
   std::unique_ptr<Plan> fused;
-  std::unique_ptr<Plan> fused_alltoallv;      // the same, PlanOptions::direct_pieces off: one all-to-all-v of the wire
+  std::unique_ptr<Plan> fused_alltoallv;      // the same on Path::alltoallv: one all-to-all-v of the wire
+  std::unique_ptr<Plan> fused_messages;       // the same on Path::messages: one message per piece
   std::vector<std::unique_ptr<Plan>> single;  // one plan per tensor
   Buf seq_buf, head_buf, ws;
   std::byte* seq_ptr[3] = {};
   std::byte* head_ptr[3] = {};
 
-  RankSetup(int P_, int rank_, std::int64_t S_, int elem_, Mem mem_) : P(P_), rank(rank_), elem(elem_), S(S_), mem(mem_) {
+  RankSetup(int P_, int rank_, std::int64_t S_, int elem_, Mem mem_, std::int64_t B_ = kB)
+      : P(P_), rank(rank_), elem(elem_), S(S_), mem(mem_), B(B_) {
     const auto q = HeadPartition::even(kH, P);
     const auto kv = HeadPartition::gqa(q, kHkv);
     const auto seq = SeqPartition::even(S, P);
@@ -118,29 +123,30 @@ struct RankSetup {
       s.with_type(elem == 4 ? ElementType::float32 : ElementType::bfloat16);  // (kv heads replicated at P > 8 are summed)
       const std::int64_t Ht = parts[t].num_heads(), Hrt = parts[t].count(rank);
       if (mem == Mem::strided) {
-        s.with_seq_layout(Layout::strided({kB, Sr, Ht, kD}, {Sr * Hs * kD, Hs * kD, kD, 1}));
-        s.with_head_layout(Layout::strided({kB, S, Hrt, kD}, {S * Hh * kD, Hh * kD, kD, 1}));
+        s.with_seq_layout(Layout::strided({B, Sr, Ht, kD}, {Sr * Hs * kD, Hs * kD, kD, 1}));
+        s.with_head_layout(Layout::strided({B, S, Hrt, kD}, {S * Hh * kD, Hh * kD, kD, 1}));
         seq_off[t] = static_cast<std::size_t>(seq_h0[t] * kD * elem);
         head_off[t] = static_cast<std::size_t>(head_h0[t] * kD * elem);
       } else {
-        s.with_seq_layout(Layout::dense(f, kB, Sr, Ht, kD));
-        s.with_head_layout(Layout::dense(f, kB, S, Hrt, kD));
+        s.with_seq_layout(Layout::dense(f, B, Sr, Ht, kD));
+        s.with_head_layout(Layout::dense(f, B, S, Hrt, kD));
         seq_off[t] = seq_total;
         head_off[t] = head_total;
-        seq_total += static_cast<std::size_t>(kB * Sr * Ht * kD * elem);
-        head_total += static_cast<std::size_t>(kB * S * Hrt * kD * elem);
+        seq_total += static_cast<std::size_t>(B * Sr * Ht * kD * elem);
+        head_total += static_cast<std::size_t>(B * S * Hrt * kD * elem);
       }
       specs.push_back(s);
     }
     if (mem == Mem::strided) {
-      seq_total = static_cast<std::size_t>(kB * Sr * Hs * kD * elem);
-      head_total = static_cast<std::size_t>(kB * S * Hh * kD * elem);
+      seq_total = static_cast<std::size_t>(B * Sr * Hs * kD * elem);
+      head_total = static_cast<std::size_t>(B * S * Hh * kD * elem);
     }
-    fused = std::make_unique<Plan>(Group{P, rank}, kB, seq, specs);
-    fused_alltoallv = std::make_unique<Plan>(Group{P, rank}, kB, seq, specs, Format::bshd, PlanOptions{1, false});
+    fused = std::make_unique<Plan>(Group{P, rank}, B, seq, specs);
+    fused_alltoallv = std::make_unique<Plan>(Group{P, rank}, B, seq, specs, Format::bshd, PlanOptions{1, true, Path::alltoallv});
+    fused_messages = std::make_unique<Plan>(Group{P, rank}, B, seq, specs, Format::bshd, PlanOptions{1, true, Path::messages});
     std::size_t ws_bytes = fused->workspace_bytes();
     for (int t = 0; t < 3; ++t) {
-      single.push_back(std::make_unique<Plan>(Group{P, rank}, kB, seq, std::vector<TensorSpec>{specs[t]}));
+      single.push_back(std::make_unique<Plan>(Group{P, rank}, B, seq, std::vector<TensorSpec>{specs[t]}));
       ws_bytes = std::max(ws_bytes, single.back()->workspace_bytes());
     }
     seq_buf = Buf(seq_total, 0x11);
@@ -172,10 +178,59 @@ struct RankSetup {
   std::size_t bytes_per_rank() const {
     std::size_t n = 0;
     for (int t = 0; t < 3; ++t)
-      n += static_cast<std::size_t>(kB * fused->seq().local_length(rank) * specs[t].heads.num_heads() * kD * elem);
+      n += static_cast<std::size_t>(B * fused->seq().local_length(rank) * specs[t].heads.num_heads() * kD * elem);
     return n;
   }
 };
+
+/// DeepSpeed-Ulysses' op sequence for one tensor (deepspeed/sequence/layer.py, single_all_to_all
+/// with scatter_idx=2 and gather_idx=1 for seq→head; the reverse for head→seq), written plainly on
+/// the same communicator: a permute copy into a contiguous send buffer, the all-to-all of P equal
+/// chunks (all_to_all_single: the own chunk included), and a permute copy out of the receive
+/// buffer unless the received layout already is the output's (a view in PyTorch). All tensors bshd.
+///   seq→head: x [B, S_r, H, D] → send [P, S_r, B, h, D] (copy) → all-to-all → recv [P, S_r, B, h, D]
+///             = [B, S, h, D] at B = 1 (view), else → [B, S, h, D] (copy)            (h = H / P)
+///   head→seq: y [B, S, h, D] = [P, S_r, B, h, D] at B = 1 (view), else → send (copy) → all-to-all
+///             → recv [P, S_r, B, h, D] → [B, S_r, H, D] (copy)
+/// Copies per element per direction: 1 at B = 1, 2 at B > 1 (the DeepSpeed count), plus
+/// the transport. `send` and `recv` are scratch of B*S_r*H*D elements each (only used as needed).
+/// @pre S % P == 0, H % P == 0, rows of D elements of e bytes.
+template <class Comm>
+void deepspeed_op_sequence(Comm& comm, Direction d, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, std::int64_t e,
+                           const std::byte* in, std::byte* out, std::byte* send, std::byte* recv) {
+  const int P = comm.size();
+  const std::int64_t Sr = S / P, h = H / P, row = h * D * e;  // one (b, s) row of one rank's heads
+  const std::size_t chunk = static_cast<std::size_t>(Sr * B * row);
+  std::vector<std::size_t> bytes(static_cast<std::size_t>(P), chunk), offs(static_cast<std::size_t>(P));
+  for (int p = 0; p < P; ++p) offs[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * chunk;
+  if (d == Direction::seq_to_head) {
+    for (int p = 0; p < P; ++p)  // send[p][s][b] = x[b][s][p*h .. p*h+h)
+      for (std::int64_t s = 0; s < Sr; ++s)
+        for (std::int64_t b = 0; b < B; ++b)
+          std::memcpy(send + ((p * Sr + s) * B + b) * row, in + ((b * Sr + s) * H + p * h) * D * e, static_cast<std::size_t>(row));
+    std::byte* land = B == 1 ? out : recv;
+    comm.alltoallv(send, bytes.data(), offs.data(), land, bytes.data(), offs.data());
+    if (B > 1)  // out[b][p*Sr + s] = recv[p][s][b]
+      for (int p = 0; p < P; ++p)
+        for (std::int64_t s = 0; s < Sr; ++s)
+          for (std::int64_t b = 0; b < B; ++b)
+            std::memcpy(out + (b * S + p * Sr + s) * row, recv + ((p * Sr + s) * B + b) * row, static_cast<std::size_t>(row));
+    return;
+  }
+  const std::byte* src = in;
+  if (B > 1) {  // send[p][s][b] = y[b][p*Sr + s]
+    for (int p = 0; p < P; ++p)
+      for (std::int64_t s = 0; s < Sr; ++s)
+        for (std::int64_t b = 0; b < B; ++b)
+          std::memcpy(send + ((p * Sr + s) * B + b) * row, in + (b * S + p * Sr + s) * row, static_cast<std::size_t>(row));
+    src = send;
+  }
+  comm.alltoallv(src, bytes.data(), offs.data(), recv, bytes.data(), offs.data());
+  for (int p = 0; p < P; ++p)  // out[b][s][p*h ..) = recv[p][s][b]
+    for (std::int64_t s = 0; s < Sr; ++s)
+      for (std::int64_t b = 0; b < B; ++b)
+        std::memcpy(out + ((b * Sr + s) * H + p * h) * D * e, recv + ((p * Sr + s) * B + b) * row, static_cast<std::size_t>(row));
+}
 
 /// Bytes a block list copies.
 inline std::size_t list_bytes(const std::vector<BlockCopy>& l) {

@@ -82,11 +82,15 @@ NcclWorld& world(int P) {
 
 template <class T>
 void check_nccl(const std::vector<ut::Case>& cases) {
-  for (const auto& c : cases) {
-    if (c.P > ut::device_count()) continue;
-    CAPTURE(c.name);
-    CHECK(world(c.P).run([&](NcclComm& comm) { return ut::run_case_device<T>(comm, c, comm.stream()); }) == "");
-  }
+  for (auto c : cases)
+    for (Path path : ut::device_paths<NcclComm>()) {  // grouped send/recv of chunks, then of pieces
+      if (c.P > ut::device_count()) continue;
+      c.path = path;
+      const std::string via = to_string(path);
+      CAPTURE(c.name);
+      CAPTURE(via);
+      CHECK(world(c.P).run([&](NcclComm& comm) { return ut::run_case_device<T>(comm, c, comm.stream()); }) == "");
+    }
 }
 
 /// Raw alltoallv on P=1 from offset `so` to offset `ro` of `n` bytes; "" when the bytes arrive.
@@ -110,6 +114,14 @@ std::string self_exchange(std::size_t n, std::size_t so, std::size_t ro) {
 }  // namespace
 
 TEST_SUITE("host") {
+  TEST_CASE("NcclComm with the CUDA executor takes the message path (one message per piece) by default") {
+    CHECK(PathSupport<NcclComm, CudaExecutor>::messages);
+    CHECK(!PathSupport<NcclComm, CudaExecutor>::direct);
+    CHECK(!PathSupport<NcclComm, HostExecutor>::messages);  // host executor, device communicator: no
+    const Plan plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
+    CHECK(choose_path<NcclComm, CudaExecutor>(plan) == Path::messages);
+  }
+
   TEST_CASE("path: grouped send/recv whenever a byte moves (never ncclAlltoAll: ranks could not agree on it)") {
     const std::size_t pb[4] = {100, 0, 100, 100};  // a plan's chunks: own chunk 0
     CHECK(NcclComm::path(4, pb, pb) == NcclComm::Path::send_recv);

@@ -140,6 +140,14 @@ TEST_SUITE("host") {
     CHECK(wrong == 0);
   }
 
+  TEST_CASE("DeviceLocalGroup with the CUDA executor takes the message path by default; the staged lists are uploaded") {
+    CHECK(PathSupport<DeviceLocalGroup::Comm, CudaExecutor>::messages);
+    CHECK(!PathSupport<DeviceLocalGroup::Comm, HostExecutor>::messages);
+    CHECK(!PathSupport<LocalGroup::Comm, CudaExecutor>::messages);  // host communicator, device executor: no
+    const Plan plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
+    CHECK(choose_path<DeviceLocalGroup::Comm, CudaExecutor>(plan) == Path::messages);
+  }
+
   TEST_CASE("CudaPipeline caps the copy kernel's grid with executors that can (CudaExecutor)") {
     CHECK(detail::caps_grid<CudaExecutor>::value);
     CHECK(!detail::caps_grid<HostExecutor>::value);
@@ -345,14 +353,18 @@ std::string run_case_pipeline(Comm& comm, const ut::Case& c, cudaStream_t s) {
 template <class T>
 void check_pipeline(const std::vector<ut::Case>& cases) {
   for (const auto& c : cases)
-    for (int K : {1, 2, 3, 4}) {
-      ut::Case k = c;
-      k.stages = K;
-      CAPTURE(c.name);
-      CAPTURE(K);
-      CHECK(ut::on_device_group(k.P, [&](DeviceLocalGroup::Comm& comm) { return run_case_pipeline<T>(comm, k, comm.stream()); }) ==
-            "");
-    }
+    for (int K : {1, 2, 3, 4})
+      for (Path path : ut::device_paths<DeviceLocalGroup::Comm>()) {
+        ut::Case k = c;
+        k.stages = K;
+        k.path = path;
+        const std::string via = to_string(path);
+        CAPTURE(c.name);
+        CAPTURE(K);
+        CAPTURE(via);
+        CHECK(ut::on_device_group(k.P, [&](DeviceLocalGroup::Comm& comm) { return run_case_pipeline<T>(comm, k, comm.stream()); }) ==
+              "");
+      }
 }
 
 /// A one-rank communicator exchanging on a given stream: a P=1 plan moves no bytes, so alltoallv

@@ -60,13 +60,16 @@ void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, const
   CudaExecutor ex(plan, s);
   const BufferTable tab = make_buffers(plan, dir, din, dout, ws);
   cudaEvent_t* ev = impl_->ev;
+  const Path path = choose_path<DeviceLocalGroup::Comm, CudaExecutor>(plan);  // the path redistribute() takes
   for (int k = 0; k < plan.num_stages(); ++k) {  // the demo's plans have one stage
+    const std::vector<BlockCopy>& before = stage_copies(plan, dir, path, true, k);
+    const std::vector<BlockCopy>& after = stage_copies(plan, dir, path, false, k);
     cuda_check(cudaEventRecord(ev[0], s), "cudaEventRecord");
-    pack(plan, dir, ex, tab, k);
+    ex.run(before.data(), before.size(), tab);
     cuda_check(cudaEventRecord(ev[1], s), "cudaEventRecord");
-    exchange(plan, dir, *impl_->comm, tab, k);
+    stage_exchange(plan, dir, path, *impl_->comm, tab, k);
     cuda_check(cudaEventRecord(ev[2], s), "cudaEventRecord");
-    unpack(plan, dir, ex, tab, k);
+    ex.run(after.data(), after.size(), tab);
     cuda_check(cudaEventRecord(ev[3], s), "cudaEventRecord");
     cuda_check(cudaEventSynchronize(ev[3]), "cudaEventSynchronize");
     for (int i = 0; i < 3; ++i) {

@@ -87,21 +87,19 @@ void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, const Tenso
     }
   }
   const BufferTable t = make_buffers(plan, dir, in, out, ws);
-  const bool pieces = path == Path::messages;
-  auto t0 = Clock::now();
-  pieces ? pack_pieces(plan, dir, exec, t) : pack(plan, dir, exec, t);
-  res.pack_ms += ms_since(t0);
-  t0 = Clock::now();
-  if constexpr (PathSupport<Comm, HostExecutor>::messages) {
-    if (pieces) exchange_pieces(plan, dir, comm, t);
-    else exchange(plan, dir, comm, t);
-  } else {
-    exchange(plan, dir, comm, t);
+  for (int k = 0; k < plan.num_stages(); ++k) {
+    const std::vector<BlockCopy>& before = stage_copies(plan, dir, path, true, k);
+    auto t0 = Clock::now();
+    exec.run(before.data(), before.size(), t);
+    res.pack_ms += ms_since(t0);
+    t0 = Clock::now();
+    stage_exchange(plan, dir, path, comm, t, k);
+    res.exchange_ms += ms_since(t0);
+    const std::vector<BlockCopy>& after = stage_copies(plan, dir, path, false, k);
+    t0 = Clock::now();
+    exec.run(after.data(), after.size(), t);
+    res.unpack_ms += ms_since(t0);
   }
-  res.exchange_ms += ms_since(t0);
-  t0 = Clock::now();
-  pieces ? unpack_pieces(plan, dir, exec, t) : unpack(plan, dir, exec, t);
-  res.unpack_ms += ms_since(t0);
 }
 
 #if ULYSSES_DEMO_CUDA

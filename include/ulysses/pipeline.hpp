@@ -61,7 +61,6 @@ class HostPipeline {
     }
     const BufferTable t = make_buffers(plan, dir, in, out, ws);
     const int K = plan.num_stages();
-    const bool pieces = path == Path::messages;
     {
       std::lock_guard<std::mutex> l(m_);
       packed_ = exchanged_ = 0;
@@ -70,14 +69,16 @@ class HostPipeline {
     }
     auto pack_job = [&] {
       for (int k = 0; k < K && !stopped(); ++k) {
-        pieces ? pack_pieces(plan, dir, pack_exec, t, k) : pack(plan, dir, pack_exec, t, k);
+        const std::vector<BlockCopy>& l = stage_copies(plan, dir, path, true, k);
+        pack_exec.run(l.data(), l.size(), t);
         advance(packed_);
       }
     };
     auto unpack_job = [&] {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(exchanged_, k)) return;
-        pieces ? unpack_pieces(plan, dir, unpack_exec, t, k) : unpack(plan, dir, unpack_exec, t, k);
+        const std::vector<BlockCopy>& l = stage_copies(plan, dir, path, false, k);
+        unpack_exec.run(l.data(), l.size(), t);
       }
     };
     packer_.start(&pack_job);
@@ -85,12 +86,7 @@ class HostPipeline {
     try {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(packed_, k)) break;
-        if constexpr (PathSupport<Comm, PackExec>::messages) {
-          if (pieces) exchange_pieces(plan, dir, comm, t, k);
-          else exchange(plan, dir, comm, t, k);
-        } else {
-          exchange(plan, dir, comm, t, k);
-        }
+        stage_exchange(plan, dir, path, comm, t, k);
         advance(exchanged_);
       }
     } catch (...) {

@@ -442,6 +442,28 @@ void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buff
   exec.run(s.unpack.data(), s.unpack.size(), buffers);
 }
 
+/// The block list the executor runs before (`before_exchange` true: the pack) or after (the
+/// unpack) the exchange of stage `stage` on `path`: Schedule::pack / unpack on Path::alltoallv,
+/// Schedule::pack_staged / unpack_staged on Path::messages (only the pieces that are not in place).
+/// Path::direct has no stages (exchange_direct() runs its one list). What redistribute(), the
+/// pipelines and anything that times the phases run.
+/// @pre path is alltoallv or messages.
+inline const std::vector<BlockCopy>& stage_copies(const Plan& plan, Direction dir, Path path, bool before_exchange, int stage = 0) {
+  const Schedule& s = plan.schedule(dir, stage);
+  if (path == Path::messages) return before_exchange ? s.pack_staged : s.unpack_staged;
+  return before_exchange ? s.pack : s.unpack;
+}
+
+/// The exchange of stage `stage` on `path`: exchange_pieces() on Path::messages (the
+/// communicator must have exchange_messages()), exchange() otherwise. @throws as exchange().
+template <class Comm>
+void stage_exchange(const Plan& plan, Direction dir, Path path, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  if constexpr (detail::has_exchange_messages<Comm>::value) {
+    if (path == Path::messages) return exchange_pieces(plan, dir, comm, buffers, stage);
+  }
+  exchange(plan, dir, comm, buffers, stage);
+}
+
 /// Checks one call's buffers against the plan and returns the buffer table the stages run on.
 ///
 /// @param in  the plan's tensors in order: seq-sharded [B, S_r, H, D] for seq_to_head,
@@ -535,20 +557,12 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const
   if constexpr (PathSupport<Comm, Exec>::direct) {
     if (path == Path::direct) return exchange_direct(plan, dir, comm, exec, t);
   }
-  if constexpr (PathSupport<Comm, Exec>::messages) {
-    if (path == Path::messages) {
-      for (int k = 0; k < plan.num_stages(); ++k) {
-        pack_pieces(plan, dir, exec, t, k);
-        exchange_pieces(plan, dir, comm, t, k);
-        unpack_pieces(plan, dir, exec, t, k);
-      }
-      return;
-    }
-  }
   for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
-    pack(plan, dir, exec, t, k);
-    exchange(plan, dir, comm, t, k);
-    unpack(plan, dir, exec, t, k);
+    const std::vector<BlockCopy>& before = stage_copies(plan, dir, path, true, k);
+    exec.run(before.data(), before.size(), t);
+    stage_exchange(plan, dir, path, comm, t, k);
+    const std::vector<BlockCopy>& after = stage_copies(plan, dir, path, false, k);
+    exec.run(after.data(), after.size(), t);
   }
 }
 

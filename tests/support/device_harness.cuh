@@ -287,10 +287,28 @@ std::string on_device_group(int P, F&& fn) {
   return all;
 }
 
-/// Case c end to end on a DeviceLocalGroup (P virtual ranks on the current device).
+/// The transports a device communicator type can run with the CUDA executor.
+template <class Comm>
+std::vector<ulysses::Path> device_paths() {
+  std::vector<ulysses::Path> v{ulysses::Path::alltoallv};
+  if (ulysses::PathSupport<Comm, ulysses::CudaExecutor>::messages) v.push_back(ulysses::Path::messages);
+  return v;
+}
+
+/// Case c end to end on a DeviceLocalGroup (P virtual ranks on the current device), on every
+/// transport it can run (c.path: Path::automatic means each in turn).
 template <class T>
 std::string run_local_device(const Case& c) {
-  return on_device_group(c.P, [&](ulysses::DeviceLocalGroup::Comm& comm) { return run_case_device<T>(comm, c, comm.stream()); });
+  std::string all;
+  for (ulysses::Path path : device_paths<ulysses::DeviceLocalGroup::Comm>()) {
+    if (c.path != ulysses::Path::automatic && c.path != path) continue;
+    Case k = c;
+    k.path = path;
+    const std::string e =
+        on_device_group(k.P, [&](ulysses::DeviceLocalGroup::Comm& comm) { return run_case_device<T>(comm, k, comm.stream()); });
+    if (!e.empty()) all += std::string("[") + to_string(path) + "] " + e;
+  }
+  return all;
 }
 
 /// Deterministic pseudo-random bytes (what "received" wire data and inputs hold in

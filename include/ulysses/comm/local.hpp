@@ -100,6 +100,17 @@ class LocalGroup {
     ///         rank receives, or a message goes to or comes from a rank outside the group; Error(timeout) /
     ///         Error(aborted) as the group's barrier.
     void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+      exchange_messages_with(send, n_send, recv, n_recv, [](int, std::byte* dst, const std::byte* src, std::size_t n) { std::memcpy(dst, src, n); },
+                             [] {});
+    }
+
+    /// exchange_messages() whose data movement the caller supplies (what DeviceLocalGroup uses):
+    /// after the opening barrier, for each message this rank receives, in order,
+    /// `copy(peer, recv_data, peer_send_data, bytes)`, then `done()`, then the closing barrier.
+    /// @throws what exchange_messages() throws, and what copy / done throw (the group is then aborted).
+    template <class Copy, class Done>
+    void exchange_messages_with(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv, Copy&& copy,
+                                Done&& done) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
       mine.kind = kMessages;
       mine.messages = send;
@@ -129,12 +140,13 @@ class LocalGroup {
                                                  (s ? std::to_string(s->bytes) + " bytes" : std::string("no message")) +
                                                  " where rank " + std::to_string(rank_) + " receives " +
                                                  std::to_string(m.bytes) + "; the ranks' plans differ");
-          if (m.bytes) std::memcpy(m.data, s->data, m.bytes);
+          if (m.bytes) copy(m.peer, m.data, s->data, m.bytes);
         }
         for (int p = 0; p < size(); ++p)
           if (next_to_me(p))
             throw Error(Errc::plan_mismatch, "rank " + std::to_string(p) + " sends rank " + std::to_string(rank_) +
                                                  " more messages than it receives; the ranks' plans differ");
+        done();
       });
       g_->barrier(rank_);  // senders may reuse their buffers only after everyone has read them
     }

@@ -86,24 +86,18 @@ class DeviceLocalGroup {
     ///         (the group is then aborted, so peers do not wait forever).
     void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                    const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
-      try {
-        detail::cuda_check(cudaEventRecord(ev_.sent, stream_), "cudaEventRecord");
-      } catch (...) {
-        g_->host_.abort();
-        throw;
-      }
-      const std::vector<Events>& ev = g_->events_;
-      host_.alltoallv_with(
-          send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets,
-          [&](int p, std::byte* dst, const std::byte* src, std::size_t n) {
-            if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].sent, 0), "cudaStreamWaitEvent");
-            detail::cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
-          },
-          [&] { detail::cuda_check(cudaEventRecord(ev_.read, stream_), "cudaEventRecord"); });
-      // After the closing barrier every peer has recorded `read`; events are only re-recorded
-      // after the next call's first barrier, which this rank has not reached yet.
-      for (int p = 0; p < size(); ++p)
-        if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].read, 0), "cudaStreamWaitEvent");
+      ordered([&](auto&& copy, auto&& done) {
+        host_.alltoallv_with(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets, copy, done);
+      });
+    }
+
+    /// Message-level exchange of device memory (the optional member of the communicator
+    /// concept, transport.hpp: Path::messages): the protocol of alltoallv() with a
+    /// cudaMemcpyAsync per message received, from the sender's memory into this rank's (the k-th
+    /// message rank i sends rank j is the k-th one j receives from i). Returns once the copies are
+    /// enqueued on stream(). @throws as alltoallv() (plan_mismatch for messages that do not pair).
+    void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+      ordered([&](auto&& copy, auto&& done) { host_.exchange_messages_with(send, n_send, recv, n_recv, copy, done); });
     }
 
     /// All-gather of `bytes` bytes of HOST memory from every rank (rank p's block lands at
@@ -119,6 +113,30 @@ class DeviceLocalGroup {
     struct Events {
       cudaEvent_t sent = nullptr, read = nullptr;
     };
+    /// The stream ordering of an exchange (see the file comment): record `sent`, run the host
+    /// protocol `exchange(copy, done)` of LocalGroup with a copy that waits for the sender's `sent`
+    /// and enqueues cudaMemcpyAsync, and a `done` that records `read`; after the closing barrier,
+    /// wait for every peer's `read`.
+    template <class Exchange>
+    void ordered(Exchange&& exchange) {
+      try {
+        detail::cuda_check(cudaEventRecord(ev_.sent, stream_), "cudaEventRecord");
+      } catch (...) {
+        g_->host_.abort();
+        throw;
+      }
+      const std::vector<Events>& ev = g_->events_;
+      exchange(
+          [&](int p, std::byte* dst, const std::byte* src, std::size_t n) {
+            if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].sent, 0), "cudaStreamWaitEvent");
+            detail::cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+          },
+          [&] { detail::cuda_check(cudaEventRecord(ev_.read, stream_), "cudaEventRecord"); });
+      // After the closing barrier every peer has recorded `read`; events are only re-recorded
+      // after the next call's first barrier, which this rank has not reached yet.
+      for (int p = 0; p < size(); ++p)
+        if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].read, 0), "cudaStreamWaitEvent");
+    }
     Comm(DeviceLocalGroup* g, LocalGroup::Comm host, cudaStream_t s) : g_(g), host_(host), stream_(s) {
       Events& mine = g_->events_[static_cast<std::size_t>(rank())];
       if (!mine.sent) detail::cuda_check(cudaEventCreateWithFlags(&mine.sent, cudaEventDisableTiming), "cudaEventCreateWithFlags");

@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <string>
 
+#include "../block.hpp"
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
 
@@ -89,6 +90,33 @@ class NcclComm {
       if (recv_bytes[p]) keep(ncclRecv(recv + recv_offsets[p], recv_bytes[p], ncclUint8, p, comm_, stream_), "ncclRecv");
     for (int p = 0; p < size_; ++p)
       if (send_bytes[p]) keep(ncclSend(send + send_offsets[p], send_bytes[p], ncclUint8, p, comm_, stream_), "ncclSend");
+    const ncclResult_t end = ncclGroupEnd();
+    if (first != ncclSuccess) check(first, what);
+    check(end, "ncclGroupEnd");
+  }
+
+  /// Message-level exchange of device memory (the optional member of the communicator concept,
+  /// transport.hpp: Path::messages), enqueued on stream(): inside one ncclGroupStart/ncclGroupEnd,
+  /// an ncclRecv per message of `recv` and an ncclSend per message of `send`, in list order
+  /// (NCCL delivers the point-to-point operations between two ranks in the order they are
+  /// posted, so the k-th message rank i sends rank j is the k-th j receives from i); zero-byte
+  /// messages are skipped on both sides. Collective; no host synchronisation.
+  /// @throws Error(backend) as alltoallv().
+  void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+    bool any = false;
+    for (std::size_t i = 0; i < n_send && !any; ++i) any = send[i].bytes > 0;
+    for (std::size_t i = 0; i < n_recv && !any; ++i) any = recv[i].bytes > 0;
+    if (!any) return;
+    check(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t first = ncclSuccess;
+    const char* what = "";
+    auto keep = [&](ncclResult_t r, const char* w) {
+      if (first == ncclSuccess && r != ncclSuccess && r != ncclInProgress) first = r, what = w;
+    };
+    for (std::size_t i = 0; i < n_recv; ++i)
+      if (recv[i].bytes) keep(ncclRecv(recv[i].data, recv[i].bytes, ncclUint8, recv[i].peer, comm_, stream_), "ncclRecv");
+    for (std::size_t i = 0; i < n_send; ++i)
+      if (send[i].bytes) keep(ncclSend(send[i].data, send[i].bytes, ncclUint8, send[i].peer, comm_, stream_), "ncclSend");
     const ncclResult_t end = ncclGroupEnd();
     if (first != ncclSuccess) check(first, what);
     check(end, "ncclGroupEnd");

@@ -400,6 +400,9 @@ ULYSSES_CUDA_NAMESPACE_BEGIN
 /// Source: the block semantics of block.hpp (copy.hpp's host executor is the reference).
 class CudaExecutor {
  public:
+  /// Its copies are stream-ordered device work on device memory (transport.hpp).
+  static constexpr bool device_memory = true;
+
   /// Uploads the plan's block lists and sizes the grid for the current device.
   ///
   /// Call it outside stream capture (it allocates: cudaMalloc, and cudaMallocHost for the pinned
@@ -422,12 +425,13 @@ class CudaExecutor {
     per_sm_ = per_sm > 0 ? per_sm : 1;
     max_grid_ = static_cast<std::int64_t>(sms_) * per_sm_;
 
-    // Every list of the plan: both directions, every stage, pack and unpack.
+    // Every list of the plan: both directions, every stage, pack and unpack, and their staged
+    // parts (the message path).
     std::vector<const std::vector<BlockCopy>*> src;
     for (Direction d : {Direction::seq_to_head, Direction::head_to_seq})
       for (int k = 0; k < plan.num_stages(); ++k) {
-        src.push_back(&plan.schedule(d, k).pack);
-        src.push_back(&plan.schedule(d, k).unpack);
+        const Schedule& sc = plan.schedule(d, k);
+        for (const std::vector<BlockCopy>* l : {&sc.pack, &sc.unpack, &sc.pack_staged, &sc.unpack_staged}) src.push_back(l);
       }
     // Image of the device memory: per list, the kernel's blocks then the unit prefix sum.
     std::size_t bytes = 0;
@@ -489,8 +493,9 @@ class CudaExecutor {
   /// Enqueues the n block copies of `blocks` on the executor's stream: ONE kernel launch (none
   /// when n == 0); returns without waiting. No allocation, no synchronisation; capturable.
   ///
-  /// @param blocks one of the plan's lists, by its host address: `plan.schedule(d, k).pack.data()`
-  ///               or `.unpack.data()` (what ulysses::pack / unpack pass)
+  /// @param blocks one of the plan's lists, by its host address: `plan.schedule(d, k).pack.data()`,
+  ///               `.unpack.data()`, `.pack_staged.data()` or `.unpack_staged.data()` (what the
+  ///               stage functions of redistribute.hpp pass)
   /// @param n      that list's size
   /// @param t      device base pointers (by value: the kernel takes a copy at launch)
   /// @pre the executor's device is current; the buffers' copies do not overlap (as for the host

@@ -135,6 +135,9 @@ class CudaPipeline {
     if (K < 1 || K > kMaxStages)
       detail::fail(Errc::invalid_shape, "the plan has " + std::to_string(K) + " stages; CudaPipeline runs 1 to " +
                                             std::to_string(kMaxStages));
+    // The path redistribute() takes (choose_path): one message per piece where the communicator
+    // can (NcclComm, DeviceLocalGroup::Comm), packing and unpacking only the staged pieces.
+    const Path path = choose_path<Comm, Exec>(plan);
     const BufferTable t = make_buffers(plan, dir, in, out, ws);
     if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);  // before the fork
 
@@ -143,15 +146,14 @@ class CudaPipeline {
       detail::cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord (CudaPipeline)");
       detail::cuda_check(cudaStreamWaitEvent(copy_, start_, 0), "cudaStreamWaitEvent (CudaPipeline)");
       forked = true;
-      pack_stage(plan, dir, exec, t, 0);
+      pack_stage(plan, dir, path, exec, t, 0);
       for (int k = 0; k < K; ++k) {
-        if (k + 1 < K) pack_stage(plan, dir, exec, t, k + 1);  // overlaps exchange k on the GPU
+        if (k + 1 < K) pack_stage(plan, dir, path, exec, t, k + 1);  // overlaps exchange k on the GPU
         detail::cuda_check(cudaStreamWaitEvent(stream_, packed_[k], 0), "cudaStreamWaitEvent (CudaPipeline)");
-        exchange(plan, dir, comm, t, k);
+        stage_exchange(plan, dir, path, comm, t, k);
         detail::cuda_check(cudaEventRecord(exchanged_[k], stream_), "cudaEventRecord (CudaPipeline)");
         detail::cuda_check(cudaStreamWaitEvent(copy_, exchanged_[k], 0), "cudaStreamWaitEvent (CudaPipeline)");
-        const Schedule& s = plan.schedule(dir, k);
-        copy(exec, s.unpack, t);  // overlaps exchange k+1
+        copy(exec, stage_copies(plan, dir, path, false, k), t);  // overlaps exchange k+1
       }
       join();
     } catch (...) {
@@ -205,10 +207,10 @@ class CudaPipeline {
       exec.run(list.data(), list.size(), t, copy_);
     }
   }
-  /// Pack stage k on the copy stream, then record packed_[k] there.
+  /// Pack stage k (its staged pieces on the message path) on the copy stream, then record packed_[k] there.
   template <class Exec>
-  void pack_stage(const Plan& plan, Direction dir, const Exec& exec, const BufferTable& t, int k) {
-    copy(exec, plan.schedule(dir, k).pack, t);
+  void pack_stage(const Plan& plan, Direction dir, Path path, const Exec& exec, const BufferTable& t, int k) {
+    copy(exec, stage_copies(plan, dir, path, true, k), t);
     detail::cuda_check(cudaEventRecord(packed_[k], copy_), "cudaEventRecord (CudaPipeline)");
   }
   /// The user's stream waits for everything enqueued on the copy stream.
