@@ -11,6 +11,8 @@
 // - seq_to_head of q, k, v through CudaPipeline (cuda/pipeline.cuh) with K in {1, 2, 4} stages
 //   (pack of stage k+1 and unpack of stage k-1 overlapping the exchange of stage k), P in {2, 4},
 //   D=128, timed like seq_to_head (counter stages = K; compare with seq_to_head/D:128/P:*).
+// - seq_to_head of q, k, v on each path (direct, messages, alltoallv) on P virtual ranks, next to one
+//   cudaMemcpyAsync of the same bytes (counter ratio_to_memcpy; the direct path's target is >= 0.8);
 // - head_to_seq of dq, dk, dv summing the kv heads' replicas (the backward of seq_to_head) against
 //   taking their owner's copy, P in {4, 16} (at 16 every kv head is on 2 ranks).
 // Shapes: bf16, B=1, S=32768, H=32, Hkv=8, D in {64, 128}, P in {2, 4, 8}. The L2 cache is
@@ -352,6 +354,61 @@ void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
   }
 }
 
+/// seq_to_head of q, k, v (bf16, D=128) on P virtual ranks of one GPU on one path — direct (each
+/// rank's kernel reads its peers' inputs: one copy per element), messages (a cudaMemcpyAsync per
+/// piece, in place where contiguous), alltoallv (pack, a copy per chunk, unpack) — next to one
+/// cudaMemcpyAsync device-to-device of the same bytes (all ranks' q, k, v) in the same run
+/// (counter ratio_to_memcpy = memcpy time / path time; the direct path's target is >= 0.8).
+void bm_path(benchmark::State& state, Path path, int P) {
+  std::vector<Plan> plans;
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupTimer timer(P);
+  const std::vector<cudaStream_t>& streams = timer.streams;
+  const auto q = HeadPartition::even(kH, P);
+  const auto kv = HeadPartition::gqa(q, kHkv);
+  for (int r = 0; r < P; ++r)
+    plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
+                         {TensorSpec::of<bf16>(q, 128), TensorSpec::of<bf16>(kv, 128), TensorSpec::of<bf16>(kv, 128)}, Format::bshd,
+                         PlanOptions{1, true, path}));
+  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
+  {
+    std::vector<CudaExecutor> ex;
+    for (int r = 0; r < P; ++r) ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
+    DeviceLocalGroup group(P);
+    auto run = [&](DeviceLocalGroup::Comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      seq_to_head(plans[r], comm, ex[r], bufs[r]->inputs(), bufs[r]->outputs(), bufs[r]->workspace());
+    };
+    timer.step(group, run);  // the plan check and (direct) the layouts and lists: not timed
+    std::size_t bytes = 0;   // all ranks' q, k, v
+    for (int r = 0; r < P; ++r)
+      for (int t = 0; t < 3; ++t) bytes += plans[static_cast<std::size_t>(r)].seq_bytes(t);
+    double path_s = 0;
+    for (auto _ : state) {
+      const double t = timer.step(group, run);
+      path_s += t;
+      state.SetIterationTime(t);
+    }
+    DevMem from(bytes), to(bytes);
+    double memcpy_s = 0;
+    const int reps = 5;
+    for (int i = 0; i < reps; ++i) {
+      timer.flush(streams[0]);
+      BENCH_CUDA(cudaEventRecord(timer.ev.a, streams[0]));
+      BENCH_CUDA(cudaMemcpyAsync(to.get(), from.get(), bytes, cudaMemcpyDeviceToDevice, streams[0]));
+      BENCH_CUDA(cudaEventRecord(timer.ev.b, streams[0]));
+      BENCH_CUDA(cudaEventSynchronize(timer.ev.b));
+      memcpy_s += Events::seconds(timer.ev.a, timer.ev.b) / reps;
+    }
+    const double n = static_cast<double>(state.iterations());
+    state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+    state.counters["memcpy_us"] = memcpy_s * 1e6;
+    state.counters["ratio_to_memcpy"] = memcpy_s / (path_s / n);
+    state.counters["copies"] = plans[0].copies(Direction::seq_to_head, path).executor;
+    BENCH_CUDA(cudaDeviceSynchronize());
+  }
+}
+
 /// head→seq of dq, dk, dv (bf16, D=128) on P virtual ranks of one GPU, the kv heads' replicas
 /// summed (Replicas::sum: the backward of seq→head, float32 accumulation and one rounding in the
 /// unpack kernel) or taken from their owner (Replicas::owner: the plain inverse). At P=16 every
@@ -416,6 +473,11 @@ int main(int argc, char** argv) {
     for (int K : {1, 2, 4}) {
       const std::string name = "pipeline_seq_to_head/D:128/P:" + std::to_string(P) + "/K:" + std::to_string(K);
       benchmark::RegisterBenchmark(name.c_str(), bm_pipeline, std::int64_t{128}, P, K)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+  for (int P : {2, 4, 8})
+    for (Path path : {Path::direct, Path::messages, Path::alltoallv}) {
+      const std::string name = "path_seq_to_head/bf16/D:128/P:" + std::to_string(P) + "/" + to_string(path);
+      benchmark::RegisterBenchmark(name.c_str(), bm_path, path, P)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   for (int P : {4, 16})
     for (bool sum : {false, true}) {

@@ -146,7 +146,7 @@ run_half() {
   step bench_cuda 150 bench.log "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json \
     --benchmark_min_time=0.05
   step ds_baseline 90 ds_baseline.log python3 "$here/ds_baseline.py" --out "$out/ds_baseline.json"
-  grep -hE "^(pack|unpack|seq_to_head|pipeline|summed)" "$out/bench.log" >>"$out/summary.txt" 2>/dev/null
+  grep -hE "^(pack|unpack|seq_to_head|pipeline|summed|path)" "$out/bench.log" >>"$out/summary.txt" 2>/dev/null
   cat "$out/ds_baseline.log" >>"$out/summary.txt" 2>/dev/null
   note "gpu_check: $failed step(s) failed; logs in $out"
   exit "$failed"

@@ -140,12 +140,55 @@ TEST_SUITE("host") {
     CHECK(wrong == 0);
   }
 
-  TEST_CASE("DeviceLocalGroup with the CUDA executor takes the message path by default; the staged lists are uploaded") {
+  TEST_CASE("DeviceLocalGroup with the CUDA executor takes the direct path by default, and can take the message path") {
+    CHECK(PathSupport<DeviceLocalGroup::Comm, CudaExecutor>::direct);
     CHECK(PathSupport<DeviceLocalGroup::Comm, CudaExecutor>::messages);
     CHECK(!PathSupport<DeviceLocalGroup::Comm, HostExecutor>::messages);
+    CHECK(!PathSupport<DeviceLocalGroup::Comm, HostExecutor>::direct);
     CHECK(!PathSupport<LocalGroup::Comm, CudaExecutor>::messages);  // host communicator, device executor: no
+    CHECK(!PathSupport<LocalGroup::Comm, CudaExecutor>::direct);
     const Plan plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
-    CHECK(choose_path<DeviceLocalGroup::Comm, CudaExecutor>(plan) == Path::messages);
+    CHECK(choose_path<DeviceLocalGroup::Comm, CudaExecutor>(plan) == Path::direct);
+  }
+
+  TEST_CASE("the copy kernel emulated on the host runs the direct path's lists (peers' inputs, sums across peers) like HostExecutor") {
+    // Every rank of each case: its direct list read from the peers' inputs through BufferTable::peers.
+    for (const ut::Case& base : {ut::c5_case(), ut::c6_cases()[2], ut::zigzag_cases(3)[0], ut::c2_cases(4)[1]}) {
+      ut::Case c = base;
+      c.B = 2;
+      for (Direction dir : {Direction::seq_to_head, Direction::head_to_seq}) {
+        std::vector<Plan> plans;
+        std::vector<LayoutRecord> layouts;
+        for (int r = 0; r < c.P; ++r) plans.push_back(ut::plan_of<float>(c, r)), layouts.push_back(plans.back().layout_record());
+        std::vector<std::vector<std::byte>> inputs;  // rank r's tensor t at r * kMaxTensors + t
+        std::vector<std::byte*> peers(static_cast<std::size_t>(c.P) * kMaxTensors, nullptr);
+        for (int r = 0; r < c.P; ++r)
+          for (int t = 0; t < plans[0].num_tensors(); ++t) {
+            inputs.emplace_back(plans[static_cast<std::size_t>(r)].input_bytes(dir, t));
+            ut::fill_random(inputs.back(), static_cast<std::uint64_t>(100 * r + t + 1));
+            peers[static_cast<std::size_t>(r * kMaxTensors + t)] = inputs.back().data();
+          }
+        for (int r = 0; r < c.P; ++r) {
+          const Plan& p = plans[static_cast<std::size_t>(r)];
+          p.set_peer_layouts(layouts.data());
+          std::vector<std::vector<std::byte>> host_out, emu_out;
+          BufferTable ht, et;
+          for (int t = 0; t < p.num_tensors(); ++t) {
+            host_out.emplace_back(p.output_bytes(dir, t), std::byte{0x5a});
+            emu_out.emplace_back(p.output_bytes(dir, t), std::byte{0x5a});
+          }
+          for (int t = 0; t < p.num_tensors(); ++t)
+            ht.base[Buffer::output(t)] = host_out[static_cast<std::size_t>(t)].data(), et.base[Buffer::output(t)] = emu_out[static_cast<std::size_t>(t)].data();
+          ht.peers = et.peers = peers.data();
+          const std::vector<BlockCopy>& l = p.direct_list(dir);
+          HostExecutor{}.run(l.data(), l.size(), ht);
+          ut::emulate_kernel(l.data(), l.size(), et);
+          CAPTURE(c.name);
+          CAPTURE(r);
+          CHECK(emu_out == host_out);
+        }
+      }
+    }
   }
 
   TEST_CASE("CudaPipeline caps the copy kernel's grid with executors that can (CudaExecutor)") {

@@ -519,7 +519,7 @@ struct DirectWork {
 /// @throws as exchange(); Error(plan_mismatch) when a peer's layouts do not fit this rank's plan.
 template <class Comm, class Exec>
 void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const BufferTable& buffers) {
-  static_assert(PathSupport<Comm, Exec>::direct, "exchange_direct needs with_peers(), allgather() and a host executor");
+  static_assert(PathSupport<Comm, Exec>::direct, "exchange_direct needs with_peers(), allgather() and an executor of the same memory");
   detail::before_exchange(plan, comm);
   if (!plan.has_direct_lists()) {
     const LayoutRecord mine = plan.layout_record();
@@ -527,6 +527,7 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
     comm.allgather(&mine, sizeof mine, all.data());
     plan.set_peer_layouts(all.data());
   }
+  if constexpr (detail::has_prepare_direct<Exec>::value) exec.prepare_direct(plan);
   std::byte* inputs[kMaxTensors] = {};
   for (int t = 0; t < plan.num_tensors(); ++t) inputs[t] = buffers.base[Buffer::input(t)];
   detail::DirectWork<Exec> work{&plan.direct_list(dir), &buffers, &exec, plan.degree()};

@@ -35,18 +35,22 @@
 ///   collective over ranks that share one address space (threads of one process): publishes `mine`,
 ///   waits for every rank, calls work(ctx, all) with all[p] = rank p's `mine`, and returns only after
 ///   every rank's work has returned (no rank may then touch a peer's memory) → Path::direct (with
-///   allgather(), which exchanges the ranks' layouts once per plan);
+///   allgather(), which exchanges the ranks' layouts once per plan). For device memory
+///   (DeviceLocalGroup::Comm) the same in stream order: work enqueues the copies after every
+///   peer's input is ready, and no peer's later work overwrites an input before they have run;
 /// - `static constexpr bool device_memory = true`: its buffers are device memory (NcclComm,
 ///   DeviceLocalGroup::Comm); otherwise host memory;
 /// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's).
 /// Shipped: LocalGroup::Comm (all of them but device_memory), MpiComm (allgather, exchange_messages),
-/// NcclComm and DeviceLocalGroup::Comm (allgather, device_memory, stream).
+/// NcclComm (allgather, exchange_messages, device_memory, stream) and DeviceLocalGroup::Comm (all
+/// of them).
 ///
 /// Executor concept — a type E must provide `void run(const BlockCopy* blocks, std::size_t n, const
 /// BufferTable& t)` (copy.hpp) and may declare `static constexpr bool runs_on_host = true` (host
 /// loads and stores, done on return: HostExecutor) or `static constexpr bool device_memory = true`
-/// (stream-ordered device work: CudaExecutor). The path needs the executor's memory to be the
-/// communicator's; the direct path needs a host executor.
+/// (stream-ordered device work: CudaExecutor). The message and direct paths need the executor's
+/// memory to be the communicator's; on the direct path a device executor also provides
+/// `prepare_direct(const Plan&)` (uploads the direct lists once).
 #pragma once
 
 #include <cstddef>
@@ -93,6 +97,13 @@ struct device_memory : std::false_type {};
 template <class C>
 struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
 
+/// Whether an executor uploads the direct path's lists on demand (`prepare_direct(plan)`: CudaExecutor).
+template <class E, class = void>
+struct has_prepare_direct : std::false_type {};
+template <class E>
+struct has_prepare_direct<E, std::void_t<decltype(std::declval<const E&>().prepare_direct(std::declval<const Plan&>()))>>
+    : std::true_type {};
+
 /// Whether C has `stream()` (stream-ordered communicators and executors: NcclComm,
 /// DeviceLocalGroup::Comm, CudaExecutor).
 template <class C, class = void>
@@ -111,9 +122,10 @@ struct PathSupport {
   static constexpr bool alltoallv = true;  ///< every communicator
   /// exchange_messages() and executor memory the communicator's.
   static constexpr bool messages = detail::has_exchange_messages<Comm>::value && same_memory;
-  /// with_peers() and allgather() of host memory, and a host executor.
-  static constexpr bool direct = detail::has_with_peers<Comm>::value && detail::has_allgather<Comm>::value &&
-                                 !detail::device_memory<Comm>::value && detail::runs_on_host<Exec>::value;
+  /// with_peers() and allgather() (host memory) on the communicator, and executor memory the
+  /// communicator's (a device executor must also have prepare_direct(plan), as CudaExecutor).
+  static constexpr bool direct = detail::has_with_peers<Comm>::value && detail::has_allgather<Comm>::value && same_memory &&
+                                 (detail::runs_on_host<Exec>::value || detail::has_prepare_direct<Exec>::value);
   /// Whether path p is possible (Path::automatic always is).
   static constexpr bool can(Path p) {
     return p == Path::direct ? direct : p == Path::messages ? messages : true;

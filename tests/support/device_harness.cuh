@@ -292,6 +292,7 @@ template <class Comm>
 std::vector<ulysses::Path> device_paths() {
   std::vector<ulysses::Path> v{ulysses::Path::alltoallv};
   if (ulysses::PathSupport<Comm, ulysses::CudaExecutor>::messages) v.push_back(ulysses::Path::messages);
+  if (ulysses::PathSupport<Comm, ulysses::CudaExecutor>::direct) v.push_back(ulysses::Path::direct);
   return v;
 }
 

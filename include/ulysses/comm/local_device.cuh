@@ -100,6 +100,33 @@ class DeviceLocalGroup {
       ordered([&](auto&& copy, auto&& done) { host_.exchange_messages_with(send, n_send, recv, n_recv, copy, done); });
     }
 
+    /// The direct path's step (the optional with_peers() of the communicator concept,
+    /// transport.hpp) in stream order: records `sent` on stream(), publishes `mine`, and once every
+    /// rank has (host barrier) makes stream() wait for every peer's `sent`, calls work(ctx, all)
+    /// (which enqueues the copies reading the peers' inputs), records `read`; after the closing
+    /// barrier, stream() waits for every peer's `read`, so that nothing this rank enqueues later
+    /// (the next write of its input) can run before its peers have read it. Returns once
+    /// everything is enqueued. @throws as alltoallv().
+    void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
+      ordered([&](auto&& copy, auto&& done) {
+        struct Step {
+          decltype(copy)& wait_for;  // (only its stream wait: copy(p, nullptr, nullptr, 0))
+          decltype(done)& finish;
+          int rank, size;
+          void (*work)(void*, const void* const*);
+          void* ctx;
+          static void run(void* self, const void* const* all) {
+            auto& s = *static_cast<Step*>(self);
+            for (int p = 0; p < s.size; ++p)
+              if (p != s.rank) s.wait_for(p, nullptr, nullptr, 0);
+            s.work(s.ctx, all);
+            s.finish();
+          }
+        } step{copy, done, rank(), size(), work, ctx};
+        host_.with_peers(mine, &Step::run, &step);
+      });
+    }
+
     /// All-gather of `bytes` bytes of HOST memory from every rank (rank p's block lands at
     /// recv + p*bytes), on the host, with no device ordering: what check_agreement() uses to
     /// compare the ranks' plan fingerprints. @throws Error(timeout), Error(aborted).
@@ -129,7 +156,7 @@ class DeviceLocalGroup {
       exchange(
           [&](int p, std::byte* dst, const std::byte* src, std::size_t n) {
             if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].sent, 0), "cudaStreamWaitEvent");
-            detail::cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+            if (n) detail::cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
           },
           [&] { detail::cuda_check(cudaEventRecord(ev_.read, stream_), "cudaEventRecord"); });
       // After the closing barrier every peer has recorded `read`; events are only re-recorded

@@ -426,53 +426,31 @@ class CudaExecutor {
     max_grid_ = static_cast<std::int64_t>(sms_) * per_sm_;
 
     // Every list of the plan: both directions, every stage, pack and unpack, and their staged
-    // parts (the message path).
+    // parts (the message path). The direct path's lists come later (prepare_direct()).
     std::vector<const std::vector<BlockCopy>*> src;
     for (Direction d : {Direction::seq_to_head, Direction::head_to_seq})
       for (int k = 0; k < plan.num_stages(); ++k) {
         const Schedule& sc = plan.schedule(d, k);
         for (const std::vector<BlockCopy>* l : {&sc.pack, &sc.unpack, &sc.pack_staged, &sc.unpack_staged}) src.push_back(l);
       }
-    // Image of the device memory: per list, the kernel's blocks then the unit prefix sum.
-    std::size_t bytes = 0;
-    std::vector<std::size_t> blocks_at(src.size()), units_at(src.size());
-    std::vector<detail::KernelList> kl(src.size());
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      kl[i] = detail::kernel_list(src[i]->data(), src[i]->size());
-      blocks_at[i] = bytes;
-      bytes += kl[i].blocks.size() * sizeof(detail::KernelBlock);
-      units_at[i] = bytes;
-      bytes += kl[i].unit_begin.size() * sizeof(std::int64_t);
+    try {
+      upload(src, 0);
+    } catch (...) {
+      release();
+      throw;
     }
-    void* pinned = nullptr;
-    detail::cuda_check(cudaMallocHost(&pinned, bytes), "cudaMallocHost (CudaExecutor block lists)");
-    image_ = static_cast<std::byte*>(pinned);
-    lists_.resize(src.size());
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      if (!kl[i].blocks.empty())
-        std::memcpy(image_ + blocks_at[i], kl[i].blocks.data(), kl[i].blocks.size() * sizeof(detail::KernelBlock));
-      std::memcpy(image_ + units_at[i], kl[i].unit_begin.data(), kl[i].unit_begin.size() * sizeof(std::int64_t));
-      lists_[i] = List{src[i]->data(), src[i]->size(), nullptr, nullptr, kl[i].unit_begin.back()};
-    }
-    const cudaError_t m = cudaMalloc(&mem_, bytes);
-    if (m != cudaSuccess) {
-      cudaFreeHost(image_);
-      image_ = nullptr;
-      detail::cuda_check(m, "cudaMalloc (CudaExecutor block lists)");
-    }
-    auto* dev = static_cast<std::byte*>(mem_);
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      lists_[i].dev_blocks = reinterpret_cast<const detail::KernelBlock*>(dev + blocks_at[i]);
-      lists_[i].dev_units = reinterpret_cast<const std::int64_t*>(dev + units_at[i]);
-    }
-    // image_ (pinned) stays alive with the executor, so the asynchronous upload may read it at leisure.
-    const cudaError_t e = cudaMemcpyAsync(mem_, image_, bytes, cudaMemcpyHostToDevice, stream_);
-    if (e != cudaSuccess) {
-      cudaFree(mem_);
-      cudaFreeHost(image_);
-      mem_ = nullptr, image_ = nullptr;
-      detail::cuda_check(e, "cudaMemcpyAsync (CudaExecutor block lists)");
-    }
+  }
+
+  /// Uploads the direct path's lists of `plan` (Plan::direct_list(), built by the first direct
+  /// exchange) and makes room for the peers' pointers (P × kMaxTensors): what exchange_direct()
+  /// calls before running them; nothing on later calls. Allocates (cudaMalloc, cudaMallocHost) the
+  /// first time: outside stream capture. @pre plan.has_direct_lists(); the plan is the executor's.
+  /// @throws Error(backend) when a CUDA call fails.
+  void prepare_direct(const Plan& plan) const {
+    const std::vector<BlockCopy>& s2h = plan.direct_list(Direction::seq_to_head);
+    if (peers_dev_ && units(s2h.data(), s2h.size()) >= 0) return;
+    peers_count_ = static_cast<std::size_t>(plan.degree()) * kMaxTensors;
+    upload({&s2h, &plan.direct_list(Direction::head_to_seq)}, peers_count_ * sizeof(std::byte*));
   }
 
   CudaExecutor(const CudaExecutor&) = delete;
@@ -485,10 +463,7 @@ class CudaExecutor {
   }
   /// Frees the device lists and their pinned host image (cudaFree / cudaFreeHost, which wait for
   /// the device; errors are ignored).
-  ~CudaExecutor() {
-    if (mem_) cudaFree(mem_);
-    if (image_) cudaFreeHost(image_);
-  }
+  ~CudaExecutor() { release(); }
 
   /// Enqueues the n block copies of `blocks` on the executor's stream: ONE kernel launch (none
   /// when n == 0); returns without waiting. No allocation, no synchronisation; capturable.
@@ -520,6 +495,14 @@ class CudaExecutor {
   /// Same bytes whatever the grid. @throws as run(blocks, n, t).
   void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream, std::int64_t max_ctas) const {
     if (n == 0) return;
+    BufferTable table = t;
+    if (t.peers) {  // the direct path: the peers' pointers (host memory) go to the executor's device copy, in stream order
+      if (!peers_dev_)
+        throw Error(Errc::plan_mismatch, "CudaExecutor::run: a table with peers' buffers, but prepare_direct() was not called");
+      detail::cuda_check(cudaMemcpyAsync(peers_dev_, t.peers, peers_count_ * sizeof(std::byte*), cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync (CudaExecutor peers)");
+      table.peers = peers_dev_;
+    }
     const List* l = nullptr;
     for (const List& x : lists_)
       if (x.host == blocks && x.n == n) l = &x;
@@ -530,7 +513,7 @@ class CudaExecutor {
     std::int64_t grid = l->units < max_grid_ ? l->units : max_grid_;
     if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
     detail::block_copy_kernel<detail::kCopyThreads><<<static_cast<unsigned>(grid), detail::kCopyThreads, 0, stream>>>(
-        l->dev_blocks, l->dev_units, static_cast<int>(l->n), l->units, t);
+        l->dev_blocks, l->dev_units, static_cast<int>(l->n), l->units, table);
     detail::cuda_check(cudaGetLastError(), "block_copy_kernel launch");
   }
 
@@ -557,10 +540,60 @@ class CudaExecutor {
     const std::int64_t* dev_units = nullptr;
     std::int64_t units = 0;
   };
+  /// Device memory and its pinned host image (the source of the asynchronous upload, kept alive).
+  struct Region {
+    void* dev = nullptr;
+    std::byte* host = nullptr;
+  };
+  /// Uploads lists (appended to lists_) and, after them, `extra` bytes of device memory for the
+  /// peers' pointers (peers_dev_ when extra > 0), enqueued on stream_.
+  void upload(const std::vector<const std::vector<BlockCopy>*>& src, std::size_t extra) const {
+    // Image of the device memory: per list, the kernel's blocks then the unit prefix sum.
+    std::size_t bytes = 0;
+    std::vector<std::size_t> blocks_at(src.size()), units_at(src.size());
+    std::vector<detail::KernelList> kl(src.size());
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      kl[i] = detail::kernel_list(src[i]->data(), src[i]->size());
+      blocks_at[i] = bytes;
+      bytes += kl[i].blocks.size() * sizeof(detail::KernelBlock);
+      units_at[i] = bytes;
+      bytes += kl[i].unit_begin.size() * sizeof(std::int64_t);
+    }
+    const std::size_t extra_at = (bytes + 15) / 16 * 16;
+    Region r;
+    detail::cuda_check(cudaMallocHost(reinterpret_cast<void**>(&r.host), bytes), "cudaMallocHost (CudaExecutor block lists)");
+    const cudaError_t m = cudaMalloc(&r.dev, extra_at + extra);
+    if (m != cudaSuccess) {
+      cudaFreeHost(r.host);
+      detail::cuda_check(m, "cudaMalloc (CudaExecutor block lists)");
+    }
+    regions_.push_back(r);  // freed by the destructor from now on
+    auto* dev = static_cast<std::byte*>(r.dev);
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      if (!kl[i].blocks.empty())
+        std::memcpy(r.host + blocks_at[i], kl[i].blocks.data(), kl[i].blocks.size() * sizeof(detail::KernelBlock));
+      std::memcpy(r.host + units_at[i], kl[i].unit_begin.data(), kl[i].unit_begin.size() * sizeof(std::int64_t));
+      lists_.push_back(List{src[i]->data(), src[i]->size(), reinterpret_cast<const detail::KernelBlock*>(dev + blocks_at[i]),
+                            reinterpret_cast<const std::int64_t*>(dev + units_at[i]), kl[i].unit_begin.back()});
+    }
+    if (extra) peers_dev_ = reinterpret_cast<std::byte**>(dev + extra_at);
+    // The pinned image stays alive with the executor, so the asynchronous upload may read it at leisure.
+    detail::cuda_check(cudaMemcpyAsync(r.dev, r.host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (CudaExecutor block lists)");
+  }
+
+  void release() noexcept {
+    for (Region& r : regions_) {
+      if (r.dev) cudaFree(r.dev);
+      if (r.host) cudaFreeHost(r.host);
+    }
+    regions_.clear();
+  }
+
   void swap(CudaExecutor& o) noexcept {
     std::swap(lists_, o.lists_);
-    std::swap(mem_, o.mem_);
-    std::swap(image_, o.image_);
+    std::swap(regions_, o.regions_);
+    std::swap(peers_dev_, o.peers_dev_);
+    std::swap(peers_count_, o.peers_count_);
     std::swap(stream_, o.stream_);
     std::swap(device_, o.device_);
     std::swap(max_grid_, o.max_grid_);
@@ -568,9 +601,10 @@ class CudaExecutor {
     std::swap(per_sm_, o.per_sm_);
   }
 
-  std::vector<List> lists_;
-  void* mem_ = nullptr;
-  std::byte* image_ = nullptr;  // pinned host image of mem_ (source of the asynchronous upload)
+  mutable std::vector<List> lists_;       // the plan's lists (prepare_direct() adds the direct ones)
+  mutable std::vector<Region> regions_;   // their device memory and pinned images
+  mutable std::byte** peers_dev_ = nullptr;  // the direct path's peers' pointers, in device memory
+  mutable std::size_t peers_count_ = 0;      // entries of peers_dev_ (P × kMaxTensors)
   cudaStream_t stream_ = nullptr;
   int device_ = 0, sms_ = 1, per_sm_ = 1;
   std::int64_t max_grid_ = 1;

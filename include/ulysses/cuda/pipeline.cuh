@@ -14,7 +14,10 @@
 ///                   → pack 2 → rec P[2] → wait X[1] → unpack 1 → … → unpack K-1 → rec done
 ///
 /// The exchange runs on the communicator's stream, which must be the user's stream (NcclComm,
-/// DeviceLocalGroup::Comm); packs and unpacks run on the pipeline's own copy stream. Because the
+/// DeviceLocalGroup::Comm); packs and unpacks run on the pipeline's own copy stream. The pipeline
+/// takes the path redistribute() takes (choose_path()): on the message path it packs and unpacks
+/// only the staged pieces; the direct path (DeviceLocalGroup) has nothing to overlap and runs on
+/// the user's stream alone. Because the
 /// copy stream first waits for everything enqueued on the user's stream before the call and the
 /// user's stream finally waits for the last unpack, the whole call is ordered on the user's
 /// stream like redistribute(): work enqueued after it sees the outputs, and the next call's packs
@@ -138,6 +141,12 @@ class CudaPipeline {
     // The path redistribute() takes (choose_path): one message per piece where the communicator
     // can (NcclComm, DeviceLocalGroup::Comm), packing and unpacking only the staged pieces.
     const Path path = choose_path<Comm, Exec>(plan);
+    if constexpr (PathSupport<Comm, Exec>::direct) {
+      if (path == Path::direct) {  // one copy per element, no stages to overlap: on the user's stream
+        const BufferTable t = detail::make_table(plan, dir, in, out, ws, 0);
+        return exchange_direct(plan, dir, comm, exec, t);
+      }
+    }
     const BufferTable t = make_buffers(plan, dir, in, out, ws);
     if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);  // before the fork
 
