@@ -12,21 +12,30 @@ case "$preset" in demo | test | sanitize | tsan) ;; *)
   ;;
 esac
 
-packages=(cmake g++ make doctest-dev libopenmpi-dev openmpi-bin libbenchmark-dev)
+# What each preset cannot do without (the others only add optional parts).
+required=(cmake g++ make)
+case "$preset" in test | sanitize | tsan) required+=(doctest-dev) ;; esac
+[ "$preset" = test ] && required+=(libopenmpi-dev openmpi-bin)
+packages=("${required[@]}" doctest-dev libopenmpi-dev openmpi-bin libbenchmark-dev)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || [[ " ${missing[*]} " == *" $p "* ]] || missing+=("$p")
 done
-if ((${#missing[@]})); then
+if ((${#missing[@]})) && command -v dpkg-query >/dev/null; then
   if command -v apt-get >/dev/null; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
     echo "quickstart: installing ${missing[*]}"
-    if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
-      echo "quickstart: could not install ${missing[*]} (need root or sudo); continuing without them" >&2
-    fi
-  else
-    echo "quickstart: no apt-get; make sure these are installed: ${missing[*]}" >&2
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } ||
+      echo "quickstart: could not install ${missing[*]} (needs root or password-less sudo)" >&2
+  fi
+  still=()
+  for p in "${required[@]}"; do installed "$p" || still+=("$p"); done
+  if ((${#still[@]})); then
+    echo "quickstart: the '$preset' preset needs these packages, which are not installed: ${still[*]}" >&2
+    echo "quickstart: install them (e.g. sudo apt-get install ${still[*]}) and run this again" >&2
+    exit 1
   fi
 fi
 

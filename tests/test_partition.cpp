@@ -41,6 +41,32 @@ TEST_CASE("sequence splits: even, balanced, explicit, zigzag") {
   CHECK(lengths(SeqPartition::zigzag(17, 4)) == std::vector<std::int64_t>{5, 4, 4, 4});
 }
 
+TEST_CASE("where a rank's tokens are: first_token, global_token, locate (contiguous and zigzag)") {
+  auto ex = SeqPartition::lengths(12, 4, {5, 0, 3, 4});
+  CHECK(ex.first_token(0) == 0);
+  CHECK(ex.first_token(1) == 5);  // an empty range starts where it would be
+  CHECK(ex.first_token(2) == 5);
+  CHECK(ex.first_token(3) == 8);
+  CHECK(ex.global_token(3, 2) == 10);
+  CHECK(ex.locate(10) == std::pair<int, std::int64_t>{3, 2});
+  // zigzag S=17, P=4: 8 chunks [3,2,2,2,2,2,2,2] at offsets 0,3,5,7,9,11,13,15; rank 1 holds
+  // chunks 1 (tokens 3,4) and 6 (tokens 13,14) in that order.
+  auto z = SeqPartition::zigzag(17, 4);
+  CHECK(z.first_token(1) == 3);
+  std::vector<std::int64_t> rank1;
+  for (std::int64_t i = 0; i < z.local_length(1); ++i) rank1.push_back(z.global_token(1, i));
+  CHECK(rank1 == std::vector<std::int64_t>{3, 4, 13, 14});
+  CHECK(z.locate(14) == std::pair<int, std::int64_t>{1, 3});
+  // Every token is found where global_token puts it, on every split.
+  for (const SeqPartition& p : {ex, z, SeqPartition::balanced(2, 4), SeqPartition::even(12, 3)})
+    for (int r = 0; r < p.degree(); ++r)
+      for (std::int64_t i = 0; i < p.local_length(r); ++i) CHECK(p.locate(p.global_token(r, i)) == std::pair<int, std::int64_t>{r, i});
+  CHECK(error_of([&] { z.global_token(1, 4); }).first == Errc::invalid_shape);
+  CHECK(error_of([&] { z.global_token(4, 0); }).first == Errc::invalid_group);
+  CHECK(error_of([&] { z.first_token(-1); }).first == Errc::invalid_group);
+  CHECK(error_of([&] { z.locate(17); }).first == Errc::invalid_shape);
+}
+
 TEST_CASE("sequence split errors carry their codes and the numbers") {
   auto [code, msg] = error_of([] { SeqPartition::even(7, 2); });
   CHECK(code == Errc::seq_not_divisible);

@@ -49,14 +49,49 @@ struct Config {
   bool ranks_given = false;    // --ranks on the command line (checked against the MPI world size)
   bool seq_given = false;
   double tolerance = 1e-4;
+  int warmup = 2, repeat = 5;  // timing: untimed runs, then timed runs of each exchange (median)
 };
 
-/// One rank's measurements (max abs errors against the double-precision reference, phase times).
+/// The timed exchanges of a layer: forward seq->head (q, k, v), head->seq (o); backward
+/// seq->head (do) and head->seq (dq, dk, dv, summed).
+constexpr int kExchanges = 4;
+constexpr const char* kExchangeNames[kExchanges] = {"fwd seq->head q,k,v", "fwd head->seq o", "bwd seq->head do",
+                                                    "bwd head->seq dq,dk,dv (summed)"};
+
+/// One rank's measurements (max abs errors against the double-precision reference, phase times
+/// of the checked run, and the timed exchanges). Every field is reduced by max over ranks.
 struct Result {
   double err_o = 0, err_dq = 0, err_dk = 0, err_dv = 0, err_unsummed = 0;
   double pack_ms = 0, exchange_ms = 0, unpack_ms = 0, attention_ms = 0;
   double bytes_s2h = 0, bytes_h2s = 0, bytes_replica = 0;
+  // Timed between barriers after a warm-up, median of the runs: the exchange, the bare
+  // all-to-all of the same bytes, and the bytes (this rank's input tensors, its own chunk included).
+  double ms[kExchanges] = {}, bare_ms[kExchanges] = {}, bytes[kExchanges] = {};
   Path path = Path::alltoallv;  // the transport the exchanges took
+  static constexpr int kFields = 12 + 3 * kExchanges;
+  void to(double* v) const {
+    const double head[12] = {err_o, err_dq, err_dk, err_dv, err_unsummed, pack_ms, exchange_ms, unpack_ms, attention_ms,
+                             bytes_s2h, bytes_h2s, bytes_replica};
+    std::copy(head, head + 12, v);
+    std::copy(ms, ms + kExchanges, v + 12);
+    std::copy(bare_ms, bare_ms + kExchanges, v + 12 + kExchanges);
+    std::copy(bytes, bytes + kExchanges, v + 12 + 2 * kExchanges);
+  }
+  void from(const double* v) {
+    double* head[12] = {&err_o, &err_dq, &err_dk, &err_dv, &err_unsummed, &pack_ms, &exchange_ms, &unpack_ms, &attention_ms,
+                        &bytes_s2h, &bytes_h2s, &bytes_replica};
+    for (int i = 0; i < 12; ++i) *head[i] = v[i];
+    std::copy(v + 12, v + 12 + kExchanges, ms);
+    std::copy(v + 12 + kExchanges, v + 12 + 2 * kExchanges, bare_ms);
+    std::copy(v + 12 + 2 * kExchanges, v + 12 + 3 * kExchanges, bytes);
+  }
+  /// Field-wise max with another rank's result (the path is every rank's same one).
+  void max_with(const Result& o) {
+    double a[kFields], b[kFields];
+    to(a), o.to(b);
+    for (int i = 0; i < kFields; ++i) a[i] = std::max(a[i], b[i]);
+    from(a);
+  }
 };
 
 // Deterministic input in [-1, 1): a hash of (tensor, b, s, h, d); tensors 0..3 are q, k, v, do.
@@ -67,6 +102,60 @@ float input_value(int t, std::int64_t b, std::int64_t s, std::int64_t h, std::in
 }
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+/// Every rank waits for every other (a one-byte all-gather: every communicator of the demo has it).
+template <class Comm>
+void group_barrier(Comm& comm) {
+  std::vector<char> all(static_cast<std::size_t>(comm.size()));
+  const char mine = 0;
+  comm.allgather(&mine, 1, all.data());
+}
+
+/// The median time of `repeat` runs of fn() after `warmup` untimed ones, each run between two
+/// barriers of the group: the time from all ranks starting to all ranks done, so no rank's number
+/// includes waiting for another's earlier work (attention, a previous exchange).
+template <class Comm, class F>
+double group_median_ms(Comm& comm, int warmup, int repeat, F&& fn) {
+  for (int i = 0; i < warmup; ++i) {
+    group_barrier(comm);
+    fn();
+  }
+  std::vector<double> t;
+  for (int i = 0; i < repeat; ++i) {
+    group_barrier(comm);
+    const auto t0 = Clock::now();
+    fn();
+    group_barrier(comm);
+    t.push_back(ms_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t.empty() ? 0 : t[t.size() / 2];
+}
+
+/// Times exchange i (redistribute() of `plan` in `dir`, the path it chooses) and the bare
+/// all-to-all-v of the same bytes between contiguous buffers (P equal chunks of the input bytes of
+/// the rank with the most, its own chunk included, as MPI_Alltoall and nccl-tests count them) into res.ms[i],
+/// res.bare_ms[i], res.bytes[i]. Collective.
+template <class Comm>
+void time_exchange(int i, const Config& c, const Plan& plan, Direction dir, Comm& comm, const TensorList<ConstByteSpan>& in,
+                   const TensorList<ByteSpan>& out, std::vector<std::byte>& ws, Result& res) {
+  HostExecutor exec;
+  std::size_t bytes = 0;
+  for (int t = 0; t < plan.num_tensors(); ++t) bytes += dir == Direction::seq_to_head ? plan.seq_bytes(t) : plan.head_bytes(t);
+  res.bytes[i] = static_cast<double>(bytes);
+  res.ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] { redistribute(plan, dir, comm, exec, in, out, ws); });
+  // The same counts on every rank (a rank's bytes differ under uneven splits): the largest.
+  std::vector<std::size_t> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(&bytes, sizeof bytes, all.data());
+  const auto P = static_cast<std::size_t>(comm.size());
+  const std::size_t chunk = *std::max_element(all.begin(), all.end()) / P;
+  std::vector<std::byte> send(chunk * P, std::byte{1}), recv(chunk * P);
+  std::vector<std::size_t> counts(P, chunk), offsets(P);
+  for (std::size_t p = 0; p < P; ++p) offsets[p] = p * chunk;
+  res.bare_ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] {
+    comm.alltoallv(send.data(), counts.data(), offsets.data(), recv.data(), counts.data(), offsets.data());
+  });
+}
 
 /// Runs the stages redistribute() runs on the path it takes (choose_path), with per-phase timing:
 /// in-process, the direct path (each rank copies from its peers' inputs into its outputs: timed
@@ -322,6 +411,13 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
 
   std::vector<float> out = buffer(po.seq_bytes(0));
   timed_redistribute(po, Direction::head_to_seq, comm, {o}, {out}, ws, res);
+  constexpr bool timed = PathSupport<Comm, HostExecutor>::same_memory && detail::has_allgather<Comm>::value;
+  if constexpr (timed) {  // timing runs after the checked ones (they overwrite the same outputs with the same bytes)
+    std::vector<float> mid2[3], out2 = buffer(po.seq_bytes(0));
+    for (int t = 0; t < 3; ++t) mid2[t] = buffer(qkv.head_bytes(t));
+    time_exchange(0, c, qkv, Direction::seq_to_head, comm, {in[0], in[1], in[2]}, {mid2[0], mid2[1], mid2[2]}, ws, res);
+    time_exchange(1, c, po, Direction::head_to_seq, comm, {o}, {out2}, ws, res);
+  }
   res.bytes_s2h = static_cast<double>(qkv.exchanged_bytes(Direction::seq_to_head));
   res.bytes_h2s = static_cast<double>(po.exchanged_bytes(Direction::head_to_seq));
 
@@ -333,6 +429,12 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     // timed stages run exactly that.
     timed_redistribute(qkv, backward_of(Direction::seq_to_head), comm, {dq2, dk2, dv2}, {dq, dk, dv}, ws, res);
     res.bytes_replica = static_cast<double>(qkv.replica_bytes(Direction::head_to_seq));
+    if constexpr (timed) {
+      std::vector<float> do2b = buffer(po.head_bytes(0)), dqb = buffer(qkv.seq_bytes(0)), dkb = buffer(qkv.seq_bytes(1)),
+                         dvb = buffer(qkv.seq_bytes(2));
+      time_exchange(2, c, po, backward_of(Direction::head_to_seq), comm, {do_seq}, {do2b}, ws, res);
+      time_exchange(3, c, qkv, backward_of(Direction::seq_to_head), comm, {dq2, dk2, dv2}, {dqb, dkb, dvb}, ws, res);
+    }
     // What an engine that takes one rank's copy instead of the sum gets (the fault this prevents):
     // the same gradients through a plan whose k and v take their owner's copy.
     Plan owner({P, r}, c.batch, seq,
@@ -369,12 +471,15 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "usage: ulysses_attention [--ranks P] [--batch B] [--seq S] [--heads H] [--kv-heads Hkv]\n"
       "                         [--head-dim D] [--v-head-dim Dv] [--layout bshd|sbhd|bhsd]\n"
       "                         [--model NAME] [--balanced] [--backward] [--tolerance T]\n"
+      "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
       "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
       "            partial gradients of kv heads held by several ranks); default then P=16, S=256\n"
       "            (each of Llama's 8 kv heads on 2 ranks).\n"
+      "--warmup W, --repeat N: each exchange is then timed between barriers, W untimed runs and the\n"
+      "            median of N (default 2 and 5), next to the bare all-to-all-v of the same bytes.\n"
       "--balanced: split heads with HeadPolicy::balanced (H not divisible by P; uneven S needs nothing).\n"
       "--model: a public model's head shapes (S stays as it is unless --seq); a unique prefix is enough.\n"
       "--backend mpi: run under `mpiexec -n P`; P is the number of MPI processes.\n"
@@ -424,6 +529,8 @@ Config parse(int argc, char** argv) {
     else if (a == "--balanced") c.balanced = true;
     else if (a == "--backward") c.backward = true;
     else if (a == "--tolerance") c.tolerance = std::atof(need(i));
+    else if (a == "--warmup") c.warmup = static_cast<int>(number(i));
+    else if (a == "--repeat") c.repeat = static_cast<int>(number(i));
     else if (a == "--backend") c.backend = need(i);
     else if (a == "--device") c.device = need(i);
     else if (a == "--layout") {
@@ -451,6 +558,10 @@ Config parse(int argc, char** argv) {
     std::exit(2);
   }
   if (c.device != "cpu" && c.device != "cuda") usage(2);
+  if (c.warmup < 0 || c.repeat < 1) {
+    std::fprintf(stderr, "--warmup must be >= 0 and --repeat >= 1\n");
+    std::exit(2);
+  }
   if (c.device == "cuda" && c.backend != "local") {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
     std::exit(2);
@@ -463,16 +574,8 @@ Config parse(int argc, char** argv) {
 }
 
 Result reduce_max(const std::vector<Result>& rs) {
-  Result m;
-  for (const Result& r : rs) {
-    m.err_o = std::max(m.err_o, r.err_o), m.err_dq = std::max(m.err_dq, r.err_dq), m.err_dk = std::max(m.err_dk, r.err_dk);
-    m.err_dv = std::max(m.err_dv, r.err_dv), m.err_unsummed = std::max(m.err_unsummed, r.err_unsummed);
-    m.pack_ms = std::max(m.pack_ms, r.pack_ms), m.exchange_ms = std::max(m.exchange_ms, r.exchange_ms);
-    m.unpack_ms = std::max(m.unpack_ms, r.unpack_ms), m.attention_ms = std::max(m.attention_ms, r.attention_ms);
-    m.bytes_s2h = std::max(m.bytes_s2h, r.bytes_s2h), m.bytes_h2s = std::max(m.bytes_h2s, r.bytes_h2s);
-    m.bytes_replica = std::max(m.bytes_replica, r.bytes_replica);
-    m.path = r.path;
-  }
+  Result m = rs.at(0);
+  for (const Result& r : rs) m.max_with(r);
   return m;
 }
 
@@ -492,8 +595,21 @@ int report(const Config& c, int P, const Result& m) {
                 "            summed (a rank sends at most %.3f MiB of replica copies)\n",
                 holders, m.bytes_replica / (1 << 20));
   }
-  std::printf("  phase times (max over ranks, all exchanges): pack %.3f ms, exchange %.3f ms, unpack %.3f ms, attention %.1f ms\n",
-              m.pack_ms, m.exchange_ms, m.unpack_ms, m.attention_ms);
+  if (m.bytes[0] > 0) {
+    std::printf("  exchanges, each between barriers, median of %d runs after %d warm-up (max over ranks); bare = the\n"
+                "  all-to-all-v of the same bytes between contiguous buffers (P equal chunks, own chunk included):\n",
+                c.repeat, c.warmup);
+    std::printf("    %-34s %10s %10s %9s %10s %9s %7s\n", "exchange", "MiB/rank", "time ms", "GB/s", "bare ms", "GB/s", "ratio");
+    for (int i = 0; i < kExchanges; ++i) {
+      if (m.bytes[i] <= 0) continue;
+      std::printf("    %-34s %10.3f %10.3f %9.2f %10.3f %9.2f %7.2f\n", kExchangeNames[i], m.bytes[i] / (1 << 20), m.ms[i],
+                  m.bytes[i] / m.ms[i] * 1e-6, m.bare_ms[i], m.bytes[i] / m.bare_ms[i] * 1e-6, m.ms[i] / m.bare_ms[i]);
+    }
+  } else {
+    std::printf("  phase times (max over ranks, all exchanges): pack %.3f ms, exchange %.3f ms, unpack %.3f ms\n", m.pack_ms,
+                m.exchange_ms, m.unpack_ms);
+  }
+  std::printf("  attention (this demo's plain loops, not the point): %.1f ms\n", m.attention_ms);
   bool ok = m.err_o <= c.tolerance;
   std::printf("  max abs error vs single-rank attention (double): o %.3g", m.err_o);
   if (c.backward) {
@@ -524,10 +640,11 @@ int main(int argc, char** argv) {
         return 2;
       }
       Result r = run_rank(comm, c, nullptr);
-      double mine[13] = {r.err_o, r.err_dq, r.err_dk, r.err_dv, r.err_unsummed, r.pack_ms, r.exchange_ms, r.unpack_ms,
-                         r.attention_ms, r.bytes_s2h, r.bytes_h2s, r.bytes_replica, 0}, all[13];
-      MPI_Allreduce(mine, all, 13, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      const Result m{all[0], all[1], all[2], all[3], all[4], all[5], all[6], all[7], all[8], all[9], all[10], all[11], r.path};
+      double mine[Result::kFields], all[Result::kFields];
+      r.to(mine);
+      MPI_Allreduce(mine, all, Result::kFields, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      Result m = r;
+      m.from(all);
       int rc = 0;
       if (comm.rank() == 0) rc = report(c, comm.size(), m);
       MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);

@@ -129,7 +129,10 @@ inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* co
   std::int64_t small[5 * 4];
   std::vector<std::int64_t> big;
   std::int64_t* ss = small;
-  if (n > 4) big.resize(static_cast<std::size_t>(5 * n)), ss = big.data();
+  if (n > 4) {
+    big.resize(static_cast<std::size_t>(5 * n));
+    ss = big.data();
+  }
   int nd = 0;
   for (int i = 0; i < 4; ++i) {
     if (ext[i] == 0) return false;

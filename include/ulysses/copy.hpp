@@ -94,7 +94,10 @@ inline void stream_row(std::byte* d, const std::byte* s, std::size_t n, std::uin
     return;
   }
   std::memcpy(d, s, head);
-  d += head, s += head, n -= head, pf += head;
+  d += head;
+  s += head;
+  n -= head;
+  pf += head;
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
@@ -118,7 +121,10 @@ inline void stream_row(std::byte* d, const std::byte* s, std::size_t n, std::uin
 inline void copy_rows_streaming(std::byte* dst, const std::byte* src, std::int64_t n, std::int64_t row, std::int64_t ds,
                                 std::int64_t ss) {
 #if ULYSSES_HOST_STREAMING
-  if (ds == row && ss == row) row *= n, n = 1;  // contiguous rows: one long row
+  if (ds == row && ss == row) {  // contiguous rows: one long row
+    row *= n;
+    n = 1;
+  }
   if (row >= kStreamMinRow) {
     const bool next_row = row <= kStreamPrefetchMaxRow;
     for (std::int64_t i = 0; i < n; ++i) {
@@ -179,14 +185,21 @@ inline BlockCopy host_order(const BlockCopy& c) {
   for (int i = 0; i < 3; ++i) {
     if (c.extent[i] <= 1) continue;
     const std::int64_t p = loop_pages(c.extent[i], c.src_stride[i]) + loop_pages(c.extent[i], c.dst_stride[i]);
-    if (p < best_pages) best = i, best_pages = p;
+    if (p < best_pages) {
+      best = i;
+      best_pages = p;
+    }
   }
   if (best == 3) return c;
   BlockCopy o = c;
   for (int i = best; i < 3; ++i) {  // shift the loops after `best` outwards by one
-    o.extent[i] = c.extent[i + 1], o.src_stride[i] = c.src_stride[i + 1], o.dst_stride[i] = c.dst_stride[i + 1];
+    o.extent[i] = c.extent[i + 1];
+    o.src_stride[i] = c.src_stride[i + 1];
+    o.dst_stride[i] = c.dst_stride[i + 1];
   }
-  o.extent[3] = c.extent[best], o.src_stride[3] = c.src_stride[best], o.dst_stride[3] = c.dst_stride[best];
+  o.extent[3] = c.extent[best];
+  o.src_stride[3] = c.src_stride[best];
+  o.dst_stride[3] = c.dst_stride[best];
   return o;
 }
 
@@ -311,7 +324,10 @@ class HostPool {
     std::lock_guard<std::mutex> one_call(call_);
     {
       std::lock_guard<std::mutex> l(m_);
-      fn_ = fn, ctx_ = ctx, parts_ = parts, pending_ = parts - 1;
+      fn_ = fn;
+      ctx_ = ctx;
+      parts_ = parts;
+      pending_ = parts - 1;
       ++generation_;
     }
     if (parts > 1) wake_.notify_all();

@@ -114,7 +114,7 @@ struct Layout {
   ///   `strided({B,8,H,D}, {S*H*D, H*D, D, 1})`, base `x + 4*H*D`.
   static constexpr Layout strided(std::array<std::int64_t, 4> extents, std::array<std::int64_t, 4> strides) {
     Layout l{};
-    for (int i = 0; i < 4; ++i) {
+    for (std::size_t i = 0; i < 4; ++i) {
       l.extent[i] = extents[i];
       l.stride[i] = strides[i];
     }

@@ -63,7 +63,7 @@ class SeqPartition {
   static SeqPartition balanced(std::int64_t S, int P) {
     check(S, P);
     std::vector<std::int64_t> len(static_cast<std::size_t>(P));
-    for (int r = 0; r < P; ++r) len[r] = S / P + (r < S % P ? 1 : 0);
+    for (std::size_t r = 0; r < len.size(); ++r) len[r] = S / P + (static_cast<std::int64_t>(r) < S % P ? 1 : 0);
     return lengths(len);
   }
 
@@ -105,12 +105,10 @@ class SeqPartition {
     check(S, P);
     const std::int64_t n = 2 * static_cast<std::int64_t>(P);
     std::vector<std::int64_t> off(static_cast<std::size_t>(n + 1), 0);
-    for (std::int64_t i = 0; i < n; ++i) off[i + 1] = off[i] + S / n + (i < S % n ? 1 : 0);
+    for (std::size_t i = 0; i + 1 < off.size(); ++i) off[i + 1] = off[i] + S / n + (static_cast<std::int64_t>(i) < S % n ? 1 : 0);
     std::vector<SeqChunk> c;
-    for (int r = 0; r < P; ++r) {
-      c.push_back({r, off[r], off[r + 1] - off[r], 0});
-      const std::int64_t j = n - 1 - r;
-      c.push_back({r, off[j], off[j + 1] - off[j], 0});
+    for (int r = 0; r < P; ++r) {  // chunks r and 2P-1-r
+      for (const auto j : {static_cast<std::size_t>(r), static_cast<std::size_t>(n - 1 - r)}) c.push_back({r, off[j], off[j + 1] - off[j], 0});
     }
     return chunks(S, P, std::move(c));
   }
@@ -131,8 +129,9 @@ class SeqPartition {
         detail::fail(Errc::invalid_partition, "sequence chunk at offset " + std::to_string(k.offset) + " has length " +
                                                   std::to_string(k.length) + "; both must be >= 0");
       detail::add(k.offset, k.length, "end of a sequence chunk");
-      k.local_offset = local[k.rank];
-      local[k.rank] = detail::add(local[k.rank], k.length, "tokens of a rank");
+      std::int64_t& mine = local[static_cast<std::size_t>(k.rank)];
+      k.local_offset = mine;
+      mine = detail::add(mine, k.length, "tokens of a rank");
       if (k.length) cover.emplace_back(k.offset, k.length);
     }
     std::sort(cover.begin(), cover.end());
@@ -158,6 +157,38 @@ class SeqPartition {
   int degree() const { return P_; }             ///< P
   /// Tokens rank r holds in the seq-sharded layout (S_r).
   std::int64_t local_length(int r) const { return local_.at(static_cast<std::size_t>(r)); }
+  /// The global token of rank r's first local token (its first chunk's offset): for the splits
+  /// whose ranks hold one contiguous range (even, balanced, lengths), rank r's seq-sharded tensor
+  /// holds global tokens [first_token(r), first_token(r) + local_length(r)). A rank holding no
+  /// token gets where its empty range would start (S when it has no chunk at all).
+  /// @throws Error(invalid_group) r outside [0, P).
+  std::int64_t first_token(int r) const {
+    check_rank(r);
+    for (const SeqChunk& k : chunks_)
+      if (k.rank == r) return k.offset;
+    return S_;
+  }
+  /// The global token (0 .. S-1) at local index `local` (0 .. local_length(r) - 1) of rank r's
+  /// seq-sharded tensor, for every split (zigzag and other multi-chunk splits included): how a rank
+  /// fills its shard of a global [B, S, H, D] tensor x: local token i of rank r is
+  /// x[:, global_token(r, i)]. O(chunks of r).
+  /// @throws Error(invalid_group) r outside [0, P); Error(invalid_shape) `local` outside
+  ///         [0, local_length(r)).
+  std::int64_t global_token(int r, std::int64_t local) const {
+    check_rank(r);
+    for (const SeqChunk& k : chunks_)
+      if (k.rank == r && local >= k.local_offset && local < k.local_offset + k.length) return k.offset + (local - k.local_offset);
+    detail::fail(Errc::invalid_shape, "local token " + std::to_string(local) + " is outside rank " + std::to_string(r) +
+                                          "'s local tokens [0, " + std::to_string(local_length(r)) + ")");
+  }
+  /// The rank holding global token `token` (0 .. S-1) in the seq-sharded layout, and its local
+  /// index there: {rank, local index}. O(chunks).
+  /// @throws Error(invalid_shape) `token` outside [0, S).
+  std::pair<int, std::int64_t> locate(std::int64_t token) const {
+    for (const SeqChunk& k : chunks_)
+      if (token >= k.offset && token < k.offset + k.length) return {k.rank, k.local_offset + (token - k.offset)};
+    detail::fail(Errc::invalid_shape, "token " + std::to_string(token) + " is outside the sequence [0, " + std::to_string(S_) + ")");
+  }
   /// All chunks, in listing order.
   const std::vector<SeqChunk>& chunks() const { return chunks_; }
   /// Rank r's chunks in its local order.
@@ -178,6 +209,10 @@ class SeqPartition {
   }
 
  private:
+  void check_rank(int r) const {
+    if (r < 0 || r >= P_)
+      detail::fail(Errc::invalid_group, "rank " + std::to_string(r) + " is outside the group [0, " + std::to_string(P_) + ")");
+  }
   static void check(std::int64_t S, int P) {
     detail::check_group_size(P);
     if (S < 1) detail::fail(Errc::invalid_shape, "sequence length S=" + std::to_string(S) + " must be >= 1");
@@ -248,7 +283,8 @@ class HeadPartition {
         detail::fail(Errc::invalid_partition, "head range of rank " + std::to_string(i) + " is [" + std::to_string(b) +
                                                   ", " + std::to_string(e) + "); ranges must lie in [0, " +
                                                   std::to_string(H) + "), be monotone and leave no gap");
-      prev_b = b, prev_e = e;
+      prev_b = b;
+      prev_e = e;
       if (!empty) covered = e;
     }
     if (covered != H)
@@ -294,8 +330,10 @@ class HeadPartition {
       auto [b, e] = query.r_[static_cast<std::size_t>(i)];
       if (b == e)
         r.emplace_back(last, last);
-      else
-        r.emplace_back(b / g, (e - 1) / g + 1), last = (e - 1) / g + 1;
+      else {
+        last = (e - 1) / g + 1;
+        r.emplace_back(b / g, last);
+      }
     }
     HeadPartition p = ranges(Hkv, std::move(r));
     p.even_ = query.even_;

@@ -270,9 +270,11 @@ class Plan {
       for (int k = 0; k < options_.stages; ++k) {
         sched_[d].emplace_back();
         build(static_cast<Direction>(d), k, sb, rb);
-        sb += sched_[d].back().send_total, rb += sched_[d].back().recv_total;
+        sb += sched_[d].back().send_total;
+        rb += sched_[d].back().recv_total;
       }
-      send = std::max(send, sb), recv = std::max(recv, rb);
+      send = std::max(send, sb);
+      recv = std::max(recv, rb);
     }
     recv_region_ = (send + 255) / 256 * 256;
     workspace_ = recv_region_ + recv;
@@ -415,7 +417,10 @@ class Plan {
     for (int t = 0; t < num_tensors(); ++t)
       for (int side = 0; side < 2; ++side) {
         const Layout& l = side == 0 ? seq_layout(t) : head_layout(t);
-        for (int i = 0; i < 4; ++i) r.v[t][side][i] = l.extent[i], r.v[t][side][4 + i] = l.stride[i];
+        for (int i = 0; i < 4; ++i) {
+          r.v[t][side][i] = l.extent[static_cast<std::size_t>(i)];
+          r.v[t][side][4 + i] = l.stride[static_cast<std::size_t>(i)];
+        }
       }
     return r;
   }
@@ -569,7 +574,7 @@ class Plan {
   }
 
   static void check_layout(const Layout& l, std::array<std::int64_t, 4> want, std::size_t elem_bytes, const std::string& what) {
-    for (int i = 0; i < 4; ++i)
+    for (std::size_t i = 0; i < 4; ++i)
       if (l.extent[i] != want[i])
         detail::fail(Errc::layout_mismatch, what + " has extents " + l.str() + " but the plan needs [" + std::to_string(want[0]) +
                                                 "," + std::to_string(want[1]) + "," + std::to_string(want[2]) + "," +
@@ -627,6 +632,10 @@ class Plan {
     return i;
   }
 
+  /// An index (rank, tensor, holder) as a container index.
+  template <class I>
+  static constexpr std::size_t ix(I i) { return static_cast<std::size_t>(i); }
+
   /// Appends the block copying extents `ext` from (src buffer, byte offset, element strides) to
   /// (dst buffer, byte offset, element strides).
   static void add_block(std::vector<BlockCopy>& list, const std::int64_t ext[4], std::int64_t elem_bytes, int sbuf,
@@ -640,48 +649,53 @@ class Plan {
     const int P = group_.size, me = group_.rank, T = num_tensors();
     const bool s2h = dir == Direction::seq_to_head;
     Schedule& sc = sched_[static_cast<int>(dir)][static_cast<std::size_t>(k)];
-    sc.send_bytes.assign(P, 0);
-    sc.send_offsets.assign(P, 0);
-    sc.recv_bytes.assign(P, 0);
-    sc.recv_offsets.assign(P, 0);
+    sc.send_bytes.assign(ix(P), 0);
+    sc.send_offsets.assign(ix(P), 0);
+    sc.recv_bytes.assign(ix(P), 0);
+    sc.recv_offsets.assign(ix(P), 0);
     // heads[t][r]: the heads head-sharded rank r puts on the wire for tensor t in this stage.
     std::vector<std::vector<std::vector<Run>>> heads(static_cast<std::size_t>(T));
     std::vector<char> sums(static_cast<std::size_t>(T));
     for (int t = 0; t < T; ++t) {
-      sums[t] = !s2h && sums_replicas(t);
-      for (int r = 0; r < P; ++r) heads[t].push_back(stage_heads(tensors_[t], sums[t], r, s2h, k));
+      sums[ix(t)] = !s2h && sums_replicas(t);
+      for (int r = 0; r < P; ++r) heads[ix(t)].push_back(stage_heads(tensors_[ix(t)], sums[ix(t)], r, s2h, k));
     }
     // Bytes of tensor t in the chunk between seq-sharded rank sr and head-sharded rank hr.
     auto piece_bytes = [&](int t, int sr, int hr) {
       const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
-      return static_cast<std::size_t>(batch_ * seq_.local_length(sr) * total(heads[t][hr]) * x.head_dim) * x.elem_bytes;
+      return static_cast<std::size_t>(batch_ * seq_.local_length(sr) * total(heads[ix(t)][ix(hr)]) * x.head_dim) * x.elem_bytes;
     };
     // recv_at[p][t]: offset of tensor t's piece from p in the receive region.
     std::vector<std::vector<std::size_t>> recv_at(static_cast<std::size_t>(P), std::vector<std::size_t>(static_cast<std::size_t>(T)));
     std::vector<std::vector<std::size_t>> send_at = recv_at;
     std::size_t so = send_base, ro = recv_base;
     for (int p = 0; p < P; ++p) {
-      sc.send_offsets[p] = so, sc.recv_offsets[p] = ro;
+      sc.send_offsets[ix(p)] = so;
+      sc.recv_offsets[ix(p)] = ro;
       if (p != me)
         for (int t = 0; t < T; ++t) {
-          send_at[p][t] = so, recv_at[p][t] = ro;
+          send_at[ix(p)][ix(t)] = so;
+          recv_at[ix(p)][ix(t)] = ro;
           const std::size_t sb = s2h ? piece_bytes(t, me, p) : piece_bytes(t, p, me);
           const std::size_t rb = s2h ? piece_bytes(t, p, me) : piece_bytes(t, me, p);
-          so += sb, ro += rb;
-          sc.send_bytes[p] += sb, sc.recv_bytes[p] += rb;
-          if (sums[t]) {  // heads I hold below my owned range are copies I send only to be summed
+          so += sb;
+          ro += rb;
+          sc.send_bytes[ix(p)] += sb;
+          sc.recv_bytes[ix(p)] += rb;
+          if (sums[ix(t)]) {  // heads I hold below my owned range are copies I send only to be summed
             const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
             const std::int64_t own = x.heads.owned_begin(me);
             std::int64_t n = 0;
-            for (const Run& r : heads[t][me]) n += std::max<std::int64_t>(0, std::min(r.hi, own) - r.lo);
+            for (const Run& r : heads[ix(t)][ix(me)]) n += std::max<std::int64_t>(0, std::min(r.hi, own) - r.lo);
             sc.replica_bytes += static_cast<std::size_t>(batch_ * seq_.local_length(p) * n * x.head_dim) * x.elem_bytes;
           }
         }
-      sc.send_total += sc.send_bytes[p], sc.recv_total += sc.recv_bytes[p];
+      sc.send_total += sc.send_bytes[ix(p)];
+      sc.recv_total += sc.recv_bytes[ix(p)];
     }
     // A head of tensor t is summed on receipt when several ranks hold it (and t sums).
     auto summed = [&](int t, std::int64_t h) {
-      if (!sums[t]) return false;
+      if (!sums[ix(t)]) return false;
       const auto [f, l] = tensors_[static_cast<std::size_t>(t)].heads.holders(h);
       return l - f > 1;
     };
@@ -718,12 +732,12 @@ class Plan {
         {
           const std::vector<SeqChunk>& cs = s2h ? my_chunks : peer_chunks;
           const std::int64_t Ts = s2h ? Tm : Tp;
-          const std::vector<Run>& hs = heads[t][s2h ? p : me];
+          const std::vector<Run>& hs = heads[ix(t)][ix(s2h ? p : me)];
           const std::int64_t n = total(hs);
           const std::int64_t wire[4] = {Ts * n * D, n * D, D, 1};
           for (std::int64_t b = 0; b < batch_; ++b)
             for (const SeqChunk& c : cs) {
-              const auto off = static_cast<std::int64_t>(send_at[p][t]) + ((b * Ts + c.local_offset) * n) * D * e;
+              const auto off = static_cast<std::int64_t>(send_at[ix(p)][ix(t)]) + ((b * Ts + c.local_offset) * n) * D * e;
               Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), Buffer::send, off, static_cast<std::size_t>(off)};
               pc.first = static_cast<std::uint32_t>(sc.pack.size());
               for (const Run& r : hs) {
@@ -740,13 +754,13 @@ class Plan {
         {
           const std::vector<SeqChunk>& cs = s2h ? peer_chunks : my_chunks;
           const std::int64_t Ts = s2h ? Tp : Tm;
-          const std::vector<Run>& hs = heads[t][s2h ? me : p];
+          const std::vector<Run>& hs = heads[ix(t)][ix(s2h ? me : p)];
           const std::int64_t n = total(hs);
           const std::int64_t wire[4] = {Ts * n * D, n * D, D, 1};
           const std::vector<Run> copied = s2h ? hs : runs_where(t, hs, false);
           for (std::int64_t b = 0; b < batch_; ++b)
             for (const SeqChunk& c : cs) {
-              const auto off = static_cast<std::int64_t>(recv_at[p][t]) + ((b * Ts + c.local_offset) * n) * D * e;
+              const auto off = static_cast<std::int64_t>(recv_at[ix(p)][ix(t)]) + ((b * Ts + c.local_offset) * n) * D * e;
               Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), Buffer::recv, off, static_cast<std::size_t>(off)};
               pc.first = static_cast<std::uint32_t>(sc.unpack.size());
               for (const Run& r : copied) {
@@ -768,7 +782,7 @@ class Plan {
       const Layout& hl = *x.head_layout;
       const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
       const int in = Buffer::input(t), out = Buffer::output(t);
-      for (const Run& r : s2h ? heads[t][me] : runs_where(t, heads[t][me], false))
+      for (const Run& r : s2h ? heads[ix(t)][ix(me)] : runs_where(t, heads[ix(t)][ix(me)], false))
         for (const SeqChunk& c : my_chunks) {
           const std::int64_t ext[4] = {batch_, c.length, r.hi - r.lo, D};
           if (s2h)
@@ -782,7 +796,7 @@ class Plan {
     // Sums (head→seq, Replicas::sum): each head of this stage held by several ranks, from every
     // holder's copy in ascending rank order (the wire of a peer, this rank's own input).
     for (int t = 0; t < T; ++t) {
-      if (!sums[t]) continue;
+      if (!sums[ix(t)]) continue;
       const TensorSpec& x = tensors_[static_cast<std::size_t>(t)];
       const HeadPartition& hp = x.heads;
       const Layout& sl = *x.seq_layout;
@@ -808,15 +822,16 @@ class Plan {
             for (int j = 0; j < n; ++j) {
               const int q = holders.first + j;
               if (q == me) {
-                for (int i = 0; i < 4; ++i) strides[j][i] = hl.stride[i];
-                soff[j] = hl.offset(0, c.offset, a - hp.begin(me), 0) * e, sbuf[j] = Buffer::input(t);
+                strides[ix(j)] = {hl.stride[0], hl.stride[1], hl.stride[2], hl.stride[3]};
+                soff[ix(j)] = hl.offset(0, c.offset, a - hp.begin(me), 0) * e;
+                sbuf[ix(j)] = Buffer::input(t);
               } else {
-                const std::int64_t nq = total(heads[t][q]);
-                strides[j] = {Tm * nq * D, nq * D, D, 1};
-                soff[j] = static_cast<std::int64_t>(recv_at[q][t]) + (c.local_offset * nq + index_of(heads[t][q], a)) * D * e;
-                sbuf[j] = Buffer::recv;
+                const std::int64_t nq = total(heads[ix(t)][ix(q)]);
+                strides[ix(j)] = {Tm * nq * D, nq * D, D, 1};
+                soff[ix(j)] = static_cast<std::int64_t>(recv_at[ix(q)][ix(t)]) + (c.local_offset * nq + index_of(heads[ix(t)][ix(q)], a)) * D * e;
+                sbuf[ix(j)] = Buffer::recv;
               }
-              sp[j] = strides[j].data();
+              sp[ix(j)] = strides[ix(j)].data();
             }
             std::vector<BlockCopy> g(static_cast<std::size_t>(n));
             if (detail::make_blocks(ext, n, sp.data(), sl.stride, e, soff.data(), sl.offset(0, c.local_offset, a, 0) * e,
@@ -882,15 +897,17 @@ class Plan {
         std::vector<int> bufs;
         for (int j = 0; j < n; ++j) {
           lq.push_back(layout_of(holders.first + j, false));
-          strides.push_back({lq[j].stride[0], lq[j].stride[1], lq[j].stride[2], lq[j].stride[3]});
+          strides.push_back({lq[ix(j)].stride[0], lq[ix(j)].stride[1], lq[ix(j)].stride[2], lq[ix(j)].stride[3]});
           bufs.push_back(Buffer::peer_input(holders.first + j, t));
         }
         for (const SeqChunk& c : my_chunks) {
           const std::int64_t ext[4] = {batch_, c.length, b - a, D};
           std::vector<const std::int64_t*> sp;
           std::vector<std::int64_t> soff;
-          for (int j = 0; j < n; ++j)
-            sp.push_back(strides[j].data()), soff.push_back(lq[j].offset(0, c.offset, a - hp.begin(holders.first + j), 0) * e);
+          for (int j = 0; j < n; ++j) {
+            sp.push_back(strides[ix(j)].data());
+            soff.push_back(lq[ix(j)].offset(0, c.offset, a - hp.begin(holders.first + j), 0) * e);
+          }
           std::vector<BlockCopy> g(static_cast<std::size_t>(n));
           if (detail::make_blocks(ext, n, sp.data(), sl.stride, e, soff.data(), sl.offset(0, c.local_offset, a, 0) * e, bufs.data(),
                                   Buffer::output(t), x.type, g.data()))

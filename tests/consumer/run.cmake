@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # ctest -P script: (a) install ULYSSES_BUILD_DIR into a fresh prefix and build the consumer with
 # find_package, or (b) build the consumer with add_subdirectory(ULYSSES_SOURCE_DIR); then run it.
+# EXTRA_ARGS (a list) goes to the consumer's configure (e.g. CUDA hidden).
 file(REMOVE_RECURSE ${WORK_DIR})
-set(args -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+set(args -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} ${EXTRA_ARGS})
 if(ULYSSES_BUILD_DIR)
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${ULYSSES_BUILD_DIR} --prefix ${WORK_DIR}/prefix
     RESULT_VARIABLE rc OUTPUT_QUIET)

@@ -46,7 +46,10 @@ class MpiComm {
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     const auto n = static_cast<std::size_t>(size_);
-    sc_.resize(n), sd_.resize(n), rc_.resize(n), rd_.resize(n);
+    sc_.resize(n);
+    sd_.resize(n);
+    rc_.resize(n);
+    rd_.resize(n);
   }
 
   int size() const { return size_; }    ///< MPI_Comm_size
@@ -68,8 +71,10 @@ class MpiComm {
     if (size_ > 1) check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
     if (fits) {
       for (std::size_t p = 0; p < sc_.size(); ++p) {
-        sc_[p] = static_cast<int>(send_bytes[p]), sd_[p] = static_cast<int>(send_offsets[p]);
-        rc_[p] = static_cast<int>(recv_bytes[p]), rd_[p] = static_cast<int>(recv_offsets[p]);
+        sc_[p] = static_cast<int>(send_bytes[p]);
+        sd_[p] = static_cast<int>(send_offsets[p]);
+        rc_[p] = static_cast<int>(recv_bytes[p]);
+        rd_[p] = static_cast<int>(recv_offsets[p]);
       }
       check(MPI_Alltoallv(send, sc_.data(), sd_.data(), MPI_BYTE, recv, rc_.data(), rd_.data(), MPI_BYTE, comm_),
             "MPI_Alltoallv");

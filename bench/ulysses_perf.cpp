@@ -1,0 +1,493 @@
+// SPDX-License-Identifier: Apache-2.0
+// ulysses_perf: the Ulysses exchanges of a real model shape, measured the way nccl-tests'
+// alltoall_perf measures a collective (a sweep of sizes; per size: warm-up, then n back-to-back
+// iterations between two barriers, the time per iteration taken as the slowest rank's; algbw =
+// bytes / time, busbw = algbw * (P-1)/P as nccl-tests defines it for all-to-all), next to the bare
+// all-to-all-v of the same bytes on the same communicator, with an optional bit-exact check
+// against an oracle computed from the partitions alone (#wrong).
+//
+//   ulysses_perf --backend local --ranks 4 --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
+//   mpiexec -n 4 ulysses_perf --backend mpi --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
+//
+// The exchanges: --direction seq_to_head is q, k, v in one exchange (the plan of
+// attention_specs().qkv()); head_to_seq is the attention output o. With --backward, each is the
+// backward of that forward exchange (seq_to_head_backward: head->seq of dq, dk, dv, summing the
+// partial gradients of replicated kv heads; head_to_seq_backward: seq->head of do). Bytes per rank
+// are this rank's input tensor bytes (its own chunk included, as nccl-tests counts an
+// all-to-all's size), the largest over ranks for uneven splits.
+#include <ulysses/ulysses.hpp>
+#if ULYSSES_PERF_MPI
+#include <ulysses/comm/mpi.hpp>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "models.hpp"
+
+namespace {
+
+using namespace ulysses;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string backend = "local";
+  int ranks = 4;
+  bool ranks_given = false;
+  std::string model = "Llama-3.1-8B";
+  AttentionShape shape{32, 8, 128, 128};
+  ElementType type = ElementType::float32;
+  std::int64_t begin = 1024, end = 16384, factor = 2, increment = 0, batch = 1;
+  Format layout = Format::bshd;
+  bool seq_to_head = true, head_to_seq = true, backward = false, check = false, balanced = false;
+  Path path = Path::automatic;
+  int iters = 20, warmup = 5;
+  std::string json;
+};
+
+/// One line of the table.
+struct Row {
+  std::int64_t S = 0;
+  double bytes = 0;         // per rank (largest over ranks)
+  std::string direction;    // seq_to_head, head_to_seq, or their _backward
+  std::string path;         // the transport taken
+  double us = 0, bare_us = 0;
+  long long wrong = -1;     // -1: not checked
+};
+
+// ---- collectives every communicator here has: allgather (host memory) -------------------------
+template <class Comm>
+void barrier(Comm& comm) {
+  std::vector<char> all(static_cast<std::size_t>(comm.size()));
+  const char mine = 0;
+  comm.allgather(&mine, 1, all.data());
+}
+template <class Comm>
+double max_over_ranks(Comm& comm, double x) {
+  std::vector<double> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(&x, sizeof x, all.data());
+  return *std::max_element(all.begin(), all.end());
+}
+template <class Comm>
+long long sum_over_ranks(Comm& comm, long long x) {
+  std::vector<long long> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(&x, sizeof x, all.data());
+  long long s = 0;
+  for (long long v : all) s += v;
+  return s;
+}
+
+/// Microseconds per iteration of fn(), the slowest rank's: `warmup` untimed iterations, a barrier,
+/// `iters` back-to-back iterations, a barrier.
+template <class Comm, class F>
+double time_us(Comm& comm, int warmup, int iters, F&& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  barrier(comm);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  barrier(comm);
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+  return max_over_ranks(comm, us);
+}
+
+// ---- the oracle: every element's value is a function of where it is -------------------------
+/// A small whole number (exact in every element type, so that sums are exact until the one
+/// rounding the library defines) from the element's global position (tensor, b, s, h, d) and, for
+/// head-sharded inputs of head->seq, the holding rank q (so a sum over holders differs from any one
+/// copy); q = -1 for seq-sharded inputs.
+double value(ElementType type, int t, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, int q) {
+  std::uint64_t x = ((((static_cast<std::uint64_t>(t) * 257u + static_cast<std::uint64_t>(b)) * 1000003u + static_cast<std::uint64_t>(s)) * 4099u +
+                      static_cast<std::uint64_t>(h)) * 1031u + static_cast<std::uint64_t>(d)) * 131u + static_cast<std::uint64_t>(q + 1);
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  const std::uint64_t range = type == ElementType::bfloat16 ? 128 : type == ElementType::float16 ? 1024 : 1u << 19;
+  return static_cast<double>(static_cast<std::int64_t>(x % (2 * range + 1)) - static_cast<std::int64_t>(range));
+}
+
+/// Writes the sum of `terms` (ascending holder order, in the type's accumulation type, rounded once:
+/// the library's rule) as one element of `type` at p.
+void store_sum(ElementType type, const double* terms, int n, std::byte* p) {
+  detail::with_sum_arith(type, [&](auto a) {
+    using A = decltype(a);
+    typename A::Acc acc = static_cast<typename A::Acc>(terms[0]);
+    for (int j = 1; j < n; ++j) acc = acc + static_cast<typename A::Acc>(terms[j]);
+    A::store(p, acc);
+  });
+}
+
+/// One exchange of the sweep: the plan (q,k,v or o), the direction run, and its buffers.
+struct Exchange {
+  Plan plan;
+  Direction dir;
+  std::vector<std::vector<std::byte>> in, out;
+  std::vector<std::byte> ws;
+  std::size_t in_bytes = 0;
+  TensorList<ConstByteSpan> ins() const {
+    TensorList<ConstByteSpan> l;
+    for (const auto& b : in) l.push_back(ConstByteSpan{b.data(), b.size()});
+    return l;
+  }
+  TensorList<ByteSpan> outs() {
+    TensorList<ByteSpan> l;
+    for (auto& b : out) l.push_back(ByteSpan{b.data(), b.size()});
+    return l;
+  }
+};
+
+/// Calls f(b, s_global, h_global, local_offset_in_elements) for every element position of tensor t
+/// on this rank's side (`seq_side`: seq-sharded, else head-sharded), d = 0 (rows of D follow).
+template <class F>
+void for_each_row(const Plan& plan, int t, bool seq_side, const SeqPartition& seq, int r, F&& f) {
+  const Layout& l = seq_side ? plan.seq_layout(t) : plan.head_layout(t);
+  const HeadPartition& hp = plan.tensor(t).heads;
+  for (std::int64_t b = 0; b < l.extent[0]; ++b)
+    for (std::int64_t i = 0; i < l.extent[1]; ++i)
+      for (std::int64_t h = 0; h < l.extent[2]; ++h) {
+        const std::int64_t s = seq_side ? seq.global_token(r, i) : i, hg = seq_side ? h : hp.begin(r) + h;
+        f(b, s, hg, l.offset(b, i, h, 0), l.stride[3]);
+      }
+}
+
+void fill_inputs(Exchange& x, const SeqPartition& seq, int r) {
+  const bool s2h = x.dir == Direction::seq_to_head;
+  for (int t = 0; t < x.plan.num_tensors(); ++t) {
+    const ElementType type = x.plan.tensor(t).type;
+    const std::size_t e = size_of(type);
+    const std::int64_t D = x.plan.tensor(t).head_dim;
+    std::byte* base = x.in[static_cast<std::size_t>(t)].data();
+    for_each_row(x.plan, t, s2h, seq, r, [&](std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t off, std::int64_t sd) {
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double v = value(type, t, b, s, h, d, s2h ? -1 : r);
+        store_sum(type, &v, 1, base + static_cast<std::size_t>(off + d * sd) * e);
+      }
+    });
+  }
+}
+
+/// Elements of this rank's outputs that differ (bitwise) from what the partitions say they hold.
+long long count_wrong(const Exchange& x, const SeqPartition& seq, int r) {
+  const bool s2h = x.dir == Direction::seq_to_head;
+  long long wrong = 0;
+  std::vector<double> terms;
+  std::byte want[8];
+  for (int t = 0; t < x.plan.num_tensors(); ++t) {
+    const TensorSpec& spec = x.plan.tensor(t);
+    const std::size_t e = size_of(spec.type);
+    const bool sums = !s2h && spec.replicas == Replicas::sum;
+    const std::byte* base = x.out[static_cast<std::size_t>(t)].data();
+    for_each_row(x.plan, t, !s2h, seq, r, [&](std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t off, std::int64_t sd) {
+      const auto holders = spec.heads.holders(h);
+      const int last = sums ? holders.second : holders.first + 1;  // summed over all, or the owner's copy
+      for (std::int64_t d = 0; d < spec.head_dim; ++d) {
+        terms.clear();
+        if (s2h) terms.push_back(value(spec.type, t, b, s, h, d, -1));
+        else
+          for (int q = holders.first; q < last; ++q) terms.push_back(value(spec.type, t, b, s, h, d, q));
+        store_sum(spec.type, terms.data(), static_cast<int>(terms.size()), want);
+        wrong += std::memcmp(want, base + static_cast<std::size_t>(off + d * sd) * e, e) != 0;
+      }
+    });
+  }
+  return wrong;
+}
+
+/// The element type's C++ stand-in for attention_specs (only its size matters here).
+template <class F>
+auto with_storage(ElementType type, F&& f) {
+  switch (type) {
+    case ElementType::float64: return f(double{});
+    case ElementType::float32: return f(float{});
+    default: return f(std::uint16_t{});
+  }
+}
+
+template <class Comm>
+std::vector<Row> run(Comm& comm, const Options& o) {
+  const int P = comm.size(), r = comm.rank();
+  std::vector<Row> rows;
+  HostExecutor exec;
+  PlanOptions po;
+  po.path = o.path;
+  const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
+  const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
+  for (std::int64_t S = o.begin; S <= o.end; S = o.increment > 0 ? S + o.increment : S * o.factor) {
+    const SeqPartition seq = SeqPartition::balanced(S, P);
+    for (int which = 0; which < 2; ++which) {
+      if ((which == 0 && !o.seq_to_head) || (which == 1 && !o.head_to_seq)) continue;
+      // forward seq->head: qkv, seq->head; forward head->seq: o, head->seq; --backward: the adjoints.
+      const bool qkv = which == 0;
+      const Direction forward = qkv ? Direction::seq_to_head : Direction::head_to_seq;
+      Exchange x{Plan({P, r}, o.batch, seq, qkv ? a.qkv() : a.out(), o.layout, po), o.backward ? backward_of(forward) : forward, {}, {}, {}, 0};
+      const bool s2h = x.dir == Direction::seq_to_head;
+      for (int t = 0; t < x.plan.num_tensors(); ++t) {
+        const std::size_t ib = s2h ? x.plan.seq_bytes(t) : x.plan.head_bytes(t), ob = s2h ? x.plan.head_bytes(t) : x.plan.seq_bytes(t);
+        x.in.emplace_back(ib);
+        x.out.emplace_back(ob);
+        x.in_bytes += ib;
+      }
+      x.ws.resize(x.plan.workspace_bytes());
+      fill_inputs(x, seq, r);
+      const TensorList<ConstByteSpan> in = x.ins();
+      const TensorList<ByteSpan> out = x.outs();
+      auto once = [&] { redistribute(x.plan, x.dir, comm, exec, in, out, x.ws); };
+      Row row;
+      row.S = S;
+      row.direction = std::string(qkv ? "seq_to_head" : "head_to_seq") + (o.backward ? "_backward" : "");
+      row.path = to_string(choose_path<Comm, HostExecutor>(x.plan));
+      row.bytes = max_over_ranks(comm, static_cast<double>(x.in_bytes));
+      if (o.check) {
+        once();
+        row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
+      }
+      row.us = time_us(comm, o.warmup, o.iters, once);
+      // The bare all-to-all-v of the same bytes: P equal chunks between contiguous buffers.
+      const auto chunk = static_cast<std::size_t>(row.bytes) / static_cast<std::size_t>(P);
+      std::vector<std::byte> send(chunk * static_cast<std::size_t>(P), std::byte{1}), recv(send.size());
+      std::vector<std::size_t> counts(static_cast<std::size_t>(P), chunk), offsets(static_cast<std::size_t>(P));
+      for (std::size_t p = 0; p < offsets.size(); ++p) offsets[p] = p * chunk;
+      row.bare_us = time_us(comm, o.warmup, o.iters, [&] {
+        comm.alltoallv(send.data(), counts.data(), offsets.data(), recv.data(), counts.data(), offsets.data());
+      });
+      rows.push_back(row);
+    }
+    if (o.increment == 0 && o.factor == 1) break;  // one size
+  }
+  return rows;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+void print(const Options& o, int P, const std::vector<Row>& rows) {
+  std::printf("# ulysses_perf: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s\n",
+              o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
+              static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
+              static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup, o.check ? ", checked bit for bit" : "");
+  std::printf("# bytes: a rank's input tensors (own chunk included); algbw = bytes/time; busbw = algbw*(P-1)/P; bare: the\n"
+              "# all-to-all-v of the same bytes between contiguous buffers on the same communicator; ratio = time/bare\n");
+  std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "S", "bytes", "direction", "path", "time(us)", "algbw",
+              "busbw", "#wrong", "bare(us)", "algbw", "ratio");
+  std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
+  for (const Row& w : rows) {
+    const double alg = w.bytes / w.us * 1e-3, bare = w.bytes / w.bare_us * 1e-3;
+    char wrong[24];
+    if (w.wrong < 0) std::snprintf(wrong, sizeof wrong, "N/A");
+    else std::snprintf(wrong, sizeof wrong, "%lld", w.wrong);
+    std::printf(" %9lld %13.0f %-22s %-9s %11.1f %9.2f %9.2f %7s %11.1f %9.2f %6.2f\n", static_cast<long long>(w.S), w.bytes,
+                w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, wrong, w.bare_us, bare, w.us / w.bare_us);
+  }
+  long long wrong = 0;
+  for (const Row& w : rows) wrong += std::max(0LL, w.wrong);
+  if (o.check) std::printf("# wrong elements (all sizes, all ranks): %lld %s\n", wrong, wrong ? "FAILED" : "OK");
+  if (o.json.empty()) return;
+  FILE* f = std::fopen(o.json.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "ulysses_perf: cannot write %s\n", o.json.c_str());
+    return;
+  }
+  std::fprintf(f, "{\"tool\": \"ulysses_perf\", \"model\": \"%s\", \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"v_head_dim\": %lld,\n",
+               json_escape(o.model).c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
+               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim));
+  std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
+               to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
+  std::fprintf(f, " \"rows\": [\n");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& w = rows[i];
+    const double alg = w.bytes / w.us * 1e-3;
+    std::fprintf(f,
+                 "  {\"S\": %lld, \"bytes\": %.0f, \"direction\": \"%s\", \"path\": \"%s\", \"time_us\": %.3f, \"algbw_GBps\": %.4f, "
+                 "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f}%s\n",
+                 static_cast<long long>(w.S), w.bytes, w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
+                 w.bare_us, w.bytes / w.bare_us * 1e-3, w.us / w.bare_us, i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, " ]}\n");
+  std::fclose(f);
+}
+
+[[noreturn]] void usage(int code) {
+  std::printf(
+      "usage: ulysses_perf [--backend local|mpi] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
+      "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
+      "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
+      "                    [--path auto|alltoallv|messages|direct] [--backward] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
+      "                    [--json FILE] [--list-models]\n"
+      "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
+      "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
+      "alltoall_perf next to the bare all-to-all-v of the same bytes. -c 1 checks every output element\n"
+      "bit for bit against an oracle (#wrong). --backward times the adjoints (seq_to_head_backward sums\n"
+      "the partial gradients of replicated kv heads). --backend mpi: run under mpiexec -n P.\n"
+      "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n");
+  std::exit(code);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  auto need = [&](int& i) -> std::string {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", argv[i]);
+      usage(2);
+    }
+    return argv[++i];
+  };
+  auto number = [&](int& i) -> long long {
+    const char* flag = argv[i];
+    const std::string v = need(i);
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end) {
+      std::fprintf(stderr, "%s expects a whole number, got '%s'\n", flag, v.c_str());
+      std::exit(2);
+    }
+    return n;
+  };
+  bool custom = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--backend") o.backend = need(i);
+    else if (a == "--ranks") o.ranks = static_cast<int>(number(i)), o.ranks_given = true;
+    else if (a == "--model") {
+      const std::string name = need(i);
+      const auto* m = ulysses_models::find_model(name);
+      if (!m) {
+        std::fprintf(stderr, "unknown or ambiguous model '%s'; --list-models lists them\n", name.c_str());
+        std::exit(2);
+      }
+      o.model = m->name;
+      o.shape = {m->num_heads, m->num_kv_heads, m->head_dim, m->v_head_dim};
+    } else if (a == "--heads") o.shape.num_heads = number(i), custom = true;
+    else if (a == "--kv-heads") o.shape.num_kv_heads = number(i), custom = true;
+    else if (a == "--head-dim") o.shape.head_dim = o.shape.v_head_dim = number(i), custom = true;
+    else if (a == "--v-head-dim") o.shape.v_head_dim = number(i), custom = true;
+    else if (a == "--dtype") {
+      const std::string t = need(i);
+      if (t == "fp32") o.type = ElementType::float32;
+      else if (t == "bf16") o.type = ElementType::bfloat16;
+      else if (t == "fp16") o.type = ElementType::float16;
+      else if (t == "fp64") o.type = ElementType::float64;
+      else {
+        std::fprintf(stderr, "--dtype must be fp32, bf16, fp16 or fp64, not '%s'\n", t.c_str());
+        std::exit(2);
+      }
+    } else if (a == "-b") o.begin = number(i);
+    else if (a == "-e") o.end = number(i);
+    else if (a == "-f") o.factor = number(i);
+    else if (a == "-i") o.increment = number(i);
+    else if (a == "--batch") o.batch = number(i);
+    else if (a == "--layout") {
+      const std::string l = need(i);
+      if (l == "bshd") o.layout = Format::bshd;
+      else if (l == "sbhd") o.layout = Format::sbhd;
+      else if (l == "bhsd") o.layout = Format::bhsd;
+      else {
+        std::fprintf(stderr, "--layout must be bshd, sbhd or bhsd, not '%s'\n", l.c_str());
+        std::exit(2);
+      }
+    } else if (a == "--direction") {
+      const std::string d = need(i);
+      if (d != "seq_to_head" && d != "head_to_seq" && d != "both") {
+        std::fprintf(stderr, "--direction must be seq_to_head, head_to_seq or both, not '%s'\n", d.c_str());
+        std::exit(2);
+      }
+      o.seq_to_head = d != "head_to_seq";
+      o.head_to_seq = d != "seq_to_head";
+    } else if (a == "--path") {
+      const std::string p = need(i);
+      if (p == "auto") o.path = Path::automatic;
+      else if (p == "alltoallv") o.path = Path::alltoallv;
+      else if (p == "messages") o.path = Path::messages;
+      else if (p == "direct") o.path = Path::direct;
+      else {
+        std::fprintf(stderr, "--path must be auto, alltoallv, messages or direct, not '%s'\n", p.c_str());
+        std::exit(2);
+      }
+    } else if (a == "--balanced") o.balanced = true;
+    else if (a == "--backward") o.backward = true;
+    else if (a == "-n") o.iters = static_cast<int>(number(i));
+    else if (a == "-w") o.warmup = static_cast<int>(number(i));
+    else if (a == "-c") o.check = number(i) != 0;
+    else if (a == "--json") o.json = need(i);
+    else if (a == "--list-models") {
+      for (const auto& m : ulysses_models::kModels)
+        std::printf("%-18s H=%-3lld Hkv=%-3lld D=%-3lld Dv=%-3lld\n", m.name, static_cast<long long>(m.num_heads),
+                    static_cast<long long>(m.num_kv_heads), static_cast<long long>(m.head_dim), static_cast<long long>(m.v_head_dim));
+      std::exit(0);
+    } else if (a == "--help" || a == "-h") usage(0);
+    else {
+      std::fprintf(stderr, "unknown argument '%s'\n", a.c_str());
+      usage(2);
+    }
+  }
+  if (custom) o.model = "custom";
+  if (o.backend != "local" && o.backend != "mpi") {
+    std::fprintf(stderr, "--backend must be local or mpi (this build's host backends), not '%s'\n", o.backend.c_str());
+    std::exit(2);
+  }
+  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.iters < 1 || o.warmup < 0 || o.batch < 1) {
+    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -n >= 1, -w >= 0, --batch >= 1\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    if (o.backend == "mpi") {
+#if ULYSSES_PERF_MPI
+      MPI_Init(&argc, &argv);
+      int rc = 0;
+      {
+        MpiComm comm(MPI_COMM_WORLD);
+        if (o.ranks_given && o.ranks != comm.size()) {
+          if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
+          rc = 2;
+        } else {
+          const std::vector<Row> rows = run(comm, o);
+          if (comm.rank() == 0) print(o, comm.size(), rows);
+          for (const Row& w : rows) rc |= w.wrong > 0;
+        }
+      }
+      MPI_Finalize();
+      return rc;
+#else
+      std::fprintf(stderr, "ulysses_perf: this build has no MPI (install libopenmpi-dev and reconfigure)\n");
+      return 2;
+#endif
+    }
+    LocalGroup group(o.ranks);
+    std::vector<Row> rows;
+    group.run([&](LocalGroup::Comm& comm) {
+      std::vector<Row> mine = run(comm, o);
+      if (comm.rank() == 0) rows = std::move(mine);
+    });
+    print(o, o.ranks, rows);
+    for (const Row& w : rows)
+      if (w.wrong > 0) return 1;
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ulysses_perf: %s\n", e.what());
+#if ULYSSES_PERF_MPI
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 2);  // peers may be inside a collective
+#endif
+    return 2;
+  }
+}

@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every CUDA header under an engine's strict host flags (tests/CMakeLists.txt: nvcc with
+// -Xcompiler -Wall,-Wextra,-Wshadow,-Wconversion,-Wsign-conversion; any warning located in our
+// headers fails the test, host or device side). Compiled, not run: the entry points are instantiated over the
+// CUDA executor with NcclComm and DeviceLocalGroup::Comm, on every path they take.
+#include <ulysses/comm/local_device.cuh>
+#include <ulysses/comm/nccl.cuh>
+#include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/pipeline.cuh>
+#include <ulysses/ulysses.hpp>
+
+namespace ulysses {
+template void seq_to_head<NcclComm, CudaExecutor>(const Plan&, NcclComm&, CudaExecutor&, const TensorList<ConstByteSpan>&,
+                                                  const TensorList<ByteSpan>&, Workspace);
+template void head_to_seq_backward<NcclComm, CudaExecutor>(const Plan&, NcclComm&, CudaExecutor&, const TensorList<ConstByteSpan>&,
+                                                           const TensorList<ByteSpan>&, Workspace);
+template void seq_to_head<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, DeviceLocalGroup::Comm&, CudaExecutor&,
+                                                                const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
+template void head_to_seq<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, DeviceLocalGroup::Comm&, CudaExecutor&,
+                                                                const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
+template void CudaPipeline::run<NcclComm, CudaExecutor>(const Plan&, Direction, NcclComm&, const CudaExecutor&,
+                                                        const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
+template void CudaPipeline::run<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, Direction, DeviceLocalGroup::Comm&, const CudaExecutor&,
+                                                                      const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&,
+                                                                      Workspace);
+}  // namespace ulysses
+
+int main() { return 0; }
