@@ -14,9 +14,9 @@ esac
 
 # What each preset cannot do without (the others only add optional parts).
 required=(cmake g++ make)
-case "$preset" in test | sanitize | tsan) required+=(doctest-dev) ;; esac
+case "$preset" in test | sanitize | tsan) required+=(doctest-dev pkg-config) ;; esac
 [ "$preset" = test ] && required+=(libopenmpi-dev openmpi-bin)
-packages=("${required[@]}" doctest-dev libopenmpi-dev openmpi-bin libbenchmark-dev)
+packages=("${required[@]}" doctest-dev pkg-config libopenmpi-dev openmpi-bin libbenchmark-dev)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
 for p in "${packages[@]}"; do

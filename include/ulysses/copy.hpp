@@ -151,6 +151,8 @@ inline void copy_rows_as(bool streaming, std::byte* dst, const std::byte* src, s
 }  // namespace detail
 
 /// Runs one block copy on the host (op == BlockOp::copy; sums run through HostExecutor::run).
+/// @param c         the block (its buffers are indices into `t`)
+/// @param t         the base pointers of the call's buffers
 /// @param streaming copy rows of 64 bytes or more with non-temporal (cache-bypassing) stores; the
 ///                  caller must then call detail::stream_fence() before the data is read by
 ///                  another thread. Same bytes either way.

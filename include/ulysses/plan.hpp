@@ -245,6 +245,7 @@ class Plan {
   /// @param seq     sequence partition over P ranks (S = seq.seq_len())
   /// @param tensors 1..kMaxTensors tensors, each with a head partition over P ranks
   /// @param format  memory order of the local tensors whose layouts are not given
+  /// @param options stages, transport (PlanOptions)
   /// @throws Error(invalid_group) bad rank or size, or a partition made for another P;
   ///         Error(invalid_shape) B, D or element size < 1, no / too many tensors, an element
   ///         type whose size is not the element size, options.stages outside [1, 64];

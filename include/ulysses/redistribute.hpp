@@ -466,6 +466,8 @@ void stage_exchange(const Plan& plan, Direction dir, Path path, Comm& comm, cons
 
 /// Checks one call's buffers against the plan and returns the buffer table the stages run on.
 ///
+/// @param plan the plan the stages will run
+/// @param dir the direction (which side is input)
 /// @param in  the plan's tensors in order: seq-sharded [B, S_r, H, D] for seq_to_head,
 ///            head-sharded [B, S, H_r, D] for head_to_seq (in the plan's layouts), each with its
 ///            size in bytes (at least Plan::input_bytes(dir, t))

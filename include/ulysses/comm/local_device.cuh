@@ -186,6 +186,7 @@ class DeviceLocalGroup {
   /// r's communicator on `streams[r]`, and joins them. Errors: as LocalGroup::run (a rank that
   /// throws aborts the others; the root cause is rethrown here).
   /// @param streams size() streams of the group's device (not owned)
+  /// @param fn      callable as fn(Comm&), run once per rank on the rank's thread
   template <class F>
   void run(const cudaStream_t* streams, F&& fn) {
     host_.run([&](LocalGroup::Comm& c) {

@@ -34,6 +34,7 @@ class MpiComm {
 
   /// Wraps `comm` (not owned, not duplicated: the caller keeps it alive and must not run other
   /// collectives on it concurrently).
+  /// @param comm the MPI communicator of the sequence-parallel group (its size is P)
   /// @param max_message_bytes largest single MPI message and displacement, in bytes; 1 ..
   ///        INT_MAX. Tests lower it to exercise the splitting path with small buffers. Every rank
   ///        of the group must pass the same value (both sides of a pair cut messages by it).

@@ -204,6 +204,10 @@ struct RowTable {
 /// segment, and the widest vector the addresses, strides and segment length allow.
 /// @param blocks      the list (n >= 1 entries)
 /// @param unit_begin  prefix sum of units over blocks (n + 1 entries, unit_begin[0] = 0)
+/// @param n           blocks in the list
+/// @param u           the unit, 0 <= u < unit_begin[n]
+/// @param t           the base pointers of the call's buffers
+/// @param block       set to the unit's block
 ULYSSES_HOST_DEVICE __forceinline__ Unit find_unit(const KernelBlock* blocks, const std::int64_t* unit_begin, int n,
                                                    std::int64_t u, const BufferTable& t, const KernelBlock*& block) {
   int lo = 0, hi = n - 1;  // the last block whose first unit is <= u
@@ -345,6 +349,7 @@ ULYSSES_HOST_DEVICE __forceinline__ void run_unit(const KernelBlock* b, const Un
 /// block that is not 1-D, the CTA first tabulates its rows' offsets in shared memory.
 /// @param blocks      the list, in device memory (n >= 1 entries)
 /// @param unit_begin  device prefix sum of units over blocks (n + 1 entries)
+/// @param n           blocks in the list
 /// @param units       unit_begin[n]
 /// @param t           the base pointers, by value
 template <int Threads>
@@ -484,6 +489,7 @@ class CudaExecutor {
   /// As run(blocks, n, t), but launches on `stream` instead of the executor's stream (what
   /// CudaPipeline does to pack and unpack on its copy stream while the exchange runs on the
   /// caller's). Same guarantees: one launch, no allocation, no synchronisation; capturable.
+  /// @param blocks, n, t as run(blocks, n, t)
   /// @param stream a stream of the executor's device, ordered after the upload of the lists that
   ///               the constructor enqueued on stream() (e.g. it waits for an event recorded on
   ///               stream() after construction, or stream() has been synchronised once)
