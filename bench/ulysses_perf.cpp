@@ -21,7 +21,8 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
+#include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "models.hpp"
 
 namespace {
@@ -218,7 +220,7 @@ std::vector<Row> run(Comm& comm, const Options& o) {
   po.path = o.path;
   const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
   const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
-  for (std::int64_t S = o.begin; S <= o.end; S = o.increment > 0 ? S + o.increment : S * o.factor) {
+  for (std::int64_t S = o.begin; S <= o.end;) {
     const SeqPartition seq = SeqPartition::balanced(S, P);
     for (int which = 0; which < 2; ++which) {
       if ((which == 0 && !o.seq_to_head) || (which == 1 && !o.head_to_seq)) continue;
@@ -258,7 +260,14 @@ std::vector<Row> run(Comm& comm, const Options& o) {
       });
       rows.push_back(row);
     }
-    if (o.increment == 0 && o.factor == 1) break;  // one size
+    // The next size (stop at the end, at one size when neither grows, and before an overflow).
+    if (o.increment > 0) {
+      if (S > o.end - o.increment) break;
+      S += o.increment;
+    } else {
+      if (o.factor == 1 || S > o.end / o.factor) break;
+      S *= o.factor;
+    }
   }
   return rows;
 }
@@ -272,7 +281,8 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-void print(const Options& o, int P, const std::vector<Row>& rows) {
+/// Prints the table (and writes --json). @returns false when the JSON file cannot be written.
+bool print(const Options& o, int P, const std::vector<Row>& rows) {
   std::printf("# ulysses_perf: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s\n",
               o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
@@ -293,11 +303,11 @@ void print(const Options& o, int P, const std::vector<Row>& rows) {
   long long wrong = 0;
   for (const Row& w : rows) wrong += std::max(0LL, w.wrong);
   if (o.check) std::printf("# wrong elements (all sizes, all ranks): %lld %s\n", wrong, wrong ? "FAILED" : "OK");
-  if (o.json.empty()) return;
+  if (o.json.empty()) return true;
   FILE* f = std::fopen(o.json.c_str(), "w");
   if (!f) {
-    std::fprintf(stderr, "ulysses_perf: cannot write %s\n", o.json.c_str());
-    return;
+    std::fprintf(stderr, "ulysses_perf: cannot write %s: %s\n", o.json.c_str(), std::strerror(errno));
+    return false;
   }
   std::fprintf(f, "{\"tool\": \"ulysses_perf\", \"model\": \"%s\", \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"v_head_dim\": %lld,\n",
                json_escape(o.model).c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
@@ -315,7 +325,7 @@ void print(const Options& o, int P, const std::vector<Row>& rows) {
                  w.bare_us, w.bytes / w.bare_us * 1e-3, w.us / w.bare_us, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, " ]}\n");
-  std::fclose(f);
+  return std::fclose(f) == 0;
 }
 
 [[noreturn]] void usage(int code) {
@@ -336,29 +346,14 @@ void print(const Options& o, int P, const std::vector<Row>& rows) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  auto need = [&](int& i) -> std::string {
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", argv[i]);
-      usage(2);
-    }
-    return argv[++i];
-  };
-  auto number = [&](int& i) -> long long {
-    const char* flag = argv[i];
-    const std::string v = need(i);
-    char* end = nullptr;
-    const long long n = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end) {
-      std::fprintf(stderr, "%s expects a whole number, got '%s'\n", flag, v.c_str());
-      std::exit(2);
-    }
-    return n;
-  };
+  auto need = [&](int& i) -> std::string { return ulysses_cli::value(argc, argv, i); };
+  auto number = [&](int& i) { return ulysses_cli::whole(argc, argv, i, LLONG_MIN, LLONG_MAX); };
+  auto small = [&](int& i) { return static_cast<int>(ulysses_cli::whole(argc, argv, i, INT_MIN, INT_MAX)); };
   bool custom = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--backend") o.backend = need(i);
-    else if (a == "--ranks") o.ranks = static_cast<int>(number(i)), o.ranks_given = true;
+    else if (a == "--ranks") o.ranks = small(i), o.ranks_given = true;
     else if (a == "--model") {
       const std::string name = need(i);
       const auto* m = ulysses_models::find_model(name);
@@ -416,8 +411,8 @@ Options parse(int argc, char** argv) {
       }
     } else if (a == "--balanced") o.balanced = true;
     else if (a == "--backward") o.backward = true;
-    else if (a == "-n") o.iters = static_cast<int>(number(i));
-    else if (a == "-w") o.warmup = static_cast<int>(number(i));
+    else if (a == "-n") o.iters = small(i);
+    else if (a == "-w") o.warmup = small(i);
     else if (a == "-c") o.check = number(i) != 0;
     else if (a == "--json") o.json = need(i);
     else if (a == "--list-models") {
@@ -436,8 +431,8 @@ Options parse(int argc, char** argv) {
     std::fprintf(stderr, "--backend must be local or mpi (this build's host backends), not '%s'\n", o.backend.c_str());
     std::exit(2);
   }
-  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.iters < 1 || o.warmup < 0 || o.batch < 1) {
-    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -n >= 1, -w >= 0, --batch >= 1\n");
+  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.batch < 1 || o.ranks < 1) {
+    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --batch >= 1, --ranks >= 1\n");
     std::exit(2);
   }
   return o;
@@ -459,7 +454,7 @@ int main(int argc, char** argv) {
           rc = 2;
         } else {
           const std::vector<Row> rows = run(comm, o);
-          if (comm.rank() == 0) print(o, comm.size(), rows);
+          if (comm.rank() == 0 && !print(o, comm.size(), rows)) rc = 2;
           for (const Row& w : rows) rc |= w.wrong > 0;
         }
       }
@@ -476,11 +471,11 @@ int main(int argc, char** argv) {
       std::vector<Row> mine = run(comm, o);
       if (comm.rank() == 0) rows = std::move(mine);
     });
-    print(o, o.ranks, rows);
+    if (!print(o, o.ranks, rows)) return 2;
     for (const Row& w : rows)
       if (w.wrong > 0) return 1;
     return 0;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // ulysses::Error, and std::bad_alloc for sizes this machine cannot hold
     std::fprintf(stderr, "ulysses_perf: %s\n", e.what());
 #if ULYSSES_PERF_MPI
     int initialized = 0, finalized = 0;

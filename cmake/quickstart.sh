@@ -17,6 +17,7 @@ required=(cmake g++ make)
 case "$preset" in test | sanitize | tsan) required+=(doctest-dev pkg-config) ;; esac
 [ "$preset" = test ] && required+=(libopenmpi-dev openmpi-bin)
 packages=("${required[@]}" doctest-dev pkg-config libopenmpi-dev openmpi-bin libbenchmark-dev)
+[ "$preset" = test ] && packages+=(libtorch-dev libgloo-dev)  # the libtorch client's tests (optional)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
 for p in "${packages[@]}"; do
@@ -27,8 +28,14 @@ if ((${#missing[@]})) && command -v dpkg-query >/dev/null; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
     echo "quickstart: installing ${missing[*]}"
-    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } ||
-      echo "quickstart: could not install ${missing[*]} (needs root or password-less sudo)" >&2
+    apt_install() { DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+    if ! { $sudo apt-get update -qq && apt_install "${missing[@]}"; }; then
+      # An optional package this distribution lacks must not keep the required ones out.
+      need=()
+      for p in "${required[@]}"; do installed "$p" || need+=("$p"); done
+      echo "quickstart: could not install ${missing[*]} (needs root or password-less sudo, and the packages in your distribution)" >&2
+      ((${#need[@]} == 0)) || apt_install "${need[@]}" || true
+    fi
   fi
   still=()
   for p in "${required[@]}"; do installed "$p" || still+=("$p"); done

@@ -65,6 +65,27 @@ TEST_CASE("where a rank's tokens are: first_token, global_token, locate (contigu
   CHECK(error_of([&] { z.global_token(4, 0); }).first == Errc::invalid_group);
   CHECK(error_of([&] { z.first_token(-1); }).first == Errc::invalid_group);
   CHECK(error_of([&] { z.locate(17); }).first == Errc::invalid_shape);
+  // An empty chunk listed first does not hide the rank's tokens; an empty rank starts at its chunk.
+  auto e = SeqPartition::chunks(6, 3, {{0, 5, 0}, {0, 0, 3}, {1, 3, 3}, {2, 6, 0}});
+  CHECK(e.first_token(0) == 0);
+  CHECK(e.global_token(0, 0) == 0);
+  CHECK(e.first_token(2) == 6);
+}
+
+TEST_CASE("ranks outside the group and chunks outside the sequence are coded errors, not std:: exceptions") {
+  auto s = SeqPartition::balanced(10, 4);
+  auto h = HeadPartition::balanced(7, 4);
+  for (int r : {-1, 4}) {
+    CHECK(error_of([&] { s.local_length(r); }).first == Errc::invalid_group);
+    CHECK(error_of([&] { s.chunks_of(r); }).first == Errc::invalid_group);
+    CHECK(error_of([&] { h.begin(r); }).first == Errc::invalid_group);
+    CHECK(error_of([&] { h.end(r); }).first == Errc::invalid_group);
+    CHECK(error_of([&] { h.count(r); }).first == Errc::invalid_group);
+  }
+  CHECK(error_of([] { SeqPartition::chunks(4, 2, {{0, 0, 4}, {1, 100, 0}}); }).first == Errc::invalid_partition);
+  CHECK(error_of([] { SeqPartition::zigzag(5, std::numeric_limits<int>::max()); }).first == Errc::invalid_group);
+  CHECK(error_of([] { HeadPartition::balanced(5, detail::kMaxDegree + 1); }).first == Errc::invalid_group);
+  CHECK(SeqPartition::balanced(3, detail::kMaxDegree).local_length(detail::kMaxDegree - 1) == 0);
 }
 
 TEST_CASE("sequence split errors carry their codes and the numbers") {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli.hpp"
 #include "models.hpp"
 
 namespace {
@@ -490,24 +492,8 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
 
 Config parse(int argc, char** argv) {
   Config c;
-  auto need = [&](int& i) -> const char* {
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", argv[i]);
-      usage(2);
-    }
-    return argv[++i];
-  };
-  auto number = [&](int& i) -> long long {  // a whole number, or exit 2 naming the flag
-    const char* flag = argv[i];
-    const char* v = need(i);
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (!*v || *end) {
-      std::fprintf(stderr, "%s expects a whole number, got '%s'\n", flag, v);
-      std::exit(2);
-    }
-    return n;
-  };
+  auto need = [&](int& i) { return ulysses_cli::value(argc, argv, i); };
+  auto number = [&](int& i) { return ulysses_cli::whole(argc, argv, i, 1, INT_MAX); };
   auto apply_model = [&](const std::string& name) {
     const auto* m = ulysses_models::find_model(name);
     if (!m) {
@@ -528,8 +514,8 @@ Config parse(int argc, char** argv) {
     else if (a == "--model") apply_model(need(i));
     else if (a == "--balanced") c.balanced = true;
     else if (a == "--backward") c.backward = true;
-    else if (a == "--tolerance") c.tolerance = std::atof(need(i));
-    else if (a == "--warmup") c.warmup = static_cast<int>(number(i));
+    else if (a == "--tolerance") c.tolerance = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--warmup") c.warmup = static_cast<int>(ulysses_cli::whole(argc, argv, i, 0, INT_MAX));
     else if (a == "--repeat") c.repeat = static_cast<int>(number(i));
     else if (a == "--backend") c.backend = need(i);
     else if (a == "--device") c.device = need(i);
@@ -558,10 +544,6 @@ Config parse(int argc, char** argv) {
     std::exit(2);
   }
   if (c.device != "cpu" && c.device != "cuda") usage(2);
-  if (c.warmup < 0 || c.repeat < 1) {
-    std::fprintf(stderr, "--warmup must be >= 0 and --repeat >= 1\n");
-    std::exit(2);
-  }
   if (c.device == "cuda" && c.backend != "local") {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
     std::exit(2);
@@ -590,7 +572,15 @@ int report(const Config& c, int P, const Result& m) {
               m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20), to_string(m.path),
               m.path == Path::direct ? " (each rank copies from its peers' inputs, one copy per element)" : "");
   if (c.backward) {
-    const long long holders = c.kv_heads < P ? (P + c.kv_heads - 1) / c.kv_heads : 1;
+    // The most ranks any kv head is on (replicated when Hkv < P, and at the shared boundary heads
+    // of balanced splits).
+    const AttentionSpecs a = attention_specs<float>(P, {c.heads, c.kv_heads, c.head_dim, c.v_head_dim},
+                                                    c.balanced ? HeadPolicy::balanced : HeadPolicy::even);
+    long long holders = 1;
+    for (std::int64_t h = 0; h < c.kv_heads; ++h) {
+      const auto hr = a.kv_heads.holders(h);
+      holders = std::max<long long>(holders, hr.second - hr.first);
+    }
     std::printf("  backward: dq, dk, dv in one exchange; kv heads on up to %lld ranks each, their partial gradients\n"
                 "            summed (a rank sends at most %.3f MiB of replica copies)\n",
                 holders, m.bytes_replica / (1 << 20));
@@ -680,7 +670,7 @@ int main(int argc, char** argv) {
     std::vector<Result> rs(static_cast<std::size_t>(c.ranks));
     group.run([&](LocalGroup::Comm& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c, &ref); });
     return report(c, c.ranks, reduce_max(rs));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // ulysses::Error, and std::bad_alloc for shapes this machine cannot hold
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }

@@ -36,6 +36,7 @@ enum class Errc : int {
   not_summable,              ///< replicated heads are to be summed, but the element type has no addition (opaque)
   not_adjoint,               ///< a backward call on a plan whose head→seq takes replicated heads from their owner
   path_unsupported,          ///< PlanOptions::path names a transport the communicator and executor cannot do
+  tensor_mismatch,           ///< an at::Tensor (torch.hpp) undefined, on another device, of another dtype, or not strided
 };
 
 /// Name of an error code, e.g. "heads_not_divisible".
@@ -65,6 +66,7 @@ inline const char* to_string(Errc c) noexcept {
     case Errc::not_summable: return "not_summable";
     case Errc::not_adjoint: return "not_adjoint";
     case Errc::path_unsupported: return "path_unsupported";
+    case Errc::tensor_mismatch: return "tensor_mismatch";
   }
   return "unknown";
 }

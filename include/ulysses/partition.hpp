@@ -23,8 +23,16 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+/// The largest sequence-parallel degree accepted (far above any head count, which caps a Ulysses
+/// group; a bound that keeps the per-rank tables of a plan small).
+inline constexpr int kMaxDegree = 1 << 20;
 inline void check_group_size(int P) {
-  if (P < 1) fail(Errc::invalid_group, "group size P=" + std::to_string(P) + " must be >= 1");
+  if (P < 1 || P > kMaxDegree)
+    fail(Errc::invalid_group, "group size P=" + std::to_string(P) + " must be in [1, " + std::to_string(kMaxDegree) + "]");
+}
+/// Rank r of a group of P. @throws Error(invalid_group) outside [0, P).
+inline void check_rank(int r, int P) {
+  if (r < 0 || r >= P) fail(Errc::invalid_group, "rank " + std::to_string(r) + " is outside the group [0, " + std::to_string(P) + ")");
 }
 }  // namespace detail
 
@@ -125,9 +133,10 @@ class SeqPartition {
       if (k.rank < 0 || k.rank >= P)
         detail::fail(Errc::invalid_group, "sequence chunk names rank " + std::to_string(k.rank) +
                                               " outside the group [0, " + std::to_string(P) + ")");
-      if (k.length < 0 || k.offset < 0)
+      if (k.length < 0 || k.offset < 0 || k.offset > S)
         detail::fail(Errc::invalid_partition, "sequence chunk at offset " + std::to_string(k.offset) + " has length " +
-                                                  std::to_string(k.length) + "; both must be >= 0");
+                                                  std::to_string(k.length) + "; both must be >= 0 and the offset <= S=" +
+                                                  std::to_string(S));
       detail::add(k.offset, k.length, "end of a sequence chunk");
       std::int64_t& mine = local[static_cast<std::size_t>(k.rank)];
       k.local_offset = mine;
@@ -156,17 +165,25 @@ class SeqPartition {
   std::int64_t seq_len() const { return S_; }  ///< S, global tokens
   int degree() const { return P_; }             ///< P
   /// Tokens rank r holds in the seq-sharded layout (S_r).
-  std::int64_t local_length(int r) const { return local_.at(static_cast<std::size_t>(r)); }
-  /// The global token of rank r's first local token (its first chunk's offset): for the splits
-  /// whose ranks hold one contiguous range (even, balanced, lengths), rank r's seq-sharded tensor
-  /// holds global tokens [first_token(r), first_token(r) + local_length(r)). A rank holding no
-  /// token gets where its empty range would start (S when it has no chunk at all).
+  /// @throws Error(invalid_group) r outside [0, P).
+  std::int64_t local_length(int r) const {
+    detail::check_rank(r, P_);
+    return local_[static_cast<std::size_t>(r)];
+  }
+  /// The global token of rank r's first local token (the offset of its first non-empty chunk):
+  /// for the splits whose ranks hold one contiguous range (even, balanced, lengths), rank r's
+  /// seq-sharded tensor holds global tokens [first_token(r), first_token(r) + local_length(r)). A
+  /// rank holding no token gets where its first (empty) chunk would start, S when it has none.
   /// @throws Error(invalid_group) r outside [0, P).
   std::int64_t first_token(int r) const {
-    check_rank(r);
-    for (const SeqChunk& k : chunks_)
-      if (k.rank == r) return k.offset;
-    return S_;
+    detail::check_rank(r, P_);
+    std::int64_t empty_at = S_;
+    for (const SeqChunk& k : chunks_) {
+      if (k.rank != r) continue;
+      if (k.length > 0) return k.offset;
+      empty_at = std::min(empty_at, k.offset);
+    }
+    return empty_at;
   }
   /// The global token (0 .. S-1) at local index `local` (0 .. local_length(r) - 1) of rank r's
   /// seq-sharded tensor, for every split (zigzag and other multi-chunk splits included): how a rank
@@ -175,7 +192,7 @@ class SeqPartition {
   /// @throws Error(invalid_group) r outside [0, P); Error(invalid_shape) `local` outside
   ///         [0, local_length(r)).
   std::int64_t global_token(int r, std::int64_t local) const {
-    check_rank(r);
+    detail::check_rank(r, P_);
     for (const SeqChunk& k : chunks_)
       if (k.rank == r && local >= k.local_offset && local < k.local_offset + k.length) return k.offset + (local - k.local_offset);
     detail::fail(Errc::invalid_shape, "local token " + std::to_string(local) + " is outside rank " + std::to_string(r) +
@@ -191,8 +208,9 @@ class SeqPartition {
   }
   /// All chunks, in listing order.
   const std::vector<SeqChunk>& chunks() const { return chunks_; }
-  /// Rank r's chunks in its local order.
+  /// Rank r's chunks in its local order. @throws Error(invalid_group) r outside [0, P).
   std::vector<SeqChunk> chunks_of(int r) const {
+    detail::check_rank(r, P_);
     std::vector<SeqChunk> out;
     for (auto& k : chunks_)
       if (k.rank == r) out.push_back(k);
@@ -209,10 +227,6 @@ class SeqPartition {
   }
 
  private:
-  void check_rank(int r) const {
-    if (r < 0 || r >= P_)
-      detail::fail(Errc::invalid_group, "rank " + std::to_string(r) + " is outside the group [0, " + std::to_string(P_) + ")");
-  }
   static void check(std::int64_t S, int P) {
     detail::check_group_size(P);
     if (S < 1) detail::fail(Errc::invalid_shape, "sequence length S=" + std::to_string(S) + " must be >= 1");
@@ -247,7 +261,8 @@ class HeadPartition {
     if (H % P != 0) {
       std::ostringstream m;
       m << "num_heads=" << H << " is not divisible by group size " << P
-        << "; use HeadPartition::balanced or P in " << detail::join(detail::divisors(H));
+        << "; use a balanced split (HeadPartition::balanced, or HeadPolicy::balanced in attention_specs) or P in "
+        << detail::join(detail::divisors(H));
       detail::fail(Errc::heads_not_divisible, m.str());
     }
     HeadPartition p = balanced(H, P);
@@ -343,9 +358,18 @@ class HeadPartition {
 
   std::int64_t num_heads() const { return H_; }                       ///< H of this tensor
   int degree() const { return static_cast<int>(r_.size()); }          ///< P
-  std::int64_t begin(int r) const { return r_.at(static_cast<std::size_t>(r)).first; }   ///< first head of rank r
-  std::int64_t end(int r) const { return r_.at(static_cast<std::size_t>(r)).second; }    ///< one past rank r's last head
-  std::int64_t count(int r) const { return end(r) - begin(r); }       ///< H_r, heads rank r holds
+  /// First head of rank r. @throws Error(invalid_group) r outside [0, P) (as end(), count(),
+  /// owned_begin()).
+  std::int64_t begin(int r) const {
+    detail::check_rank(r, degree());
+    return r_[static_cast<std::size_t>(r)].first;
+  }
+  /// One past rank r's last head.
+  std::int64_t end(int r) const {
+    detail::check_rank(r, degree());
+    return r_[static_cast<std::size_t>(r)].second;
+  }
+  std::int64_t count(int r) const { return end(r) - begin(r); }  ///< H_r, heads rank r holds
   /// For a kv partition made by gqa(): query heads per kv head (H / Hkv); 1 otherwise.
   std::int64_t query_per_kv() const { return query_per_kv_; }
   /// True for a partition made by even() or by gqa() of one (the "even" head policy: gqa() then
