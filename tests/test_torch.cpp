@@ -178,6 +178,14 @@ TEST_CASE("autograd: seq_to_head's backward sums the partial gradients of a repl
     CHECK(same_bits(k.grad(), dk.index_select(1, tok)));
     CHECK_FALSE(same_bits(k.grad(), w(r, Hkv, 1).index_select(1, tok)));  // (not one holder's copy)
 
+    // An output that takes no part in the loss has an undefined gradient: zeros flow back for it.
+    q.mutable_grad().reset();
+    k.mutable_grad().reset();
+    const std::vector<at::Tensor> again = seq_to_head_autograd(plan, comm, {q, k});
+    (again[0] * wq).sum().backward();
+    CHECK(same_bits(q.grad(), dq.index_select(1, tok)));
+    CHECK(same_bits(k.grad(), torch::zeros_like(k)));
+
     // head_to_seq_autograd: its backward is seq->head of the upstream gradient.
     const at::Tensor o2 = torch::zeros({B, S, a.query_heads.count(r), D}, at::kDouble).requires_grad_(true);
     Plan po({P, r}, B, seq, {spec_of(a.query_heads, at::Tensor(), o2)});

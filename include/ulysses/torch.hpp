@@ -237,6 +237,24 @@ struct TorchExchange : torch::CustomClassHolder {
   Comm* comm;
 };
 
+/// The torch dtype of a tensor spec's elements (an opaque type of n bytes: a dtype of n bytes).
+inline at::ScalarType dtype_of(const TensorSpec& spec) {
+  switch (spec.type) {
+    case ElementType::float32: return at::kFloat;
+    case ElementType::float64: return at::kDouble;
+    case ElementType::float16: return at::kHalf;
+    case ElementType::bfloat16: return at::kBFloat16;
+    case ElementType::opaque: break;
+  }
+  switch (spec.elem_bytes) {
+    case 1: return at::kByte;
+    case 2: return at::kShort;
+    case 4: return at::kInt;
+    case 8: return at::kLong;
+    default: fail(Errc::tensor_mismatch, "no torch dtype has " + std::to_string(spec.elem_bytes) + "-byte elements");
+  }
+}
+
 /// `x` as a tensor with exactly layout `l` (copied when its strides differ; zeros when undefined).
 inline at::Tensor in_layout(const at::Tensor& x, const Layout& l, const at::TensorOptions& opts) {
   if (x.defined() && layout_of(x) == l) return x;
@@ -252,14 +270,19 @@ template <class Comm>
 struct RedistributeFn {
   static torch::autograd::variable_list run(const Plan& plan, Comm& comm, Direction dir, const torch::autograd::variable_list& in) {
     const bool s2h = dir == Direction::seq_to_head;
+    if (in.size() != static_cast<std::size_t>(plan.num_tensors()))
+      fail(Errc::wrong_tensor_count, "the plan has " + std::to_string(plan.num_tensors()) + " tensors; got " + std::to_string(in.size()));
     std::vector<at::Tensor> x, y;
     std::vector<at::ScalarType> dtypes;
     for (int t = 0; t < plan.num_tensors(); ++t) {
-      const at::Tensor& a = in.at(static_cast<std::size_t>(t));
-      x.push_back(in_layout(a, s2h ? plan.seq_layout(t) : plan.head_layout(t), a.options()));
-      dtypes.push_back(a.scalar_type());
+      const at::Tensor& a = in[static_cast<std::size_t>(t)];
+      // An undefined tensor (the gradient of an output that took no part in the loss) is zeros of
+      // the plan's element type.
+      const at::ScalarType dtype = a.defined() ? a.scalar_type() : dtype_of(plan.tensor(t));
+      x.push_back(in_layout(a, s2h ? plan.seq_layout(t) : plan.head_layout(t), at::TensorOptions().dtype(dtype)));
+      dtypes.push_back(dtype);
     }
-    y = empty_like_plan(plan, !s2h, dtypes, in.at(0).device());
+    y = empty_like_plan(plan, !s2h, dtypes);
     HostExecutor exec;
     ulysses::redistribute(plan, dir, comm, exec, x, y);
     return y;
