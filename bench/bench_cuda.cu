@@ -91,12 +91,15 @@ struct L2Flush {
   void operator()(cudaStream_t s) const { BENCH_CUDA(cudaMemsetAsync(buf->get(), 1, bytes, s)); }
 };
 
-/// The q, k, v plan of rank r of P (GQA: kv head partition from q's).
-Plan qkv_plan(int P, int r, std::int64_t D) {
+/// The q, k, v plan (bf16, bshd) of rank r of P (GQA: kv head partition from q's; `rep`: what
+/// head→seq does with the kv heads' replicas).
+Plan qkv_plan(int P, int r, std::int64_t D, PlanOptions options = {}, Replicas rep = Replicas::sum) {
   const auto q = HeadPartition::even(kH, P);
   const auto kv = HeadPartition::gqa(q, kHkv);
   return Plan({P, r}, 1, SeqPartition::even(kS, P),
-              {TensorSpec::of<bf16>(q, D), TensorSpec::of<bf16>(kv, D), TensorSpec::of<bf16>(kv, D)});
+              {TensorSpec::of<bf16>(q, D, ElementType::bfloat16), TensorSpec::of<bf16>(kv, D, ElementType::bfloat16).with_replicas(rep),
+               TensorSpec::of<bf16>(kv, D, ElementType::bfloat16).with_replicas(rep)},
+              Format::bshd, options);
 }
 
 /// One rank's device buffers for seq_to_head: inputs, outputs, workspace.
@@ -122,6 +125,16 @@ struct RankBuffers {
     return l;
   }
   Workspace workspace() const { return {ws->get(), ws_bytes}; }
+};
+
+/// Every rank's qkv_plan() and device buffers, for the benchmarks on P virtual ranks.
+struct GroupPlans {
+  std::vector<Plan> plans;
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupPlans(int P, std::int64_t D, PlanOptions options = {}, Replicas rep = Replicas::sum) {
+    for (int r = 0; r < P; ++r) plans.push_back(qkv_plan(P, r, D, options, rep));
+    for (const Plan& p : plans) bufs.push_back(std::make_unique<RankBuffers>(p));
+  }
 };
 
 std::size_t list_bytes(const std::vector<BlockCopy>& l) {
@@ -239,12 +252,11 @@ class GroupTimer {
 
 /// seq_to_head of q, k, v on P virtual ranks of one GPU; then the same work as separate parts.
 void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
-  std::vector<Plan> plans;
-  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupPlans g(P, D);
+  std::vector<Plan>& plans = g.plans;
+  std::vector<std::unique_ptr<RankBuffers>>& bufs = g.bufs;
   GroupTimer timer(P);
   const std::vector<cudaStream_t>& streams = timer.streams;
-  for (int r = 0; r < P; ++r) plans.push_back(qkv_plan(P, r, D));
-  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
   {
     std::vector<CudaExecutor> ex, ex0;  // per rank on its stream; per rank on stream 0 (parts)
     for (int r = 0; r < P; ++r) {
@@ -315,18 +327,11 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
 /// seq_to_head of q, k, v with K stages overlapped by one CudaPipeline per rank, on P virtual
 /// ranks of one GPU (DeviceLocalGroup), timed from the first rank's start to the last rank's end.
 void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
-  std::vector<Plan> plans;
-  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupPlans g(P, D, PlanOptions{K});
+  std::vector<Plan>& plans = g.plans;
+  std::vector<std::unique_ptr<RankBuffers>>& bufs = g.bufs;
   GroupTimer timer(P);
   const std::vector<cudaStream_t>& streams = timer.streams;
-  const auto q = HeadPartition::even(kH, P);
-  const auto kv = HeadPartition::gqa(q, kHkv);
-  for (int r = 0; r < P; ++r) {
-    plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
-                         {TensorSpec::of<bf16>(q, D), TensorSpec::of<bf16>(kv, D), TensorSpec::of<bf16>(kv, D)}, Format::bshd,
-                         PlanOptions{K}));
-  }
-  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
   {
     std::vector<CudaExecutor> ex;
     std::vector<std::unique_ptr<CudaPipeline>> pipes;
@@ -360,17 +365,11 @@ void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
 /// cudaMemcpyAsync device-to-device of the same bytes (all ranks' q, k, v) in the same run
 /// (counter ratio_to_memcpy = memcpy time / path time; the direct path's target is >= 0.8).
 void bm_path(benchmark::State& state, Path path, int P) {
-  std::vector<Plan> plans;
-  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupPlans g(P, 128, PlanOptions{1, true, path});
+  std::vector<Plan>& plans = g.plans;
+  std::vector<std::unique_ptr<RankBuffers>>& bufs = g.bufs;
   GroupTimer timer(P);
   const std::vector<cudaStream_t>& streams = timer.streams;
-  const auto q = HeadPartition::even(kH, P);
-  const auto kv = HeadPartition::gqa(q, kHkv);
-  for (int r = 0; r < P; ++r)
-    plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
-                         {TensorSpec::of<bf16>(q, 128), TensorSpec::of<bf16>(kv, 128), TensorSpec::of<bf16>(kv, 128)}, Format::bshd,
-                         PlanOptions{1, true, path}));
-  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
   {
     std::vector<CudaExecutor> ex;
     for (int r = 0; r < P; ++r) ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);
@@ -415,19 +414,11 @@ void bm_path(benchmark::State& state, Path path, int P) {
 /// kv head is on 2 ranks. Timed like seq_to_head; counters: bytes a rank sends (mean) and the
 /// replica copies among them.
 void bm_summed_inverse(benchmark::State& state, bool sum, int P) {
-  std::vector<Plan> plans;
-  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  GroupPlans g(P, 128, PlanOptions{}, sum ? Replicas::sum : Replicas::owner);
+  std::vector<Plan>& plans = g.plans;
+  std::vector<std::unique_ptr<RankBuffers>>& bufs = g.bufs;
   GroupTimer timer(P);
   const std::vector<cudaStream_t>& streams = timer.streams;
-  const auto q = HeadPartition::even(kH, P);
-  const auto kv = HeadPartition::gqa(q, kHkv);
-  const Replicas rep = sum ? Replicas::sum : Replicas::owner;
-  for (int r = 0; r < P; ++r)
-    plans.push_back(Plan({P, r}, 1, SeqPartition::even(kS, P),
-                         {TensorSpec::of<bf16>(q, 128, ElementType::bfloat16),
-                          TensorSpec::of<bf16>(kv, 128, ElementType::bfloat16).with_replicas(rep),
-                          TensorSpec::of<bf16>(kv, 128, ElementType::bfloat16).with_replicas(rep)}));
-  for (int r = 0; r < P; ++r) bufs.push_back(std::make_unique<RankBuffers>(plans[static_cast<std::size_t>(r)]));
   {
     std::vector<CudaExecutor> ex;
     for (int r = 0; r < P; ++r) ex.emplace_back(plans[static_cast<std::size_t>(r)], streams[static_cast<std::size_t>(r)]);

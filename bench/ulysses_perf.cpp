@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "group.hpp"
 #include "models.hpp"
 
 namespace {
@@ -64,27 +65,9 @@ struct Row {
   long long wrong = -1;     // -1: not checked
 };
 
-// ---- collectives every communicator here has: allgather (host memory) -------------------------
-template <class Comm>
-void barrier(Comm& comm) {
-  std::vector<char> all(static_cast<std::size_t>(comm.size()));
-  const char mine = 0;
-  comm.allgather(&mine, 1, all.data());
-}
-template <class Comm>
-double max_over_ranks(Comm& comm, double x) {
-  std::vector<double> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(&x, sizeof x, all.data());
-  return *std::max_element(all.begin(), all.end());
-}
-template <class Comm>
-long long sum_over_ranks(Comm& comm, long long x) {
-  std::vector<long long> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(&x, sizeof x, all.data());
-  long long s = 0;
-  for (long long v : all) s += v;
-  return s;
-}
+using ulysses_group::barrier;
+using ulysses_group::max_over_ranks;
+using ulysses_group::sum_over_ranks;
 
 /// Microseconds per iteration of fn(), the slowest rank's: `warmup` untimed iterations, a barrier,
 /// `iters` back-to-back iterations, a barrier.
@@ -250,14 +233,8 @@ std::vector<Row> run(Comm& comm, const Options& o) {
         row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
       }
       row.us = time_us(comm, o.warmup, o.iters, once);
-      // The bare all-to-all-v of the same bytes: P equal chunks between contiguous buffers.
-      const auto chunk = static_cast<std::size_t>(row.bytes) / static_cast<std::size_t>(P);
-      std::vector<std::byte> send(chunk * static_cast<std::size_t>(P), std::byte{1}), recv(send.size());
-      std::vector<std::size_t> counts(static_cast<std::size_t>(P), chunk), offsets(static_cast<std::size_t>(P));
-      for (std::size_t p = 0; p < offsets.size(); ++p) offsets[p] = p * chunk;
-      row.bare_us = time_us(comm, o.warmup, o.iters, [&] {
-        comm.alltoallv(send.data(), counts.data(), offsets.data(), recv.data(), counts.data(), offsets.data());
-      });
+      ulysses_group::BareAlltoall bare(P, static_cast<std::size_t>(row.bytes));  // the same bytes, contiguous
+      row.bare_us = time_us(comm, o.warmup, o.iters, [&] { bare.run(comm); });
       rows.push_back(row);
     }
     // The next size (stop at the end, at one size when neither grows, and before an overflow).

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "group.hpp"
 #include "models.hpp"
 
 namespace {
@@ -105,29 +106,21 @@ float input_value(int t, std::int64_t b, std::int64_t s, std::int64_t h, std::in
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-/// Every rank waits for every other (a one-byte all-gather: every communicator of the demo has it).
-template <class Comm>
-void group_barrier(Comm& comm) {
-  std::vector<char> all(static_cast<std::size_t>(comm.size()));
-  const char mine = 0;
-  comm.allgather(&mine, 1, all.data());
-}
-
 /// The median time of `repeat` runs of fn() after `warmup` untimed ones, each run between two
 /// barriers of the group: the time from all ranks starting to all ranks done, so no rank's number
 /// includes waiting for another's earlier work (attention, a previous exchange).
 template <class Comm, class F>
 double group_median_ms(Comm& comm, int warmup, int repeat, F&& fn) {
   for (int i = 0; i < warmup; ++i) {
-    group_barrier(comm);
+    ulysses_group::barrier(comm);
     fn();
   }
   std::vector<double> t;
   for (int i = 0; i < repeat; ++i) {
-    group_barrier(comm);
+    ulysses_group::barrier(comm);
     const auto t0 = Clock::now();
     fn();
-    group_barrier(comm);
+    ulysses_group::barrier(comm);
     t.push_back(ms_since(t0));
   }
   std::sort(t.begin(), t.end());
@@ -147,16 +140,8 @@ void time_exchange(int i, const Config& c, const Plan& plan, Direction dir, Comm
   res.bytes[i] = static_cast<double>(bytes);
   res.ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] { redistribute(plan, dir, comm, exec, in, out, ws); });
   // The same counts on every rank (a rank's bytes differ under uneven splits): the largest.
-  std::vector<std::size_t> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(&bytes, sizeof bytes, all.data());
-  const auto P = static_cast<std::size_t>(comm.size());
-  const std::size_t chunk = *std::max_element(all.begin(), all.end()) / P;
-  std::vector<std::byte> send(chunk * P, std::byte{1}), recv(chunk * P);
-  std::vector<std::size_t> counts(P, chunk), offsets(P);
-  for (std::size_t p = 0; p < P; ++p) offsets[p] = p * chunk;
-  res.bare_ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] {
-    comm.alltoallv(send.data(), counts.data(), offsets.data(), recv.data(), counts.data(), offsets.data());
-  });
+  ulysses_group::BareAlltoall bare(comm.size(), ulysses_group::max_over_ranks(comm, bytes));
+  res.bare_ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] { bare.run(comm); });
 }
 
 /// Runs the stages redistribute() runs on the path it takes (choose_path), with per-phase timing:

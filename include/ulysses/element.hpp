@@ -157,10 +157,25 @@ ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16(float f) {
 /// the host's batch loops vectorise. Host and device.
 template <ElementType T>
 struct SumArith;
+
+/// load() / store() of a SumArith: the element's bits through memcpy (misaligned pointers are
+/// fine), widened to / narrowed from Acc by the derived type's widen() / narrow().
+template <class Derived, class AccT, class BitsT>
+struct SumArithBytes {
+  using Acc = AccT;
+  using Bits = BitsT;
+  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return Derived::widen(b);
+  }
+  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
+    const Bits b = Derived::narrow(x);
+    std::memcpy(p, &b, sizeof b);
+  }
+};
 template <>
-struct SumArith<ElementType::float64> {
-  using Acc = double;
-  using Bits = std::uint64_t;
+struct SumArith<ElementType::float64> : SumArithBytes<SumArith<ElementType::float64>, double, std::uint64_t> {
   ULYSSES_HOST_DEVICE static Acc widen(Bits b) {
     double x;
     std::memcpy(&x, &b, 8);
@@ -171,66 +186,21 @@ struct SumArith<ElementType::float64> {
     std::memcpy(&b, &x, 8);
     return x != x ? Bits{0x7ff8000000000000ull} : b;
   }
-  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    Bits b;
-    std::memcpy(&b, p, sizeof b);
-    return widen(b);
-  }
-  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const Bits b = narrow(x);
-    std::memcpy(p, &b, sizeof b);
-  }
 };
 template <>
-struct SumArith<ElementType::float32> {
-  using Acc = float;
-  using Bits = std::uint32_t;
+struct SumArith<ElementType::float32> : SumArithBytes<SumArith<ElementType::float32>, float, std::uint32_t> {
   ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bits_float(b); }
   ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7fc00000u} : float_bits(x); }
-  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    Bits b;
-    std::memcpy(&b, p, sizeof b);
-    return widen(b);
-  }
-  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const Bits b = narrow(x);
-    std::memcpy(p, &b, sizeof b);
-  }
 };
 template <>
-struct SumArith<ElementType::float16> {
-  using Acc = float;
-  using Bits = std::uint16_t;
+struct SumArith<ElementType::float16> : SumArithBytes<SumArith<ElementType::float16>, float, std::uint16_t> {
   ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return half_to_float(b); }
   ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7e00} : float_to_half(x); }
-  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    Bits b;
-    std::memcpy(&b, p, sizeof b);
-    return widen(b);
-  }
-  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const Bits b = narrow(x);
-    std::memcpy(p, &b, sizeof b);
-  }
 };
 template <>
-struct SumArith<ElementType::bfloat16> {
-  using Acc = float;
-  using Bits = std::uint16_t;
+struct SumArith<ElementType::bfloat16> : SumArithBytes<SumArith<ElementType::bfloat16>, float, std::uint16_t> {
   ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bfloat16_to_float(b); }
-  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) {
-    const std::uint32_t b = float_bits(x), rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return static_cast<Bits>((b & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-  }
-  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    Bits b;
-    std::memcpy(&b, p, sizeof b);
-    return widen(b);
-  }
-  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const Bits b = narrow(x);
-    std::memcpy(p, &b, sizeof b);
-  }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7fc0} : float_to_bfloat16(x); }
 };
 
 /// Calls f(SumArith<type>{}) for a summable type (nothing for opaque). Host and device, whatever
