@@ -285,3 +285,64 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return any ? 1 : 0;
 }
+
+TEST_CASE("MPI two-level exchange: simulated node layouts of the whole world (8 = 2x4, 6 = 3x2, uneven), same bits") {
+  // ctest runs this under -n 8 and -n 6 too; every world size checks its node layouts.
+  const int P = world_size();
+  for (const ut::Case& c : ut::two_level_cases(P, Path::automatic)) {  // the node layout selects the path
+    CAPTURE(c.name);
+    CHECK(choose_path<MpiComm, HostExecutor>(ut::plan_of<float>(c, 0)) == Path::two_level);
+    on_groups_of(P, [&](MPI_Comm sub) {
+      MpiComm comm(sub);
+      CHECK(ut::run_case<float>(comm, c) == "");
+    });
+  }
+  if (P >= 4) {  // split messages (a limit below the chunk sizes) on the two-level rounds too
+    ut::Case c = ut::two_level_cases(P, Path::two_level).front();
+    on_groups_of(P, [&](MPI_Comm sub) {
+      MpiComm comm(sub, 24);
+      CHECK(ut::run_case<float>(comm, c) == "");
+    });
+  }
+}
+
+TEST_CASE("MPI split_by_node: Ulysses groups of consecutive node-first ranks, outer groups across them") {
+  const int W = world_size();
+  int w = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  for (int R : {1, 2, W}) {
+    if (W % R) continue;
+    for (int P = 1; P <= W; ++P) {
+      CAPTURE(R);
+      CAPTURE(P);
+      const bool fits = W % P == 0 && (P <= R ? R % P == 0 : P % R == 0);
+      if (!fits) {
+        CHECK(ut::code_of([&] { split_by_node(MPI_COMM_WORLD, P, R); }) == Errc::invalid_mesh);
+        continue;
+      }
+      MpiMesh m = split_by_node(MPI_COMM_WORLD, P, R);
+      CHECK(m.index == w);  // simulated nodes of consecutive world ranks: the numbering is the world's
+      int ur = -1, us = 0, orank = -1, os = 0;
+      MPI_Comm_rank(m.ulysses, &ur);
+      MPI_Comm_size(m.ulysses, &us);
+      MPI_Comm_rank(m.outer, &orank);
+      MPI_Comm_size(m.outer, &os);
+      CHECK(us == P);
+      CHECK(os == W / P);
+      CHECK(ur == w % P);
+      CHECK(orank == w / P);
+      CHECK(m.nodes.num_nodes() == (P > R ? P / R : 1));
+      // Every member of my Ulysses group is in it: the world ranks gathered over it are consecutive.
+      std::vector<int> members(static_cast<std::size_t>(P));
+      MPI_Allgather(&w, 1, MPI_INT, members.data(), 1, MPI_INT, m.ulysses);
+      for (int i = 0; i < P; ++i) CHECK(members[static_cast<std::size_t>(i)] == w / P * P + i);
+      m.free();
+    }
+  }
+  // The real topology (one shared-memory node here): every rank on node 0, groups of consecutive ranks.
+  MpiMesh m = split_by_node(MPI_COMM_WORLD, W);
+  CHECK(m.mesh.num_nodes() == 1);
+  CHECK(m.index == w);
+  CHECK(!m.nodes.spans_nodes());
+  m.free();
+}

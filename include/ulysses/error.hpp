@@ -37,6 +37,7 @@ enum class Errc : int {
   not_adjoint,               ///< a backward call on a plan whose head→seq takes replicated heads from their owner
   path_unsupported,          ///< PlanOptions::path names a transport the communicator and executor cannot do
   tensor_mismatch,           ///< an at::Tensor (torch.hpp) undefined, on another device, of another dtype, or not strided
+  invalid_mesh,              ///< a node layout or 2-D mesh whose degrees, node sizes or rank counts do not fit together
 };
 
 /// Name of an error code, e.g. "heads_not_divisible".
@@ -67,6 +68,7 @@ inline const char* to_string(Errc c) noexcept {
     case Errc::not_adjoint: return "not_adjoint";
     case Errc::path_unsupported: return "path_unsupported";
     case Errc::tensor_mismatch: return "tensor_mismatch";
+    case Errc::invalid_mesh: return "invalid_mesh";
   }
   return "unknown";
 }

@@ -23,6 +23,7 @@
 #include "error.hpp"
 #include "layout.hpp"
 #include "partition.hpp"
+#include "topology.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -123,6 +124,8 @@ enum class Path : int {
                   ///< contiguous, staged in the workspace otherwise (communicator: exchange_messages())
   direct,         ///< ranks that share memory copy straight from each other's inputs into their own
                   ///< outputs: one copy per element, no workspace (communicator: with_peers())
+  two_level,      ///< pack, three rounds of messages along PlanOptions::nodes (gather per destination node,
+                  ///< one message per node pair, deliver; topology.hpp), unpack (communicator: exchange_messages())
 };
 
 /// Name of a path ("automatic", "alltoallv", "messages", "direct").
@@ -132,6 +135,7 @@ inline const char* to_string(Path p) noexcept {
     case Path::alltoallv: return "alltoallv";
     case Path::messages: return "messages";
     case Path::direct: return "direct";
+    case Path::two_level: return "two_level";
   }
   return "?";
 }
@@ -156,6 +160,13 @@ struct PlanOptions {
   /// The transport (Path::automatic: chosen by choose_path() from what the communicator and the
   /// executor can do). A path they cannot do is Error(path_unsupported) before any exchange.
   Path path = Path::automatic;
+  /// Which node each rank of the group runs on (default: one node). When the group spans nodes
+  /// and `path` is automatic or two_level, the plan lays out the two-level exchange
+  /// (Plan::two_level(); topology.hpp): a forwarder's chunks for another node are packed into its
+  /// gathered area and a receiver's unpacked from its received area, so that plan then runs on
+  /// Path::two_level (or direct, which does not use the wire). Mesh::nodes() and split_by_node()
+  /// (comm/mpi.hpp) give it. Every rank must pass the same (it is part of the agreement record).
+  NodeLayout nodes{};
 };
 
 /// One message of the message-level exchange (Path::messages): the bytes of one tensor, of one
@@ -202,6 +213,14 @@ struct Schedule {
   std::vector<Piece> recv_pieces;        ///< what this rank receives, likewise
   std::vector<BlockCopy> pack_staged;    ///< the pack blocks of the send pieces that are not direct
   std::vector<BlockCopy> unpack_staged;  ///< the unpack blocks of the receive pieces that are not direct, then the own chunk's and the sums
+  /// Bytes this stage occupies in the send (resp. receive) region: send_total (recv_total), or on
+  /// a two-level plan also the areas where this rank gathers and receives other ranks' chunks.
+  std::size_t send_span = 0, recv_span = 0;
+  /// Two-level plans (Plan::two_level()): what this rank sends and receives in each of the three
+  /// rounds (intra-node gather, inter-node, intra-node delivery); each list in the order both ends
+  /// of a pair list their transfers. Chunks of this rank travel from send_offsets and land at
+  /// recv_offsets as on the other paths, but those offsets may lie in the gathered / received areas.
+  std::array<std::vector<Hop>, 3> hop_send, hop_recv;
 };
 
 /// One rank's local layouts (extents and strides of the seq-sharded and head-sharded layout of
@@ -266,13 +285,27 @@ class Plan {
     validate_global();
     for (std::size_t t = 0; t < tensors_.size(); ++t) resolve_layouts(static_cast<int>(t));
     std::size_t send = 0, recv = 0;
+    const auto P = static_cast<std::size_t>(group_.size);
     for (int d = 0; d < 2; ++d) {
+      // Two-level plans: every rank's region offsets, stage after stage (a rank's route refers to
+      // its peers' offsets).
+      std::vector<std::size_t> sbase(two_level_ ? P : 0), rbase = sbase;
       std::size_t sb = 0, rb = 0;
       for (int k = 0; k < options_.stages; ++k) {
         sched_[d].emplace_back();
-        build(static_cast<Direction>(d), k, sb, rb);
-        sb += sched_[d].back().send_total;
-        rb += sched_[d].back().recv_total;
+        if (two_level_) {
+          const detail::TwoLevelRoute route(nodes_, chunk_matrix(static_cast<Direction>(d), k), sbase, rbase);
+          build(static_cast<Direction>(d), k, sbase[ix(group_.rank)], rbase[ix(group_.rank)], &route);
+          for (int x = 0; x < group_.size; ++x) {
+            const auto sp = route.spans(x);
+            sbase[ix(x)] += sp.first;
+            rbase[ix(x)] += sp.second;
+          }
+        } else {
+          build(static_cast<Direction>(d), k, sb, rb, nullptr);
+        }
+        sb += sched_[d].back().send_span;
+        rb += sched_[d].back().recv_span;
       }
       send = std::max(send, sb);
       recv = std::max(recv, rb);
@@ -318,10 +351,40 @@ class Plan {
 
   /// Number of pipeline stages K (PlanOptions::stages).
   int num_stages() const { return options_.stages; }
+  /// True when the plan lays out the two-level exchange (PlanOptions::nodes spans nodes and the
+  /// path is automatic or two_level, or the path is two_level): it then runs on Path::two_level,
+  /// or on Path::direct, and not on the flat paths (choose_path() says so).
+  bool two_level() const { return two_level_; }
+  /// The node layout of the group (PlanOptions::nodes; one node of P ranks when not given).
+  const NodeLayout& nodes() const { return nodes_; }
   /// Chunks and block lists of direction d, stage `stage` in [0, K).
   const Schedule& schedule(Direction d, int stage = 0) const {
     return sched_[static_cast<int>(d)].at(static_cast<std::size_t>(stage));
   }
+  /// Bytes every rank sends every other in stage k of direction dir: [i * P + j] is the chunk from
+  /// rank i to rank j (0 for i == j: a rank's own data never travels), computed from the shared
+  /// inputs alone, so any rank's plan gives the whole matrix (what the two-level route and the
+  /// cost model use). O(P^2) time and memory. @pre stage in [0, num_stages()).
+  std::vector<std::size_t> chunk_matrix(Direction dir, int k) const {
+    const int P = group_.size, T = num_tensors();
+    const bool s2h = dir == Direction::seq_to_head;
+    std::vector<std::size_t> c(ix(P) * ix(P), 0);
+    for (int t = 0; t < T; ++t) {
+      const TensorSpec& x = tensors_[ix(t)];
+      const bool sums = !s2h && sums_replicas(t);
+      const auto row = static_cast<std::size_t>(batch_ * x.head_dim) * x.elem_bytes;  // bytes of one token of one head
+      std::vector<std::int64_t> n(ix(P));
+      for (int r = 0; r < P; ++r) n[ix(r)] = total(stage_heads(x, sums, r, s2h, k));
+      for (int i = 0; i < P; ++i)
+        for (int j = 0; j < P; ++j) {
+          if (i == j) continue;
+          const int sr = s2h ? i : j, hr = s2h ? j : i;  // the seq-sharded and head-sharded side
+          c[ix(i) * ix(P) + ix(j)] += static_cast<std::size_t>(seq_.local_length(sr) * n[ix(hr)]) * row;
+        }
+    }
+    return c;
+  }
+
   /// Workspace bytes one call needs (either direction): send region at offset 0, receive region
   /// at recv_region_offset().
   std::size_t workspace_bytes() const { return workspace_; }
@@ -342,7 +405,9 @@ class Plan {
   }
 
   /// Copies per element of direction d on this rank when it takes path p (Path::automatic counts
-  /// as alltoallv; Path::direct is 1 executor copy and no transport by construction).
+  /// as alltoallv; Path::direct is 1 executor copy and no transport by construction; on
+  /// Path::two_level the transport counts every byte this rank receives in the three rounds,
+  /// including what it forwards for others).
   CopyCount copies(Direction d, Path p) const {
     double out = 0, exec = 0, wire = 0;
     auto bytes = [](const std::vector<BlockCopy>& l) {
@@ -352,7 +417,12 @@ class Plan {
     };
     for (const Schedule& sc : sched_[static_cast<int>(d)]) {
       out += bytes(sc.unpack);
-      wire += static_cast<double>(sc.recv_total);
+      if (p == Path::two_level) {  // every hop this rank receives, forwarded chunks included
+        for (const auto& round : sc.hop_recv)
+          for (const Hop& h : round) wire += static_cast<double>(h.bytes);
+      } else {
+        wire += static_cast<double>(sc.recv_total);
+      }
       exec += p == Path::messages ? bytes(sc.pack_staged) + bytes(sc.unpack_staged) : bytes(sc.pack) + bytes(sc.unpack);
     }
     if (out == 0) return {};
@@ -382,6 +452,7 @@ class Plan {
     w[5] = tensors_.size();
     w[6] = static_cast<std::uint64_t>(options_.stages);
     w[7] = (options_.direct_pieces ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1;
+    w[kNodesWord] = two_level_ ? nodes_.hash() | 1 : 0;
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const TensorSpec& x = tensors_[t];
       h = hash(h0, x.heads.num_heads());
@@ -402,6 +473,7 @@ class Plan {
     if (i < kElementWord) return "the head partition of tensor " + std::to_string(i - kHeadsWord);
     if (i < kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - kElementWord);
     if (i < kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - kReplicasWord);
+    if (i == kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes)";
     return "word " + std::to_string(i);
   }
   /// 64-bit FNV-1a hash of agreement_record(): equal on ranks that would exchange the same bytes.
@@ -456,7 +528,8 @@ class Plan {
 
  private:
   static constexpr int kHeadsWord = 8, kElementWord = kHeadsWord + kMaxTensors, kReplicasWord = kElementWord + kMaxTensors;
-  static_assert(kReplicasWord + kMaxTensors <= kAgreementWords, "the agreement record holds every field");
+  static constexpr int kNodesWord = kReplicasWord + kMaxTensors;
+  static_assert(kNodesWord < kAgreementWords, "the agreement record holds every field");
 
   /// A run of heads [lo, hi).
   struct Run {
@@ -509,6 +582,12 @@ class Plan {
       }
     }
     resolve_pairing();
+    const NodeLayout& n = options_.nodes;
+    if (n.degree() != 0 && n.degree() != P)
+      detail::fail(Errc::invalid_mesh, "PlanOptions::nodes describes " + std::to_string(n.degree()) + " ranks " + n.str() +
+                                           " but the group has P=" + std::to_string(P));
+    nodes_ = n.degree() ? n : NodeLayout::uniform(P, P);
+    two_level_ = options_.path == Path::two_level || (options_.path == Path::automatic && nodes_.spans_nodes());
   }
 
   static std::int64_t first_replicated_head(const HeadPartition& hp) {
@@ -645,8 +724,9 @@ class Plan {
     if (detail::make_block(ext, sstr, dstr, elem_bytes, soff, doff, sbuf, dbuf, c)) list.push_back(c);
   }
 
-  /// Builds stage k of direction dir; its chunks start at send_base / recv_base of the regions.
-  void build(Direction dir, int k, std::size_t send_base, std::size_t recv_base) {
+  /// Builds stage k of direction dir; its chunks start at send_base / recv_base of the regions
+  /// (on a two-level plan, `route` places them).
+  void build(Direction dir, int k, std::size_t send_base, std::size_t recv_base, const detail::TwoLevelRoute* route) {
     const int P = group_.size, me = group_.rank, T = num_tensors();
     const bool s2h = dir == Direction::seq_to_head;
     Schedule& sc = sched_[static_cast<int>(dir)][static_cast<std::size_t>(k)];
@@ -671,6 +751,10 @@ class Plan {
     std::vector<std::vector<std::size_t>> send_at = recv_at;
     std::size_t so = send_base, ro = recv_base;
     for (int p = 0; p < P; ++p) {
+      if (route && p != me) {  // the chunk may lie in a gathered / received area
+        so = route->regions(me).send_off[ix(p)];
+        ro = route->regions(me).recv_off[ix(p)];
+      }
       sc.send_offsets[ix(p)] = so;
       sc.recv_offsets[ix(p)] = ro;
       if (p != me)
@@ -694,6 +778,10 @@ class Plan {
       sc.send_total += sc.send_bytes[ix(p)];
       sc.recv_total += sc.recv_bytes[ix(p)];
     }
+    sc.send_span = route ? route->regions(me).send_span : sc.send_total;
+    sc.recv_span = route ? route->regions(me).recv_span : sc.recv_total;
+    if (route)
+      for (int round = 0; round < 3; ++round) route->hops(me, round, sc.hop_send[ix(round)], sc.hop_recv[ix(round)]);
     // A head of tensor t is summed on receipt when several ranks hold it (and t sums).
     auto summed = [&](int t, std::int64_t h) {
       if (!sums[ix(t)]) return false;
@@ -938,6 +1026,8 @@ class Plan {
   Format format_;
   PlanOptions options_;
   std::vector<int> serves_;
+  NodeLayout nodes_;        // options_.nodes, or one node of P ranks
+  bool two_level_ = false;  // see two_level()
   std::vector<Schedule> sched_[2];  // per direction, per stage
   std::size_t recv_region_ = 0, workspace_ = 0;
 #if defined(ULYSSES_CHECK_AGREEMENT)

@@ -349,6 +349,15 @@ void before_exchange(const Plan& plan, Comm& comm) {
   if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
 }
 
+/// Throws Error(path_unsupported) when a flat exchange is asked of a plan laid out for the
+/// two-level exchange (its chunks partly lie in gathered / received areas).
+inline void require_flat(const Plan& plan, const char* what) {
+  if (plan.two_level())
+    fail(Errc::path_unsupported, std::string(what) + ": the plan lays out the two-level exchange (PlanOptions::nodes " +
+                                     plan.nodes().str() + "); run it with exchange_two_level() (Path::two_level), or plan with "
+                                     "PlanOptions::path = Path::alltoallv or messages for a flat exchange");
+}
+
 /// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
 inline void require_adjoint(const Plan& plan, const char* what) {
   const int t = plan.first_non_adjoint_tensor();
@@ -375,6 +384,7 @@ void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffer
 ///         planned from different inputs; backend errors.
 template <class Comm>
 void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  detail::require_flat(plan, "exchange");
   detail::before_exchange(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
   comm.alltoallv(buffers.base[Buffer::send], s.send_bytes.data(), s.send_offsets.data(), buffers.base[Buffer::recv],
@@ -420,6 +430,7 @@ void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTabl
 template <class Comm>
 void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
   static_assert(detail::has_exchange_messages<Comm>::value, "exchange_pieces needs a communicator with exchange_messages()");
+  detail::require_flat(plan, "exchange_pieces");
   detail::before_exchange(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
   // The message lists live per thread and keep their capacity: no allocation after the first call.
@@ -444,22 +455,55 @@ void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buff
 
 /// The block list the executor runs before (`before_exchange` true: the pack) or after (the
 /// unpack) the exchange of stage `stage` on `path`: Schedule::pack / unpack on Path::alltoallv,
-/// Schedule::pack_staged / unpack_staged on Path::messages (only the pieces that are not in place).
+/// Schedule::pack_staged / unpack_staged on Path::messages (only the pieces that are not in place);
+/// Path::two_level packs and unpacks as alltoallv.
 /// Path::direct has no stages (exchange_direct() runs its one list). What redistribute(), the
 /// pipelines and anything that times the phases run.
-/// @pre path is alltoallv or messages.
+/// @pre path is alltoallv, messages or two_level.
 inline const std::vector<BlockCopy>& stage_copies(const Plan& plan, Direction dir, Path path, bool before_exchange, int stage = 0) {
   const Schedule& s = plan.schedule(dir, stage);
   if (path == Path::messages) return before_exchange ? s.pack_staged : s.unpack_staged;
   return before_exchange ? s.pack : s.unpack;
 }
 
-/// The exchange of stage `stage` on `path`: exchange_pieces() on Path::messages (the
-/// communicator must have exchange_messages()), exchange() otherwise. @throws as exchange().
+/// The two-level exchange of one stage (Path::two_level, topology.hpp): three rounds of
+/// exchange_messages() over the plan's Schedule::hop_send / hop_recv — the intra-node gather into
+/// each node's forwarders, one message per ordered node pair between a forwarder and a receiver,
+/// the intra-node delivery — between the pack and the unpack of the alltoallv path. Every rank calls
+/// every round (with empty lists where it has nothing to move). Before a plan's first exchange,
+/// runs check_agreement() when Plan::check_agreement() is on. Allocates only on a thread's first
+/// call (two message lists, reused afterwards).
+/// @pre `buffers` from make_buffers().
+/// @throws as exchange(); Error(path_unsupported) for a plan without a two-level layout
+///         (Plan::two_level() false).
+template <class Comm>
+void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  static_assert(detail::has_exchange_messages<Comm>::value, "exchange_two_level needs a communicator with exchange_messages()");
+  if (!plan.two_level())
+    detail::fail(Errc::path_unsupported, "exchange_two_level: the plan has no two-level layout (give PlanOptions::nodes, or "
+                                         "PlanOptions::path = Path::two_level)");
+  detail::before_exchange(plan, comm);
+  const Schedule& s = plan.schedule(dir, stage);
+  thread_local std::vector<Message> send, recv;
+  auto fill = [&buffers](std::vector<Message>& m, const std::vector<Hop>& hops) {
+    m.clear();
+    for (const Hop& h : hops) m.push_back({h.peer, buffers.base[h.buffer] + h.offset, h.bytes});
+  };
+  for (std::size_t round = 0; round < 3; ++round) {
+    fill(send, s.hop_send[round]);
+    fill(recv, s.hop_recv[round]);
+    comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
+  }
+}
+
+/// The exchange of stage `stage` on `path`: exchange_pieces() on Path::messages,
+/// exchange_two_level() on Path::two_level (the communicator must have exchange_messages()),
+/// exchange() otherwise. @throws as exchange().
 template <class Comm>
 void stage_exchange(const Plan& plan, Direction dir, Path path, Comm& comm, const BufferTable& buffers, int stage = 0) {
   if constexpr (detail::has_exchange_messages<Comm>::value) {
     if (path == Path::messages) return exchange_pieces(plan, dir, comm, buffers, stage);
+    if (path == Path::two_level) return exchange_two_level(plan, dir, comm, buffers, stage);
   }
   exchange(plan, dir, comm, buffers, stage);
 }

@@ -12,6 +12,7 @@
 /// | alltoallv | pack, one all-to-all-v, unpack         | 2 for peers' bytes (pack + unpack), 1 own |
 /// | messages  | one message per (peer, tensor)         | 0-2: a piece contiguous in the user's tensor skips its pack (sending) or unpack (receiving) |
 /// | direct    | ranks read each other's inputs         | 1 (no transport, no workspace)           |
+/// | two_level | pack, 3 rounds of messages (gather per node, one message per node pair, deliver), unpack | 2, as alltoallv; a chunk crosses 1-3 links |
 ///
 /// Plan::copies() gives the counts of a plan's actual lists.
 ///
@@ -126,22 +127,37 @@ struct PathSupport {
   /// communicator's (a device executor must also have prepare_direct(plan), as CudaExecutor).
   static constexpr bool direct = detail::has_with_peers<Comm>::value && detail::has_allgather<Comm>::value && same_memory &&
                                  (detail::runs_on_host<Exec>::value || detail::has_prepare_direct<Exec>::value);
+  /// The two-level exchange (three rounds of messages): exchange_messages() and executor memory
+  /// the communicator's, as Path::messages.
+  static constexpr bool two_level = messages;
   /// Whether path p is possible (Path::automatic always is).
   static constexpr bool can(Path p) {
-    return p == Path::direct ? direct : p == Path::messages ? messages : true;
+    return p == Path::direct ? direct : p == Path::messages ? messages : p == Path::two_level ? two_level : true;
   }
 };
 
 /// The transport a redistribution of `plan` takes with a communicator of type Comm and an
 /// executor of type Exec: PlanOptions::path when set, else the fewest copies possible: direct,
-/// else messages (unless PlanOptions::direct_pieces is off), else alltoallv. The same on every
-/// rank that uses the same types and plan options (which check_agreement() compares).
-/// @throws Error(path_unsupported) PlanOptions::path names a transport the types cannot do
-///         (before any exchange, on every rank alike).
+/// else messages (unless PlanOptions::direct_pieces is off), else alltoallv. A two-level plan
+/// (Plan::two_level(): PlanOptions::nodes spans nodes) takes direct where possible, else
+/// two_level. The same on every rank that uses the same types and plan options (which
+/// check_agreement() compares).
+/// @throws Error(path_unsupported) PlanOptions::path names a transport the types cannot do, or a
+///         two-level plan meets types without exchange_messages() (before any exchange, on every
+///         rank alike).
 template <class Comm, class Exec>
 Path choose_path(const Plan& plan) {
   using S = PathSupport<Comm, Exec>;
   const PlanOptions& o = plan.options();
+  if (plan.two_level()) {
+    if (o.path == Path::automatic && S::direct) return Path::direct;
+    if (!S::two_level)
+      detail::fail(Errc::path_unsupported, std::string("the plan lays out the two-level exchange (PlanOptions::nodes ") +
+                                               plan.nodes().str() + ", path " + to_string(o.path) +
+                                               "), which needs a communicator with exchange_messages() whose memory is "
+                                               "the executor's; set PlanOptions::path = Path::alltoallv for the flat exchange");
+    return Path::two_level;
+  }
   if (o.path == Path::automatic) {
     if (S::direct) return Path::direct;
     if (S::messages && o.direct_pieces) return Path::messages;
@@ -151,8 +167,9 @@ Path choose_path(const Plan& plan) {
     const std::string why = o.path == Path::direct
                                 ? "the direct path needs ranks that share memory: a communicator with with_peers() and "
                                   "allgather() of host memory (LocalGroup::Comm), and a host executor"
-                                : "the message path needs a communicator with exchange_messages() whose memory is the "
-                                  "executor's (host and host, or device and device)";
+                                : std::string("the ") + to_string(o.path) +
+                                      " path needs a communicator with exchange_messages() whose memory is the "
+                                      "executor's (host and host, or device and device)";
     detail::fail(Errc::path_unsupported, std::string("PlanOptions::path = ") + to_string(o.path) + ", but " + why +
                                              "; use Path::automatic or another path");
   }

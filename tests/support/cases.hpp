@@ -83,6 +83,48 @@ inline std::vector<Case> zigzag_cases(int P) {
            {{q, 4}, {HeadPartition::gqa(q, 3), 4}}, Format::sbhd}};
 }
 
+/// The node layouts the two-level exchange is tested on for group size P: equal nodes where P
+/// allows (8 = 2 x 4, 6 = 3 x 2, 4 = 2 x 2), uneven nodes ([P/2 + 1, rest], and 1-rank nodes),
+/// and ranks of a node not numbered contiguously.
+inline std::vector<std::pair<std::string, ulysses::NodeLayout>> node_layouts(int P) {
+  using ulysses::NodeLayout;
+  std::vector<std::pair<std::string, NodeLayout>> v;
+  if (P % 4 == 0 && P > 4) v.push_back({std::to_string(P / 4) + "x4", NodeLayout::uniform(P, 4)});
+  if (P % 2 == 0) v.push_back({std::to_string(P / 2) + "x2", NodeLayout::uniform(P, 2)});
+  if (P >= 3) v.push_back({"uneven", NodeLayout::sizes({P / 2 + 1, P - P / 2 - 1})});
+  if (P >= 3) v.push_back({"1-rank nodes", NodeLayout::sizes({1, P - 2, 1})});
+  std::vector<int> ids;  // node of rank r: r % 2 for the first ranks, a third node for the last
+  for (int r = 0; r < P; ++r) ids.push_back(r >= P - 1 && P >= 3 ? 7 : r % 2);
+  if (P >= 2) v.push_back({"interleaved", NodeLayout::of(ids)});
+  return v;
+}
+
+/// The two-level exchange on every node layout of node_layouts(P): GQA q/k/v with kv heads on
+/// several ranks (summed in head→seq), uneven sequence and head splits, zigzag, B = 2, K = 2
+/// stages (plain and pipelined), all through PlanOptions::path = `path` and PlanOptions::nodes.
+inline std::vector<Case> two_level_cases(int P, ulysses::Path path) {
+  std::vector<Case> v;
+  for (const auto& [name, nodes] : node_layouts(P)) {
+    const std::string n = "two-level P=" + std::to_string(P) + " " + name + " " + nodes.str();
+    auto q = HeadPartition::balanced(2 * P, P);
+    auto kv = HeadPartition::gqa(q, 2);  // each kv head on about P/2 ranks
+    auto qb = HeadPartition::balanced(P + 3, P);
+    std::vector<Case> here = {
+        {n + " qkv GQA", P, 2, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}, {kv, 2}}, Format::bshd},
+        {n + " uneven S and H", P, 1, SeqPartition::balanced(3 * P + 1, P), {{qb, 3}, {HeadPartition::gqa(qb, 1), 3}}, Format::sbhd},
+        {n + " zigzag", P, 2, SeqPartition::zigzag(4 * P + 2, P), {{q, 2}}, Format::bhsd},
+        {n + " K=2", P, 2, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd, 2},
+        {n + " K=2 pipelined", P, 1, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd, 2, true},
+    };
+    for (Case& c : here) {
+      c.path = path;
+      c.nodes = nodes;
+      v.push_back(c);
+    }
+  }
+  return v;
+}
+
 /// C7: the seq-sharded input of every rank is the view x[:, 4:12] of a [B=2, 16, H=2, D=4] bshd
 /// buffer (8 local tokens, not contiguous since B=2); the result of head→seq goes into the same
 /// view of another such buffer. Checks the values and that no byte outside the views changes.

@@ -49,6 +49,7 @@ struct Case {
   ulysses::Replicas replicas = ulysses::Replicas::sum;  ///< every tensor's (opaque types always take Replicas::owner)
   bool padded = false;  ///< strided views: every rank's local tensors with padded rows and tokens (rank-dependent)
   ulysses::Path path = ulysses::Path::automatic;  ///< PlanOptions::path: the transport
+  ulysses::NodeLayout nodes{};  ///< PlanOptions::nodes (the two-level exchange when it spans nodes)
 };
 
 /// The transports a communicator type can run with the host executor (the transport axis of the
@@ -91,7 +92,7 @@ ulysses::Plan plan_of(const Case& c, int r) {
       specs.back().with_head_layout(padded_view(c.B, c.seq.seq_len(), t.heads.count(r), t.D, r + 1));
     }
   }
-  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces, c.path});
+  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes});
 }
 
 /// What head→seq(seq→head(x)) gives element x of head h of tensor t: x itself, or, when the plan
@@ -298,7 +299,7 @@ AdjointShare run_adjoint_case(Comm& comm, const Case& c) {
     x.replicas = Replicas::sum;
     specs.push_back(x);
   }
-  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces, c.path});
+  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes});
   const int NT = plan.num_tensors();
   const std::int64_t S = c.seq.seq_len();
   const std::vector<std::int64_t> tok = global_tokens(c.seq, r);

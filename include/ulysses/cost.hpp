@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file cost.hpp
+/// @brief An α-β cost model of one exchange of a plan (flat or two-level), its calibration from
+///        measurements, and advice on the Ulysses degree of a world of ranks.
+///
+/// The model is Hockney's α-β model (R. Hockney, "The communication challenge for MPP", Parallel
+/// Computing 20(3), 1994; as used for collectives by Thakur, Rabenseifner & Gropp, IJHPCA 2005),
+/// one (α, β) pair per link class — intra-node (NVLink, shared memory) and inter-node (InfiniBand,
+/// RoCE) — plus a term for the executor's copies (pack, unpack, sums; memory bandwidth):
+///
+///     T = Σ_rounds Σ_class ( α_class · messages + β_class · bytes ) + γ · copied bytes
+///
+/// where each round's messages and bytes are those of its busiest rank (the largest of what it
+/// sends and what it receives): one round for the flat paths, three for the two-level one
+/// (intra, inter, intra). The volume follows DeepSpeed-Ulysses' analysis (Jacobs et al.,
+/// arXiv:2309.14509, section 3.1): a rank sends (P-1)/P of its q, k, v (and o) shards per
+/// exchange, so the bytes per link stay constant when S and P grow together, while the message
+/// count grows with P — which the two-level exchange trades against extra hops.
+///
+/// Everything here is a prediction: calibrate it on the machine at hand (fit_cost_model() from
+/// `ulysses_perf --json` measurements, `ulysses_perf --calibrate`) and treat link defaults as
+/// placeholders.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "attention.hpp"
+#include "error.hpp"
+#include "mesh.hpp"
+#include "plan.hpp"
+#include "topology.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// The link classes of the model.
+enum class LinkClass : int {
+  intra = 0,  ///< between ranks of one node (NVLink / NVSwitch, PCIe, shared memory)
+  inter = 1,  ///< between nodes (InfiniBand, RoCE, Ethernet)
+};
+
+/// α and β of one link class.
+struct LinkCost {
+  double alpha_s = 0;           ///< seconds per message (latency and per-message overhead)
+  double seconds_per_byte = 0;  ///< β: inverse bandwidth of one rank's link, seconds per byte
+  /// From microseconds per message and GB/s (1e9 bytes per second; 0 GB/s means no bandwidth term).
+  static LinkCost of(double alpha_us, double GBps) { return {alpha_us * 1e-6, GBps > 0 ? 1e-9 / GBps : 0}; }
+  double GBps() const { return seconds_per_byte > 0 ? 1e-9 / seconds_per_byte : 0; }  ///< 1 / β in GB/s
+};
+
+/// The parameters of the model (see the file comment).
+struct CostModel {
+  LinkCost intra;                      ///< intra-node link of one rank
+  LinkCost inter;                      ///< inter-node link of one rank
+  double copy_seconds_per_byte = 0;    ///< γ: seconds per byte the executor writes (pack, unpack, sums, direct copies)
+  /// Link classes of an 8-GPU H100/H200 node on a rail-optimised InfiniBand NDR fabric, as
+  /// placeholders until calibrated: NVLink 4 moves 450 GB/s per direction per GPU (NVIDIA H100
+  /// datasheet), of which an all-to-all reaches about 350 GB/s (nccl-tests alltoall busbw);
+  /// one 400 Gb/s NDR NIC per GPU, about 45 GB/s achieved; per-message costs of a few µs
+  /// (NCCL's grouped send/recv); HBM3 copies at about 1.5 TB/s of written bytes.
+  static CostModel nvlink_infiniband() { return {LinkCost::of(3, 350), LinkCost::of(6, 45), 1.0 / 1.5e12}; }
+  /// The parameters as text: "intra 3 us + 1/350 GB/s, inter ..., copy 1500 GB/s".
+  std::string str() const {
+    auto f = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4g", v);
+      return std::string(b);
+    };
+    return "intra " + f(intra.alpha_s * 1e6) + " us/msg, " + f(intra.GBps()) + " GB/s; inter " + f(inter.alpha_s * 1e6) +
+           " us/msg, " + f(inter.GBps()) + " GB/s; copy " + f(copy_seconds_per_byte > 0 ? 1e-9 / copy_seconds_per_byte : 0) + " GB/s";
+  }
+};
+
+/// What one exchange moves, as the model sees it: per link class, the messages and bytes of each
+/// round's busiest rank, summed over rounds (and stages); and the bytes the executor writes on
+/// the plan's rank.
+struct ExchangeTraffic {
+  std::array<double, 2> messages{};  ///< [LinkClass]
+  std::array<double, 2> bytes{};     ///< [LinkClass]
+  double copy_bytes = 0;             ///< executor bytes written (pack, unpack, sums, direct copies)
+  int rounds = 0;                    ///< communication rounds (1 flat, 3 two-level; per stage)
+};
+
+namespace detail {
+
+/// Busiest rank of a round: the one with the most bytes (sent or received), then messages.
+struct RankLoad {
+  std::array<double, 2> msgs{}, bytes{};
+  double total() const { return bytes[0] + bytes[1]; }
+};
+inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv) {
+  RankLoad best;
+  double best_total = -1, best_msgs = -1;
+  for (std::size_t r = 0; r < send.size(); ++r) {
+    const RankLoad& a = send[r].total() >= recv[r].total() ? send[r] : recv[r];
+    const double m = a.msgs[0] + a.msgs[1];
+    if (a.total() > best_total || (a.total() == best_total && m > best_msgs)) best = a, best_total = a.total(), best_msgs = m;
+  }
+  for (int c = 0; c < 2; ++c) {
+    t.messages[static_cast<std::size_t>(c)] += best.msgs[static_cast<std::size_t>(c)];
+    t.bytes[static_cast<std::size_t>(c)] += best.bytes[static_cast<std::size_t>(c)];
+  }
+  ++t.rounds;
+}
+inline double written(const std::vector<BlockCopy>& l) {
+  double n = 0;
+  for (const BlockCopy& c : l) n += static_cast<double>(c.written_bytes());
+  return n;
+}
+
+}  // namespace detail
+
+/// The traffic of one exchange of `plan` in direction `dir` on `path` (see ExchangeTraffic):
+/// alltoallv: one message per peer with bytes; messages: one per (peer, tensor, b, sequence chunk);
+/// two_level: the three rounds of the plan's route (a plan without one is laid out with its
+/// PlanOptions::nodes for the count); direct: one synchronisation per peer and every output byte
+/// copied once. A peer on another node (PlanOptions::nodes) is an inter-node link. Pure: builds
+/// the global picture from the plan's shared inputs (O(P^2) per stage).
+/// @throws Error(path_unsupported) Path::automatic (choose one: choose_path()).
+inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path path) {
+  if (path == Path::automatic) detail::fail(Errc::path_unsupported, "exchange_traffic: give the path the exchange takes (choose_path())");
+  ExchangeTraffic t;
+  const int P = plan.degree();
+  const NodeLayout& nodes = plan.nodes();
+  const auto cls = [&](int i, int j) { return nodes.node(i) == nodes.node(j) ? 0 : 1; };
+  for (int k = 0; k < plan.num_stages(); ++k) {
+    const Schedule& s = plan.schedule(dir, k);
+    const std::vector<std::size_t> c = plan.chunk_matrix(dir, k);
+    const auto C = [&](int i, int j) { return static_cast<double>(c[static_cast<std::size_t>(i) * static_cast<std::size_t>(P) + static_cast<std::size_t>(j)]); };
+    if (path == Path::direct) {
+      t.messages[0] += P - 1;
+      ++t.rounds;
+      t.copy_bytes += detail::written(s.unpack);
+      continue;
+    }
+    t.copy_bytes += path == Path::messages ? detail::written(s.pack_staged) + detail::written(s.unpack_staged)
+                                           : detail::written(s.pack) + detail::written(s.unpack);
+    std::vector<detail::RankLoad> send(static_cast<std::size_t>(P)), recv(static_cast<std::size_t>(P));
+    if (path == Path::two_level) {
+      const detail::TwoLevelRoute route(nodes, c, std::vector<std::size_t>(static_cast<std::size_t>(P), 0),
+                                        std::vector<std::size_t>(static_cast<std::size_t>(P), 0));
+      for (int round = 0; round < 3; ++round) {
+        std::fill(send.begin(), send.end(), detail::RankLoad{});
+        std::fill(recv.begin(), recv.end(), detail::RankLoad{});
+        for (int x = 0; x < P; ++x)
+          for (const auto& tr : route.sends(x, round)) {
+            const auto cl = static_cast<std::size_t>(cls(tr.from, tr.to));
+            send[static_cast<std::size_t>(tr.from)].msgs[cl] += 1;
+            send[static_cast<std::size_t>(tr.from)].bytes[cl] += static_cast<double>(tr.bytes);
+            recv[static_cast<std::size_t>(tr.to)].msgs[cl] += 1;
+            recv[static_cast<std::size_t>(tr.to)].bytes[cl] += static_cast<double>(tr.bytes);
+          }
+        detail::add_busiest(t, send, recv);
+      }
+      continue;
+    }
+    // Flat: one chunk (alltoallv) or its pieces (messages) per pair with bytes.
+    const std::int64_t B = plan.batch();
+    const bool s2h = dir == Direction::seq_to_head;
+    for (int i = 0; i < P; ++i)
+      for (int j = 0; j < P; ++j) {
+        if (i == j || C(i, j) == 0) continue;
+        const double msgs = path == Path::messages
+                                ? static_cast<double>(plan.num_tensors() * B) * static_cast<double>(plan.seq().chunks_of(s2h ? i : j).size())
+                                : 1.0;
+        const auto cl = static_cast<std::size_t>(cls(i, j));
+        send[static_cast<std::size_t>(i)].msgs[cl] += msgs;
+        send[static_cast<std::size_t>(i)].bytes[cl] += C(i, j);
+        recv[static_cast<std::size_t>(j)].msgs[cl] += msgs;
+        recv[static_cast<std::size_t>(j)].bytes[cl] += C(i, j);
+      }
+    detail::add_busiest(t, send, recv);
+  }
+  return t;
+}
+
+/// The model's time of an exchange with this traffic, in seconds.
+inline double predict_seconds(const ExchangeTraffic& t, const CostModel& m) {
+  return m.intra.alpha_s * t.messages[0] + m.intra.seconds_per_byte * t.bytes[0] + m.inter.alpha_s * t.messages[1] +
+         m.inter.seconds_per_byte * t.bytes[1] + m.copy_seconds_per_byte * t.copy_bytes;
+}
+
+/// The model's time of one exchange of `plan` in direction `dir` on `path`, in seconds
+/// (exchange_traffic() then predict_seconds()). @throws as exchange_traffic().
+inline double predict_seconds(const Plan& plan, Direction dir, Path path, const CostModel& m) {
+  return predict_seconds(exchange_traffic(plan, dir, path), m);
+}
+
+/// One measurement for fit_cost_model(): the traffic of an exchange and its measured time.
+struct CostSample {
+  ExchangeTraffic traffic;
+  double seconds = 0;  ///< measured, > 0
+};
+
+/// Fits the model's five parameters (α and β of each link class, γ) to measurements by least
+/// squares on the relative error (each sample weighted by 1 / its time), with every parameter
+/// >= 0 (the best of the fits over the subsets of parameters, all of them solved exactly).
+/// Parameters whose traffic is 0 in every sample (e.g. the inter-node link on one machine) keep
+/// `base`'s value.
+/// @throws Error(invalid_shape) no sample, or a time <= 0.
+inline CostModel fit_cost_model(const std::vector<CostSample>& samples, const CostModel& base = {}) {
+  if (samples.empty()) detail::fail(Errc::invalid_shape, "fit_cost_model: no samples");
+  constexpr int K = 5;
+  auto feature = [](const ExchangeTraffic& t, int i) {
+    switch (i) {
+      case 0: return t.messages[0];
+      case 1: return t.bytes[0];
+      case 2: return t.messages[1];
+      case 3: return t.bytes[1];
+      default: return t.copy_bytes;
+    }
+  };
+  bool seen[K] = {};
+  for (const CostSample& s : samples) {
+    if (!(s.seconds > 0)) detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s");
+    for (int i = 0; i < K; ++i) seen[i] = seen[i] || feature(s.traffic, i) != 0;
+  }
+  // Scale the columns (bytes and message counts differ by orders of magnitude) before solving.
+  double scale[K] = {};
+  for (const CostSample& s : samples)
+    for (int i = 0; i < K; ++i) scale[i] = std::max(scale[i], std::fabs(feature(s.traffic, i)) / s.seconds);
+  double best_err = INFINITY, best[K] = {};
+  for (unsigned mask = 1; mask < (1u << K); ++mask) {
+    int idx[K], n = 0;
+    for (int i = 0; i < K; ++i)
+      if (((mask >> i) & 1u) && seen[i]) idx[n++] = i;
+    int bits = 0;
+    for (int i = 0; i < K; ++i) bits += static_cast<int>((mask >> i) & 1u);
+    if (n == 0 || n != bits) continue;
+    double A[K][K + 1] = {};  // normal equations of the weighted, scaled problem
+    for (const CostSample& s : samples) {
+      double x[K];
+      for (int a = 0; a < n; ++a) x[a] = feature(s.traffic, idx[a]) / s.seconds / scale[idx[a]];
+      for (int a = 0; a < n; ++a) {
+        for (int b = 0; b < n; ++b) A[a][b] += x[a] * x[b];
+        A[a][n] += x[a];  // target: 1 (time / time)
+      }
+    }
+    bool ok = true;  // Gaussian elimination with partial pivoting
+    for (int col = 0; col < n && ok; ++col) {
+      int piv = col;
+      for (int r = col + 1; r < n; ++r)
+        if (std::fabs(A[r][col]) > std::fabs(A[piv][col])) piv = r;
+      if (std::fabs(A[piv][col]) < 1e-12) ok = false;
+      if (!ok) break;
+      for (int c2 = 0; c2 <= n; ++c2) std::swap(A[col][c2], A[piv][c2]);
+      for (int r = 0; r < n; ++r) {
+        if (r == col) continue;
+        const double f = A[r][col] / A[col][col];
+        for (int c2 = col; c2 <= n; ++c2) A[r][c2] -= f * A[col][c2];
+      }
+    }
+    if (!ok) continue;
+    double p[K] = {};
+    for (int a = 0; a < n; ++a) {
+      const double v = A[a][n] / A[a][a];
+      if (v < 0) ok = false;
+      p[idx[a]] = v / scale[idx[a]];
+    }
+    if (!ok) continue;
+    double err = 0;
+    for (const CostSample& s : samples) {
+      double pred = 0;
+      for (int i = 0; i < K; ++i) pred += p[i] * feature(s.traffic, i);
+      err += (pred / s.seconds - 1) * (pred / s.seconds - 1);
+    }
+    if (err < best_err) {
+      best_err = err;
+      std::copy(p, p + K, best);
+    }
+  }
+  CostModel m = base;
+  if (seen[0]) m.intra.alpha_s = best[0];
+  if (seen[1]) m.intra.seconds_per_byte = best[1];
+  if (seen[2]) m.inter.alpha_s = best[2];
+  if (seen[3]) m.inter.seconds_per_byte = best[3];
+  if (seen[4]) m.copy_seconds_per_byte = best[4];
+  return m;
+}
+
+/// One feasible way to lay out a world for Ulysses (see advise_degree()).
+struct DegreeChoice {
+  int ulysses_degree = 0;         ///< P
+  int outer_degree = 0;           ///< world / P (data parallel, or context parallel when asked)
+  int nodes_per_group = 1;        ///< nodes a Ulysses group spans
+  Path path = Path::alltoallv;    ///< the faster of the flat (alltoallv) and the two-level exchange
+  double seconds = 0;             ///< predicted exchange time of one layer's forward: q,k,v seq→head + o head→seq
+  double flat_seconds = 0;        ///< the same on the flat exchange
+  double two_level_seconds = 0;   ///< the same on the two-level exchange (= flat_seconds within one node)
+  double intra_bytes = 0;         ///< bytes per layer over the busiest rank's intra-node link (path taken)
+  double inter_bytes = 0;         ///< bytes per layer over the busiest rank's inter-node link (path taken)
+  double activation_bytes = 0;    ///< a rank's q,k,v,o in both shardings and the workspace of both plans, one layer
+  bool fits = true;               ///< activation_bytes within the budget given to advise_degree()
+};
+
+/// The feasible (Ulysses degree, outer degree) layouts of `world` ranks on nodes of
+/// `ranks_per_node`, with the model's exchange time per layer (forward: q,k,v seq→head and o
+/// head→seq, on the faster of the flat and two-level exchange), bytes per link class and per-rank
+/// activation memory; best first: those whose activation memory fits `budget_bytes` (0: no
+/// limit) by predicted time, then the others by memory. Feasible: Mesh(world, P, ranks_per_node)
+/// is valid and Mesh::check_heads(shape, policy) passes. The outer dimension is data parallel (each
+/// group runs its own sequences of `seq_len` tokens; a smaller P then moves fewer bytes but holds
+/// more tokens a rank, so the budget decides) or, with `outer_splits_sequence`, context parallel
+/// (ring attention over S / outer tokens a group; the ring's own traffic is not modelled).
+/// @param type element type of q, k, v, o (bf16 in training); B = `batch`.
+/// @param budget_bytes per-rank bytes one layer's attention tensors may take (activation_bytes).
+/// @throws Error(invalid_mesh) no feasible degree (the message says why for P = 1);
+///         Error(invalid_shape) seq_len or batch < 1.
+inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
+                                               const CostModel& model, ElementType type = ElementType::bfloat16,
+                                               std::int64_t batch = 1, HeadPolicy policy = HeadPolicy::even,
+                                               double budget_bytes = 0, bool outer_splits_sequence = false) {
+  if (seq_len < 1 || batch < 1)
+    detail::fail(Errc::invalid_shape, "advise_degree: seq_len=" + std::to_string(seq_len) + " and batch=" + std::to_string(batch) +
+                                          " must be >= 1");
+  std::vector<DegreeChoice> out;
+  std::string why;
+  for (int P = 1; P <= world; ++P) {
+    if (world % P) continue;
+    try {
+      const Mesh mesh(world, P, ranks_per_node);
+      mesh.check_heads(shape, policy);
+      const std::int64_t S = outer_splits_sequence ? seq_len / mesh.outer_degree() : seq_len;
+      if (S < P) continue;  // fewer tokens than ranks
+      const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);  // retyped below
+      auto retype = [type](std::vector<TensorSpec> v) {
+        for (TensorSpec& x : v) {
+          x.elem_bytes = size_of(type);
+          x.type = type;
+        }
+        return v;
+      };
+      DegreeChoice d;
+      d.ulysses_degree = P;
+      d.outer_degree = mesh.outer_degree();
+      d.nodes_per_group = mesh.nodes_per_group();
+      PlanOptions flat_o, two_o;
+      flat_o.path = Path::alltoallv;
+      flat_o.nodes = two_o.nodes = mesh.nodes();
+      two_o.path = Path::two_level;
+      const SeqPartition seq = SeqPartition::balanced(S, P);
+      const Plan qkv_f({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, flat_o), o_f({P, 0}, batch, seq, retype(a.out()), Format::bshd, flat_o);
+      const ExchangeTraffic tf1 = exchange_traffic(qkv_f, Direction::seq_to_head, Path::alltoallv),
+                            tf2 = exchange_traffic(o_f, Direction::head_to_seq, Path::alltoallv);
+      d.flat_seconds = predict_seconds(tf1, model) + predict_seconds(tf2, model);
+      ExchangeTraffic tt1 = tf1, tt2 = tf2;
+      d.two_level_seconds = d.flat_seconds;
+      if (mesh.group_spans_nodes()) {
+        const Plan qkv_t({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, two_o), o_t({P, 0}, batch, seq, retype(a.out()), Format::bshd, two_o);
+        tt1 = exchange_traffic(qkv_t, Direction::seq_to_head, Path::two_level);
+        tt2 = exchange_traffic(o_t, Direction::head_to_seq, Path::two_level);
+        d.two_level_seconds = predict_seconds(tt1, model) + predict_seconds(tt2, model);
+      }
+      const bool two = d.two_level_seconds < d.flat_seconds;
+      d.path = two ? Path::two_level : Path::alltoallv;
+      d.seconds = two ? d.two_level_seconds : d.flat_seconds;
+      const ExchangeTraffic& x1 = two ? tt1 : tf1;
+      const ExchangeTraffic& x2 = two ? tt2 : tf2;
+      d.intra_bytes = x1.bytes[0] + x2.bytes[0];
+      d.inter_bytes = x1.bytes[1] + x2.bytes[1];
+      for (const Plan* p : {&qkv_f, &o_f}) {
+        for (int t = 0; t < p->num_tensors(); ++t) d.activation_bytes += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
+        d.activation_bytes += static_cast<double>(p->workspace_bytes());
+      }
+      d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
+      out.push_back(d);
+    } catch (const Error& e) {
+      if (P == 1) why = e.what();
+    }
+  }
+  if (out.empty()) detail::fail(Errc::invalid_mesh, "advise_degree: no feasible Ulysses degree for world=" + std::to_string(world) +
+                                                        ", ranks_per_node=" + std::to_string(ranks_per_node) + (why.empty() ? "" : ": " + why));
+  std::stable_sort(out.begin(), out.end(), [](const DegreeChoice& a, const DegreeChoice& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.seconds < b.seconds : a.activation_bytes < b.activation_bytes;
+  });
+  return out;
+}
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// cost.hpp: the traffic the model counts (exact bytes and messages of small plans, flat and
+// two-level), the prediction, the fit (recovers known parameters), and the degree advice.
+#include <doctest/doctest.h>
+
+#include <ulysses/cost.hpp>
+
+#include "expect_error.hpp"
+
+using namespace ulysses;
+
+namespace {
+Plan mha(int P, int r, std::int64_t S, std::int64_t H = 4, PlanOptions o = {}) {
+  auto h = HeadPartition::even(H, P);
+  return Plan({P, r}, 1, SeqPartition::even(S, P),
+              {TensorSpec::of<float>(h, 2), TensorSpec::of<float>(h, 2), TensorSpec::of<float>(h, 2)}, Format::bshd, o);
+}
+}  // namespace
+
+TEST_CASE("exchange_traffic: flat all-to-all-v, messages and direct of P=4 (exact bytes and counts)") {
+  // S=8, P=4, H=4, D=2, fp32, q/k/v: a chunk is 2 tokens x 1 head x 2 x 4 bytes x 3 tensors = 48 bytes.
+  const Plan p = mha(4, 0, 8);
+  const ExchangeTraffic a = exchange_traffic(p, Direction::seq_to_head, Path::alltoallv);
+  CHECK(a.rounds == 1);
+  CHECK(a.messages[0] == 3);
+  CHECK(a.bytes[0] == 3 * 48);
+  CHECK(a.messages[1] == 0);
+  CHECK(a.bytes[1] == 0);
+  CHECK(a.copy_bytes == 3 * 48 + 3 * 48 + 48);  // pack, unpack, own chunk
+  const ExchangeTraffic m = exchange_traffic(p, Direction::seq_to_head, Path::messages);
+  CHECK(m.messages[0] == 3 * 3);  // one per (peer, tensor)
+  CHECK(m.bytes[0] == 3 * 48);
+  CHECK(m.copy_bytes < a.copy_bytes);  // bshd, B=1: received in place
+  const ExchangeTraffic d = exchange_traffic(p, Direction::seq_to_head, Path::direct);
+  CHECK(d.bytes[0] == 0);
+  CHECK(d.copy_bytes == 4 * 48);  // every output byte once
+  CHECK(ut::code_of([&] { exchange_traffic(p, Direction::seq_to_head, Path::automatic); }) == Errc::path_unsupported);
+}
+
+TEST_CASE("exchange_traffic: the two-level rounds of 8 = 2 x 4 and the flat exchange across the same nodes") {
+  PlanOptions o;
+  o.nodes = NodeLayout::uniform(8, 4);
+  o.path = Path::two_level;
+  // S=16, P=8, H=8: a chunk is 2 tokens x 1 head x 2 x 4 x 3 = 48 bytes.
+  auto h = HeadPartition::even(8, 8);
+  const Plan p({8, 0}, 1, SeqPartition::even(16, 8), {TensorSpec::of<float>(h, 2), TensorSpec::of<float>(h, 2), TensorSpec::of<float>(h, 2)},
+               Format::bshd, o);
+  const ExchangeTraffic t = exchange_traffic(p, Direction::seq_to_head, Path::two_level);
+  CHECK(t.rounds == 3);
+  CHECK(t.messages[1] == 1);       // one message per node pair
+  CHECK(t.bytes[1] == 16 * 48);    // all of node 0's chunks for node 1, through one forwarder
+  // Round 0, busiest: the forwarder receiving 3 node-mates' 4 chunks each and its 3 same-node chunks
+  // (48 x 15 bytes in 6 messages); round 2: the receiver delivering 4 chunks to each of 3 node-mates.
+  CHECK(t.bytes[0] == 15 * 48 + 12 * 48);
+  CHECK(t.messages[0] == 6 + 12);
+  PlanOptions f = o;
+  f.path = Path::alltoallv;
+  const Plan pf({8, 0}, 1, SeqPartition::even(16, 8), {TensorSpec::of<float>(h, 2), TensorSpec::of<float>(h, 2), TensorSpec::of<float>(h, 2)},
+                Format::bshd, f);
+  const ExchangeTraffic ft = exchange_traffic(pf, Direction::seq_to_head, Path::alltoallv);
+  CHECK(ft.messages[0] == 3);
+  CHECK(ft.messages[1] == 4);
+  CHECK(ft.bytes[1] == 4 * 48);
+}
+
+TEST_CASE("predict_seconds: α per message, β per byte per link class, γ per copied byte") {
+  ExchangeTraffic t;
+  t.messages = {3, 1};
+  t.bytes = {1000, 500};
+  t.copy_bytes = 2000;
+  const CostModel m{LinkCost::of(2, 100), LinkCost::of(10, 10), 1e-12};
+  CHECK(predict_seconds(t, m) == doctest::Approx(3 * 2e-6 + 1000 / 100e9 + 10e-6 + 500 / 10e9 + 2000e-12));
+  CHECK(LinkCost::of(1, 50).GBps() == doctest::Approx(50));
+  CHECK(CostModel::nvlink_infiniband().str().find("GB/s") != std::string::npos);
+}
+
+TEST_CASE("fit_cost_model: recovers the parameters that made the times; unseen link classes keep the base") {
+  const CostModel truth{LinkCost::of(4, 20), LinkCost::of(0, 0), 1.0 / 8e9};
+  std::vector<CostSample> s;
+  for (int P : {2, 4, 8})
+    for (std::int64_t S : {64, 1024, 16384})
+      for (Path path : {Path::alltoallv, Path::messages, Path::direct}) {
+        const ExchangeTraffic t = exchange_traffic(mha(P, 0, S, 8), Direction::seq_to_head, path);
+        s.push_back({t, predict_seconds(t, truth)});
+      }
+  const CostModel base = CostModel::nvlink_infiniband();
+  const CostModel fit = fit_cost_model(s, base);
+  CHECK(fit.intra.alpha_s == doctest::Approx(truth.intra.alpha_s).epsilon(1e-6));
+  CHECK(fit.intra.seconds_per_byte == doctest::Approx(truth.intra.seconds_per_byte).epsilon(1e-6));
+  CHECK(fit.copy_seconds_per_byte == doctest::Approx(truth.copy_seconds_per_byte).epsilon(1e-6));
+  CHECK(fit.inter.alpha_s == base.inter.alpha_s);  // no inter-node traffic in the samples
+  CHECK(fit.inter.seconds_per_byte == base.inter.seconds_per_byte);
+  CHECK(ut::code_of([] { fit_cost_model({}); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { fit_cost_model({{s[0].traffic, 0.0}}); }) == Errc::invalid_shape);
+}
+
+TEST_CASE("advise_degree: feasible meshes only, fastest within the budget first, two-level where it pays") {
+  const AttentionShape llama70b{64, 8, 128, 128};
+  const CostModel m = CostModel::nvlink_infiniband();
+  const auto all = advise_degree(llama70b, 131072, 64, 8, m);
+  REQUIRE(!all.empty());
+  for (const DegreeChoice& d : all) {
+    CHECK(64 % d.ulysses_degree == 0);
+    CHECK(d.ulysses_degree * d.outer_degree == 64);
+    CHECK(d.ulysses_degree <= 64);
+    CHECK(d.seconds == doctest::Approx(std::min(d.flat_seconds, d.two_level_seconds)));
+    CHECK((d.inter_bytes > 0) == (d.ulysses_degree > 8));
+  }
+  for (std::size_t i = 1; i < all.size(); ++i) CHECK(all[i - 1].seconds <= all[i].seconds);
+  // A budget of one layer's attention tensors: the smallest degrees do not fit and go last.
+  const auto budget = advise_degree(llama70b, 131072, 64, 8, m, ElementType::bfloat16, 1, HeadPolicy::even, 2e9);
+  CHECK(budget.front().fits);
+  CHECK(!budget.back().fits);
+  CHECK(budget.front().activation_bytes <= 2e9);
+  CHECK(ut::code_of([&] { advise_degree(llama70b, 1024, 6, 4, m); }) == Errc::invalid_mesh);  // 6 ranks are not whole nodes of 4
+}
