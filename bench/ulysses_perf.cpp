@@ -8,6 +8,11 @@
 //
 //   ulysses_perf --backend local --ranks 4 --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
 //   mpiexec -n 4 ulysses_perf --backend mpi --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
+//   mpiexec -n 8 ulysses_perf --backend mpi --ranks-per-node 4 ...   (simulated nodes: two-level)
+//
+// The α-β model of cost.hpp (perf_model.hpp): --fit PARAMS.json RUN.json... calibrates it from
+// this tool's --json files, --check PARAMS.json RUN.json... reports its error, and
+// --advise --model NAME --seq S --world N --ranks-per-node R lists the Ulysses degrees.
 //
 // The exchanges: --direction seq_to_head is q, k, v in one exchange (the plan of
 // attention_specs().qkv()); head_to_seq is the attention output o. With --backward, each is the
@@ -34,6 +39,7 @@
 #include "cli.hpp"
 #include "group.hpp"
 #include "models.hpp"
+#include "perf_model.hpp"
 
 namespace {
 
@@ -47,12 +53,25 @@ struct Options {
   std::string model = "Llama-3.1-8B";
   AttentionShape shape{32, 8, 128, 128};
   ElementType type = ElementType::float32;
+  bool type_given = false;  // --advise defaults to bf16
   std::int64_t begin = 1024, end = 16384, factor = 2, increment = 0, batch = 1;
   Format layout = Format::bshd;
   bool seq_to_head = true, head_to_seq = true, backward = false, check = false, balanced = false;
   Path path = Path::automatic;
-  int iters = 20, warmup = 5;
+  int iters = 20, warmup = 5, reps = 1;
+  bool bare = true;  // --bare 0: skip the bare all-to-all-v (its columns print 0)
   std::string json;
+  int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
+  double max_rank_bytes = 0;            // > 0: skip sizes whose per-rank input exceeds it
+  std::string mode = "sweep";           // sweep | advise | fit | check
+  std::string params;                   // --fit output / --check and --advise input
+  std::string params_backend = "mpi";   // the model of the --params file --advise uses
+  std::vector<std::string> inputs;      // --fit / --check measurement files
+  bool rows = false;                    // --check: every row
+  std::int64_t seq = 131072;            // --advise
+  int world = 64;                       // --advise
+  double budget_GiB = 0;                // --advise
+  perf_model::LinkFlags links;          // --advise
 };
 
 /// One line of the table.
@@ -69,17 +88,22 @@ using ulysses_group::barrier;
 using ulysses_group::max_over_ranks;
 using ulysses_group::sum_over_ranks;
 
-/// Microseconds per iteration of fn(), the slowest rank's: `warmup` untimed iterations, a barrier,
-/// `iters` back-to-back iterations, a barrier.
+/// Microseconds per iteration of fn(), the slowest rank's: `warmup` untimed iterations, then
+/// `reps` times: a barrier, `iters` back-to-back iterations, a barrier; the fastest repetition
+/// (the least disturbed by other load: what a model is calibrated on; nccl-tests' one block is reps = 1).
 template <class Comm, class F>
-double time_us(Comm& comm, int warmup, int iters, F&& fn) {
+double time_us(Comm& comm, int warmup, int iters, int reps, F&& fn) {
   for (int i = 0; i < warmup; ++i) fn();
-  barrier(comm);
-  const auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) fn();
-  barrier(comm);
-  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
-  return max_over_ranks(comm, us);
+  double best = 0;
+  for (int k = 0; k < reps; ++k) {
+    barrier(comm);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    barrier(comm);
+    const double us = max_over_ranks(comm, std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters);
+    best = k == 0 ? us : std::min(best, us);
+  }
+  return best;
 }
 
 // ---- the oracle: every element's value is a function of where it is -------------------------
@@ -201,6 +225,7 @@ std::vector<Row> run(Comm& comm, const Options& o) {
   HostExecutor exec;
   PlanOptions po;
   po.path = o.path;
+  if (o.ranks_per_node > 0) po.nodes = NodeLayout::uniform(P, o.ranks_per_node);
   const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
   const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
   for (std::int64_t S = o.begin; S <= o.end;) {
@@ -211,6 +236,14 @@ std::vector<Row> run(Comm& comm, const Options& o) {
       const bool qkv = which == 0;
       const Direction forward = qkv ? Direction::seq_to_head : Direction::head_to_seq;
       Exchange x{Plan({P, r}, o.batch, seq, qkv ? a.qkv() : a.out(), o.layout, po), o.backward ? backward_of(forward) : forward, {}, {}, {}, 0};
+      if (o.max_rank_bytes > 0) {  // the same verdict on every rank: the largest input over ranks
+        double in = 0;
+        for (int t = 0; t < x.plan.num_tensors(); ++t) in += static_cast<double>(x.plan.input_bytes(x.dir, t));
+        if (max_over_ranks(comm, in) > o.max_rank_bytes) {
+          if (r == 0) std::fprintf(stderr, "# S=%lld skipped: %.0f bytes a rank > --max-rank-bytes\n", static_cast<long long>(S), in);
+          continue;
+        }
+      }
       const bool s2h = x.dir == Direction::seq_to_head;
       for (int t = 0; t < x.plan.num_tensors(); ++t) {
         const std::size_t ib = s2h ? x.plan.seq_bytes(t) : x.plan.head_bytes(t), ob = s2h ? x.plan.head_bytes(t) : x.plan.seq_bytes(t);
@@ -232,9 +265,11 @@ std::vector<Row> run(Comm& comm, const Options& o) {
         once();
         row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
       }
-      row.us = time_us(comm, o.warmup, o.iters, once);
-      ulysses_group::BareAlltoall bare(P, static_cast<std::size_t>(row.bytes));  // the same bytes, contiguous
-      row.bare_us = time_us(comm, o.warmup, o.iters, [&] { bare.run(comm); });
+      row.us = time_us(comm, o.warmup, o.iters, o.reps, once);
+      if (o.bare) {
+        ulysses_group::BareAlltoall bare(P, static_cast<std::size_t>(row.bytes));  // the same bytes, contiguous
+        row.bare_us = time_us(comm, o.warmup, o.iters, o.reps, [&] { bare.run(comm); });
+      }
       rows.push_back(row);
     }
     // The next size (stop at the end, at one size when neither grows, and before an overflow).
@@ -260,22 +295,23 @@ std::string json_escape(const std::string& s) {
 
 /// Prints the table (and writes --json). @returns false when the JSON file cannot be written.
 bool print(const Options& o, int P, const std::vector<Row>& rows) {
-  std::printf("# ulysses_perf: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s\n",
+  std::printf("# ulysses_perf: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s%s\n",
               o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
-              static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup, o.check ? ", checked bit for bit" : "");
+              static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup,
+              o.reps > 1 ? (", fastest of " + std::to_string(o.reps) + " repetitions").c_str() : "", o.check ? ", checked bit for bit" : "");
   std::printf("# bytes: a rank's input tensors (own chunk included); algbw = bytes/time; busbw = algbw*(P-1)/P; bare: the\n"
               "# all-to-all-v of the same bytes between contiguous buffers on the same communicator; ratio = time/bare\n");
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "S", "bytes", "direction", "path", "time(us)", "algbw",
               "busbw", "#wrong", "bare(us)", "algbw", "ratio");
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
   for (const Row& w : rows) {
-    const double alg = w.bytes / w.us * 1e-3, bare = w.bytes / w.bare_us * 1e-3;
+    const double alg = w.bytes / w.us * 1e-3, bare = w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0;
     char wrong[24];
     if (w.wrong < 0) std::snprintf(wrong, sizeof wrong, "N/A");
     else std::snprintf(wrong, sizeof wrong, "%lld", w.wrong);
     std::printf(" %9lld %13.0f %-22s %-9s %11.1f %9.2f %9.2f %7s %11.1f %9.2f %6.2f\n", static_cast<long long>(w.S), w.bytes,
-                w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, wrong, w.bare_us, bare, w.us / w.bare_us);
+                w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, wrong, w.bare_us, bare, w.bare_us > 0 ? w.us / w.bare_us : 0);
   }
   long long wrong = 0;
   for (const Row& w : rows) wrong += std::max(0LL, w.wrong);
@@ -291,6 +327,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
                static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim));
   std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
                to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
+  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d,\n", o.balanced ? "true" : "false", o.ranks_per_node, o.reps);
   std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
@@ -299,7 +336,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
                  "  {\"S\": %lld, \"bytes\": %.0f, \"direction\": \"%s\", \"path\": \"%s\", \"time_us\": %.3f, \"algbw_GBps\": %.4f, "
                  "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f}%s\n",
                  static_cast<long long>(w.S), w.bytes, w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
-                 w.bare_us, w.bytes / w.bare_us * 1e-3, w.us / w.bare_us, i + 1 < rows.size() ? "," : "");
+                 w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, " ]}\n");
   return std::fclose(f) == 0;
@@ -310,14 +347,25 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
       "usage: ulysses_perf [--backend local|mpi] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
-      "                    [--path auto|alltoallv|messages|direct] [--backward] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
-      "                    [--json FILE] [--list-models]\n"
+      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R] [--backward]\n"
+      "                    [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
+      "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
+      "                    [--inter-us A] [--inter-GBps BW] [--copy-GBps BW]\n"
+      "       ulysses_perf --fit PARAMS.json RUN.json [RUN.json ...]\n"
+      "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. -c 1 checks every output element\n"
       "bit for bit against an oracle (#wrong). --backward times the adjoints (seq_to_head_backward sums\n"
       "the partial gradients of replicated kv heads). --backend mpi: run under mpiexec -n P.\n"
-      "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n");
+      "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n"
+      "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
+      "two-level exchange (intra-node gather, one message per node pair, intra-node delivery).\n"
+      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
+      "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
+      "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first (defaults:\n"
+      "S=131072, world 64, 8 ranks per node, bf16, the NVLink/InfiniBand placeholders of CostModel, or --params).\n");
   std::exit(code);
 }
 
@@ -346,6 +394,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--v-head-dim") o.shape.v_head_dim = number(i), custom = true;
     else if (a == "--dtype") {
       const std::string t = need(i);
+      o.type_given = true;
       if (t == "fp32") o.type = ElementType::float32;
       else if (t == "bf16") o.type = ElementType::bfloat16;
       else if (t == "fp16") o.type = ElementType::float16;
@@ -382,16 +431,36 @@ Options parse(int argc, char** argv) {
       else if (p == "alltoallv") o.path = Path::alltoallv;
       else if (p == "messages") o.path = Path::messages;
       else if (p == "direct") o.path = Path::direct;
+      else if (p == "two_level") o.path = Path::two_level;
       else {
-        std::fprintf(stderr, "--path must be auto, alltoallv, messages or direct, not '%s'\n", p.c_str());
+        std::fprintf(stderr, "--path must be auto, alltoallv, messages, direct or two_level, not '%s'\n", p.c_str());
         std::exit(2);
       }
     } else if (a == "--balanced") o.balanced = true;
     else if (a == "--backward") o.backward = true;
     else if (a == "-n") o.iters = small(i);
     else if (a == "-w") o.warmup = small(i);
+    else if (a == "--reps") o.reps = small(i);
+    else if (a == "--bare") o.bare = number(i) != 0;
     else if (a == "-c") o.check = number(i) != 0;
     else if (a == "--json") o.json = need(i);
+    else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
+    else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--advise") o.mode = "advise";
+    else if (a == "--fit") o.mode = "fit", o.params = need(i);
+    else if (a == "--check") o.mode = "check", o.params = need(i);
+    else if (a == "--rows") o.rows = true;
+    else if (a == "--params") o.params = need(i);
+    else if (a == "--params-backend") o.params_backend = need(i);
+    else if (a == "--seq") o.seq = number(i);
+    else if (a == "--world") o.world = small(i);
+    else if (a == "--budget-GiB") o.budget_GiB = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--intra-us") o.links.intra_us = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--intra-GBps") o.links.intra_GBps = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--inter-us") o.links.inter_us = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
+    else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
     else if (a == "--list-models") {
       for (const auto& m : ulysses_models::kModels)
         std::printf("%-18s H=%-3lld Hkv=%-3lld D=%-3lld Dv=%-3lld\n", m.name, static_cast<long long>(m.num_heads),
@@ -408,8 +477,18 @@ Options parse(int argc, char** argv) {
     std::fprintf(stderr, "--backend must be local or mpi (this build's host backends), not '%s'\n", o.backend.c_str());
     std::exit(2);
   }
-  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.batch < 1 || o.ranks < 1) {
-    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --batch >= 1, --ranks >= 1\n");
+  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 ||
+      o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
+    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --batch >= 1, --ranks >= 1, --ranks-per-node >= 0, "
+                         "--seq >= 1, --world >= 1\n");
+    std::exit(2);
+  }
+  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check") {
+    std::fprintf(stderr, "unknown argument '%s' (measurement files go with --fit or --check)\n", o.inputs.front().c_str());
+    std::exit(2);
+  }
+  if ((o.mode == "fit" || o.mode == "check") && o.inputs.empty()) {
+    std::fprintf(stderr, "--%s needs ulysses_perf --json files to read\n", o.mode.c_str());
     std::exit(2);
   }
   return o;
@@ -420,6 +499,25 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
+    if (o.mode == "advise") {
+      CostModel m = CostModel::nvlink_infiniband();
+#if ULYSSES_PERF_JSON
+      if (!o.params.empty()) m = perf_model::load_model(o.params, o.params_backend);
+#else
+      if (!o.params.empty()) throw Error(Errc::invalid_shape, "--params needs a build with nlohmann_json (apt-get install nlohmann-json3-dev)");
+#endif
+      return perf_model::advise(o.shape, o.model, o.seq, o.world, o.ranks_per_node > 0 ? o.ranks_per_node : 8, o.links.apply(m),
+                                o.type_given ? o.type : ElementType::bfloat16, o.batch,
+                                o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
+    }
+    if (o.mode == "fit" || o.mode == "check") {
+#if ULYSSES_PERF_JSON
+      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs) : perf_model::check(o.params, o.inputs, o.rows);
+#else
+      std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
+      return 2;
+#endif
+    }
     if (o.backend == "mpi") {
 #if ULYSSES_PERF_MPI
       MPI_Init(&argc, &argv);

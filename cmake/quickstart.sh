@@ -16,7 +16,7 @@ esac
 required=(cmake g++ make)
 case "$preset" in test | sanitize | tsan) required+=(doctest-dev pkg-config) ;; esac
 [ "$preset" = test ] && required+=(libopenmpi-dev openmpi-bin)
-packages=("${required[@]}" doctest-dev pkg-config libopenmpi-dev openmpi-bin libbenchmark-dev)
+packages=("${required[@]}" doctest-dev pkg-config libopenmpi-dev openmpi-bin libbenchmark-dev nlohmann-json3-dev)
 [ "$preset" = test ] && packages+=(libtorch-dev libgloo-dev)  # the libtorch client's tests (optional)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()

@@ -6,6 +6,7 @@
 // path, the pipeline, the summed backward and (with ULYSSES_STRICT_MPI) MpiComm, and runs the
 // in-process ones: each round trip must give back its input bit for bit.
 #include <ulysses/ulysses.hpp>
+#include <ulysses/cost.hpp>
 #ifdef ULYSSES_STRICT_MPI
 #include <ulysses/comm/mpi.hpp>
 #endif
@@ -33,6 +34,7 @@ long round_trip(LocalGroup::Comm& comm, Path path, int stages, bool pipelined) {
   PlanOptions options;
   options.stages = stages;
   options.path = path;
+  if (path == Path::two_level) options.nodes = NodeLayout::uniform(P, 2);
   Plan plan({P, r}, 2, SeqPartition::zigzag(24, P), specs, Format::bshd, options);
   std::vector<std::vector<bf16>> seq(3), head(3), back(3);
   for (std::size_t t = 0; t < 3; ++t) {
@@ -90,7 +92,7 @@ static_assert(ulysses::PathSupport<ulysses::MpiComm, ulysses::HostExecutor>::mes
 
 int main() {
   std::atomic<long> wrong{0};
-  for (Path path : {Path::direct, Path::messages, Path::alltoallv})
+  for (Path path : {Path::direct, Path::messages, Path::alltoallv, Path::two_level})
     for (int stages : {1, 2})
       for (bool pipelined : {false, true}) {
         LocalGroup group(4);
@@ -103,6 +105,13 @@ int main() {
       }
   LocalGroup group(4);
   group.run([&](LocalGroup::Comm& comm) { wrong += summed_backward(comm); });
+  // The cost model: the degree advice of a small world, and a fit that recovers its own model.
+  const CostModel m = CostModel::nvlink_infiniband();
+  const std::vector<DegreeChoice> advice = advise_degree({8, 2, 16, 16}, 4096, 16, 4, m);
+  Plan p({4, 0}, 1, SeqPartition::even(64, 4), {TensorSpec::of<float>(HeadPartition::even(8, 4), 4)});
+  const ExchangeTraffic t = exchange_traffic(p, Direction::seq_to_head, Path::alltoallv);
+  const CostModel fit = fit_cost_model({{t, predict_seconds(t, m)}}, m);
+  if (advice.empty() || !(fit.intra.alpha_s >= 0)) wrong += 1;
   std::printf("strict_headers: %s\n", wrong ? "WRONG" : "every round trip exact, every summed gradient 2");
   return wrong.load() ? 1 : 0;
 }

@@ -27,6 +27,11 @@ TEST_CASE("exchange_traffic: flat all-to-all-v, messages and direct of P=4 (exac
   CHECK(a.messages[1] == 0);
   CHECK(a.bytes[1] == 0);
   CHECK(a.copy_bytes == 3 * 48 + 3 * 48 + 48);  // pack, unpack, own chunk
+  // Rows: a packed piece is 2 tokens of one head (2 rows of 8 bytes: the input's tokens are 8
+  // elements apart) for 3 peers x 3 tensors; an unpacked piece is one row of 16 bytes (the
+  // output's tokens of one head are adjacent); the own chunk 2 rows per tensor.
+  CHECK(a.copy_rows == 3 * 3 * 2 + 3 * 3 * 1 + 3 * 2);
+  CHECK(a.working_set_bytes == static_cast<double>(4 * 48 + 4 * 48 + p.workspace_bytes()));
   const ExchangeTraffic m = exchange_traffic(p, Direction::seq_to_head, Path::messages);
   CHECK(m.messages[0] == 3 * 3);  // one per (peer, tensor)
   CHECK(m.bytes[0] == 3 * 48);
@@ -68,8 +73,16 @@ TEST_CASE("predict_seconds: α per message, β per byte per link class, γ per c
   t.messages = {3, 1};
   t.bytes = {1000, 500};
   t.copy_bytes = 2000;
-  const CostModel m{LinkCost::of(2, 100), LinkCost::of(10, 10), 1e-12};
-  CHECK(predict_seconds(t, m) == doctest::Approx(3 * 2e-6 + 1000 / 100e9 + 10e-6 + 500 / 10e9 + 2000e-12));
+  t.copy_rows = 100;
+  CostModel m{LinkCost::of(2, 100), LinkCost::of(10, 10), 1e-12};
+  m.copy_seconds_per_row = 1e-9;
+  CHECK(predict_seconds(t, m) == doctest::Approx(3 * 2e-6 + 1000 / 100e9 + 10e-6 + 500 / 10e9 + 2000e-12 + 100e-9));
+  // The cache regime: with the working set twice the cache, half the intra and copy bytes take the cached rates.
+  t.working_set_bytes = 2e6;
+  m.cache_bytes = 1e6;
+  m.intra_cached_seconds_per_byte = 0;
+  m.copy_cached_seconds_per_byte = 0;
+  CHECK(predict_seconds(t, m) == doctest::Approx(3 * 2e-6 + 500 / 100e9 + 10e-6 + 500 / 10e9 + 1000e-12 + 100e-9));
   CHECK(LinkCost::of(1, 50).GBps() == doctest::Approx(50));
   CHECK(CostModel::nvlink_infiniband().str().find("GB/s") != std::string::npos);
 }
@@ -103,7 +116,8 @@ TEST_CASE("advise_degree: feasible meshes only, fastest within the budget first,
     CHECK(64 % d.ulysses_degree == 0);
     CHECK(d.ulysses_degree * d.outer_degree == 64);
     CHECK(d.ulysses_degree <= 64);
-    CHECK(d.seconds == doctest::Approx(std::min(d.flat_seconds, d.two_level_seconds)));
+    CHECK(d.seconds == doctest::Approx(std::min({d.flat_seconds, d.two_level_seconds, d.rail_seconds})));
+    CHECK((d.path == Path::two_level) == (d.lanes == 0 ? d.seconds == d.rail_seconds && d.seconds < d.flat_seconds : d.path == Path::two_level));
     CHECK((d.inter_bytes > 0) == (d.ulysses_degree > 8));
   }
   for (std::size_t i = 1; i < all.size(); ++i) CHECK(all[i - 1].seconds <= all[i].seconds);

@@ -43,19 +43,19 @@ TEST_CASE("NodeLayout: uniform, sizes and ids; nodes numbered by their lowest ra
 
 namespace {
 /// The plans of every rank of a q/k/v GQA layer over P ranks on `nodes`.
-std::vector<Plan> plans(int P, const NodeLayout& nodes, int stages = 1, Path path = Path::automatic) {
+std::vector<Plan> plans(int P, const NodeLayout& nodes, int stages = 1, Path path = Path::automatic, int lanes = 1) {
   auto q = HeadPartition::balanced(2 * P, P);
   auto kv = HeadPartition::gqa(q, 2);
   std::vector<Plan> v;
   for (int r = 0; r < P; ++r)
     v.emplace_back(Group{P, r}, 2, SeqPartition::balanced(3 * P + 1, P),
                    std::vector<TensorSpec>{TensorSpec::of<float>(q, 4), TensorSpec::of<float>(kv, 4), TensorSpec::of<float>(kv, 2)},
-                   Format::bshd, PlanOptions{stages, true, path, nodes});
+                   Format::bshd, PlanOptions{stages, true, path, nodes, lanes});
   return v;
 }
 }  // namespace
 
-TEST_CASE("two-level route: one inter-node message per node pair, intra-node rounds inside nodes, bytes conserved") {
+TEST_CASE("two-level route: one inter-node message per node pair and lane, intra-node rounds inside nodes, bytes conserved") {
   struct Topo {
     int P;
     NodeLayout nodes;
@@ -63,10 +63,12 @@ TEST_CASE("two-level route: one inter-node message per node pair, intra-node rou
   for (const Topo& t : {Topo{8, NodeLayout::uniform(8, 4)}, Topo{6, NodeLayout::uniform(6, 2)}, Topo{7, NodeLayout::sizes({4, 3})},
                         Topo{6, NodeLayout::of({0, 1, 0, 1, 2, 2})}, Topo{5, NodeLayout::sizes({1, 3, 1})}})
     for (int K : {1, 3})
+      for (int lanes : {1, 2, 0})
       for (Direction dir : {Direction::seq_to_head, Direction::head_to_seq}) {
         CAPTURE(t.nodes.str());
         CAPTURE(K);
-        const std::vector<Plan> ps = plans(t.P, t.nodes, K);
+        CAPTURE(lanes);
+        const std::vector<Plan> ps = plans(t.P, t.nodes, K, Path::automatic, lanes);
         const int N = t.nodes.num_nodes();
         for (int k = 0; k < K; ++k) {
           std::size_t inter_msgs = 0, inter_bytes = 0, cross_chunk_bytes = 0, sent[3] = {0, 0, 0}, recvd[3] = {0, 0, 0};
@@ -94,8 +96,12 @@ TEST_CASE("two-level route: one inter-node message per node pair, intra-node rou
             }
           }
           for (int a = 0; a < N; ++a)
-            for (int b = 0; b < N; ++b) CHECK(pair_msgs[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)] <= 1);
-          CHECK(inter_msgs <= static_cast<std::size_t>(N * (N - 1)));
+            for (int b = 0; b < N; ++b) {
+              const int L = static_cast<int>(t.nodes.members(b).size()), lanes_ab = lanes == 0 ? L : std::min(lanes, L);
+              CHECK(pair_msgs[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)] <= lanes_ab);
+            }
+          if (lanes == 1) CHECK(inter_msgs <= static_cast<std::size_t>(N * (N - 1)));
+          if (lanes == 0) CHECK(sent[2] == 0);  // rail-aligned: every lane's receiver is its one destination
           CHECK(inter_bytes == cross_chunk_bytes);  // every byte crosses between nodes exactly once
           for (int round = 0; round < 3; ++round) CHECK(sent[round] == recvd[round]);
         }
@@ -119,6 +125,14 @@ TEST_CASE("two-level route: message counts of 8 = 2 x 4 (contiguous nodes merge 
   CHECK(r1.hop_recv[1][0].peer == 4);
   // ... and delivers to ranks 0, 2, 3 what node 1 sent them (one message per source rank and receiver).
   CHECK(r1.hop_send[2].size() == 3 * 4);
+  // Rail-aligned lanes: local rank i of node 0 sends local rank i of node 1 one message, no delivery.
+  for (const Plan& p : plans(8, NodeLayout::uniform(8, 4), 1, Path::automatic, 0)) {
+    const Schedule& s = p.schedule(Direction::head_to_seq);
+    REQUIRE(s.hop_send[1].size() == 1);
+    CHECK(s.hop_send[1][0].peer == (p.rank() + 4) % 8);
+    CHECK(s.hop_send[2].empty());
+    CHECK(s.hop_recv[2].empty());
+  }
 }
 
 TEST_CASE("two-level plans: path choice, flat exchanges refused, agreement on the node layout") {

@@ -8,7 +8,17 @@
 /// one (α, β) pair per link class — intra-node (NVLink, shared memory) and inter-node (InfiniBand,
 /// RoCE) — plus a term for the executor's copies (pack, unpack, sums; memory bandwidth):
 ///
-///     T = Σ_rounds Σ_class ( α_class · messages + β_class · bytes ) + γ · copied bytes
+///     T = Σ_rounds ( ε + Σ_class ( α_class · messages + β_class · bytes ) ) + γ · copied bytes + δ · copied rows
+///
+/// (ε: what a round costs whatever it moves — posting, waiting, the group's synchronisation; δ: a
+/// contiguous row of D elements costs a loop step, an address computation and a partly used cache
+/// line or vector; short rows, e.g. D = 64 in bf16, cost more per byte than D = 256.)
+/// Memory-to-memory moves (copies, shared-memory and NVLink transfers) run faster while the
+/// exchange's working set W (a rank's inputs, outputs and workspace) fits its share C of the
+/// last-level cache: a fraction f = min(1, C / W) of those bytes takes the cached rates β_intra'
+/// and γ' instead (the two-regime "roofline" of the memory hierarchy, Williams, Waterman &
+/// Patterson, CACM 52(4), 2009). C = 0 turns that off (the placeholders: a GPU's exchange of
+/// activations rarely fits its L2).
 ///
 /// where each round's messages and bytes are those of its busiest rank (the largest of what it
 /// sends and what it receives): one round for the flat paths, three for the two-level one
@@ -56,9 +66,14 @@ struct LinkCost {
 
 /// The parameters of the model (see the file comment).
 struct CostModel {
-  LinkCost intra;                      ///< intra-node link of one rank
+  LinkCost intra;                      ///< intra-node link of one rank (working set beyond the cache)
   LinkCost inter;                      ///< inter-node link of one rank
   double copy_seconds_per_byte = 0;    ///< γ: seconds per byte the executor writes (pack, unpack, sums, direct copies)
+  double cache_bytes = 0;              ///< C: a rank's share of the last-level cache, bytes (0: no cache regime)
+  double intra_cached_seconds_per_byte = 0;  ///< β_intra' of cache-resident bytes
+  double copy_cached_seconds_per_byte = 0;   ///< γ' of cache-resident bytes
+  double copy_seconds_per_row = 0;           ///< δ: seconds per contiguous row the executor copies (short rows cost more a byte)
+  double round_seconds = 0;                  ///< ε: fixed cost of one communication round (its synchronisation)
   /// Link classes of an 8-GPU H100/H200 node on a rail-optimised InfiniBand NDR fabric, as
   /// placeholders until calibrated: NVLink 4 moves 450 GB/s per direction per GPU (NVIDIA H100
   /// datasheet), of which an all-to-all reaches about 350 GB/s (nccl-tests alltoall busbw);
@@ -72,8 +87,15 @@ struct CostModel {
       std::snprintf(b, sizeof b, "%.4g", v);
       return std::string(b);
     };
-    return "intra " + f(intra.alpha_s * 1e6) + " us/msg, " + f(intra.GBps()) + " GB/s; inter " + f(inter.alpha_s * 1e6) +
-           " us/msg, " + f(inter.GBps()) + " GB/s; copy " + f(copy_seconds_per_byte > 0 ? 1e-9 / copy_seconds_per_byte : 0) + " GB/s";
+    auto gbps = [&f](double spb) { return spb > 0 ? f(1e-9 / spb) + " GB/s" : std::string("no byte term"); };
+    std::string s = "intra " + f(intra.alpha_s * 1e6) + " us/msg, " + gbps(intra.seconds_per_byte) + "; inter " + f(inter.alpha_s * 1e6) +
+                    " us/msg, " + gbps(inter.seconds_per_byte) + "; copy " + gbps(copy_seconds_per_byte);
+    if (cache_bytes > 0)
+      s += "; within " + f(cache_bytes / 1048576.0) + " MiB of cache: intra " + gbps(intra_cached_seconds_per_byte) + ", copy " +
+           gbps(copy_cached_seconds_per_byte);
+    if (copy_seconds_per_row > 0) s += "; " + f(copy_seconds_per_row * 1e9) + " ns a copied row";
+    if (round_seconds > 0) s += "; " + f(round_seconds * 1e6) + " us a round";
+    return s;
   }
 };
 
@@ -84,7 +106,9 @@ struct ExchangeTraffic {
   std::array<double, 2> messages{};  ///< [LinkClass]
   std::array<double, 2> bytes{};     ///< [LinkClass]
   double copy_bytes = 0;             ///< executor bytes written (pack, unpack, sums, direct copies)
+  double copy_rows = 0;              ///< contiguous rows the executor copies (every term of a sum counted)
   int rounds = 0;                    ///< communication rounds (1 flat, 3 two-level; per stage)
+  double working_set_bytes = 0;      ///< the rank's inputs, outputs and workspace (none on Path::direct)
 };
 
 namespace detail {
@@ -100,7 +124,11 @@ inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, c
   for (std::size_t r = 0; r < send.size(); ++r) {
     const RankLoad& a = send[r].total() >= recv[r].total() ? send[r] : recv[r];
     const double m = a.msgs[0] + a.msgs[1];
-    if (a.total() > best_total || (a.total() == best_total && m > best_msgs)) best = a, best_total = a.total(), best_msgs = m;
+    if (a.total() > best_total || (a.total() == best_total && m > best_msgs)) {
+      best = a;
+      best_total = a.total();
+      best_msgs = m;
+    }
   }
   for (int c = 0; c < 2; ++c) {
     t.messages[static_cast<std::size_t>(c)] += best.msgs[static_cast<std::size_t>(c)];
@@ -111,6 +139,11 @@ inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, c
 inline double written(const std::vector<BlockCopy>& l) {
   double n = 0;
   for (const BlockCopy& c : l) n += static_cast<double>(c.written_bytes());
+  return n;
+}
+inline double rows(const std::vector<BlockCopy>& l) {
+  double n = 0;
+  for (const BlockCopy& c : l) n += static_cast<double>(c.rows());
   return n;
 }
 
@@ -127,24 +160,29 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
   if (path == Path::automatic) detail::fail(Errc::path_unsupported, "exchange_traffic: give the path the exchange takes (choose_path())");
   ExchangeTraffic t;
   const int P = plan.degree();
+  for (int i = 0; i < plan.num_tensors(); ++i)
+    t.working_set_bytes += static_cast<double>(plan.input_bytes(dir, i) + plan.output_bytes(dir, i));
+  if (path != Path::direct) t.working_set_bytes += static_cast<double>(plan.workspace_bytes());
   const NodeLayout& nodes = plan.nodes();
   const auto cls = [&](int i, int j) { return nodes.node(i) == nodes.node(j) ? 0 : 1; };
   for (int k = 0; k < plan.num_stages(); ++k) {
     const Schedule& s = plan.schedule(dir, k);
     const std::vector<std::size_t> c = plan.chunk_matrix(dir, k);
     const auto C = [&](int i, int j) { return static_cast<double>(c[static_cast<std::size_t>(i) * static_cast<std::size_t>(P) + static_cast<std::size_t>(j)]); };
-    if (path == Path::direct) {
+    if (path == Path::direct) {  // the direct lists copy the unpack's rows, from the peers' inputs
       t.messages[0] += P - 1;
       ++t.rounds;
       t.copy_bytes += detail::written(s.unpack);
+      t.copy_rows += detail::rows(s.unpack);
       continue;
     }
-    t.copy_bytes += path == Path::messages ? detail::written(s.pack_staged) + detail::written(s.unpack_staged)
-                                           : detail::written(s.pack) + detail::written(s.unpack);
+    const bool staged = path == Path::messages;
+    t.copy_bytes += staged ? detail::written(s.pack_staged) + detail::written(s.unpack_staged) : detail::written(s.pack) + detail::written(s.unpack);
+    t.copy_rows += staged ? detail::rows(s.pack_staged) + detail::rows(s.unpack_staged) : detail::rows(s.pack) + detail::rows(s.unpack);
     std::vector<detail::RankLoad> send(static_cast<std::size_t>(P)), recv(static_cast<std::size_t>(P));
     if (path == Path::two_level) {
       const detail::TwoLevelRoute route(nodes, c, std::vector<std::size_t>(static_cast<std::size_t>(P), 0),
-                                        std::vector<std::size_t>(static_cast<std::size_t>(P), 0));
+                                        std::vector<std::size_t>(static_cast<std::size_t>(P), 0), plan.options().lanes);
       for (int round = 0; round < 3; ++round) {
         std::fill(send.begin(), send.end(), detail::RankLoad{});
         std::fill(recv.begin(), recv.end(), detail::RankLoad{});
@@ -180,10 +218,29 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
   return t;
 }
 
-/// The model's time of an exchange with this traffic, in seconds.
+namespace detail {
+/// The model's features of `t` for a cache of `cache_bytes`, in the order of cost_params().
+inline constexpr std::size_t kCostParams = 9;
+inline std::array<double, kCostParams> cost_features(const ExchangeTraffic& t, double cache_bytes) {
+  const double f = cache_bytes > 0 && t.working_set_bytes > 0 ? std::min(1.0, cache_bytes / t.working_set_bytes) : 0;
+  return {t.messages[0], t.bytes[0] * (1 - f), t.bytes[0] * f, t.messages[1], t.bytes[1], t.copy_bytes * (1 - f), t.copy_bytes * f,
+          t.copy_rows, static_cast<double>(t.rounds)};
+}
+/// The model's parameters, in the order of cost_features().
+inline std::array<double*, kCostParams> cost_params(CostModel& m) {
+  return {&m.intra.alpha_s, &m.intra.seconds_per_byte, &m.intra_cached_seconds_per_byte, &m.inter.alpha_s, &m.inter.seconds_per_byte,
+          &m.copy_seconds_per_byte, &m.copy_cached_seconds_per_byte, &m.copy_seconds_per_row, &m.round_seconds};
+}
+}  // namespace detail
+
+/// The model's time of an exchange with this traffic, in seconds (see the file comment).
 inline double predict_seconds(const ExchangeTraffic& t, const CostModel& m) {
-  return m.intra.alpha_s * t.messages[0] + m.intra.seconds_per_byte * t.bytes[0] + m.inter.alpha_s * t.messages[1] +
-         m.inter.seconds_per_byte * t.bytes[1] + m.copy_seconds_per_byte * t.copy_bytes;
+  CostModel c = m;
+  const auto x = detail::cost_features(t, m.cache_bytes);
+  const auto p = detail::cost_params(c);
+  double s = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * *p[i];
+  return s;
 }
 
 /// The model's time of one exchange of `plan` in direction `dir` on `path`, in seconds
@@ -198,90 +255,95 @@ struct CostSample {
   double seconds = 0;  ///< measured, > 0
 };
 
-/// Fits the model's five parameters (α and β of each link class, γ) to measurements by least
-/// squares on the relative error (each sample weighted by 1 / its time), with every parameter
-/// >= 0 (the best of the fits over the subsets of parameters, all of them solved exactly).
-/// Parameters whose traffic is 0 in every sample (e.g. the inter-node link on one machine) keep
-/// `base`'s value.
+/// Fits the model's parameters (α of each link class, β of each and β_intra' of cache-resident
+/// bytes, γ, γ', δ and ε) to measurements by least squares on the relative error (each sample weighted
+/// by 1 / its time), every parameter >= 0 (the best of the exact fits over the subsets of
+/// parameters). The cache share C is `base.cache_bytes` when > 0, else the best of 0 and 1 MiB ..
+/// 4 GiB in powers of 2. Parameters whose features are 0 in every sample (e.g. the inter-node link
+/// on one machine) keep `base`'s value.
 /// @throws Error(invalid_shape) no sample, or a time <= 0.
 inline CostModel fit_cost_model(const std::vector<CostSample>& samples, const CostModel& base = {}) {
   if (samples.empty()) detail::fail(Errc::invalid_shape, "fit_cost_model: no samples");
-  constexpr int K = 5;
-  auto feature = [](const ExchangeTraffic& t, int i) {
-    switch (i) {
-      case 0: return t.messages[0];
-      case 1: return t.bytes[0];
-      case 2: return t.messages[1];
-      case 3: return t.bytes[1];
-      default: return t.copy_bytes;
-    }
-  };
-  bool seen[K] = {};
-  for (const CostSample& s : samples) {
-    if (!(s.seconds > 0)) detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s");
-    for (int i = 0; i < K; ++i) seen[i] = seen[i] || feature(s.traffic, i) != 0;
-  }
-  // Scale the columns (bytes and message counts differ by orders of magnitude) before solving.
-  double scale[K] = {};
   for (const CostSample& s : samples)
-    for (int i = 0; i < K; ++i) scale[i] = std::max(scale[i], std::fabs(feature(s.traffic, i)) / s.seconds);
-  double best_err = INFINITY, best[K] = {};
-  for (unsigned mask = 1; mask < (1u << K); ++mask) {
-    int idx[K], n = 0;
-    for (int i = 0; i < K; ++i)
-      if (((mask >> i) & 1u) && seen[i]) idx[n++] = i;
-    int bits = 0;
-    for (int i = 0; i < K; ++i) bits += static_cast<int>((mask >> i) & 1u);
-    if (n == 0 || n != bits) continue;
-    double A[K][K + 1] = {};  // normal equations of the weighted, scaled problem
-    for (const CostSample& s : samples) {
-      double x[K];
-      for (int a = 0; a < n; ++a) x[a] = feature(s.traffic, idx[a]) / s.seconds / scale[idx[a]];
-      for (int a = 0; a < n; ++a) {
-        for (int b = 0; b < n; ++b) A[a][b] += x[a] * x[b];
-        A[a][n] += x[a];  // target: 1 (time / time)
+    if (!(s.seconds > 0)) detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s");
+  constexpr int K = static_cast<int>(detail::kCostParams);
+  std::vector<double> caches;
+  if (base.cache_bytes > 0) caches.push_back(base.cache_bytes);
+  else {
+    caches.push_back(0);
+    for (int k = 0; k <= 12; ++k) caches.push_back(1048576.0 * static_cast<double>(1 << k));
+  }
+  double best_err = INFINITY;
+  CostModel best_model = base;
+  for (double C : caches) {
+    std::vector<std::array<double, K>> X;
+    for (const CostSample& s : samples) X.push_back(detail::cost_features(s.traffic, C));
+    bool seen[K] = {};
+    double scale[K] = {};  // columns differ by orders of magnitude: scale them before solving
+    for (std::size_t r = 0; r < X.size(); ++r)
+      for (int i = 0; i < K; ++i) {
+        seen[i] = seen[i] || X[r][static_cast<std::size_t>(i)] != 0;
+        scale[i] = std::max(scale[i], std::fabs(X[r][static_cast<std::size_t>(i)]) / samples[r].seconds);
       }
-    }
-    bool ok = true;  // Gaussian elimination with partial pivoting
-    for (int col = 0; col < n && ok; ++col) {
-      int piv = col;
-      for (int r = col + 1; r < n; ++r)
-        if (std::fabs(A[r][col]) > std::fabs(A[piv][col])) piv = r;
-      if (std::fabs(A[piv][col]) < 1e-12) ok = false;
-      if (!ok) break;
-      for (int c2 = 0; c2 <= n; ++c2) std::swap(A[col][c2], A[piv][c2]);
-      for (int r = 0; r < n; ++r) {
-        if (r == col) continue;
-        const double f = A[r][col] / A[col][col];
-        for (int c2 = col; c2 <= n; ++c2) A[r][c2] -= f * A[col][c2];
+    for (unsigned mask = 1; mask < (1u << K); ++mask) {
+      int idx[K], n = 0;
+      bool usable = true;
+      for (int i = 0; i < K; ++i)
+        if ((mask >> i) & 1u) {
+          usable = usable && seen[i];
+          idx[n++] = i;
+        }
+      if (!usable) continue;
+      double A[K][K + 1] = {};  // normal equations of the weighted, scaled problem (target: time / time = 1)
+      for (std::size_t r = 0; r < X.size(); ++r) {
+        double x[K];
+        for (int a = 0; a < n; ++a) x[a] = X[r][static_cast<std::size_t>(idx[a])] / samples[r].seconds / scale[idx[a]];
+        for (int a = 0; a < n; ++a) {
+          for (int b = 0; b < n; ++b) A[a][b] += x[a] * x[b];
+          A[a][n] += x[a];
+        }
       }
-    }
-    if (!ok) continue;
-    double p[K] = {};
-    for (int a = 0; a < n; ++a) {
-      const double v = A[a][n] / A[a][a];
-      if (v < 0) ok = false;
-      p[idx[a]] = v / scale[idx[a]];
-    }
-    if (!ok) continue;
-    double err = 0;
-    for (const CostSample& s : samples) {
-      double pred = 0;
-      for (int i = 0; i < K; ++i) pred += p[i] * feature(s.traffic, i);
-      err += (pred / s.seconds - 1) * (pred / s.seconds - 1);
-    }
-    if (err < best_err) {
-      best_err = err;
-      std::copy(p, p + K, best);
+      bool ok = true;  // Gauss-Jordan elimination with partial pivoting
+      for (int col = 0; col < n && ok; ++col) {
+        int piv = col;
+        for (int r = col + 1; r < n; ++r)
+          if (std::fabs(A[r][col]) > std::fabs(A[piv][col])) piv = r;
+        if (std::fabs(A[piv][col]) < 1e-12) {
+          ok = false;
+          break;
+        }
+        for (int c2 = 0; c2 <= n; ++c2) std::swap(A[col][c2], A[piv][c2]);
+        for (int r = 0; r < n; ++r) {
+          if (r == col) continue;
+          const double f = A[r][col] / A[col][col];
+          for (int c2 = col; c2 <= n; ++c2) A[r][c2] -= f * A[col][c2];
+        }
+      }
+      if (!ok) continue;
+      double p[K] = {};
+      for (int a = 0; a < n && ok; ++a) {
+        const double v = A[a][n] / A[a][a];
+        ok = v >= 0;
+        p[idx[a]] = v / scale[idx[a]];
+      }
+      if (!ok) continue;
+      double err = 0;
+      for (std::size_t r = 0; r < X.size(); ++r) {
+        double pred = 0;
+        for (int i = 0; i < K; ++i) pred += p[i] * X[r][static_cast<std::size_t>(i)];
+        err += (pred / samples[r].seconds - 1) * (pred / samples[r].seconds - 1);
+      }
+      if (err < best_err) {
+        best_err = err;
+        best_model = base;
+        best_model.cache_bytes = C;
+        const auto q = detail::cost_params(best_model);
+        for (int i = 0; i < K; ++i)
+          if (seen[i]) *q[static_cast<std::size_t>(i)] = p[i];
+      }
     }
   }
-  CostModel m = base;
-  if (seen[0]) m.intra.alpha_s = best[0];
-  if (seen[1]) m.intra.seconds_per_byte = best[1];
-  if (seen[2]) m.inter.alpha_s = best[2];
-  if (seen[3]) m.inter.seconds_per_byte = best[3];
-  if (seen[4]) m.copy_seconds_per_byte = best[4];
-  return m;
+  return best_model;
 }
 
 /// One feasible way to lay out a world for Ulysses (see advise_degree()).
@@ -289,10 +351,13 @@ struct DegreeChoice {
   int ulysses_degree = 0;         ///< P
   int outer_degree = 0;           ///< world / P (data parallel, or context parallel when asked)
   int nodes_per_group = 1;        ///< nodes a Ulysses group spans
-  Path path = Path::alltoallv;    ///< the faster of the flat (alltoallv) and the two-level exchange
+  Path path = Path::alltoallv;    ///< the fastest of the flat (alltoallv) and the two-level exchanges
+  int lanes = 0;                  ///< PlanOptions::lanes of the two-level exchange taken (0 when flat)
   double seconds = 0;             ///< predicted exchange time of one layer's forward: q,k,v seq→head + o head→seq
   double flat_seconds = 0;        ///< the same on the flat exchange
-  double two_level_seconds = 0;   ///< the same on the two-level exchange (= flat_seconds within one node)
+  double two_level_seconds = 0;   ///< the same on the two-level exchange, one message per node pair (lanes 1)
+  double rail_seconds = 0;        ///< the same on the rail-aligned two-level exchange (lanes 0)
+                                  ///< (both = flat_seconds when the group fits in a node)
   double intra_bytes = 0;         ///< bytes per layer over the busiest rank's intra-node link (path taken)
   double inter_bytes = 0;         ///< bytes per layer over the busiest rank's inter-node link (path taken)
   double activation_bytes = 0;    ///< a rank's q,k,v,o in both shardings and the workspace of both plans, one layer
@@ -301,15 +366,25 @@ struct DegreeChoice {
 
 /// The feasible (Ulysses degree, outer degree) layouts of `world` ranks on nodes of
 /// `ranks_per_node`, with the model's exchange time per layer (forward: q,k,v seq→head and o
-/// head→seq, on the faster of the flat and two-level exchange), bytes per link class and per-rank
+/// head→seq, on the fastest of the flat exchange and the two-level one with one lane or with
+/// rail-aligned lanes), bytes per link class and per-rank
 /// activation memory; best first: those whose activation memory fits `budget_bytes` (0: no
 /// limit) by predicted time, then the others by memory. Feasible: Mesh(world, P, ranks_per_node)
 /// is valid and Mesh::check_heads(shape, policy) passes. The outer dimension is data parallel (each
 /// group runs its own sequences of `seq_len` tokens; a smaller P then moves fewer bytes but holds
 /// more tokens a rank, so the budget decides) or, with `outer_splits_sequence`, context parallel
-/// (ring attention over S / outer tokens a group; the ring's own traffic is not modelled).
-/// @param type element type of q, k, v, o (bf16 in training); B = `batch`.
-/// @param budget_bytes per-rank bytes one layer's attention tensors may take (activation_bytes).
+/// (ring attention over S / outer tokens a group; the ring's own traffic is not modelled). P = 1
+/// needs no exchange: its time is 0.
+/// @param shape the attention layer's head counts and dims
+/// @param seq_len S, tokens of one sequence (>= 1)
+/// @param world ranks in all (GPUs)
+/// @param ranks_per_node ranks of one node (R)
+/// @param model link and copy parameters (CostModel::nvlink_infiniband(), or fit_cost_model())
+/// @param type element type of q, k, v, o (bf16 in training)
+/// @param batch B (>= 1)
+/// @param policy the query head split (HeadPolicy::balanced admits any H)
+/// @param budget_bytes per-rank bytes one layer's attention tensors may take (activation_bytes); 0: no limit
+/// @param outer_splits_sequence the outer dimension is context parallel (S / outer tokens a group)
 /// @throws Error(invalid_mesh) no feasible degree (the message says why for P = 1);
 ///         Error(invalid_shape) seq_len or batch < 1.
 inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
@@ -340,34 +415,41 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
       d.ulysses_degree = P;
       d.outer_degree = mesh.outer_degree();
       d.nodes_per_group = mesh.nodes_per_group();
-      PlanOptions flat_o, two_o;
-      flat_o.path = Path::alltoallv;
-      flat_o.nodes = two_o.nodes = mesh.nodes();
-      two_o.path = Path::two_level;
       const SeqPartition seq = SeqPartition::balanced(S, P);
-      const Plan qkv_f({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, flat_o), o_f({P, 0}, batch, seq, retype(a.out()), Format::bshd, flat_o);
-      const ExchangeTraffic tf1 = exchange_traffic(qkv_f, Direction::seq_to_head, Path::alltoallv),
-                            tf2 = exchange_traffic(o_f, Direction::head_to_seq, Path::alltoallv);
-      d.flat_seconds = predict_seconds(tf1, model) + predict_seconds(tf2, model);
-      ExchangeTraffic tt1 = tf1, tt2 = tf2;
-      d.two_level_seconds = d.flat_seconds;
-      if (mesh.group_spans_nodes()) {
-        const Plan qkv_t({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, two_o), o_t({P, 0}, batch, seq, retype(a.out()), Format::bshd, two_o);
-        tt1 = exchange_traffic(qkv_t, Direction::seq_to_head, Path::two_level);
-        tt2 = exchange_traffic(o_t, Direction::head_to_seq, Path::two_level);
-        d.two_level_seconds = predict_seconds(tt1, model) + predict_seconds(tt2, model);
+      // Candidates: flat, then (across nodes) two-level with one lane and with rail-aligned lanes.
+      struct Candidate {
+        Path path;
+        int lanes;
+        double seconds;
+        ExchangeTraffic qkv, o;
+      };
+      std::vector<Candidate> cands;
+      for (int c = 0; c < (mesh.group_spans_nodes() ? 3 : 1); ++c) {
+        PlanOptions po;
+        po.path = c == 0 ? Path::alltoallv : Path::two_level;
+        po.nodes = mesh.nodes();
+        po.lanes = c == 2 ? 0 : 1;
+        const Plan q({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, po), o({P, 0}, batch, seq, retype(a.out()), Format::bshd, po);
+        Candidate k{po.path, c == 0 ? 0 : po.lanes, 0, exchange_traffic(q, Direction::seq_to_head, po.path),
+                    exchange_traffic(o, Direction::head_to_seq, po.path)};
+        k.seconds = predict_seconds(k.qkv, model) + predict_seconds(k.o, model);
+        cands.push_back(k);
+        if (c == 0)
+          for (const Plan* p : {&q, &o}) {
+            for (int t = 0; t < p->num_tensors(); ++t) d.activation_bytes += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
+            d.activation_bytes += static_cast<double>(p->workspace_bytes());
+          }
       }
-      const bool two = d.two_level_seconds < d.flat_seconds;
-      d.path = two ? Path::two_level : Path::alltoallv;
-      d.seconds = two ? d.two_level_seconds : d.flat_seconds;
-      const ExchangeTraffic& x1 = two ? tt1 : tf1;
-      const ExchangeTraffic& x2 = two ? tt2 : tf2;
-      d.intra_bytes = x1.bytes[0] + x2.bytes[0];
-      d.inter_bytes = x1.bytes[1] + x2.bytes[1];
-      for (const Plan* p : {&qkv_f, &o_f}) {
-        for (int t = 0; t < p->num_tensors(); ++t) d.activation_bytes += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
-        d.activation_bytes += static_cast<double>(p->workspace_bytes());
-      }
+      if (P == 1) cands[0].seconds = 0;  // no exchange at all (the plan's local copy is skipped by engines)
+      d.flat_seconds = cands[0].seconds;
+      d.two_level_seconds = cands.size() > 1 ? cands[1].seconds : d.flat_seconds;
+      d.rail_seconds = cands.size() > 2 ? cands[2].seconds : d.flat_seconds;
+      const Candidate& best = *std::min_element(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) { return x.seconds < y.seconds; });
+      d.path = best.path;
+      d.lanes = best.lanes;
+      d.seconds = best.seconds;
+      d.intra_bytes = best.qkv.bytes[0] + best.o.bytes[0];
+      d.inter_bytes = best.qkv.bytes[1] + best.o.bytes[1];
       d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
       out.push_back(d);
     } catch (const Error& e) {

@@ -167,6 +167,12 @@ struct PlanOptions {
   /// Path::two_level (or direct, which does not use the wire). Mesh::nodes() and split_by_node()
   /// (comm/mpi.hpp) give it. Every rank must pass the same (it is part of the agreement record).
   NodeLayout nodes{};
+  /// Two-level exchange: inter-node messages per ordered node pair (topology.hpp). 1 (default):
+  /// one forwarder per node pair carries its node's bytes for the other node; k: k lanes, each
+  /// with its own forwarder and receiver; 0: one lane per rank of the destination node
+  /// (rail-aligned, as NCCL's PXN: each rank's inter-node bytes those of the flat exchange, in
+  /// N - 1 messages). advise_degree() (cost.hpp) says which pays on given links. >= 0.
+  int lanes = 1;
 };
 
 /// One message of the message-level exchange (Path::messages): the bytes of one tensor, of one
@@ -264,7 +270,7 @@ class Plan {
   /// @param seq     sequence partition over P ranks (S = seq.seq_len())
   /// @param tensors 1..kMaxTensors tensors, each with a head partition over P ranks
   /// @param format  memory order of the local tensors whose layouts are not given
-  /// @param options stages, transport (PlanOptions)
+  /// @param options stages, transport, node layout of the two-level exchange (PlanOptions)
   /// @throws Error(invalid_group) bad rank or size, or a partition made for another P;
   ///         Error(invalid_shape) B, D or element size < 1, no / too many tensors, an element
   ///         type whose size is not the element size, options.stages outside [1, 64];
@@ -276,7 +282,9 @@ class Plan {
   ///         names the rank and the heads);
   ///         Error(not_summable) a tensor with replicated heads and Replicas::sum whose element
   ///         type is opaque (declare it, e.g. TensorSpec::of<T>(heads, D, ElementType::bfloat16),
-  ///         or choose Replicas::owner for a plain inverse).
+  ///         or choose Replicas::owner for a plain inverse);
+  ///         Error(invalid_mesh) options.nodes describes another number of ranks than P;
+  ///         Error(invalid_shape) options.lanes < 0.
   ///         Every error depends only on inputs all ranks share, except layout_mismatch,
   ///         layout_aliasing and size_overflow of a rank's own layouts.
   Plan(Group group, std::int64_t batch, SeqPartition seq, std::vector<TensorSpec> tensors,
@@ -294,15 +302,20 @@ class Plan {
       for (int k = 0; k < options_.stages; ++k) {
         sched_[d].emplace_back();
         if (two_level_) {
-          const detail::TwoLevelRoute route(nodes_, chunk_matrix(static_cast<Direction>(d), k), sbase, rbase);
-          build(static_cast<Direction>(d), k, sbase[ix(group_.rank)], rbase[ix(group_.rank)], &route);
+          const detail::TwoLevelRoute route(nodes_, chunk_matrix(static_cast<Direction>(d), k), sbase, rbase, options_.lanes);
+          const detail::TwoLevelRoute::Regions& mine = route.regions(group_.rank);
+          build(static_cast<Direction>(d), k, sbase[ix(group_.rank)], rbase[ix(group_.rank)], mine.send_off, mine.recv_off);
+          Schedule& sc = sched_[d].back();
+          sc.send_span = mine.send_span;
+          sc.recv_span = mine.recv_span;
+          for (int round = 0; round < 3; ++round) route.hops(group_.rank, round, sc.hop_send[ix(round)], sc.hop_recv[ix(round)]);
           for (int x = 0; x < group_.size; ++x) {
             const auto sp = route.spans(x);
             sbase[ix(x)] += sp.first;
             rbase[ix(x)] += sp.second;
           }
         } else {
-          build(static_cast<Direction>(d), k, sb, rb, nullptr);
+          build(static_cast<Direction>(d), k, sb, rb, {}, {});
         }
         sb += sched_[d].back().send_span;
         rb += sched_[d].back().recv_span;
@@ -452,7 +465,8 @@ class Plan {
     w[5] = tensors_.size();
     w[6] = static_cast<std::uint64_t>(options_.stages);
     w[7] = (options_.direct_pieces ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1;
-    w[kNodesWord] = two_level_ ? nodes_.hash() | 1 : 0;
+    const std::uint64_t lanes = static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
+    w[kNodesWord] = two_level_ ? (nodes_.hash() ^ (lanes * golden)) | 1u : 0u;
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const TensorSpec& x = tensors_[t];
       h = hash(h0, x.heads.num_heads());
@@ -473,7 +487,7 @@ class Plan {
     if (i < kElementWord) return "the head partition of tensor " + std::to_string(i - kHeadsWord);
     if (i < kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - kElementWord);
     if (i < kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - kReplicasWord);
-    if (i == kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes)";
+    if (i == kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
     return "word " + std::to_string(i);
   }
   /// 64-bit FNV-1a hash of agreement_record(): equal on ranks that would exchange the same bytes.
@@ -587,6 +601,8 @@ class Plan {
       detail::fail(Errc::invalid_mesh, "PlanOptions::nodes describes " + std::to_string(n.degree()) + " ranks " + n.str() +
                                            " but the group has P=" + std::to_string(P));
     nodes_ = n.degree() ? n : NodeLayout::uniform(P, P);
+    if (options_.lanes < 0)
+      detail::fail(Errc::invalid_shape, "PlanOptions::lanes=" + std::to_string(options_.lanes) + " must be >= 0 (0: one lane per rank)");
     two_level_ = options_.path == Path::two_level || (options_.path == Path::automatic && nodes_.spans_nodes());
   }
 
@@ -725,8 +741,10 @@ class Plan {
   }
 
   /// Builds stage k of direction dir; its chunks start at send_base / recv_base of the regions
-  /// (on a two-level plan, `route` places them).
-  void build(Direction dir, int k, std::size_t send_base, std::size_t recv_base, const detail::TwoLevelRoute* route) {
+  /// (on a two-level plan, `send_off` / `recv_off` place each peer's chunk: the route's regions;
+  /// empty: back to back).
+  void build(Direction dir, int k, std::size_t send_base, std::size_t recv_base, const std::vector<std::size_t>& send_off,
+             const std::vector<std::size_t>& recv_off) {
     const int P = group_.size, me = group_.rank, T = num_tensors();
     const bool s2h = dir == Direction::seq_to_head;
     Schedule& sc = sched_[static_cast<int>(dir)][static_cast<std::size_t>(k)];
@@ -751,9 +769,9 @@ class Plan {
     std::vector<std::vector<std::size_t>> send_at = recv_at;
     std::size_t so = send_base, ro = recv_base;
     for (int p = 0; p < P; ++p) {
-      if (route && p != me) {  // the chunk may lie in a gathered / received area
-        so = route->regions(me).send_off[ix(p)];
-        ro = route->regions(me).recv_off[ix(p)];
+      if (!send_off.empty() && p != me) {  // the chunk may lie in a gathered / received area
+        so = send_off[ix(p)];
+        ro = recv_off[ix(p)];
       }
       sc.send_offsets[ix(p)] = so;
       sc.recv_offsets[ix(p)] = ro;
@@ -778,10 +796,8 @@ class Plan {
       sc.send_total += sc.send_bytes[ix(p)];
       sc.recv_total += sc.recv_bytes[ix(p)];
     }
-    sc.send_span = route ? route->regions(me).send_span : sc.send_total;
-    sc.recv_span = route ? route->regions(me).recv_span : sc.recv_total;
-    if (route)
-      for (int round = 0; round < 3; ++round) route->hops(me, round, sc.hop_send[ix(round)], sc.hop_recv[ix(round)]);
+    sc.send_span = sc.send_total;  // a two-level plan's constructor sets its own
+    sc.recv_span = sc.recv_total;
     // A head of tensor t is summed on receipt when several ranks hold it (and t sums).
     auto summed = [&](int t, std::int64_t h) {
       if (!sums[ix(t)]) return false;

@@ -349,6 +349,22 @@ void before_exchange(const Plan& plan, Comm& comm) {
   if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
 }
 
+/// One exchange_messages() call over a plan's lists (Piece or Hop: peer, buffer, offset, bytes),
+/// with the buffers of `t`. The message lists live per thread and keep their capacity: no
+/// allocation after the first call. (Non-const elements: a communicator may take Message* or
+/// const Message*.)
+template <class Comm, class Item>
+void post_messages(Comm& comm, const BufferTable& t, const std::vector<Item>& send, const std::vector<Item>& recv) {
+  thread_local std::vector<Message> s, r;
+  auto fill = [&t](std::vector<Message>& m, const std::vector<Item>& items) {
+    m.clear();
+    for (const Item& i : items) m.push_back({i.peer, t.base[i.buffer] + i.offset, i.bytes});
+  };
+  fill(s, send);
+  fill(r, recv);
+  comm.exchange_messages(s.data(), s.size(), r.data(), r.size());
+}
+
 /// Throws Error(path_unsupported) when a flat exchange is asked of a plan laid out for the
 /// two-level exchange (its chunks partly lie in gathered / received areas).
 inline void require_flat(const Plan& plan, const char* what) {
@@ -433,16 +449,7 @@ void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTa
   detail::require_flat(plan, "exchange_pieces");
   detail::before_exchange(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
-  // The message lists live per thread and keep their capacity: no allocation after the first call.
-  // (Non-const elements: a communicator may take Message* or const Message*.)
-  thread_local std::vector<Message> send, recv;
-  auto fill = [&buffers](std::vector<Message>& m, const std::vector<Piece>& pieces) {
-    m.clear();
-    for (const Piece& p : pieces) m.push_back({p.peer, buffers.base[p.buffer] + p.offset, p.bytes});
-  };
-  fill(send, s.send_pieces);
-  fill(recv, s.recv_pieces);
-  comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
+  detail::post_messages(comm, buffers, s.send_pieces, s.recv_pieces);
 }
 
 /// Unpack stage: copies the receive region into the outputs, and this rank's own chunk straight
@@ -484,16 +491,7 @@ void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const Buffe
                                          "PlanOptions::path = Path::two_level)");
   detail::before_exchange(plan, comm);
   const Schedule& s = plan.schedule(dir, stage);
-  thread_local std::vector<Message> send, recv;
-  auto fill = [&buffers](std::vector<Message>& m, const std::vector<Hop>& hops) {
-    m.clear();
-    for (const Hop& h : hops) m.push_back({h.peer, buffers.base[h.buffer] + h.offset, h.bytes});
-  };
-  for (std::size_t round = 0; round < 3; ++round) {
-    fill(send, s.hop_send[round]);
-    fill(recv, s.hop_recv[round]);
-    comm.exchange_messages(send.data(), send.size(), recv.data(), recv.size());
-  }
+  for (std::size_t round = 0; round < 3; ++round) detail::post_messages(comm, buffers, s.hop_send[round], s.hop_recv[round]);
 }
 
 /// The exchange of stage `stage` on `path`: exchange_pieces() on Path::messages,

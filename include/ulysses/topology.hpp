@@ -4,9 +4,9 @@
 ///        the two-level exchange (Path::two_level) built from it.
 ///
 /// Past one node, a flat all-to-all sends P - 1 messages per rank, most of them across the slow
-/// inter-node links. The two-level exchange (the hierarchical all-to-all of MPI libraries and of
-/// NCCL's PXN, in the form of Träff's and Sack & Gropp's node-aggregated all-to-all) moves the same
-/// wire chunks in three rounds of point-to-point messages:
+/// inter-node links. The two-level exchange (the hierarchical, node-aggregated all-to-all of MPI
+/// libraries — e.g. Open MPI's "han" collectives — and of NCCL's PXN) moves the same wire chunks in
+/// three rounds of point-to-point messages:
 ///
 ///  1. intra-node gather: every rank sends what it has for the ranks of node B to node A's
 ///     *forwarder* for B (rank B mod L_A of node A, L_A its rank count), which lays the node's
@@ -16,8 +16,15 @@
 ///     *receiver* for A (rank A mod L_B of node B);
 ///  3. intra-node delivery: the receiver hands each rank of B its chunks.
 ///
-/// A forwarder packs its own chunks for B straight into the gathered area and a receiver unpacks
-/// its own from the received area, so a chunk crosses 1 (same node) to 3 links, and the executor
+/// One forwarder per node pair carries all of its node's bytes for the other node over its own
+/// link. PlanOptions::lanes spreads them: with Λ lanes, what A sends B is cut by the destination's
+/// local index mod Λ, and each lane has its own forwarder and receiver (one of the lane's ranks);
+/// with Λ = every rank of B (lanes = 0) local rank i of A forwards what A has for local rank i of
+/// B and that rank receives it itself: the rail-aligned scheme of NCCL's PXN, no delivery round,
+/// each rank's inter-node bytes those of the flat exchange in N - 1 messages instead of P - L.
+///
+/// A forwarder packs its own chunks straight into the gathered area and a receiver unpacks its
+/// own from the received area, so a chunk crosses 1 (same node) to 3 links, and the executor
 /// still copies each element twice (pack, unpack). Byte counts and offsets follow from the plan's
 /// global picture alone (every rank computes every rank's chunk sizes), so no sizes are exchanged.
 #pragma once
@@ -102,7 +109,10 @@ class NodeLayout {
   /// A hash of the layout (0 for the default), for the cross-rank plan check.
   std::uint64_t hash() const {
     std::uint64_t h = node_.empty() ? 0 : 0xcbf29ce484222325ull;
-    for (int v : node_) h = (h ^ static_cast<std::uint64_t>(v)) * 0x100000001b3ull;
+    for (int v : node_) {
+      h ^= static_cast<std::uint64_t>(static_cast<unsigned>(v));
+      h *= 0x100000001b3ull;
+    }
     return h;
   }
   bool operator==(const NodeLayout& o) const { return node_ == o.node_; }
@@ -138,8 +148,11 @@ struct Hop {
 namespace detail {
 
 /// The two-level route of one exchange stage (see the file comment). `chunk[i * P + j]` is the
-/// bytes rank i sends rank j in the stage (0 on the diagonal); send_base / recv_base give each
-/// rank's stage offsets in its send and receive regions. Everything a rank computes here depends on
+/// bytes rank i sends rank j in the stage (the diagonal is not used); send_base / recv_base give
+/// each rank's stage offsets in its send and receive regions; `lanes` is PlanOptions::lanes.
+/// What node A sends node B travels in Λ = lanes (at most B's rank count; 0: all of them) groups:
+/// lane λ holds the chunks for B's ranks of local index ≡ λ (mod Λ), gathered by A's forwarder
+/// for (B, λ) and received by one of those ranks. Everything a rank computes here depends on
 /// shared inputs only, so the two ends of every transfer list it identically.
 class TwoLevelRoute {
  public:
@@ -150,9 +163,9 @@ class TwoLevelRoute {
     std::size_t src, dst, bytes;
   };
   /// Where rank x keeps its chunks: send_off[p] where its chunk for p lies (the send region or
-  /// its gathered area of p's node), recv_off[p] where the chunk from p lands; the gathered
-  /// (out_base, per destination node) and received (in_base, per source node) areas; the bytes
-  /// of its send and receive regions in this stage.
+  /// its gathered area of p's group), recv_off[p] where the chunk from p lands; the gathered
+  /// (out_*, per destination group) and received (in_*, per source group) areas, indexed by
+  /// group(node, lane); the bytes of its send and receive regions in this stage.
   struct Regions {
     std::vector<std::size_t> send_off, recv_off, out_base, in_base, out_bytes, in_bytes;
     std::size_t send_span = 0, recv_span = 0;
@@ -160,24 +173,42 @@ class TwoLevelRoute {
   static constexpr std::size_t npos = ~std::size_t{0};
 
   TwoLevelRoute(const NodeLayout& nodes, std::vector<std::size_t> chunk, std::vector<std::size_t> send_base,
-                std::vector<std::size_t> recv_base)
-      : n_(&nodes), P_(nodes.degree()), c_(std::move(chunk)), sbase_(std::move(send_base)), rbase_(std::move(recv_base)),
-        cache_(static_cast<std::size_t>(P_)) {}
+                std::vector<std::size_t> recv_base, int lanes = 1)
+      : n_(&nodes), P_(nodes.degree()), lanes_(lanes), c_(std::move(chunk)), sbase_(std::move(send_base)), rbase_(std::move(recv_base)),
+        cache_(static_cast<std::size_t>(P_)) {
+    for (int b = 0; b < n_->num_nodes(); ++b) lmax_ = std::max(lmax_, static_cast<int>(n_->members(b).size()));
+  }
 
   int degree() const { return P_; }
   std::size_t chunk(int i, int j) const { return c_[static_cast<std::size_t>(i) * static_cast<std::size_t>(P_) + static_cast<std::size_t>(j)]; }
-  /// Node A's rank that gathers and sends what A has for node B (A != B).
-  int forwarder(int A, int B) const {
-    const auto& m = n_->members(A);
-    return m[static_cast<std::size_t>(B) % m.size()];
+  /// Lanes of the messages into node B (Λ).
+  int lanes(int B) const {
+    const int L = static_cast<int>(n_->members(B).size());
+    return lanes_ <= 0 ? L : std::min(lanes_, L);
   }
-  /// Node B's rank that receives what node A sends it and delivers it (A != B).
-  int receiver(int A, int B) const {
-    const auto& m = n_->members(B);
-    return m[static_cast<std::size_t>(A) % m.size()];
+  /// The lane of rank j's chunks (into j's node).
+  int lane(int j) const { return n_->local_index(j) % lanes(n_->node(j)); }
+  /// The ranks of node B in lane λ, ascending.
+  std::vector<int> dests(int B, int lam) const {
+    std::vector<int> v;
+    const int L = lanes(B);
+    for (int j : n_->members(B))
+      if (n_->local_index(j) % L == lam) v.push_back(j);
+    return v;
+  }
+  /// Node A's rank that gathers and sends what A has for lane λ of node B (A != B).
+  int forwarder(int A, int B, int lam) const {
+    const auto& m = n_->members(A);
+    return m[(static_cast<std::size_t>(B) * static_cast<std::size_t>(lanes(B)) + static_cast<std::size_t>(lam)) % m.size()];
+  }
+  /// Node B's rank that receives lane λ of what node A sends it and delivers it (A != B): one of
+  /// the lane's ranks, so that its own chunks need no delivery.
+  int receiver(int A, int B, int lam) const {
+    const std::vector<int> d = dests(B, lam);
+    return d[static_cast<std::size_t>(A) % d.size()];
   }
 
-  /// Bytes of rank x's send and receive regions in this stage (without computing its offsets).
+  /// Bytes of rank x's send and receive regions in this stage.
   std::pair<std::size_t, std::size_t> spans(int x) const {
     const Regions& r = regions(x);
     return {r.send_span, r.recv_span};
@@ -188,46 +219,33 @@ class TwoLevelRoute {
     Regions& g = cache_[static_cast<std::size_t>(x)];
     if (!g.send_off.empty() || P_ == 0) return g;
     const int A = n_->node(x), N = n_->num_nodes();
-    const auto P = static_cast<std::size_t>(P_);
+    const auto P = static_cast<std::size_t>(P_), G = static_cast<std::size_t>(N * lmax_);
     g.send_off.assign(P, npos);
     g.recv_off.assign(P, npos);
-    g.out_base.assign(static_cast<std::size_t>(N), npos);
-    g.in_base.assign(static_cast<std::size_t>(N), npos);
-    g.out_bytes.assign(static_cast<std::size_t>(N), 0);
-    g.in_bytes.assign(static_cast<std::size_t>(N), 0);
+    g.out_base.assign(G, npos);
+    g.in_base.assign(G, npos);
+    g.out_bytes.assign(G, 0);
+    g.in_bytes.assign(G, 0);
     std::size_t so = sbase_[static_cast<std::size_t>(x)], ro = rbase_[static_cast<std::size_t>(x)];
+    const int my_lane = lane(x);
     for (int p = 0; p < P_; ++p) {
       if (p == x) continue;
       const int B = n_->node(p);
-      if (B == A || forwarder(A, B) != x) {
+      if (B == A || forwarder(A, B, lane(p)) != x) {
         g.send_off[static_cast<std::size_t>(p)] = so;
         so += chunk(x, p);
       }
-      if (B == A || receiver(B, A) != x) {
+      if (B == A || receiver(B, A, my_lane) != x) {
         g.recv_off[static_cast<std::size_t>(p)] = ro;
         ro += chunk(p, x);
       }
     }
-    for (int B = 0; B < N; ++B) {  // areas: [l of the source node][j of the destination node]
+    for (int B = 0; B < N; ++B) {
       if (B == A) continue;
-      if (forwarder(A, B) == x) {
-        g.out_base[static_cast<std::size_t>(B)] = so;
-        for (int l : n_->members(A))
-          for (int j : n_->members(B)) {
-            if (l == x) g.send_off[static_cast<std::size_t>(j)] = so;
-            so += chunk(l, j);
-          }
-        g.out_bytes[static_cast<std::size_t>(B)] = so - g.out_base[static_cast<std::size_t>(B)];
-      }
-      if (receiver(B, A) == x) {  // B is the source node here
-        g.in_base[static_cast<std::size_t>(B)] = ro;
-        for (int l : n_->members(B))
-          for (int j : n_->members(A)) {
-            if (j == x) g.recv_off[static_cast<std::size_t>(l)] = ro;
-            ro += chunk(l, j);
-          }
-        g.in_bytes[static_cast<std::size_t>(B)] = ro - g.in_base[static_cast<std::size_t>(B)];
-      }
+      for (int lam = 0; lam < lanes(B); ++lam)
+        if (forwarder(A, B, lam) == x) area(g, x, A, B, lam, true, so);
+      for (int lam = 0; lam < lanes(A); ++lam)  // B is the source node here
+        if (receiver(B, A, lam) == x) area(g, x, B, A, lam, false, ro);
     }
     g.send_span = so - sbase_[static_cast<std::size_t>(x)];
     g.recv_span = ro - rbase_[static_cast<std::size_t>(x)];
@@ -262,25 +280,29 @@ class TwoLevelRoute {
         const int B = n_->node(p);
         if (B == A) {
           add({from, p, S, R, me.send_off[static_cast<std::size_t>(p)], regions(p).recv_off[static_cast<std::size_t>(from)], chunk(from, p)});
-        } else if (forwarder(A, B) != from) {
-          const int f = forwarder(A, B);
-          add({from, f, S, S, me.send_off[static_cast<std::size_t>(p)], slot(f, A, B, from, p, true), chunk(from, p)});
+          continue;
         }
+        const int f = forwarder(A, B, lane(p));
+        if (f != from) add({from, f, S, S, me.send_off[static_cast<std::size_t>(p)], slot(f, A, B, lane(p), from, p, true), chunk(from, p)});
       }
     } else if (round == 1) {
       for (int B = 0; B < N; ++B)
-        if (B != A && forwarder(A, B) == from)
-          add({from, receiver(A, B), S, R, me.out_base[static_cast<std::size_t>(B)],
-               regions(receiver(A, B)).in_base[static_cast<std::size_t>(A)], me.out_bytes[static_cast<std::size_t>(B)]});
-    } else {
-      for (int Src = 0; Src < N; ++Src) {
-        if (Src == A || receiver(Src, A) != from) continue;
-        for (int j : n_->members(A)) {
-          if (j == from) continue;
-          for (int l : n_->members(Src))
-            add({from, j, R, R, slot(from, Src, A, l, j, false), regions(j).recv_off[static_cast<std::size_t>(l)], chunk(l, j)});
+        for (int lam = 0; B != A && lam < lanes(B); ++lam) {
+          if (forwarder(A, B, lam) != from) continue;
+          const int g = receiver(A, B, lam);
+          const std::size_t k = group(B, lam);
+          add({from, g, S, R, me.out_base[k], regions(g).in_base[group(A, lam)], me.out_bytes[k]});
         }
-      }
+    } else {
+      for (int Src = 0; Src < N; ++Src)
+        for (int lam = 0; Src != A && lam < lanes(A); ++lam) {
+          if (receiver(Src, A, lam) != from) continue;
+          for (int j : dests(A, lam)) {
+            if (j == from) continue;
+            for (int l : n_->members(Src))
+              add({from, j, R, R, slot(from, Src, A, lam, l, j, false), regions(j).recv_off[static_cast<std::size_t>(l)], chunk(l, j)});
+          }
+        }
     }
     return out;
   }
@@ -292,34 +314,55 @@ class TwoLevelRoute {
     recv.clear();
     for (const Transfer& t : sends(x, round)) send.push_back({t.to, t.src_buffer, t.src, t.bytes});
     const int A = n_->node(x), N = n_->num_nodes();
-    auto take = [&](int s) {
-      for (const Transfer& t : sends(s, round))
-        if (t.to == x) recv.push_back({s, t.dst_buffer, t.dst, t.bytes});
-    };
+    std::vector<int> from;  // the ranks that may send x something this round, each once
     if (round == 1) {
       for (int Src = 0; Src < N; ++Src)
-        if (Src != A && receiver(Src, A) == x) take(forwarder(Src, A));
+        for (int lam = 0; Src != A && lam < lanes(A); ++lam)
+          if (receiver(Src, A, lam) == x) from.push_back(forwarder(Src, A, lam));
+      std::sort(from.begin(), from.end());
+      from.erase(std::unique(from.begin(), from.end()), from.end());
     } else {
       for (int s : n_->members(A))
-        if (s != x) take(s);
+        if (s != x) from.push_back(s);
     }
+    for (int s : from)
+      for (const Transfer& t : sends(s, round))
+        if (t.to == x) recv.push_back({s, t.dst_buffer, t.dst, t.bytes});
   }
 
  private:
-  /// Offset of the chunk l → j in rank x's gathered (out: x forwards A → B) or received (x
-  /// receives A → B) area: [l of A][j of B] back to back.
-  std::size_t slot(int x, int A, int B, int l, int j, bool out) const {
+  std::size_t group(int node, int lam) const { return static_cast<std::size_t>(node * lmax_ + lam); }
+  /// Lays out rank x's area of lane λ from node Src to node Dst at `cursor`: [l of Src][j of the
+  /// lane] back to back; x's own chunks in it (x = l when gathering, x = j when receiving) are
+  /// placed there.
+  void area(Regions& g, int x, int Src, int Dst, int lam, bool out, std::size_t& cursor) const {
+    const std::size_t k = group(out ? Dst : Src, lam);
+    std::vector<std::size_t>& base = out ? g.out_base : g.in_base;
+    base[k] = cursor;
+    const std::vector<int> d = dests(Dst, lam);
+    for (int l : n_->members(Src))
+      for (int j : d) {
+        if (out && l == x) g.send_off[static_cast<std::size_t>(j)] = cursor;
+        if (!out && j == x) g.recv_off[static_cast<std::size_t>(l)] = cursor;
+        cursor += chunk(l, j);
+      }
+    (out ? g.out_bytes : g.in_bytes)[k] = cursor - base[k];
+  }
+  /// Offset of the chunk l → j in rank x's gathered (out: x forwards lane λ of A → B) or received
+  /// (x receives it) area: [l of A][j of the lane] back to back.
+  std::size_t slot(int x, int A, int B, int lam, int l, int j, bool out) const {
     const Regions& g = regions(x);
-    std::size_t o = out ? g.out_base[static_cast<std::size_t>(B)] : g.in_base[static_cast<std::size_t>(A)];
+    std::size_t o = out ? g.out_base[group(B, lam)] : g.in_base[group(A, lam)];
+    const std::vector<int> d = dests(B, lam);
     for (int a : n_->members(A))
-      for (int b : n_->members(B)) {
+      for (int b : d) {
         if (a == l && b == j) return o;
         o += chunk(a, b);
       }
     return o;
   }
   const NodeLayout* n_;
-  int P_;
+  int P_, lanes_, lmax_ = 1;
   std::vector<std::size_t> c_, sbase_, rbase_;
   mutable std::vector<Regions> cache_;
 };

@@ -101,7 +101,8 @@ inline std::vector<std::pair<std::string, ulysses::NodeLayout>> node_layouts(int
 
 /// The two-level exchange on every node layout of node_layouts(P): GQA q/k/v with kv heads on
 /// several ranks (summed in head→seq), uneven sequence and head splits, zigzag, B = 2, K = 2
-/// stages (plain and pipelined), all through PlanOptions::path = `path` and PlanOptions::nodes.
+/// stages (plain and pipelined), all through PlanOptions::path = `path` and PlanOptions::nodes,
+/// with one inter-node message per node pair (lanes 1), rail-aligned lanes (0) and 2 lanes.
 inline std::vector<Case> two_level_cases(int P, ulysses::Path path) {
   std::vector<Case> v;
   for (const auto& [name, nodes] : node_layouts(P)) {
@@ -116,11 +117,14 @@ inline std::vector<Case> two_level_cases(int P, ulysses::Path path) {
         {n + " K=2", P, 2, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd, 2},
         {n + " K=2 pipelined", P, 1, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd, 2, true},
     };
-    for (Case& c : here) {
-      c.path = path;
-      c.nodes = nodes;
-      v.push_back(c);
-    }
+    for (Case& c : here)
+      for (int lanes : {1, 0, 2}) {
+        c.path = path;
+        c.nodes = nodes;
+        c.lanes = lanes;
+        v.push_back(c);
+        v.back().name += " lanes=" + std::to_string(lanes);
+      }
   }
   return v;
 }

@@ -50,6 +50,7 @@ struct Case {
   bool padded = false;  ///< strided views: every rank's local tensors with padded rows and tokens (rank-dependent)
   ulysses::Path path = ulysses::Path::automatic;  ///< PlanOptions::path: the transport
   ulysses::NodeLayout nodes{};  ///< PlanOptions::nodes (the two-level exchange when it spans nodes)
+  int lanes = 1;                ///< PlanOptions::lanes
 };
 
 /// The transports a communicator type can run with the host executor (the transport axis of the
@@ -92,7 +93,7 @@ ulysses::Plan plan_of(const Case& c, int r) {
       specs.back().with_head_layout(padded_view(c.B, c.seq.seq_len(), t.heads.count(r), t.D, r + 1));
     }
   }
-  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes});
+  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes, c.lanes});
 }
 
 /// What head→seq(seq→head(x)) gives element x of head h of tensor t: x itself, or, when the plan
@@ -299,7 +300,7 @@ AdjointShare run_adjoint_case(Comm& comm, const Case& c) {
     x.replicas = Replicas::sum;
     specs.push_back(x);
   }
-  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes});
+  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes, c.lanes});
   const int NT = plan.num_tensors();
   const std::int64_t S = c.seq.seq_len();
   const std::vector<std::int64_t> tok = global_tokens(c.seq, r);

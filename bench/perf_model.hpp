@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: Apache-2.0
+// ulysses_perf's model modes (cost.hpp): --fit (calibrate the α-β model from ulysses_perf --json
+// measurements), --check (its error against measurements, as a distribution) and --advise (the
+// Ulysses degree for a model, a sequence length and a world). The JSON files are read with
+// nlohmann_json; a build without it has --advise only.
+#pragma once
+
+#include <ulysses/cost.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#if ULYSSES_PERF_JSON
+#include <nlohmann/json.hpp>
+#endif
+
+#include "models.hpp"
+
+namespace perf_model {
+
+using namespace ulysses;
+
+/// Link parameters given on the command line (negative: not given).
+struct LinkFlags {
+  double intra_us = -1, intra_GBps = -1, inter_us = -1, inter_GBps = -1, copy_GBps = -1;
+  double cache_MiB = -1, intra_cached_GBps = -1, copy_cached_GBps = -1, row_ns = -1, round_us = -1;
+  /// `m` with the given flags applied.
+  CostModel apply(CostModel m) const {
+    if (intra_us >= 0) m.intra.alpha_s = intra_us * 1e-6;
+    if (intra_GBps >= 0) m.intra.seconds_per_byte = intra_GBps > 0 ? 1e-9 / intra_GBps : 0;
+    if (inter_us >= 0) m.inter.alpha_s = inter_us * 1e-6;
+    if (inter_GBps >= 0) m.inter.seconds_per_byte = inter_GBps > 0 ? 1e-9 / inter_GBps : 0;
+    if (copy_GBps >= 0) m.copy_seconds_per_byte = copy_GBps > 0 ? 1e-9 / copy_GBps : 0;
+    if (cache_MiB >= 0) m.cache_bytes = cache_MiB * 1048576.0;
+    if (intra_cached_GBps >= 0) m.intra_cached_seconds_per_byte = intra_cached_GBps > 0 ? 1e-9 / intra_cached_GBps : 0;
+    if (copy_cached_GBps >= 0) m.copy_cached_seconds_per_byte = copy_cached_GBps > 0 ? 1e-9 / copy_cached_GBps : 0;
+    if (row_ns >= 0) m.copy_seconds_per_row = row_ns * 1e-9;
+    if (round_us >= 0) m.round_seconds = round_us * 1e-6;
+    return m;
+  }
+};
+
+
+/// Prints the feasible layouts, best first (advise_degree()).
+inline int advise(const AttentionShape& shape, const std::string& model, std::int64_t S, int world, int R, const CostModel& m,
+                  ElementType type, std::int64_t batch, double budget_bytes, bool balanced) {
+  const auto choices = advise_degree(shape, S, world, R, m, type, batch, balanced ? HeadPolicy::balanced : HeadPolicy::even, budget_bytes);
+  std::printf("# ulysses_perf --advise: %s (H=%lld Hkv=%lld D=%lld), S=%lld, B=%lld, %s, world=%d on nodes of %d\n", model.c_str(),
+              static_cast<long long>(shape.num_heads), static_cast<long long>(shape.num_kv_heads), static_cast<long long>(shape.head_dim),
+              static_cast<long long>(S), static_cast<long long>(batch), to_string(type), world, R);
+  std::printf("# model (a prediction, not a measurement): %s\n", m.str().c_str());
+  std::printf("# time: one layer's forward exchanges (q,k,v seq->head + o head->seq) on the faster path; bytes: the busiest\n"
+              "# rank's, per layer; memory: a rank's q,k,v,o in both shardings + workspaces, one layer%s\n",
+              budget_bytes > 0 ? "; fits: within the budget" : "");
+  std::printf("# paths: flat (one all-to-all), 2-level (one inter-node message per node pair), rail (2-level, lanes 0)\n");
+  std::printf("#%5s %6s %6s %-9s %10s %10s %11s %10s %11s %11s %10s %5s\n", "P", "outer", "nodes", "path", "time(ms)", "flat(ms)",
+              "2-level(ms)", "rail(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits");
+  for (const DegreeChoice& d : choices)
+    std::printf(" %5d %6d %6d %-9s %10.3f %10.3f %11.3f %10.3f %11.1f %11.1f %10.2f %5s\n", d.ulysses_degree, d.outer_degree,
+                d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : "flat", d.seconds * 1e3,
+                d.flat_seconds * 1e3, d.two_level_seconds * 1e3, d.rail_seconds * 1e3, d.intra_bytes / 1e6, d.inter_bytes / 1e6,
+                d.activation_bytes / (1024.0 * 1024 * 1024), d.fits ? "yes" : "no");
+  return 0;
+}
+
+#if ULYSSES_PERF_JSON
+using nlohmann::json;
+
+/// One timed exchange of a ulysses_perf --json file, with the traffic the model sees.
+struct Measured {
+  std::string backend, label;
+  ExchangeTraffic traffic;
+  double seconds = 0;         ///< measured (the mean over runs)
+  std::vector<double> runs;   ///< each run's time / mean - 1 (several runs only)
+};
+
+inline ElementType type_named(const std::string& s) {
+  for (ElementType t : {ElementType::float32, ElementType::bfloat16, ElementType::float16, ElementType::float64})
+    if (s == to_string(t)) return t;
+  throw Error(Errc::invalid_shape, "unknown dtype '" + s + "'");
+}
+inline Format format_named(const std::string& s) {
+  for (Format f : {Format::bshd, Format::sbhd, Format::bhsd})
+    if (s == to_string(f)) return f;
+  throw Error(Errc::invalid_shape, "unknown layout '" + s + "'");
+}
+inline Path path_named(const std::string& s) {
+  for (Path p : {Path::alltoallv, Path::messages, Path::direct, Path::two_level})
+    if (s == to_string(p)) return p;
+  throw Error(Errc::invalid_shape, "unknown path '" + s + "'");
+}
+
+/// Reads ulysses_perf --json files and re-plans every row (rank 0's plan: the largest share of a
+/// balanced split) to count its traffic. Rows of the same exchange in several files (independent
+/// runs) become one, with the mean time and each run's deviation from it in `runs`.
+inline std::vector<Measured> read_measurements(const std::vector<std::string>& files);
+
+/// One run's rows, not merged.
+inline std::vector<Measured> read_runs(const std::vector<std::string>& files) {
+  std::vector<Measured> out;
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    if (!in) throw Error(Errc::invalid_shape, "cannot read " + f);
+    const json j = json::parse(in);
+    const AttentionShape shape{j.at("heads").get<std::int64_t>(), j.at("kv_heads").get<std::int64_t>(), j.at("head_dim").get<std::int64_t>(),
+                               j.at("v_head_dim").get<std::int64_t>()};
+    const ElementType type = type_named(j.at("dtype").get<std::string>());
+    const Format layout = format_named(j.at("layout").get<std::string>());
+    const int P = j.at("ranks").get<int>(), R = j.value("ranks_per_node", 0);
+    const std::int64_t B = j.at("batch").get<std::int64_t>();
+    const HeadPolicy policy = j.value("balanced", false) ? HeadPolicy::balanced : HeadPolicy::even;
+    const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);
+    auto retype = [type](std::vector<TensorSpec> v) {
+      for (TensorSpec& x : v) {
+        x.elem_bytes = size_of(type);
+        x.type = type;
+      }
+      return v;
+    };
+    for (const json& row : j.at("rows")) {
+      const std::string dir = row.at("direction").get<std::string>();
+      const bool qkv = dir.rfind("seq_to_head", 0) == 0, backward = dir.find("_backward") != std::string::npos;
+      const Direction d = qkv != backward ? Direction::seq_to_head : Direction::head_to_seq;
+      const Path path = path_named(row.at("path").get<std::string>());
+      PlanOptions o;
+      o.path = path;
+      if (R > 0) o.nodes = NodeLayout::uniform(P, R);
+      const std::int64_t S = row.at("S").get<std::int64_t>();
+      const Plan plan({P, 0}, B, SeqPartition::balanced(S, P), retype(qkv ? a.qkv() : a.out()), layout, o);
+      Measured m;
+      m.backend = j.at("backend").get<std::string>() + (R > 0 ? " (nodes of " + std::to_string(R) + ")" : "");
+      m.label = j.at("model").get<std::string>() + " P=" + std::to_string(P) + " S=" + std::to_string(S) + " " + dir + " " + to_string(path);
+      m.traffic = exchange_traffic(plan, d, path);
+      m.seconds = row.at("time_us").get<double>() * 1e-6;
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+inline std::vector<Measured> read_measurements(const std::vector<std::string>& files) {
+  std::vector<Measured> all = read_runs(files), out;
+  std::map<std::string, std::size_t> at;
+  std::vector<std::vector<double>> times;
+  for (const Measured& m : all) {
+    const std::string key = m.backend + "|" + m.label;
+    if (!at.count(key)) {
+      at[key] = out.size();
+      out.push_back(m);
+      times.emplace_back();
+    }
+    times[at[key]].push_back(m.seconds);
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    double mean = 0;
+    for (double t : times[i]) mean += t;
+    mean /= static_cast<double>(times[i].size());
+    out[i].seconds = mean;
+    out[i].runs.clear();
+    if (times[i].size() > 1)
+      for (double t : times[i]) out[i].runs.push_back(t / mean - 1);
+  }
+  return out;
+}
+
+/// The transport family of a backend name: "local", "mpi" (simulated nodes use the MPI fit).
+inline std::string family(const std::string& backend) { return backend.substr(0, backend.find(' ')); }
+
+/// --fit: one model per backend family, written to `out_file`; prints the parameters and the
+/// in-sample error distribution.
+inline int fit(const std::string& out_file, const std::vector<std::string>& files) {
+  const std::vector<Measured> ms = read_measurements(files);
+  std::map<std::string, std::vector<CostSample>> by;
+  for (const Measured& m : ms) by[family(m.backend)].push_back({m.traffic, m.seconds});
+  json j;
+  j["tool"] = "ulysses_perf --fit";
+  j["inputs"] = files;
+  for (const auto& [backend, samples] : by) {
+    const CostModel c = fit_cost_model(samples);
+    std::printf("# %s: %zu exchanges -> %s\n", backend.c_str(), samples.size(), c.str().c_str());
+    j["models"][backend] = {{"intra_alpha_us", c.intra.alpha_s * 1e6}, {"intra_GBps", c.intra.GBps()},
+                            {"inter_alpha_us", c.inter.alpha_s * 1e6}, {"inter_GBps", c.inter.GBps()},
+                            {"copy_GBps", c.copy_seconds_per_byte > 0 ? 1e-9 / c.copy_seconds_per_byte : 0.0},
+                            {"cache_MiB", c.cache_bytes / 1048576.0},
+                            {"intra_cached_GBps", c.intra_cached_seconds_per_byte > 0 ? 1e-9 / c.intra_cached_seconds_per_byte : 0.0},
+                            {"copy_cached_GBps", c.copy_cached_seconds_per_byte > 0 ? 1e-9 / c.copy_cached_seconds_per_byte : 0.0},
+                            {"row_ns", c.copy_seconds_per_row * 1e9},
+                            {"round_us", c.round_seconds * 1e6},
+                            {"samples", samples.size()}};
+  }
+  std::ofstream o(out_file);
+  o << j.dump(1) << "\n";
+  if (!o) throw Error(Errc::invalid_shape, "cannot write " + out_file);
+  std::printf("# wrote %s\n", out_file.c_str());
+  return 0;
+}
+
+/// The model of backend family `backend` in a --fit file.
+inline CostModel load_model(const std::string& file, const std::string& backend) {
+  std::ifstream in(file);
+  if (!in) throw Error(Errc::invalid_shape, "cannot read " + file);
+  const json j = json::parse(in);
+  if (!j.contains("models") || !j["models"].contains(backend))
+    throw Error(Errc::invalid_shape, file + " has no model for backend '" + backend + "'");
+  const json& m = j["models"][backend];
+  LinkFlags f;
+  f.intra_us = m.at("intra_alpha_us").get<double>();
+  f.intra_GBps = m.at("intra_GBps").get<double>();
+  f.inter_us = m.at("inter_alpha_us").get<double>();
+  f.inter_GBps = m.at("inter_GBps").get<double>();
+  f.copy_GBps = m.at("copy_GBps").get<double>();
+  f.cache_MiB = m.value("cache_MiB", 0.0);
+  f.intra_cached_GBps = m.value("intra_cached_GBps", 0.0);
+  f.copy_cached_GBps = m.value("copy_cached_GBps", 0.0);
+  f.row_ns = m.value("row_ns", 0.0);
+  f.round_us = m.value("round_us", 0.0);
+  return f.apply(CostModel{});
+}
+
+/// --check: the model of each row's backend family (from `params`) against the measurements:
+/// every row, then per backend the distribution of |predicted / measured - 1|.
+inline int check(const std::string& params, const std::vector<std::string>& files, bool rows) {
+  const std::vector<Measured> ms = read_measurements(files);
+  std::map<std::string, std::vector<double>> err, noise;
+  std::map<std::string, CostModel> models;
+  if (rows) std::printf("#%-58s %-22s %12s %12s %8s\n", "exchange", "backend", "measured(us)", "model(us)", "error");
+  for (const Measured& m : ms) {
+    const std::string fam = family(m.backend);
+    if (!models.count(fam)) models[fam] = load_model(params, fam);
+    const double pred = predict_seconds(m.traffic, models[fam]);
+    const double e = pred / m.seconds - 1;
+    err[m.backend].push_back(std::fabs(e));
+    for (double d : m.runs) noise[m.backend].push_back(std::fabs(d));
+    if (rows) std::printf(" %-58s %-22s %12.1f %12.1f %+7.1f%%\n", m.label.c_str(), m.backend.c_str(), m.seconds * 1e6, pred * 1e6, e * 100);
+  }
+  int over = 0;
+  auto line = [](const std::string& what, std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    auto q = [&](double f) { return v[std::min(v.size() - 1, static_cast<std::size_t>(f * static_cast<double>(v.size())))]; };
+    const auto within = std::count_if(v.begin(), v.end(), [](double x) { return x <= 0.15; });
+    std::printf(" %-34s %6zu %7.1f%% %7.1f%% %7.1f%% %7.1f%% %8.1f%%\n", what.c_str(), v.size(), q(0.5) * 100, q(0.9) * 100, q(0.99) * 100,
+                v.back() * 100, 100.0 * static_cast<double>(within) / static_cast<double>(v.size()));
+    return static_cast<int>(v.size()) - static_cast<int>(within);
+  };
+  std::printf("# |model / measured - 1| (measured: the mean over runs); noise: |run / mean - 1| of each run\n");
+  std::printf("#%-34s %6s %8s %8s %8s %8s %9s\n", "backend", "n", "median", "p90", "p99", "max", "<=15%");
+  for (auto& [backend, v] : err) {
+    over += line(backend + ": model", v);
+    if (noise.count(backend)) line(backend + ": noise of one run", noise[backend]);
+  }
+  return over ? 1 : 0;
+}
+#endif
+
+}  // namespace perf_model
