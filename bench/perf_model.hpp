@@ -54,6 +54,9 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
               static_cast<long long>(shape.num_heads), static_cast<long long>(shape.num_kv_heads), static_cast<long long>(shape.head_dim),
               static_cast<long long>(S), static_cast<long long>(batch), to_string(type), world, R);
   std::printf("# model (a prediction, not a measurement): %s\n", m.str().c_str());
+  if (world > R && m.inter.alpha_s == 0 && m.inter.seconds_per_byte == 0)
+    std::printf("# WARNING: the model has no inter-node terms (calibrated on one node?): groups across nodes cost nothing there;\n"
+                "# give --inter-us / --inter-GBps, or calibrate on several nodes\n");
   std::printf("# time: one layer's forward exchanges (q,k,v seq->head + o head->seq) on the faster path; bytes: the busiest\n"
               "# rank's, per layer; memory: a rank's q,k,v,o in both shardings + workspaces, one layer%s\n",
               budget_bytes > 0 ? "; fits: within the budget" : "");

@@ -361,7 +361,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
       "the partial gradients of replicated kv heads). --backend mpi: run under mpiexec -n P.\n"
       "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n"
       "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
-      "two-level exchange (intra-node gather, one message per node pair, intra-node delivery).\n"
+      "two-level exchange (intra-node gather, one message per node pair, intra-node delivery) under MPI; in-process\n"
+      "ranks share memory and take the direct path unless --path two_level.\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
       "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
       "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first (defaults:\n"
@@ -479,8 +480,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 ||
       o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
-    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --batch >= 1, --ranks >= 1, --ranks-per-node >= 0, "
-                         "--seq >= 1, --world >= 1\n");
+    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
+                         "--ranks-per-node >= 0, --seq >= 1, --world >= 1\n");
     std::exit(2);
   }
   if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check") {

@@ -336,9 +336,20 @@ TEST_CASE("MPI split_by_node: Ulysses groups of consecutive node-first ranks, ou
       std::vector<int> members(static_cast<std::size_t>(P));
       MPI_Allgather(&w, 1, MPI_INT, members.data(), 1, MPI_INT, m.ulysses);
       for (int i = 0; i < P; ++i) CHECK(members[static_cast<std::size_t>(i)] == w / P * P + i);
+      if (m.nodes.spans_nodes()) {  // the mesh selects the two-level exchange on its Ulysses group, bit for bit
+        auto q = HeadPartition::balanced(2 * P, P);
+        ut::Case c{"mesh-selected two-level", P, 2, SeqPartition::balanced(3 * P + 1, P), {{q, 4}, {HeadPartition::gqa(q, 2), 4}}, Format::bshd};
+        c.nodes = m.nodes;
+        CHECK(choose_path<MpiComm, HostExecutor>(ut::plan_of<float>(c, 0)) == Path::two_level);
+        MpiComm comm(m.ulysses);
+        CHECK(ut::run_case<float>(comm, c) == "");
+      }
       m.free();
     }
   }
+  CHECK(ut::code_of([&] { split_by_node(MPI_COMM_WORLD, 1, -1); }) == Errc::invalid_mesh);
+  if (W % 3 != 0) CHECK(ut::code_of([&] { split_by_node(MPI_COMM_WORLD, 1, 3); }) == Errc::invalid_mesh);  // not whole nodes of 3
+  CHECK(ut::code_of([&] { split_by_node(MPI_COMM_WORLD, 1, 2 * W); }) == Errc::invalid_mesh);
   // The real topology (one shared-memory node here): every rank on node 0, groups of consecutive ranks.
   MpiMesh m = split_by_node(MPI_COMM_WORLD, W);
   CHECK(m.mesh.num_nodes() == 1);

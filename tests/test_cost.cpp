@@ -7,6 +7,8 @@
 
 #include "expect_error.hpp"
 
+#include <cmath>
+
 using namespace ulysses;
 
 namespace {
@@ -66,6 +68,10 @@ TEST_CASE("exchange_traffic: the two-level rounds of 8 = 2 x 4 and the flat exch
   CHECK(ft.messages[0] == 3);
   CHECK(ft.messages[1] == 4);
   CHECK(ft.bytes[1] == 4 * 48);
+  // The forwarder gathers 16 chunks for the other node and receives 16 from it: its workspace, the
+  // busiest rank's, is larger than rank 0's flat one (7 chunks out, 7 in; 256-byte aligned halves).
+  CHECK(ft.workspace_bytes == 7 * 48 / 256 * 256 + 256 + 7 * 48);
+  CHECK(t.workspace_bytes > ft.workspace_bytes);
 }
 
 TEST_CASE("predict_seconds: α per message, β per byte per link class, γ per copied byte") {
@@ -105,6 +111,12 @@ TEST_CASE("fit_cost_model: recovers the parameters that made the times; unseen l
   CHECK(fit.inter.seconds_per_byte == base.inter.seconds_per_byte);
   CHECK(ut::code_of([] { fit_cost_model({}); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { fit_cost_model({{s[0].traffic, 0.0}}); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { fit_cost_model({{s[0].traffic, INFINITY}}); }) == Errc::invalid_shape);
+  ExchangeTraffic bad = s[0].traffic;
+  bad.bytes[0] = NAN;
+  CHECK(ut::code_of([&] { fit_cost_model({{bad, 1e-3}}); }) == Errc::invalid_shape);
+  bad.bytes[0] = -1;
+  CHECK(ut::code_of([&] { fit_cost_model({{bad, 1e-3}}); }) == Errc::invalid_shape);
 }
 
 TEST_CASE("advise_degree: feasible meshes only, fastest within the budget first, two-level where it pays") {
@@ -127,4 +139,9 @@ TEST_CASE("advise_degree: feasible meshes only, fastest within the budget first,
   CHECK(!budget.back().fits);
   CHECK(budget.front().activation_bytes <= 2e9);
   CHECK(ut::code_of([&] { advise_degree(llama70b, 1024, 6, 4, m); }) == Errc::invalid_mesh);  // 6 ranks are not whole nodes of 4
+  const auto huge = advise_degree(llama70b, 1024, 2147483647, 1, m);  // no overflow: only P = 1 has heads enough
+  REQUIRE(huge.size() == 1);
+  CHECK(huge[0].ulysses_degree == 1);
+  // Memory: the tensors and the workspaces of the path taken, on its busiest rank.
+  for (const DegreeChoice& d : all) CHECK(d.activation_bytes > 0);
 }

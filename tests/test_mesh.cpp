@@ -38,6 +38,13 @@ TEST_CASE("Mesh: degrees that do not tile the world or the nodes are invalid_mes
   CHECK(ut::code_of([] { Mesh(48, 12, 8); }) == Errc::invalid_mesh);  // 1.5 nodes a group
   const auto e = ut::error_of([] { Mesh(48, 6, 8); });
   CHECK(e.second.find("{1,2,4,8,16,24,48}") != std::string::npos);
+  CHECK(Mesh::degrees(48, 8) == std::vector<int>{1, 2, 4, 8, 16, 24, 48});
+  CHECK(Mesh::degrees(12, 8).empty());  // not whole nodes: nothing fits, and the message says so
+  const auto none = ut::error_of([] { Mesh(12, 1, 8); });
+  CHECK(none.first == Errc::invalid_mesh);
+  CHECK(none.second.find("no Ulysses degree fits") != std::string::npos);
+  CHECK(ut::code_of([] { Mesh(2147483647, 2, 1); }) == Errc::invalid_mesh);  // no int overflow on the largest world
+  CHECK(Mesh::degrees(2147483647, 1) == std::vector<int>{1, 2147483647});
 }
 
 TEST_CASE("Mesh::check_heads: P <= H, and attention_specs' rules") {
@@ -46,6 +53,7 @@ TEST_CASE("Mesh::check_heads: P <= H, and attention_specs' rules") {
   CHECK(ut::code_of([&] { Mesh(256, 16, 8).check_heads(llama70b); }) == Errc{});  // kv heads on 2 ranks each
   CHECK(ut::code_of([&] { Mesh(240, 3, 1).check_heads(llama70b); }) == Errc::heads_not_divisible);
   CHECK(ut::code_of([&] { Mesh(240, 3, 1).check_heads(llama70b, HeadPolicy::balanced); }) == Errc{});
+  CHECK(ut::code_of([&] { Mesh(8, 8, 8).check_heads(AttentionShape{0, 0, 64, 64}); }) == Errc::invalid_shape);
   const AttentionShape falcon{71, 1, 64, 64};
   CHECK(ut::code_of([&] { Mesh(8, 8, 8).check_heads(falcon); }) == Errc::heads_not_divisible);
 }

@@ -39,6 +39,7 @@ TEST_CASE("NodeLayout: uniform, sizes and ids; nodes numbered by their lowest ra
   CHECK(ut::code_of([] { NodeLayout::uniform(0, 4); }) == Errc::invalid_mesh);
   CHECK(ut::code_of([] { NodeLayout::uniform(4, 0); }) == Errc::invalid_mesh);
   CHECK(ut::code_of([] { NodeLayout::sizes({2, 0}); }) == Errc::invalid_mesh);
+  CHECK(ut::code_of([] { NodeLayout::sizes({}); }) == Errc::invalid_mesh);
 }
 
 namespace {
@@ -172,6 +173,12 @@ TEST_CASE("two-level plans: path choice, flat exchanges refused, agreement on th
       CHECK(Plan::agreement_field(i).find("node layout") != std::string::npos);
     }
   CHECK(differ == 1);
+  // Lanes at or above the largest node all mean one lane per rank: the same wire, the same record.
+  CHECK(plans(8, NodeLayout::uniform(8, 2), 1, Path::automatic, 2)[0].agreement_record() ==
+        plans(8, NodeLayout::uniform(8, 2), 1, Path::automatic, 5)[0].agreement_record());
+  CHECK(plans(8, NodeLayout::uniform(8, 4), 1, Path::automatic, 2)[0].agreement_record() !=
+        plans(8, NodeLayout::uniform(8, 4), 1, Path::automatic, 0)[0].agreement_record());
+  CHECK(ut::code_of([] { plans(8, NodeLayout::uniform(8, 4), 1, Path::automatic, -1); }) == Errc::invalid_shape);
   // Copies: pack and unpack as the flat all-to-all-v; the transport also carries forwarded chunks.
   const CopyCount cc = two.copies(Direction::seq_to_head, Path::two_level);
   CHECK(cc.executor == doctest::Approx(two.copies(Direction::seq_to_head, Path::alltoallv).executor));

@@ -109,6 +109,7 @@ struct ExchangeTraffic {
   double copy_rows = 0;              ///< contiguous rows the executor copies (every term of a sum counted)
   int rounds = 0;                    ///< communication rounds (1 flat, 3 two-level; per stage)
   double working_set_bytes = 0;      ///< the rank's inputs, outputs and workspace (none on Path::direct)
+  double workspace_bytes = 0;        ///< the workspace this exchange needs on its busiest rank (two-level: a forwarder's)
 };
 
 namespace detail {
@@ -163,6 +164,8 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
   for (int i = 0; i < plan.num_tensors(); ++i)
     t.working_set_bytes += static_cast<double>(plan.input_bytes(dir, i) + plan.output_bytes(dir, i));
   if (path != Path::direct) t.working_set_bytes += static_cast<double>(plan.workspace_bytes());
+  auto workspace_of = [](std::size_t send, std::size_t recv) { return static_cast<double>((send + 255) / 256 * 256 + recv); };
+  std::vector<std::size_t> send_span(static_cast<std::size_t>(P), 0), recv_span(static_cast<std::size_t>(P), 0);  // two-level, per rank
   const NodeLayout& nodes = plan.nodes();
   const auto cls = [&](int i, int j) { return nodes.node(i) == nodes.node(j) ? 0 : 1; };
   for (int k = 0; k < plan.num_stages(); ++k) {
@@ -183,6 +186,11 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
     if (path == Path::two_level) {
       const detail::TwoLevelRoute route(nodes, c, std::vector<std::size_t>(static_cast<std::size_t>(P), 0),
                                         std::vector<std::size_t>(static_cast<std::size_t>(P), 0), plan.options().lanes);
+      for (int x = 0; x < P; ++x) {
+        const auto sp = route.spans(x);
+        send_span[static_cast<std::size_t>(x)] += sp.first;
+        recv_span[static_cast<std::size_t>(x)] += sp.second;
+      }
       for (int round = 0; round < 3; ++round) {
         std::fill(send.begin(), send.end(), detail::RankLoad{});
         std::fill(recv.begin(), recv.end(), detail::RankLoad{});
@@ -204,9 +212,12 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
     for (int i = 0; i < P; ++i)
       for (int j = 0; j < P; ++j) {
         if (i == j || C(i, j) == 0) continue;
-        const double msgs = path == Path::messages
-                                ? static_cast<double>(plan.num_tensors() * B) * static_cast<double>(plan.seq().chunks_of(s2h ? i : j).size())
-                                : 1.0;
+        double msgs = 1;
+        if (path == Path::messages) {  // one per (tensor, b, non-empty sequence chunk of the seq-sharded side)
+          msgs = 0;
+          for (const SeqChunk& ch : plan.seq().chunks_of(s2h ? i : j)) msgs += ch.length > 0 ? 1 : 0;
+          msgs *= static_cast<double>(plan.num_tensors() * B);
+        }
         const auto cl = static_cast<std::size_t>(cls(i, j));
         send[static_cast<std::size_t>(i)].msgs[cl] += msgs;
         send[static_cast<std::size_t>(i)].bytes[cl] += C(i, j);
@@ -214,7 +225,14 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
         recv[static_cast<std::size_t>(j)].bytes[cl] += C(i, j);
       }
     detail::add_busiest(t, send, recv);
+    send_span[0] += s.send_span;  // flat: this rank's (rank 0 holds the most under balanced splits)
+    recv_span[0] += s.recv_span;
   }
+  if (path == Path::two_level)
+    for (int x = 0; x < P; ++x)
+      t.workspace_bytes = std::max(t.workspace_bytes, workspace_of(send_span[static_cast<std::size_t>(x)], recv_span[static_cast<std::size_t>(x)]));
+  else if (path != Path::direct)
+    t.workspace_bytes = workspace_of(send_span[0], recv_span[0]);
   return t;
 }
 
@@ -261,11 +279,19 @@ struct CostSample {
 /// parameters). The cache share C is `base.cache_bytes` when > 0, else the best of 0 and 1 MiB ..
 /// 4 GiB in powers of 2. Parameters whose features are 0 in every sample (e.g. the inter-node link
 /// on one machine) keep `base`'s value.
-/// @throws Error(invalid_shape) no sample, or a time <= 0.
+/// @throws Error(invalid_shape) no sample, a time not finite and > 0, or traffic with a negative or
+///         non-finite count.
 inline CostModel fit_cost_model(const std::vector<CostSample>& samples, const CostModel& base = {}) {
   if (samples.empty()) detail::fail(Errc::invalid_shape, "fit_cost_model: no samples");
-  for (const CostSample& s : samples)
-    if (!(s.seconds > 0)) detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s");
+  for (const CostSample& s : samples) {
+    if (!(s.seconds > 0) || !std::isfinite(s.seconds))
+      detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s (need finite, > 0)");
+    for (double v : detail::cost_features(s.traffic, 1))
+      if (!(v >= 0) || !std::isfinite(v))
+        detail::fail(Errc::invalid_shape, "fit_cost_model: a sample whose traffic has a negative or non-finite count (" + std::to_string(v) + ")");
+    if (!(s.traffic.working_set_bytes >= 0) || !std::isfinite(s.traffic.working_set_bytes))
+      detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with working set " + std::to_string(s.traffic.working_set_bytes));
+  }
   constexpr int K = static_cast<int>(detail::kCostParams);
   std::vector<double> caches;
   if (base.cache_bytes > 0) caches.push_back(base.cache_bytes);
@@ -360,7 +386,8 @@ struct DegreeChoice {
                                   ///< (both = flat_seconds when the group fits in a node)
   double intra_bytes = 0;         ///< bytes per layer over the busiest rank's intra-node link (path taken)
   double inter_bytes = 0;         ///< bytes per layer over the busiest rank's inter-node link (path taken)
-  double activation_bytes = 0;    ///< a rank's q,k,v,o in both shardings and the workspace of both plans, one layer
+  double activation_bytes = 0;    ///< a rank's q,k,v,o in both shardings and the workspaces of the two forward exchanges on
+                                  ///< the path taken (its busiest rank: a forwarder's on the two-level paths), one layer
   bool fits = true;               ///< activation_bytes within the budget given to advise_degree()
 };
 
@@ -396,8 +423,10 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
                                           " must be >= 1");
   std::vector<DegreeChoice> out;
   std::string why;
-  for (int P = 1; P <= world; ++P) {
-    if (world % P) continue;
+  const std::vector<int> candidates = Mesh::degrees(world, ranks_per_node);
+  if (candidates.empty()) Mesh(world, 1, ranks_per_node);  // throws invalid_mesh, saying why
+  for (int P : candidates) {
+    if (P > shape.num_heads) break;  // Mesh::check_heads refuses the rest
     try {
       const Mesh mesh(world, P, ranks_per_node);
       mesh.check_heads(shape, policy);
@@ -424,6 +453,7 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
         ExchangeTraffic qkv, o;
       };
       std::vector<Candidate> cands;
+      double tensors = 0;
       for (int c = 0; c < (mesh.group_spans_nodes() ? 3 : 1); ++c) {
         PlanOptions po;
         po.path = c == 0 ? Path::alltoallv : Path::two_level;
@@ -435,10 +465,8 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
         k.seconds = predict_seconds(k.qkv, model) + predict_seconds(k.o, model);
         cands.push_back(k);
         if (c == 0)
-          for (const Plan* p : {&q, &o}) {
-            for (int t = 0; t < p->num_tensors(); ++t) d.activation_bytes += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
-            d.activation_bytes += static_cast<double>(p->workspace_bytes());
-          }
+          for (const Plan* p : {&q, &o})
+            for (int t = 0; t < p->num_tensors(); ++t) tensors += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
       }
       if (P == 1) cands[0].seconds = 0;  // no exchange at all (the plan's local copy is skipped by engines)
       d.flat_seconds = cands[0].seconds;
@@ -448,16 +476,18 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
       d.path = best.path;
       d.lanes = best.lanes;
       d.seconds = best.seconds;
+      d.activation_bytes = tensors + best.qkv.workspace_bytes + best.o.workspace_bytes;
       d.intra_bytes = best.qkv.bytes[0] + best.o.bytes[0];
       d.inter_bytes = best.qkv.bytes[1] + best.o.bytes[1];
       d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
       out.push_back(d);
     } catch (const Error& e) {
-      if (P == 1) why = e.what();
+      if (why.empty()) why = e.what();
     }
   }
-  if (out.empty()) detail::fail(Errc::invalid_mesh, "advise_degree: no feasible Ulysses degree for world=" + std::to_string(world) +
-                                                        ", ranks_per_node=" + std::to_string(ranks_per_node) + (why.empty() ? "" : ": " + why));
+  if (out.empty())
+    detail::fail(Errc::invalid_mesh, "advise_degree: no feasible Ulysses degree for world=" + std::to_string(world) + ", ranks_per_node=" +
+                                         std::to_string(ranks_per_node) + (why.empty() ? "" : " (P = " + std::to_string(candidates.front()) + ": " + why + ")"));
   std::stable_sort(out.begin(), out.end(), [](const DegreeChoice& a, const DegreeChoice& b) {
     if (a.fits != b.fits) return a.fits;
     return a.fits ? a.seconds < b.seconds : a.activation_bytes < b.activation_bytes;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -36,19 +37,42 @@ class Mesh {
     if (W_ < 1 || P_ < 1 || R_ < 1)
       detail::fail(Errc::invalid_mesh, "mesh of world=" + std::to_string(W_) + ", ulysses_degree=" + std::to_string(P_) +
                                            ", ranks_per_node=" + std::to_string(R_) + ": each must be >= 1");
+    const std::string what = "mesh of world=" + std::to_string(W_) + ", ulysses_degree=" + std::to_string(P_) +
+                             ", ranks_per_node=" + std::to_string(R_) + ": ";
+    if (W_ % R_ != 0)
+      detail::fail(Errc::invalid_mesh, what + "the world is not a whole number of nodes of " + std::to_string(R_) +
+                                           " ranks, so no Ulysses degree fits; give the ranks per node the world really has");
     std::string why;
-    if (W_ % R_ != 0) why = "the world is not a whole number of nodes of " + std::to_string(R_) + " ranks";
-    else if (W_ % P_ != 0) why = "the world is not a whole number of Ulysses groups";
+    if (W_ % P_ != 0) why = "the world is not a whole number of Ulysses groups";
     else if (P_ <= R_ && R_ % P_ != 0) why = "groups of " + std::to_string(P_) + " would straddle nodes of " + std::to_string(R_);
     else if (P_ > R_ && P_ % R_ != 0) why = "a group of " + std::to_string(P_) + " would hold part of a node of " + std::to_string(R_);
     if (!why.empty()) {
       std::string ok;
-      for (int p = 1; p <= W_; ++p)
-        if (W_ % p == 0 && (p <= R_ ? R_ % p == 0 : p % R_ == 0)) ok += (ok.empty() ? "" : ",") + std::to_string(p);
-      detail::fail(Errc::invalid_mesh, "mesh of world=" + std::to_string(W_) + ", ulysses_degree=" + std::to_string(P_) +
-                                           ", ranks_per_node=" + std::to_string(R_) + ": " + why + "; ulysses_degree in {" + ok +
-                                           "} fits");
+      for (int p : degrees(W_, R_)) ok += (ok.empty() ? "" : ",") + std::to_string(p);
+      detail::fail(Errc::invalid_mesh, what + why + "; ulysses_degree in {" + ok + "} fits");
     }
+  }
+
+  /// The Ulysses degrees a world of `world` ranks on nodes of `ranks_per_node` admits, ascending:
+  /// the divisors of R, and R times the divisors of world / R (empty when the world is not whole
+  /// nodes or an argument is < 1). O(sqrt(world)).
+  static std::vector<int> degrees(int world, int ranks_per_node) {
+    std::vector<int> v;
+    if (world < 1 || ranks_per_node < 1 || world % ranks_per_node != 0) return v;
+    auto divisors = [](int n) {
+      std::vector<int> d, hi;
+      for (long long i = 1; i * i <= n; ++i)
+        if (n % i == 0) {
+          d.push_back(static_cast<int>(i));
+          if (i * i != n) hi.push_back(static_cast<int>(n / i));
+        }
+      d.insert(d.end(), hi.rbegin(), hi.rend());
+      return d;
+    };
+    v = divisors(ranks_per_node);
+    for (int m : divisors(world / ranks_per_node))
+      if (m > 1) v.push_back(ranks_per_node * m);
+    return v;
   }
 
   int world() const { return W_; }                                   ///< W
@@ -82,9 +106,12 @@ class Mesh {
 
   /// Checks that an attention layer of `shape` splits over the Ulysses groups: P <= H (every rank
   /// gets a query head), and attention_specs()'s rules for `policy`.
-  /// @throws Error(invalid_mesh) P > H; what attention_specs() throws (heads_not_divisible,
-  ///         gqa_group_mismatch, gqa_invalid, invalid_shape), with its message.
+  /// @throws Error(invalid_shape) H or Hkv < 1; Error(invalid_mesh) P > H; what attention_specs()
+  ///         throws (heads_not_divisible, gqa_group_mismatch, gqa_invalid, invalid_shape), with its message.
   void check_heads(const AttentionShape& shape, HeadPolicy policy = HeadPolicy::even) const {
+    if (shape.num_heads < 1 || shape.num_kv_heads < 1)
+      detail::fail(Errc::invalid_shape, "num_heads=" + std::to_string(shape.num_heads) + " and num_kv_heads=" +
+                                            std::to_string(shape.num_kv_heads) + " must be >= 1");
     if (P_ > shape.num_heads)
       detail::fail(Errc::invalid_mesh, "ulysses_degree=" + std::to_string(P_) + " exceeds the " + std::to_string(shape.num_heads) +
                                            " query heads: some ranks would hold no head; use a smaller Ulysses degree and a "

@@ -465,7 +465,9 @@ class Plan {
     w[5] = tensors_.size();
     w[6] = static_cast<std::uint64_t>(options_.stages);
     w[7] = (options_.direct_pieces ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1;
-    const std::uint64_t lanes = static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
+    int max_node = 1;  // lanes >= the largest node are all "one lane per rank": the same wire
+    for (int n = 0; n < nodes_.num_nodes(); ++n) max_node = std::max(max_node, static_cast<int>(nodes_.members(n).size()));
+    const std::uint64_t lanes = options_.lanes >= max_node ? 0u : static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
     w[kNodesWord] = two_level_ ? (nodes_.hash() ^ (lanes * golden)) | 1u : 0u;
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       const TensorSpec& x = tensors_[t];

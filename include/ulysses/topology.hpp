@@ -77,6 +77,7 @@ class NodeLayout {
   /// Consecutive nodes of the given rank counts ({4, 3}: ranks 0-3 on node 0, 4-6 on node 1).
   /// @throws Error(invalid_mesh) an empty list or a count < 1.
   static NodeLayout sizes(const std::vector<int>& ranks_per_node) {
+    if (ranks_per_node.empty()) detail::fail(Errc::invalid_mesh, "NodeLayout::sizes: the list of node sizes is empty");
     std::vector<int> ids;
     for (std::size_t n = 0; n < ranks_per_node.size(); ++n) {
       if (ranks_per_node[n] < 1)
@@ -168,6 +169,8 @@ class TwoLevelRoute {
   /// group(node, lane); the bytes of its send and receive regions in this stage.
   struct Regions {
     std::vector<std::size_t> send_off, recv_off, out_base, in_base, out_bytes, in_bytes;
+    /// Per area, the offset of each chunk l → j: [local index of l][index of j in its lane].
+    std::vector<std::vector<std::size_t>> out_slot, in_slot;
     std::size_t send_span = 0, recv_span = 0;
   };
   static constexpr std::size_t npos = ~std::size_t{0};
@@ -188,13 +191,14 @@ class TwoLevelRoute {
   }
   /// The lane of rank j's chunks (into j's node).
   int lane(int j) const { return n_->local_index(j) % lanes(n_->node(j)); }
-  /// The ranks of node B in lane λ, ascending.
-  std::vector<int> dests(int B, int lam) const {
-    std::vector<int> v;
-    const int L = lanes(B);
-    for (int j : n_->members(B))
-      if (n_->local_index(j) % L == lam) v.push_back(j);
-    return v;
+  /// How many ranks of node B are in lane λ (local index ≡ λ mod Λ).
+  int lane_size(int B, int lam) const {
+    const int L = static_cast<int>(n_->members(B).size()), La = lanes(B);
+    return (L - lam + La - 1) / La;
+  }
+  /// The i-th rank of node B in lane λ (ascending).
+  int lane_member(int B, int lam, int i) const {
+    return n_->members(B)[static_cast<std::size_t>(lam + i * lanes(B))];
   }
   /// Node A's rank that gathers and sends what A has for lane λ of node B (A != B).
   int forwarder(int A, int B, int lam) const {
@@ -203,21 +207,27 @@ class TwoLevelRoute {
   }
   /// Node B's rank that receives lane λ of what node A sends it and delivers it (A != B): one of
   /// the lane's ranks, so that its own chunks need no delivery.
-  int receiver(int A, int B, int lam) const {
-    const std::vector<int> d = dests(B, lam);
-    return d[static_cast<std::size_t>(A) % d.size()];
-  }
+  int receiver(int A, int B, int lam) const { return lane_member(B, lam, A % lane_size(B, lam)); }
 
-  /// Bytes of rank x's send and receive regions in this stage.
+  /// Bytes of rank x's send and receive regions in this stage (computed, not kept, unless x's
+  /// regions are).
   std::pair<std::size_t, std::size_t> spans(int x) const {
-    const Regions& r = regions(x);
+    const Regions& c = cache_[static_cast<std::size_t>(x)];
+    if (!c.send_off.empty()) return {c.send_span, c.recv_span};
+    const Regions r = compute(x);
     return {r.send_span, r.recv_span};
   }
 
   /// Rank x's regions (computed once, then kept).
   const Regions& regions(int x) const {
     Regions& g = cache_[static_cast<std::size_t>(x)];
-    if (!g.send_off.empty() || P_ == 0) return g;
+    if (g.send_off.empty() && P_ > 0) g = compute(x);
+    return g;
+  }
+
+  /// Rank x's regions.
+  Regions compute(int x) const {
+    Regions g;
     const int A = n_->node(x), N = n_->num_nodes();
     const auto P = static_cast<std::size_t>(P_), G = static_cast<std::size_t>(N * lmax_);
     g.send_off.assign(P, npos);
@@ -226,6 +236,8 @@ class TwoLevelRoute {
     g.in_base.assign(G, npos);
     g.out_bytes.assign(G, 0);
     g.in_bytes.assign(G, 0);
+    g.out_slot.assign(G, {});
+    g.in_slot.assign(G, {});
     std::size_t so = sbase_[static_cast<std::size_t>(x)], ro = rbase_[static_cast<std::size_t>(x)];
     const int my_lane = lane(x);
     for (int p = 0; p < P_; ++p) {
@@ -297,7 +309,8 @@ class TwoLevelRoute {
       for (int Src = 0; Src < N; ++Src)
         for (int lam = 0; Src != A && lam < lanes(A); ++lam) {
           if (receiver(Src, A, lam) != from) continue;
-          for (int j : dests(A, lam)) {
+          for (int i = 0; i < lane_size(A, lam); ++i) {
+            const int j = lane_member(A, lam, i);
             if (j == from) continue;
             for (int l : n_->members(Src))
               add({from, j, R, R, slot(from, Src, A, lam, l, j, false), regions(j).recv_off[static_cast<std::size_t>(l)], chunk(l, j)});
@@ -338,12 +351,15 @@ class TwoLevelRoute {
   void area(Regions& g, int x, int Src, int Dst, int lam, bool out, std::size_t& cursor) const {
     const std::size_t k = group(out ? Dst : Src, lam);
     std::vector<std::size_t>& base = out ? g.out_base : g.in_base;
+    std::vector<std::size_t>& slots = (out ? g.out_slot : g.in_slot)[k];
     base[k] = cursor;
-    const std::vector<int> d = dests(Dst, lam);
+    const int n = lane_size(Dst, lam);
     for (int l : n_->members(Src))
-      for (int j : d) {
+      for (int i = 0; i < n; ++i) {
+        const int j = lane_member(Dst, lam, i);
         if (out && l == x) g.send_off[static_cast<std::size_t>(j)] = cursor;
         if (!out && j == x) g.recv_off[static_cast<std::size_t>(l)] = cursor;
+        slots.push_back(cursor);
         cursor += chunk(l, j);
       }
     (out ? g.out_bytes : g.in_bytes)[k] = cursor - base[k];
@@ -352,14 +368,9 @@ class TwoLevelRoute {
   /// (x receives it) area: [l of A][j of the lane] back to back.
   std::size_t slot(int x, int A, int B, int lam, int l, int j, bool out) const {
     const Regions& g = regions(x);
-    std::size_t o = out ? g.out_base[group(B, lam)] : g.in_base[group(A, lam)];
-    const std::vector<int> d = dests(B, lam);
-    for (int a : n_->members(A))
-      for (int b : d) {
-        if (a == l && b == j) return o;
-        o += chunk(a, b);
-      }
-    return o;
+    const std::vector<std::size_t>& slots = out ? g.out_slot[group(B, lam)] : g.in_slot[group(A, lam)];
+    const auto i = static_cast<std::size_t>(n_->local_index(l) * lane_size(B, lam) + n_->local_index(j) / lanes(B));
+    return slots[i];
   }
   const NodeLayout* n_;
   int P_, lanes_, lmax_ = 1;

@@ -16,6 +16,7 @@
 #include "plan.hpp"
 #include "attention.hpp"
 #include "mesh.hpp"
+#include "cost.hpp"
 #include "redistribute.hpp"
 #include "comm/local.hpp"
 #include "pipeline.hpp"

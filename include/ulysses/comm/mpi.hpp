@@ -163,7 +163,8 @@ struct MpiMesh {
 /// found with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) and ordered by their lowest world rank;
 /// `ranks_per_node` > 0 instead simulates nodes of that many consecutive world ranks (tests, or
 /// launchers whose shared-memory domains are not the nodes you mean). Collective over `world`.
-/// @throws Error(invalid_mesh) nodes of different sizes, or a Mesh that does not fit (see Mesh);
+/// @throws Error(invalid_mesh) ranks_per_node < 0, nodes of different sizes, or a Mesh that does not
+///         fit (see Mesh: e.g. a world that is not whole nodes of ranks_per_node);
 ///         Error(backend) an MPI call failed. Every rank throws the same (the checks use
 ///         all-gathered values only).
 inline MpiMesh split_by_node(MPI_Comm world, int ulysses_degree, int ranks_per_node = 0) {
@@ -173,11 +174,14 @@ inline MpiMesh split_by_node(MPI_Comm world, int ulysses_degree, int ranks_per_n
   int W = 0, w = 0;
   check(MPI_Comm_size(world, &W), "MPI_Comm_size");
   check(MPI_Comm_rank(world, &w), "MPI_Comm_rank");
+  if (ranks_per_node < 0)
+    detail::fail(Errc::invalid_mesh, "split_by_node: ranks_per_node=" + std::to_string(ranks_per_node) +
+                                         " must be >= 0 (0: the shared-memory nodes MPI reports)");
   int mine[3] = {0, 0, 0};  // node id (its lowest world rank), local rank, node size
-  if (ranks_per_node > 0) {
+  if (ranks_per_node > 0) {  // simulated: Mesh checks that they tile the world
     mine[0] = w / ranks_per_node * ranks_per_node;
     mine[1] = w % ranks_per_node;
-    mine[2] = std::min(ranks_per_node, W - mine[0]);
+    mine[2] = ranks_per_node;
   } else {
     MPI_Comm node;
     check(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, w, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
