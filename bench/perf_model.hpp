@@ -54,13 +54,18 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
               static_cast<long long>(shape.num_heads), static_cast<long long>(shape.num_kv_heads), static_cast<long long>(shape.head_dim),
               static_cast<long long>(S), static_cast<long long>(batch), to_string(type), world, R);
   std::printf("# model (a prediction, not a measurement): %s\n", m.str().c_str());
+  if (budget_bytes <= 0)
+    std::printf("# no --budget-GiB: every layout fits, and the one with the least traffic (P = 1: no exchange) comes first\n");
+  else if (!choices.front().fits)
+    std::printf("# WARNING: no layout fits %.3g GiB a rank: all listed by memory\n", budget_bytes / (1024.0 * 1024 * 1024));
   if (world > R && m.inter.alpha_s == 0 && m.inter.seconds_per_byte == 0)
     std::printf("# WARNING: the model has no inter-node terms (calibrated on one node?): groups across nodes cost nothing there;\n"
                 "# give --inter-us / --inter-GBps, or calibrate on several nodes\n");
   std::printf("# time: one layer's forward exchanges (q,k,v seq->head + o head->seq) on the faster path; bytes: the busiest\n"
               "# rank's, per layer; memory: a rank's q,k,v,o in both shardings + workspaces, one layer%s\n",
               budget_bytes > 0 ? "; fits: within the budget" : "");
-  std::printf("# paths: flat (one all-to-all), 2-level (one inter-node message per node pair), rail (2-level, lanes 0)\n");
+  std::printf("# paths: flat (one all-to-all), 2-level (one inter-node message per node pair), rail (2-level, lanes 0);\n"
+              "# nodes: nodes a Ulysses group spans; degrees that the mesh or the head counts refuse are not listed\n");
   std::printf("#%5s %6s %6s %-9s %10s %10s %11s %10s %11s %11s %10s %5s\n", "P", "outer", "nodes", "path", "time(ms)", "flat(ms)",
               "2-level(ms)", "rail(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits");
   for (const DegreeChoice& d : choices)

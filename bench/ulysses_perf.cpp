@@ -62,6 +62,7 @@ struct Options {
   bool bare = true;  // --bare 0: skip the bare all-to-all-v (its columns print 0)
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
+  int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
   double max_rank_bytes = 0;            // > 0: skip sizes whose per-rank input exceeds it
   std::string mode = "sweep";           // sweep | advise | fit | check
   std::string params;                   // --fit output / --check and --advise input
@@ -226,6 +227,7 @@ std::vector<Row> run(Comm& comm, const Options& o) {
   PlanOptions po;
   po.path = o.path;
   if (o.ranks_per_node > 0) po.nodes = NodeLayout::uniform(P, o.ranks_per_node);
+  po.lanes = o.lanes;
   const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
   const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
   for (std::int64_t S = o.begin; S <= o.end;) {
@@ -300,6 +302,9 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
               static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup,
               o.reps > 1 ? (", fastest of " + std::to_string(o.reps) + " repetitions").c_str() : "", o.check ? ", checked bit for bit" : "");
+  if (o.ranks_per_node > 0)
+    std::printf("# simulated nodes of %d ranks %s, lanes %d (the two-level exchange where the path column says two_level)\n",
+                o.ranks_per_node, NodeLayout::uniform(P, o.ranks_per_node).str().c_str(), o.lanes);
   std::printf("# bytes: a rank's input tensors (own chunk included); algbw = bytes/time; busbw = algbw*(P-1)/P; bare: the\n"
               "# all-to-all-v of the same bytes between contiguous buffers on the same communicator; ratio = time/bare\n");
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "S", "bytes", "direction", "path", "time(us)", "algbw",
@@ -347,7 +352,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
       "usage: ulysses_perf [--backend local|mpi] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
-      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R] [--backward]\n"
+      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
       "                    [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
@@ -362,11 +367,14 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
       "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n"
       "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
       "two-level exchange (intra-node gather, one message per node pair, intra-node delivery) under MPI; in-process\n"
-      "ranks share memory and take the direct path unless --path two_level.\n"
+      "ranks share memory and take the direct path unless --path two_level. The last node may hold fewer ranks.\n"
+      "--lanes L: inter-node messages per node pair (1: one forwarder per pair; 0: rail-aligned, one per rank).\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
       "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
-      "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first (defaults:\n"
-      "S=131072, world 64, 8 ranks per node, bf16, the NVLink/InfiniBand placeholders of CostModel, or --params).\n");
+      "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
+      "--budget-GiB (a rank's memory for one layer's attention tensors; default none: then every layout fits and the\n"
+      "least traffic, P=1, wins) by time, the others after by memory (defaults: S=131072, world 64, 8 ranks per node,\n"
+      "bf16, the NVLink/InfiniBand placeholders of CostModel, or --params).\n");
   std::exit(code);
 }
 
@@ -446,6 +454,7 @@ Options parse(int argc, char** argv) {
     else if (a == "-c") o.check = number(i) != 0;
     else if (a == "--json") o.json = need(i);
     else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
+    else if (a == "--lanes") o.lanes = small(i);
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
     else if (a == "--fit") o.mode = "fit", o.params = need(i);
@@ -478,10 +487,10 @@ Options parse(int argc, char** argv) {
     std::fprintf(stderr, "--backend must be local or mpi (this build's host backends), not '%s'\n", o.backend.c_str());
     std::exit(2);
   }
-  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 ||
+  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
       o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
     std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
-                         "--ranks-per-node >= 0, --seq >= 1, --world >= 1\n");
+                         "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
     std::exit(2);
   }
   if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check") {
@@ -499,6 +508,9 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.mode == "sweep" && o.backend == "local" && (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")))
+    std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend local: each process runs its own in-process group; "
+                         "give --backend mpi for one group over the MPI processes\n");
   try {
     if (o.mode == "advise") {
       CostModel m = CostModel::nvlink_infiniband();
