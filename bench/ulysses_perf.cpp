@@ -402,49 +402,24 @@ Options parse(int argc, char** argv) {
     else if (a == "--head-dim") o.shape.head_dim = o.shape.v_head_dim = number(i), custom = true;
     else if (a == "--v-head-dim") o.shape.v_head_dim = number(i), custom = true;
     else if (a == "--dtype") {
-      const std::string t = need(i);
+      const ElementType types[] = {ElementType::float32, ElementType::bfloat16, ElementType::float16, ElementType::float64};
+      o.type = types[ulysses_cli::one_of(argc, argv, i, {"fp32", "bf16", "fp16", "fp64"})];
       o.type_given = true;
-      if (t == "fp32") o.type = ElementType::float32;
-      else if (t == "bf16") o.type = ElementType::bfloat16;
-      else if (t == "fp16") o.type = ElementType::float16;
-      else if (t == "fp64") o.type = ElementType::float64;
-      else {
-        std::fprintf(stderr, "--dtype must be fp32, bf16, fp16 or fp64, not '%s'\n", t.c_str());
-        std::exit(2);
-      }
     } else if (a == "-b") o.begin = number(i);
     else if (a == "-e") o.end = number(i);
     else if (a == "-f") o.factor = number(i);
     else if (a == "-i") o.increment = number(i);
     else if (a == "--batch") o.batch = number(i);
     else if (a == "--layout") {
-      const std::string l = need(i);
-      if (l == "bshd") o.layout = Format::bshd;
-      else if (l == "sbhd") o.layout = Format::sbhd;
-      else if (l == "bhsd") o.layout = Format::bhsd;
-      else {
-        std::fprintf(stderr, "--layout must be bshd, sbhd or bhsd, not '%s'\n", l.c_str());
-        std::exit(2);
-      }
+      const Format formats[] = {Format::bshd, Format::sbhd, Format::bhsd};
+      o.layout = formats[ulysses_cli::one_of(argc, argv, i, {"bshd", "sbhd", "bhsd"})];
     } else if (a == "--direction") {
-      const std::string d = need(i);
-      if (d != "seq_to_head" && d != "head_to_seq" && d != "both") {
-        std::fprintf(stderr, "--direction must be seq_to_head, head_to_seq or both, not '%s'\n", d.c_str());
-        std::exit(2);
-      }
-      o.seq_to_head = d != "head_to_seq";
-      o.head_to_seq = d != "seq_to_head";
+      const std::size_t d = ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "both"});
+      o.seq_to_head = d != 1;
+      o.head_to_seq = d != 0;
     } else if (a == "--path") {
-      const std::string p = need(i);
-      if (p == "auto") o.path = Path::automatic;
-      else if (p == "alltoallv") o.path = Path::alltoallv;
-      else if (p == "messages") o.path = Path::messages;
-      else if (p == "direct") o.path = Path::direct;
-      else if (p == "two_level") o.path = Path::two_level;
-      else {
-        std::fprintf(stderr, "--path must be auto, alltoallv, messages, direct or two_level, not '%s'\n", p.c_str());
-        std::exit(2);
-      }
+      const Path paths[] = {Path::automatic, Path::alltoallv, Path::messages, Path::direct, Path::two_level};
+      o.path = paths[ulysses_cli::one_of(argc, argv, i, {"auto", "alltoallv", "messages", "direct", "two_level"})];
     } else if (a == "--balanced") o.balanced = true;
     else if (a == "--backward") o.backward = true;
     else if (a == "-n") o.iters = small(i);

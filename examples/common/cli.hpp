@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 
 namespace ulysses_cli {
 
@@ -32,6 +34,22 @@ inline long long whole(int argc, char** argv, int& i, long long lo, long long hi
     std::exit(2);
   }
   return n;
+}
+
+/// The position in `names` of the value after the flag argv[i] (i advances to it); exits 2, naming
+/// the choices, when it is none of them.
+inline std::size_t one_of(int argc, char** argv, int& i, std::initializer_list<const char*> names) {
+  const char* flag = argv[i];
+  const char* v = value(argc, argv, i);
+  std::size_t k = 0;
+  for (const char* n : names) {
+    if (std::strcmp(n, v) == 0) return k;
+    ++k;
+  }
+  std::fprintf(stderr, "%s must be one of", flag);
+  for (const char* n : names) std::fprintf(stderr, " %s", n);
+  std::fprintf(stderr, ", not '%s'\n", v);
+  std::exit(2);
 }
 
 /// The number >= lo after the flag argv[i]; exits 2 otherwise.

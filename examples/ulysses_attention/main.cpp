@@ -505,14 +505,8 @@ Config parse(int argc, char** argv) {
     else if (a == "--backend") c.backend = need(i);
     else if (a == "--device") c.device = need(i);
     else if (a == "--layout") {
-      const std::string l = need(i);
-      if (l == "bshd") c.layout = Format::bshd;
-      else if (l == "sbhd") c.layout = Format::sbhd;
-      else if (l == "bhsd") c.layout = Format::bhsd;
-      else {
-        std::fprintf(stderr, "--layout must be bshd, sbhd or bhsd, not '%s'\n", l.c_str());
-        std::exit(2);
-      }
+      const Format formats[] = {Format::bshd, Format::sbhd, Format::bhsd};
+      c.layout = formats[ulysses_cli::one_of(argc, argv, i, {"bshd", "sbhd", "bhsd"})];
     } else if (a == "--list-models") {
       for (const auto& m : ulysses_models::kModels)
         std::printf("%-18s H=%-3lld Hkv=%-3lld D=%-3lld Dv=%-3lld S=%lld\n", m.name, (long long)m.num_heads, (long long)m.num_kv_heads,
