@@ -23,7 +23,7 @@
 
 #include <ulysses/ulysses.hpp>
 #include <ulysses/comm/local_device.cuh>
-#include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/executor.cuh>
 #include <ulysses/cuda/pipeline.cuh>
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 // nlohmann_json; a build without it has --advise only.
 #pragma once
 
-#include <ulysses/cost.hpp>
+#include <ulysses/tune/cost.hpp>
 
 #include <algorithm>
 #include <cmath>

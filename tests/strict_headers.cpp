@@ -6,7 +6,7 @@
 // path, the pipeline, the summed backward and (with ULYSSES_STRICT_MPI) MpiComm, and runs the
 // in-process ones: each round trip must give back its input bit for bit.
 #include <ulysses/ulysses.hpp>
-#include <ulysses/cost.hpp>
+#include <ulysses/tune/cost.hpp>
 #ifdef ULYSSES_STRICT_MPI
 #include <ulysses/comm/mpi.hpp>
 #endif

@@ -5,7 +5,7 @@
 // CUDA executor with NcclComm and DeviceLocalGroup::Comm, on every path they take.
 #include <ulysses/comm/local_device.cuh>
 #include <ulysses/comm/nccl.cuh>
-#include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/executor.cuh>
 #include <ulysses/cuda/pipeline.cuh>
 #include <ulysses/ulysses.hpp>
 

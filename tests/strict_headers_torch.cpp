@@ -2,7 +2,7 @@
 // torch.hpp under an engine's strict flags (as strict_headers.cpp for the other headers): the
 // libtorch client's templates instantiated over ProcessGroupComm; compiled, not run (test_torch
 // runs them). libtorch's own headers come in as system headers.
-#include <ulysses/torch.hpp>
+#include <ulysses/torch/torch.hpp>
 
 namespace ulysses {
 template std::vector<at::Tensor> seq_to_head_autograd<ProcessGroupComm>(const Plan&, ProcessGroupComm&, const std::vector<at::Tensor>&);

@@ -2,7 +2,7 @@
 // attention.hpp: attention_specs() for every model shape and group size, the GQA pairing it
 // builds (checked by Plan), the local kv head of each local query head, and its errors.
 #include <doctest/doctest.h>
-#include <ulysses/attention.hpp>
+#include <ulysses/plan/attention.hpp>
 
 #include "cases.hpp"
 #include "expect_error.hpp"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // block.hpp: block construction (dimension merging), for copies and for the terms of a sum.
 #include <doctest/doctest.h>
-#include <ulysses/block.hpp>
+#include <ulysses/layout/blocks.hpp>
 
 #include <cstdint>
 #include <vector>

@@ -2,7 +2,7 @@
 // copy.hpp: the host executor (single- and multi-threaded, with and without streaming stores),
 // copies and sums.
 #include <doctest/doctest.h>
-#include <ulysses/copy.hpp>
+#include <ulysses/host/executor.hpp>
 
 #include <algorithm>
 #include <array>

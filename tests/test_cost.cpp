@@ -3,7 +3,7 @@
 // two-level), the prediction, the fit (recovers known parameters), and the degree advice.
 #include <doctest/doctest.h>
 
-#include <ulysses/cost.hpp>
+#include <ulysses/tune/cost.hpp>
 
 #include "expect_error.hpp"
 

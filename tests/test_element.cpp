@@ -2,7 +2,7 @@
 // element.hpp: element types, the 16-bit conversions (checked against the compiler's _Float16 and
 // an exact-arithmetic bfloat16 reference at every rounding boundary), and the summation rules.
 #include <doctest/doctest.h>
-#include <ulysses/element.hpp>
+#include <ulysses/layout/element.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // layout.hpp: offsets of the dense formats and of strided views, span, aliasing.
 #include <doctest/doctest.h>
-#include <ulysses/layout.hpp>
+#include <ulysses/layout/layout.hpp>
 
 using namespace ulysses;
 

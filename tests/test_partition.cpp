@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // partition.hpp: sequence and head splits, GQA kv ranges, and every planning error's code.
 #include <doctest/doctest.h>
-#include <ulysses/partition.hpp>
+#include <ulysses/partition/heads.hpp>
 
 #include <limits>
 #include <string>

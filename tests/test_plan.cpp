@@ -2,7 +2,7 @@
 // plan.hpp: wire chunk sizes and offsets, workspace, GQA replication folded into the exchange,
 // and every planning error with its code — the same verdict on every rank.
 #include <doctest/doctest.h>
-#include <ulysses/plan.hpp>
+#include <ulysses/plan/plan.hpp>
 
 #include "expect_error.hpp"
 

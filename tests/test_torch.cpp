@@ -4,7 +4,7 @@
 // backward (the summed adjoint for replicated kv heads), every value exact.
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <ulysses/torch.hpp>
+#include <ulysses/torch/torch.hpp>
 // libtorch's glog defines CHECK and CHECK_EQ...; this file's CHECKs are doctest's.
 #undef CHECK
 #undef CHECK_EQ

@@ -20,7 +20,7 @@
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <ulysses/torch.hpp>
+#include <ulysses/torch/torch.hpp>
 
 #include "cli.hpp"
 

@@ -11,7 +11,7 @@
 
 #include <ulysses/ulysses.hpp>
 #include <ulysses/comm/nccl.cuh>
-#include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/executor.cuh>
 
 #include <cstdint>
 #include <cstdio>

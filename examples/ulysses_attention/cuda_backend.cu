@@ -3,7 +3,7 @@
 #include "cuda_backend.hpp"
 
 #include <ulysses/comm/local_device.cuh>
-#include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/executor.cuh>
 
 #include <cuda_runtime.h>
 

@@ -1,99 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file attention.hpp
-/// @brief attention_specs(): the q, k, v and o tensor specs of one attention layer, with the GQA
-///        pairing right by construction.
-///
-/// An attention layer under Ulysses sequence parallelism (DeepSpeed-Ulysses, arXiv:2309.14509)
-/// moves q, k, v seq→head in one exchange and the output o head→seq; in the backward pass do goes
-/// seq→head (head_to_seq_backward) and dq, dk, dv head→seq (seq_to_head_backward), where the
-/// partial gradients of a kv head held by several ranks are summed. attention_specs() splits the
-/// query heads by a policy, derives the kv split from it (HeadPartition::gqa: every rank gets the
-/// kv heads its query heads use), marks k and v as serving q (Plan checks the pairing) and as
-/// summing their replicas in head→seq (Replicas::sum), so that
-///
-///     Plan qkv(group, B, seq, specs.qkv());   // q, k, v: forward seq→head, backward its adjoint
-///     Plan out(group, B, seq, specs.out());   // o: forward head→seq, backward seq→head
-///
-/// are right for training and inference alike.
+/// @file
+/// @brief Deprecated header path (ulysses 0.1): include <ulysses/plan/attention.hpp> instead. This forwarding header
+///        stays for one minor version (removed in 0.3); define ULYSSES_WARN_DEPRECATED_HEADERS to
+///        be told where it is still included.
 #pragma once
-
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include "element.hpp"
-#include "error.hpp"
-#include "partition.hpp"
-#include "plan.hpp"
-
-ULYSSES_NAMESPACE_BEGIN
-
-/// How the query heads are split over the group.
-enum class HeadPolicy {
-  even,      ///< H / P query heads a rank (H % P == 0), kv heads split (Hkv % P == 0) or replicated
-             ///< (P % Hkv == 0) evenly: DeepSpeed-Ulysses' rule
-  balanced,  ///< the first H % P ranks one query head more; kv heads follow (any H, Hkv, P)
-};
-
-/// The head shapes of an attention layer.
-struct AttentionShape {
-  std::int64_t num_heads = 0;     ///< H, query heads
-  std::int64_t num_kv_heads = 0;  ///< Hkv, key/value heads (H for multi-head attention, 1 for MQA)
-  std::int64_t head_dim = 0;      ///< D of q and k
-  std::int64_t v_head_dim = 0;    ///< Dv of v and o; 0 means head_dim (differs under MLA)
-};
-
-/// The tensor specs of one attention layer on a group of P ranks (see the file comment).
-struct AttentionSpecs {
-  HeadPartition query_heads;  ///< the split of q and o (and dq, do)
-  HeadPartition kv_heads;     ///< the split of k and v: HeadPartition::gqa(query_heads, Hkv)
-  TensorSpec q;  ///< [.., H, D]
-  TensorSpec k;  ///< [.., Hkv, D], serves tensor 0 (q), Replicas::sum
-  TensorSpec v;  ///< [.., Hkv, Dv], serves tensor 0 (q), Replicas::sum
-  TensorSpec o;  ///< [.., H, Dv]
-
-  /// {q, k, v}: one plan, one exchange each way (forward seq→head, backward its adjoint).
-  std::vector<TensorSpec> qkv() const { return {q, k, v}; }
-  /// {o}: the attention output's plan (forward head→seq, backward seq→head).
-  std::vector<TensorSpec> out() const { return {o}; }
-  /// Query heads per kv head, H / Hkv.
-  std::int64_t query_per_kv() const { return query_heads.num_heads() / kv_heads.num_heads(); }
-  /// The index, in rank r's head-sharded k and v (heads [kv_heads.begin(r), kv_heads.end(r))), of
-  /// the kv head that rank r's local query head `local_query` (0 .. query_heads.count(r) - 1) uses.
-  std::int64_t local_kv_head(int r, std::int64_t local_query) const {
-    return (query_heads.begin(r) + local_query) / query_per_kv() - kv_heads.begin(r);
-  }
-};
-
-/// The q, k, v, o specs of an attention layer of `shape` on P ranks, for elements of type T whose
-/// ElementType is `type` (needed to sum the kv gradients when kv heads are replicated; opaque
-/// works when they are not).
-/// @throws Error(invalid_group) P < 1; Error(invalid_shape) a head count or dim < 1;
-///         Error(heads_not_divisible) HeadPolicy::even and H % P != 0;
-///         Error(gqa_invalid) H % Hkv != 0; Error(gqa_group_mismatch) HeadPolicy::even and neither
-///         Hkv % P nor P % Hkv is 0 (the message lists the P that work).
-template <class T>
-AttentionSpecs attention_specs(int P, const AttentionShape& shape, ElementType type, HeadPolicy policy = HeadPolicy::even) {
-  const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
-  if (shape.head_dim < 1 || Dv < 1)
-    detail::fail(Errc::invalid_shape, "head_dim=" + std::to_string(shape.head_dim) + " and v_head_dim=" + std::to_string(Dv) +
-                                          " must be >= 1");
-  HeadPartition qh = policy == HeadPolicy::even ? HeadPartition::even(shape.num_heads, P) : HeadPartition::balanced(shape.num_heads, P);
-  HeadPartition kvh = HeadPartition::gqa(qh, shape.num_kv_heads);
-  AttentionSpecs a{qh, kvh, TensorSpec::of<T>(qh, shape.head_dim, type), TensorSpec::of<T>(kvh, shape.head_dim, type),
-                   TensorSpec::of<T>(kvh, Dv, type), TensorSpec::of<T>(qh, Dv, type)};
-  a.q.serving(TensorSpec::kNone);
-  a.k.serving(0).with_replicas(Replicas::sum);
-  a.v.serving(0).with_replicas(Replicas::sum);
-  a.o.serving(TensorSpec::kNone);
-  return a;
-}
-
-/// attention_specs() with the element type of T (element_type_of<T>: float, double, or your
-/// specialisation).
-template <class T>
-AttentionSpecs attention_specs(int P, const AttentionShape& shape, HeadPolicy policy = HeadPolicy::even) {
-  return attention_specs<T>(P, shape, element_type_of_v<T>, policy);
-}
-
-ULYSSES_NAMESPACE_END
+#if defined(ULYSSES_WARN_DEPRECATED_HEADERS)
+#pragma message("<ulysses/attention.hpp> is deprecated: include <ulysses/plan/attention.hpp>")
+#endif
+#include "plan/attention.hpp"

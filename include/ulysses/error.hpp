@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file error.hpp
+/// @file
 /// @brief ulysses::Error: the one exception type of the library, with a stable error code.
 #pragma once
 

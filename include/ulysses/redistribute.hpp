@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file redistribute.hpp
+/// @file
 /// @brief seq_to_head / head_to_seq and their backwards over any communicator and executor:
 ///        pack → exchange → unpack.
 ///
@@ -31,10 +31,10 @@
 #include <utility>
 #include <vector>
 
-#include "block.hpp"
+#include "layout/blocks.hpp"
 #include "error.hpp"
-#include "plan.hpp"
-#include "transport.hpp"
+#include "plan/plan.hpp"
+#include "transport/path.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file ulysses.hpp
+/// @file
 /// @brief Umbrella header: everything that needs no CUDA and no MPI.
 ///
 /// `comm/mpi.hpp` (needs <mpi.h>) and the `.cuh` headers (need nvcc) are included separately.
@@ -7,16 +7,16 @@
 
 #include "version.hpp"
 #include "error.hpp"
-#include "layout.hpp"
-#include "partition.hpp"
-#include "element.hpp"
-#include "block.hpp"
-#include "copy.hpp"
-#include "topology.hpp"
-#include "plan.hpp"
-#include "attention.hpp"
-#include "mesh.hpp"
-#include "cost.hpp"
+#include "layout/layout.hpp"
+#include "partition/heads.hpp"
+#include "layout/element.hpp"
+#include "layout/blocks.hpp"
+#include "host/executor.hpp"
+#include "topology/route.hpp"
+#include "plan/plan.hpp"
+#include "plan/attention.hpp"
+#include "topology/mesh.hpp"
+#include "tune/cost.hpp"
 #include "redistribute.hpp"
 #include "comm/local.hpp"
-#include "pipeline.hpp"
+#include "host/pipeline.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file version.hpp
+/// @file
 /// @brief Library version and the versioned inline namespace.
 ///
 /// Everything public lives in `ulysses::` (through the inline namespace `ulysses::v0`), so that

@@ -11,7 +11,7 @@
 #pragma once
 
 #include <ulysses/comm/local_device.cuh>
-#include <ulysses/cuda/copy.cuh>
+#include <ulysses/cuda/executor.cuh>
 
 #include <cuda_runtime.h>
 

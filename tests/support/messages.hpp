@@ -4,7 +4,7 @@
 // receives j's two messages into buffers of the same sizes.
 #pragma once
 
-#include <ulysses/copy.hpp>
+#include <ulysses/host/executor.hpp>
 
 #include <cstddef>
 #include <vector>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file comm/local.hpp
+/// @file
 /// @brief LocalGroup: P ranks as threads of one process (the embedded default communicator).
 ///
 /// Each rank is a thread that calls the collectives of its own LocalGroup::Comm. An all-to-all-v
@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "../block.hpp"
+#include "../layout/blocks.hpp"
 #include "../error.hpp"
 
 ULYSSES_NAMESPACE_BEGIN

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file comm/local_device.cuh
+/// @file
 /// @brief DeviceLocalGroup: P ranks as threads of one process over device memory (P virtual
 ///        ranks on one GPU), exchanging with cudaMemcpyAsync device-to-device on each rank's stream.
 ///

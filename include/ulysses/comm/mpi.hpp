@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file comm/mpi.hpp
+/// @file
 /// @brief MpiComm: the communicator concept over the user's MPI_Comm (non-owning).
 ///
 /// Needs <mpi.h> (link ulysses::mpi). Buffers may be host memory or, with a CUDA-aware MPI,
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "../block.hpp"
+#include "../layout/blocks.hpp"
 #include "../error.hpp"
-#include "../mesh.hpp"
+#include "../topology/mesh.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 

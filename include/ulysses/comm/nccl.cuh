@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file comm/nccl.cuh
+/// @file
 /// @brief NcclComm: the communicator concept over the user's ncclComm_t and cudaStream_t
 ///        (non-owning).
 ///
@@ -34,10 +34,10 @@
 #include <cstddef>
 #include <string>
 
-#include "../block.hpp"
+#include "../layout/blocks.hpp"
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
-#include "../mesh.hpp"
+#include "../topology/mesh.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 

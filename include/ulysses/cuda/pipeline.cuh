@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file cuda/pipeline.cuh
+/// @file
 /// @brief CudaPipeline: overlaps pack, exchange and unpack of a K-stage plan on the GPU, with a
 ///        second stream and events instead of HostPipeline's threads.
 ///
@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "../redistribute.hpp"
-#include "copy.cuh"
+#include "executor.cuh"
 #include "detail/config.cuh"
 
 ULYSSES_NAMESPACE_BEGIN

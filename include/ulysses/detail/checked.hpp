@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file detail/checked.hpp
+/// @file
 /// @brief Overflow-checked int64 arithmetic and small string helpers for error messages.
 #pragma once
 

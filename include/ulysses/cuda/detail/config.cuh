@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file cuda/detail/config.cuh
+/// @file
 /// @brief Internals shared by the CUDA headers: the architecture-keyed inline namespace and the
 ///        conversion of CUDA runtime errors into ulysses::Error.
 ///

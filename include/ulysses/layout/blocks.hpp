@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The plan's data types: numbered buffers, block copies and sums, point-to-point messages.
+///
+/// Pack and unpack are the same operation: a list of strided 4-D block copies between a local
+/// tensor and a region of a wire buffer (or, for a rank's own chunk, between its input and output
+/// tensors). A block names its source and destination by index into a BufferTable, so one list
+/// serves every call of a plan whatever pointers the caller passes, and every executor (the host
+/// one in copy.hpp, the CUDA one in cuda/copy.cuh) runs the very same lists.
+///
+/// A block can also be one term of a *sum*: the backward of seq→head adds the copies of a
+/// replicated head (GQA/MQA with fewer kv heads than ranks) instead of taking one. A sum is a run
+/// of consecutive blocks with the same extents and destination: the first (BlockOp::sum) names
+/// the destination and the first term, the others (BlockOp::sum_term) one further term each, in
+/// ascending rank order; the executor reads every term of an element, adds them by the rules of
+/// element.hpp and writes the destination once.
+///
+/// Types only (no threads, no executor): communicators include this header for Message.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "element.hpp"
+#include "../version.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// Most tensors one plan can move in one exchange (q, k, v and a few more).
+inline constexpr int kMaxTensors = 16;
+
+/// Indices into a BufferTable: inputs are 0..T-1, outputs kMaxTensors..kMaxTensors+T-1, then
+/// the send and receive halves of the wire buffer; then the inputs of other ranks of the group
+/// (the direct transport: ranks that share memory read each other's inputs).
+struct Buffer {
+  static constexpr int input(int t) { return t; }
+  static constexpr int output(int t) { return kMaxTensors + t; }
+  static constexpr int send = 2 * kMaxTensors;
+  static constexpr int recv = 2 * kMaxTensors + 1;
+  static constexpr int count = 2 * kMaxTensors + 2;  ///< entries of BufferTable::base
+  /// Input t of rank p (BufferTable::peers[p * kMaxTensors + t]).
+  static constexpr int peer_input(int p, int t) { return count + p * kMaxTensors + t; }
+};
+
+/// The base pointers one execution of a plan works on (trivially copyable: passed by value to
+/// CUDA kernels). Unused entries are null.
+struct BufferTable {
+  std::byte* base[Buffer::count] = {};
+  /// The direct transport's view of the group: peers[p * kMaxTensors + t] is rank p's input t
+  /// (this rank's own included), in memory the executor can read; null on the other transports.
+  std::byte* const* peers = nullptr;
+};
+
+namespace detail {
+/// The base pointer of buffer `index` of a table (an own buffer, or a peer's input).
+ULYSSES_HOST_DEVICE inline std::byte* buffer_at(const BufferTable& t, int index) {
+  return index < Buffer::count ? t.base[index] : t.peers[index - Buffer::count];
+}
+}  // namespace detail
+
+/// One point-to-point message of a message-level exchange (the optional exchange_messages() of the
+/// communicator concept, redistribute.hpp): `bytes` contiguous bytes at `data`, sent to or
+/// received from rank `peer`. Read when sending, written when receiving.
+struct Message {
+  int peer = 0;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// What a block does.
+enum class BlockOp : std::int32_t {
+  copy = 0,      ///< copy source → destination
+  sum = 1,       ///< first block of a sum of `sources` terms (this block's source is the first term)
+  sum_term = 2,  ///< a further term of the sum that starts at the nearest BlockOp::sum before it
+};
+
+/// One strided block copy (or one term of a sum), byte-addressed and type-erased.
+///
+/// Copies the rows at `src_base + src_offset + sum_i idx_i * src_stride[i]` to
+/// `dst_base + dst_offset + sum_i idx_i * dst_stride[i]` for idx in [0, extent) (4 outer
+/// dimensions, outermost first), each row being `row_bytes` contiguous bytes. Built from a
+/// (b, s, h, d) block by make_block(), which merges dimensions that are contiguous on both sides,
+/// so a row is at least one element and usually D elements or more. For a sum (op != copy) every
+/// block of the run has the same extents, row_bytes and destination; only the sources differ.
+struct BlockCopy {
+  std::int64_t extent[4];      ///< outer loop extents, outermost first (padded with 1)
+  std::int64_t src_stride[4];  ///< bytes
+  std::int64_t dst_stride[4];  ///< bytes
+  std::int64_t src_offset;     ///< bytes from the source buffer's base
+  std::int64_t dst_offset;     ///< bytes from the destination buffer's base
+  std::int64_t row_bytes;      ///< contiguous bytes per innermost copy (a multiple of elem_bytes)
+  std::int32_t src_buffer;     ///< index into BufferTable
+  std::int32_t dst_buffer;     ///< index into BufferTable
+  std::int32_t elem_bytes;     ///< element size (the alignment every pointer keeps)
+  BlockOp op = BlockOp::copy;  ///< copy, or a term of a sum
+  std::int32_t sources = 1;    ///< BlockOp::sum: the number of terms (this block and the sources-1 after it); else 1
+  ElementType type = ElementType::opaque;  ///< the element type a sum adds (op != copy)
+
+  /// Rows this block copies.
+  ULYSSES_HOST_DEVICE constexpr std::int64_t rows() const { return extent[0] * extent[1] * extent[2] * extent[3]; }
+  /// Bytes this block copies (for a sum: bytes of the destination, counted on each term).
+  ULYSSES_HOST_DEVICE constexpr std::int64_t bytes() const { return rows() * row_bytes; }
+  /// Bytes of destination this block writes: bytes() for a copy or the first block of a sum, 0
+  /// for the further terms of a sum (the first block writes the sum).
+  ULYSSES_HOST_DEVICE constexpr std::int64_t written_bytes() const { return op == BlockOp::sum_term ? 0 : bytes(); }
+};
+
+namespace detail {
+
+/// Builds the blocks of a (b, s, h, d) block of extents `ext` from `n` sources to one
+/// destination (n = 1: a copy; n >= 2: a sum of n terms in the given order). Strides are in
+/// elements of `elem_bytes` bytes. Dimensions are ordered by destination stride (any loop order
+/// is valid), extent-1 dimensions dropped, and neighbours merged where every source and the
+/// destination are contiguous, so that all n blocks share one geometry. Writes out[0..n) and
+/// returns true; returns false (and builds nothing) for an empty block. Allocates for n > 4
+/// (planning only).
+/// @pre n >= 1; for n >= 2, summable(type) and elem_bytes == size_of(type)
+inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* const* src_stride_elems,
+                        const std::int64_t dst_stride_elems[4], std::int64_t elem_bytes, const std::int64_t* src_offset_bytes,
+                        std::int64_t dst_offset_bytes, const int* src_buffer, int dst_buffer, ElementType type, BlockCopy* out) {
+  // dims[k] = {extent, destination stride, source strides of the n sources} in bytes; k < 5.
+  struct Dim {
+    std::int64_t n, ds;
+    int at;  // index of this dim's first source stride in ss
+  };
+  Dim dims[5];
+  std::int64_t small[5 * 4];
+  std::vector<std::int64_t> big;
+  std::int64_t* ss = small;
+  if (n > 4) {
+    big.resize(static_cast<std::size_t>(5 * n));
+    ss = big.data();
+  }
+  int nd = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (ext[i] == 0) return false;
+    if (ext[i] > 1) {
+      dims[nd] = {ext[i], dst_stride_elems[i] * elem_bytes, nd * n};
+      for (int j = 0; j < n; ++j) ss[nd * n + j] = src_stride_elems[j][i] * elem_bytes;
+      ++nd;
+    }
+  }
+  // Outermost first by destination stride (stable: ties keep the logical order).
+  std::stable_sort(dims, dims + nd, [](const Dim& a, const Dim& b) { return a.ds > b.ds; });
+  dims[nd] = {elem_bytes, 1, nd * n};  // the bytes of one element, always contiguous
+  for (int j = 0; j < n; ++j) ss[nd * n + j] = 1;
+  ++nd;
+  // Merge from the inside out.
+  int w = nd - 1;
+  for (int k = nd - 2; k >= 0; --k) {
+    Dim& in = dims[w];
+    const Dim& o = dims[k];
+    bool merge = o.ds == in.n * in.ds;
+    for (int j = 0; j < n && merge; ++j) merge = ss[o.at + j] == in.n * ss[in.at + j];
+    if (merge) {
+      in.n *= o.n;
+    } else {
+      dims[--w] = o;
+    }
+  }
+  // dims[w..nd) now: outer dims then the innermost; the innermost has unit strides.
+  const int outer = nd - 1 - w;
+  for (int j = 0; j < n; ++j) {
+    BlockCopy& b = out[j];
+    b = BlockCopy{};
+    b.row_bytes = dims[nd - 1].n;
+    for (int i = 0; i < 4; ++i) {
+      const int k = i - (4 - outer);  // right-align the outer dims
+      b.extent[i] = k >= 0 ? dims[w + k].n : 1;
+      b.src_stride[i] = k >= 0 ? ss[dims[w + k].at + j] : 0;
+      b.dst_stride[i] = k >= 0 ? dims[w + k].ds : 0;
+    }
+    b.src_offset = src_offset_bytes[j];
+    b.dst_offset = dst_offset_bytes;
+    b.src_buffer = src_buffer[j];
+    b.dst_buffer = dst_buffer;
+    b.elem_bytes = static_cast<std::int32_t>(elem_bytes);
+    if (n > 1) {
+      b.op = j == 0 ? BlockOp::sum : BlockOp::sum_term;
+      b.sources = j == 0 ? n : 1;
+      b.type = type;
+    }
+  }
+  return true;
+}
+
+/// Builds the BlockCopy of a (b, s, h, d) block of extents `ext`, whose source and destination
+/// strides are in elements of `elem_bytes` bytes (make_blocks() with one source). Returns false
+/// (and builds nothing) for an empty block.
+inline bool make_block(const std::int64_t ext[4], const std::int64_t src_stride_elems[4],
+                       const std::int64_t dst_stride_elems[4], std::int64_t elem_bytes, std::int64_t src_offset_bytes,
+                       std::int64_t dst_offset_bytes, int src_buffer, int dst_buffer, BlockCopy& out) {
+  const std::int64_t* ss[1] = {src_stride_elems};
+  return make_blocks(ext, 1, ss, dst_stride_elems, elem_bytes, &src_offset_bytes, dst_offset_bytes, &src_buffer, dst_buffer,
+                     ElementType::opaque, &out);
+}
+
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END

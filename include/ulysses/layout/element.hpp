@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Element types: what a tensor's bytes mean, where ulysses must know (summing the copies
+///        of a replicated head in the backward of seq→head), and the exact arithmetic it uses.
+///
+/// Data movement never looks at values: any trivially copyable element moves bit for bit. Only a
+/// sum needs the type. The rules (the same on the host and on the GPU, so every executor,
+/// backend, stage count and exchange path gives the same bits):
+/// - float32 sums in float32, float64 in float64; float16 and bfloat16 convert every term to
+///   float32 (exactly), add in float32 and round the result once to the 16-bit type, to nearest,
+///   ties to even (IEEE 754 roundTiesToEven), overflowing to infinity;
+/// - the terms are added one by one in ascending rank order: ((x_r0 + x_r1) + x_r2) + ...;
+/// - a NaN result is written as the type's canonical quiet NaN (0x7fc00000, 0x7ff8000000000000,
+///   0x7e00, 0x7fc0): NaN payloads are not kept (GPUs do not keep them, CPUs keep some).
+/// Do not build ulysses code with -ffast-math / --use_fast_math (they change float addition).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "../version.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// What a tensor's elements are. `opaque` (the default for types ulysses does not know) can be
+/// moved but not summed.
+enum class ElementType : int {
+  opaque = 0,  ///< any trivially copyable type: bytes only
+  float16,     ///< IEEE 754 binary16 (__half, _Float16)
+  bfloat16,    ///< bfloat16 (__nv_bfloat16, at::BFloat16): the upper half of a float32
+  float32,     ///< IEEE 754 binary32
+  float64,     ///< IEEE 754 binary64
+};
+
+/// Name of an element type ("float16", ...).
+inline const char* to_string(ElementType t) noexcept {
+  switch (t) {
+    case ElementType::opaque: return "opaque";
+    case ElementType::float16: return "float16";
+    case ElementType::bfloat16: return "bfloat16";
+    case ElementType::float32: return "float32";
+    case ElementType::float64: return "float64";
+  }
+  return "?";
+}
+
+/// Bytes of one element of type t; 0 for opaque (any size).
+constexpr std::size_t size_of(ElementType t) noexcept {
+  switch (t) {
+    case ElementType::float16:
+    case ElementType::bfloat16: return 2;
+    case ElementType::float32: return 4;
+    case ElementType::float64: return 8;
+    case ElementType::opaque: break;
+  }
+  return 0;
+}
+
+/// True when ulysses can sum elements of type t (every type but opaque).
+constexpr bool summable(ElementType t) noexcept { return t != ElementType::opaque; }
+
+/// The ElementType of a C++ type T: float32 for float, float64 for double, opaque otherwise.
+/// Specialise it for your 16-bit types so that TensorSpec::of<T> knows them, e.g.
+/// `template <> struct ulysses::element_type_of<at::BFloat16> : std::integral_constant<ulysses::ElementType, ulysses::ElementType::bfloat16> {};`
+/// (<ulysses/cuda/copy.cuh> does it for __half and __nv_bfloat16; GCC/Clang's _Float16 is known here).
+template <class T>
+struct element_type_of {
+  static constexpr ElementType value = ElementType::opaque;
+};
+template <>
+struct element_type_of<float> {
+  static constexpr ElementType value = ElementType::float32;
+};
+template <>
+struct element_type_of<double> {
+  static constexpr ElementType value = ElementType::float64;
+};
+#if defined(__FLT16_MANT_DIG__) && !defined(__CUDACC__)
+template <>
+struct element_type_of<_Float16> {
+  static constexpr ElementType value = ElementType::float16;
+};
+#endif
+/// element_type_of<T>::value.
+template <class T>
+inline constexpr ElementType element_type_of_v = element_type_of<T>::value;
+
+namespace detail {
+
+/// Bits of a float (host and device).
+ULYSSES_HOST_DEVICE inline std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+ULYSSES_HOST_DEVICE inline float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// binary16 bits → float32, exactly (subnormals, infinities and NaN payloads included). Rebias
+/// the exponent; infinities and NaNs get the top exponent; subnormals are renormalised by one
+/// exact float32 subtraction (as in F. Giesen's well-known conversion). Needs denormals on
+/// (never -ffast-math / --use_fast_math: see the file comment).
+ULYSSES_HOST_DEVICE inline float half_to_float(std::uint16_t h) {
+  constexpr std::uint32_t shifted_exp = 0x7c00u << 13;
+  std::uint32_t o = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+  const std::uint32_t exp = o & shifted_exp;
+  o += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23;  // infinity or NaN
+  } else if (exp == 0) {      // zero or subnormal: value = mantissa * 2^-24, exactly
+    o += 1u << 23;
+    o = float_bits(bits_float(o) - bits_float(113u << 23));
+  }
+  return bits_float(o | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
+}
+
+/// float32 → binary16 bits, rounded to nearest, ties to even; overflow gives infinity, a NaN
+/// stays a (quiet) NaN.
+ULYSSES_HOST_DEVICE inline std::uint16_t float_to_half(float f) {
+  const std::uint32_t x = float_bits(f), ax = x & 0x7fffffffu;
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  if (ax > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x1ffu));
+  if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
+  if (ax < 0x38800000u) {                                                    // below 2^-14: subnormal or zero
+    const std::uint32_t e = ax >> 23;
+    if (e < 102) return sign;  // below 2^-25: rounds to zero
+    const std::uint32_t mant = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;  // value in units of 2^-24
+    std::uint32_t q = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<std::uint16_t>(sign | q);
+  }
+  std::uint32_t r = ax - 0x38000000u;  // rebias the exponent (127 → 15)
+  r += 0xfffu + ((r >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (r >> 13));
+}
+
+/// bfloat16 bits → float32 (exact).
+ULYSSES_HOST_DEVICE inline float bfloat16_to_float(std::uint16_t b) { return bits_float(static_cast<std::uint32_t>(b) << 16); }
+
+/// float32 → bfloat16 bits, rounded to nearest, ties to even; a NaN stays a (quiet) NaN.
+/// (Branch-free, so that loops over it vectorise.)
+ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16(float f) {
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, quiet = (x >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+/// The arithmetic of a sum of elements of type T (see the file comment): `Acc` the type terms
+/// are added in, `Bits` the stored element, widen() one term to Acc (exactly), narrow() the
+/// result back (rounded; a NaN becomes the canonical quiet NaN); load() / store() the same from /
+/// to bytes (which may be misaligned: read through memcpy). Branch-free where it matters, so that
+/// the host's batch loops vectorise. Host and device.
+template <ElementType T>
+struct SumArith;
+
+/// load() / store() of a SumArith: the element's bits through memcpy (misaligned pointers are
+/// fine), widened to / narrowed from Acc by the derived type's widen() / narrow().
+template <class Derived, class AccT, class BitsT>
+struct SumArithBytes {
+  using Acc = AccT;
+  using Bits = BitsT;
+  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return Derived::widen(b);
+  }
+  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
+    const Bits b = Derived::narrow(x);
+    std::memcpy(p, &b, sizeof b);
+  }
+};
+template <>
+struct SumArith<ElementType::float64> : SumArithBytes<SumArith<ElementType::float64>, double, std::uint64_t> {
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) {
+    double x;
+    std::memcpy(&x, &b, 8);
+    return x;
+  }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) {
+    Bits b;
+    std::memcpy(&b, &x, 8);
+    return x != x ? Bits{0x7ff8000000000000ull} : b;
+  }
+};
+template <>
+struct SumArith<ElementType::float32> : SumArithBytes<SumArith<ElementType::float32>, float, std::uint32_t> {
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bits_float(b); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7fc00000u} : float_bits(x); }
+};
+template <>
+struct SumArith<ElementType::float16> : SumArithBytes<SumArith<ElementType::float16>, float, std::uint16_t> {
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return half_to_float(b); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7e00} : float_to_half(x); }
+};
+template <>
+struct SumArith<ElementType::bfloat16> : SumArithBytes<SumArith<ElementType::bfloat16>, float, std::uint16_t> {
+  ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bfloat16_to_float(b); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7fc0} : float_to_bfloat16(x); }
+};
+
+/// Calls f(SumArith<type>{}) for a summable type (nothing for opaque). Host and device, whatever
+/// f is (the execution-space check is off here, as CCCL does for such dispatchers: f's own space
+/// decides where the instantiation can run).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class F>
+ULYSSES_HOST_DEVICE inline void with_sum_arith(ElementType type, F&& f) {
+  switch (type) {
+    case ElementType::float16: f(SumArith<ElementType::float16>{}); return;
+    case ElementType::bfloat16: f(SumArith<ElementType::bfloat16>{}); return;
+    case ElementType::float32: f(SumArith<ElementType::float32>{}); return;
+    case ElementType::float64: f(SumArith<ElementType::float64>{}); return;
+    case ElementType::opaque: return;
+  }
+}
+
+/// Sums the n terms src[0..n) (ascending rank order) of type `type` and writes the rounded result
+/// to dst, by the rules in the file comment. Host and device; pointers may be misaligned.
+/// @pre summable(type), n >= 1
+ULYSSES_HOST_DEVICE inline void sum_element(ElementType type, const std::byte* const* src, int n, std::byte* dst) {
+  with_sum_arith(type, [&](auto a) {
+    using A = decltype(a);
+    typename A::Acc acc = A::load(src[0]);
+    for (int j = 1; j < n; ++j) acc = acc + A::load(src[j]);
+    A::store(dst, acc);
+  });
+}
+
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How heads are split over the group: the head partition of one tensor (HeadPartition).
+///
+/// A head partition gives, for one tensor, the head range [begin, end) every rank holds in the
+/// head-sharded layout; under GQA the kv ranges of neighbouring ranks may overlap (a kv head used
+/// by the query heads of several ranks is sent to each of them: replication folded into the
+/// exchange).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "../detail/checked.hpp"
+#include "../error.hpp"
+#include "seq.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// The head partition of one tensor: the head range [begin(r), end(r)) rank r holds in the
+/// head-sharded layout.
+///
+/// Ranges are monotone (begin and end never decrease with r) and cover [0, H); neighbouring
+/// ranges may overlap (replication: a kv head under GQA/MQA used by the query heads of several
+/// ranks). The ranks holding a head form a contiguous run of ranks (holders()); the lowest is its
+/// *owner*. In head→seq a replicated head is either summed over its holders (Replicas::sum, the
+/// adjoint of seq→head: what the backward pass needs) or taken from its owner (Replicas::owner,
+/// the plain inverse); see TensorSpec::replicas in plan.hpp.
+///
+/// Two visible properties besides the ranges: even_split() (made by even(), or by gqa() of such a
+/// partition: every rank must hold as many heads as every other, and gqa() refuses kv counts that
+/// cannot be split or replicated evenly) and query_per_kv() (made by gqa()); both are part of
+/// operator==. Neither changes a byte on the wire.
+class HeadPartition {
+ public:
+  /// Even split: rank r holds [r*H/P, (r+1)*H/P).
+  /// @throws Error(invalid_group) P < 1; Error(invalid_shape) H < 1; Error(heads_not_divisible)
+  ///         H % P != 0 (the message lists the P that divide H).
+  static HeadPartition even(std::int64_t H, int P) {
+    check(H, P, "num_heads");
+    if (H % P != 0) {
+      std::ostringstream m;
+      m << "num_heads=" << H << " is not divisible by group size " << P
+        << "; use a balanced split (HeadPartition::balanced, or HeadPolicy::balanced in attention_specs) or P in "
+        << detail::join(detail::divisors(H));
+      detail::fail(Errc::heads_not_divisible, m.str());
+    }
+    HeadPartition p = balanced(H, P);
+    p.even_ = true;
+    return p;
+  }
+
+  /// Balanced split: the first H % P ranks hold one head more (H=7, P=4: [2,2,2,1]; H=3, P=4:
+  /// [1,1,1,0]). @throws as even(), except heads_not_divisible.
+  static HeadPartition balanced(std::int64_t H, int P) {
+    check(H, P, "num_heads");
+    std::vector<std::pair<std::int64_t, std::int64_t>> r;
+    std::int64_t b = 0;
+    for (int i = 0; i < P; ++i) {
+      const std::int64_t n = H / P + (i < H % P ? 1 : 0);
+      r.emplace_back(b, b + n);
+      b += n;
+    }
+    return ranges(H, std::move(r));
+  }
+
+  /// Explicit ranges [begin, end), one per rank, monotone, covering [0, H).
+  /// @throws Error(invalid_partition) when they are not monotone or do not cover [0, H).
+  static HeadPartition ranges(std::int64_t H, std::vector<std::pair<std::int64_t, std::int64_t>> r) {
+    check(H, static_cast<int>(r.size()), "num_heads");
+    // Monotone begins and ends (empty ranges included, so owned_begin() stays right), and the
+    // non-empty ranges leave no gap.
+    std::int64_t prev_b = 0, prev_e = 0, covered = 0;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      auto [b, e] = r[i];
+      const bool empty = b == e;
+      if (b < 0 || e < b || e > H || b < prev_b || e < prev_e || (!empty && b > covered) || (empty && e > covered))
+        detail::fail(Errc::invalid_partition, "head range of rank " + std::to_string(i) + " is [" + std::to_string(b) +
+                                                  ", " + std::to_string(e) + "); ranges must lie in [0, " +
+                                                  std::to_string(H) + "), be monotone and leave no gap");
+      prev_b = b;
+      prev_e = e;
+      if (!empty) covered = e;
+    }
+    if (covered != H)
+      detail::fail(Errc::invalid_partition, "head ranges end at " + std::to_string(covered) + ", not at H=" + std::to_string(H));
+    HeadPartition p;
+    p.H_ = H;
+    p.r_ = std::move(r);
+    return p;
+  }
+
+  /// The kv-head partition that goes with a query-head partition under GQA/MQA: rank r receives
+  /// exactly the kv heads its query heads use (query head h uses kv head h / (H / Hkv)).
+  ///
+  /// With an even query split this is the DeepSpeed-Ulysses rule: if Hkv % P == 0 every rank gets
+  /// Hkv/P kv heads; if P % Hkv == 0 every rank gets the one kv head its query heads use (ranks
+  /// r*P/Hkv .. share it; the sender copies it into each of their wire chunks, it is never
+  /// materialised P/Hkv times). With a balanced query split any Hkv is served, and neighbouring
+  /// ranks may share a kv head. Hkv == H gives the query partition itself.
+  /// @throws Error(invalid_shape) Hkv < 1; Error(gqa_invalid) Hkv does not divide H;
+  ///         Error(gqa_group_mismatch) even query split and neither Hkv % P nor P % Hkv is 0
+  ///         (the message lists the P that work).
+  static HeadPartition gqa(const HeadPartition& query, std::int64_t Hkv) {
+    const std::int64_t H = query.H_;
+    const int P = query.degree();
+    if (Hkv < 1) detail::fail(Errc::invalid_shape, "num_kv_heads=" + std::to_string(Hkv) + " must be >= 1");
+    if (H % Hkv != 0)
+      detail::fail(Errc::gqa_invalid, "num_kv_heads=" + std::to_string(Hkv) + " does not divide num_heads=" +
+                                          std::to_string(H) + "; GQA needs H % Hkv == 0");
+    if (query.even_ && Hkv % P != 0 && P % Hkv != 0) {
+      std::vector<std::int64_t> ok;
+      for (std::int64_t d : detail::divisors(H))
+        if (Hkv % d == 0 || d % Hkv == 0) ok.push_back(d);
+      std::ostringstream m;
+      m << "num_kv_heads=" << Hkv << " with group size P=" << P
+        << ": neither divides the other, so kv heads can be neither split nor replicated evenly; use P in "
+        << detail::join(ok) << " (num_heads=" << H << "), or HeadPartition::balanced for the query heads";
+      detail::fail(Errc::gqa_group_mismatch, m.str());
+    }
+    const std::int64_t g = H / Hkv;
+    std::vector<std::pair<std::int64_t, std::int64_t>> r;
+    std::int64_t last = 0;
+    for (int i = 0; i < P; ++i) {
+      auto [b, e] = query.r_[static_cast<std::size_t>(i)];
+      if (b == e)
+        r.emplace_back(last, last);
+      else {
+        last = (e - 1) / g + 1;
+        r.emplace_back(b / g, last);
+      }
+    }
+    HeadPartition p = ranges(Hkv, std::move(r));
+    p.even_ = query.even_;
+    p.query_per_kv_ = g;
+    return p;
+  }
+
+  std::int64_t num_heads() const { return H_; }                       ///< H of this tensor
+  int degree() const { return static_cast<int>(r_.size()); }          ///< P
+  /// First head of rank r. @throws Error(invalid_group) r outside [0, P) (as end(), count(),
+  /// owned_begin()).
+  std::int64_t begin(int r) const {
+    detail::check_rank(r, degree());
+    return r_[static_cast<std::size_t>(r)].first;
+  }
+  /// One past rank r's last head.
+  std::int64_t end(int r) const {
+    detail::check_rank(r, degree());
+    return r_[static_cast<std::size_t>(r)].second;
+  }
+  std::int64_t count(int r) const { return end(r) - begin(r); }  ///< H_r, heads rank r holds
+  /// For a kv partition made by gqa(): query heads per kv head (H / Hkv); 1 otherwise.
+  std::int64_t query_per_kv() const { return query_per_kv_; }
+  /// True for a partition made by even() or by gqa() of one (the "even" head policy: gqa() then
+  /// requires Hkv % P == 0 or P % Hkv == 0, as DeepSpeed-Ulysses does).
+  bool even_split() const { return even_; }
+  /// First head of rank r's range that no lower rank holds (the heads r sends in head→seq).
+  std::int64_t owned_begin(int r) const {
+    std::int64_t b = begin(r);
+    for (int i = 0; i < r; ++i) b = std::max(b, end(i));
+    return std::min(b, end(r));
+  }
+  /// True when no two ranges overlap (no head is held by two ranks).
+  bool disjoint() const {
+    for (int r = 0; r < degree(); ++r)
+      if (owned_begin(r) != begin(r)) return false;
+    return true;
+  }
+  /// The ranks holding head h: [first, last) (contiguous, since ranges are monotone; the first is
+  /// the owner). @pre 0 <= h < num_heads()
+  std::pair<int, int> holders(std::int64_t h) const {
+    int first = 0;
+    while (first < degree() && end(first) <= h) ++first;
+    int last = first;
+    while (last < degree() && begin(last) <= h) ++last;
+    return {first, last};
+  }
+  /// The rank owning head h (the lowest holder). @pre 0 <= h < num_heads()
+  int owner(std::int64_t h) const { return holders(h).first; }
+  /// "[0,2) [2,3)" for messages.
+  std::string str() const {
+    std::string o;
+    for (int r = 0; r < degree(); ++r)
+      o += (r ? " [" : "[") + std::to_string(begin(r)) + "," + std::to_string(end(r)) + ")";
+    return o;
+  }
+
+  /// Same head count and ranges, made by the same policy (even_split(), query_per_kv()).
+  friend bool operator==(const HeadPartition& a, const HeadPartition& b) {
+    return a.H_ == b.H_ && a.r_ == b.r_ && a.even_ == b.even_ && a.query_per_kv_ == b.query_per_kv_;
+  }
+  friend bool operator!=(const HeadPartition& a, const HeadPartition& b) { return !(a == b); }
+
+ private:
+  static void check(std::int64_t H, int P, const char* what) {
+    detail::check_group_size(P);
+    if (H < 1) detail::fail(Errc::invalid_shape, std::string(what) + "=" + std::to_string(H) + " must be >= 1");
+  }
+  std::int64_t H_ = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> r_;
+  bool even_ = false;
+  std::int64_t query_per_kv_ = 1;
+};
+
+ULYSSES_NAMESPACE_END

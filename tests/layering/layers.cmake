@@ -1,0 +1,24 @@
+# SPDX-License-Identifier: Apache-2.0
+# The layers of include/ulysses, lowest first (docs/design.md, "Layers"): each entry is a list of
+# path regexes separated by '|'. A header may include its own layer and lower ones.
+set(ULYSSES_LAYER_NAMES
+  "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
+  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message
+  "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
+  "comm"        # communicator adapters (no planner) and their mesh splits
+  "plan"        # specs, the immutable Plan and its build, the agreement record, attention specs
+  "transport"   # the concepts, Path, one file per transport, the dispatch
+  "facade"      # redistribute / seq_to_head / ..., the pipelines, the umbrella header
+  "clients")    # cost model and advice, the libtorch client
+set(ULYSSES_LAYERS
+  "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
+  "layout/.*"
+  "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
+  "comm/.*"
+  "plan/.*"
+  "transport/.*"
+  "redistribute\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
+  "tune/.*|torch/.*")
+# The old paths of 0.1, one-line forwarding headers kept for one minor version.
+set(ULYSSES_COMPAT_HEADERS layout.hpp element.hpp block.hpp partition.hpp topology.hpp mesh.hpp attention.hpp plan.hpp
+  transport.hpp copy.hpp pipeline.hpp cost.hpp torch.hpp cuda/copy.cuh)
