@@ -25,6 +25,7 @@
 
 #include "../layout/blocks.hpp"
 #include "../error.hpp"
+#include "exchange_state.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -193,8 +194,13 @@ class LocalGroup {
       g_->barrier(rank_);
     }
 
+    /// What the transports learn on this communicator about the plans run on it, and their
+    /// scratch lists (comm/exchange_state.hpp).
+    ExchangeState& exchange_state() noexcept { return state_; }
+
    private:
     friend class LocalGroup;
+    ExchangeState state_;  // see exchange_state()
     Comm(LocalGroup* g, int r) : g_(g), rank_(r) {}
     LocalGroup* g_;
     int rank_;

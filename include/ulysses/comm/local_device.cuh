@@ -36,6 +36,7 @@
 
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
+#include "exchange_state.hpp"
 #include "local.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -135,8 +136,13 @@ class DeviceLocalGroup {
     /// Host barrier of the group (no device ordering). @throws Error(timeout), Error(aborted).
     void barrier() { host_.barrier(); }
 
+    /// What the transports learn on this communicator about the plans run on it, and their
+    /// scratch lists (comm/exchange_state.hpp).
+    ExchangeState& exchange_state() noexcept { return state_; }
+
    private:
     friend class DeviceLocalGroup;
+    ExchangeState state_;  // see exchange_state()
     struct Events {
       cudaEvent_t sent = nullptr, read = nullptr;
     };

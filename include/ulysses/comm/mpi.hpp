@@ -23,6 +23,7 @@
 
 #include "../layout/blocks.hpp"
 #include "../error.hpp"
+#include "exchange_state.hpp"
 #include "../topology/mesh.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -111,7 +112,12 @@ class MpiComm {
           "MPI_Allgather");
   }
 
+  /// What the transports learn on this communicator about the plans run on it, and their
+  /// scratch lists (comm/exchange_state.hpp).
+  ExchangeState& exchange_state() noexcept { return state_; }
+
  private:
+  ExchangeState state_;  // see exchange_state()
   static constexpr int kTag = 0x75a;  // "ulysses"
 
   /// Posts `bytes` at `base` to / from `peer` as MPI messages of at most max_msg_ bytes.

@@ -37,6 +37,7 @@
 #include "../layout/blocks.hpp"
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
+#include "exchange_state.hpp"
 #include "../topology/mesh.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -150,7 +151,12 @@ class NcclComm {
     detail::cuda_check(e, "NcclComm::allgather");
   }
 
+  /// What the transports learn on this communicator about the plans run on it, and their
+  /// scratch lists (comm/exchange_state.hpp).
+  ExchangeState& exchange_state() noexcept { return state_; }
+
  private:
+  ExchangeState state_;  // see exchange_state()
   /// r, or for ncclInProgress (a non-blocking communicator still enqueueing) the state
   /// ncclCommGetAsyncError reports once it is no longer in progress.
   ncclResult_t wait(ncclResult_t r) const {

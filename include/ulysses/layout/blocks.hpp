@@ -107,6 +107,14 @@ struct BlockCopy {
   ULYSSES_HOST_DEVICE constexpr std::int64_t written_bytes() const { return op == BlockOp::sum_term ? 0 : bytes(); }
 };
 
+/// A view of one block list (what executors are given and what they may upload): `size` blocks
+/// at `data`, in execution order. The address identifies the list: stream-ordered executors
+/// (CudaExecutor) that mirror lists in device memory recognise them by it.
+struct BlockList {
+  const BlockCopy* data = nullptr;
+  std::size_t size = 0;
+};
+
 namespace detail {
 
 /// Builds the blocks of a (b, s, h, d) block of extents `ext` from `n` sources to one

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "../ulysses.hpp"
+#include "../comm/exchange_state.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -141,7 +142,12 @@ class ProcessGroupComm {
   /// The process group.
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
 
+  /// What the transports learn on this communicator about the plans run on it, and their
+  /// scratch lists (comm/exchange_state.hpp).
+  ExchangeState& exchange_state() noexcept { return state_; }
+
  private:
+  ExchangeState state_;  // see exchange_state()
   template <class F>
   void run(const char* what, F&& f) {
     try {

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief ExchangeState: what the transports learn on one communicator about the plans run on it
+///        (whether the cross-rank agreement check passed, the peer-copy lists built from the
+///        peers' layouts) and the scratch lists they reuse from call to call.
+///
+/// A Plan is immutable: nothing about a particular group of peers is stored in it. What a
+/// transport learns by talking to the peers belongs to the communicator it talked over, and the
+/// message lists a call fills before exchange_messages() are scratch that the communicator owns,
+/// not thread_local storage (which SimGrid's SMPI, running ranks as dlopen'ed copies on one
+/// thread, merges across ranks; and which two exchanges in flight on one thread would share).
+/// Every shipped communicator holds one and returns it from `exchange_state()`; a user type opts
+/// in with the same member (transport/concepts.hpp). Without it the agreement check runs at
+/// every call and the lists are allocated per call: correct, slower.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "../layout/blocks.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// The peer-copy transport's block lists of one plan on one group (Path::direct): per direction,
+/// for every rank p (this rank included) and tensor, the blocks copying p's input
+/// (Buffer::peer_input(p, t)) into this rank's outputs, then the sums of replicated heads
+/// (head→seq, Replicas::sum) over their holders' inputs in ascending rank order.
+struct PeerCopyLists {
+  std::vector<BlockCopy> list[2];  ///< [Direction]: 0 seq→head, 1 head→seq
+};
+
+/// What the transports learn per communicator (see the file comment). Not thread-safe: a
+/// communicator object serves one thread at a time, as every communicator does. It remembers at
+/// most kMaxPlans plans (the oldest is forgotten first; a forgotten plan is checked and its lists
+/// built again at its next exchange, which is correct, just not free).
+class ExchangeState {
+ public:
+  /// Plans remembered at most.
+  static constexpr std::size_t kMaxPlans = 256;
+
+  /// True once the cross-rank agreement check of plan `plan_id` (Plan::id()) passed on this communicator.
+  bool agreed(std::uint64_t plan_id) const noexcept {
+    for (std::uint64_t id : agreed_)
+      if (id == plan_id) return true;
+    return false;
+  }
+  /// Records that the agreement check of plan `plan_id` passed (what check_agreement() does).
+  void mark_agreed(std::uint64_t plan_id) {
+    if (agreed(plan_id)) return;
+    if (agreed_.size() >= kMaxPlans) agreed_.erase(agreed_.begin());
+    agreed_.push_back(plan_id);
+  }
+  /// The peer-copy lists of plan `plan_id` on this communicator's group, or null when not built yet.
+  const PeerCopyLists* peer_copy(std::uint64_t plan_id) const noexcept {
+    for (const auto& e : peer_copy_)
+      if (e.first == plan_id) return e.second.get();
+    return nullptr;
+  }
+  /// Keeps the peer-copy lists of plan `plan_id` (their addresses stay fixed while they are
+  /// remembered: a device executor keys its uploaded copies on them) and returns them.
+  const PeerCopyLists& set_peer_copy(std::uint64_t plan_id, PeerCopyLists lists) {
+    for (auto& e : peer_copy_)
+      if (e.first == plan_id) {
+        *e.second = std::move(lists);
+        return *e.second;
+      }
+    if (peer_copy_.size() >= kMaxPlans) peer_copy_.erase(peer_copy_.begin());
+    peer_copy_.emplace_back(plan_id, std::make_unique<PeerCopyLists>(std::move(lists)));
+    return *peer_copy_.back().second;
+  }
+  /// Forgets everything about plan `plan_id` (optional: for engines that make many short-lived plans).
+  void forget(std::uint64_t plan_id) {
+    for (std::size_t i = 0; i < agreed_.size(); ++i)
+      if (agreed_[i] == plan_id) agreed_.erase(agreed_.begin() + static_cast<std::ptrdiff_t>(i--));
+    for (std::size_t i = 0; i < peer_copy_.size(); ++i)
+      if (peer_copy_[i].first == plan_id) peer_copy_.erase(peer_copy_.begin() + static_cast<std::ptrdiff_t>(i--));
+  }
+
+  /// Scratch: the messages one exchange_messages() call sends and receives (capacity kept).
+  std::vector<Message>& send_messages() noexcept { return send_; }
+  std::vector<Message>& recv_messages() noexcept { return recv_; }  ///< see send_messages()
+  /// Scratch: the peer copy's view of the group, peers[p * kMaxTensors + t] = rank p's input t.
+  std::vector<std::byte*>& peer_inputs() noexcept { return peers_; }
+
+ private:
+  std::vector<std::uint64_t> agreed_;
+  std::vector<std::pair<std::uint64_t, std::unique_ptr<PeerCopyLists>>> peer_copy_;
+  std::vector<Message> send_, recv_;
+  std::vector<std::byte*> peers_;
+};
+
+ULYSSES_NAMESPACE_END
