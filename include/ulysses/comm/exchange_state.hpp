@@ -33,7 +33,8 @@ struct PeerCopyLists {
 };
 
 /// What the transports learn per communicator (see the file comment). Not thread-safe: a
-/// communicator object serves one thread at a time, as every communicator does. It remembers at
+/// communicator object serves one thread at a time, as every communicator does. A copy of a
+/// communicator shares the lists its original built (they are immutable). It remembers at
 /// most kMaxPlans plans (the oldest is forgotten first; a forgotten plan is checked and its lists
 /// built again at its next exchange, which is correct, just not free).
 class ExchangeState {
@@ -64,11 +65,11 @@ class ExchangeState {
   const PeerCopyLists& set_peer_copy(std::uint64_t plan_id, PeerCopyLists lists) {
     for (auto& e : peer_copy_)
       if (e.first == plan_id) {
-        *e.second = std::move(lists);
+        e.second = std::make_shared<const PeerCopyLists>(std::move(lists));
         return *e.second;
       }
     if (peer_copy_.size() >= kMaxPlans) peer_copy_.erase(peer_copy_.begin());
-    peer_copy_.emplace_back(plan_id, std::make_unique<PeerCopyLists>(std::move(lists)));
+    peer_copy_.emplace_back(plan_id, std::make_shared<const PeerCopyLists>(std::move(lists)));
     return *peer_copy_.back().second;
   }
   /// Forgets everything about plan `plan_id` (optional: for engines that make many short-lived plans).
@@ -87,7 +88,7 @@ class ExchangeState {
 
  private:
   std::vector<std::uint64_t> agreed_;
-  std::vector<std::pair<std::uint64_t, std::unique_ptr<PeerCopyLists>>> peer_copy_;
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<const PeerCopyLists>>> peer_copy_;
   std::vector<Message> send_, recv_;
   std::vector<std::byte*> peers_;
 };
