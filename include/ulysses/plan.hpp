@@ -8,3 +8,4 @@
 #pragma message("<ulysses/plan.hpp> is deprecated: include <ulysses/plan/plan.hpp>")
 #endif
 #include "plan/plan.hpp"
+#include "transport/dispatch.hpp"  // Plan::copies() counts through the transports

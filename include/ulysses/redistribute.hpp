@@ -17,8 +17,8 @@
 ///                    (= seq→head)
 ///
 /// The communicator and executor concepts (what a type must provide, and the optional
-/// capabilities that enable the message and direct paths) are in transport.hpp, with the one
-/// function that chooses the path (choose_path()).
+/// capabilities that open the message paths and the peer copy) are in comm/concepts.hpp; the
+/// transports, one file each, and the one choice of a path (choose_path()) in transport/.
 #pragma once
 
 #include <algorithm>
@@ -31,10 +31,12 @@
 #include <utility>
 #include <vector>
 
-#include "layout/blocks.hpp"
+#include "comm/concepts.hpp"
 #include "error.hpp"
+#include "layout/algebra.hpp"
+#include "layout/blocks.hpp"
 #include "plan/plan.hpp"
-#include "transport/path.hpp"
+#include "transport/dispatch.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -103,73 +105,6 @@ struct TensorList {
 
 namespace detail {
 
-/// One dimension of the search below: the range of the index difference i - j (i an index of the
-/// first view, j of the second) and the stride both views share there.
-struct DiffDim {
-  std::int64_t lo, hi, s;
-};
-
-/// Depth-first search over the index difference of dimension k (dims sorted by stride, largest
-/// first; the remaining dims k..n-1 reach offsets in [rest_lo[k], rest_hi[k]]). `budget` bounds
-/// the work.
-inline bool diff_search(const DiffDim* d, const std::int64_t* rest_lo, const std::int64_t* rest_hi, int n, int k,
-                        std::int64_t rem, int& budget) {
-  if (--budget < 0) return true;  // give up: answer "reachable" (conservative)
-  if (k >= n || k >= 4) return rem == 0;
-  auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
-  const std::int64_t s = d[k].s;
-  // rem - j*s must stay within what dims k+1.. can reach.
-  const std::int64_t lo = std::max(d[k].lo, -floor_div(rest_hi[k + 1] - rem, s));
-  const std::int64_t hi = std::min(d[k].hi, floor_div(rem - rest_lo[k + 1], s));
-  for (std::int64_t j = lo; j <= hi; ++j)
-    if (diff_search(d, rest_lo, rest_hi, n, k + 1, rem - j * s, budget)) return true;
-  return false;
-}
-
-/// Whether two layouts have the same stride in every dimension where either has more than one
-/// index (the condition of the exact test below; e.g. q, k, v views of one fused buffer).
-inline bool same_strides(const Layout& a, const Layout& b) {
-  for (int i = 0; i < 4; ++i)
-    if (a.extent[i] > 1 && b.extent[i] > 1 && a.stride[i] != b.stride[i]) return false;
-  return true;
-}
-
-/// True when some element offset difference x - y (x an offset of `a`, y of `b`) equals `delta`,
-/// for injective layouts with the same strides: the strides, sorted, are nested, so each dimension
-/// leaves at most a few candidates for its index difference. Answers true (conservatively) if the
-/// search would branch more than a small budget.
-inline bool offset_difference_reachable(const Layout& a, const Layout& b, std::int64_t delta) {
-  DiffDim d[4] = {};
-  int n = 0;
-  for (int i = 0; i < 4; ++i) {
-    if (a.extent[i] < 1 || b.extent[i] < 1) return false;  // an empty view shares nothing
-    if (a.extent[i] == 1 && b.extent[i] == 1) continue;
-    const DiffDim x{-(b.extent[i] - 1), a.extent[i] - 1, a.extent[i] > 1 ? a.stride[i] : b.stride[i]};
-    int k = n++;  // insertion by stride, largest first
-    for (; k > 0 && d[k - 1].s < x.s; --k) d[k] = d[k - 1];
-    d[k] = x;
-  }
-  std::int64_t rest_lo[5] = {0, 0, 0, 0, 0}, rest_hi[5] = {0, 0, 0, 0, 0};
-  for (int k = n - 1; k >= 0; --k) {
-    rest_lo[k] = rest_lo[k + 1] + d[k].lo * d[k].s;
-    rest_hi[k] = rest_hi[k + 1] + d[k].hi * d[k].s;
-  }
-  int budget = 64;
-  return diff_search(d, rest_lo, rest_hi, n, 0, delta, budget);
-}
-
-/// Whether views with layouts `la` at `a` and `lb` at `b` (elements of e bytes) share a byte.
-/// Exact for layouts with the same strides (same_strides()); otherwise true whenever their byte
-/// spans meet (the caller's test).
-inline bool views_overlap(const Layout& la, const std::byte* a, const Layout& lb, const std::byte* b, std::size_t e) {
-  if (!same_strides(la, lb)) return true;
-  const std::int64_t delta = static_cast<std::int64_t>(b - a), E = static_cast<std::int64_t>(e);
-  const std::int64_t q = delta / E - (delta % E < 0);  // floor
-  // Elements at a + E*x and b + E*y overlap iff |delta + E*(y - x)| < E.
-  if (delta % E == 0) return offset_difference_reachable(la, lb, q);
-  return offset_difference_reachable(la, lb, q) || offset_difference_reachable(la, lb, q + 1);
-}
-
 inline std::size_t align_of_elem(std::size_t e) {
   std::size_t a = 1;
   while (a < 16 && e % (a * 2) == 0) a *= 2;
@@ -181,7 +116,7 @@ inline std::size_t align_of_elem(std::size_t e) {
 /// @throws Error(wrong_tensor_count, workspace_too_small, buffer_too_small, misaligned,
 ///         buffer_overlap, invalid_shape)
 /// `ws_needed`: the workspace bytes the path uses (Plan::workspace_bytes(), or 0 for the direct path).
-inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
+inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
                               const TensorList<ByteSpan>& out, Workspace ws, std::size_t ws_needed) {
   const int T = plan.num_tensors();
   if (in.size != static_cast<std::size_t>(T) || out.size != static_cast<std::size_t>(T))
@@ -222,7 +157,7 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
     if (reinterpret_cast<std::uintptr_t>(p) % align_of_elem(e))
       fail(Errc::misaligned, name(i) + " is not aligned to its element size of " + std::to_string(e) + " bytes");
     range[i] = {p, n};
-    tab.base[is_in ? Buffer::input(t) : Buffer::output(t)] = const_cast<std::byte*>(p);
+    tab.base[is_in ? BufferIndex::input(t) : BufferIndex::output(t)] = const_cast<std::byte*>(p);
   }
   auto* w = ws_needed ? static_cast<std::byte*>(ws.data) : nullptr;
   range[2 * T] = {w, ws_needed};
@@ -230,7 +165,7 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
   // meet are an overlap, except views with the same strides interleaved without sharing a byte
   // (q, k, v gradients written into one fused [B, S, 3, H, D] or [B, S, H + 2*Hkv, D] buffer),
   // which an exact test clears.
-  auto layout_of = [&](int i) -> const Layout& {
+  auto view_layout = [&](int i) -> const Layout& {
     const int t = i % T;
     return (i < T) == s2h ? plan.seq_layout(t) : plan.head_layout(t);
   };
@@ -239,139 +174,25 @@ inline BufferTable make_table(const Plan& plan, Direction dir, const TensorList<
       const Range &a = range[i], &o = range[j];
       if (j == i || !a.n || !o.n || !(a.p < o.p + o.n && o.p < a.p + a.n)) continue;
       if (j < 2 * T && plan.tensor(i % T).elem_bytes == plan.tensor(j % T).elem_bytes &&
-          !views_overlap(layout_of(i), a.p, layout_of(j), o.p, plan.tensor(i % T).elem_bytes))
+          !views_overlap(view_layout(i), a.p, view_layout(j), o.p, plan.tensor(i % T).elem_bytes))
         continue;
       fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
                                      std::to_string(o.n) + " bytes]; outputs and the workspace need their own memory");
     }
-  tab.base[Buffer::send] = w;
-  tab.base[Buffer::recv] = w ? w + plan.recv_region_offset() : nullptr;
+  tab.base[BufferIndex::send] = w;
+  tab.base[BufferIndex::recv] = w ? w + plan.recv_region_offset() : nullptr;
   return tab;
-}
-
-template <class Comm>
-void check_comm(const Plan& plan, const Comm& comm) {
-  if (comm.size() != plan.degree() || comm.rank() != plan.rank())
-    fail(Errc::comm_mismatch, "communicator has size " + std::to_string(comm.size()) + " and rank " +
-                                  std::to_string(comm.rank()) + "; the plan was made for P=" + std::to_string(plan.degree()) +
-                                  ", rank " + std::to_string(plan.rank()));
 }
 
 /// Throws Error(comm_mismatch) when both the communicator and the executor are stream-ordered and
 /// on different streams (pack → exchange → unpack would not be ordered).
 template <class Comm, class Exec>
 void check_streams(const Comm& comm, const Exec& exec) {
-  if constexpr (has_stream<Comm>::value && has_stream<Exec>::value) {
+  if constexpr (comm_traits<Comm>::stream && executor_traits<Exec>::stream) {
     if (!(comm.stream() == exec.stream()))
       fail(Errc::comm_mismatch, "the executor runs on another stream than the communicator exchanges on, so pack, exchange "
                                 "and unpack would not be ordered: make both on the same stream");
   }
-}
-
-/// Whether check_agreement() can run on this communicator: it has allgather() (host memory), or
-/// its alltoallv() takes host memory (it does not declare `device_memory = true`).
-template <class Comm>
-constexpr bool can_check_agreement_v = has_allgather<Comm>::value || !device_memory<Comm>::value;
-
-/// The words of `a` that differ from `b`, as "the head partition of tensor 0, ..." (at most 4).
-inline std::string differing_fields(const AgreementRecord& a, const AgreementRecord& b) {
-  std::string out;
-  int n = 0;
-  for (int i = 0; i < kAgreementWords; ++i) {
-    if (a[static_cast<std::size_t>(i)] == b[static_cast<std::size_t>(i)]) continue;
-    if (n++ < 4) out += (out.empty() ? "" : ", ") + Plan::agreement_field(i);
-  }
-  if (n > 4) out += " and " + std::to_string(n - 4) + " more";
-  return out;
-}
-
-}  // namespace detail
-
-/// Cross-rank agreement: all-gathers every rank's Plan::agreement_record() (512 bytes: what
-/// determines the wire — P, B, the sequence partition, head partitions, head dims, element sizes,
-/// stages, path options, replica handling — and nothing a rank may choose alone, such as its
-/// layouts or format) and throws on EVERY rank when they differ, naming the ranks whose records
-/// differ from rank 0's and the fields, instead of a hang, a truncation or silently wrong data in
-/// the exchange. Collective; redistribute() and the stage functions call it by themselves before
-/// a plan's first exchange (Plan::check_agreement(), on by default in every build).
-///
-/// Uses the communicator's optional `void allgather(const void* send, std::size_t bytes, void*
-/// recv)` (host memory; LocalGroup::Comm, MpiComm, NcclComm, DeviceLocalGroup::Comm have it), or
-/// else its alltoallv() on host buffers. A communicator of device memory without allgather()
-/// declares `static constexpr bool device_memory = true`, and the check is skipped for it.
-/// @throws Error(plan_mismatch) the records differ; Error(comm_mismatch) as exchange(); the
-///         communicator's errors.
-template <class Comm>
-void check_agreement(const Plan& plan, Comm& comm) {
-  detail::check_comm(plan, comm);
-  if constexpr (detail::can_check_agreement_v<Comm>) {
-    const int P = plan.degree(), me = plan.rank();
-    const AgreementRecord mine = plan.agreement_record();
-    std::vector<AgreementRecord> all(static_cast<std::size_t>(P));
-    if constexpr (detail::has_allgather<Comm>::value) {
-      comm.allgather(mine.data(), sizeof mine, all.data());
-    } else {  // an all-gather through alltoallv: every peer receives this rank's record
-      std::vector<std::size_t> sb(static_cast<std::size_t>(P), sizeof mine), so(static_cast<std::size_t>(P), 0), rb = sb, ro = so;
-      for (int p = 0; p < P; ++p) ro[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * sizeof mine;
-      sb[static_cast<std::size_t>(me)] = rb[static_cast<std::size_t>(me)] = 0;  // the own chunk stays empty
-      all[static_cast<std::size_t>(me)] = mine;
-      comm.alltoallv(reinterpret_cast<const std::byte*>(mine.data()), sb.data(), so.data(),
-                     reinterpret_cast<std::byte*>(all.data()), rb.data(), ro.data());
-    }
-    std::string diff;
-    int first = -1;
-    for (int r = 1; r < P; ++r) {
-      const std::string f = detail::differing_fields(all[static_cast<std::size_t>(r)], all[0]);
-      if (f.empty()) continue;
-      if (first < 0) first = r;
-      if (diff.size() < 600) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " in " + f;
-    }
-    if (first >= 0) {
-      std::vector<int> differ;
-      for (int r = 1; r < P; ++r)
-        if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
-      detail::fail(Errc::plan_mismatch,
-                   "ranks " + detail::join(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " +
-                       std::to_string(me) + "): " + diff +
-                       ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
-                       "sizes, stages, path options and replica handling (local layouts may differ)");
-    }
-  }
-  plan.mark_agreement_checked();
-}
-
-namespace detail {
-/// What every exchange stage does first: the cross-rank check before a plan's first exchange (when
-/// Plan::check_agreement() is on), then the communicator's size and rank against the plan.
-template <class Comm>
-void before_exchange(const Plan& plan, Comm& comm) {
-  check_comm(plan, comm);
-  if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);
-}
-
-/// One exchange_messages() call over a plan's lists (Piece or Hop: peer, buffer, offset, bytes),
-/// with the buffers of `t`. The message lists live per thread and keep their capacity: no
-/// allocation after the first call. (Non-const elements: a communicator may take Message* or
-/// const Message*.)
-template <class Comm, class Item>
-void post_messages(Comm& comm, const BufferTable& t, const std::vector<Item>& send, const std::vector<Item>& recv) {
-  thread_local std::vector<Message> s, r;
-  auto fill = [&t](std::vector<Message>& m, const std::vector<Item>& items) {
-    m.clear();
-    for (const Item& i : items) m.push_back({i.peer, t.base[i.buffer] + i.offset, i.bytes});
-  };
-  fill(s, send);
-  fill(r, recv);
-  comm.exchange_messages(s.data(), s.size(), r.data(), r.size());
-}
-
-/// Throws Error(path_unsupported) when a flat exchange is asked of a plan laid out for the
-/// two-level exchange (its chunks partly lie in gathered / received areas).
-inline void require_flat(const Plan& plan, const char* what) {
-  if (plan.two_level())
-    fail(Errc::path_unsupported, std::string(what) + ": the plan lays out the two-level exchange (PlanOptions::nodes " +
-                                     plan.nodes().str() + "); run it with exchange_two_level() (Path::two_level), or plan with "
-                                     "PlanOptions::path = Path::alltoallv or messages for a flat exchange");
 }
 
 /// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
@@ -383,130 +204,25 @@ inline void require_adjoint(const Plan& plan, const char* what) {
                               "is the inverse of seq→head but not its backward (the backward sums the copies). Plan the "
                               "gradients with Replicas::sum (the default)");
 }
+/// What every call does before it moves a byte: the communicator's size and rank and the
+/// streams against the plan, the path (choose_path()), and the buffer table of this call (the
+/// peer copy needs no workspace).
+struct Bound {
+  Path path;
+  BufferTable table;
+};
+template <class Comm, class Exec>
+Bound bind(const Plan& plan, Direction dir, const Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+           const TensorList<ByteSpan>& out, Workspace ws) {
+  check_comm(plan, comm);
+  check_streams(comm, exec);
+  const Path path = choose_path<Comm, Exec>(plan);
+  return {path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes())};
+}
 }  // namespace detail
 
-/// Pack stage: copies this rank's inputs into the send region of the workspace (wire format);
-/// `stage` in [0, plan.num_stages()) selects the pipeline stage (all stages' regions are disjoint).
-/// @pre `buffers` from make_buffers(); @throws nothing itself (executor errors propagate).
-template <class Exec>
-void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const Schedule& s = plan.schedule(dir, stage);
-  exec.run(s.pack.data(), s.pack.size(), buffers);
-}
-
-/// Exchange stage: the all-to-all-v of the send region into the receive region. Before a plan's
-/// first exchange, runs check_agreement() when Plan::check_agreement() is on.
-/// @throws Error(comm_mismatch) communicator of another size or rank; Error(plan_mismatch) ranks
-///         planned from different inputs; backend errors.
-template <class Comm>
-void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  detail::require_flat(plan, "exchange");
-  detail::before_exchange(plan, comm);
-  const Schedule& s = plan.schedule(dir, stage);
-  comm.alltoallv(buffers.base[Buffer::send], s.send_bytes.data(), s.send_offsets.data(), buffers.base[Buffer::recv],
-                 s.recv_bytes.data(), s.recv_offsets.data());
-}
-
-/// True when Comm has the optional exchange_messages() of the communicator concept.
-template <class Comm>
-inline constexpr bool has_exchange_messages_v = detail::has_exchange_messages<Comm>::value;
-
-/// Whether redistribute() exchanges one message per (peer, tensor) for this plan, communicator
-/// type and executor type (choose_path() gives Path::messages). Its stages are then pack_pieces(),
-/// exchange_pieces(), unpack_pieces().
-/// @throws as choose_path().
-template <class Comm, class Exec>
-bool uses_pieces(const Plan& plan) {
-  return choose_path<Comm, Exec>(plan) == Path::messages;
-}
-
-/// Pack stage of the message-level path: packs only the pieces that are not direct
-/// (Schedule::pack_staged) into the send region.
-template <class Exec>
-void pack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const Schedule& s = plan.schedule(dir, stage);
-  exec.run(s.pack_staged.data(), s.pack_staged.size(), buffers);
-}
-
-/// Unpack stage of the message-level path: unpacks the pieces that are not direct and copies this
-/// rank's own chunk (Schedule::unpack_staged).
-template <class Exec>
-void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const Schedule& s = plan.schedule(dir, stage);
-  exec.run(s.unpack_staged.data(), s.unpack_staged.size(), buffers);
-}
-
-/// Message-level exchange of one stage (PlanOptions::direct_pieces): one message per (peer,
-/// tensor), sent from the user's input where the piece is contiguous there and from the send
-/// region otherwise (after pack_staged), received into the output where contiguous and into the
-/// receive region otherwise (before unpack_staged). Before a plan's first exchange, runs
-/// check_agreement() when Plan::check_agreement() is on. Allocates only on a thread's first call
-/// (two message lists, one entry per piece, reused afterwards).
-/// @throws as exchange().
-template <class Comm>
-void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  static_assert(detail::has_exchange_messages<Comm>::value, "exchange_pieces needs a communicator with exchange_messages()");
-  detail::require_flat(plan, "exchange_pieces");
-  detail::before_exchange(plan, comm);
-  const Schedule& s = plan.schedule(dir, stage);
-  detail::post_messages(comm, buffers, s.send_pieces, s.recv_pieces);
-}
-
-/// Unpack stage: copies the receive region into the outputs, and this rank's own chunk straight
-/// from its inputs to its outputs.
-template <class Exec>
-void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const Schedule& s = plan.schedule(dir, stage);
-  exec.run(s.unpack.data(), s.unpack.size(), buffers);
-}
-
-/// The block list the executor runs before (`before_exchange` true: the pack) or after (the
-/// unpack) the exchange of stage `stage` on `path`: Schedule::pack / unpack on Path::alltoallv,
-/// Schedule::pack_staged / unpack_staged on Path::messages (only the pieces that are not in place);
-/// Path::two_level packs and unpacks as alltoallv.
-/// Path::direct has no stages (exchange_direct() runs its one list). What redistribute(), the
-/// pipelines and anything that times the phases run.
-/// @pre path is alltoallv, messages or two_level.
-inline const std::vector<BlockCopy>& stage_copies(const Plan& plan, Direction dir, Path path, bool before_exchange, int stage = 0) {
-  const Schedule& s = plan.schedule(dir, stage);
-  if (path == Path::messages) return before_exchange ? s.pack_staged : s.unpack_staged;
-  return before_exchange ? s.pack : s.unpack;
-}
-
-/// The two-level exchange of one stage (Path::two_level, topology.hpp): three rounds of
-/// exchange_messages() over the plan's Schedule::hop_send / hop_recv — the intra-node gather into
-/// each node's forwarders, one message per ordered node pair between a forwarder and a receiver,
-/// the intra-node delivery — between the pack and the unpack of the alltoallv path. Every rank calls
-/// every round (with empty lists where it has nothing to move). Before a plan's first exchange,
-/// runs check_agreement() when Plan::check_agreement() is on. Allocates only on a thread's first
-/// call (two message lists, reused afterwards).
-/// @pre `buffers` from make_buffers().
-/// @throws as exchange(); Error(path_unsupported) for a plan without a two-level layout
-///         (Plan::two_level() false).
-template <class Comm>
-void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  static_assert(detail::has_exchange_messages<Comm>::value, "exchange_two_level needs a communicator with exchange_messages()");
-  if (!plan.two_level())
-    detail::fail(Errc::path_unsupported, "exchange_two_level: the plan has no two-level layout (give PlanOptions::nodes, or "
-                                         "PlanOptions::path = Path::two_level)");
-  detail::before_exchange(plan, comm);
-  const Schedule& s = plan.schedule(dir, stage);
-  for (std::size_t round = 0; round < 3; ++round) detail::post_messages(comm, buffers, s.hop_send[round], s.hop_recv[round]);
-}
-
-/// The exchange of stage `stage` on `path`: exchange_pieces() on Path::messages,
-/// exchange_two_level() on Path::two_level (the communicator must have exchange_messages()),
-/// exchange() otherwise. @throws as exchange().
-template <class Comm>
-void stage_exchange(const Plan& plan, Direction dir, Path path, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  if constexpr (detail::has_exchange_messages<Comm>::value) {
-    if (path == Path::messages) return exchange_pieces(plan, dir, comm, buffers, stage);
-    if (path == Path::two_level) return exchange_two_level(plan, dir, comm, buffers, stage);
-  }
-  exchange(plan, dir, comm, buffers, stage);
-}
-
-/// Checks one call's buffers against the plan and returns the buffer table the stages run on.
+/// Checks one call's buffers against the plan and returns the buffer table the stages run on
+/// (binds the buffers to the plan's buffer indices).
 ///
 /// @param plan the plan the stages will run
 /// @param dir the direction (which side is input)
@@ -523,59 +239,96 @@ void stage_exchange(const Plan& plan, Direction dir, Path path, Comm& comm, cons
 ///         Error(misaligned) a pointer not aligned to its element size (up to 16 bytes);
 ///         Error(buffer_overlap) an output overlapping another buffer;
 ///         Error(invalid_shape) a null pointer for a non-empty tensor.
+inline BufferTable bind_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
+                                Workspace ws) {
+  return detail::bind_table(plan, dir, in, out, ws, plan.workspace_bytes());
+}
+/// Old name of bind_buffers() (0.1; kept for one minor version, removed in 0.3). @throws as bind_buffers().
 inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
                                 const TensorList<ByteSpan>& out, Workspace ws) {
-  return detail::make_table(plan, dir, in, out, ws, plan.workspace_bytes());
+  return bind_buffers(plan, dir, in, out, ws);
 }
 
-namespace detail {
-/// Runs the direct transport's list with the peers' inputs: what with_peers() calls on each rank.
-template <class Exec>
-struct DirectWork {
-  const std::vector<BlockCopy>* list;
-  const BufferTable* table;
-  Exec* exec;
-  int P;
-  static void run(void* ctx, const void* const* all) {
-    const auto& w = *static_cast<const DirectWork*>(ctx);
-    // peers[p * kMaxTensors + t] = rank p's input t; kept per thread (no allocation after the first call).
-    thread_local std::vector<std::byte*> peers;
-    peers.resize(static_cast<std::size_t>(w.P) * kMaxTensors);
-    for (int p = 0; p < w.P; ++p)
-      for (int t = 0; t < kMaxTensors; ++t)
-        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = static_cast<std::byte* const*>(all[p])[t];
-    BufferTable t = *w.table;
-    t.peers = peers.data();
-    w.exec->run(w.list->data(), w.list->size(), t);
-  }
-};
-}  // namespace detail
+// ---- the stages one by one (engines that time or overlap them; redistribute() runs them) -----
 
-/// The direct transport (Path::direct) of direction `dir`, all stages at once: every rank copies
-/// its share of every peer's input straight into its own outputs (one copy per element, no
-/// workspace, no wire), between two synchronisations of the group (with_peers(): no rank reads a
-/// peer's input before the peer has published it, and none returns while a peer may still read
-/// its input). Before a plan's first exchange, check_agreement() when on; before its first direct
-/// exchange, one all-gather of the ranks' layouts (LayoutRecord), from which the plan builds its
-/// direct lists (allocation, once).
-/// @pre `buffers` from make_buffers(); the communicator shares this process's memory
-///      (PathSupport<Comm, Exec>::direct).
-/// @throws as exchange(); Error(plan_mismatch) when a peer's layouts do not fit this rank's plan.
+/// Pack stage of the all-to-all-v and two-level paths: copies this rank's inputs into the send
+/// region of the workspace (wire format); `stage` in [0, plan.num_stages()).
+/// @pre `buffers` from bind_buffers(); @throws nothing itself (executor errors propagate).
+template <class Exec>
+void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const std::vector<BlockCopy>& l = AlltoallvTransport::pack_list(plan, dir, stage);
+  exec.run(l.data(), l.size(), buffers);
+}
+/// Exchange stage of the all-to-all-v path: the all-to-all-v of the send region into the receive
+/// region, after the checks of stage_exchange().
+/// @throws as stage_exchange().
+template <class Comm>
+void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  stage_exchange(plan, dir, Path::alltoallv, comm, buffers, stage);
+}
+/// Unpack stage of the all-to-all-v and two-level paths: the receive region into the outputs,
+/// this rank's own chunk straight from its inputs, and the sums of replicated heads.
+template <class Exec>
+void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const std::vector<BlockCopy>& l = AlltoallvTransport::unpack_list(plan, dir, stage);
+  exec.run(l.data(), l.size(), buffers);
+}
+
+/// True when Comm has the optional exchange_messages() of the communicator concept.
+template <class Comm>
+inline constexpr bool has_exchange_messages_v = comm_traits<Comm>::exchange_messages;
+
+/// Whether redistribute() takes the message path for this plan, communicator type and executor
+/// type (choose_path() gives Path::messages). Its stages are then pack_pieces(),
+/// exchange_pieces(), unpack_pieces(). @throws as choose_path().
+template <class Comm, class Exec>
+bool uses_pieces(const Plan& plan) {
+  return choose_path<Comm, Exec>(plan) == Path::messages;
+}
+/// Pack stage of the message path: packs only the pieces that are not in place (pack_staged).
+template <class Exec>
+void pack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const std::vector<BlockCopy>& l = MessagesTransport::pack_list(plan, dir, stage);
+  exec.run(l.data(), l.size(), buffers);
+}
+/// Exchange stage of the message path (transport/messages.hpp): one message per piece, from the
+/// input or into the output where in place. No allocation after the communicator's first call
+/// (its ExchangeState keeps the message lists). @throws as stage_exchange().
+template <class Comm>
+void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  static_assert(comm_traits<Comm>::exchange_messages, "exchange_pieces needs a communicator with exchange_messages()");
+  stage_exchange(plan, dir, Path::messages, comm, buffers, stage);
+}
+/// Unpack stage of the message path: the pieces that are not in place, this rank's own chunk and
+/// the sums (unpack_staged).
+template <class Exec>
+void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  const std::vector<BlockCopy>& l = MessagesTransport::unpack_list(plan, dir, stage);
+  exec.run(l.data(), l.size(), buffers);
+}
+/// Exchange stage of the two-level path (transport/two_level.hpp): three rounds of
+/// exchange_messages() between the pack and the unpack of the all-to-all-v path; every rank calls
+/// every round. @throws as stage_exchange(); Error(path_unsupported) for a plan without a
+/// two-level layout.
+template <class Comm>
+void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  static_assert(comm_traits<Comm>::exchange_messages, "exchange_two_level needs a communicator with exchange_messages()");
+  stage_exchange(plan, dir, Path::two_level, comm, buffers, stage);
+}
+
+/// The peer copy (Path::direct, transport/peer_copy.hpp) of direction `dir`, all stages at once:
+/// every rank copies its share of every peer's input straight into its own outputs (one copy
+/// per element, no workspace, no wire), between two synchronisations of the group. Before a
+/// plan's first exchange on this communicator, check_agreement() when enabled; before its first
+/// peer copy, one all-gather of the ranks' layouts (LayoutRecord), from which the lists are built
+/// and kept in the communicator's ExchangeState (allocation, once).
+/// @pre `buffers` from bind_buffers() (or with no workspace); PathSupport<Comm, Exec>::direct.
+/// @throws as stage_exchange(); Error(plan_mismatch) when a peer's layouts do not fit this rank's plan.
 template <class Comm, class Exec>
 void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const BufferTable& buffers) {
   static_assert(PathSupport<Comm, Exec>::direct, "exchange_direct needs with_peers(), allgather() and an executor of the same memory");
   detail::before_exchange(plan, comm);
-  if (!plan.has_direct_lists()) {
-    const LayoutRecord mine = plan.layout_record();
-    std::vector<LayoutRecord> all(static_cast<std::size_t>(plan.degree()));
-    comm.allgather(&mine, sizeof mine, all.data());
-    plan.set_peer_layouts(all.data());
-  }
-  if constexpr (detail::has_prepare_direct<Exec>::value) exec.prepare_direct(plan);
-  std::byte* inputs[kMaxTensors] = {};
-  for (int t = 0; t < plan.num_tensors(); ++t) inputs[t] = buffers.base[Buffer::input(t)];
-  detail::DirectWork<Exec> work{&plan.direct_list(dir), &buffers, &exec, plan.degree()};
-  comm.with_peers(inputs, &detail::DirectWork<Exec>::run, &work);
+  PeerCopyTransport::exchange(plan, dir, comm, exec, buffers);
 }
 
 /// Redistributes the plan's tensors in direction `dir` over the path choose_path() gives (see
@@ -595,19 +348,16 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
 template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
                   const TensorList<ByteSpan>& out, Workspace ws) {
-  detail::check_comm(plan, comm);
-  detail::check_streams(comm, exec);
-  const Path path = choose_path<Comm, Exec>(plan);
-  const BufferTable t = detail::make_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes());
+  const detail::Bound b = detail::bind(plan, dir, comm, exec, in, out, ws);
   if constexpr (PathSupport<Comm, Exec>::direct) {
-    if (path == Path::direct) return exchange_direct(plan, dir, comm, exec, t);
+    if (b.path == Path::direct) return exchange_direct(plan, dir, comm, exec, b.table);
   }
   for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
-    const std::vector<BlockCopy>& before = stage_copies(plan, dir, path, true, k);
-    exec.run(before.data(), before.size(), t);
-    stage_exchange(plan, dir, path, comm, t, k);
-    const std::vector<BlockCopy>& after = stage_copies(plan, dir, path, false, k);
-    exec.run(after.data(), after.size(), t);
+    const std::vector<BlockCopy>& before = pack_list(plan, dir, b.path, k);
+    exec.run(before.data(), before.size(), b.table);
+    stage_exchange(plan, dir, b.path, comm, b.table, k);
+    const std::vector<BlockCopy>& after = unpack_list(plan, dir, b.path, k);
+    exec.run(after.data(), after.size(), b.table);
   }
 }
 

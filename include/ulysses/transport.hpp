@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Deprecated header path (ulysses 0.1): include <ulysses/transport/path.hpp> instead. This forwarding header
+/// @brief Deprecated header path (ulysses 0.1): include <ulysses/transport/dispatch.hpp> instead. This forwarding header
 ///        stays for one minor version (removed in 0.3); define ULYSSES_WARN_DEPRECATED_HEADERS to
 ///        be told where it is still included.
 #pragma once
 #if defined(ULYSSES_WARN_DEPRECATED_HEADERS)
-#pragma message("<ulysses/transport.hpp> is deprecated: include <ulysses/transport/path.hpp>")
+#pragma message("<ulysses/transport.hpp> is deprecated: include <ulysses/transport/dispatch.hpp>")
 #endif
-#include "transport/path.hpp"
+#include "transport/dispatch.hpp"

@@ -14,6 +14,7 @@
 #include "host/executor.hpp"
 #include "topology/route.hpp"
 #include "plan/plan.hpp"
+#include "transport/dispatch.hpp"
 #include "plan/attention.hpp"
 #include "topology/mesh.hpp"
 #include "tune/cost.hpp"

@@ -19,8 +19,8 @@
 ULYSSES_NAMESPACE_BEGIN
 
 /// Two persistent worker threads (packer, unpacker) that overlap the stages of a plan with the
-/// caller's exchanges. Create one per rank thread and reuse it: run() starts no thread and
-/// allocates nothing. Not thread-safe: one run() at a time. Total threads while running: the
+/// caller's exchanges. Create one per rank thread and reuse it: redistribute() starts no thread
+/// and allocates nothing. Not thread-safe: one redistribute() at a time. Total threads while running: the
 /// caller + 2 (+ the executors' own threads, if any; give each executor its own, since the packer
 /// and the unpacker call theirs concurrently).
 class HostPipeline {
@@ -47,19 +47,16 @@ class HostPipeline {
   /// @throws what redistribute() throws; an error in a worker is rethrown here after both workers
   ///         have stopped.
   template <class Comm, class PackExec, class UnpackExec>
-  void run(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec, UnpackExec& unpack_exec,
-           const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
-    static_assert(detail::runs_on_host<PackExec>::value == detail::runs_on_host<UnpackExec>::value,
+  void redistribute(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec, UnpackExec& unpack_exec,
+                    const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
+    static_assert(executor_traits<PackExec>::runs_on_host == executor_traits<UnpackExec>::runs_on_host,
                   "the pack and unpack executors of a HostPipeline run in the same memory");
-    detail::check_comm(plan, comm);
-    const Path path = choose_path<Comm, PackExec>(plan);
+    const detail::Bound b = detail::bind(plan, dir, comm, pack_exec, in, out, ws);
+    const Path path = b.path;
+    const BufferTable& t = b.table;
     if constexpr (PathSupport<Comm, PackExec>::direct) {
-      if (path == Path::direct) {
-        const BufferTable t = detail::make_table(plan, dir, in, out, ws, 0);
-        return exchange_direct(plan, dir, comm, pack_exec, t);
-      }
+      if (path == Path::direct) return exchange_direct(plan, dir, comm, pack_exec, t);
     }
-    const BufferTable t = make_buffers(plan, dir, in, out, ws);
     const int K = plan.num_stages();
     {
       std::lock_guard<std::mutex> l(m_);
@@ -69,7 +66,7 @@ class HostPipeline {
     }
     auto pack_job = [&] {
       for (int k = 0; k < K && !stopped(); ++k) {
-        const std::vector<BlockCopy>& l = stage_copies(plan, dir, path, true, k);
+        const std::vector<BlockCopy>& l = pack_list(plan, dir, path, k);
         pack_exec.run(l.data(), l.size(), t);
         advance(packed_);
       }
@@ -77,7 +74,7 @@ class HostPipeline {
     auto unpack_job = [&] {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(exchanged_, k)) return;
-        const std::vector<BlockCopy>& l = stage_copies(plan, dir, path, false, k);
+        const std::vector<BlockCopy>& l = unpack_list(plan, dir, path, k);
         unpack_exec.run(l.data(), l.size(), t);
       }
     };
@@ -95,6 +92,14 @@ class HostPipeline {
     packer_.wait();
     unpacker_.wait();
     if (error_) std::rethrow_exception(error_);
+  }
+
+  /// Old name of redistribute() (0.1; removed in 0.3).
+  template <class Comm, class PackExec, class UnpackExec>
+  [[deprecated("use HostPipeline::redistribute()")]] void run(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec,
+                                                                UnpackExec& unpack_exec, const TensorList<ConstByteSpan>& in,
+                                                                const TensorList<ByteSpan>& out, Workspace ws) {
+    redistribute(plan, dir, comm, pack_exec, unpack_exec, in, out, ws);
   }
 
  private:

@@ -34,7 +34,7 @@ inline constexpr int kMaxTensors = 16;
 /// Indices into a BufferTable: inputs are 0..T-1, outputs kMaxTensors..kMaxTensors+T-1, then
 /// the send and receive halves of the wire buffer; then the inputs of other ranks of the group
 /// (the direct transport: ranks that share memory read each other's inputs).
-struct Buffer {
+struct BufferIndex {
   static constexpr int input(int t) { return t; }
   static constexpr int output(int t) { return kMaxTensors + t; }
   static constexpr int send = 2 * kMaxTensors;
@@ -44,10 +44,13 @@ struct Buffer {
   static constexpr int peer_input(int p, int t) { return count + p * kMaxTensors + t; }
 };
 
+/// Deprecated name of BufferIndex (0.1; removed in 0.3): it is index arithmetic, not a buffer.
+using Buffer = BufferIndex;
+
 /// The base pointers one execution of a plan works on (trivially copyable: passed by value to
 /// CUDA kernels). Unused entries are null.
 struct BufferTable {
-  std::byte* base[Buffer::count] = {};
+  std::byte* base[BufferIndex::count] = {};
   /// The direct transport's view of the group: peers[p * kMaxTensors + t] is rank p's input t
   /// (this rank's own included), in memory the executor can read; null on the other transports.
   std::byte* const* peers = nullptr;
@@ -56,7 +59,7 @@ struct BufferTable {
 namespace detail {
 /// The base pointer of buffer `index` of a table (an own buffer, or a peer's input).
 ULYSSES_HOST_DEVICE inline std::byte* buffer_at(const BufferTable& t, int index) {
-  return index < Buffer::count ? t.base[index] : t.peers[index - Buffer::count];
+  return index < BufferIndex::count ? t.base[index] : t.peers[index - BufferIndex::count];
 }
 }  // namespace detail
 

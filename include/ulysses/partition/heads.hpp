@@ -91,6 +91,7 @@ class HeadPartition {
     HeadPartition p;
     p.H_ = H;
     p.r_ = std::move(r);
+    p.index_holders();
     return p;
   }
 
@@ -159,10 +160,10 @@ class HeadPartition {
   /// True for a partition made by even() or by gqa() of one (the "even" head policy: gqa() then
   /// requires Hkv % P == 0 or P % Hkv == 0, as DeepSpeed-Ulysses does).
   bool even_split() const { return even_; }
-  /// First head of rank r's range that no lower rank holds (the heads r sends in head→seq).
+  /// First head of rank r's range that no lower rank holds (the heads r sends in head→seq). O(1):
+  /// ends are monotone, so the highest end below r is end(r - 1).
   std::int64_t owned_begin(int r) const {
-    std::int64_t b = begin(r);
-    for (int i = 0; i < r; ++i) b = std::max(b, end(i));
+    const std::int64_t b = r > 0 ? std::max(begin(r), end(r - 1)) : begin(r);
     return std::min(b, end(r));
   }
   /// True when no two ranges overlap (no head is held by two ranks).
@@ -172,13 +173,10 @@ class HeadPartition {
     return true;
   }
   /// The ranks holding head h: [first, last) (contiguous, since ranges are monotone; the first is
-  /// the owner). @pre 0 <= h < num_heads()
+  /// the owner). O(1) from a per-head table (H <= 2^20), else O(log P). @pre 0 <= h < num_heads()
   std::pair<int, int> holders(std::int64_t h) const {
-    int first = 0;
-    while (first < degree() && end(first) <= h) ++first;
-    int last = first;
-    while (last < degree() && begin(last) <= h) ++last;
-    return {first, last};
+    if (!holders_.empty()) return holders_[static_cast<std::size_t>(h)];
+    return search_holders(h);
   }
   /// The rank owning head h (the lowest holder). @pre 0 <= h < num_heads()
   int owner(std::int64_t h) const { return holders(h).first; }
@@ -201,10 +199,130 @@ class HeadPartition {
     detail::check_group_size(P);
     if (H < 1) detail::fail(Errc::invalid_shape, std::string(what) + "=" + std::to_string(H) + " must be >= 1");
   }
+  /// holders(h) by binary search over the monotone ends and begins.
+  std::pair<int, int> search_holders(std::int64_t h) const {
+    auto first = std::partition_point(r_.begin(), r_.end(), [h](const std::pair<std::int64_t, std::int64_t>& x) { return x.second <= h; });
+    auto last = std::partition_point(first, r_.end(), [h](const std::pair<std::int64_t, std::int64_t>& x) { return x.first <= h; });
+    return {static_cast<int>(first - r_.begin()), static_cast<int>(last - r_.begin())};
+  }
+  /// The per-head holder table (one sweep over heads and ranks), for H <= kMaxIndexedHeads.
+  void index_holders() {
+    holders_.clear();
+    if (H_ > kMaxIndexedHeads) return;
+    holders_.resize(static_cast<std::size_t>(H_));
+    int first = 0, last = 0;
+    for (std::int64_t h = 0; h < H_; ++h) {
+      while (first < degree() && r_[static_cast<std::size_t>(first)].second <= h) ++first;
+      if (last < first) last = first;
+      while (last < degree() && r_[static_cast<std::size_t>(last)].first <= h) ++last;
+      holders_[static_cast<std::size_t>(h)] = {first, last};
+    }
+  }
+  static constexpr std::int64_t kMaxIndexedHeads = std::int64_t{1} << 20;
   std::int64_t H_ = 0;
   std::vector<std::pair<std::int64_t, std::int64_t>> r_;
+  std::vector<std::pair<int, int>> holders_;  // derived from r_ (holders(h)); not part of operator==
   bool even_ = false;
   std::int64_t query_per_kv_ = 1;
 };
+
+
+/// A run of heads [lo, hi) of one tensor (ascending, possibly empty).
+struct HeadRun {
+  std::int64_t lo = 0;  ///< first head
+  std::int64_t hi = 0;  ///< one past the last head
+  std::int64_t size() const { return hi - lo; }  ///< heads in the run
+};
+
+/// Heads in a list of runs.
+inline std::int64_t total_heads(const std::vector<HeadRun>& runs) {
+  std::int64_t n = 0;
+  for (const HeadRun& r : runs) n += r.size();
+  return n;
+}
+/// Position of head h in the list `runs` (the index of h when the runs are laid end to end).
+/// @pre h lies in one of the runs.
+inline std::int64_t position_of(const std::vector<HeadRun>& runs, std::int64_t h) {
+  std::int64_t i = 0;
+  for (const HeadRun& r : runs) {
+    if (h < r.hi) return i + (h - r.lo);
+    i += r.size();
+  }
+  return i;
+}
+
+/// Part k of K of the head range [b, e): balanced, the first (e - b) % K parts one head longer
+/// (the pipeline stages of PlanOptions::stages). @pre 0 <= k < K, b <= e.
+inline HeadRun stage_part(std::int64_t b, std::int64_t e, int k, int K) {
+  const std::int64_t n = e - b;
+  const std::int64_t lo = b + k * (n / K) + std::min<std::int64_t>(k, n % K);
+  return {lo, lo + n / K + (k < n % K ? 1 : 0)};
+}
+
+/// Which heads a head-sharded rank puts on the wire (the wire format, docs/wire-format.md).
+enum class WireHeads {
+  held,          ///< seq→head: every head it holds
+  owned,         ///< head→seq, replicas taken from their owner: the heads it owns
+  held_for_sum,  ///< head→seq, replicas summed: every head it holds, each in the stage of its owner's part
+};
+
+/// The heads of partition `hp` that head-sharded rank r puts on the wire in stage k of K, as
+/// ascending runs: `held`: part k of its range; `owned`: part k of its owned range;
+/// `held_for_sum`: the heads it holds that fall in part k of their owner's owned range.
+/// Source: the wire format of Plan (stages cut every rank's, resp. every owner's, range).
+inline std::vector<HeadRun> wire_heads(const HeadPartition& hp, int r, WireHeads which, int k, int K) {
+  std::vector<HeadRun> runs;
+  auto add = [&runs](HeadRun x) {
+    if (x.hi > x.lo) runs.push_back(x);
+  };
+  if (which == WireHeads::held) {
+    add(stage_part(hp.begin(r), hp.end(r), k, K));
+  } else if (which == WireHeads::owned) {
+    add(stage_part(hp.owned_begin(r), hp.end(r), k, K));
+  } else {
+    for (int o = 0; o <= r; ++o) {  // owned ranges ascend with o; only owners up to r hold heads r holds
+      const HeadRun p = stage_part(hp.owned_begin(o), hp.end(o), k, K);
+      add({std::max(p.lo, hp.begin(r)), std::min(p.hi, hp.end(r))});
+    }
+  }
+  return runs;
+}
+
+/// The heads of stage k of K that head→seq moves at all: part k of every rank's owned range.
+inline std::vector<HeadRun> stage_heads(const HeadPartition& hp, int k, int K) {
+  std::vector<HeadRun> runs;
+  for (int o = 0; o < hp.degree(); ++o) {
+    const HeadRun p = stage_part(hp.owned_begin(o), hp.end(o), k, K);
+    if (p.hi > p.lo) runs.push_back(p);
+  }
+  return runs;
+}
+
+/// The longest run [h, e) with e <= hi whose heads all have the holders of head h (ranges change
+/// only at range boundaries, so this is O(log P), not one step per head). @pre h < hi <= H.
+inline HeadRun same_holders(const HeadPartition& hp, std::int64_t h, std::int64_t hi) {
+  const auto [first, last] = hp.holders(h);
+  // The holders change at the next range boundary above h: end(first) or begin(last).
+  std::int64_t e = hi;
+  if (first < hp.degree()) e = std::min(e, hp.end(first));
+  if (last < hp.degree()) e = std::min(e, std::max(hp.begin(last), h + 1));
+  return {h, std::max(e, h + 1)};
+}
+
+/// The maximal runs of `runs` whose heads are held by several ranks (`shared` true) or by one.
+inline std::vector<HeadRun> shared_runs(const HeadPartition& hp, const std::vector<HeadRun>& runs, bool shared) {
+  std::vector<HeadRun> out;
+  for (const HeadRun& r : runs)
+    for (std::int64_t a = r.lo; a < r.hi;) {
+      const HeadRun same = same_holders(hp, a, r.hi);
+      const auto h = hp.holders(a);
+      if ((h.second - h.first > 1) == shared) {
+        if (!out.empty() && out.back().hi == a) out.back().hi = same.hi;
+        else out.push_back(same);
+      }
+      a = same.hi;
+    }
+  return out;
+}
 
 ULYSSES_NAMESPACE_END

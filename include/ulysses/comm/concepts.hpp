@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The communicator and executor concepts, stated once: what a type must provide, the
+///        optional capabilities that open the faster transports, the traits the library reads
+///        (comm_traits, executor_traits; a user type may specialise them), and the compile-time
+///        checks that name a member whose signature is wrong instead of silently not using it.
+///
+/// **Communicator** — a type C must provide:
+/// - `int size() const`, `int rank() const`: the group's degree and this member's rank;
+/// - `void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t*
+///   send_offsets, std::byte* recv, const std::size_t* recv_bytes, const std::size_t* recv_offsets)`:
+///   collective; arrays of size() entries indexed by peer, in bytes; the chunk for peer p is
+///   `[send + send_offsets[p], + send_bytes[p])`, what p sends lands at `recv + recv_offsets[p]`;
+///   zero-byte pairs occur (the own chunk is always 0 in plans) and must not hang; errors are
+///   thrown as ulysses::Error(backend). Data in place on return, or in stream order.
+///
+/// and may provide (each opens what it says; a member of that NAME whose signature does not fit
+/// is a compile error naming it, check_communicator()):
+/// - `void allgather(const void* send, std::size_t bytes, void* recv)` of HOST memory (rank p's
+///   bytes at recv + p * bytes): the cross-rank plan check (without it: alltoallv on host buffers,
+///   unless the type declares `static constexpr bool device_memory = true`), and the peer copy;
+/// - `void exchange_messages(const Message* send, std::size_t n_send, const Message* recv,
+///   std::size_t n_recv)` (Message* works too): collective; sends each message of `send` to its
+///   peer, receives each of `recv` from its peer; the k-th message rank i sends rank j is the k-th
+///   j receives from i (same bytes); never to the rank itself; every rank calls it, even with empty
+///   lists → Path::messages and Path::two_level;
+/// - `void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx)`:
+///   collective over ranks that share one address space (threads of one process): publishes `mine`,
+///   waits for every rank, calls work(ctx, all) with all[p] = rank p's `mine`, and returns only after
+///   every rank's work has returned (no rank may then touch a peer's memory) → Path::direct, the
+///   peer copy (with allgather(), which exchanges the ranks' layouts once per plan). For device
+///   memory (DeviceLocalGroup::Comm) the same in stream order;
+/// - `ExchangeState& exchange_state()`: where the transports keep what they learn about a plan on
+///   this communicator (the passed agreement check, the peer copy's lists) and their scratch
+///   (comm/exchange_state.hpp). Without it the check runs at every call, and the message lists
+///   and peer copy lists are allocated per call;
+/// - `static constexpr bool device_memory = true`: its buffers are device memory (NcclComm,
+///   DeviceLocalGroup::Comm); otherwise host memory;
+/// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's).
+///
+/// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiComm (allgather,
+/// exchange_messages, exchange_state), NcclComm (allgather, exchange_messages, exchange_state,
+/// device_memory, stream), DeviceLocalGroup::Comm (all), torch's ProcessGroupComm.
+///
+/// **Executor** — a type E must provide `void run(const BlockCopy* blocks, std::size_t n, const
+/// BufferTable& t)` (layout/blocks.hpp: run the n block copies over the buffers of t) and may
+/// declare `static constexpr bool runs_on_host = true` (host loads and stores, done on return:
+/// HostExecutor) or `static constexpr bool device_memory = true` (stream-ordered device work:
+/// CudaExecutor), `stream()`, and `void prepare_direct(BlockList seq_to_head, BlockList
+/// head_to_seq, int degree) const` (a device executor uploads the peer copy's lists once). The
+/// message paths and the peer copy need the executor's memory to be the communicator's.
+///
+/// Source of the pattern: c10d's Backend (every optional feature a query that defaults to false,
+/// a loud failure otherwise) and NCCL's ncclCommQueryProperties (capabilities as data).
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include "../layout/blocks.hpp"
+#include "exchange_state.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// The callback of with_peers(): work(ctx, all) with all[p] = what rank p published.
+using PeerWork = void (*)(void* ctx, const void* const* all);
+
+// ---- whether a member can be called as the concept says --------------------------------------
+template <class C, class = void>
+struct has_size_rank : std::false_type {};
+template <class C>
+struct has_size_rank<C, std::void_t<decltype(int{std::declval<const C&>().size()}), decltype(int{std::declval<const C&>().rank()})>>
+    : std::true_type {};
+
+template <class C, class = void>
+struct has_alltoallv : std::false_type {};
+template <class C>
+struct has_alltoallv<C, std::void_t<decltype(std::declval<C&>().alltoallv(
+                            std::declval<const std::byte*>(), std::declval<const std::size_t*>(), std::declval<const std::size_t*>(),
+                            std::declval<std::byte*>(), std::declval<const std::size_t*>(), std::declval<const std::size_t*>()))>>
+    : std::true_type {};
+
+template <class C, class = void>
+struct has_allgather : std::false_type {};
+template <class C>
+struct has_allgather<C, std::void_t<decltype(std::declval<C&>().allgather(std::declval<const void*>(), std::size_t{},
+                                                                          std::declval<void*>()))>> : std::true_type {};
+
+template <class C, class = void>
+struct has_exchange_messages : std::false_type {};
+template <class C>
+struct has_exchange_messages<C, std::void_t<decltype(std::declval<C&>().exchange_messages(
+                                    std::declval<Message*>(), std::size_t{}, std::declval<Message*>(), std::size_t{}))>>
+    : std::true_type {};
+
+template <class C, class = void>
+struct has_with_peers : std::false_type {};
+template <class C>
+struct has_with_peers<C, std::void_t<decltype(std::declval<C&>().with_peers(std::declval<const void*>(), std::declval<PeerWork>(),
+                                                                            std::declval<void*>()))>> : std::true_type {};
+
+template <class C, class = void>
+struct has_exchange_state : std::false_type {};
+template <class C>
+struct has_exchange_state<C, std::enable_if_t<std::is_same_v<decltype(std::declval<C&>().exchange_state()), ExchangeState&>>>
+    : std::true_type {};
+
+template <class E, class = void>
+struct has_run : std::false_type {};
+template <class E>
+struct has_run<E, std::void_t<decltype(std::declval<E&>().run(std::declval<const BlockCopy*>(), std::size_t{},
+                                                              std::declval<const BufferTable&>()))>> : std::true_type {};
+
+template <class E, class = void>
+struct has_prepare_direct : std::false_type {};
+template <class E>
+struct has_prepare_direct<E, std::void_t<decltype(std::declval<const E&>().prepare_direct(BlockList{}, BlockList{}, int{}))>>
+    : std::true_type {};
+
+template <class C, class = void>
+struct has_stream : std::false_type {};
+template <class C>
+struct has_stream<C, std::void_t<decltype(std::declval<const C&>().stream())>> : std::true_type {};
+
+template <class E, class = void>
+struct runs_on_host : std::false_type {};
+template <class E>
+struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
+
+template <class C, class = void>
+struct device_memory : std::false_type {};
+template <class C>
+struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
+
+// ---- whether a member of that name exists at all (one non-template, non-overloaded member) ----
+#define ULYSSES_DETAIL_NAMES_MEMBER(name)                                                    \
+  template <class C, class = void>                                                          \
+  struct names_##name : std::false_type {};                                                 \
+  template <class C>                                                                        \
+  struct names_##name<C, std::void_t<decltype(&C::name)>> : std::true_type {};
+ULYSSES_DETAIL_NAMES_MEMBER(allgather)
+ULYSSES_DETAIL_NAMES_MEMBER(exchange_messages)
+ULYSSES_DETAIL_NAMES_MEMBER(with_peers)
+ULYSSES_DETAIL_NAMES_MEMBER(exchange_state)
+ULYSSES_DETAIL_NAMES_MEMBER(prepare_direct)
+#undef ULYSSES_DETAIL_NAMES_MEMBER
+
+}  // namespace detail
+
+/// What a communicator type can do, as the library reads it. Computed from its members (see the
+/// file comment); specialise it for your type to declare capabilities explicitly (for example to
+/// turn one off: `exchange_messages = false` keeps a member of that name unused). Every field
+/// that is true must be backed by a member with the concept's signature.
+template <class Comm>
+struct comm_traits {
+  static constexpr bool allgather = detail::has_allgather<Comm>::value;                  ///< allgather() of host memory
+  static constexpr bool exchange_messages = detail::has_exchange_messages<Comm>::value;  ///< Path::messages, two_level
+  static constexpr bool with_peers = detail::has_with_peers<Comm>::value;                ///< Path::direct (with allgather)
+  static constexpr bool exchange_state = detail::has_exchange_state<Comm>::value;        ///< ExchangeState& exchange_state()
+  static constexpr bool device_memory = detail::device_memory<Comm>::value;              ///< buffers in device memory
+  static constexpr bool stream = detail::has_stream<Comm>::value;                        ///< stream() for the stream check
+};
+
+/// What an executor type can do, as the library reads it (see the file comment); specialise it
+/// for your type to declare capabilities explicitly.
+template <class Exec>
+struct executor_traits {
+  static constexpr bool runs_on_host = detail::runs_on_host<Exec>::value;        ///< host loads and stores, done on return
+  static constexpr bool device_memory = detail::device_memory<Exec>::value;      ///< stream-ordered device work
+  static constexpr bool prepare_direct = detail::has_prepare_direct<Exec>::value;  ///< uploads the peer copy's lists
+  static constexpr bool stream = detail::has_stream<Exec>::value;                ///< stream() for the stream check
+};
+
+/// Compile-time check of a communicator type: what it must have, and every optional member it
+/// NAMES with a signature that does not fit (a typo would otherwise silently select a slower
+/// path). The transports call it; true when the type passes (else a static_assert fails naming
+/// the member and the signature the concept expects).
+template <class Comm>
+constexpr bool check_communicator() {
+  static_assert(detail::has_size_rank<Comm>::value,
+                "ulysses communicator concept: the type needs `int size() const` and `int rank() const` (comm/concepts.hpp)");
+  static_assert(detail::has_alltoallv<Comm>::value,
+                "ulysses communicator concept: the type needs `void alltoallv(const std::byte* send, const std::size_t* send_bytes, "
+                "const std::size_t* send_offsets, std::byte* recv, const std::size_t* recv_bytes, const std::size_t* recv_offsets)` "
+                "(comm/concepts.hpp)");
+  static_assert(!detail::names_exchange_messages<Comm>::value || detail::has_exchange_messages<Comm>::value,
+                "ulysses communicator concept: the type has a member named exchange_messages whose signature is not "
+                "`void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv)`: "
+                "fix it, or rename it if it is not the capability (comm/concepts.hpp)");
+  static_assert(!detail::names_allgather<Comm>::value || detail::has_allgather<Comm>::value,
+                "ulysses communicator concept: the type has a member named allgather whose signature is not "
+                "`void allgather(const void* send, std::size_t bytes, void* recv)` (comm/concepts.hpp)");
+  static_assert(!detail::names_with_peers<Comm>::value || detail::has_with_peers<Comm>::value,
+                "ulysses communicator concept: the type has a member named with_peers whose signature is not "
+                "`void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx)` (comm/concepts.hpp)");
+  static_assert(!detail::names_exchange_state<Comm>::value || detail::has_exchange_state<Comm>::value,
+                "ulysses communicator concept: the type has a member named exchange_state that does not return "
+                "`ulysses::ExchangeState&` (comm/concepts.hpp)");
+  static_assert(!comm_traits<Comm>::exchange_messages || detail::has_exchange_messages<Comm>::value,
+                "ulysses: comm_traits<C>::exchange_messages is true but C has no exchange_messages() of the concept's signature");
+  static_assert(!comm_traits<Comm>::allgather || detail::has_allgather<Comm>::value,
+                "ulysses: comm_traits<C>::allgather is true but C has no allgather() of the concept's signature");
+  static_assert(!comm_traits<Comm>::with_peers || detail::has_with_peers<Comm>::value,
+                "ulysses: comm_traits<C>::with_peers is true but C has no with_peers() of the concept's signature");
+  return true;
+}
+
+/// Compile-time check of an executor type, as check_communicator().
+template <class Exec>
+constexpr bool check_executor() {
+  static_assert(detail::has_run<Exec>::value,
+                "ulysses executor concept: the type needs `void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t)` "
+                "(comm/concepts.hpp)");
+  static_assert(!detail::names_prepare_direct<Exec>::value || detail::has_prepare_direct<Exec>::value,
+                "ulysses executor concept: the type has a member named prepare_direct whose signature is not "
+                "`void prepare_direct(BlockList seq_to_head, BlockList head_to_seq, int degree) const` (comm/concepts.hpp)");
+  return true;
+}
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief One verdict on every rank: the agreement record of a plan (what determines the wire),
+///        its field names and fingerprint, and the collective check_agreement() that compares
+///        the ranks' records before a plan's first exchange.
+///
+/// Included by plan/plan.hpp (it defines Plan's record members).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../comm/concepts.hpp"
+#include "../detail/checked.hpp"
+#include "../detail/hash.hpp"
+#include "../error.hpp"
+#include "plan.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+/// Where the agreement record's fields lie: words 0..7 the scalars, then per tensor the head
+/// partition, the head dim and element size, the replica handling; then the node layout.
+inline constexpr int kHeadsWord = 8, kElementWord = kHeadsWord + kMaxTensors, kReplicasWord = kElementWord + kMaxTensors;
+inline constexpr int kNodesWord = kReplicasWord + kMaxTensors;
+static_assert(kNodesWord < kAgreementWords, "the agreement record holds every field");
+}  // namespace detail
+
+inline AgreementRecord Plan::agreement_record() const {
+  AgreementRecord w{};
+  auto hash = [](std::uint64_t h, std::int64_t v) { return detail::fnv1a(h, v); };
+  const std::uint64_t h0 = detail::kFnvBasis;
+  w[0] = 0x756c797373657301ull;  // "ulysses" + record version 1
+  w[1] = static_cast<std::uint64_t>(group_.size);
+  w[2] = static_cast<std::uint64_t>(batch_);
+  w[3] = static_cast<std::uint64_t>(seq_.seq_len());
+  std::uint64_t h = h0;
+  for (const SeqChunk& c : seq_.chunks()) h = hash(hash(hash(h, c.rank), c.offset), c.length);
+  w[4] = h;
+  w[5] = tensors_.size();
+  w[6] = static_cast<std::uint64_t>(options_.stages);
+  w[7] = (options_.messages_enabled() ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1;
+  int max_node = 1;  // lanes >= the largest node are all "one lane per rank": the same wire
+  for (int n = 0; n < nodes_.num_nodes(); ++n) max_node = std::max(max_node, static_cast<int>(nodes_.members(n).size()));
+  const std::uint64_t lanes = options_.lanes >= max_node ? 0u : static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
+  w[detail::kNodesWord] = two_level_ ? (nodes_.hash() ^ (lanes * golden)) | 1u : 0u;
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    const TensorSpec& x = tensors_[t];
+    h = hash(h0, x.heads.num_heads());
+    for (int r = 0; r < group_.size; ++r) h = hash(hash(h, x.heads.begin(r)), x.heads.end(r));
+    w[detail::kHeadsWord + t] = h;
+    w[detail::kElementWord + t] = hash(hash(h0, x.head_dim), static_cast<std::int64_t>(x.elem_bytes));
+    const bool sums = sums_replicas(static_cast<int>(t));
+    w[detail::kReplicasWord + t] = hash(hash(h0, sums ? 1 : 0), sums ? static_cast<std::int64_t>(x.type) : 0);
+  }
+  return w;
+}
+
+inline std::string Plan::agreement_field(int i) {
+  static const char* const first[8] = {"the record version", "the group size P", "the batch B", "the sequence length S",
+                                       "the sequence partition", "the number of tensors", "the number of stages K",
+                                       "the path options (PlanOptions::path, direct_pieces)"};
+  if (i < 8) return first[i];
+  if (i < detail::kElementWord) return "the head partition of tensor " + std::to_string(i - detail::kHeadsWord);
+  if (i < detail::kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - detail::kElementWord);
+  if (i < detail::kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - detail::kReplicasWord);
+  if (i == detail::kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
+  return "word " + std::to_string(i);
+}
+
+inline std::uint64_t Plan::fingerprint() const {
+  std::uint64_t h = detail::kFnvBasis;
+  for (std::uint64_t v : agreement_record()) h = detail::fnv1a(h, v);
+  return h;
+}
+
+namespace detail {
+/// Throws Error(comm_mismatch) when the communicator's size or rank is not the plan's.
+template <class Comm>
+void check_comm(const Plan& plan, const Comm& comm) {
+  if (comm.size() != plan.degree() || comm.rank() != plan.rank())
+    fail(Errc::comm_mismatch, "communicator has size " + std::to_string(comm.size()) + " and rank " +
+                                  std::to_string(comm.rank()) + "; the plan was made for P=" + std::to_string(plan.degree()) +
+                                  ", rank " + std::to_string(plan.rank()));
+}
+
+/// Whether check_agreement() can run on this communicator: it has allgather() (host memory), or
+/// its alltoallv() takes host memory (it does not declare `device_memory = true`).
+template <class Comm>
+constexpr bool can_check_agreement_v = comm_traits<Comm>::allgather || !comm_traits<Comm>::device_memory;
+
+/// The words of `a` that differ from `b`, as "the head partition of tensor 0, ..." (at most 4).
+inline std::string differing_fields(const AgreementRecord& a, const AgreementRecord& b) {
+  std::string out;
+  int n = 0;
+  for (int i = 0; i < kAgreementWords; ++i) {
+    if (a[static_cast<std::size_t>(i)] == b[static_cast<std::size_t>(i)]) continue;
+    if (n++ < 4) out += (out.empty() ? "" : ", ") + Plan::agreement_field(i);
+  }
+  if (n > 4) out += " and " + std::to_string(n - 4) + " more";
+  return out;
+}
+
+}  // namespace detail
+
+/// Cross-rank agreement: all-gathers every rank's Plan::agreement_record() (512 bytes: what
+/// determines the wire — P, B, the sequence partition, head partitions, head dims, element sizes,
+/// stages, path options, replica handling — and nothing a rank may choose alone, such as its
+/// layouts or format) and throws on EVERY rank when they differ, naming the ranks whose records
+/// differ from rank 0's and the fields, instead of a hang, a truncation or silently wrong data in
+/// the exchange. Collective; redistribute() and the stage functions call it by themselves before
+/// a plan's first exchange (Plan::agreement_check_enabled(), on by default in every build). It records a passed check
+/// in the communicator's ExchangeState (when it has one) and in the plan's AgreementCheck.
+///
+/// Uses the communicator's optional `void allgather(const void* send, std::size_t bytes, void*
+/// recv)` (host memory; LocalGroup::Comm, MpiComm, NcclComm, DeviceLocalGroup::Comm have it), or
+/// else its alltoallv() on host buffers. A communicator of device memory without allgather()
+/// declares `static constexpr bool device_memory = true`, and the check is skipped for it.
+/// @throws Error(plan_mismatch) the records differ; Error(comm_mismatch) as exchange(); the
+///         communicator's errors.
+template <class Comm>
+void check_agreement(const Plan& plan, Comm& comm) {
+  detail::check_comm(plan, comm);
+  static_assert(check_communicator<Comm>());
+  if constexpr (detail::can_check_agreement_v<Comm>) {
+    const int P = plan.degree(), me = plan.rank();
+    const AgreementRecord mine = plan.agreement_record();
+    std::vector<AgreementRecord> all(static_cast<std::size_t>(P));
+    if constexpr (comm_traits<Comm>::allgather) {
+      comm.allgather(mine.data(), sizeof mine, all.data());
+    } else {  // an all-gather through alltoallv: every peer receives this rank's record
+      std::vector<std::size_t> sb(static_cast<std::size_t>(P), sizeof mine), so(static_cast<std::size_t>(P), 0), rb = sb, ro = so;
+      for (int p = 0; p < P; ++p) ro[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * sizeof mine;
+      sb[static_cast<std::size_t>(me)] = rb[static_cast<std::size_t>(me)] = 0;  // the own chunk stays empty
+      all[static_cast<std::size_t>(me)] = mine;
+      comm.alltoallv(reinterpret_cast<const std::byte*>(mine.data()), sb.data(), so.data(),
+                     reinterpret_cast<std::byte*>(all.data()), rb.data(), ro.data());
+    }
+    std::string diff;
+    int first = -1;
+    for (int r = 1; r < P; ++r) {
+      const std::string f = detail::differing_fields(all[static_cast<std::size_t>(r)], all[0]);
+      if (f.empty()) continue;
+      if (first < 0) first = r;
+      if (diff.size() < 600) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " in " + f;
+    }
+    if (first >= 0) {
+      std::vector<int> differ;
+      for (int r = 1; r < P; ++r)
+        if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
+      detail::fail(Errc::plan_mismatch,
+                   "ranks " + detail::join(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " +
+                       std::to_string(me) + "): " + diff +
+                       ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
+                       "sizes, stages, path options and replica handling (local layouts may differ)");
+    }
+  }
+  if constexpr (comm_traits<Comm>::exchange_state) comm.exchange_state().mark_agreed(plan.id());
+  plan.agreement_check().pass();
+}
+
+namespace detail {
+/// Whether the cross-rank check is still due before this exchange of `plan` on `comm`: enabled,
+/// and not yet passed on this communicator (or, for a communicator without ExchangeState, for
+/// this plan).
+template <class Comm>
+bool agreement_due(const Plan& plan, Comm& comm) {
+  if (!plan.agreement_check_enabled()) return false;
+  if constexpr (comm_traits<Comm>::exchange_state) return !comm.exchange_state().agreed(plan.id());
+  return !plan.agreement_checked();
+}
+
+/// What every exchange does first: the communicator's size and rank against the plan, then the
+/// cross-rank check when it is due.
+template <class Comm>
+void before_exchange(const Plan& plan, Comm& comm) {
+  check_comm(plan, comm);
+  if (agreement_due(plan, comm)) check_agreement(plan, comm);
+}
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END
+
+#include "peer_lists.hpp"

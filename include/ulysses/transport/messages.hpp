@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Path::messages: one message per (peer, tensor, batch index, sequence chunk), sent from
+///        the user's input where the piece is contiguous there and from the send region
+///        otherwise, received into the output where contiguous and into the receive region
+///        otherwise (heFFTe's point-to-point reshape; NCCL grouped send/recv).
+///
+/// | needs          | lists                        | copies per element                      |
+/// |----------------|------------------------------|-----------------------------------------|
+/// | exchange_messages() on the communicator, the executor's memory the communicator's | StageLists::pack_staged, unpack_staged, send_pieces, recv_pieces | 0-2 for peers' bytes: a piece in place skips its pack (sending) or unpack (receiving); 1 for the own chunk; transport 1 |
+/// Traffic: as alltoallv, in as many messages as pieces.
+#pragma once
+
+#include <vector>
+
+#include "common.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// The message transport (see the file comment).
+struct MessagesTransport {
+  static constexpr Path path = Path::messages;  ///< the Path it serves
+  /// exchange_messages() and the executor's memory the communicator's.
+  template <class Comm, class Exec>
+  static constexpr bool supported = comm_traits<Comm>::exchange_messages && detail::same_memory_v<Comm, Exec>;
+  /// Before the exchange: the pack blocks of the pieces that are not in place.
+  static const std::vector<BlockCopy>& pack_list(const Plan& plan, Direction d, int k) { return plan.stage_lists(d, k).pack_staged; }
+  /// After it: the unpack blocks of the pieces that are not in place, the own chunk, the sums.
+  static const std::vector<BlockCopy>& unpack_list(const Plan& plan, Direction d, int k) { return plan.stage_lists(d, k).unpack_staged; }
+  /// One exchange_messages() of every piece of stage k (in place or staged).
+  /// @pre the cross-rank check is done; a flat plan; comm_traits<Comm>::exchange_messages.
+  template <class Comm>
+  static void exchange(const Plan& plan, Direction d, Comm& comm, const BufferTable& t, int k) {
+    const StageLists& s = plan.stage_lists(d, k);
+    detail::post_messages(comm, t, s.send_pieces, s.recv_pieces);
+  }
+  /// Copies per element of direction d (Plan::copies()).
+  static CopyCount copies(const Plan& plan, Direction d) {
+    return detail::count_copies(
+        plan, d, [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.pack_staged; },
+        [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.unpack_staged; },
+        [](const StageLists& s) { return static_cast<double>(s.recv_total); });
+  }
+};
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Path::direct, the peer copy: ranks that can load and store each other's memory copy
+///        their share of every peer's input straight into their own outputs, one copy per
+///        element, with no workspace and no wire (FlashInfer's and TensorRT-LLM's IPC
+///        all-to-alls do the same between GPUs).
+///
+/// | needs          | lists                        | copies per element                      |
+/// |----------------|------------------------------|-----------------------------------------|
+/// | with_peers() and allgather() on the communicator, the executor's memory the communicator's (a device executor also prepare_direct()) | PeerCopyLists (built once per plan and group from the ranks' layouts, kept in the communicator's ExchangeState) | executor 1, transport 0 |
+/// Traffic: every element read once from its owner's memory (the same bytes as the flat exchange, no messages).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "common.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+/// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
+template <class Exec>
+struct PeerCopyWork {
+  const std::vector<BlockCopy>* list;
+  const BufferTable* table;
+  Exec* exec;
+  int P;
+  std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors entries
+  static void run(void* ctx, const void* const* all) {
+    const auto& w = *static_cast<const PeerCopyWork*>(ctx);
+    std::vector<std::byte*>& peers = *w.peers;
+    for (int p = 0; p < w.P; ++p)
+      for (int t = 0; t < kMaxTensors; ++t)
+        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = static_cast<std::byte* const*>(all[p])[t];
+    BufferTable t = *w.table;
+    t.peers = peers.data();
+    w.exec->run(w.list->data(), w.list->size(), t);
+  }
+};
+}  // namespace detail
+
+/// The peer copy transport (see the file comment). It has no stages: exchange() runs every
+/// stage's share at once.
+struct PeerCopyTransport {
+  static constexpr Path path = Path::direct;  ///< the Path it serves
+  /// with_peers() and allgather() on the communicator, the executor's memory the communicator's,
+  /// and a host executor or one that uploads the lists (prepare_direct()).
+  template <class Comm, class Exec>
+  static constexpr bool supported = comm_traits<Comm>::with_peers && comm_traits<Comm>::allgather &&
+                                    detail::same_memory_v<Comm, Exec> &&
+                                    (executor_traits<Exec>::runs_on_host || executor_traits<Exec>::prepare_direct);
+
+  /// The lists of `plan` on `comm`'s group: from the communicator's ExchangeState, or built from
+  /// an all-gather of the ranks' layouts (collective; allocates) and kept there. Without an
+  /// ExchangeState they are built into `local` at every call.
+  template <class Comm>
+  static const PeerCopyLists& lists(const Plan& plan, Comm& comm, PeerCopyLists& local) {
+    if constexpr (comm_traits<Comm>::exchange_state) {
+      if (const PeerCopyLists* l = comm.exchange_state().peer_copy(plan.id())) return *l;
+    }
+    const LayoutRecord mine = plan.layout_record();
+    std::vector<LayoutRecord> all(static_cast<std::size_t>(plan.degree()));
+    comm.allgather(&mine, sizeof mine, all.data());
+    if constexpr (comm_traits<Comm>::exchange_state) {
+      return comm.exchange_state().set_peer_copy(plan.id(), peer_copy_lists(plan, all.data()));
+    } else {
+      local = peer_copy_lists(plan, all.data());
+      return local;
+    }
+  }
+
+  /// The peer copy of direction d, all stages at once, between two synchronisations of the group
+  /// (with_peers(): no rank reads a peer's input before the peer has published it, and none
+  /// returns while a peer may still read its input).
+  /// @pre the cross-rank check is done; supported<Comm, Exec>.
+  /// @throws Error(plan_mismatch) when a peer's layouts do not fit this rank's plan; the
+  ///         communicator's and executor's errors.
+  template <class Comm, class Exec>
+  static void exchange(const Plan& plan, Direction d, Comm& comm, Exec& exec, const BufferTable& t) {
+    PeerCopyLists local;
+    const PeerCopyLists& l = lists(plan, comm, local);
+    const std::vector<BlockCopy>& list = l.list[static_cast<int>(d)];
+    if constexpr (executor_traits<Exec>::prepare_direct) {
+      const std::vector<BlockCopy>& s2h = l.list[0];
+      const std::vector<BlockCopy>& h2s = l.list[1];
+      exec.prepare_direct(BlockList{s2h.data(), s2h.size()}, BlockList{h2s.data(), h2s.size()}, plan.degree());
+    }
+    std::byte* inputs[kMaxTensors] = {};
+    for (int x = 0; x < plan.num_tensors(); ++x) inputs[x] = t.base[BufferIndex::input(x)];
+    std::vector<std::byte*> own_scratch;
+    std::vector<std::byte*>* peers = &own_scratch;
+    if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
+    peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors);
+    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), peers};
+    comm.with_peers(inputs, &detail::PeerCopyWork<Exec>::run, &work);
+  }
+
+  /// Copies per element of direction d: one executor copy, no transport (Plan::copies()).
+  static CopyCount copies(const Plan& plan, Direction d) {
+    double out = 0;
+    for (int k = 0; k < plan.num_stages(); ++k) out += detail::written_bytes(plan.stage_lists(d, k).unpack);
+    if (out == 0) return {};
+    return {1, 0};
+  }
+};
+
+ULYSSES_NAMESPACE_END
