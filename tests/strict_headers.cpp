@@ -49,9 +49,9 @@ long round_trip(LocalGroup::Comm& comm, Path path, int stages, bool pipelined) {
   if (pipelined) {
     HostExecutor unpack_exec;
     HostPipeline pipeline;
-    pipeline.run(plan, Direction::seq_to_head, comm, exec, unpack_exec, {seq[0], seq[1], seq[2]},
+    pipeline.redistribute(plan, Direction::seq_to_head, comm, exec, unpack_exec, {seq[0], seq[1], seq[2]},
                  {head[0], head[1], head[2]}, ws);
-    pipeline.run(plan, Direction::head_to_seq, comm, exec, unpack_exec, {head[0], head[1], head[2]},
+    pipeline.redistribute(plan, Direction::head_to_seq, comm, exec, unpack_exec, {head[0], head[1], head[2]},
                  {back[0], back[1], back[2]}, ws);
   } else {
     seq_to_head(plan, comm, exec, {seq[0], seq[1], seq[2]}, {head[0], head[1], head[2]}, ws);

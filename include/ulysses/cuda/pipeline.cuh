@@ -59,9 +59,9 @@ struct caps_grid<E, std::void_t<decltype(std::declval<const E&>().sm_count()), d
 /// redistribute() with the same plan.
 ///
 /// Owns one non-blocking "copy" stream and 2*kMaxStages + 2 events (timing disabled), all created
-/// by the constructor on the device current then and destroyed by the destructor; run() creates
-/// nothing. Create one per rank (per user stream) and reuse it. Not thread-safe: one run() at a
-/// time (the events are reused by the next call, which is correct in stream order).
+/// by the constructor on the device current then and destroyed by the destructor; redistribute() creates
+/// nothing. Create one per rank (per user stream) and reuse it. Not thread-safe: one redistribute()
+/// at a time (the events are reused by the next call, which is correct in stream order).
 ///
 /// SMs: a pack or unpack launched with the whole grid (SM count × occupancy) would fill every SM
 /// and the NCCL kernel of the stage being exchanged could not start until it ends. The pipeline
@@ -70,13 +70,13 @@ struct caps_grid<E, std::void_t<decltype(std::declval<const E&>().sm_count()), d
 /// exchange (NCCL's point-to-point kernels use up to 32 channels, one CTA each, by default).
 class CudaPipeline {
  public:
-  /// Most stages a plan may have (PlanOptions::stages is limited to the same).
-  static constexpr int kMaxStages = 64;
+  /// Most stages a plan may have (ulysses::kMaxStages, the limit of PlanOptions::stages).
+  static constexpr int kMaxStages = ulysses::kMaxStages;
   /// SMs left free for the exchange by default (see the class comment).
   static constexpr int kReservedSms = 32;
 
   /// Creates the copy stream and the events on the current device.
-  /// @param stream       the user's stream (0 = legacy default stream): every run() is ordered on
+  /// @param stream       the user's stream (0 = legacy default stream): every redistribute() is ordered on
   ///                     it, and it must be the stream the communicator exchanges on. Not owned.
   /// @param reserved_sms SMs the packs and unpacks leave to the exchange (>= 0; at least one SM
   ///                     always copies)
@@ -103,7 +103,7 @@ class CudaPipeline {
   /// @param plan  a plan with 1 <= K <= 64 stages; for K = 1 nothing overlaps (as redistribute()
   ///              but on two streams)
   /// @param dir   seq_to_head or head_to_seq
-  /// @param comm  a communicator (concept of redistribute.hpp) of the plan's size and rank whose
+  /// @param comm  a communicator (comm/concepts.hpp) of the plan's size and rank whose
   ///              exchange is ordered on stream() — NcclComm or DeviceLocalGroup::Comm made on
   ///              that stream (checked when the communicator has `stream()`)
   /// @param exec  the executor of the plan: a CudaExecutor made from `plan` (or any executor with
@@ -116,8 +116,8 @@ class CudaPipeline {
   /// @param out   the other sharding, same order; must not overlap the inputs, each other or `ws`
   /// @param ws    device workspace of at least Plan::workspace_bytes() bytes (16-byte aligned for
   ///              the widest copies); all stages use their own parts of it
-  /// @pre the pipeline's device is current; no other run() of this pipeline is in progress.
-  /// @throws before anything is enqueued: what make_buffers() throws (wrong_tensor_count,
+  /// @pre the pipeline's device is current; no other redistribute() of this pipeline is in progress.
+  /// @throws before anything is enqueued: what bind_buffers() throws (wrong_tensor_count,
   ///         workspace_too_small, misaligned, buffer_overlap, invalid_shape); Error(comm_mismatch)
   ///         for a communicator of another size or rank, or one that exchanges on another
   ///         stream; Error(invalid_shape) for a plan of more than kMaxStages stages; what
@@ -126,14 +126,13 @@ class CudaPipeline {
   ///         plan_mismatch) and the executor's (backend); the user's stream is then still joined
   ///         to the copy stream (best effort) before the error propagates.
   template <class Comm, class Exec>
-  void run(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
-           const TensorList<ByteSpan>& out, Workspace ws) {
+  void redistribute(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+                    const TensorList<ByteSpan>& out, Workspace ws) {
     detail::check_comm(plan, comm);
-    if constexpr (detail::has_stream<Comm>::value) {
-      if (static_cast<cudaStream_t>(comm.stream()) != stream_)
-        detail::fail(Errc::comm_mismatch, "the communicator exchanges on another stream than the CudaPipeline's; make the "
-                                          "communicator on the stream the pipeline was made with");
-    }
+    if constexpr (comm_traits<Comm>::stream)
+      detail::check_same_stream(static_cast<cudaStream_t>(comm.stream()), stream_,
+                                "the communicator exchanges on another stream than the CudaPipeline's; make the communicator "
+                                "on the stream the pipeline was made with");
     const int K = plan.num_stages();
     if (K < 1 || K > kMaxStages)
       detail::fail(Errc::invalid_shape, "the plan has " + std::to_string(K) + " stages; CudaPipeline runs 1 to " +
@@ -141,14 +140,11 @@ class CudaPipeline {
     // The path redistribute() takes (choose_path): one message per piece where the communicator
     // can (NcclComm, DeviceLocalGroup::Comm), packing and unpacking only the staged pieces.
     const Path path = choose_path<Comm, Exec>(plan);
+    const BufferTable t = detail::bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes());
     if constexpr (PathSupport<Comm, Exec>::direct) {
-      if (path == Path::direct) {  // one copy per element, no stages to overlap: on the user's stream
-        const BufferTable t = detail::make_table(plan, dir, in, out, ws, 0);
-        return exchange_direct(plan, dir, comm, exec, t);
-      }
+      if (path == Path::direct) return exchange_direct(plan, dir, comm, exec, t);  // one copy per element, no stages: on the user's stream
     }
-    const BufferTable t = make_buffers(plan, dir, in, out, ws);
-    if (plan.check_agreement() && !plan.agreement_checked()) check_agreement(plan, comm);  // before the fork
+    if (detail::agreement_due(plan, comm)) check_agreement(plan, comm);  // before the fork
 
     bool forked = false;
     try {
@@ -162,7 +158,7 @@ class CudaPipeline {
         stage_exchange(plan, dir, path, comm, t, k);
         detail::cuda_check(cudaEventRecord(exchanged_[k], stream_), "cudaEventRecord (CudaPipeline)");
         detail::cuda_check(cudaStreamWaitEvent(copy_, exchanged_[k], 0), "cudaStreamWaitEvent (CudaPipeline)");
-        copy(exec, stage_copies(plan, dir, path, false, k), t);  // overlaps exchange k+1
+        copy(exec, unpack_list(plan, dir, path, k), t);  // overlaps exchange k+1
       }
       join();
     } catch (...) {
@@ -176,18 +172,27 @@ class CudaPipeline {
     }
   }
 
-  /// run(plan, Direction::seq_to_head, ...): seq-sharded inputs [B, S_r, H, D] → head-sharded
-  /// outputs [B, S, H_r, D]. See run().
+  /// Old name of redistribute() (0.1; removed in 0.3).
+  template <class Comm, class Exec>
+  [[deprecated("use CudaPipeline::redistribute()")]] void run(const Plan& plan, Direction dir, Comm& comm, const Exec& exec,
+                                                                const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
+                                                                Workspace ws) {
+    redistribute(plan, dir, comm, exec, in, out, ws);
+  }
+
+  /// redistribute(plan, Direction::seq_to_head, ...): seq-sharded inputs [B, S_r, H, D] →
+  /// head-sharded outputs [B, S, H_r, D]. See redistribute().
   template <class Comm, class Exec>
   void seq_to_head(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
                    const TensorList<ByteSpan>& out, Workspace ws) {
-    run(plan, Direction::seq_to_head, comm, exec, in, out, ws);
+    redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws);
   }
-  /// run(plan, Direction::head_to_seq, ...): head-sharded inputs → seq-sharded outputs. See run().
+  /// redistribute(plan, Direction::head_to_seq, ...): head-sharded inputs → seq-sharded outputs.
+  /// See redistribute().
   template <class Comm, class Exec>
   void head_to_seq(const Plan& plan, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
                    const TensorList<ByteSpan>& out, Workspace ws) {
-    run(plan, Direction::head_to_seq, comm, exec, in, out, ws);
+    redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws);
   }
 
   cudaStream_t stream() const { return stream_; }     ///< the user's stream (exchanges; ordering)
@@ -219,7 +224,7 @@ class CudaPipeline {
   /// Pack stage k (its staged pieces on the message path) on the copy stream, then record packed_[k] there.
   template <class Exec>
   void pack_stage(const Plan& plan, Direction dir, Path path, const Exec& exec, const BufferTable& t, int k) {
-    copy(exec, stage_copies(plan, dir, path, true, k), t);
+    copy(exec, pack_list(plan, dir, path, k), t);
     detail::cuda_check(cudaEventRecord(packed_[k], copy_), "cudaEventRecord (CudaPipeline)");
   }
   /// The user's stream waits for everything enqueued on the copy stream.
