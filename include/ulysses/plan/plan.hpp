@@ -1058,4 +1058,22 @@ class Plan {
   mutable std::vector<BlockCopy> direct_[2];  // the direct transport's lists, per direction (set_peer_layouts)
 };
 
+/// Views of every block list of `plan` that an executor may be given outside the direct path:
+/// for each direction (seq_to_head, then head_to_seq), each stage k in [0, num_stages()), the
+/// lists pack, unpack, pack_staged and unpack_staged of schedule(d, k), in that order (4 × 2 × K
+/// views; empty lists included). What CudaExecutor(plan, stream) uploads (found by
+/// argument-dependent lookup: executors include no planner). The direct path's lists are not in
+/// it (direct_list(), built later). Allocates the returned vector; the views point into `plan`,
+/// which must outlive them.
+inline std::vector<BlockList> block_lists(const Plan& plan) {
+  std::vector<BlockList> lists;
+  for (Direction d : {Direction::seq_to_head, Direction::head_to_seq})
+    for (int k = 0; k < plan.num_stages(); ++k) {
+      const Schedule& sc = plan.schedule(d, k);
+      for (const std::vector<BlockCopy>* l : {&sc.pack, &sc.unpack, &sc.pack_staged, &sc.unpack_staged})
+        lists.push_back(BlockList{l->data(), l->size()});
+    }
+  return lists;
+}
+
 ULYSSES_NAMESPACE_END
