@@ -571,7 +571,11 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
     comm.allgather(&mine, sizeof mine, all.data());
     plan.set_peer_layouts(all.data());
   }
-  if constexpr (detail::has_prepare_direct<Exec>::value) exec.prepare_direct(plan);
+  if constexpr (detail::has_prepare_direct<Exec>::value) {
+    const std::vector<BlockCopy>& s2h = plan.direct_list(Direction::seq_to_head);
+    const std::vector<BlockCopy>& h2s = plan.direct_list(Direction::head_to_seq);
+    exec.prepare_direct({s2h.data(), s2h.size()}, {h2s.data(), h2s.size()}, plan.degree());
+  }
   std::byte* inputs[kMaxTensors] = {};
   for (int t = 0; t < plan.num_tensors(); ++t) inputs[t] = buffers.base[Buffer::input(t)];
   detail::DirectWork<Exec> work{&plan.direct_list(dir), &buffers, &exec, plan.degree()};

@@ -5,9 +5,14 @@
 ///
 /// The executor runs the very block lists the host executor runs (host/executor.hpp), so the CPU
 /// tests already check the index arithmetic the GPU uses. The lists live in device memory: they
-/// are uploaded once, when the executor is made from a Plan (the only allocation, with prepare_direct()'s);
+/// are uploaded once, when the executor is made (the only allocation, with prepare_direct()'s);
 /// run() then only launches one kernel, so pack → exchange → unpack on a stream has no host
 /// synchronisation and can be captured in a CUDA graph.
+///
+/// Executors take list views (BlockList, layout/blocks.hpp), not a Plan: this header includes
+/// nothing of plan/ or transport/. `CudaExecutor(plan, stream)` still works for any plan type
+/// with a free function `block_lists(plan)` found by argument-dependent lookup (Plan has one,
+/// plan/plan.hpp).
 ///
 /// The pieces (CUB's split): the tuning constants in cuda/policy.cuh (CopyPolicy), the kernel
 /// and its device functions in cuda/detail/kernel.cuh, the host-side list preparation in
@@ -30,7 +35,6 @@
 
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
-#include "../plan/plan.hpp"
 #include "detail/config.cuh"
 #include "detail/kernel.cuh"
 #include "detail/kernel_list.cuh"
@@ -39,75 +43,77 @@
 
 ULYSSES_CUDA_NAMESPACE_BEGIN
 
-/// Executor (see the executor concept in copy.hpp) that runs block lists on a CUDA stream.
+/// Executor (the executor concept: transport/path.hpp) that runs block lists on a CUDA stream.
 ///
-/// Made from a Plan: it serves exactly that plan's block lists (pack and unpack of seq_to_head
-/// and head_to_seq, every stage), which it uploads to device memory at construction. Memory:
-/// the buffers of the BufferTable given to run() are device memory (or memory the device can
-/// address: managed, mapped, peer) of the executor's device; the workspace should start 16-byte
-/// aligned for the widest copies (any alignment is correct).
+/// Made from block lists (or from a plan, through its block_lists()): it serves exactly those
+/// lists, which it uploads to device memory at construction, and the direct path's two lists
+/// that prepare_direct() adds. Memory: the buffers of the BufferTable given to run() are device
+/// memory (or memory the device can address: managed, mapped, peer) of the executor's device;
+/// the workspace should start 16-byte aligned for the widest copies (any alignment is correct).
 ///
-/// Thread-safety: run() is const and may be called from several threads (it only launches).
-/// Lifetime: the Plan must outlive the executor (run() recognises the plan's lists by address),
+/// Thread-safety: run() is const and may be called from several threads (it only launches);
+/// prepare_direct() is const too but uploads the first time: not concurrently with run().
+/// Lifetime: the lists (the Plan) must outlive the executor (run() recognises them by address),
 /// and the executor must outlive every CUDA graph that captured one of its launches (the kernels
 /// read the block lists from the executor's device memory, freed by its destructor).
 /// Grid: a launch uses at most SM count × resident CTAs per SM of the copy kernel, or fewer when
 /// asked (run(..., max_ctas)): CudaPipeline leaves SMs free so that the NCCL kernel of the stage
 /// being exchanged can run beside a pack or an unpack.
-/// Source: the block semantics of block.hpp (copy.hpp's host executor is the reference).
+/// Source: the block semantics of layout/blocks.hpp (host/executor.hpp's HostExecutor is the
+/// reference); the kernel of cuda/detail/kernel.cuh with the constants of policy().
 class CudaExecutor {
  public:
-  /// Its copies are stream-ordered device work on device memory (transport.hpp).
+  /// Its copies are stream-ordered device work on device memory (transport/path.hpp).
   static constexpr bool device_memory = true;
 
-  /// Uploads the plan's block lists and sizes the grid for the current device.
+  /// Uploads `n` block lists and sizes the grid for the current device.
   ///
   /// Call it outside stream capture (it allocates: cudaMalloc, and cudaMallocHost for the pinned
   /// host image of the lists, so that the upload is a true asynchronous copy). The upload is
   /// enqueued on `stream` (every run() on that stream is ordered after it); nothing else is
   /// synchronised.
-  /// @param plan   the plan whose lists run() will be given; must outlive the executor
+  /// @param lists  n views of the lists run() will be given (host memory; any may be empty); the
+  ///               lists themselves (not this array) must outlive the executor and keep their
+  ///               address and content: run() recognises a list by (data, size)
+  /// @param n      entries of `lists` (0: an executor that runs only the direct lists, after
+  ///               prepare_direct())
   /// @param stream the stream run() launches on (0 = the legacy default stream); it must belong
   ///               to the current device, which run() expects to be current too
-  /// @throws Error(backend) with the CUDA error name and string when a CUDA call fails.
-  CudaExecutor(const Plan& plan, cudaStream_t stream) : stream_(stream) {
-    detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
-    int sms = 0, per_sm = 0;
-    detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
-                       "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-    detail::cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                           &per_sm, detail::block_copy_kernel<detail::kCopyThreads>, detail::kCopyThreads, 0),
-                       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    sms_ = sms > 0 ? sms : 1;
-    per_sm_ = per_sm > 0 ? per_sm : 1;
-    max_grid_ = static_cast<std::int64_t>(sms_) * per_sm_;
+  /// @throws Error(backend) with the CUDA error name and string when a CUDA call fails (what was
+  ///         allocated is freed).
+  CudaExecutor(const BlockList* lists, std::size_t n, cudaStream_t stream) : CudaExecutor(stream) { upload(lists, n, 0); }
 
-    // Every list of the plan: both directions, every stage, pack and unpack, and their staged
-    // parts (the message path). The direct path's lists come later (prepare_direct()).
-    std::vector<const std::vector<BlockCopy>*> src;
-    for (Direction d : {Direction::seq_to_head, Direction::head_to_seq})
-      for (int k = 0; k < plan.num_stages(); ++k) {
-        const Schedule& sc = plan.schedule(d, k);
-        for (const std::vector<BlockCopy>* l : {&sc.pack, &sc.unpack, &sc.pack_staged, &sc.unpack_staged}) src.push_back(l);
-      }
-    try {
-      upload(src, 0);
-    } catch (...) {
-      release();
-      throw;
-    }
+  /// Uploads every block list of `plan` — both directions, every stage, pack and unpack and
+  /// their staged parts (the message path): what the free function `block_lists(plan)`, found by
+  /// argument-dependent lookup, returns (Plan's is in plan/plan.hpp) — as
+  /// CudaExecutor(lists, n, stream). The direct path's lists come later (prepare_direct()).
+  /// @tparam P     a plan type with `std::vector<BlockList> block_lists(const P&)`
+  /// @param plan   the plan whose lists run() will be given; must outlive the executor
+  /// @param stream as CudaExecutor(lists, n, stream)
+  /// @throws as CudaExecutor(lists, n, stream).
+  template <class P, class = decltype(block_lists(std::declval<const P&>()))>
+  CudaExecutor(const P& plan, cudaStream_t stream) : CudaExecutor(stream) {
+    const std::vector<BlockList> lists = block_lists(plan);
+    upload(lists.data(), lists.size(), 0);
   }
 
-  /// Uploads the direct path's lists of `plan` (Plan::direct_list(), built by the first direct
-  /// exchange) and makes room for the peers' pointers (P × kMaxTensors): what exchange_direct()
-  /// calls before running them; nothing on later calls. Allocates (cudaMalloc, cudaMallocHost) the
-  /// first time: outside stream capture. @pre plan.has_direct_lists(); the plan is the executor's.
-  /// @throws Error(backend) when a CUDA call fails.
-  void prepare_direct(const Plan& plan) const {
-    const std::vector<BlockCopy>& s2h = plan.direct_list(Direction::seq_to_head);
-    if (peers_dev_ && units(s2h.data(), s2h.size()) >= 0) return;
-    peers_count_ = static_cast<std::size_t>(plan.degree()) * kMaxTensors;
-    upload({&s2h, &plan.direct_list(Direction::head_to_seq)}, peers_count_ * sizeof(std::byte*));
+  /// Uploads the direct path's two lists (Plan::direct_list(seq_to_head) and
+  /// direct_list(head_to_seq), which the first direct exchange builds) and makes room in device
+  /// memory for the peers' pointers (degree × kMaxTensors): what exchange_direct() calls before
+  /// running them. Nothing on later calls with the same seq_to_head list. Allocates (cudaMalloc,
+  /// cudaMallocHost) the first time: outside stream capture; the upload is enqueued on stream().
+  /// @param seq_to_head, head_to_seq the direct lists of the two directions (host memory; they
+  ///               must outlive the executor, as the constructor's)
+  /// @param degree the group size P (>= 1): BufferTable::peers of the direct path has
+  ///               P × kMaxTensors entries
+  /// @throws Error(invalid_group) for degree < 1; Error(backend) when a CUDA call fails.
+  void prepare_direct(BlockList seq_to_head, BlockList head_to_seq, int degree) const {
+    if (peers_dev_ && units(seq_to_head.data, seq_to_head.size) >= 0) return;
+    if (degree < 1)
+      throw Error(Errc::invalid_group, "CudaExecutor::prepare_direct: degree=" + std::to_string(degree) + " must be >= 1");
+    const BlockList lists[2] = {seq_to_head, head_to_seq};
+    peers_count_ = static_cast<std::size_t>(degree) * kMaxTensors;
+    upload(lists, 2, peers_count_ * sizeof(std::byte*));
   }
 
   CudaExecutor(const CudaExecutor&) = delete;
@@ -125,15 +131,18 @@ class CudaExecutor {
   /// Enqueues the n block copies of `blocks` on the executor's stream: ONE kernel launch (none
   /// when n == 0); returns without waiting. No allocation, no synchronisation; capturable.
   ///
-  /// @param blocks one of the plan's lists, by its host address: `plan.schedule(d, k).pack.data()`,
-  ///               `.unpack.data()`, `.pack_staged.data()` or `.unpack_staged.data()` (what the
-  ///               stage functions of redistribute.hpp pass)
-  /// @param n      that list's size
+  /// @param blocks one of the uploaded lists, by its host address: a BlockList::data given to the
+  ///               constructor or to prepare_direct() — for a plan, `plan.schedule(d, k).pack.data()`,
+  ///               `.unpack.data()`, `.pack_staged.data()`, `.unpack_staged.data()` or
+  ///               `plan.direct_list(d).data()` (what the stage functions of redistribute.hpp pass)
+  /// @param n      that list's size (its BlockList::size)
   /// @param t      device base pointers (by value: the kernel takes a copy at launch)
   /// @pre the executor's device is current; the buffers' copies do not overlap (as for the host
-  ///      executor).
-  /// @throws Error(plan_mismatch) when `blocks`/`n` is not one of the lists of the plan the
-  ///         executor was made from (e.g. a copy of that plan, or another plan);
+  ///      executor); when `t.peers` is set (the direct path) it has degree × kMaxTensors entries,
+  ///      the degree given to prepare_direct().
+  /// @throws Error(plan_mismatch) when `blocks`/`n` is not one of the lists the executor uploaded
+  ///         (e.g. a list of a copy of its plan, or of another plan), or when `t.peers` is set and
+  ///         prepare_direct() was not called;
   ///         Error(backend) when the launch fails (cudaGetLastError; this may also report an
   ///         earlier asynchronous error of the context).
   void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t) const { run(blocks, n, t, stream_); }
@@ -166,8 +175,9 @@ class CudaExecutor {
       if (x.host == blocks && x.n == n) l = &x;
     if (!l)
       throw Error(Errc::plan_mismatch, "CudaExecutor::run: the list of " + std::to_string(n) +
-                                           " blocks given is not one of the block lists of the plan this executor "
-                                           "was made from; make the executor from the Plan whose schedule you run");
+                                           " blocks given is not one of the block lists this executor uploaded (from "
+                                           "the plan it was made from, or prepare_direct()); make the executor from the "
+                                           "Plan whose schedule you run");
     std::int64_t grid = l->units < max_grid_ ? l->units : max_grid_;
     if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
     detail::block_copy_kernel<detail::kCopyThreads><<<static_cast<unsigned>(grid), detail::kCopyThreads, 0, stream>>>(
@@ -186,7 +196,8 @@ class CudaExecutor {
   /// The tuning constants of the copy kernel this executor launches (cuda/policy.cuh): what ran,
   /// for tools to print (to_string(policy())).
   static constexpr CopyPolicy policy() { return detail::kCopyPolicy; }
-  /// Units of work (≤ kTileBytes bytes each) of a list of the plan, or -1 for a foreign list.
+  /// Units of work (≤ policy().tile_bytes() bytes each) of an uploaded list, by its host address
+  /// and size (as run()), or -1 for a foreign list.
   std::int64_t units(const BlockCopy* blocks, std::size_t n) const {
     for (const List& x : lists_)
       if (x.host == blocks && x.n == n) return x.units;
@@ -195,7 +206,7 @@ class CudaExecutor {
 
  private:
   struct List {
-    const BlockCopy* host = nullptr;  // the plan's list (identity for run())
+    const BlockCopy* host = nullptr;  // the caller's list (identity for run())
     std::size_t n = 0;
     const detail::KernelBlock* dev_blocks = nullptr;
     const std::int64_t* dev_units = nullptr;
@@ -206,15 +217,32 @@ class CudaExecutor {
     void* dev = nullptr;
     std::byte* host = nullptr;
   };
-  /// Uploads lists (appended to lists_) and, after them, `extra` bytes of device memory for the
-  /// peers' pointers (peers_dev_ when extra > 0), enqueued on stream_.
-  void upload(const std::vector<const std::vector<BlockCopy>*>& src, std::size_t extra) const {
+  /// Queries the device and the kernel's occupancy (what every constructor does first; the
+  /// constructors that delegate to it then upload: when that throws, the destructor frees what
+  /// was allocated).
+  explicit CudaExecutor(cudaStream_t stream) : stream_(stream) {
+    detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
+    int sms = 0, per_sm = 0;
+    detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
+                       "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+    detail::cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                           &per_sm, detail::block_copy_kernel<detail::kCopyThreads>, detail::kCopyThreads, 0),
+                       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    sms_ = sms > 0 ? sms : 1;
+    per_sm_ = per_sm > 0 ? per_sm : 1;
+    max_grid_ = static_cast<std::int64_t>(sms_) * per_sm_;
+  }
+
+  /// Uploads the `count` lists at `src` (appended to lists_) and, after them, `extra` bytes of
+  /// device memory for the peers' pointers (peers_dev_ when extra > 0), enqueued on stream_.
+  void upload(const BlockList* src, std::size_t count, std::size_t extra) const {
+    if (count == 0 && extra == 0) return;  // nothing to upload (an executor made from no list)
     // Image of the device memory: per list, the kernel's blocks then the unit prefix sum.
     std::size_t bytes = 0;
-    std::vector<std::size_t> blocks_at(src.size()), units_at(src.size());
-    std::vector<detail::KernelList> kl(src.size());
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      kl[i] = detail::kernel_list(src[i]->data(), src[i]->size());
+    std::vector<std::size_t> blocks_at(count), units_at(count);
+    std::vector<detail::KernelList> kl(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      kl[i] = detail::kernel_list(src[i].data, src[i].size);
       blocks_at[i] = bytes;
       bytes += kl[i].blocks.size() * sizeof(detail::KernelBlock);
       units_at[i] = bytes;
@@ -230,11 +258,11 @@ class CudaExecutor {
     }
     regions_.push_back(r);  // freed by the destructor from now on
     auto* dev = static_cast<std::byte*>(r.dev);
-    for (std::size_t i = 0; i < src.size(); ++i) {
+    for (std::size_t i = 0; i < count; ++i) {
       if (!kl[i].blocks.empty())
         std::memcpy(r.host + blocks_at[i], kl[i].blocks.data(), kl[i].blocks.size() * sizeof(detail::KernelBlock));
       std::memcpy(r.host + units_at[i], kl[i].unit_begin.data(), kl[i].unit_begin.size() * sizeof(std::int64_t));
-      lists_.push_back(List{src[i]->data(), src[i]->size(), reinterpret_cast<const detail::KernelBlock*>(dev + blocks_at[i]),
+      lists_.push_back(List{src[i].data, src[i].size, reinterpret_cast<const detail::KernelBlock*>(dev + blocks_at[i]),
                             reinterpret_cast<const std::int64_t*>(dev + units_at[i]), kl[i].unit_begin.back()});
     }
     if (extra) peers_dev_ = reinterpret_cast<std::byte**>(dev + extra_at);
@@ -262,7 +290,7 @@ class CudaExecutor {
     std::swap(per_sm_, o.per_sm_);
   }
 
-  mutable std::vector<List> lists_;       // the plan's lists (prepare_direct() adds the direct ones)
+  mutable std::vector<List> lists_;       // the uploaded lists (prepare_direct() adds the direct ones)
   mutable std::vector<Region> regions_;   // their device memory and pinned images
   mutable std::byte** peers_dev_ = nullptr;  // the direct path's peers' pointers, in device memory
   mutable std::size_t peers_count_ = 0;      // entries of peers_dev_ (P × kMaxTensors)

@@ -98,11 +98,11 @@ struct device_memory : std::false_type {};
 template <class C>
 struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
 
-/// Whether an executor uploads the direct path's lists on demand (`prepare_direct(plan)`: CudaExecutor).
+/// Whether an executor uploads the direct path's lists on demand (`prepare_direct(s2h, h2s, degree)`: CudaExecutor).
 template <class E, class = void>
 struct has_prepare_direct : std::false_type {};
 template <class E>
-struct has_prepare_direct<E, std::void_t<decltype(std::declval<const E&>().prepare_direct(std::declval<const Plan&>()))>>
+struct has_prepare_direct<E, std::void_t<decltype(std::declval<const E&>().prepare_direct(BlockList{}, BlockList{}, int{}))>>
     : std::true_type {};
 
 /// Whether C has `stream()` (stream-ordered communicators and executors: NcclComm,
