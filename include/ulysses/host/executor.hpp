@@ -205,15 +205,6 @@ inline BlockCopy host_order(const BlockCopy& c) {
   return o;
 }
 
-/// Byte offsets (source, destination) of row `row` of block c (rows numbered row-major over
-/// extent[0..3], as the host loops visit them).
-inline void row_offsets_host(const BlockCopy& c, std::int64_t row, std::int64_t& so, std::int64_t& dso) {
-  const std::int64_t i3 = row % c.extent[3], r2 = row / c.extent[3], i2 = r2 % c.extent[2], r1 = r2 / c.extent[2];
-  const std::int64_t i1 = r1 % c.extent[1], i0 = r1 / c.extent[1];
-  so = i0 * c.src_stride[0] + i1 * c.src_stride[1] + i2 * c.src_stride[2] + i3 * c.src_stride[3];
-  dso = i0 * c.dst_stride[0] + i1 * c.dst_stride[1] + i2 * c.dst_stride[2] + i3 * c.dst_stride[3];
-}
-
 /// Copies the bytes [lo, hi) of block `c` (bytes numbered row by row in loop order, row-major over
 /// extent[0..3], then within the row): whole rows go through copy_rows_as, a row cut by lo or hi
 /// is copied in part. The result is the same bytes as run_block_host restricted to that range.
@@ -227,7 +218,7 @@ inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64
   while (pos < hi) {
     const std::int64_t row = pos / R, off = pos % R, i3 = row % e3;
     std::int64_t so, dso;
-    row_offsets_host(c, row, so, dso);
+    row_offsets(c, row, so, dso);
     if (off != 0 || hi - pos < R) {  // a row cut by the range: copy its part
       const std::int64_t n = std::min(R - off, hi - pos);
       copy_rows_as(streaming, dst + dso + off, src + so + off, 1, n, n, n);
@@ -259,7 +250,7 @@ void run_sum_range_as(const BlockCopy* g, const BufferTable& t, std::int64_t lo,
     const std::int64_t len = std::min({R - off, hi - pos, kSumBatch * E}), m = len / E;
     std::int64_t so = 0, dso = 0;
     for (int j = 0; j < n; ++j) {
-      row_offsets_host(g[j], row, so, dso);
+      row_offsets(g[j], row, so, dso);
       std::memcpy(raw, buffer_at(t, g[j].src_buffer) + g[j].src_offset + so + off, static_cast<std::size_t>(len));
       if (j == 0)
         for (std::int64_t i = 0; i < m; ++i) acc[i] = A::widen(raw[i]);

@@ -120,6 +120,35 @@ struct BlockList {
 
 namespace detail {
 
+/// Byte offsets (source `so`, destination `dso`) of row `row` of block `c`, from the bases plus
+/// the offsets: the rows are numbered row-major over extent[0..3] (extent[3] fastest), the order
+/// in which the host executor's loops visit them, and `row` is decomposed over extent[3..1] with
+/// the remainder as the index of dimension 0. The one row decomposition of the library: the host
+/// executor (host/executor.hpp) and the copy kernel (cuda/detail/kernel.cuh) both call it.
+/// @tparam Index the type the divisions are made in: std::int64_t (any block), or std::uint32_t
+///               for the copy kernel's blocks of fewer than 2^31 rows (32-bit divisions are faster
+///               on the GPU); both give the same offsets where the rows fit
+/// @pre 0 <= row < c.rows(), every extent >= 1 (make_blocks() builds no empty block)
+template <class Index = std::int64_t>
+ULYSSES_HOST_DEVICE inline void row_offsets(const BlockCopy& c, std::int64_t row, std::int64_t& so, std::int64_t& dso) {
+  auto q = static_cast<Index>(row);
+  std::int64_t s = 0, d = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 3; i >= 1; --i) {
+    const auto e = static_cast<Index>(c.extent[i]);
+    const Index next = q / e;
+    const auto idx = static_cast<std::int64_t>(q - next * e);
+    s += idx * c.src_stride[i];
+    d += idx * c.dst_stride[i];
+    q = next;
+  }
+  const auto i0 = static_cast<std::int64_t>(q);
+  so = s + i0 * c.src_stride[0];
+  dso = d + i0 * c.dst_stride[0];
+}
+
 /// Builds the blocks of a (b, s, h, d) block of extents `ext` from `n` sources to one
 /// destination (n = 1: a copy; n >= 2: a sum of n terms in the given order). Strides are in
 /// elements of `elem_bytes` bytes. Dimensions are ordered by destination stride (any loop order

@@ -328,18 +328,22 @@ class Plan : private detail::PlanFields {
   std::size_t recv_region_ = 0, workspace_ = 0;
 };
 
-/// Every block list of `plan` that an executor may be given on the alltoallv, messages and
-/// two-level paths (both directions, every stage: pack, unpack, pack_staged, unpack_staged), as
-/// views into the plan (valid while it lives): what a device executor uploads (CudaExecutor).
+/// Views of every block list of `plan` that an executor may be given outside the direct path:
+/// for each direction (seq_to_head, then head_to_seq), each stage k in [0, num_stages()), the
+/// lists pack, unpack, pack_staged and unpack_staged of stage_lists(d, k), in that order (4 × 2 × K
+/// views; empty lists included). What CudaExecutor(plan, stream) uploads (found by
+/// argument-dependent lookup: executors include no planner). The peer copy's lists are not in
+/// it (they are built at its first exchange, transport/peer_copy.hpp). Allocates the returned vector; the views point into `plan`,
+/// which must outlive them.
 inline std::vector<BlockList> block_lists(const Plan& plan) {
-  std::vector<BlockList> out;
+  std::vector<BlockList> lists;
   for (Direction d : {Direction::seq_to_head, Direction::head_to_seq})
     for (int k = 0; k < plan.num_stages(); ++k) {
       const StageLists& sc = plan.stage_lists(d, k);
       for (const std::vector<BlockCopy>* l : {&sc.pack, &sc.unpack, &sc.pack_staged, &sc.unpack_staged})
-        out.push_back({l->data(), l->size()});
+        lists.push_back(BlockList{l->data(), l->size()});
     }
-  return out;
+  return lists;
 }
 
 ULYSSES_NAMESPACE_END

@@ -9,7 +9,8 @@
 /// architectures (say one with -arch=sm_80, one with -arch=sm_90), the linker would keep ONE of
 /// the two inline host functions (`CudaExecutor::run`, the kernel stubs) and silently launch code
 /// built for the wrong architecture from the other TU. To prevent that, everything in
-/// cuda/copy.cuh lives in an inner inline namespace whose name spells the architectures the TU
+/// cuda/executor.cuh and the headers it includes (cuda/policy.cuh's constants, cuda/detail/kernel.cuh,
+/// cuda/detail/kernel_list.cuh) lives in an inner inline namespace whose name spells the architectures the TU
 /// is compiled for, taken from nvcc's `__CUDA_ARCH_LIST__` (e.g. `800,900` gives
 /// `ulysses::v0::sm_800_900`, and `ulysses::v0::detail::sm_800_900` for the kernels). Users
 /// keep writing `ulysses::CudaExecutor`; two TUs built for different archs get different,
