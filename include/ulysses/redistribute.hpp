@@ -111,11 +111,66 @@ inline std::size_t align_of_elem(std::size_t e) {
   return a;
 }
 
+/// The byte ranges of one call's buffers: inputs 0..T-1, outputs T..2T-1, the workspace 2T, with
+/// their names for messages. What bind_table() checks.
+struct CallBuffers {
+  struct Range {
+    const std::byte* p = nullptr;
+    std::size_t n = 0;
+  };
+  Range range[2 * kMaxTensors + 1];
+  int T = 0;
+  bool s2h = true;
+  /// "input 1 (tensor 1, seq-sharded)", "the workspace".
+  std::string name(int i) const {
+    if (i >= 2 * T) return "the workspace";
+    const bool is_in = i < T;
+    return std::string(is_in ? "input " : "output ") + std::to_string(i % T) + " (tensor " + std::to_string(i % T) + ", " +
+           (is_in == s2h ? "seq-sharded" : "head-sharded") + ")";
+  }
+  /// The layout of buffer i (the seq-sharded or head-sharded layout of its tensor).
+  const Layout& layout(const Plan& plan, int i) const { return (i < T) == s2h ? plan.seq_layout(i % T) : plan.head_layout(i % T); }
+};
+
+/// Checks buffer i of a call (input or output) against its size, null pointer and alignment.
+/// @throws Error(buffer_too_small, invalid_shape, misaligned)
+inline void check_buffer(const Plan& plan, Direction dir, const CallBuffers& b, int i, std::size_t given) {
+  const int t = i % b.T;
+  const bool is_in = i < b.T;
+  const std::size_t n = b.range[i].n, e = plan.tensor(t).elem_bytes;
+  if (given < n)
+    fail(Errc::buffer_too_small, b.name(i) + " holds " + std::to_string(given) + " bytes; its layout " + b.layout(plan, i).str() +
+                                     " of " + std::to_string(e) + "-byte elements needs " + std::to_string(n) + " bytes (Plan::" +
+                                     (is_in == (dir == Direction::seq_to_head) ? "seq_bytes" : "head_bytes") + "(" +
+                                     std::to_string(t) + ")); are the tensors in the plan's order?");
+  if (n && !b.range[i].p) fail(Errc::invalid_shape, b.name(i) + " is null but holds " + std::to_string(n) + " bytes");
+  if (reinterpret_cast<std::uintptr_t>(b.range[i].p) % align_of_elem(e))
+    fail(Errc::misaligned, b.name(i) + " is not aligned to its element size of " + std::to_string(e) + " bytes");
+}
+
+/// Every output against every other range, every input against the workspace. Byte spans that
+/// meet are an overlap, except views with the same strides interleaved without sharing a byte
+/// (q, k, v gradients written into one fused [B, S, 3, H, D] or [B, S, H + 2*Hkv, D] buffer),
+/// which an exact test clears (layout/algebra.hpp). @throws Error(buffer_overlap)
+inline void check_overlaps(const Plan& plan, const CallBuffers& b) {
+  const int T = b.T;
+  for (int i = 0; i < 2 * T; ++i)
+    for (int j = i < T ? 2 * T : 0; j <= 2 * T; ++j) {  // inputs only against the workspace
+      const CallBuffers::Range &x = b.range[i], &y = b.range[j];
+      if (j == i || !x.n || !y.n || !(x.p < y.p + y.n && y.p < x.p + x.n)) continue;
+      const std::size_t e = plan.tensor(i % T).elem_bytes;
+      if (j < 2 * T && e == plan.tensor(j % T).elem_bytes && !views_overlap(b.layout(plan, i), x.p, b.layout(plan, j), y.p, e))
+        continue;
+      fail(Errc::buffer_overlap, b.name(i) + " [" + std::to_string(x.n) + " bytes] overlaps " + b.name(j) + " [" +
+                                     std::to_string(y.n) + " bytes]; outputs and the workspace need their own memory");
+    }
+}
+
 /// Checks the call's arguments against the plan and fills the buffer table. The checks are
 /// local to this rank (the plan has made the global ones) and allocate nothing unless they fail.
+/// `ws_needed`: the workspace bytes the path uses (Plan::workspace_bytes(), or 0 for the peer copy).
 /// @throws Error(wrong_tensor_count, workspace_too_small, buffer_too_small, misaligned,
 ///         buffer_overlap, invalid_shape)
-/// `ws_needed`: the workspace bytes the path uses (Plan::workspace_bytes(), or 0 for the direct path).
 inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
                               const TensorList<ByteSpan>& out, Workspace ws, std::size_t ws_needed) {
   const int T = plan.num_tensors();
@@ -126,59 +181,21 @@ inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<
     fail(Errc::workspace_too_small, "workspace of " + std::to_string(ws.bytes) + " bytes at " +
                                         (ws.data ? "a valid address" : "null") + "; the plan needs " +
                                         std::to_string(plan.workspace_bytes()) + " bytes (Plan::workspace_bytes())");
-  // Byte ranges: inputs 0..T-1, outputs T..2T-1, the workspace 2T.
-  struct Range {
-    const std::byte* p;
-    std::size_t n;
-  };
-  Range range[2 * kMaxTensors + 1];
-  const bool s2h = dir == Direction::seq_to_head;
-  auto name = [T, s2h](int i) {
-    if (i >= 2 * T) return std::string("the workspace");
-    const bool is_in = i < T;
-    return std::string(is_in ? "input " : "output ") + std::to_string(i % T) + " (tensor " + std::to_string(i % T) + ", " +
-           (is_in == s2h ? "seq-sharded" : "head-sharded") + ")";
-  };
+  CallBuffers b;
+  b.T = T;
+  b.s2h = dir == Direction::seq_to_head;
   BufferTable tab;
   for (int i = 0; i < 2 * T; ++i) {
     const int t = i % T;
     const bool is_in = i < T;
     const auto* p = is_in ? static_cast<const std::byte*>(in.data[t].data) : static_cast<const std::byte*>(out.data[t].data);
-    const std::size_t given = is_in ? in.data[t].bytes : out.data[t].bytes;
-    const std::size_t n = is_in ? plan.input_bytes(dir, t) : plan.output_bytes(dir, t);
-    const std::size_t e = plan.tensor(t).elem_bytes;
-    if (given < n)
-      fail(Errc::buffer_too_small, name(i) + " holds " + std::to_string(given) + " bytes; its layout " +
-                                       (is_in == s2h ? plan.seq_layout(t) : plan.head_layout(t)).str() + " of " +
-                                       std::to_string(e) + "-byte elements needs " + std::to_string(n) +
-                                       " bytes (Plan::" + (is_in == s2h ? "seq_bytes" : "head_bytes") + "(" + std::to_string(t) +
-                                       ")); are the tensors in the plan's order?");
-    if (n && !p) fail(Errc::invalid_shape, name(i) + " is null but holds " + std::to_string(n) + " bytes");
-    if (reinterpret_cast<std::uintptr_t>(p) % align_of_elem(e))
-      fail(Errc::misaligned, name(i) + " is not aligned to its element size of " + std::to_string(e) + " bytes");
-    range[i] = {p, n};
+    b.range[i] = {p, is_in ? plan.input_bytes(dir, t) : plan.output_bytes(dir, t)};
+    check_buffer(plan, dir, b, i, is_in ? in.data[t].bytes : out.data[t].bytes);
     tab.base[is_in ? BufferIndex::input(t) : BufferIndex::output(t)] = const_cast<std::byte*>(p);
   }
   auto* w = ws_needed ? static_cast<std::byte*>(ws.data) : nullptr;
-  range[2 * T] = {w, ws_needed};
-  // Every output against every other range, every input against the workspace. Byte spans that
-  // meet are an overlap, except views with the same strides interleaved without sharing a byte
-  // (q, k, v gradients written into one fused [B, S, 3, H, D] or [B, S, H + 2*Hkv, D] buffer),
-  // which an exact test clears.
-  auto view_layout = [&](int i) -> const Layout& {
-    const int t = i % T;
-    return (i < T) == s2h ? plan.seq_layout(t) : plan.head_layout(t);
-  };
-  for (int i = 0; i < 2 * T; ++i)
-    for (int j = i < T ? 2 * T : 0; j <= 2 * T; ++j) {  // inputs only against the workspace
-      const Range &a = range[i], &o = range[j];
-      if (j == i || !a.n || !o.n || !(a.p < o.p + o.n && o.p < a.p + a.n)) continue;
-      if (j < 2 * T && plan.tensor(i % T).elem_bytes == plan.tensor(j % T).elem_bytes &&
-          !views_overlap(view_layout(i), a.p, view_layout(j), o.p, plan.tensor(i % T).elem_bytes))
-        continue;
-      fail(Errc::buffer_overlap, name(i) + " [" + std::to_string(a.n) + " bytes] overlaps " + name(j) + " [" +
-                                     std::to_string(o.n) + " bytes]; outputs and the workspace need their own memory");
-    }
+  b.range[2 * T] = {w, ws_needed};
+  check_overlaps(plan, b);
   tab.base[BufferIndex::send] = w;
   tab.base[BufferIndex::recv] = w ? w + plan.recv_region_offset() : nullptr;
   return tab;
@@ -257,13 +274,26 @@ inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorLis
 
 // ---- the stages one by one (engines that time or overlap them; redistribute() runs them) -----
 
+namespace detail {
+/// Runs one of the plan's block lists on the executor.
+template <class Exec>
+void run_list(Exec& exec, const std::vector<BlockCopy>& l, const BufferTable& t) {
+  exec.run(l.data(), l.size(), t);
+}
+/// stage_exchange() on a path of messages (messages, two_level), which the communicator must have.
+template <class Comm>
+void exchange_messages_on(Path path, const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage) {
+  static_assert(comm_traits<Comm>::exchange_messages, "exchange_pieces / exchange_two_level need a communicator with exchange_messages()");
+  stage_exchange(plan, dir, path, comm, buffers, stage);
+}
+}  // namespace detail
+
 /// Pack stage of the all-to-all-v and two-level paths: copies this rank's inputs into the send
 /// region of the workspace (wire format); `stage` in [0, plan.num_stages()).
 /// @pre `buffers` from bind_buffers(); @throws nothing itself (executor errors propagate).
 template <class Exec>
 void pack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const std::vector<BlockCopy>& l = AlltoallvTransport::pack_list(plan, dir, stage);
-  exec.run(l.data(), l.size(), buffers);
+  detail::run_list(exec, AlltoallvTransport::pack_list(plan, dir, stage), buffers);
 }
 /// Exchange stage of the all-to-all-v path: the all-to-all-v of the send region into the receive
 /// region, after the checks of stage_exchange().
@@ -276,14 +306,31 @@ void exchange(const Plan& plan, Direction dir, Comm& comm, const BufferTable& bu
 /// this rank's own chunk straight from its inputs, and the sums of replicated heads.
 template <class Exec>
 void unpack(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const std::vector<BlockCopy>& l = AlltoallvTransport::unpack_list(plan, dir, stage);
-  exec.run(l.data(), l.size(), buffers);
+  detail::run_list(exec, AlltoallvTransport::unpack_list(plan, dir, stage), buffers);
 }
 
 /// True when Comm has the optional exchange_messages() of the communicator concept.
 template <class Comm>
 inline constexpr bool has_exchange_messages_v = comm_traits<Comm>::exchange_messages;
 
+/// Pack stage of the message path: packs only the pieces that are not in place (pack_staged).
+template <class Exec>
+void pack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  detail::run_list(exec, MessagesTransport::pack_list(plan, dir, stage), buffers);
+}
+/// Exchange stage of the message path (transport/messages.hpp): one message per piece, from the
+/// input or into the output where in place. No allocation after the communicator's first call
+/// (its ExchangeState keeps the message lists). @throws as stage_exchange().
+template <class Comm>
+void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
+  detail::exchange_messages_on(Path::messages, plan, dir, comm, buffers, stage);
+}
+/// Unpack stage of the message path: the pieces that are not in place, this rank's own chunk and
+/// the sums (unpack_staged).
+template <class Exec>
+void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
+  detail::run_list(exec, MessagesTransport::unpack_list(plan, dir, stage), buffers);
+}
 /// Whether redistribute() takes the message path for this plan, communicator type and executor
 /// type (choose_path() gives Path::messages). Its stages are then pack_pieces(),
 /// exchange_pieces(), unpack_pieces(). @throws as choose_path().
@@ -291,35 +338,13 @@ template <class Comm, class Exec>
 bool uses_pieces(const Plan& plan) {
   return choose_path<Comm, Exec>(plan) == Path::messages;
 }
-/// Pack stage of the message path: packs only the pieces that are not in place (pack_staged).
-template <class Exec>
-void pack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const std::vector<BlockCopy>& l = MessagesTransport::pack_list(plan, dir, stage);
-  exec.run(l.data(), l.size(), buffers);
-}
-/// Exchange stage of the message path (transport/messages.hpp): one message per piece, from the
-/// input or into the output where in place. No allocation after the communicator's first call
-/// (its ExchangeState keeps the message lists). @throws as stage_exchange().
-template <class Comm>
-void exchange_pieces(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  static_assert(comm_traits<Comm>::exchange_messages, "exchange_pieces needs a communicator with exchange_messages()");
-  stage_exchange(plan, dir, Path::messages, comm, buffers, stage);
-}
-/// Unpack stage of the message path: the pieces that are not in place, this rank's own chunk and
-/// the sums (unpack_staged).
-template <class Exec>
-void unpack_pieces(const Plan& plan, Direction dir, Exec& exec, const BufferTable& buffers, int stage = 0) {
-  const std::vector<BlockCopy>& l = MessagesTransport::unpack_list(plan, dir, stage);
-  exec.run(l.data(), l.size(), buffers);
-}
 /// Exchange stage of the two-level path (transport/two_level.hpp): three rounds of
 /// exchange_messages() between the pack and the unpack of the all-to-all-v path; every rank calls
 /// every round. @throws as stage_exchange(); Error(path_unsupported) for a plan without a
 /// two-level layout.
 template <class Comm>
 void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const BufferTable& buffers, int stage = 0) {
-  static_assert(comm_traits<Comm>::exchange_messages, "exchange_two_level needs a communicator with exchange_messages()");
-  stage_exchange(plan, dir, Path::two_level, comm, buffers, stage);
+  detail::exchange_messages_on(Path::two_level, plan, dir, comm, buffers, stage);
 }
 
 /// The peer copy (Path::direct, transport/peer_copy.hpp) of direction `dir`, all stages at once:
@@ -359,11 +384,9 @@ void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const
     if (b.path == Path::direct) return exchange_direct(plan, dir, comm, exec, b.table);
   }
   for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
-    const std::vector<BlockCopy>& before = pack_list(plan, dir, b.path, k);
-    exec.run(before.data(), before.size(), b.table);
+    detail::run_list(exec, pack_list(plan, dir, b.path, k), b.table);
     stage_exchange(plan, dir, b.path, comm, b.table, k);
-    const std::vector<BlockCopy>& after = unpack_list(plan, dir, b.path, k);
-    exec.run(after.data(), after.size(), b.table);
+    detail::run_list(exec, unpack_list(plan, dir, b.path, k), b.table);
   }
 }
 

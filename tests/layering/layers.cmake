@@ -5,9 +5,9 @@ set(ULYSSES_LAYER_NAMES
   "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
   "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message
   "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
-  "comm"        # communicator adapters (no planner) and their mesh splits
-  "plan"        # specs, the immutable Plan and its build, the agreement record, attention specs
-  "transport"   # the concepts, Path, one file per transport, the dispatch
+  "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
+  "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs
+  "transport"   # one file per transport, the dispatch and choose_path()
   "facade"      # redistribute / seq_to_head / ..., the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS

@@ -74,6 +74,8 @@ class CudaPipeline {
   static constexpr int kMaxStages = ulysses::kMaxStages;
   /// SMs left free for the exchange by default (see the class comment).
   static constexpr int kReservedSms = 32;
+  CudaPipeline(const CudaPipeline&) = delete;             ///< owns its stream and events
+  CudaPipeline& operator=(const CudaPipeline&) = delete;  ///< owns its stream and events
 
   /// Creates the copy stream and the events on the current device.
   /// @param stream       the user's stream (0 = legacy default stream): every redistribute() is ordered on
@@ -91,8 +93,6 @@ class CudaPipeline {
       throw;
     }
   }
-  CudaPipeline(const CudaPipeline&) = delete;
-  CudaPipeline& operator=(const CudaPipeline&) = delete;
   /// Destroys the copy stream and the events (work already enqueued still completes; errors are
   /// ignored).
   ~CudaPipeline() { release(); }

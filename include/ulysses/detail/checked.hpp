@@ -14,25 +14,24 @@
 ULYSSES_NAMESPACE_BEGIN
 namespace detail {
 
+/// Throws Error(size_overflow) naming `what` and the operation `a op b` that overflowed.
+[[noreturn]] inline void fail_overflow(const char* what, std::int64_t a, const char* op, std::int64_t b) {
+  std::ostringstream m;
+  m << what << ": " << a << " " << op << " " << b << " overflows int64";
+  fail(Errc::size_overflow, m.str());
+}
+
 /// a * b, or Error(size_overflow) naming `what`.
 inline std::int64_t mul(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    std::ostringstream m;
-    m << what << ": " << a << " * " << b << " overflows int64";
-    fail(Errc::size_overflow, m.str());
-  }
+  if (__builtin_mul_overflow(a, b, &r)) fail_overflow(what, a, "*", b);
   return r;
 }
 
 /// a + b, or Error(size_overflow) naming `what`.
 inline std::int64_t add(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) {
-    std::ostringstream m;
-    m << what << ": " << a << " + " << b << " overflows int64";
-    fail(Errc::size_overflow, m.str());
-  }
+  if (__builtin_add_overflow(a, b, &r)) fail_overflow(what, a, "+", b);
   return r;
 }
 

@@ -19,6 +19,73 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+/// Rank p's layout of tensor t (seq-sharded side or head-sharded side) from its record, checked
+/// against the local shape this rank's plan gives rank p. @throws Error(plan_mismatch).
+inline Layout peer_layout(const Plan& plan, const LayoutRecord* all, int p, int t, bool seq_side) {
+  const TensorSpec& x = plan.tensor(t);
+  const std::int64_t* v = all[p].v[t][seq_side ? 0 : 1];
+  const Layout l = Layout::strided({v[0], v[1], v[2], v[3]}, {v[4], v[5], v[6], v[7]});
+  const std::int64_t want[4] = {plan.batch(), seq_side ? plan.seq().local_length(p) : plan.seq_len(),
+                                seq_side ? x.heads.num_heads() : x.heads.count(p), x.head_dim};
+  for (int i = 0; i < 4; ++i)
+    if (l.extent[i] != want[i])
+      fail(Errc::plan_mismatch, "rank " + std::to_string(p) + " holds tensor " + std::to_string(t) + " as " + l.str() +
+                                    ", not the local shape this rank's plan gives it; the ranks' plans differ");
+  return l;
+}
+
+/// seq→head of tensor t: this rank's heads of every rank's tokens, from that rank's seq-sharded input.
+inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
+  const TensorSpec& x = plan.tensor(t);
+  const Layout& hl = *x.head_layout;
+  const int me = plan.rank();
+  const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), hb = x.heads.begin(me), n = x.heads.count(me);
+  for (int p = 0; p < plan.degree(); ++p) {
+    const Layout lp = peer_layout(plan, all, p, t, true);
+    for (const SeqChunk& c : plan.seq().chunks_of(p)) {
+      const std::int64_t ext[4] = {plan.batch(), c.length, n, x.head_dim};
+      add_block(out, ext, e, BufferIndex::peer_input(p, t), lp.offset(0, c.local_offset, hb, 0) * e, lp.stride, BufferIndex::output(t),
+                hl.offset(0, c.offset, 0, 0) * e, hl.stride);
+    }
+  }
+}
+
+/// head→seq of tensor t: every head of this rank's tokens from its owner, or (Replicas::sum)
+/// summed over its holders in ascending rank order; one run of heads with the same holders at a time.
+inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
+  const TensorSpec& x = plan.tensor(t);
+  const HeadPartition& hp = x.heads;
+  const Layout& sl = *x.seq_layout;
+  const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes);
+  for (std::int64_t a = 0; a < hp.num_heads();) {
+    const HeadRun run = same_holders(hp, a, hp.num_heads());
+    const auto [first, last] = hp.holders(a);
+    const int n = plan.sums_replicas(t) ? last - first : 1;
+    std::vector<Layout> lq;
+    std::vector<int> bufs;
+    for (int j = 0; j < n; ++j) {
+      lq.push_back(peer_layout(plan, all, first + j, t, false));
+      bufs.push_back(BufferIndex::peer_input(first + j, t));
+    }
+    for (const SeqChunk& c : plan.seq().chunks_of(plan.rank())) {
+      const std::int64_t ext[4] = {plan.batch(), c.length, run.size(), x.head_dim};
+      std::vector<const std::int64_t*> strides;
+      std::vector<std::int64_t> offsets;
+      for (int j = 0; j < n; ++j) {
+        strides.push_back(lq[at(j)].stride);
+        offsets.push_back(lq[at(j)].offset(0, c.offset, a - hp.begin(first + j), 0) * e);
+      }
+      std::vector<BlockCopy> g(at(n));
+      if (make_blocks(ext, n, strides.data(), sl.stride, e, offsets.data(), sl.offset(0, c.local_offset, a, 0) * e, bufs.data(),
+                      BufferIndex::output(t), x.type, g.data()))
+        out.insert(out.end(), g.begin(), g.end());
+    }
+    a = run.hi;
+  }
+}
+}  // namespace detail
+
 /// The peer copy's lists of `plan` (see PeerCopyLists: per direction, all stages at once) from
 /// every rank's Plan::layout_record(): `all` holds P of them, in rank order. seq→head copies this
 /// rank's heads of every rank's tokens from that rank's seq-sharded input; head→seq copies every
@@ -28,72 +95,9 @@ ULYSSES_NAMESPACE_BEGIN
 ///         (the ranks' plans differ).
 inline PeerCopyLists peer_copy_lists(const Plan& plan, const LayoutRecord* all) {
   PeerCopyLists lists;
-  const SeqPartition& seq = plan.seq();
-  const std::int64_t B = plan.batch();
-  for (Direction dir : {Direction::seq_to_head, Direction::head_to_seq}) {
-    const int P = plan.degree(), me = plan.rank(), T = plan.num_tensors();
-    const bool s2h = dir == Direction::seq_to_head;
-    std::vector<BlockCopy>& out = lists.list[static_cast<int>(dir)];
-    const std::vector<SeqChunk> my_chunks = seq.chunks_of(me);
-    for (int t = 0; t < T; ++t) {
-      const TensorSpec& x = plan.tensor(t);
-      const HeadPartition& hp = x.heads;
-      const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim;
-      auto peer_layout = [&](int p, bool seq_side) {
-        const std::int64_t* v = all[p].v[t][seq_side ? 0 : 1];
-        const Layout l = Layout::strided({v[0], v[1], v[2], v[3]}, {v[4], v[5], v[6], v[7]});
-        const std::int64_t want[4] = {B, seq_side ? seq.local_length(p) : seq.seq_len(), seq_side ? hp.num_heads() : hp.count(p), D};
-        for (int i = 0; i < 4; ++i)
-          if (l.extent[i] != want[i])
-            detail::fail(Errc::plan_mismatch, "rank " + std::to_string(p) + " holds tensor " + std::to_string(t) + " as " + l.str() +
-                                                  ", not the local shape this rank's plan gives it; the ranks' plans differ");
-        return l;
-      };
-      if (s2h) {  // my heads of every peer's tokens, from the peer's seq-sharded input
-        const Layout& hl = *x.head_layout;
-        const std::int64_t hb = hp.begin(me), n = hp.count(me);
-        for (int p = 0; p < P; ++p) {
-          const Layout lp = peer_layout(p, true);
-          for (const SeqChunk& c : seq.chunks_of(p)) {
-            const std::int64_t ext[4] = {B, c.length, n, D};
-            detail::add_block(out, ext, e, BufferIndex::peer_input(p, t), lp.offset(0, c.local_offset, hb, 0) * e, lp.stride, BufferIndex::output(t),
-                      hl.offset(0, c.offset, 0, 0) * e, hl.stride);
-          }
-        }
-        continue;
-      }
-      // head→seq: every head of my tokens from its owner, or summed over its holders.
-      const Layout& sl = *x.seq_layout;
-      const bool sums = plan.sums_replicas(t);
-      for (std::int64_t a = 0; a < hp.num_heads();) {
-        const auto holders = hp.holders(a);
-        std::int64_t b = a + 1;
-        while (b < hp.num_heads() && hp.holders(b) == holders) ++b;
-        const int n = sums ? holders.second - holders.first : 1;
-        std::vector<Layout> lq;
-        std::vector<std::array<std::int64_t, 4>> strides;
-        std::vector<int> bufs;
-        for (int j = 0; j < n; ++j) {
-          lq.push_back(peer_layout(holders.first + j, false));
-          strides.push_back({lq[detail::at(j)].stride[0], lq[detail::at(j)].stride[1], lq[detail::at(j)].stride[2], lq[detail::at(j)].stride[3]});
-          bufs.push_back(BufferIndex::peer_input(holders.first + j, t));
-        }
-        for (const SeqChunk& c : my_chunks) {
-          const std::int64_t ext[4] = {B, c.length, b - a, D};
-          std::vector<const std::int64_t*> sp;
-          std::vector<std::int64_t> soff;
-          for (int j = 0; j < n; ++j) {
-            sp.push_back(strides[detail::at(j)].data());
-            soff.push_back(lq[detail::at(j)].offset(0, c.offset, a - hp.begin(holders.first + j), 0) * e);
-          }
-          std::vector<BlockCopy> g(static_cast<std::size_t>(n));
-          if (detail::make_blocks(ext, n, sp.data(), sl.stride, e, soff.data(), sl.offset(0, c.local_offset, a, 0) * e, bufs.data(),
-                                  BufferIndex::output(t), x.type, g.data()))
-            out.insert(out.end(), g.begin(), g.end());
-        }
-        a = b;
-      }
-    }
+  for (int t = 0; t < plan.num_tensors(); ++t) {
+    detail::peer_copy_seq_to_head(plan, all, t, lists.list[0]);
+    detail::peer_copy_head_to_seq(plan, all, t, lists.list[1]);
   }
   return lists;
 }

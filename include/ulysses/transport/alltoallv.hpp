@@ -35,12 +35,7 @@ struct AlltoallvTransport {
                    s.recv_bytes.data(), s.recv_offsets.data());
   }
   /// Copies per element of direction d (Plan::copies()).
-  static CopyCount copies(const Plan& plan, Direction d) {
-    return detail::count_copies(
-        plan, d, [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.pack; },
-        [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.unpack; },
-        [](const StageLists& s) { return static_cast<double>(s.recv_total); });
-  }
+  static CopyCount copies(const Plan& plan, Direction d) { return detail::count_copies(plan, d, &WireStage::pack, &WireStage::unpack); }
 };
 
 ULYSSES_NAMESPACE_END

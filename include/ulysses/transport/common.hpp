@@ -70,15 +70,19 @@ inline double written_bytes(const std::vector<BlockCopy>& l) {
   return n;
 }
 
-/// Copies per element of direction d when the executor runs `pack(sc)` and `unpack(sc)` and the
-/// transport delivers `wire(sc)` bytes per stage, over the bytes of this rank's outputs.
-template <class Pack, class Unpack, class Wire>
-CopyCount count_copies(const Plan& plan, Direction d, Pack pack, Unpack unpack, Wire wire) {
+/// The bytes each stage's transport delivers to this rank: what every flat exchange receives.
+inline double received_bytes(const StageLists& s) { return static_cast<double>(s.recv_total); }
+
+/// Copies per element of direction d when the executor runs the lists `pack` and `unpack` of
+/// every stage (members of StageLists) and the transport delivers `wire(stage)` bytes, over the
+/// bytes of this rank's outputs.
+template <class PackList, class UnpackList, class Wire = double (*)(const StageLists&)>
+CopyCount count_copies(const Plan& plan, Direction d, PackList pack, UnpackList unpack, Wire wire = received_bytes) {
   double out = 0, exec = 0, delivered = 0;
   for (int k = 0; k < plan.num_stages(); ++k) {
     const StageLists& sc = plan.stage_lists(d, k);
     out += written_bytes(sc.unpack);
-    exec += written_bytes(pack(sc)) + written_bytes(unpack(sc));
+    exec += written_bytes(sc.*pack) + written_bytes(sc.*unpack);
     delivered += wire(sc);
   }
   if (out == 0) return {};

@@ -36,10 +36,7 @@ struct MessagesTransport {
   }
   /// Copies per element of direction d (Plan::copies()).
   static CopyCount copies(const Plan& plan, Direction d) {
-    return detail::count_copies(
-        plan, d, [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.pack_staged; },
-        [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.unpack_staged; },
-        [](const StageLists& s) { return static_cast<double>(s.recv_total); });
+    return detail::count_copies(plan, d, &MessageStage::pack_staged, &MessageStage::unpack_staged);
   }
 };
 

@@ -12,20 +12,19 @@
 #include <cstddef>
 #include <vector>
 
+#include "alltoallv.hpp"
 #include "common.hpp"
+#include "messages.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// The two-level transport (see the file comment).
-struct TwoLevelTransport {
+/// The two-level transport (see the file comment). Its pack and unpack are the all-to-all-v's
+/// (inherited); what it needs of the types is the message path's.
+struct TwoLevelTransport : AlltoallvTransport {
   static constexpr Path path = Path::two_level;  ///< the Path it serves
-  /// exchange_messages() and the executor's memory the communicator's.
+  /// exchange_messages() and the executor's memory the communicator's (as MessagesTransport).
   template <class Comm, class Exec>
-  static constexpr bool supported = comm_traits<Comm>::exchange_messages && detail::same_memory_v<Comm, Exec>;
-  /// Before the exchange: the pack (into this rank's own send region or its node's gathered area).
-  static const std::vector<BlockCopy>& pack_list(const Plan& plan, Direction d, int k) { return plan.stage_lists(d, k).pack; }
-  /// After it: the unpack, the own chunk and the sums.
-  static const std::vector<BlockCopy>& unpack_list(const Plan& plan, Direction d, int k) { return plan.stage_lists(d, k).unpack; }
+  static constexpr bool supported = MessagesTransport::supported<Comm, Exec>;
   /// The three rounds of stage k, one exchange_messages() each; every rank calls every round.
   /// @pre the cross-rank check is done; plan.two_level(); comm_traits<Comm>::exchange_messages.
   template <class Comm>
@@ -33,18 +32,15 @@ struct TwoLevelTransport {
     const StageLists& s = plan.stage_lists(d, k);
     for (std::size_t round = 0; round < 3; ++round) detail::post_messages(comm, t, s.hop_send[round], s.hop_recv[round]);
   }
-  /// Copies per element of direction d (Plan::copies()): the transport counts every hop received.
-  static CopyCount copies(const Plan& plan, Direction d) {
-    return detail::count_copies(
-        plan, d, [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.pack; },
-        [](const StageLists& s) -> const std::vector<BlockCopy>& { return s.unpack; },
-        [](const StageLists& s) {
-          double n = 0;
-          for (const auto& round : s.hop_recv)
-            for (const Hop& h : round) n += static_cast<double>(h.bytes);
-          return n;
-        });
+  /// Bytes this rank receives in the three rounds of a stage, forwarded chunks included.
+  static double hop_bytes(const StageLists& s) {
+    double n = 0;
+    for (const auto& round : s.hop_recv)
+      for (const Hop& h : round) n += static_cast<double>(h.bytes);
+    return n;
   }
+  /// Copies per element of direction d (Plan::copies()): the transport counts every hop received.
+  static CopyCount copies(const Plan& plan, Direction d) { return detail::count_copies(plan, d, &WireStage::pack, &WireStage::unpack, hop_bytes); }
 };
 
 ULYSSES_NAMESPACE_END

@@ -85,8 +85,8 @@ class StageBuilder {
     for (int p = 0; p < in_.group.size; ++p) {
       if (p == me) continue;
       for (int t = 0; t < num_tensors(); ++t) {
-        pieces_to(sc, p, t);
-        pieces_from(sc, p, t);
+        pieces(sc, p, t, true);
+        pieces(sc, p, t, false);
       }
     }
     const std::size_t own_first = sc.unpack.size();
@@ -164,63 +164,44 @@ class StageBuilder {
   // than the whole (bshd: seq→head receives, head→seq sends every piece in place, at any B, for
   // zigzag splits too).
 
-  /// The pieces of tensor t this rank sends to p, and their pack blocks (inputs → send region).
-  void pieces_to(StageLists& sc, int p, int t) {
+  /// The pieces of tensor t this rank sends to p (`sending`: their pack blocks, inputs → send
+  /// region) or receives from p (their unpack blocks, receive region → outputs; heads summed on
+  /// receipt are read by replica_sums(), not copied here). Either way the seq side of the chunk is
+  /// this rank when it sends in seq→head or receives in head→seq, else p; and the user's tensor
+  /// the blocks touch is then this rank's seq-sharded one, else its head-sharded one.
+  void pieces(StageLists& sc, int p, int t, bool sending) {
     const int me = in_.group.rank;
     const TensorSpec& x = tensor(t);
     const Layout& sl = *x.seq_layout;
     const Layout& hl = *x.head_layout;
     const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
-    const int seq_rank = s2h_ ? me : p;  // the seq side is me (seq→head) or p; the heads are p's or mine
-    const std::vector<SeqChunk> chunks = seq().chunks_of(seq_rank);
-    const std::int64_t Ts = seq().local_length(seq_rank);
-    const std::vector<HeadRun>& hs = wire(t, s2h_ ? p : me);
+    const bool seq_is_me = s2h_ == sending;
+    const std::vector<SeqChunk> chunks = seq().chunks_of(seq_is_me ? me : p);
+    const std::int64_t Ts = seq().local_length(seq_is_me ? me : p);
+    const std::vector<HeadRun>& hs = wire(t, seq_is_me ? p : me);
     const std::int64_t n = total_heads(hs);
     const std::int64_t wire_stride[4] = {Ts * n * D, n * D, D, 1};
+    const std::vector<HeadRun> moved = !sending && sums_[at(t)] ? shared_runs(x.heads, hs, false) : hs;
+    std::vector<BlockCopy>& list = sending ? sc.pack : sc.unpack;
+    const int wire_buffer = sending ? BufferIndex::send : BufferIndex::recv;
+    const auto base = static_cast<std::int64_t>(sending ? send_at_[at(p)][at(t)] : recv_at_[at(p)][at(t)]);
     for (std::int64_t b = 0; b < in_.batch; ++b)
       for (const SeqChunk& c : chunks) {
-        const auto off = static_cast<std::int64_t>(send_at_[at(p)][at(t)]) + ((b * Ts + c.local_offset) * n) * D * e;
-        Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), BufferIndex::send, off, static_cast<std::size_t>(off)};
-        pc.first = static_cast<std::uint32_t>(sc.pack.size());
-        for (const HeadRun& r : hs) {
+        const std::int64_t off = base + ((b * Ts + c.local_offset) * n) * D * e;
+        Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), wire_buffer, off, static_cast<std::size_t>(off)};
+        pc.first = static_cast<std::uint32_t>(list.size());
+        for (const HeadRun& r : moved) {
           const std::int64_t ext[4] = {1, c.length, r.size(), D};
-          const std::int64_t src = s2h_ ? sl.offset(b, c.local_offset, r.lo, 0) : hl.offset(b, c.offset, r.lo - hb, 0);
-          add_block(sc.pack, ext, e, BufferIndex::input(t), src * e, s2h_ ? sl.stride : hl.stride, BufferIndex::send,
-                    off + position_of(hs, r.lo) * D * e, wire_stride);
+          const std::int64_t user = (seq_is_me ? sl.offset(b, c.local_offset, r.lo, 0) : hl.offset(b, c.offset, r.lo - hb, 0)) * e;
+          const std::int64_t* user_stride = seq_is_me ? sl.stride : hl.stride;
+          const std::int64_t on_wire = off + position_of(hs, r.lo) * D * e;
+          if (sending)
+            add_block(list, ext, e, BufferIndex::input(t), user, user_stride, wire_buffer, on_wire, wire_stride);
+          else
+            add_block(list, ext, e, wire_buffer, on_wire, wire_stride, BufferIndex::output(t), user, user_stride);
         }
-        pc.last = static_cast<std::uint32_t>(sc.pack.size());
-        if (pc.bytes) sc.send_pieces.push_back(place_piece(pc, sc.pack, true));
-      }
-  }
-
-  /// The pieces of tensor t this rank receives from p, and their unpack blocks (receive region →
-  /// outputs); heads summed on receipt are read by replica_sums(), not copied here.
-  void pieces_from(StageLists& sc, int p, int t) {
-    const int me = in_.group.rank;
-    const TensorSpec& x = tensor(t);
-    const Layout& sl = *x.seq_layout;
-    const Layout& hl = *x.head_layout;
-    const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
-    const int seq_rank = s2h_ ? p : me;  // the seq side is p (seq→head) or me; the heads are mine or p's
-    const std::vector<SeqChunk> chunks = seq().chunks_of(seq_rank);
-    const std::int64_t Ts = seq().local_length(seq_rank);
-    const std::vector<HeadRun>& hs = wire(t, s2h_ ? me : p);
-    const std::int64_t n = total_heads(hs);
-    const std::int64_t wire_stride[4] = {Ts * n * D, n * D, D, 1};
-    const std::vector<HeadRun> copied = sums_[at(t)] ? shared_runs(x.heads, hs, false) : hs;
-    for (std::int64_t b = 0; b < in_.batch; ++b)
-      for (const SeqChunk& c : chunks) {
-        const auto off = static_cast<std::int64_t>(recv_at_[at(p)][at(t)]) + ((b * Ts + c.local_offset) * n) * D * e;
-        Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), BufferIndex::recv, off, static_cast<std::size_t>(off)};
-        pc.first = static_cast<std::uint32_t>(sc.unpack.size());
-        for (const HeadRun& r : copied) {
-          const std::int64_t ext[4] = {1, c.length, r.size(), D};
-          const std::int64_t dst = s2h_ ? hl.offset(b, c.offset, r.lo - hb, 0) : sl.offset(b, c.local_offset, r.lo, 0);
-          add_block(sc.unpack, ext, e, BufferIndex::recv, off + position_of(hs, r.lo) * D * e, wire_stride, BufferIndex::output(t),
-                    dst * e, s2h_ ? hl.stride : sl.stride);
-        }
-        pc.last = static_cast<std::uint32_t>(sc.unpack.size());
-        if (pc.bytes) sc.recv_pieces.push_back(place_piece(pc, sc.unpack, false));
+        pc.last = static_cast<std::uint32_t>(list.size());
+        if (pc.bytes) (sending ? sc.send_pieces : sc.recv_pieces).push_back(place_piece(pc, list, sending));
       }
   }
 
