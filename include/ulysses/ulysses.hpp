@@ -12,6 +12,7 @@
 #include "layout/element.hpp"
 #include "layout/blocks.hpp"
 #include "host/executor.hpp"
+#include "topology/nodes.hpp"
 #include "topology/route.hpp"
 #include "plan/plan.hpp"
 #include "plan/attention.hpp"

@@ -13,13 +13,13 @@
 #pragma once
 
 #include <cstdint>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "../plan/attention.hpp"
+#include "../detail/checked.hpp"
 #include "../error.hpp"
-#include "route.hpp"
+#include "nodes.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -59,19 +59,9 @@ class Mesh {
   static std::vector<int> degrees(int world, int ranks_per_node) {
     std::vector<int> v;
     if (world < 1 || ranks_per_node < 1 || world % ranks_per_node != 0) return v;
-    auto divisors = [](int n) {
-      std::vector<int> d, hi;
-      for (long long i = 1; i * i <= n; ++i)
-        if (n % i == 0) {
-          d.push_back(static_cast<int>(i));
-          if (i * i != n) hi.push_back(static_cast<int>(n / i));
-        }
-      d.insert(d.end(), hi.rbegin(), hi.rend());
-      return d;
-    };
-    v = divisors(ranks_per_node);
-    for (int m : divisors(world / ranks_per_node))
-      if (m > 1) v.push_back(ranks_per_node * m);
+    for (std::int64_t d : detail::divisors(ranks_per_node)) v.push_back(static_cast<int>(d));
+    for (std::int64_t m : detail::divisors(world / ranks_per_node))
+      if (m > 1) v.push_back(ranks_per_node * static_cast<int>(m));
     return v;
   }
 
