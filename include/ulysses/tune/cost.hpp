@@ -397,7 +397,7 @@ struct DegreeChoice {
 /// rail-aligned lanes), bytes per link class and per-rank
 /// activation memory; best first: those whose activation memory fits `budget_bytes` (0: no
 /// limit) by predicted time, then the others by memory. Feasible: Mesh(world, P, ranks_per_node)
-/// is valid and Mesh::check_heads(shape, policy) passes. The outer dimension is data parallel (each
+/// is valid and check_heads(mesh, shape, policy) passes. The outer dimension is data parallel (each
 /// group runs its own sequences of `seq_len` tokens; a smaller P then moves fewer bytes but holds
 /// more tokens a rank, so the budget decides) or, with `outer_splits_sequence`, context parallel
 /// (ring attention over S / outer tokens a group; the ring's own traffic is not modelled). P = 1
@@ -426,10 +426,10 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
   const std::vector<int> candidates = Mesh::degrees(world, ranks_per_node);
   if (candidates.empty()) Mesh(world, 1, ranks_per_node);  // throws invalid_mesh, saying why
   for (int P : candidates) {
-    if (P > shape.num_heads) break;  // Mesh::check_heads refuses the rest
+    if (P > shape.num_heads) break;  // check_heads refuses the rest
     try {
       const Mesh mesh(world, P, ranks_per_node);
-      mesh.check_heads(shape, policy);
+      check_heads(mesh, shape, policy);
       const std::int64_t S = outer_splits_sequence ? seq_len / mesh.outer_degree() : seq_len;
       if (S < P) continue;  // fewer tokens than ranks
       const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);  // retyped below
