@@ -7,6 +7,8 @@
 // in-process ones: each round trip must give back its input bit for bit.
 #include <ulysses/ulysses.hpp>
 #include <ulysses/tune/cost.hpp>
+#include <ulysses/tune/fit.hpp>
+#include <ulysses/tune/advise.hpp>
 #ifdef ULYSSES_STRICT_MPI
 #include <ulysses/comm/mpi.hpp>
 #endif
