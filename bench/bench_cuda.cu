@@ -228,7 +228,7 @@ class GroupTimer {
     BENCH_CUDA(cudaGetLastError());
     BENCH_CUDA(cudaEventRecord(ev.a, s0));
     for (std::size_t r = 1; r < streams.size(); ++r) BENCH_CUDA(cudaStreamWaitEvent(streams[r], ev.a, 0));
-    group.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+    group.spawn(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
       const auto r = static_cast<std::size_t>(comm.rank());
       per_rank(comm);
       BENCH_CUDA(cudaEventRecord(done_[r], streams[r]));

@@ -5,7 +5,9 @@
 // nlohmann_json; a build without it has --advise only.
 #pragma once
 
+#include <ulysses/tune/advise.hpp>
 #include <ulysses/tune/cost.hpp>
+#include <ulysses/tune/fit.hpp>
 
 #include <algorithm>
 #include <cmath>

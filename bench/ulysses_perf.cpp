@@ -530,7 +530,7 @@ int main(int argc, char** argv) {
     }
     LocalGroup group(o.ranks);
     std::vector<Row> rows;
-    group.run([&](LocalGroup::Comm& comm) {
+    group.spawn([&](LocalGroup::Comm& comm) {
       std::vector<Row> mine = run(comm, o);
       if (comm.rank() == 0) rows = std::move(mine);
     });

@@ -7,6 +7,8 @@
 // in-process ones: each round trip must give back its input bit for bit.
 #include <ulysses/ulysses.hpp>
 #include <ulysses/tune/cost.hpp>
+#include <ulysses/tune/fit.hpp>
+#include <ulysses/tune/advise.hpp>
 #ifdef ULYSSES_STRICT_MPI
 #include <ulysses/comm/mpi.hpp>
 #endif
@@ -96,7 +98,7 @@ int main() {
     for (int stages : {1, 2})
       for (bool pipelined : {false, true}) {
         LocalGroup group(4);
-        group.run([&](LocalGroup::Comm& comm) {
+        group.spawn([&](LocalGroup::Comm& comm) {
           const long w = round_trip(comm, path, stages, pipelined);
           if (w) std::printf("rank %d: %ld elements wrong (path %d, K=%d, pipelined %d)\n", comm.rank(), w,
                              static_cast<int>(path), stages, static_cast<int>(pipelined));
@@ -104,7 +106,7 @@ int main() {
         });
       }
   LocalGroup group(4);
-  group.run([&](LocalGroup::Comm& comm) { wrong += summed_backward(comm); });
+  group.spawn([&](LocalGroup::Comm& comm) { wrong += summed_backward(comm); });
   // The cost model: the degree advice of a small world, and a fit that recovers its own model.
   const CostModel m = CostModel::nvlink_infiniband();
   const std::vector<DegreeChoice> advice = advise_degree({8, 2, 16, 16}, 4096, 16, 4, m);

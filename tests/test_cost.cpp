@@ -3,7 +3,9 @@
 // two-level), the prediction, the fit (recovers known parameters), and the degree advice.
 #include <doctest/doctest.h>
 
+#include <ulysses/tune/advise.hpp>
 #include <ulysses/tune/cost.hpp>
+#include <ulysses/tune/fit.hpp>
 
 #include "expect_error.hpp"
 

@@ -99,7 +99,7 @@ void run_group(int P, const std::function<void(Rank&)>& fn) {
   for (auto& s : streams) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   try {
     ulysses::DeviceLocalGroup group(P);
-    group.run(streams.data(), [&](ulysses::DeviceLocalGroup::Comm& comm) {
+    group.spawn(streams.data(), [&](ulysses::DeviceLocalGroup::Comm& comm) {
       Rank::Impl impl{&comm, {}};
       for (auto& e : impl.ev) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
       try {

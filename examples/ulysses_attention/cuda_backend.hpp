@@ -40,7 +40,7 @@ class Rank {
 };
 
 /// Runs fn(Rank&) on P threads, one virtual rank each, on the current device, and joins them;
-/// the first rank's error is rethrown (as LocalGroup::run).
+/// the first rank's error is rethrown (as LocalGroup::spawn).
 void run_group(int P, const std::function<void(Rank&)>& fn);
 
 }  // namespace demo_cuda

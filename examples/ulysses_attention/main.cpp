@@ -647,7 +647,7 @@ int main(int argc, char** argv) {
     LocalGroup group(c.ranks);
     const Reference ref = reference(c, all_rows, c.backward);
     std::vector<Result> rs(static_cast<std::size_t>(c.ranks));
-    group.run([&](LocalGroup::Comm& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c, &ref); });
+    group.spawn([&](LocalGroup::Comm& comm) { rs[static_cast<std::size_t>(comm.rank())] = run_rank(comm, c, &ref); });
     return report(c, c.ranks, reduce_max(rs));
   } catch (const std::exception& e) {  // ulysses::Error, and std::bad_alloc for shapes this machine cannot hold
     std::fprintf(stderr, "%s\n", e.what());

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Umbrella header: everything that needs no CUDA and no MPI.
+/// @brief Umbrella header: the core (layouts, partitions, plans, the host executor, redistribute,
+///        the in-process group, the host pipeline): everything that needs no CUDA and no MPI.
 ///
-/// `comm/mpi.hpp` (needs <mpi.h>) and the `.cuh` headers (need nvcc) are included separately.
+/// Included separately: `comm/mpi.hpp` (needs <mpi.h>), the `.cuh` headers (need nvcc), the
+/// cost model and its clients (`tune/cost.hpp`, `tune/fit.hpp`, `tune/advise.hpp`) and the libtorch
+/// client (`torch/torch.hpp`).
 #pragma once
 
 #include "version.hpp"
@@ -12,12 +15,12 @@
 #include "layout/element.hpp"
 #include "layout/blocks.hpp"
 #include "host/executor.hpp"
+#include "topology/nodes.hpp"
 #include "topology/route.hpp"
 #include "plan/plan.hpp"
 #include "transport/dispatch.hpp"
 #include "plan/attention.hpp"
 #include "topology/mesh.hpp"
-#include "tune/cost.hpp"
 #include "redistribute.hpp"
 #include "comm/local.hpp"
 #include "host/pipeline.hpp"

@@ -213,11 +213,15 @@ class LocalGroup {
     return Comm(this, rank);
   }
 
-  /// Runs fn(Comm&) on `size` threads, one per rank, and joins them. If a rank throws, the group
-  /// is marked failed (peers blocked in a collective throw Error(aborted)) and the first
-  /// exception (the root cause, not the peers' aborts) is rethrown here.
+  /// Spawns the ranks: runs fn(Comm&) on `size` threads, one per rank (rank r's thread gets
+  /// comm(r)), and joins them. If a rank throws, the group is marked failed (peers blocked in a
+  /// collective throw Error(aborted)) and the first exception (the root cause, not the peers'
+  /// aborts) is rethrown here.
+  /// @param fn callable as fn(Comm&), run once per rank on the rank's thread
+  /// @throws what fn throws (the first root cause), or Error(aborted) / Error(timeout) when no
+  ///         rank failed otherwise.
   template <class F>
-  void run(F&& fn) {
+  void spawn(F&& fn) {
     std::vector<std::exception_ptr> errs(static_cast<std::size_t>(size_));
     std::vector<std::thread> th;
     for (int r = 0; r < size_; ++r)
@@ -239,6 +243,13 @@ class LocalGroup {
     }
     if (!first) first = any;
     if (first) std::rethrow_exception(first);
+  }
+
+  /// Deprecated (removed in 0.3): the old name of spawn(), which it calls.
+  /// @throws what spawn() throws.
+  template <class F>
+  [[deprecated("use spawn")]] void run(F&& fn) {
+    spawn(std::forward<F>(fn));
   }
 
   /// Marks the group failed: ranks waiting in a collective, and all later collectives, throw

@@ -48,7 +48,7 @@ class DeviceLocalGroup {
   /// @param size    P >= 1 ranks
   /// @param timeout host wait in a collective before Error(timeout) (LocalGroup's)
   /// @throws Error(invalid_group) size < 1; Error(backend) when cudaGetDevice fails.
-  /// The device current on the constructing thread becomes current on run()'s threads.
+  /// The device current on the constructing thread becomes current on spawn()'s threads.
   explicit DeviceLocalGroup(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5))
       : host_(size, timeout), events_(static_cast<std::size_t>(size)) {
     detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
@@ -65,7 +65,7 @@ class DeviceLocalGroup {
   }
 
   int size() const { return host_.size(); }  ///< P
-  int device() const { return device_; }     ///< device made current on run()'s threads
+  int device() const { return device_; }     ///< device made current on spawn()'s threads
 
   /// The communicator of one rank: refers to the group (which must outlive it), to the rank's two
   /// CUDA events (owned by the group) and to the rank's stream. Models the communicator concept of
@@ -188,18 +188,26 @@ class DeviceLocalGroup {
   /// @throws Error(invalid_group) rank outside [0, size); Error(backend) event creation failed.
   Comm comm(int rank, cudaStream_t stream) { return Comm(this, host_.comm(rank), stream); }
 
-  /// Runs fn(Comm&) on size() threads, one per rank, with the group's device current and rank
-  /// r's communicator on `streams[r]`, and joins them. Errors: as LocalGroup::run (a rank that
-  /// throws aborts the others; the root cause is rethrown here).
+  /// Spawns the ranks: runs fn(Comm&) on size() threads, one per rank, with the group's device
+  /// current and rank r's communicator on `streams[r]`, and joins them. Errors: as
+  /// LocalGroup::spawn (a rank that throws aborts the others; the root cause is rethrown here).
   /// @param streams size() streams of the group's device (not owned)
   /// @param fn      callable as fn(Comm&), run once per rank on the rank's thread
+  /// @throws what fn throws; Error(backend) when cudaSetDevice or the events' creation fails.
   template <class F>
-  void run(const cudaStream_t* streams, F&& fn) {
-    host_.run([&](LocalGroup::Comm& c) {
+  void spawn(const cudaStream_t* streams, F&& fn) {
+    host_.spawn([&](LocalGroup::Comm& c) {
       detail::cuda_check(cudaSetDevice(device_), "cudaSetDevice");
       Comm dc(this, c, streams[c.rank()]);  // registers its events before its first collective
       fn(dc);
     });
+  }
+
+  /// Deprecated (removed in 0.3): the old name of spawn(), which it calls.
+  /// @throws what spawn() throws.
+  template <class F>
+  [[deprecated("use spawn")]] void run(const cudaStream_t* streams, F&& fn) {
+    spawn(streams, std::forward<F>(fn));
   }
 
   /// Marks the group failed (LocalGroup::abort).

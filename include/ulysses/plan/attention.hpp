@@ -14,7 +14,8 @@
 ///     Plan qkv(group, B, seq, specs.qkv());   // q, k, v: forward seq→head, backward its adjoint
 ///     Plan out(group, B, seq, specs.out());   // o: forward head→seq, backward seq→head
 ///
-/// are right for training and inference alike.
+/// are right for training and inference alike. check_heads() says whether a layer's heads split
+/// over the Ulysses groups of a Mesh.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +25,14 @@
 #include "../layout/element.hpp"
 #include "../error.hpp"
 #include "../partition/heads.hpp"
+#include "../topology/mesh.hpp"
 #include "plan.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// How the query heads are split over the group.
-enum class HeadPolicy {
+/// How the query heads are split over the group (underlying type int: topology/mesh.hpp declares
+/// it ahead).
+enum class HeadPolicy : int {
   even,      ///< H / P query heads a rank (H % P == 0), kv heads split (Hkv % P == 0) or replicated
              ///< (P % Hkv == 0) evenly: DeepSpeed-Ulysses' rule
   balanced,  ///< the first H % P ranks one query head more; kv heads follow (any H, Hkv, P)
@@ -95,5 +98,27 @@ template <class T>
 AttentionSpecs attention_specs(int P, const AttentionShape& shape, HeadPolicy policy = HeadPolicy::even) {
   return attention_specs<T>(P, shape, element_type_of_v<T>, policy);
 }
+
+/// Checks that an attention layer of `shape` splits over the Ulysses groups of `mesh`: P =
+/// mesh.ulysses_degree() <= H (every rank gets a query head), and attention_specs()'s rules for
+/// `policy` (H % Hkv == 0; under HeadPolicy::even, DeepSpeed-Ulysses' rule, arXiv:2309.14509:
+/// H % P == 0, and Hkv % P == 0 or P % Hkv == 0). Pure: builds the specs and drops them.
+/// @throws Error(invalid_shape) H or Hkv < 1; Error(invalid_mesh) P > H; what attention_specs()
+///         throws (heads_not_divisible, gqa_group_mismatch, gqa_invalid, invalid_shape), with its message.
+inline void check_heads(const Mesh& mesh, const AttentionShape& shape, HeadPolicy policy = HeadPolicy::even) {
+  const int P = mesh.ulysses_degree();
+  if (shape.num_heads < 1 || shape.num_kv_heads < 1)
+    detail::fail(Errc::invalid_shape, "num_heads=" + std::to_string(shape.num_heads) + " and num_kv_heads=" +
+                                          std::to_string(shape.num_kv_heads) + " must be >= 1");
+  if (P > shape.num_heads)
+    detail::fail(Errc::invalid_mesh, "ulysses_degree=" + std::to_string(P) + " exceeds the " + std::to_string(shape.num_heads) +
+                                         " query heads: some ranks would hold no head; use a smaller Ulysses degree and a "
+                                         "larger outer degree");
+  (void)attention_specs<float>(P, shape, ElementType::float32, policy);
+}
+
+// The deprecated members declared in topology/mesh.hpp (a Mesh holds integers only).
+inline void Mesh::check_heads(const AttentionShape& shape) const { ulysses::check_heads(*this, shape); }
+inline void Mesh::check_heads(const AttentionShape& shape, HeadPolicy policy) const { ulysses::check_heads(*this, shape, policy); }
 
 ULYSSES_NAMESPACE_END

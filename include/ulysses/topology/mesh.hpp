@@ -4,24 +4,29 @@
 ///        times an outer dimension (data or context parallelism), on nodes of equal size.
 ///
 /// World ranks are numbered node first: rank w runs on node w / ranks_per_node (split_by_node()
-/// in comm/mpi.hpp renumbers an MPI world so, whatever the launcher's order). A Ulysses group is
-/// `ulysses_degree` consecutive ranks, so it stays inside one node when it fits there and spans
-/// whole nodes otherwise; the outer group of a rank is the ranks holding the same shard in the
-/// other Ulysses groups (same rank in group). This is the layout DeepSpeed-Ulysses (Jacobs et
+/// in comm/mpi_mesh.hpp renumbers an MPI world so, whatever the launcher's order). A Ulysses
+/// group is `ulysses_degree` consecutive ranks, so it stays inside one node when it fits there
+/// and spans whole nodes otherwise; the outer group of a rank is the ranks holding the same shard
+/// in the other Ulysses groups (same rank in group). This is the layout DeepSpeed-Ulysses (Jacobs et
 /// al., arXiv:2309.14509, section 3) and USP (Fang & Zhao, arXiv:2405.07719) recommend: the
 /// all-to-all, whose volume per rank does not shrink with P, on the fastest links.
+///
+/// A Mesh holds integers only. Whether an attention layer's heads split over its Ulysses groups
+/// is check_heads(mesh, shape, policy), with the attention specs in plan/attention.hpp.
 #pragma once
 
 #include <cstdint>
-#include <iterator>
 #include <string>
 #include <vector>
 
-#include "../plan/attention.hpp"
+#include "../detail/checked.hpp"
 #include "../error.hpp"
-#include "route.hpp"
+#include "nodes.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
+
+struct AttentionShape;         // plan/attention.hpp
+enum class HeadPolicy : int;   // plan/attention.hpp
 
 /// World = ulysses_degree x outer_degree ranks, on nodes of ranks_per_node ranks (see the file
 /// comment for the numbering).
@@ -59,19 +64,9 @@ class Mesh {
   static std::vector<int> degrees(int world, int ranks_per_node) {
     std::vector<int> v;
     if (world < 1 || ranks_per_node < 1 || world % ranks_per_node != 0) return v;
-    auto divisors = [](int n) {
-      std::vector<int> d, hi;
-      for (long long i = 1; i * i <= n; ++i)
-        if (n % i == 0) {
-          d.push_back(static_cast<int>(i));
-          if (i * i != n) hi.push_back(static_cast<int>(n / i));
-        }
-      d.insert(d.end(), hi.rbegin(), hi.rend());
-      return d;
-    };
-    v = divisors(ranks_per_node);
-    for (int m : divisors(world / ranks_per_node))
-      if (m > 1) v.push_back(ranks_per_node * m);
+    for (std::int64_t d : detail::divisors(ranks_per_node)) v.push_back(static_cast<int>(d));
+    for (std::int64_t m : detail::divisors(world / ranks_per_node))
+      if (m > 1) v.push_back(ranks_per_node * static_cast<int>(m));
     return v;
   }
 
@@ -104,20 +99,14 @@ class Mesh {
   /// one node. Give it to PlanOptions::nodes.
   NodeLayout nodes() const { return NodeLayout::uniform(P_, P_ > R_ ? R_ : P_); }
 
-  /// Checks that an attention layer of `shape` splits over the Ulysses groups: P <= H (every rank
-  /// gets a query head), and attention_specs()'s rules for `policy`.
-  /// @throws Error(invalid_shape) H or Hkv < 1; Error(invalid_mesh) P > H; what attention_specs()
-  ///         throws (heads_not_divisible, gqa_group_mismatch, gqa_invalid, invalid_shape), with its message.
-  void check_heads(const AttentionShape& shape, HeadPolicy policy = HeadPolicy::even) const {
-    if (shape.num_heads < 1 || shape.num_kv_heads < 1)
-      detail::fail(Errc::invalid_shape, "num_heads=" + std::to_string(shape.num_heads) + " and num_kv_heads=" +
-                                            std::to_string(shape.num_kv_heads) + " must be >= 1");
-    if (P_ > shape.num_heads)
-      detail::fail(Errc::invalid_mesh, "ulysses_degree=" + std::to_string(P_) + " exceeds the " + std::to_string(shape.num_heads) +
-                                           " query heads: some ranks would hold no head; use a smaller Ulysses degree and a "
-                                           "larger outer degree");
-    (void)attention_specs<float>(P_, shape, ElementType::float32, policy);
-  }
+  /// Deprecated (removed in 0.3): use the free function check_heads(mesh, shape), which this
+  /// calls. Defined in plan/attention.hpp, which a caller has included to build `shape`.
+  /// @throws what check_heads(const Mesh&, const AttentionShape&, HeadPolicy) throws.
+  [[deprecated("use check_heads(mesh, shape)")]] void check_heads(const AttentionShape& shape) const;
+  /// Deprecated (removed in 0.3): use the free function check_heads(mesh, shape, policy), which
+  /// this calls. Defined in plan/attention.hpp.
+  /// @throws what check_heads(const Mesh&, const AttentionShape&, HeadPolicy) throws.
+  [[deprecated("use check_heads(mesh, shape, policy)")]] void check_heads(const AttentionShape& shape, HeadPolicy policy) const;
 
  private:
   int W_, P_, R_;

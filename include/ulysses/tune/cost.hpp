@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief An α-β cost model of one exchange of a plan (flat or two-level), its calibration from
-///        measurements, and advice on the Ulysses degree of a world of ranks.
+/// @brief An α-β cost model of one exchange of a plan (flat or two-level): its parameters
+///        (CostModel, LinkCost), the traffic it prices (ExchangeTraffic, exchange_traffic()) and
+///        its prediction (predict_seconds()). Its calibration from measurements is tune/fit.hpp,
+///        advice on the Ulysses degree of a world of ranks tune/advise.hpp.
 ///
 /// The model is Hockney's α-β model (R. Hockney, "The communication challenge for MPP", Parallel
 /// Computing 20(3), 1994; as used for collectives by Thakur, Rabenseifner & Gropp, IJHPCA 2005),
@@ -27,9 +29,9 @@
 /// exchange, so the bytes per link stay constant when S and P grow together, while the message
 /// count grows with P — which the two-level exchange trades against extra hops.
 ///
-/// Everything here is a prediction: calibrate it on the machine at hand (fit_cost_model() from
-/// `ulysses_perf --json` measurements, `ulysses_perf --calibrate`) and treat link defaults as
-/// placeholders.
+/// Everything here is a prediction: calibrate it on the machine at hand (fit_cost_model() of
+/// tune/fit.hpp from `ulysses_perf --json` measurements, `ulysses_perf --calibrate`) and treat
+/// link defaults as placeholders.
 #pragma once
 
 #include <algorithm>
@@ -41,10 +43,9 @@
 #include <string>
 #include <vector>
 
-#include "../plan/attention.hpp"
 #include "../error.hpp"
-#include "../topology/mesh.hpp"
 #include "../plan/plan.hpp"
+#include "../topology/nodes.hpp"
 #include "../topology/route.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -265,234 +266,6 @@ inline double predict_seconds(const ExchangeTraffic& t, const CostModel& m) {
 /// (exchange_traffic() then predict_seconds()). @throws as exchange_traffic().
 inline double predict_seconds(const Plan& plan, Direction dir, Path path, const CostModel& m) {
   return predict_seconds(exchange_traffic(plan, dir, path), m);
-}
-
-/// One measurement for fit_cost_model(): the traffic of an exchange and its measured time.
-struct CostSample {
-  ExchangeTraffic traffic;
-  double seconds = 0;  ///< measured, > 0
-};
-
-/// Fits the model's parameters (α of each link class, β of each and β_intra' of cache-resident
-/// bytes, γ, γ', δ and ε) to measurements by least squares on the relative error (each sample weighted
-/// by 1 / its time), every parameter >= 0 (the best of the exact fits over the subsets of
-/// parameters). The cache share C is `base.cache_bytes` when > 0, else the best of 0 and 1 MiB ..
-/// 4 GiB in powers of 2. Parameters whose features are 0 in every sample (e.g. the inter-node link
-/// on one machine) keep `base`'s value.
-/// @throws Error(invalid_shape) no sample, a time not finite and > 0, or traffic with a negative or
-///         non-finite count.
-inline CostModel fit_cost_model(const std::vector<CostSample>& samples, const CostModel& base = {}) {
-  if (samples.empty()) detail::fail(Errc::invalid_shape, "fit_cost_model: no samples");
-  for (const CostSample& s : samples) {
-    if (!(s.seconds > 0) || !std::isfinite(s.seconds))
-      detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s (need finite, > 0)");
-    for (double v : detail::cost_features(s.traffic, 1))
-      if (!(v >= 0) || !std::isfinite(v))
-        detail::fail(Errc::invalid_shape, "fit_cost_model: a sample whose traffic has a negative or non-finite count (" + std::to_string(v) + ")");
-    if (!(s.traffic.working_set_bytes >= 0) || !std::isfinite(s.traffic.working_set_bytes))
-      detail::fail(Errc::invalid_shape, "fit_cost_model: a sample with working set " + std::to_string(s.traffic.working_set_bytes));
-  }
-  constexpr int K = static_cast<int>(detail::kCostParams);
-  std::vector<double> caches;
-  if (base.cache_bytes > 0) caches.push_back(base.cache_bytes);
-  else {
-    caches.push_back(0);
-    for (int k = 0; k <= 12; ++k) caches.push_back(1048576.0 * static_cast<double>(1 << k));
-  }
-  double best_err = INFINITY;
-  CostModel best_model = base;
-  for (double C : caches) {
-    std::vector<std::array<double, K>> X;
-    for (const CostSample& s : samples) X.push_back(detail::cost_features(s.traffic, C));
-    bool seen[K] = {};
-    double scale[K] = {};  // columns differ by orders of magnitude: scale them before solving
-    for (std::size_t r = 0; r < X.size(); ++r)
-      for (int i = 0; i < K; ++i) {
-        seen[i] = seen[i] || X[r][static_cast<std::size_t>(i)] != 0;
-        scale[i] = std::max(scale[i], std::fabs(X[r][static_cast<std::size_t>(i)]) / samples[r].seconds);
-      }
-    for (unsigned mask = 1; mask < (1u << K); ++mask) {
-      int idx[K], n = 0;
-      bool usable = true;
-      for (int i = 0; i < K; ++i)
-        if ((mask >> i) & 1u) {
-          usable = usable && seen[i];
-          idx[n++] = i;
-        }
-      if (!usable) continue;
-      double A[K][K + 1] = {};  // normal equations of the weighted, scaled problem (target: time / time = 1)
-      for (std::size_t r = 0; r < X.size(); ++r) {
-        double x[K];
-        for (int a = 0; a < n; ++a) x[a] = X[r][static_cast<std::size_t>(idx[a])] / samples[r].seconds / scale[idx[a]];
-        for (int a = 0; a < n; ++a) {
-          for (int b = 0; b < n; ++b) A[a][b] += x[a] * x[b];
-          A[a][n] += x[a];
-        }
-      }
-      bool ok = true;  // Gauss-Jordan elimination with partial pivoting
-      for (int col = 0; col < n && ok; ++col) {
-        int piv = col;
-        for (int r = col + 1; r < n; ++r)
-          if (std::fabs(A[r][col]) > std::fabs(A[piv][col])) piv = r;
-        if (std::fabs(A[piv][col]) < 1e-12) {
-          ok = false;
-          break;
-        }
-        for (int c2 = 0; c2 <= n; ++c2) std::swap(A[col][c2], A[piv][c2]);
-        for (int r = 0; r < n; ++r) {
-          if (r == col) continue;
-          const double f = A[r][col] / A[col][col];
-          for (int c2 = col; c2 <= n; ++c2) A[r][c2] -= f * A[col][c2];
-        }
-      }
-      if (!ok) continue;
-      double p[K] = {};
-      for (int a = 0; a < n && ok; ++a) {
-        const double v = A[a][n] / A[a][a];
-        ok = v >= 0;
-        p[idx[a]] = v / scale[idx[a]];
-      }
-      if (!ok) continue;
-      double err = 0;
-      for (std::size_t r = 0; r < X.size(); ++r) {
-        double pred = 0;
-        for (int i = 0; i < K; ++i) pred += p[i] * X[r][static_cast<std::size_t>(i)];
-        err += (pred / samples[r].seconds - 1) * (pred / samples[r].seconds - 1);
-      }
-      if (err < best_err) {
-        best_err = err;
-        best_model = base;
-        best_model.cache_bytes = C;
-        const auto q = detail::cost_params(best_model);
-        for (int i = 0; i < K; ++i)
-          if (seen[i]) *q[static_cast<std::size_t>(i)] = p[i];
-      }
-    }
-  }
-  return best_model;
-}
-
-/// One feasible way to lay out a world for Ulysses (see advise_degree()).
-struct DegreeChoice {
-  int ulysses_degree = 0;         ///< P
-  int outer_degree = 0;           ///< world / P (data parallel, or context parallel when asked)
-  int nodes_per_group = 1;        ///< nodes a Ulysses group spans
-  Path path = Path::alltoallv;    ///< the fastest of the flat (alltoallv) and the two-level exchanges
-  int lanes = 0;                  ///< PlanOptions::lanes of the two-level exchange taken (0 when flat)
-  double seconds = 0;             ///< predicted exchange time of one layer's forward: q,k,v seq→head + o head→seq
-  double flat_seconds = 0;        ///< the same on the flat exchange
-  double two_level_seconds = 0;   ///< the same on the two-level exchange, one message per node pair (lanes 1)
-  double rail_seconds = 0;        ///< the same on the rail-aligned two-level exchange (lanes 0)
-                                  ///< (both = flat_seconds when the group fits in a node)
-  double intra_bytes = 0;         ///< bytes per layer over the busiest rank's intra-node link (path taken)
-  double inter_bytes = 0;         ///< bytes per layer over the busiest rank's inter-node link (path taken)
-  double activation_bytes = 0;    ///< a rank's q,k,v,o in both shardings and the workspaces of the two forward exchanges on
-                                  ///< the path taken (its busiest rank: a forwarder's on the two-level paths), one layer
-  bool fits = true;               ///< activation_bytes within the budget given to advise_degree()
-};
-
-/// The feasible (Ulysses degree, outer degree) layouts of `world` ranks on nodes of
-/// `ranks_per_node`, with the model's exchange time per layer (forward: q,k,v seq→head and o
-/// head→seq, on the fastest of the flat exchange and the two-level one with one lane or with
-/// rail-aligned lanes), bytes per link class and per-rank
-/// activation memory; best first: those whose activation memory fits `budget_bytes` (0: no
-/// limit) by predicted time, then the others by memory. Feasible: Mesh(world, P, ranks_per_node)
-/// is valid and Mesh::check_heads(shape, policy) passes. The outer dimension is data parallel (each
-/// group runs its own sequences of `seq_len` tokens; a smaller P then moves fewer bytes but holds
-/// more tokens a rank, so the budget decides) or, with `outer_splits_sequence`, context parallel
-/// (ring attention over S / outer tokens a group; the ring's own traffic is not modelled). P = 1
-/// needs no exchange: its time is 0.
-/// @param shape the attention layer's head counts and dims
-/// @param seq_len S, tokens of one sequence (>= 1)
-/// @param world ranks in all (GPUs)
-/// @param ranks_per_node ranks of one node (R)
-/// @param model link and copy parameters (CostModel::nvlink_infiniband(), or fit_cost_model())
-/// @param type element type of q, k, v, o (bf16 in training)
-/// @param batch B (>= 1)
-/// @param policy the query head split (HeadPolicy::balanced admits any H)
-/// @param budget_bytes per-rank bytes one layer's attention tensors may take (activation_bytes); 0: no limit
-/// @param outer_splits_sequence the outer dimension is context parallel (S / outer tokens a group)
-/// @throws Error(invalid_mesh) no feasible degree (the message says why for P = 1);
-///         Error(invalid_shape) seq_len or batch < 1.
-inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
-                                               const CostModel& model, ElementType type = ElementType::bfloat16,
-                                               std::int64_t batch = 1, HeadPolicy policy = HeadPolicy::even,
-                                               double budget_bytes = 0, bool outer_splits_sequence = false) {
-  if (seq_len < 1 || batch < 1)
-    detail::fail(Errc::invalid_shape, "advise_degree: seq_len=" + std::to_string(seq_len) + " and batch=" + std::to_string(batch) +
-                                          " must be >= 1");
-  std::vector<DegreeChoice> out;
-  std::string why;
-  const std::vector<int> candidates = Mesh::degrees(world, ranks_per_node);
-  if (candidates.empty()) Mesh(world, 1, ranks_per_node);  // throws invalid_mesh, saying why
-  for (int P : candidates) {
-    if (P > shape.num_heads) break;  // Mesh::check_heads refuses the rest
-    try {
-      const Mesh mesh(world, P, ranks_per_node);
-      mesh.check_heads(shape, policy);
-      const std::int64_t S = outer_splits_sequence ? seq_len / mesh.outer_degree() : seq_len;
-      if (S < P) continue;  // fewer tokens than ranks
-      const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);  // retyped below
-      auto retype = [type](std::vector<TensorSpec> v) {
-        for (TensorSpec& x : v) {
-          x.elem_bytes = size_of(type);
-          x.type = type;
-        }
-        return v;
-      };
-      DegreeChoice d;
-      d.ulysses_degree = P;
-      d.outer_degree = mesh.outer_degree();
-      d.nodes_per_group = mesh.nodes_per_group();
-      const SeqPartition seq = SeqPartition::balanced(S, P);
-      // Candidates: flat, then (across nodes) two-level with one lane and with rail-aligned lanes.
-      struct Candidate {
-        Path path;
-        int lanes;
-        double seconds;
-        ExchangeTraffic qkv, o;
-      };
-      std::vector<Candidate> cands;
-      double tensors = 0;
-      for (int c = 0; c < (mesh.group_spans_nodes() ? 3 : 1); ++c) {
-        PlanOptions po;
-        po.path = c == 0 ? Path::alltoallv : Path::two_level;
-        po.nodes = mesh.nodes();
-        po.lanes = c == 2 ? 0 : 1;
-        const Plan q({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, po), o({P, 0}, batch, seq, retype(a.out()), Format::bshd, po);
-        Candidate k{po.path, c == 0 ? 0 : po.lanes, 0, exchange_traffic(q, Direction::seq_to_head, po.path),
-                    exchange_traffic(o, Direction::head_to_seq, po.path)};
-        k.seconds = predict_seconds(k.qkv, model) + predict_seconds(k.o, model);
-        cands.push_back(k);
-        if (c == 0)
-          for (const Plan* p : {&q, &o})
-            for (int t = 0; t < p->num_tensors(); ++t) tensors += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
-      }
-      if (P == 1) cands[0].seconds = 0;  // no exchange at all (the plan's local copy is skipped by engines)
-      d.flat_seconds = cands[0].seconds;
-      d.two_level_seconds = cands.size() > 1 ? cands[1].seconds : d.flat_seconds;
-      d.rail_seconds = cands.size() > 2 ? cands[2].seconds : d.flat_seconds;
-      const Candidate& best = *std::min_element(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) { return x.seconds < y.seconds; });
-      d.path = best.path;
-      d.lanes = best.lanes;
-      d.seconds = best.seconds;
-      d.activation_bytes = tensors + best.qkv.workspace_bytes + best.o.workspace_bytes;
-      d.intra_bytes = best.qkv.bytes[0] + best.o.bytes[0];
-      d.inter_bytes = best.qkv.bytes[1] + best.o.bytes[1];
-      d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
-      out.push_back(d);
-    } catch (const Error& e) {
-      if (why.empty()) why = e.what();
-    }
-  }
-  if (out.empty())
-    detail::fail(Errc::invalid_mesh, "advise_degree: no feasible Ulysses degree for world=" + std::to_string(world) + ", ranks_per_node=" +
-                                         std::to_string(ranks_per_node) + (why.empty() ? "" : " (P = " + std::to_string(candidates.front()) + ": " + why + ")"));
-  std::stable_sort(out.begin(), out.end(), [](const DegreeChoice& a, const DegreeChoice& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.seconds < b.seconds : a.activation_bytes < b.activation_bytes;
-  });
-  return out;
 }
 
 ULYSSES_NAMESPACE_END
