@@ -147,13 +147,13 @@ std::size_t list_bytes(const std::vector<BlockCopy>& l) {
 void bm_copy(benchmark::State& state, bool is_pack, std::int64_t D, int P) {
   const Plan plan = qkv_plan(P, 0, D);
   const Direction dir = Direction::seq_to_head;
-  const std::vector<BlockCopy>& list = is_pack ? plan.schedule(dir).pack : plan.schedule(dir).unpack;
+  const std::vector<BlockCopy>& list = is_pack ? plan.stage_lists(dir).pack : plan.stage_lists(dir).unpack;
   const std::size_t bytes = list_bytes(list);
   cudaStream_t s;
   BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   {
     RankBuffers b(plan);
-    const BufferTable t = make_buffers(plan, dir, b.inputs(), b.outputs(), b.workspace());
+    const BufferTable t = bind_buffers(plan, dir, b.inputs(), b.outputs(), b.workspace());
     DevMem from(bytes), to(bytes);
     CudaExecutor ex(plan, s);
     L2Flush flush;
@@ -269,7 +269,7 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
     const cudaStream_t s0 = streams[0];
     std::size_t moved = 0;  // bytes read (= written) by all ranks: pack + exchange + unpack
     for (int r = 0; r < P; ++r) {
-      const Schedule& sc = plans[static_cast<std::size_t>(r)].schedule(Direction::seq_to_head);
+      const StageLists& sc = plans[static_cast<std::size_t>(r)].stage_lists(Direction::seq_to_head);
       moved += list_bytes(sc.pack) + sc.recv_total + list_bytes(sc.unpack);
     }
     BENCH_CUDA(cudaDeviceSynchronize());
@@ -288,7 +288,7 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
     std::vector<BufferTable> tabs;
     for (int r = 0; r < P; ++r) {
       const auto& b = *bufs[static_cast<std::size_t>(r)];
-      tabs.push_back(make_buffers(plans[static_cast<std::size_t>(r)], Direction::seq_to_head, b.inputs(), b.outputs(), b.workspace()));
+      tabs.push_back(bind_buffers(plans[static_cast<std::size_t>(r)], Direction::seq_to_head, b.inputs(), b.outputs(), b.workspace()));
     }
     for (int rep = 0; rep < reps; ++rep)
       for (int part = 0; part < 3; ++part) {
@@ -296,15 +296,15 @@ void bm_seq_to_head(benchmark::State& state, std::int64_t D, int P) {
         BENCH_CUDA(cudaEventRecord(ev.a, s0));
         for (int r = 0; r < P; ++r) {
           const auto ru = static_cast<std::size_t>(r);
-          const Schedule& sc = plans[ru].schedule(Direction::seq_to_head);
+          const StageLists& sc = plans[ru].stage_lists(Direction::seq_to_head);
           if (part == 0) ex0[ru].run(sc.pack.data(), sc.pack.size(), tabs[ru]);
           if (part == 2) ex0[ru].run(sc.unpack.data(), sc.unpack.size(), tabs[ru]);
           if (part == 1)
             for (int p = 0; p < P; ++p) {
-              const Schedule& sp = plans[static_cast<std::size_t>(p)].schedule(Direction::seq_to_head);
+              const StageLists& sp = plans[static_cast<std::size_t>(p)].stage_lists(Direction::seq_to_head);
               if (sc.recv_bytes[static_cast<std::size_t>(p)])
-                BENCH_CUDA(cudaMemcpyAsync(tabs[ru].base[Buffer::recv] + sc.recv_offsets[static_cast<std::size_t>(p)],
-                                           tabs[static_cast<std::size_t>(p)].base[Buffer::send] + sp.send_offsets[ru],
+                BENCH_CUDA(cudaMemcpyAsync(tabs[ru].base[BufferIndex::recv] + sc.recv_offsets[static_cast<std::size_t>(p)],
+                                           tabs[static_cast<std::size_t>(p)].base[BufferIndex::send] + sp.send_offsets[ru],
                                            sc.recv_bytes[static_cast<std::size_t>(p)], cudaMemcpyDeviceToDevice, s0));
             }
         }
@@ -343,7 +343,7 @@ void bm_pipeline(benchmark::State& state, std::int64_t D, int P, int K) {
     std::size_t moved = 0;  // bytes read (= written) by all ranks: pack + exchange + unpack
     for (int r = 0; r < P; ++r)
       for (int k = 0; k < K; ++k) {
-        const Schedule& sc = plans[static_cast<std::size_t>(r)].schedule(Direction::seq_to_head, k);
+        const StageLists& sc = plans[static_cast<std::size_t>(r)].stage_lists(Direction::seq_to_head, k);
         moved += list_bytes(sc.pack) + sc.recv_total + list_bytes(sc.unpack);
       }
     BENCH_CUDA(cudaDeviceSynchronize());

@@ -68,7 +68,7 @@ void bm_pack_unpack(benchmark::State& st, bool is_pack, int P, std::int64_t S, i
   RankSetup& r = *setups(P, S, elem, mem, 1)[0];
   const Direction d = Direction::seq_to_head;
   const BufferTable t = r.table(d);
-  const Schedule& s = r.fused->schedule(d);
+  const StageLists& s = r.fused->schedule(d);
   HostExecutor ex(threads);
   for (auto _ : st) {
     if (is_pack)
@@ -96,7 +96,7 @@ std::size_t stage_bytes(bool is_pack, int P, std::int64_t S, int elem) {
   std::vector<TensorSpec> specs;
   for (const HeadPartition& h : {q, kv, kv}) specs.push_back(TensorSpec{h, kD, static_cast<std::size_t>(elem), std::nullopt, std::nullopt});
   const Plan p(Group{P, 0}, kB, SeqPartition::even(S, P), specs);
-  const Schedule& s = p.schedule(Direction::seq_to_head);
+  const StageLists& s = p.stage_lists(Direction::seq_to_head);
   return list_bytes(is_pack ? s.pack : s.unpack);
 }
 

@@ -171,9 +171,9 @@ struct RankSetup {
     return l;
   }
   Workspace workspace() const { return {ws.data(), ws.size()}; }
-  /// The fused plan's buffer table for direction d (make_buffers(): q, k, v interleaved in one
+  /// The fused plan's buffer table for direction d (bind_buffers(): q, k, v interleaved in one
   /// fused buffer, Mem::strided, pass its exact overlap test).
-  BufferTable table(Direction d) const { return make_buffers(*fused, d, inputs(d), outputs(d), workspace()); }
+  BufferTable table(Direction d) const { return bind_buffers(*fused, d, inputs(d), outputs(d), workspace()); }
   /// The rank's share of q, k and v in bytes (the nccl-tests "size" of the all-to-all).
   std::size_t bytes_per_rank() const {
     std::size_t n = 0;

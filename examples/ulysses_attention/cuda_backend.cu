@@ -58,7 +58,7 @@ void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, const
   }
   const Workspace ws{alloc(plan.workspace_bytes()), plan.workspace_bytes()};
   CudaExecutor ex(plan, s);
-  const BufferTable tab = make_buffers(plan, dir, din, dout, ws);
+  const BufferTable tab = bind_buffers(plan, dir, din, dout, ws);
   cudaEvent_t* ev = impl_->ev;
   const Path path = choose_path<DeviceLocalGroup::Comm, CudaExecutor>(plan);  // the path redistribute() takes
   if (path == Path::direct) {  // each rank's kernel reads its peers' inputs: timed as the exchange
@@ -71,8 +71,8 @@ void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, const
     ms[1] += x;
   }
   for (int k = 0; k < (path == Path::direct ? 0 : plan.num_stages()); ++k) {  // the demo's plans have one stage
-    const std::vector<BlockCopy>& before = stage_copies(plan, dir, path, true, k);
-    const std::vector<BlockCopy>& after = stage_copies(plan, dir, path, false, k);
+    const std::vector<BlockCopy>& before = pack_list(plan, dir, path, k);
+    const std::vector<BlockCopy>& after = unpack_list(plan, dir, path, k);
     cuda_check(cudaEventRecord(ev[0], s), "cudaEventRecord");
     ex.run(before.data(), before.size(), tab);
     cuda_check(cudaEventRecord(ev[1], s), "cudaEventRecord");

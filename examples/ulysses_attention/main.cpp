@@ -162,16 +162,16 @@ void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, const Tenso
       return;
     }
   }
-  const BufferTable t = make_buffers(plan, dir, in, out, ws);
+  const BufferTable t = bind_buffers(plan, dir, in, out, ws);
   for (int k = 0; k < plan.num_stages(); ++k) {
-    const std::vector<BlockCopy>& before = stage_copies(plan, dir, path, true, k);
+    const std::vector<BlockCopy>& before = pack_list(plan, dir, path, k);
     auto t0 = Clock::now();
     exec.run(before.data(), before.size(), t);
     res.pack_ms += ms_since(t0);
     t0 = Clock::now();
     stage_exchange(plan, dir, path, comm, t, k);
     res.exchange_ms += ms_since(t0);
-    const std::vector<BlockCopy>& after = stage_copies(plan, dir, path, false, k);
+    const std::vector<BlockCopy>& after = unpack_list(plan, dir, path, k);
     t0 = Clock::now();
     exec.run(after.data(), after.size(), t);
     res.unpack_ms += ms_since(t0);

@@ -26,7 +26,7 @@ ULYSSES_NAMESPACE_BEGIN
 
 /// The peer-copy transport's block lists of one plan on one group (Path::direct): per direction,
 /// for every rank p (this rank included) and tensor, the blocks copying p's input
-/// (Buffer::peer_input(p, t)) into this rank's outputs, then the sums of replicated heads
+/// (BufferIndex::peer_input(p, t)) into this rank's outputs, then the sums of replicated heads
 /// (head→seq, Replicas::sum) over their holders' inputs in ascending rank order.
 struct PeerCopyLists {
   std::vector<BlockCopy> list[2];  ///< [Direction]: 0 seq→head, 1 head→seq

@@ -47,13 +47,13 @@ class LocalGroup {
   int size() const { return size_; }
 
   /// The communicator of one rank (a cheap handle; the group must outlive it). Models the
-  /// communicator concept of redistribute.hpp.
+  /// communicator concept of comm/concepts.hpp.
   class Comm {
    public:
     int size() const { return g_->size_; }
     int rank() const { return rank_; }
 
-    /// All-to-all-v in bytes (see the communicator concept in redistribute.hpp).
+    /// All-to-all-v in bytes (see the communicator concept in comm/concepts.hpp).
     /// @throws Error(plan_mismatch) when a peer sends a different byte count than this rank
     ///         expects; Error(timeout) / Error(aborted) as the group's barrier.
     void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,

@@ -68,8 +68,8 @@ class DeviceLocalGroup {
   int device() const { return device_; }     ///< device made current on spawn()'s threads
 
   /// The communicator of one rank: refers to the group (which must outlive it), to the rank's two
-  /// CUDA events (owned by the group) and to the rank's stream. Models the communicator concept of
-  /// redistribute.hpp (device memory; allgather() of host memory for check_agreement()).
+  /// CUDA events (owned by the group) and to the rank's stream. Models the communicator concept
+  /// (comm/concepts.hpp) (device memory; allgather() of host memory for check_agreement()).
   class Comm {
    public:
     /// Buffers of alltoallv() are device memory.
@@ -80,7 +80,7 @@ class DeviceLocalGroup {
     cudaStream_t stream() const { return stream_; }  ///< the stream the exchange is ordered on
 
     /// All-to-all-v of device memory in bytes (see the communicator concept in
-    /// redistribute.hpp and the protocol in the file comment). Returns once the copies are
+    /// comm/concepts.hpp and the protocol in the file comment). Returns once the copies are
     /// enqueued on stream(); they are complete in stream order.
     /// @throws Error(plan_mismatch) a peer sends a different byte count than this rank expects;
     ///         Error(timeout) / Error(aborted) as LocalGroup; Error(backend) a CUDA call failed

@@ -28,7 +28,7 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// Communicator over an MPI communicator (models the concept of redistribute.hpp).
+/// Communicator over an MPI communicator (models the communicator concept of comm/concepts.hpp).
 class MpiComm {
  public:
   /// Largest message MPI can describe with an `int` count of MPI_BYTE.
@@ -60,7 +60,7 @@ class MpiComm {
   MPI_Comm get() const { return comm_; }  ///< the wrapped communicator
   std::size_t max_message_bytes() const { return max_msg_; }
 
-  /// All-to-all-v in bytes (see the communicator concept in redistribute.hpp). Collective.
+  /// All-to-all-v in bytes (see the communicator concept in comm/concepts.hpp). Collective.
   /// @throws Error(backend) with MPI's error string when a call fails (only if the communicator's
   ///         error handler returns errors; MPI's default aborts the job).
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,

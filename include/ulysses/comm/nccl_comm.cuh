@@ -42,8 +42,8 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// Communicator over an NCCL communicator and a CUDA stream (models the concept of
-/// redistribute.hpp). Not owning: the caller keeps both alive, and must not run other NCCL
+/// Communicator over an NCCL communicator and a CUDA stream (models the communicator
+/// concept of comm/concepts.hpp). Not owning: the caller keeps both alive, and must not run other NCCL
 /// operations on the communicator concurrently from another thread.
 class NcclComm {
  public:
@@ -73,7 +73,7 @@ class NcclComm {
     return Path::none;
   }
 
-  /// All-to-all-v in bytes of device memory (see the communicator concept in redistribute.hpp),
+  /// All-to-all-v in bytes of device memory (see the communicator concept in comm/concepts.hpp),
   /// enqueued on stream(): grouped ncclSend / ncclRecv, zero-byte pairs skipped on both sides.
   /// Collective over the communicator; no host synchronisation (a non-blocking communicator's
   /// ncclInProgress is waited out before return).
@@ -109,7 +109,7 @@ class NcclComm {
   /// recv + p*bytes): what check_agreement() uses to compare the ranks' plan fingerprints, once
   /// per plan. Collective. Goes through a temporary device buffer (cudaMallocAsync on stream())
   /// and ncclAllGather, and waits for the stream: not for the hot path and not capturable — with
-  /// a plan whose check is on (Plan::check_agreement()), call check_agreement(plan, comm) before
+  /// a plan whose check is on (Plan::agreement_check_enabled()), call check_agreement(plan, comm) before
   /// capturing its first exchange.
   /// @throws Error(backend) CUDA or NCCL failures.
   void allgather(const void* send, std::size_t bytes, void* recv) {

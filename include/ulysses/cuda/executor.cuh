@@ -132,7 +132,7 @@ class CudaExecutor {
   /// when n == 0); returns without waiting. No allocation, no synchronisation; capturable.
   ///
   /// @param blocks one of the uploaded lists, by its host address: a BlockList::data given to the
-  ///               constructor or to prepare_direct() — for a plan, `plan.schedule(d, k).pack.data()`,
+  ///               constructor or to prepare_direct() — for a plan, `plan.stage_lists(d, k).pack.data()`,
   ///               `.unpack.data()`, `.pack_staged.data()`, `.unpack_staged.data()` or
   ///               `plan.direct_list(d).data()` (what the stage functions of redistribute.hpp pass)
   /// @param n      that list's size (its BlockList::size)

@@ -393,7 +393,7 @@ struct HostExecutorOptions {
 ///   together, in order).
 /// - optionally `static constexpr bool E::runs_on_host = true`: its copies are host loads and
 ///   stores on host memory, done when run() returns. Only then may redistribute() take the
-///   message-level path (PlanOptions::direct_pieces), which hands the caller's own pointers to the
+///   message-level path (PlanOptions::in_place_messages), which hands the caller's own pointers to the
 ///   communicator. Without it, an executor gets the one all-to-all-v of the packed wire.
 ///
 /// Host executor: memory is host memory. `HostExecutor{}` (the default) is single-threaded: it runs

@@ -64,7 +64,7 @@ ULYSSES_HOST_DEVICE inline std::byte* buffer_at(const BufferTable& t, int index)
 }  // namespace detail
 
 /// One point-to-point message of a message-level exchange (the optional exchange_messages() of the
-/// communicator concept, redistribute.hpp): `bytes` contiguous bytes at `data`, sent to or
+/// communicator concept, comm/concepts.hpp): `bytes` contiguous bytes at `data`, sent to or
 /// received from rank `peer`. Read when sending, written when receiving.
 struct Message {
   int peer = 0;

@@ -42,7 +42,7 @@
 ULYSSES_NAMESPACE_BEGIN
 
 /// One point-to-point transfer of the two-level exchange, seen from one of its two ranks: `bytes`
-/// contiguous bytes at `offset` of buffer `buffer` (Buffer::send or Buffer::recv: regions of the
+/// contiguous bytes at `offset` of buffer `buffer` (BufferIndex::send or BufferIndex::recv: regions of the
 /// workspace) go to (or come from) rank `peer`.
 struct Hop {
   int peer = 0;
@@ -190,7 +190,7 @@ class TwoLevelRoute {
     };
     const int A = n_->node(from), N = n_->num_nodes();
     const Regions& me = regions(from);
-    const std::int32_t S = Buffer::send, R = Buffer::recv;
+    const std::int32_t S = BufferIndex::send, R = BufferIndex::recv;
     if (round == 0) {
       for (int p = 0; p < P_; ++p) {
         if (p == from) continue;

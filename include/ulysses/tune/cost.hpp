@@ -170,7 +170,7 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
   const NodeLayout& nodes = plan.nodes();
   const auto cls = [&](int i, int j) { return nodes.node(i) == nodes.node(j) ? 0 : 1; };
   for (int k = 0; k < plan.num_stages(); ++k) {
-    const Schedule& s = plan.schedule(dir, k);
+    const StageLists& s = plan.stage_lists(dir, k);
     const std::vector<std::size_t> c = plan.chunk_matrix(dir, k);
     const auto C = [&](int i, int j) { return static_cast<double>(c[static_cast<std::size_t>(i) * static_cast<std::size_t>(P) + static_cast<std::size_t>(j)]); };
     if (path == Path::direct) {  // the direct lists copy the unpack's rows, from the peers' inputs
