@@ -36,6 +36,18 @@ struct AlltoallvTransport {
   }
   /// Copies per element of direction d (Plan::copies()).
   static CopyCount copies(const Plan& plan, Direction d) { return detail::count_copies(plan, d, &WireStage::pack, &WireStage::unpack); }
+  /// Traffic of stage k (`chunks`: its chunk_matrix()) for the cost model: one message per pair
+  /// with bytes; the pack and the unpack on the executor; this rank's regions in `spans`.
+  static void traffic(const Plan& plan, Direction d, int k, const std::vector<std::size_t>& chunks, ExchangeTraffic& t,
+                      detail::TrafficSpans& spans) {
+    const StageLists& s = plan.stage_lists(d, k);
+    detail::add_copies(t, s.pack, s.unpack);
+    detail::add_flat_round(plan, chunks, t, [](int, int) { return 1.0; });
+    spans.send[0] += s.send_span;  // flat: this rank's (rank 0 holds the most under balanced splits)
+    spans.recv[0] += s.recv_span;
+  }
+  /// The workspace the stages' regions need (this rank's).
+  static double traffic_workspace(const detail::TrafficSpans& spans) { return detail::workspace_of(spans.send[0], spans.recv[0]); }
 };
 
 ULYSSES_NAMESPACE_END

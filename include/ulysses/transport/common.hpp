@@ -5,6 +5,7 @@
 ///        plan's lists with the communicator's scratch, the flat-plan check and copy counting.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -69,6 +70,12 @@ inline double written_bytes(const std::vector<BlockCopy>& l) {
   for (const BlockCopy& c : l) n += static_cast<double>(c.written_bytes());
   return n;
 }
+/// Contiguous rows a list copies (every term of a sum counted).
+inline double rows(const std::vector<BlockCopy>& l) {
+  double n = 0;
+  for (const BlockCopy& c : l) n += static_cast<double>(c.rows());
+  return n;
+}
 
 /// The bytes each stage's transport delivers to this rank: what every flat exchange receives.
 inline double received_bytes(const StageLists& s) { return static_cast<double>(s.recv_total); }
@@ -90,4 +97,84 @@ CopyCount count_copies(const Plan& plan, Direction d, PackList pack, UnpackList 
 }
 
 }  // namespace detail
+
+/// What one exchange moves, as the cost model (tune/cost.hpp) sees it; each transport counts its
+/// own (`traffic()`), exchange_traffic() sums the stages: per link class, the messages and bytes of each
+/// round's busiest rank, summed over rounds (and stages); and the bytes the executor writes on
+/// the plan's rank.
+struct ExchangeTraffic {
+  std::array<double, 2> messages{};  ///< [link class]: 0 inside a node, 1 between nodes (PlanOptions::nodes)
+  std::array<double, 2> bytes{};     ///< [link class]
+  double copy_bytes = 0;             ///< executor bytes written (pack, unpack, sums, direct copies)
+  double copy_rows = 0;              ///< contiguous rows the executor copies (every term of a sum counted)
+  int rounds = 0;                    ///< communication rounds (1 flat, 3 two-level; per stage)
+  double working_set_bytes = 0;      ///< the rank's inputs, outputs and workspace (none on Path::direct)
+  double workspace_bytes = 0;        ///< the workspace this exchange needs on its busiest rank (two-level: a forwarder's)
+};
+
+namespace detail {
+
+/// Busiest rank of a round: the one with the most bytes (sent or received), then messages.
+struct RankLoad {
+  std::array<double, 2> msgs{}, bytes{};
+  double total() const { return bytes[0] + bytes[1]; }
+};
+/// Adds the busiest rank's load of one round (sent or received, whichever is more) to t.
+inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv) {
+  RankLoad best;
+  double best_total = -1, best_msgs = -1;
+  for (std::size_t r = 0; r < send.size(); ++r) {
+    const RankLoad& a = send[r].total() >= recv[r].total() ? send[r] : recv[r];
+    const double m = a.msgs[0] + a.msgs[1];
+    if (a.total() > best_total || (a.total() == best_total && m > best_msgs)) {
+      best = a;
+      best_total = a.total();
+      best_msgs = m;
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    t.messages[static_cast<std::size_t>(c)] += best.msgs[static_cast<std::size_t>(c)];
+    t.bytes[static_cast<std::size_t>(c)] += best.bytes[static_cast<std::size_t>(c)];
+  }
+  ++t.rounds;
+}
+
+/// The send and receive regions a transport's stages occupy: per rank on a two-level plan
+/// (the busiest forwarder's is the workspace), else this rank's at index 0.
+struct TrafficSpans {
+  explicit TrafficSpans(int P) : send(static_cast<std::size_t>(P), 0), recv(static_cast<std::size_t>(P), 0) {}
+  std::vector<std::size_t> send, recv;
+};
+/// The workspace of regions of `send` and `recv` bytes (the receive region aligned as the plan's).
+inline double workspace_of(std::size_t send, std::size_t recv) {
+  const std::size_t a = Plan::kRegionAlignment;
+  return static_cast<double>((send + a - 1) / a * a + recv);
+}
+/// Executor bytes and rows of the lists a transport runs before and after its exchange.
+inline void add_copies(ExchangeTraffic& t, const std::vector<BlockCopy>& pack, const std::vector<BlockCopy>& unpack) {
+  t.copy_bytes += written_bytes(pack) + written_bytes(unpack);
+  t.copy_rows += rows(pack) + rows(unpack);
+}
+/// The traffic of one flat round: for every pair (i, j) with chunk bytes c[i * P + j] > 0,
+/// msgs(i, j) messages of those bytes, on the link class of their nodes; the busiest rank counts.
+template <class Msgs>
+void add_flat_round(const Plan& plan, const std::vector<std::size_t>& c, ExchangeTraffic& t, Msgs msgs) {
+  const int P = plan.degree();
+  const NodeLayout& nodes = plan.nodes();
+  std::vector<RankLoad> send(at(P)), recv(at(P));
+  for (int i = 0; i < P; ++i)
+    for (int j = 0; j < P; ++j) {
+      const double bytes = static_cast<double>(c[at(i) * at(P) + at(j)]);
+      if (i == j || bytes == 0) continue;
+      const double m = msgs(i, j);
+      const std::size_t cl = nodes.node(i) == nodes.node(j) ? 0 : 1;
+      send[at(i)].msgs[cl] += m;
+      send[at(i)].bytes[cl] += bytes;
+      recv[at(j)].msgs[cl] += m;
+      recv[at(j)].bytes[cl] += bytes;
+    }
+  add_busiest(t, send, recv);
+}
+}  // namespace detail
+
 ULYSSES_NAMESPACE_END

@@ -38,6 +38,24 @@ struct MessagesTransport {
   static CopyCount copies(const Plan& plan, Direction d) {
     return detail::count_copies(plan, d, &MessageStage::pack_staged, &MessageStage::unpack_staged);
   }
+  /// Traffic of stage k for the cost model: one message per (tensor, batch index, non-empty
+  /// sequence chunk of the seq-sharded side) and pair with bytes; the staged lists on the executor.
+  static void traffic(const Plan& plan, Direction d, int k, const std::vector<std::size_t>& chunks, ExchangeTraffic& t,
+                      detail::TrafficSpans& spans) {
+    const StageLists& s = plan.stage_lists(d, k);
+    detail::add_copies(t, s.pack_staged, s.unpack_staged);
+    const bool s2h = d == Direction::seq_to_head;
+    const double per_chunk = static_cast<double>(plan.num_tensors() * plan.batch());
+    detail::add_flat_round(plan, chunks, t, [&](int i, int j) {
+      double n = 0;
+      for (const SeqChunk& ch : plan.seq().chunks_of(s2h ? i : j)) n += ch.length > 0 ? 1 : 0;
+      return n * per_chunk;
+    });
+    spans.send[0] += s.send_span;
+    spans.recv[0] += s.recv_span;
+  }
+  /// The workspace the stages' regions need (this rank's).
+  static double traffic_workspace(const detail::TrafficSpans& spans) { return detail::workspace_of(spans.send[0], spans.recv[0]); }
 };
 
 ULYSSES_NAMESPACE_END

@@ -103,6 +103,17 @@ struct PeerCopyTransport {
     if (out == 0) return {};
     return {1, 0};
   }
+  /// Traffic of stage k for the cost model: one synchronisation with each peer, every output byte
+  /// copied once (the peer copy copies the unpack's rows, from the peers' inputs).
+  static void traffic(const Plan& plan, Direction d, int k, const std::vector<std::size_t>&, ExchangeTraffic& t, detail::TrafficSpans&) {
+    const StageLists& s = plan.stage_lists(d, k);
+    t.messages[0] += plan.degree() - 1;
+    ++t.rounds;
+    t.copy_bytes += detail::written_bytes(s.unpack);
+    t.copy_rows += detail::rows(s.unpack);
+  }
+  /// No workspace.
+  static double traffic_workspace(const detail::TrafficSpans&) { return 0; }
 };
 
 ULYSSES_NAMESPACE_END

@@ -9,6 +9,7 @@
 /// | exchange_messages(), the executor's memory the communicator's; a plan with Plan::two_level() | pack, unpack, hop_send, hop_recv | 2 as alltoallv; transport: every byte received in the three rounds, forwarded chunks included (1-3 links a chunk) |
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -41,6 +42,41 @@ struct TwoLevelTransport : AlltoallvTransport {
   }
   /// Copies per element of direction d (Plan::copies()): the transport counts every hop received.
   static CopyCount copies(const Plan& plan, Direction d) { return detail::count_copies(plan, d, &WireStage::pack, &WireStage::unpack, hop_bytes); }
+  /// Traffic of stage k for the cost model: the three rounds of the route the plan's node layout
+  /// gives (laid out here from `chunks`, so a flat plan is counted as if it were two-level), each
+  /// round's busiest rank; every rank's regions in `spans`.
+  static void traffic(const Plan& plan, Direction d, int k, const std::vector<std::size_t>& chunks, ExchangeTraffic& t,
+                      detail::TrafficSpans& spans) {
+    const StageLists& s = plan.stage_lists(d, k);
+    detail::add_copies(t, s.pack, s.unpack);
+    const int P = plan.degree();
+    const NodeLayout& nodes = plan.nodes();
+    const std::vector<std::size_t> zero(detail::at(P), 0);
+    const detail::TwoLevelRoute route(nodes, chunks, zero, zero, plan.options().lanes);
+    for (int x = 0; x < P; ++x) {
+      const auto sp = route.spans(x);
+      spans.send[detail::at(x)] += sp.first;
+      spans.recv[detail::at(x)] += sp.second;
+    }
+    for (int round = 0; round < 3; ++round) {
+      std::vector<detail::RankLoad> send(detail::at(P)), recv(detail::at(P));
+      for (int x = 0; x < P; ++x)
+        for (const auto& tr : route.sends(x, round)) {
+          const std::size_t cl = nodes.node(tr.from) == nodes.node(tr.to) ? 0 : 1;
+          send[detail::at(tr.from)].msgs[cl] += 1;
+          send[detail::at(tr.from)].bytes[cl] += static_cast<double>(tr.bytes);
+          recv[detail::at(tr.to)].msgs[cl] += 1;
+          recv[detail::at(tr.to)].bytes[cl] += static_cast<double>(tr.bytes);
+        }
+      detail::add_busiest(t, send, recv);
+    }
+  }
+  /// The workspace of the busiest forwarder.
+  static double traffic_workspace(const detail::TrafficSpans& spans) {
+    double w = 0;
+    for (std::size_t x = 0; x < spans.send.size(); ++x) w = std::max(w, detail::workspace_of(spans.send[x], spans.recv[x]));
+    return w;
+  }
 };
 
 ULYSSES_NAMESPACE_END

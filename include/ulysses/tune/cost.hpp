@@ -45,6 +45,7 @@
 
 #include "../error.hpp"
 #include "../plan/plan.hpp"
+#include "../transport/dispatch.hpp"
 #include "../topology/nodes.hpp"
 #include "../topology/route.hpp"
 
@@ -100,57 +101,6 @@ struct CostModel {
   }
 };
 
-/// What one exchange moves, as the model sees it: per link class, the messages and bytes of each
-/// round's busiest rank, summed over rounds (and stages); and the bytes the executor writes on
-/// the plan's rank.
-struct ExchangeTraffic {
-  std::array<double, 2> messages{};  ///< [LinkClass]
-  std::array<double, 2> bytes{};     ///< [LinkClass]
-  double copy_bytes = 0;             ///< executor bytes written (pack, unpack, sums, direct copies)
-  double copy_rows = 0;              ///< contiguous rows the executor copies (every term of a sum counted)
-  int rounds = 0;                    ///< communication rounds (1 flat, 3 two-level; per stage)
-  double working_set_bytes = 0;      ///< the rank's inputs, outputs and workspace (none on Path::direct)
-  double workspace_bytes = 0;        ///< the workspace this exchange needs on its busiest rank (two-level: a forwarder's)
-};
-
-namespace detail {
-
-/// Busiest rank of a round: the one with the most bytes (sent or received), then messages.
-struct RankLoad {
-  std::array<double, 2> msgs{}, bytes{};
-  double total() const { return bytes[0] + bytes[1]; }
-};
-inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv) {
-  RankLoad best;
-  double best_total = -1, best_msgs = -1;
-  for (std::size_t r = 0; r < send.size(); ++r) {
-    const RankLoad& a = send[r].total() >= recv[r].total() ? send[r] : recv[r];
-    const double m = a.msgs[0] + a.msgs[1];
-    if (a.total() > best_total || (a.total() == best_total && m > best_msgs)) {
-      best = a;
-      best_total = a.total();
-      best_msgs = m;
-    }
-  }
-  for (int c = 0; c < 2; ++c) {
-    t.messages[static_cast<std::size_t>(c)] += best.msgs[static_cast<std::size_t>(c)];
-    t.bytes[static_cast<std::size_t>(c)] += best.bytes[static_cast<std::size_t>(c)];
-  }
-  ++t.rounds;
-}
-inline double written(const std::vector<BlockCopy>& l) {
-  double n = 0;
-  for (const BlockCopy& c : l) n += static_cast<double>(c.written_bytes());
-  return n;
-}
-inline double rows(const std::vector<BlockCopy>& l) {
-  double n = 0;
-  for (const BlockCopy& c : l) n += static_cast<double>(c.rows());
-  return n;
-}
-
-}  // namespace detail
-
 /// The traffic of one exchange of `plan` in direction `dir` on `path` (see ExchangeTraffic):
 /// alltoallv: one message per peer with bytes; messages: one per (peer, tensor, b, sequence chunk);
 /// two_level: the three rounds of the plan's route (a plan without one is laid out with its
@@ -161,79 +111,15 @@ inline double rows(const std::vector<BlockCopy>& l) {
 inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path path) {
   if (path == Path::automatic) detail::fail(Errc::path_unsupported, "exchange_traffic: give the path the exchange takes (choose_path())");
   ExchangeTraffic t;
-  const int P = plan.degree();
   for (int i = 0; i < plan.num_tensors(); ++i)
     t.working_set_bytes += static_cast<double>(plan.input_bytes(dir, i) + plan.output_bytes(dir, i));
   if (path != Path::direct) t.working_set_bytes += static_cast<double>(plan.workspace_bytes());
-  auto workspace_of = [](std::size_t send, std::size_t recv) { return static_cast<double>((send + 255) / 256 * 256 + recv); };
-  std::vector<std::size_t> send_span(static_cast<std::size_t>(P), 0), recv_span(static_cast<std::size_t>(P), 0);  // two-level, per rank
-  const NodeLayout& nodes = plan.nodes();
-  const auto cls = [&](int i, int j) { return nodes.node(i) == nodes.node(j) ? 0 : 1; };
+  detail::TrafficSpans spans(plan.degree());
   for (int k = 0; k < plan.num_stages(); ++k) {
-    const StageLists& s = plan.stage_lists(dir, k);
     const std::vector<std::size_t> c = plan.chunk_matrix(dir, k);
-    const auto C = [&](int i, int j) { return static_cast<double>(c[static_cast<std::size_t>(i) * static_cast<std::size_t>(P) + static_cast<std::size_t>(j)]); };
-    if (path == Path::direct) {  // the direct lists copy the unpack's rows, from the peers' inputs
-      t.messages[0] += P - 1;
-      ++t.rounds;
-      t.copy_bytes += detail::written(s.unpack);
-      t.copy_rows += detail::rows(s.unpack);
-      continue;
-    }
-    const bool staged = path == Path::messages;
-    t.copy_bytes += staged ? detail::written(s.pack_staged) + detail::written(s.unpack_staged) : detail::written(s.pack) + detail::written(s.unpack);
-    t.copy_rows += staged ? detail::rows(s.pack_staged) + detail::rows(s.unpack_staged) : detail::rows(s.pack) + detail::rows(s.unpack);
-    std::vector<detail::RankLoad> send(static_cast<std::size_t>(P)), recv(static_cast<std::size_t>(P));
-    if (path == Path::two_level) {
-      const detail::TwoLevelRoute route(nodes, c, std::vector<std::size_t>(static_cast<std::size_t>(P), 0),
-                                        std::vector<std::size_t>(static_cast<std::size_t>(P), 0), plan.options().lanes);
-      for (int x = 0; x < P; ++x) {
-        const auto sp = route.spans(x);
-        send_span[static_cast<std::size_t>(x)] += sp.first;
-        recv_span[static_cast<std::size_t>(x)] += sp.second;
-      }
-      for (int round = 0; round < 3; ++round) {
-        std::fill(send.begin(), send.end(), detail::RankLoad{});
-        std::fill(recv.begin(), recv.end(), detail::RankLoad{});
-        for (int x = 0; x < P; ++x)
-          for (const auto& tr : route.sends(x, round)) {
-            const auto cl = static_cast<std::size_t>(cls(tr.from, tr.to));
-            send[static_cast<std::size_t>(tr.from)].msgs[cl] += 1;
-            send[static_cast<std::size_t>(tr.from)].bytes[cl] += static_cast<double>(tr.bytes);
-            recv[static_cast<std::size_t>(tr.to)].msgs[cl] += 1;
-            recv[static_cast<std::size_t>(tr.to)].bytes[cl] += static_cast<double>(tr.bytes);
-          }
-        detail::add_busiest(t, send, recv);
-      }
-      continue;
-    }
-    // Flat: one chunk (alltoallv) or its pieces (messages) per pair with bytes.
-    const std::int64_t B = plan.batch();
-    const bool s2h = dir == Direction::seq_to_head;
-    for (int i = 0; i < P; ++i)
-      for (int j = 0; j < P; ++j) {
-        if (i == j || C(i, j) == 0) continue;
-        double msgs = 1;
-        if (path == Path::messages) {  // one per (tensor, b, non-empty sequence chunk of the seq-sharded side)
-          msgs = 0;
-          for (const SeqChunk& ch : plan.seq().chunks_of(s2h ? i : j)) msgs += ch.length > 0 ? 1 : 0;
-          msgs *= static_cast<double>(plan.num_tensors() * B);
-        }
-        const auto cl = static_cast<std::size_t>(cls(i, j));
-        send[static_cast<std::size_t>(i)].msgs[cl] += msgs;
-        send[static_cast<std::size_t>(i)].bytes[cl] += C(i, j);
-        recv[static_cast<std::size_t>(j)].msgs[cl] += msgs;
-        recv[static_cast<std::size_t>(j)].bytes[cl] += C(i, j);
-      }
-    detail::add_busiest(t, send, recv);
-    send_span[0] += s.send_span;  // flat: this rank's (rank 0 holds the most under balanced splits)
-    recv_span[0] += s.recv_span;
+    visit_transport(path, [&](auto tr) { decltype(tr)::traffic(plan, dir, k, c, t, spans); });
   }
-  if (path == Path::two_level)
-    for (int x = 0; x < P; ++x)
-      t.workspace_bytes = std::max(t.workspace_bytes, workspace_of(send_span[static_cast<std::size_t>(x)], recv_span[static_cast<std::size_t>(x)]));
-  else if (path != Path::direct)
-    t.workspace_bytes = workspace_of(send_span[0], recv_span[0]);
+  t.workspace_bytes = visit_transport(path, [&](auto tr) { return decltype(tr)::traffic_workspace(spans); });
   return t;
 }
 
