@@ -10,7 +10,7 @@
 /// not thread_local storage (which SimGrid's SMPI, running ranks as dlopen'ed copies on one
 /// thread, merges across ranks; and which two exchanges in flight on one thread would share).
 /// Every shipped communicator holds one and returns it from `exchange_state()`; a user type opts
-/// in with the same member (transport/concepts.hpp). Without it the agreement check runs at
+/// in with the same member (comm/concepts.hpp). Without it the agreement check runs at
 /// every call and the lists are allocated per call: correct, slower.
 #pragma once
 

@@ -43,7 +43,7 @@
 
 ULYSSES_CUDA_NAMESPACE_BEGIN
 
-/// Executor (the executor concept: transport/path.hpp) that runs block lists on a CUDA stream.
+/// Executor (the executor concept: comm/concepts.hpp) that runs block lists on a CUDA stream.
 ///
 /// Made from block lists (or from a plan, through its block_lists()): it serves exactly those
 /// lists, which it uploads to device memory at construction, and the direct path's two lists
@@ -63,7 +63,7 @@ ULYSSES_CUDA_NAMESPACE_BEGIN
 /// reference); the kernel of cuda/detail/kernel.cuh with the constants of policy().
 class CudaExecutor {
  public:
-  /// Its copies are stream-ordered device work on device memory (transport/path.hpp).
+  /// Its copies are stream-ordered device work on device memory (comm/concepts.hpp).
   static constexpr bool device_memory = true;
 
   /// Uploads `n` block lists and sizes the grid for the current device.

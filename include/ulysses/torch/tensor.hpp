@@ -29,7 +29,7 @@
 #include "../partition/heads.hpp"
 #include "../plan/plan.hpp"
 #include "../redistribute.hpp"
-#include "../transport/path.hpp"
+#include "../transport/dispatch.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 

@@ -44,6 +44,65 @@ struct DegreeChoice {
   bool fits = true;               ///< activation_bytes within the budget given to advise_degree()
 };
 
+namespace detail {
+/// What advise_degree() reports for one feasible degree P = mesh.ulysses_degree() over S tokens a
+/// group: the flat exchange, and across nodes the two-level one with one lane and rail-aligned,
+/// priced by the model; the cheapest of them with its bytes and memory.
+inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, const CostModel& model,
+                                  ElementType type, std::int64_t batch, HeadPolicy policy, double budget_bytes) {
+  const int P = mesh.ulysses_degree();
+  const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);  // retyped below
+  auto retype = [type](std::vector<TensorSpec> v) {
+    for (TensorSpec& x : v) {
+      x.elem_bytes = size_of(type);
+      x.type = type;
+    }
+    return v;
+  };
+  DegreeChoice d;
+  d.ulysses_degree = P;
+  d.outer_degree = mesh.outer_degree();
+  d.nodes_per_group = mesh.nodes_per_group();
+  const SeqPartition seq = SeqPartition::balanced(S, P);
+  // Candidates: flat, then (across nodes) two-level with one lane and with rail-aligned lanes.
+  struct Candidate {
+    Path path;
+    int lanes;
+    double seconds;
+    ExchangeTraffic qkv, o;
+  };
+  std::vector<Candidate> cands;
+  double tensors = 0;
+  for (int c = 0; c < (mesh.group_spans_nodes() ? 3 : 1); ++c) {
+    PlanOptions po;
+    po.path = c == 0 ? Path::alltoallv : Path::two_level;
+    po.nodes = mesh.nodes();
+    po.lanes = c == 2 ? 0 : 1;
+    const Plan q({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, po), o({P, 0}, batch, seq, retype(a.out()), Format::bshd, po);
+    Candidate k{po.path, c == 0 ? 0 : po.lanes, 0, exchange_traffic(q, Direction::seq_to_head, po.path),
+                exchange_traffic(o, Direction::head_to_seq, po.path)};
+    k.seconds = predict_seconds(k.qkv, model) + predict_seconds(k.o, model);
+    cands.push_back(k);
+    if (c == 0)
+      for (const Plan* p : {&q, &o})
+        for (int t = 0; t < p->num_tensors(); ++t) tensors += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
+  }
+  if (P == 1) cands[0].seconds = 0;  // no exchange at all (the plan's local copy is skipped by engines)
+  d.flat_seconds = cands[0].seconds;
+  d.two_level_seconds = cands.size() > 1 ? cands[1].seconds : d.flat_seconds;
+  d.rail_seconds = cands.size() > 2 ? cands[2].seconds : d.flat_seconds;
+  const Candidate& best = *std::min_element(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) { return x.seconds < y.seconds; });
+  d.path = best.path;
+  d.lanes = best.lanes;
+  d.seconds = best.seconds;
+  d.activation_bytes = tensors + best.qkv.workspace_bytes + best.o.workspace_bytes;
+  d.intra_bytes = best.qkv.bytes[0] + best.o.bytes[0];
+  d.inter_bytes = best.qkv.bytes[1] + best.o.bytes[1];
+  d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
+  return d;
+}
+}  // namespace detail
+
 /// The feasible (Ulysses degree, outer degree) layouts of `world` ranks on nodes of
 /// `ranks_per_node`, with the model's exchange time per layer (forward: q,k,v seq→head and o
 /// head→seq, on the fastest of the flat exchange and the two-level one with one lane or with
@@ -85,55 +144,7 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
       check_heads(mesh, shape, policy);
       const std::int64_t S = outer_splits_sequence ? seq_len / mesh.outer_degree() : seq_len;
       if (S < P) continue;  // fewer tokens than ranks
-      const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);  // retyped below
-      auto retype = [type](std::vector<TensorSpec> v) {
-        for (TensorSpec& x : v) {
-          x.elem_bytes = size_of(type);
-          x.type = type;
-        }
-        return v;
-      };
-      DegreeChoice d;
-      d.ulysses_degree = P;
-      d.outer_degree = mesh.outer_degree();
-      d.nodes_per_group = mesh.nodes_per_group();
-      const SeqPartition seq = SeqPartition::balanced(S, P);
-      // Candidates: flat, then (across nodes) two-level with one lane and with rail-aligned lanes.
-      struct Candidate {
-        Path path;
-        int lanes;
-        double seconds;
-        ExchangeTraffic qkv, o;
-      };
-      std::vector<Candidate> cands;
-      double tensors = 0;
-      for (int c = 0; c < (mesh.group_spans_nodes() ? 3 : 1); ++c) {
-        PlanOptions po;
-        po.path = c == 0 ? Path::alltoallv : Path::two_level;
-        po.nodes = mesh.nodes();
-        po.lanes = c == 2 ? 0 : 1;
-        const Plan q({P, 0}, batch, seq, retype(a.qkv()), Format::bshd, po), o({P, 0}, batch, seq, retype(a.out()), Format::bshd, po);
-        Candidate k{po.path, c == 0 ? 0 : po.lanes, 0, exchange_traffic(q, Direction::seq_to_head, po.path),
-                    exchange_traffic(o, Direction::head_to_seq, po.path)};
-        k.seconds = predict_seconds(k.qkv, model) + predict_seconds(k.o, model);
-        cands.push_back(k);
-        if (c == 0)
-          for (const Plan* p : {&q, &o})
-            for (int t = 0; t < p->num_tensors(); ++t) tensors += static_cast<double>(p->seq_bytes(t) + p->head_bytes(t));
-      }
-      if (P == 1) cands[0].seconds = 0;  // no exchange at all (the plan's local copy is skipped by engines)
-      d.flat_seconds = cands[0].seconds;
-      d.two_level_seconds = cands.size() > 1 ? cands[1].seconds : d.flat_seconds;
-      d.rail_seconds = cands.size() > 2 ? cands[2].seconds : d.flat_seconds;
-      const Candidate& best = *std::min_element(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) { return x.seconds < y.seconds; });
-      d.path = best.path;
-      d.lanes = best.lanes;
-      d.seconds = best.seconds;
-      d.activation_bytes = tensors + best.qkv.workspace_bytes + best.o.workspace_bytes;
-      d.intra_bytes = best.qkv.bytes[0] + best.o.bytes[0];
-      d.inter_bytes = best.qkv.bytes[1] + best.o.bytes[1];
-      d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
-      out.push_back(d);
+      out.push_back(detail::degree_choice(mesh, shape, S, model, type, batch, policy, budget_bytes));
     } catch (const Error& e) {
       if (why.empty()) why = e.what();
     }
