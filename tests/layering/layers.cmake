@@ -3,7 +3,7 @@
 # path regexes separated by '|'. A header may include its own layer and lower ones.
 set(ULYSSES_LAYER_NAMES
   "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
-  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message
+  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message; the LSE merge
   "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # communicator adapters (no planner) and their mesh splits
   "plan"        # specs, the immutable Plan and its build, the agreement record, attention specs
@@ -12,7 +12,7 @@ set(ULYSSES_LAYER_NAMES
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
-  "layout/.*"
+  "layout/.*|merge/.*"
   "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
   "comm/.*"
   "plan/.*"
