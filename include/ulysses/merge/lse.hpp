@@ -51,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../layout/element.hpp"
 #include "../version.hpp"
@@ -201,18 +202,16 @@ ULYSSES_HOST_DEVICE constexpr bool mergeable(ElementType t) {
 
 namespace detail {
 
-/// Calls f(SumArith<t>{}) for a mergeable type t (nothing otherwise). Host and device.
+/// Calls f(SumArith<t>{}) for a mergeable type t (nothing otherwise): element.hpp's dispatch,
+/// without float64. Host and device.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class F>
 ULYSSES_HOST_DEVICE inline void with_merge_arith(ElementType t, F&& f) {
-  switch (t) {
-    case ElementType::float32: f(SumArith<ElementType::float32>{}); return;
-    case ElementType::float16: f(SumArith<ElementType::float16>{}); return;
-    case ElementType::bfloat16: f(SumArith<ElementType::bfloat16>{}); return;
-    default: return;
-  }
+  with_sum_arith(t, [&](auto a) {
+    if constexpr (std::is_same_v<typename decltype(a)::Acc, float>) f(a);
+  });
 }
 
 /// The n-way merge of elements [d0, d0 + len) of a row, len <= N: the left fold of lse_step() over
@@ -227,7 +226,7 @@ template <int N, class In, class Out, class RowAt, class LseAt>
 ULYSSES_HOST_DEVICE inline float merge_chunk(int n, const RowAt& row, const LseAt& lse, std::int64_t d0, int len, std::byte* out,
                                              LseBase base) {
   constexpr std::int64_t in_bytes = sizeof(typename In::Bits), out_bytes = sizeof(typename Out::Bits);
-  float acc[N];
+  float acc[static_cast<std::size_t>(N)];
   for (int k = 0; k < N; ++k) acc[k] = 0.0f;
   float l = neg_inf();
   for (int i = 0; i < n; ++i) {
