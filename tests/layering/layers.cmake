@@ -6,8 +6,8 @@ set(ULYSSES_LAYER_NAMES
   "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message; the LSE merge
   "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # communicator adapters (no planner) and their mesh splits
-  "plan"        # specs, the immutable Plan and its build, the agreement record, attention specs
-  "transport"   # the concepts, Path, one file per transport, the dispatch
+  "plan"        # specs, the immutable Plan and its build, the agreement record, attention specs; the decode plan and its executors
+  "transport"   # the concepts, Path, one file per transport, the dispatch; the decode exchange
   "facade"      # redistribute / seq_to_head / ..., the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
@@ -15,8 +15,8 @@ set(ULYSSES_LAYERS
   "layout/.*|merge/.*"
   "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
   "comm/.*"
-  "plan/.*"
-  "transport/.*"
+  "plan/.*|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
 # The old paths of 0.1, one-line forwarding headers kept for one minor version.
