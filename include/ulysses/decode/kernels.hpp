@@ -86,7 +86,7 @@ ULYSSES_HOST_DEVICE inline DecodeRow decode_other_row(const DecodeArgs& a, std::
 ULYSSES_HOST_DEVICE inline void decode_pack_unit(const DecodeArgs& a, std::int64_t r, int lane, int lanes) {
   const DecodeRow x = decode_other_row(a, r);
   const DecodePeer& q = a.peers[x.p];
-  const std::int64_t ein = static_cast<std::int64_t>(size_of(a.partial_type));
+  const std::int64_t ein = merge_elem_bytes(a.partial_type);
   const std::int64_t k = (x.b * a.T + x.t) * q.head_count + x.j;  // row index within the chunk
   const std::int64_t row_bytes = a.Dv * ein;
   decode_copy(a.send + q.send_offset + k * row_bytes,
@@ -102,7 +102,7 @@ ULYSSES_HOST_DEVICE inline void decode_pack_unit(const DecodeArgs& a, std::int64
 ULYSSES_HOST_DEVICE inline void decode_gather_unit(const DecodeArgs& a, std::int64_t r, int lane, int lanes) {
   const DecodeRow x = decode_other_row(a, r);
   const DecodePeer& q = a.peers[x.p];
-  const std::int64_t eout = static_cast<std::int64_t>(size_of(a.out_type));
+  const std::int64_t eout = merge_elem_bytes(a.out_type);
   const std::int64_t k = (x.b * a.T + x.t) * q.head_count + x.j, row_bytes = a.Dv * eout;
   decode_copy(a.out + (x.b * a.out_stride[0] + x.t * a.out_stride[1] + x.h * a.out_stride[2]) * eout,
               a.gather_recv + q.gather_recv_offset + k * row_bytes, row_bytes, lane, lanes);

@@ -51,7 +51,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "../layout/element.hpp"
 #include "../version.hpp"
@@ -202,16 +201,25 @@ ULYSSES_HOST_DEVICE constexpr bool mergeable(ElementType t) {
 
 namespace detail {
 
-/// Calls f(SumArith<t>{}) for a mergeable type t (nothing otherwise): element.hpp's dispatch,
-/// without float64. Host and device.
+/// Calls f(SumArith<t>{}) for a mergeable type t (nothing otherwise). Host and device, whatever
+/// f is (the execution-space check is off, as for element.hpp's with_sum_arith: f's own space
+/// decides where an instantiation can run).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class F>
 ULYSSES_HOST_DEVICE inline void with_merge_arith(ElementType t, F&& f) {
-  with_sum_arith(t, [&](auto a) {
-    if constexpr (std::is_same_v<typename decltype(a)::Acc, float>) f(a);
-  });
+  switch (t) {
+    case ElementType::float32: f(SumArith<ElementType::float32>{}); return;
+    case ElementType::float16: f(SumArith<ElementType::float16>{}); return;
+    case ElementType::bfloat16: f(SumArith<ElementType::bfloat16>{}); return;
+    default: return;
+  }
+}
+
+/// Bytes of one element of a mergeable type (4 or 2; 0 otherwise): size_of() for host and device.
+ULYSSES_HOST_DEVICE constexpr std::int64_t merge_elem_bytes(ElementType t) {
+  return t == ElementType::float32 ? 4 : (t == ElementType::float16 || t == ElementType::bfloat16) ? 2 : 0;
 }
 
 /// The n-way merge of elements [d0, d0 + len) of a row, len <= N: the left fold of lse_step() over
