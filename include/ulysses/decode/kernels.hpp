@@ -118,35 +118,64 @@ ULYSSES_HOST_DEVICE inline float decode_load_lse(const std::byte* p) {
   return v;
 }
 
+/// Row r of this rank's heads in the merge: where its P contributions are — this rank's own in
+/// place in O_rank and LSE_rank, every other rank's in its chunk of the receive region — and
+/// where the merged row goes. Host and device.
+struct DecodeMergeRow {
+  const DecodeArgs* a;
+  std::int64_t b, t, j, chunk_row;  ///< chunk_row: the row's index within every received chunk
+  const std::byte* own;
+  float own_lse;
+  std::int64_t row_bytes;  ///< bytes of one partial row (Dv elements)
+
+  ULYSSES_HOST_DEVICE DecodeMergeRow(const DecodeArgs& args, std::int64_t r) : a(&args) {
+    const std::int64_t ein = merge_elem_bytes(args.partial_type), bt = r / args.heads;
+    j = r - bt * args.heads;
+    b = bt / args.T;
+    t = bt - b * args.T;
+    chunk_row = (b * args.T + t) * args.heads + j;
+    const std::int64_t h = args.head_begin + j;
+    own = args.partial + (b * args.partial_stride[0] + t * args.partial_stride[1] + h * args.partial_stride[2]) * ein;
+    own_lse = decode_load_lse(args.lse + (b * args.lse_stride[0] + t * args.lse_stride[1] + h * args.lse_stride[2]) * 4);
+    row_bytes = args.Dv * ein;
+  }
+  /// Contribution p's partial row.
+  ULYSSES_HOST_DEVICE const std::byte* row(int p) const {
+    return p == a->rank ? own : a->recv + a->peers[p].recv_offset + chunk_row * row_bytes;
+  }
+  /// Contribution p's LSE.
+  ULYSSES_HOST_DEVICE float lse(int p) const {
+    return p == a->rank ? own_lse : decode_load_lse(a->recv + a->peers[p].recv_offset + a->recv_lse_offset + chunk_row * 4);
+  }
+  /// The merged row in the output.
+  ULYSSES_HOST_DEVICE std::byte* out() const {
+    return a->out + (b * a->out_stride[0] + t * a->out_stride[1] + (a->out_head0 + j) * a->out_stride[2]) * merge_elem_bytes(a->out_type);
+  }
+  /// After elements [d0, d0 + len) of the output row are written: their copy into the merged chunk
+  /// this rank sends (all_heads), and, for the chunk with d0 == 0, the merged LSE `l` into the
+  /// output LSE (when given) and that chunk.
+  ULYSSES_HOST_DEVICE void finish(float l, std::int64_t d0, int len) const {
+    const std::int64_t eout = merge_elem_bytes(a->out_type);
+    const bool gather = a->output == DecodeOutput::all_heads && a->P > 1;
+    if (gather) std::memcpy(a->gather_send + (chunk_row * a->Dv + d0) * eout, out() + d0 * eout, static_cast<std::size_t>(len * eout));
+    if (d0 != 0) return;
+    if (a->out_lse) std::memcpy(a->out_lse + (b * a->out_lse_stride[0] + t * a->out_lse_stride[1] + (a->out_head0 + j) * a->out_lse_stride[2]) * 4, &l, 4);
+    if (gather) std::memcpy(a->gather_send + a->gather_lse_offset + chunk_row * 4, &l, 4);
+  }
+};
+
 /// Merge unit (row r of this rank's heads, elements [d0, d0 + N) ∩ [0, Dv)): merges the P partial
-/// rows in ascending rank order — this rank's own from O_rank and LSE_rank in place, every other
-/// rank's from its chunk in the receive region — by merge/lse.hpp's fold, writes the merged
-/// elements to the output, and (the unit with d0 == 0) the merged LSE to the output LSE when
-/// given. For DecodeOutput::all_heads it also writes both into the merged chunk this rank sends.
-/// `In` / `Out` are the SumArith of the partial and output types. Host and device.
+/// rows in ascending rank order (DecodeMergeRow says where they are) by merge/lse.hpp's fold,
+/// writes the merged elements to the output, and (the unit with d0 == 0) the merged LSE to the
+/// output LSE when given; for DecodeOutput::all_heads also both into the merged chunk this rank
+/// sends. `In` / `Out` are the SumArith of the partial and output types. Host and device.
 template <int N, class In, class Out>
 ULYSSES_HOST_DEVICE inline void decode_merge_unit_typed(const DecodeArgs& a, std::int64_t r, std::int64_t d0) {
-  constexpr std::int64_t ein = sizeof(typename In::Bits), eout = sizeof(typename Out::Bits);
-  const std::int64_t bt = r / a.heads, j = r - bt * a.heads, b = bt / a.T, t = bt - b * a.T, h = a.head_begin + j;
-  const std::int64_t chunk_row = (b * a.T + t) * a.heads + j;  // the row's index within every received chunk
-  const std::byte* own = a.partial + (b * a.partial_stride[0] + t * a.partial_stride[1] + h * a.partial_stride[2]) * ein;
-  const float own_lse = decode_load_lse(a.lse + (b * a.lse_stride[0] + t * a.lse_stride[1] + h * a.lse_stride[2]) * 4);
-  const DecodePeer* peers = a.peers;
-  const std::byte* recv = a.recv;
-  const std::int64_t row_bytes = a.Dv * ein;
-  const std::uint64_t lse_at = a.recv_lse_offset;
-  const int me = a.rank;
-  auto row = [=](int p) -> const std::byte* { return p == me ? own : recv + peers[p].recv_offset + chunk_row * row_bytes; };
-  auto lse = [=](int p) -> float { return p == me ? own_lse : decode_load_lse(recv + peers[p].recv_offset + lse_at + chunk_row * 4); };
+  const DecodeMergeRow m(a, r);
   const int len = a.Dv - d0 < N ? static_cast<int>(a.Dv - d0) : N;
-  std::byte* out = a.out + (b * a.out_stride[0] + t * a.out_stride[1] + (a.out_head0 + j) * a.out_stride[2]) * eout;
-  const float l = merge_chunk<N, In, Out>(a.P, row, lse, d0, len, out, a.base);
-  const bool gather = a.output == DecodeOutput::all_heads && a.P > 1;
-  if (gather) std::memcpy(a.gather_send + (chunk_row * a.Dv + d0) * eout, out + d0 * eout, static_cast<std::size_t>(len * eout));
-  if (d0 == 0) {
-    if (a.out_lse) std::memcpy(a.out_lse + (b * a.out_lse_stride[0] + t * a.out_lse_stride[1] + (a.out_head0 + j) * a.out_lse_stride[2]) * 4, &l, 4);
-    if (gather) std::memcpy(a.gather_send + a.gather_lse_offset + chunk_row * 4, &l, 4);
-  }
+  const float l = merge_chunk<N, In, Out>(
+      a.P, [&m](int p) { return m.row(p); }, [&m](int p) { return m.lse(p); }, d0, len, m.out(), a.base);
+  m.finish(l, d0, len);
 }
 
 /// decode_merge_unit_typed() for the args' element types (one switch per unit). Host and device.

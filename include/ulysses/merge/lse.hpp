@@ -222,6 +222,21 @@ ULYSSES_HOST_DEVICE constexpr std::int64_t merge_elem_bytes(ElementType t) {
   return t == ElementType::float32 ? 4 : (t == ElementType::float16 || t == ElementType::bfloat16) ? 2 : 0;
 }
 
+/// The element part of one merge step (lse_apply() over a row, the branch out of the loop so
+/// that it vectorises): acc[0..len) (fp32 state) absorbs the contribution's elements at x (of
+/// `In`, packed) by step s. Host and device.
+template <class In>
+ULYSSES_HOST_DEVICE inline void apply_step(const LseStep& s, float* acc, const std::byte* x, int len) {
+  constexpr std::int64_t in_bytes = sizeof(typename In::Bits);
+  if (s.kind == LseStepKind::keep) return;
+  if (s.kind == LseStepKind::take) {
+    for (int k = 0; k < len; ++k) acc[k] = In::load(x + k * in_bytes);
+    return;
+  }
+  const float ws = s.w_state, wb = s.w_block;
+  for (int k = 0; k < len; ++k) acc[k] = f_add(f_mul(acc[k], ws), f_mul(In::load(x + k * in_bytes), wb));
+}
+
 /// The n-way merge of elements [d0, d0 + len) of a row, len <= N: the left fold of lse_step() over
 /// i = 0..n−1 with an fp32 state; contribution i's row starts at row(i) (elements of `In`, packed)
 /// and its LSE is lse(i); the result is stored at out (elements of `Out`, packed, starting at
@@ -235,18 +250,14 @@ ULYSSES_HOST_DEVICE inline float merge_chunk(int n, const RowAt& row, const LseA
                                              LseBase base) {
   constexpr std::int64_t in_bytes = sizeof(typename In::Bits), out_bytes = sizeof(typename Out::Bits);
   float acc[static_cast<std::size_t>(N)];
-  for (int k = 0; k < N; ++k) acc[k] = 0.0f;
+  for (int k = 0; k < len; ++k) acc[k] = 0.0f;
   float l = neg_inf();
   for (int i = 0; i < n; ++i) {
     const LseStep s = lse_step(l, lse(i), base);
     l = s.lse;
-    if (s.kind == LseStepKind::keep) continue;
-    const std::byte* x = row(i) + d0 * in_bytes;
-    for (int k = 0; k < N; ++k)
-      if (k < len) acc[k] = lse_apply(s, acc[k], In::load(x + k * in_bytes));
+    if (s.kind != LseStepKind::keep) apply_step<In>(s, acc, row(i) + d0 * in_bytes, len);
   }
-  for (int k = 0; k < N; ++k)
-    if (k < len) Out::store(out + (d0 + k) * out_bytes, acc[k]);
+  for (int k = 0; k < len; ++k) Out::store(out + (d0 + k) * out_bytes, acc[k]);
   return l;
 }
 
@@ -263,7 +274,11 @@ ULYSSES_HOST_DEVICE inline float merge_chunk(int n, const RowAt& row, const LseA
 template <class RowAt, class LseAt>
 ULYSSES_HOST_DEVICE inline float merge_rows_with(int n, const RowAt& row, const LseAt& lse, ElementType in_type, std::int64_t dv,
                                                  std::byte* out, ElementType out_type, LseBase base = LseBase::natural) {
-  constexpr int kChunk = 32;
+#if defined(__CUDA_ARCH__)
+  constexpr int kChunk = 32;  // registers / local memory of one thread
+#else
+  constexpr int kChunk = 256;  // a whole row up to Dv = 256: the LSE steps run once per row and contribution
+#endif
   float l = detail::neg_inf();
   detail::with_merge_arith(in_type, [&](auto in) {
     detail::with_merge_arith(out_type, [&](auto o) {
