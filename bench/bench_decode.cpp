@@ -6,9 +6,10 @@
 // (bf16), the same bits (checked once per shape before timing).
 //   decode   — decode_exchange(): one pack, ONE exchange of O and LSE together (one message per
 //              peer, the own share never sent), one unpack + merge;
-//   ag       — the baseline (vLLM's DCP before its all-to-all, "ag_rs"-style engines): an
-//              all-gather of O, an all-gather of LSE (two collectives, every rank receives every
-//              rank's full partials), then a local merge of its heads (merge_rows, same order).
+//   ag       — the baseline (the two collectives engines run today, as the issue describes
+//              vLLM's "ag_rs"): an all-gather of O, an all-gather of LSE (every rank receives
+//              every rank's full partials), then a local merge of its heads (the library's merge,
+//              as fast as HostDecodeExecutor's, same order: the same bits).
 // Shape: Llama-3.1-8B attention (H=32, Dv=128), T=1, P in {2, 4}, B from 1 to 1024.
 // Counters: bytes_received (per rank, per step), and the time per step (wall time). The report
 // (bench/report or the table in the reply) takes the ratio ag / decode per (P, B).
@@ -143,22 +144,36 @@ struct Rank {
     const int P = comm.size();
     comm.alltoallv(o.data(), o_bytes.data(), zeros.data(), ag_o.data(), o_bytes.data(), o_off.data());
     comm.alltoallv(lse.data(), lse_bytes.data(), zeros.data(), ag_lse.data(), lse_bytes.data(), lse_off.data());
-    const std::int64_t B = plan.batch(), Hr = plan.local_heads(), h0 = plan.head_begin();
+    // The local merge, as fast as the library's own (HostDecodeExecutor::merge): four rows at
+    // once, their LSE folds interleaved, then each row's element steps; the same bits.
+    using A = detail::SumArith<ElementType::bfloat16>;
+    const std::int64_t B = plan.batch(), Hr = plan.local_heads(), h0 = plan.head_begin(), rows = B * kT * Hr;
     const std::size_t per_rank_rows = static_cast<std::size_t>(B * kT * kH);
-    for (std::int64_t bt = 0; bt < B * kT; ++bt)
-      for (std::int64_t j = 0; j < Hr; ++j) {
-        const std::size_t row = static_cast<std::size_t>(bt * kH + h0 + j);
-        const std::byte* base = ag_o.data();
-        const std::byte* lbase = ag_lse.data();
-        merge_rows_with(
-            P, [&](int p) { return base + (static_cast<std::size_t>(p) * per_rank_rows + row) * kDv * 2; },
-            [&](int p) {
-              float v;
-              std::memcpy(&v, lbase + (static_cast<std::size_t>(p) * per_rank_rows + row) * 4, 4);
-              return v;
-            },
-            ElementType::bfloat16, kDv, out_base.data() + static_cast<std::size_t>((bt * Hr + j) * kDv * 2), ElementType::bfloat16);
+    for (std::int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int g = rows - r0 < 4 ? static_cast<int>(rows - r0) : 4;
+      LseStep steps[4][8];  // P <= 8 here
+      float l[4];
+      std::size_t src[4];
+      for (int k = 0; k < g; ++k) {
+        const std::int64_t r = r0 + k, bt = r / Hr, j = r - bt * Hr;
+        src[k] = static_cast<std::size_t>(bt * kH + h0 + j);
+        l[k] = detail::neg_inf();
       }
+      for (int p = 0; p < P; ++p)
+        for (int k = 0; k < g; ++k) {
+          float v;
+          std::memcpy(&v, ag_lse.data() + (static_cast<std::size_t>(p) * per_rank_rows + src[k]) * 4, 4);
+          steps[k][p] = lse_step(l[k], v);
+          l[k] = steps[k][p].lse;
+        }
+      for (int k = 0; k < g; ++k) {
+        float acc[kDv] = {};
+        for (int p = 0; p < P; ++p)
+          detail::apply_step<A>(steps[k][p], acc, ag_o.data() + (static_cast<std::size_t>(p) * per_rank_rows + src[k]) * kDv * 2, static_cast<int>(kDv));
+        std::byte* out = out_base.data() + static_cast<std::size_t>((r0 + k) * kDv * 2);
+        for (int e = 0; e < kDv; ++e) A::store(out + 2 * e, acc[e]);
+      }
+    }
   }
   std::size_t baseline_received() const { return (o.size() + lse.size()) * (o_bytes.size() - 1); }
 };

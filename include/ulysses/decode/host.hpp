@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "../version.hpp"
 #include "kernels.hpp"
@@ -27,6 +28,23 @@ class HostDecodeExecutor {
 
   /// Pack: every row of the heads other ranks merge, O and LSE, into their chunks of the send region.
   void pack(const DecodeArgs& a) const {
+    if (a.partial_stride[2] == a.Dv) {  // heads contiguous in O_r (bshd, bshd views): one copy per (b, t, peer)
+      const std::int64_t ein = detail::merge_elem_bytes(a.partial_type), row = a.Dv * ein;
+      for (std::int64_t b = 0; b < a.B; ++b)
+        for (std::int64_t t = 0; t < a.T; ++t) {
+          const std::byte* o = a.partial + (b * a.partial_stride[0] + t * a.partial_stride[1]) * ein;
+          const std::byte* l = a.lse + (b * a.lse_stride[0] + t * a.lse_stride[1]) * 4;
+          for (int p = 0; p < a.P; ++p) {
+            const DecodePeer& q = a.peers[p];
+            if (p == a.rank || q.head_count == 0) continue;
+            const std::int64_t k = (b * a.T + t) * q.head_count;  // the chunk's first row of (b, t)
+            std::memcpy(a.send + q.send_offset + k * row, o + q.head_begin * row, static_cast<std::size_t>(q.head_count * row));
+            for (std::int64_t j = 0; j < q.head_count; ++j)
+              std::memcpy(a.send + q.send_lse_offset + (k + j) * 4, l + (q.head_begin + j) * a.lse_stride[2] * 4, 4);
+          }
+        }
+      return;
+    }
     const std::int64_t n = detail::decode_other_rows(a);
     for (std::int64_t r = 0; r < n; ++r) detail::decode_pack_unit(a, r, 0, 1);
   }
