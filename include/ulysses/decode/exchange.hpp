@@ -33,28 +33,33 @@
 /// allgather(), exchange_state()).
 #pragma once
 
+#include "../transport/path.hpp"  // the communicator concept and its capability traits
+#include "plan.hpp"
+#include "../layout/blocks.hpp"
+#include "../error.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
-
-#include "../error.hpp"
-#include "../layout/blocks.hpp"
-#include "../transport/path.hpp"
-#include "plan.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
 
 /// Whether a communicator keeps scratch for the transports (`exchange_state()`, comm/exchange_state.hpp).
-template <class C, class = void>
-struct decode_has_exchange_state : std::false_type {};
 template <class C>
-struct decode_has_exchange_state<C, std::void_t<decltype(std::declval<C&>().exchange_state().send_messages())>> : std::true_type {};
+constexpr auto decode_exchange_state_probe(int) -> decltype(std::declval<C&>().exchange_state().send_messages(), true) {
+  return true;
+}
+template <class C>
+constexpr bool decode_exchange_state_probe(long) {
+  return false;
+}
+template <class C>
+inline constexpr bool decode_has_exchange_state_v = decode_exchange_state_probe<C>(0);
 
 /// Whether the decode exchange of Comm and Exec can take exchange_messages(): the communicator
 /// has it and its memory is the executor's.
@@ -211,7 +216,7 @@ void decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const
   std::vector<Message> own_send, own_recv;  // only used without exchange_state() (then they allocate)
   std::vector<Message>* sm = &own_send;
   std::vector<Message>* rm = &own_recv;
-  if constexpr (detail::decode_has_exchange_state<Comm>::value) {
+  if constexpr (detail::decode_has_exchange_state_v<Comm>) {
     sm = &comm.exchange_state().send_messages();
     rm = &comm.exchange_state().recv_messages();
   }

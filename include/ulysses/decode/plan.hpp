@@ -109,38 +109,17 @@ struct DecodeSpec {
       : batch(B), tokens(T), heads(std::move(h)), head_dim_v(Dv) {}
 
   /// Sets the element types of the partial outputs and of the merged output.
-  DecodeSpec& with_types(ElementType partial, ElementType out) {
-    partial_type = partial;
-    out_type = out;
-    return *this;
-  }
+  DecodeSpec& with_types(ElementType partial, ElementType out) { partial_type = partial; out_type = out; return *this; }
   /// Sets the LSE base (natural or 2).
-  DecodeSpec& with_base(LseBase b) {
-    base = b;
-    return *this;
-  }
+  DecodeSpec& with_base(LseBase b) { base = b; return *this; }
   /// Sets what the exchange returns (this rank's heads, or all heads).
-  DecodeSpec& with_output(DecodeOutput o) {
-    output = o;
-    return *this;
-  }
+  DecodeSpec& with_output(DecodeOutput o) { output = o; return *this; }
   /// Sets the collective (DecodePath::automatic by default).
-  DecodeSpec& with_path(DecodePath p) {
-    path = p;
-    return *this;
-  }
+  DecodeSpec& with_path(DecodePath p) { path = p; return *this; }
   /// Sets this rank's layouts of O_r and LSE_r (extents [B, T, H, Dv] and [B, T, H, 1]).
-  DecodeSpec& with_partial_layouts(const Layout& o, const Layout& lse) {
-    partial_layout = o;
-    lse_layout = lse;
-    return *this;
-  }
+  DecodeSpec& with_partial_layouts(const Layout& o, const Layout& lse) { partial_layout = o; lse_layout = lse; return *this; }
   /// Sets this rank's layouts of the merged O and LSE (extents [B, T, H_j or H, Dv] and [.., 1]).
-  DecodeSpec& with_out_layouts(const Layout& o, const Layout& lse) {
-    out_layout = o;
-    out_lse_layout = lse;
-    return *this;
-  }
+  DecodeSpec& with_out_layouts(const Layout& o, const Layout& lse) { out_layout = o; out_lse_layout = lse; return *this; }
 };
 
 /// What a rank knows about one peer p of the group (p = this rank included): its head group and

@@ -201,20 +201,28 @@ ULYSSES_HOST_DEVICE constexpr bool mergeable(ElementType t) {
 
 namespace detail {
 
-/// Calls f(SumArith<t>{}) for a mergeable type t (nothing otherwise). Host and device, whatever
-/// f is (the execution-space check is off, as for element.hpp's with_sum_arith: f's own space
-/// decides where an instantiation can run).
+/// What with_merge_arith() hands with_sum_arith(): f, called for the fp32-accumulated types only.
+template <class F>
+struct MergeArithOnly {
+  F& f;
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+  template <class A>
+  ULYSSES_HOST_DEVICE void operator()(A a) const {
+    if constexpr (sizeof(typename A::Acc) == sizeof(float)) f(a);
+  }
+};
+
+/// Calls f(SumArith<t>{}) for a mergeable type t (float32, float16, bfloat16; nothing otherwise):
+/// element.hpp's dispatch without float64. Host and device, whatever f is (the execution-space
+/// check is off, as for with_sum_arith: f's own space decides where an instantiation can run).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class F>
 ULYSSES_HOST_DEVICE inline void with_merge_arith(ElementType t, F&& f) {
-  switch (t) {
-    case ElementType::float32: f(SumArith<ElementType::float32>{}); return;
-    case ElementType::float16: f(SumArith<ElementType::float16>{}); return;
-    case ElementType::bfloat16: f(SumArith<ElementType::bfloat16>{}); return;
-    default: return;
-  }
+  with_sum_arith(t, MergeArithOnly<F>{f});
 }
 
 /// Bytes of one element of a mergeable type (4 or 2; 0 otherwise): size_of() for host and device.
