@@ -155,21 +155,24 @@ struct DecodeBuffers {
 /// buffers and workspace; `peers` the plan's table (host memory for the host executor, a device
 /// copy for the CUDA one). Made by DecodePlan::args().
 struct DecodeArgs {
-  std::int64_t B, T, H, Dv;
-  int P, rank;
+  std::int64_t B, T, H, Dv;        ///< batch, new tokens, heads, head dim of the output (elements)
+  int P, rank;                     ///< group size and this rank
   std::int64_t head_begin, heads;  ///< this rank's head group [head_begin, head_begin + heads)
-  ElementType partial_type, out_type;
-  LseBase base;
-  DecodeOutput output;
-  std::int64_t partial_stride[3], lse_stride[3], out_stride[3], out_lse_stride[3];
+  ElementType partial_type, out_type;  ///< element types of O_r and of the merged output
+  LseBase base;                        ///< base of every LSE
+  DecodeOutput output;                 ///< heads or all_heads
+  std::int64_t partial_stride[3];  ///< O_r's strides over (b, t, h), elements (d is contiguous)
+  std::int64_t lse_stride[3];      ///< LSE_r's strides over (b, t, h), elements
+  std::int64_t out_stride[3];      ///< the merged output's strides over (b, t, h), elements
+  std::int64_t out_lse_stride[3];  ///< the merged LSE's strides over (b, t, h), elements
   std::int64_t out_head0;            ///< head index in `out` of this rank's first head (0, or head_begin for all_heads)
   std::uint64_t recv_lse_offset;     ///< offset of the LSE part in every chunk this rank receives
   std::uint64_t gather_lse_offset;   ///< offset of the LSE part in the merged chunk it sends (all_heads)
   const DecodePeer* peers;           ///< P entries
-  const std::byte* partial;
-  const std::byte* lse;
-  std::byte* out;
-  std::byte* out_lse;                ///< may be null
+  const std::byte* partial;          ///< O_r
+  const std::byte* lse;              ///< LSE_r
+  std::byte* out;                    ///< the merged output
+  std::byte* out_lse;                ///< the merged LSE; may be null
   std::byte* send;                   ///< send region
   std::byte* recv;                   ///< receive region
   std::byte* gather_send;            ///< all_heads: the merged chunk this rank sends
