@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "decode_demo.hpp"  // --decode: one decode step of decode context parallelism
 #include "group.hpp"
 #include "models.hpp"
 
@@ -595,6 +596,7 @@ int report(const Config& c, int P, const Result& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (decode_demo::wanted(argc, argv)) return decode_demo::run(argc, argv);  // --decode (decode_demo.hpp)
   const Config c = parse(argc, argv);
   try {
     if (c.backend == "mpi") {

@@ -201,23 +201,6 @@ inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<
   return tab;
 }
 
-/// Throws Error(comm_mismatch) with `why` when two streams differ (stream-ordered work that
-/// would not be ordered).
-template <class S>
-void check_same_stream(const S& a, const S& b, const char* why) {
-  if (!(a == b)) fail(Errc::comm_mismatch, why);
-}
-
-/// Throws Error(comm_mismatch) when both the communicator and the executor are stream-ordered and
-/// on different streams (pack → exchange → unpack would not be ordered).
-template <class Comm, class Exec>
-void check_streams(const Comm& comm, const Exec& exec) {
-  if constexpr (comm_traits<Comm>::stream && executor_traits<Exec>::stream)
-    check_same_stream(comm.stream(), exec.stream(),
-                      "the executor runs on another stream than the communicator exchanges on, so pack, exchange "
-                      "and unpack would not be ordered: make both on the same stream");
-}
-
 /// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
 inline void require_adjoint(const Plan& plan, const char* what) {
   const int t = plan.first_non_adjoint_tensor();

@@ -3,20 +3,20 @@
 # path regexes separated by '|'. A header may include its own layer and lower ones.
 set(ULYSSES_LAYER_NAMES
   "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
-  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message
+  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message; the LSE merge
   "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
-  "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs
-  "transport"   # one file per transport, the dispatch and choose_path()
+  "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors
+  "transport"   # one file per transport, the dispatch and choose_path(); the decode exchange
   "facade"      # redistribute / seq_to_head / ..., the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
-  "layout/.*"
+  "layout/.*|merge/.*"
   "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
   "comm/.*"
-  "plan/.*"
-  "transport/.*"
+  "plan/.*|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
 # The old paths of 0.1, one-line forwarding headers kept for one minor version.

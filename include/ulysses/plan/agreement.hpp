@@ -104,6 +104,40 @@ inline std::string differing_fields(const AgreementRecord& a, const AgreementRec
   return out;
 }
 
+/// Every rank's `mine` (a record of what determines the wire) in rank order: the communicator's
+/// allgather() of host memory, or an all-gather through its alltoallv() on host buffers.
+/// Collective. @pre can_check_agreement_v<Comm>.
+template <class Comm, class Record>
+std::vector<Record> allgather_record(Comm& comm, int P, int me, const Record& mine) {
+  std::vector<Record> all(static_cast<std::size_t>(P), mine);
+  if constexpr (comm_traits<Comm>::allgather) {
+    comm.allgather(&mine, sizeof mine, all.data());
+  } else {  // every peer receives this rank's record; the own chunk stays empty
+    std::vector<std::size_t> sb(static_cast<std::size_t>(P), sizeof mine), so(static_cast<std::size_t>(P), 0), rb = sb, ro = so;
+    for (int p = 0; p < P; ++p) ro[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * sizeof mine;
+    sb[static_cast<std::size_t>(me)] = rb[static_cast<std::size_t>(me)] = 0;
+    comm.alltoallv(reinterpret_cast<const std::byte*>(&mine), sb.data(), so.data(), reinterpret_cast<std::byte*>(all.data()), rb.data(),
+                   ro.data());
+  }
+  return all;
+}
+
+/// Records a passed check of the plan with id `id` and AgreementCheck `check` on the communicator
+/// (when it has an ExchangeState) and in the plan's shared object.
+template <class Comm>
+void mark_agreed(Comm& comm, std::uint64_t id, AgreementCheck& check) {
+  if constexpr (comm_traits<Comm>::exchange_state) comm.exchange_state().mark_agreed(id);
+  check.pass();
+}
+
+/// Whether a cross-rank check is due before this exchange: enabled, and not yet passed on this
+/// communicator (or, for a communicator without ExchangeState, for the plan).
+template <class Comm>
+bool check_due(Comm& comm, std::uint64_t id, const AgreementCheck& check) {
+  if (!check.enabled()) return false;
+  if constexpr (comm_traits<Comm>::exchange_state) return !comm.exchange_state().agreed(id);
+  return !check.passed();
+}
 }  // namespace detail
 
 /// Cross-rank agreement: all-gathers every rank's Plan::agreement_record() (512 bytes: what
@@ -127,18 +161,7 @@ void check_agreement(const Plan& plan, Comm& comm) {
   static_assert(check_communicator<Comm>());
   if constexpr (detail::can_check_agreement_v<Comm>) {
     const int P = plan.degree(), me = plan.rank();
-    const AgreementRecord mine = plan.agreement_record();
-    std::vector<AgreementRecord> all(static_cast<std::size_t>(P));
-    if constexpr (comm_traits<Comm>::allgather) {
-      comm.allgather(mine.data(), sizeof mine, all.data());
-    } else {  // an all-gather through alltoallv: every peer receives this rank's record
-      std::vector<std::size_t> sb(static_cast<std::size_t>(P), sizeof mine), so(static_cast<std::size_t>(P), 0), rb = sb, ro = so;
-      for (int p = 0; p < P; ++p) ro[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * sizeof mine;
-      sb[static_cast<std::size_t>(me)] = rb[static_cast<std::size_t>(me)] = 0;  // the own chunk stays empty
-      all[static_cast<std::size_t>(me)] = mine;
-      comm.alltoallv(reinterpret_cast<const std::byte*>(mine.data()), sb.data(), so.data(),
-                     reinterpret_cast<std::byte*>(all.data()), rb.data(), ro.data());
-    }
+    const std::vector<AgreementRecord> all = detail::allgather_record(comm, P, me, plan.agreement_record());
     std::string diff;
     int first = -1;
     for (int r = 1; r < P; ++r) {
@@ -158,8 +181,7 @@ void check_agreement(const Plan& plan, Comm& comm) {
                        "sizes, stages, path options and replica handling (local layouts may differ)");
     }
   }
-  if constexpr (comm_traits<Comm>::exchange_state) comm.exchange_state().mark_agreed(plan.id());
-  plan.agreement_check().pass();
+  detail::mark_agreed(comm, plan.id(), plan.agreement_check());
 }
 
 namespace detail {
@@ -168,9 +190,7 @@ namespace detail {
 /// this plan).
 template <class Comm>
 bool agreement_due(const Plan& plan, Comm& comm) {
-  if (!plan.agreement_check_enabled()) return false;
-  if constexpr (comm_traits<Comm>::exchange_state) return !comm.exchange_state().agreed(plan.id());
-  return !plan.agreement_checked();
+  return check_due(comm, plan.id(), plan.agreement_check());
 }
 
 /// What every exchange does first: the communicator's size and rank against the plan, then the
