@@ -3,9 +3,13 @@
 #include <doctest/doctest.h>
 #include <ulysses/comm/local.hpp>
 
+#include "expect_error.hpp"
 #include "messages.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 using namespace ulysses;
@@ -155,4 +159,64 @@ TEST_CASE("exchange_messages: other counts or sizes than the receiver expects ar
       CHECK(e.code() == Errc::plan_mismatch);
     }
   }
+}
+
+TEST_CASE("failure model: a rank that never enters the exchange; the others time out within the deadline naming it, then abort at once") {
+  // Rank 2 enters only after ranks 0 and 1 gave up: it gets the same verdict (timeout) at once;
+  // every later call of every rank throws aborted at once, saying why.
+  const std::chrono::milliseconds deadline(200);
+  const double margin_ms = 1000;  // a loaded machine: scheduling delays, not a speed target
+  LocalGroup g(3, deadline);
+  CHECK(g.timeout() == deadline);
+  std::vector<ut::TimedError> first(3), next(3);
+  std::atomic<int> gave_up{0};
+  g.spawn([&](LocalGroup::Comm& c) {
+    const int r = c.rank();
+    ut::MessagePattern m(3, r);
+    auto exchange = [&] { c.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size()); };
+    if (r == 2)  // bounded: the others give up after the deadline
+      while (gave_up.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    first[static_cast<std::size_t>(r)] = ut::timed_error_of(exchange);
+    if (r != 2) ++gave_up;
+    next[static_cast<std::size_t>(r)] = ut::timed_error_of(exchange);
+  });
+  double slowest = 0;
+  for (int r = 0; r < 3; ++r) {
+    const ut::TimedError& f = first[static_cast<std::size_t>(r)];
+    const ut::TimedError& n = next[static_cast<std::size_t>(r)];
+    CAPTURE(r);
+    CAPTURE(f.message);
+    CAPTURE(n.message);
+    CHECK(f.code == Errc::timeout);
+    CHECK(f.message.find("ranks {2} did not arrive") != std::string::npos);
+    CHECK(f.ms < deadline.count() + margin_ms);
+    if (r != 2) slowest = std::max(slowest, f.ms);
+    if (r == 2) CHECK(f.ms < 100);  // it arrived after the timeout: told at once
+    CHECK(n.code == Errc::aborted);
+    CHECK(n.ms < 100);
+    CHECK(n.message.find("broken by an earlier failure") != std::string::npos);
+    CHECK(n.message.find("ranks {2} did not arrive") != std::string::npos);  // why: the first failure's message
+  }
+  CHECK(slowest >= deadline.count() * 0.95);  // the first to give up waited its whole deadline
+  MESSAGE("timeout after " << first[0].ms << " / " << first[1].ms << " ms (deadline " << deadline.count() << " ms), late rank "
+                           << first[2].ms << " ms; then aborted after " << next[0].ms << " ms");
+}
+
+TEST_CASE("failure model: a rank that throws aborts the others, whose errors say why; the group stays broken") {
+  LocalGroup g(2);
+  std::string why;
+  try {
+    g.spawn([&](LocalGroup::Comm& c) {
+      if (c.rank() == 1) throw Error(Errc::invalid_shape, "root cause");
+      auto [code, msg] = ut::error_of([&] { c.barrier(); });
+      if (code == Errc::aborted) why = msg;
+    });
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::invalid_shape);
+  }
+  CHECK(why.find("rank 1 threw: ulysses: invalid_shape: root cause") != std::string::npos);
+  auto c0 = g.comm(0);
+  auto [code, msg] = ut::error_of([&] { c0.barrier(); });
+  CHECK(code == Errc::aborted);
+  CHECK(msg.find("root cause") != std::string::npos);
 }

@@ -8,6 +8,7 @@
 
 #include "messages.hpp"
 
+#include <chrono>
 #include <cstdio>
 
 #include "cases.hpp"
@@ -271,6 +272,108 @@ TEST_CASE("MPI adjointness: every model at every P that fits the world, partitio
           });
         }
     }
+}
+
+// ---- the failure model (comm/mpi_comm.hpp): bounded waits, coded errors, broken communicators ---------
+
+namespace {
+
+constexpr std::chrono::milliseconds kDeadline{300};  // the fault tests' timeout: short, the suite stays fast
+constexpr double kMarginMs = 1500;                    // a loaded 2-core machine runs 3-8 ranks: scheduling delays
+
+/// The failure-model tests on a duplicate of the world (its leftovers, a notice or a message
+/// nobody took, stay on it) where the last rank skips call `call` (a callable as call(MpiComm&)):
+/// the others must throw Error(timeout) within the deadline naming it when `names` (else naming
+/// nobody), then Error(aborted) at once; after they have, the skipping rank enters the call and
+/// throws Error(timeout) at once (their notices), then Error(aborted); drain(dup) runs on the
+/// skipping rank to complete what the others left in flight.
+template <class Call, class Drain>
+void skip_case(Call&& call, bool names, Drain&& drain) {
+  const int W = world_size();
+  if (W < 2) return;
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  {
+    MpiComm comm(dup, MpiComm::kIntMaxBytes, kDeadline);
+    const int skip = W - 1;
+    const std::string named = "ranks {" + std::to_string(skip) + "}";
+    if (r != skip) {
+      const ut::TimedError first = ut::timed_error_of([&] { call(comm); });
+      const ut::TimedError next = ut::timed_error_of([&] { call(comm); });
+      {
+        CAPTURE(first.message);
+        CAPTURE(next.message);
+        CHECK(first.code == Errc::timeout);
+        CHECK(first.ms < kDeadline.count() + kMarginMs);
+        CHECK((first.message.find(named) != std::string::npos) == names);
+        CHECK(first.message.find("MPI_Abort") != std::string::npos);
+        CHECK(next.code == Errc::aborted);
+        CHECK(next.ms < 100);
+        CHECK(next.message.find("did not arrive") != std::string::npos);  // why: the first failure's message
+        CHECK(comm.broken());
+      }
+      if (r == 0) MESSAGE("rank 0: timeout after " << first.ms << " ms (deadline " << kDeadline.count() << " ms), then aborted after "
+                                                   << next.ms << " ms");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // the skipping rank enters after the others gave up
+    if (r == skip) {
+      const ut::TimedError late = ut::timed_error_of([&] { call(comm); });
+      CAPTURE(late.message);
+      CHECK(late.code == Errc::timeout);
+      CHECK(late.ms < 100);
+      CHECK(late.message.find("gave up in call 0") != std::string::npos);
+      CHECK(ut::code_of([&] { call(comm); }) == Errc::aborted);
+      drain(dup);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Comm_free(&dup);
+}
+
+}  // namespace
+
+TEST_CASE("MPI failure model: a rank that skips exchange_messages: the others time out within the deadline naming it, then abort at once") {
+  skip_case(
+      [](MpiComm& comm) {
+        ut::MessagePattern m(comm.size(), comm.rank());
+        comm.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size());
+      },
+      true, [](MPI_Comm) {});
+}
+
+TEST_CASE("MPI failure model: a timed-out all-to-all-v (MPI_Iallreduce, then MPI_Ialltoallv) cannot name the missing rank") {
+  skip_case(
+      [](MpiComm& comm) {
+        const auto P = static_cast<std::size_t>(comm.size());
+        std::vector<std::size_t> b(P, 4), o(P);
+        for (std::size_t p = 0; p < P; ++p) o[p] = 4 * p;
+        std::vector<std::byte> s(4 * P), rv(4 * P);
+        comm.alltoallv(s.data(), b.data(), o.data(), rv.data(), b.data(), o.data());
+      },
+      false, [](MPI_Comm dup) {  // the others' MPI_Iallreduce (which path) is still in flight: complete it
+        int fits = 1;
+        MPI_Request q;
+        MPI_Iallreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_LAND, dup, &q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+      });
+}
+
+TEST_CASE("MPI failure model: a timed-out allgather cannot name the missing rank either") {
+  skip_case(
+      [](MpiComm& comm) {
+        std::uint64_t mine = 1;
+        std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
+        comm.allgather(&mine, sizeof mine, all.data());
+      },
+      false, [](MPI_Comm dup) {  // complete the others' MPI_Iallgather (non-blocking: a blocking one would not match it)
+        std::uint64_t mine = 1;
+        std::vector<std::uint64_t> all(static_cast<std::size_t>(world_size()));
+        MPI_Request q;
+        MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, dup, &q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+      });
 }
 
 int main(int argc, char** argv) {

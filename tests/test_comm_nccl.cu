@@ -7,11 +7,13 @@
 #include <doctest/doctest.h>
 #include <ulysses/comm/nccl.cuh>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <thread>
 
 #include "device_harness.cuh"
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
@@ -111,6 +113,73 @@ std::string self_exchange(std::size_t n, std::size_t so, std::size_t ro) {
   });
 }
 
+/// A fake NCCL behind NcclComm's seam (detail::NcclCalls): two ranks, this one rank 0; what each
+/// call returns is set per test; the calls are counted. Host only: no device, no NCCL communicator.
+struct FakeNccl {
+  ncclResult_t group_end = ncclSuccess;         // what ncclGroupEnd returns
+  ncclResult_t async = ncclSuccess;             // what ncclCommGetAsyncError reports
+  ncclResult_t async_after_end = ncclSuccess;   // ... once ncclGroupEnd has run
+  cudaError_t query = cudaSuccess;              // what cudaStreamQuery returns
+  int error_at_query = 0;                       // > 0: at that cudaStreamQuery, ncclCommGetAsyncError turns to ncclRemoteError
+  int posted = 0, stops = 0, queries = 0;
+};
+FakeNccl fake;
+
+detail::NcclCalls fake_calls() {
+  detail::NcclCalls c = detail::nccl_calls();  // stop_frees as the real build
+  c.comm_count = [](ncclComm_t, int* n) { return *n = 2, ncclSuccess; };
+  c.user_rank = [](ncclComm_t, int* r) { return *r = 0, ncclSuccess; };
+  c.group_start = [] { return ncclSuccess; };
+  c.group_end = [] { return fake.async = fake.async_after_end, fake.group_end; };
+  c.send = [](const void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ++fake.posted, ncclSuccess; };
+  c.recv = [](void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ++fake.posted, ncclSuccess; };
+  c.all_gather = [](const void*, void*, std::size_t, ncclDataType_t, ncclComm_t, cudaStream_t) { return ncclInternalError; };
+  c.async_error = [](ncclComm_t, ncclResult_t* s) { return *s = fake.async, ncclSuccess; };
+  c.last_error = [](ncclComm_t) { return "fake: peer 1 closed its connection"; };
+  c.stop = [](ncclComm_t) { return ++fake.stops, ncclSuccess; };
+  c.stream_query = [](cudaStream_t) {
+    if (++fake.queries == fake.error_at_query) fake.async = ncclRemoteError;
+    return fake.query;
+  };
+  return c;
+}
+const detail::NcclCalls& fake_table() {
+  static const detail::NcclCalls c = fake_calls();
+  return c;
+}
+
+constexpr std::chrono::milliseconds kDeadline{100};
+constexpr double kMarginMs = 1000;  // scheduling delays on a loaded machine, not a speed target
+
+/// One all-to-all-v of 8 bytes each way with rank 1 (device pointers are never touched by the fake).
+void fake_exchange(NcclComm& comm) {
+  std::byte b[16] = {};
+  const std::size_t n[2] = {0, 8}, o[2] = {0, 8};
+  comm.alltoallv(b, n, o, b, n, o);
+}
+
+/// Every call of a broken communicator throws aborted at once, calling nothing of NCCL's.
+void check_broken(NcclComm& comm, const std::string& why) {
+  const int posted = fake.posted, stops = fake.stops, queries = fake.queries;
+  for (int call = 0; call < 3; ++call) {
+    const ut::TimedError e = ut::timed_error_of([&] {
+      if (call == 0) fake_exchange(comm);
+      if (call == 1) comm.synchronize();
+      if (call == 2) comm.exchange_messages(nullptr, 0, nullptr, 0);
+    });
+    CAPTURE(call);
+    CAPTURE(e.message);
+    CHECK(e.code == Errc::aborted);
+    CHECK(e.ms < 50);
+    CHECK(e.message.find(why) != std::string::npos);
+  }
+  CHECK(comm.broken());
+  CHECK(comm.handle_freed() == !NcclComm::revokes);
+  CHECK(fake.posted == posted);
+  CHECK(fake.stops == stops);
+  CHECK(fake.queries == queries);
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -131,6 +200,87 @@ TEST_SUITE("host") {
     CHECK(NcclComm::path(4, zb, zb) == NcclComm::Path::none);
     CHECK(NcclComm::path(4, zb, pb) == NcclComm::Path::send_recv);  // receives only
     CHECK(NcclComm::device_memory);
+  }
+}
+
+TEST_SUITE("host") {
+  TEST_CASE("failure model (fake NCCL): a non-blocking exchange still in progress at the deadline is a timeout; the communicator is stopped once, then broken") {
+    fake = FakeNccl{};
+    fake.group_end = ncclInProgress;
+    fake.async_after_end = ncclInProgress;  // never leaves ncclInProgress: a peer that never comes
+    NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+    CHECK(comm.timeout() == kDeadline);
+    const ut::TimedError e = ut::timed_error_of([&] { fake_exchange(comm); });
+    CAPTURE(e.message);
+    CHECK(e.code == Errc::timeout);
+    CHECK(e.ms >= kDeadline.count() * 0.95);
+    CHECK(e.ms < kDeadline.count() + kMarginMs);
+    CHECK(e.message.find("ncclGroupEnd still in progress after 100 ms") != std::string::npos);
+    CHECK(e.message.find(NcclComm::revokes ? "ncclCommRevoke" : "ncclCommAbort") != std::string::npos);
+    CHECK(fake.posted == 2);
+    CHECK(fake.stops == 1);
+    check_broken(comm, "still in progress");
+    MESSAGE("in-progress timeout after " << e.ms << " ms (deadline " << kDeadline.count() << " ms); a failed communicator is "
+                                         << (NcclComm::revokes ? "revoked (ncclCommRevoke)" : "aborted (ncclCommAbort)"));
+  }
+
+  TEST_CASE("failure model (fake NCCL): an asynchronous error of an earlier operation (a dead peer) is backend at the next call, with NCCL's last error") {
+    fake = FakeNccl{};
+    fake.async = ncclRemoteError;
+    NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+    const ut::TimedError e = ut::timed_error_of([&] { fake_exchange(comm); });
+    CAPTURE(e.message);
+    CHECK(e.code == Errc::backend);
+    CHECK(e.ms < 50);
+    CHECK(e.message.find(ncclGetErrorString(ncclRemoteError)) != std::string::npos);
+    CHECK(e.message.find("fake: peer 1 closed its connection") != std::string::npos);
+    CHECK(fake.posted == 0);  // nothing posted on a failed communicator
+    CHECK(fake.stops == 1);
+    check_broken(comm, "peer 1 closed its connection");
+  }
+
+  TEST_CASE("failure model (fake NCCL): synchronize() is a bounded stream wait; a stalled stream is a timeout, a drained one returns") {
+    fake = FakeNccl{};
+    {
+      NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+      fake.query = cudaSuccess;
+      comm.synchronize();
+      CHECK(!comm.broken());
+      fake_exchange(comm);  // a healthy exchange: posted, nothing stopped
+      CHECK(fake.posted == 2);
+      CHECK(fake.stops == 0);
+      fake.query = cudaErrorNotReady;  // the exchange's peer never comes: the stream never drains
+      const ut::TimedError e = ut::timed_error_of([&] { comm.synchronize(); });
+      CAPTURE(e.message);
+      CHECK(e.code == Errc::timeout);
+      CHECK(e.ms >= kDeadline.count() * 0.95);
+      CHECK(e.ms < kDeadline.count() + kMarginMs);
+      CHECK(e.message.find("the stream had not finished after 100 ms") != std::string::npos);
+      CHECK(fake.stops == 1);
+      check_broken(comm, "the stream had not finished");
+      MESSAGE("stalled-stream timeout after " << e.ms << " ms (deadline " << kDeadline.count() << " ms)");
+    }
+    {
+      fake = FakeNccl{};
+      NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+      fake.query = cudaErrorNotReady;
+      fake.error_at_query = 40;  // the asynchronous error arrives while synchronize() waits
+      const ut::TimedError e = ut::timed_error_of([&] { comm.synchronize(); });
+      CAPTURE(e.message);
+      CHECK(e.code == Errc::backend);
+      CHECK(e.ms < kDeadline.count());
+      check_broken(comm, ncclGetErrorString(ncclRemoteError));
+    }
+  }
+
+  TEST_CASE("failure model (fake NCCL): an NCCL error while posting closes the group and stops the communicator") {
+    fake = FakeNccl{};
+    fake.group_end = ncclInvalidUsage;
+    NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+    NcclComm copy = comm;  // copies share the failure state
+    CHECK(ut::code_of([&] { fake_exchange(comm); }) == Errc::backend);
+    CHECK(fake.stops == 1);
+    check_broken(copy, "ncclGroupEnd failed");
   }
 }
 

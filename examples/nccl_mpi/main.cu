@@ -116,7 +116,7 @@ int run(const Config& c, int rank, int P, int local_rank) {
     // Correctness: seq→head equals the global tensor's slice, head→seq gives the input back.
     seq_to_head(plan, comm, ex, in, mid, ws);
     head_to_seq(plan, comm, ex, mid_in, back, ws);
-    cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    comm.synchronize();  // the bounded cudaStreamSynchronize: Errc::timeout, not a hang, when a peer stalls
     for (int t = 0; t < 3; ++t) {
       const Layout& hl = plan.head_layout(t);
       const std::int64_t h0 = (t == 0 ? q : kv).begin(rank);

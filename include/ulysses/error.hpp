@@ -29,8 +29,8 @@ enum class Errc : int {
   wrong_tensor_count,        ///< the number of tensors passed differs from the plan's
   comm_mismatch,             ///< the communicator's size or rank differs from the plan's group
   plan_mismatch,             ///< ranks built their plans from different inputs (cross-rank check)
-  timeout,                   ///< a peer did not arrive at a collective in time (in-process group)
-  aborted,                   ///< a peer failed; the collective was abandoned (in-process group)
+  timeout,                   ///< a peer did not arrive at a collective within the communicator's timeout (every shipped communicator)
+  aborted,                   ///< a peer failed and the collective was abandoned, or the communicator is broken by an earlier failure
   backend,                   ///< the communication or device backend reported an error (its message included)
   buffer_too_small,          ///< a tensor buffer holds fewer bytes than its layout spans (the message names the tensor)
   not_summable,              ///< replicated heads are to be summed, but the element type has no addition (opaque)

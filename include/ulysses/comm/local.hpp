@@ -7,8 +7,14 @@
 /// straight from their send buffers into its receive buffer, a barrier (exchange_messages() the
 /// same with lists of messages; with_peers(), the direct transport's step, hands every rank its
 /// peers' published pointers between the two barriers). Memory is host memory
-/// (plain std::memcpy). A rank that throws, or never arrives, makes the others fail with
-/// Error(aborted) or Error(timeout) instead of waiting forever.
+/// (plain std::memcpy).
+///
+/// Failure model (comm/failure.hpp, docs/design.md "Failure model"): every wait of a rank is
+/// bounded by the group's timeout. When a barrier's deadline passes, every rank of that
+/// collective throws Error(timeout) naming the ranks that did not arrive (the waiting ranks at
+/// once, a rank that arrives later when it arrives); a rank that throws inside a collective, or
+/// abort(), makes the others throw Error(aborted). From then on the group is broken: every call of
+/// every rank throws Error(aborted) at once, with the first failure's message. Make a new group.
 #pragma once
 
 #include <chrono>
@@ -24,8 +30,10 @@
 #include <vector>
 
 #include "../layout/blocks.hpp"
+#include "../detail/checked.hpp"
 #include "../error.hpp"
 #include "exchange_state.hpp"
+#include "failure.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -37,14 +45,17 @@ class LocalGroup {
   /// @param timeout how long a rank waits in a collective for the others before it throws
   ///                Error(timeout) (and marks the group failed, so the others throw too)
   /// @throws Error(invalid_group) size < 1
-  explicit LocalGroup(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5))
-      : size_(size), timeout_(timeout), slots_(size > 0 ? static_cast<std::size_t>(size) : 0) {
+  explicit LocalGroup(int size, std::chrono::milliseconds timeout = kDefaultCommTimeout)
+      : size_(size), timeout_(timeout), slots_(size > 0 ? static_cast<std::size_t>(size) : 0),
+        passes_(slots_.size(), 0) {
     if (size < 1) throw Error(Errc::invalid_group, "LocalGroup size " + std::to_string(size) + " must be >= 1");
   }
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
 
-  int size() const { return size_; }
+  int size() const { return size_; }  ///< P
+  /// How long a rank waits in one barrier of a collective before it throws Error(timeout).
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// The communicator of one rank (a cheap handle; the group must outlive it). Models the
   /// communicator concept of comm/concepts.hpp.
@@ -231,7 +242,7 @@ class LocalGroup {
           fn(c);
         } catch (...) {
           errs[static_cast<std::size_t>(r)] = std::current_exception();
-          abort();
+          abort("rank " + std::to_string(r) + " threw: " + what_of(errs[static_cast<std::size_t>(r)]));
         }
       });
     for (auto& t : th) t.join();
@@ -253,10 +264,12 @@ class LocalGroup {
   }
 
   /// Marks the group failed: ranks waiting in a collective, and all later collectives, throw
-  /// Error(aborted). A group cannot be revived; make a new one.
-  void abort() {
+  /// Error(aborted), whose message includes `why` (unless the group had failed before: the first
+  /// failure's message is kept). A group cannot be revived; make a new one.
+  /// @param why what failed, for the peers' messages
+  void abort(const std::string& why = "LocalGroup::abort() was called") {
     std::lock_guard<std::mutex> l(m_);
-    failed_ = true;
+    fail_locked(why);
     cv_.notify_all();
   }
 
@@ -269,6 +282,16 @@ class LocalGroup {
     } catch (...) {
     }
     return false;
+  }
+  /// The message of an exception, for the peers' Error(aborted).
+  static std::string what_of(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+    }
+    return "an exception that is not a std::exception";
   }
 
   /// Which collective a rank entered: ranks that entered different ones fail instead of reading
@@ -292,10 +315,13 @@ class LocalGroup {
   };
 
   /// Waits for all ranks. With `enter_copy`, the ranks then read each other's buffers: in_copy_
-  /// counts them until each has finished (see copy_phase()).
+  /// counts them until each has finished (see copy_phase()). Bounded by the timeout: the rank
+  /// whose deadline passes first marks the group failed and the barrier timed out (see the file
+  /// comment for what every rank then throws).
   void barrier(int rank, bool enter_copy = false) {
     std::unique_lock<std::mutex> l(m_);
-    if (failed_) throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": another rank of the LocalGroup failed");
+    const std::uint64_t index = passes_[static_cast<std::size_t>(rank)]++;  // the barrier this rank enters (0, 1, ...)
+    if (failed_) throw_failed(rank, index, " arrived after");
     const std::uint64_t gen = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -306,15 +332,37 @@ class LocalGroup {
     }
     const bool ok = cv_.wait_for(l, timeout_, [&] { return generation_ != gen || failed_; });
     if (generation_ != gen) return;  // completed, even if a rank failed since
-    if (failed_) throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": another rank of the LocalGroup failed");
-    if (!ok) {
-      const int here = arrived_;
-      failed_ = true;
+    if (!ok && !failed_) {  // this rank's deadline passed first: the barrier timed out
+      std::vector<int> missing;
+      for (int p = 0; p < size_; ++p)
+        if (passes_[static_cast<std::size_t>(p)] <= gen) missing.push_back(p);
+      timed_out_ = gen;
+      timeout_what_ = "ranks " + detail::join(missing) + " did not arrive within " + std::to_string(timeout_.count()) +
+                      " ms (" + std::to_string(arrived_) + " of " + std::to_string(size_) +
+                      " ranks arrived: a rank skipped the call or failed outside it)";
+      const Error e(Errc::timeout, "rank " + std::to_string(rank) + " waited in a collective of the LocalGroup: " + timeout_what_);
+      fail_locked(e.what());
       cv_.notify_all();
-      throw Error(Errc::timeout, "rank " + std::to_string(rank) + " waited " + std::to_string(timeout_.count()) +
-                                     " ms in a collective; only " + std::to_string(here) + " of " + std::to_string(size_) +
-                                     " ranks arrived (a rank skipped the call or failed outside it)");
+      throw e;
     }
+    throw_failed(rank, index, " was in");
+  }
+
+  /// Records the group's first failure (under m_).
+  void fail_locked(const std::string& why) {
+    if (!failed_) why_ = why;
+    failed_ = true;
+  }
+
+  /// What a rank entering (`how` " arrived after") or waiting in (" was in") barrier `index` of a
+  /// failed group throws (under m_): Error(timeout) when that barrier is the one that timed out,
+  /// else Error(aborted) with the first failure's message.
+  [[noreturn]] void throw_failed(int rank, std::uint64_t index, const char* how) const {
+    if (index == timed_out_)
+      throw Error(Errc::timeout, "rank " + std::to_string(rank) + how + " a collective of the LocalGroup that timed out: " +
+                                     timeout_what_);
+    throw Error(Errc::aborted, "rank " + std::to_string(rank) + ": the LocalGroup is broken by an earlier failure (" + why_ +
+                                   "); make a new group");
   }
 
   /// Runs this rank's reads of its peers' buffers. If they throw, the group is aborted and this
@@ -335,7 +383,7 @@ class LocalGroup {
     } catch (...) {
       std::unique_lock<std::mutex> l(m_);
       --in_copy_;
-      failed_ = true;
+      fail_locked("rank " + std::to_string(rank) + " failed in a collective: " + what_of(std::current_exception()));
       cv_.notify_all();
       cv_.wait_for(l, timeout_, [&] { return in_copy_ == 0; });
       throw;
@@ -353,7 +401,11 @@ class LocalGroup {
   int arrived_ = 0;
   std::uint64_t generation_ = 0;
   int in_copy_ = 0;  // ranks still reading peers' buffers in the current collective
+  std::vector<std::uint64_t> passes_;  // per rank: barriers entered (rank p has entered barrier g iff passes_[p] > g)
   bool failed_ = false;
+  std::string why_;  // the first failure's message
+  std::uint64_t timed_out_ = ~std::uint64_t{0};  // the barrier that timed out (none: all ones)
+  std::string timeout_what_;  // which ranks did not arrive in it
 };
 
 ULYSSES_NAMESPACE_END

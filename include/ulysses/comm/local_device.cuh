@@ -16,6 +16,14 @@
 /// orders the rest. The streams may belong to one device or, with unified addressing and peer
 /// access, several (the copies then go over NVLink/PCIe).
 ///
+/// Failure model: LocalGroup's (comm/local.hpp). Every host wait is one of its barriers, bounded by
+/// the group's timeout: a rank that does not arrive makes the others throw Error(timeout) naming
+/// it, a CUDA call that fails on one rank (Error(backend)) aborts the group so that the others
+/// throw Error(aborted), and the broken group throws Error(aborted) from every later call. The
+/// device-side waits (a stream waiting for a peer's event) follow host barriers that all ranks
+/// passed, so they wait only for work already enqueued; a kernel that never ends on a peer's
+/// stream is not this group's to bound (the engine's own stream synchronisation is).
+///
 /// Not capturable in a CUDA graph across ranks (the ranks' streams are joined by events recorded
 /// by other threads); the CudaExecutor and NcclComm calls are.
 ///
@@ -37,6 +45,7 @@
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
 #include "exchange_state.hpp"
+#include "failure.hpp"
 #include "local.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -49,7 +58,7 @@ class DeviceLocalGroup {
   /// @param timeout host wait in a collective before Error(timeout) (LocalGroup's)
   /// @throws Error(invalid_group) size < 1; Error(backend) when cudaGetDevice fails.
   /// The device current on the constructing thread becomes current on spawn()'s threads.
-  explicit DeviceLocalGroup(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5))
+  explicit DeviceLocalGroup(int size, std::chrono::milliseconds timeout = kDefaultCommTimeout)
       : host_(size, timeout), events_(static_cast<std::size_t>(size)) {
     detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
   }
@@ -154,8 +163,8 @@ class DeviceLocalGroup {
     void ordered(Exchange&& exchange) {
       try {
         detail::cuda_check(cudaEventRecord(ev_.sent, stream_), "cudaEventRecord");
-      } catch (...) {
-        g_->host_.abort();
+      } catch (const Error& e) {
+        g_->host_.abort("rank " + std::to_string(rank()) + ": " + e.what());
         throw;
       }
       const std::vector<Events>& ev = g_->events_;
@@ -211,7 +220,8 @@ class DeviceLocalGroup {
   }
 
   /// Marks the group failed (LocalGroup::abort).
-  void abort() { host_.abort(); }
+  /// @param why what failed, for the peers' messages
+  void abort(const std::string& why = "DeviceLocalGroup::abort() was called") { host_.abort(why); }
 
  private:
   using Events = Comm::Events;

@@ -6,33 +6,69 @@
 /// Needs <mpi.h> (link ulysses::mpi). Buffers may be host memory or, with a CUDA-aware MPI,
 /// device memory. Byte counts are std::size_t end to end: MPI's `int` counts are never
 /// truncated. When every count and displacement fits the per-message limit the exchange is one
-/// MPI_Alltoallv of MPI_BYTE (on every rank of the group, or on none: the ranks agree through an
-/// MPI_Allreduce of one int); otherwise each chunk is sent as point-to-point messages of at
+/// MPI_Ialltoallv of MPI_BYTE (on every rank of the group, or on none: the ranks agree through an
+/// MPI_Iallreduce of one int); otherwise each chunk is sent as point-to-point messages of at
 /// most `max_message_bytes` (MPI_Isend / MPI_Irecv, one tag, MPI's non-overtaking order keeps
 /// the pieces in sequence), so chunks over 2 GiB work with any MPI-3 library. The message-level
 /// exchange (one message per (peer, tensor), see redistribute()) is MPI_Isend / MPI_Irecv with
 /// the same splitting.
+///
+/// Failure model (comm/failure.hpp, docs/design.md "Failure model"). MPI's blocking calls cannot
+/// be bounded, so every call is non-blocking and polled (MPI_Test*) against a deadline, timeout()
+/// after the call began:
+/// - point-to-point (exchange_messages(), the split all-to-all-v): on a timeout, Error(timeout)
+///   names the ranks whose messages did not arrive (this rank's receives from them are
+///   incomplete) and those that did not take this rank's messages; the pending receives are
+///   cancelled (MPI writes nothing into the buffers after the call), the pending sends freed;
+/// - collectives (MPI_Ialltoallv, the MPI_Iallreduce that picks the path, MPI_Iallgather):
+///   MPI does not say which ranks are missing, and a pending collective can be neither cancelled
+///   nor freed: its scratch (counts, the all-gather's copies) is kept alive for MPI, but MPI may
+///   still write the caller's receive buffer of an all-to-all-v if the missing ranks arrive later;
+/// - a rank that times out or fails tells its peers with a small message (tag kNoticeTag): a
+///   peer waiting in the same call throws Error(timeout) too (the same verdict), a peer in a later
+///   call, or entering one, throws Error(aborted) at once instead of waiting out its own deadline
+///   (a rank that skipped the call gets Error(timeout) when it enters it late);
+/// - the communicator is then broken: every later call throws Error(aborted) at once, with the
+///   first failure's message. An MPI communicator cannot be repaired (MPI has no revoke outside
+///   ULFM): end the job (MPI_Abort) after such an error.
+/// A process that dies is a peer that never arrives, as far as MPI lets the survivors run: Open
+/// MPI's runtime usually ends the whole job when a process is killed (test_comm_mpi_kill).
+/// Errors MPI itself reports (only when the communicator's error handler returns them; MPI's
+/// default aborts the job) are Error(backend) and break the communicator the same way.
 #pragma once
 
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "../detail/checked.hpp"
 #include "../layout/blocks.hpp"
 #include "../error.hpp"
 #include "exchange_state.hpp"
+#include "failure.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
 /// Communicator over an MPI communicator (models the communicator concept of comm/concepts.hpp).
+/// Copies share the failure state (one MpiComm, or its copies, per MPI_Comm: the notices of a
+/// failure are read by whichever object probes first). Tags kTag and kNoticeTag of the MPI_Comm
+/// are this class's.
 class MpiComm {
  public:
   /// Largest message MPI can describe with an `int` count of MPI_BYTE.
   static constexpr std::size_t kIntMaxBytes = static_cast<std::size_t>(INT_MAX);
+  /// The tag of the exchanges' point-to-point messages.
+  static constexpr int kTag = 0x75a;  // "ulysses"
+  /// The tag of the notice a rank sends its peers when it gives up (times out or fails).
+  static constexpr int kNoticeTag = 0x75b;
 
   /// Wraps `comm` (not owned, not duplicated: the caller keeps it alive and must not run other
   /// collectives on it concurrently).
@@ -40,76 +76,103 @@ class MpiComm {
   /// @param max_message_bytes largest single MPI message and displacement, in bytes; 1 ..
   ///        INT_MAX. Tests lower it to exercise the splitting path with small buffers. Every rank
   ///        of the group must pass the same value (both sides of a pair cut messages by it).
+  /// @param timeout how long one call waits for its peers before it throws Error(timeout)
+  ///        (set_timeout() changes it)
   /// @throws Error(backend) when MPI_Comm_size / MPI_Comm_rank fail;
   ///         Error(invalid_shape) max_message_bytes out of range.
-  explicit MpiComm(MPI_Comm comm, std::size_t max_message_bytes = kIntMaxBytes)
-      : comm_(comm), max_msg_(max_message_bytes) {
+  explicit MpiComm(MPI_Comm comm, std::size_t max_message_bytes = kIntMaxBytes,
+                   std::chrono::milliseconds timeout = kDefaultCommTimeout)
+      : comm_(comm), max_msg_(max_message_bytes), timeout_(timeout), sh_(std::make_shared<Shared>()) {
     if (max_message_bytes < 1 || max_message_bytes > kIntMaxBytes)
       throw Error(Errc::invalid_shape, "max_message_bytes=" + std::to_string(max_message_bytes) + " must be in [1, INT_MAX]");
-    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    ok(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    ok(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     const auto n = static_cast<std::size_t>(size_);
-    sc_.resize(n);
-    sd_.resize(n);
-    rc_.resize(n);
-    rd_.resize(n);
+    for (std::vector<int>* v : {&sh_->coll->sc, &sh_->coll->sd, &sh_->coll->rc, &sh_->coll->rd}) v->resize(n);
   }
 
   int size() const { return size_; }    ///< MPI_Comm_size
   int rank() const { return rank_; }    ///< MPI_Comm_rank
   MPI_Comm get() const { return comm_; }  ///< the wrapped communicator
-  std::size_t max_message_bytes() const { return max_msg_; }
+  std::size_t max_message_bytes() const { return max_msg_; }  ///< the per-message limit, bytes
+  /// How long one call waits for its peers before it throws Error(timeout).
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Sets timeout() for the calls that follow (every rank should use the same).
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  /// True once a call timed out or failed (or a peer said it did): every call then throws Error(aborted).
+  bool broken() const { return sh_->failure.broken(); }
 
   /// All-to-all-v in bytes (see the communicator concept in comm/concepts.hpp). Collective.
-  /// @throws Error(backend) with MPI's error string when a call fails (only if the communicator's
+  /// @throws Error(timeout) a peer did not arrive within timeout() (the split path names it);
+  ///         Error(aborted) the communicator is broken, or a peer gave up in an earlier call;
+  ///         Error(backend) with MPI's error string when a call fails (only if the communicator's
   ///         error handler returns errors; MPI's default aborts the job).
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                  const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
+    const Call call = enter("MpiComm::alltoallv");
     // MPI_Alltoallv takes int counts and displacements. Whether they fit differs between ranks
     // (offsets grow with the rank), so the ranks agree on the path first: one tiny allreduce.
-    int fits = 1;
+    Collective& c = *sh_->coll;
+    c.fits = 1;
     for (int p = 0; p < size_; ++p)
-      fits = fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ &&
-             recv_offsets[p] <= max_msg_;
-    if (size_ > 1) check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
-    if (fits) {
-      for (std::size_t p = 0; p < sc_.size(); ++p) {
-        sc_[p] = static_cast<int>(send_bytes[p]);
-        sd_[p] = static_cast<int>(send_offsets[p]);
-        rc_[p] = static_cast<int>(recv_bytes[p]);
-        rd_[p] = static_cast<int>(recv_offsets[p]);
+      c.fits = c.fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ &&
+               recv_offsets[p] <= max_msg_;
+    if (size_ > 1) {
+      check(call, MPI_Iallreduce(MPI_IN_PLACE, &c.fits, 1, MPI_INT, MPI_LAND, comm_, &c.req), "MPI_Iallreduce");
+      wait_collective(call, "the MPI_Iallreduce that picks the all-to-all-v's path");
+    }
+    if (c.fits) {
+      for (std::size_t p = 0; p < c.sc.size(); ++p) {
+        c.sc[p] = static_cast<int>(send_bytes[p]);
+        c.sd[p] = static_cast<int>(send_offsets[p]);
+        c.rc[p] = static_cast<int>(recv_bytes[p]);
+        c.rd[p] = static_cast<int>(recv_offsets[p]);
       }
-      check(MPI_Alltoallv(send, sc_.data(), sd_.data(), MPI_BYTE, recv, rc_.data(), rd_.data(), MPI_BYTE, comm_),
-            "MPI_Alltoallv");
+      check(call,
+            MPI_Ialltoallv(send, c.sc.data(), c.sd.data(), MPI_BYTE, recv, c.rc.data(), c.rd.data(), MPI_BYTE, comm_, &c.req),
+            "MPI_Ialltoallv");
+      wait_collective(call, "MPI_Ialltoallv");
       return;
     }
     // Split path: every chunk as messages of at most max_msg_ bytes. Receives first.
-    reqs_.clear();
-    for (int p = 0; p < size_; ++p) post(false, recv + recv_offsets[p], recv_bytes[p], p);
-    for (int p = 0; p < size_; ++p) post(true, const_cast<std::byte*>(send) + send_offsets[p], send_bytes[p], p);
-    check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    for (int p = 0; p < size_; ++p) post(call, false, recv + recv_offsets[p], recv_bytes[p], p);
+    for (int p = 0; p < size_; ++p) post(call, true, const_cast<std::byte*>(send) + send_offsets[p], send_bytes[p], p);
+    wait_messages(call);
   }
 
   /// Message-level exchange (the optional member of the communicator concept in
   /// redistribute.hpp): MPI_Irecv for every message of `recv`, MPI_Isend for every message of
-  /// `send`, one MPI_Waitall. A message over max_message_bytes() goes as several MPI messages of
-  /// at most that size (both sides cut it the same way; MPI's non-overtaking order between a pair
-  /// of ranks keeps the k-th message of each side matched). Collective over the group in effect:
-  /// every rank with messages for this one must call it too.
-  /// @throws Error(backend) as alltoallv().
+  /// `send`, polled to completion (MPI_Testall) against the deadline. A message over
+  /// max_message_bytes() goes as several MPI messages of at most that size (both sides cut it the
+  /// same way; MPI's non-overtaking order between a pair of ranks keeps the k-th message of each
+  /// side matched). Collective over the group in effect: every rank with messages for this one
+  /// must call it too.
+  /// @throws Error(timeout) naming the ranks whose messages did not arrive within timeout();
+  ///         Error(aborted), Error(backend) as alltoallv().
   void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
-    reqs_.clear();
-    for (std::size_t i = 0; i < n_recv; ++i) post(false, recv[i].data, recv[i].bytes, recv[i].peer);
-    for (std::size_t i = 0; i < n_send; ++i) post(true, send[i].data, send[i].bytes, send[i].peer);
-    check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    const Call call = enter("MpiComm::exchange_messages");
+    for (std::size_t i = 0; i < n_recv; ++i) post(call, false, recv[i].data, recv[i].bytes, recv[i].peer);
+    for (std::size_t i = 0; i < n_send; ++i) post(call, true, send[i].data, send[i].bytes, send[i].peer);
+    wait_messages(call);
   }
 
-  /// All-gather of `bytes` bytes (at most INT_MAX) from every rank into recv (rank order).
-  /// Used for the cross-rank plan check. @throws Error(backend).
+  /// All-gather of `bytes` bytes (at most INT_MAX) from every rank into recv (rank order), through
+  /// scratch this communicator owns (so that a timed-out all-gather never touches the caller's
+  /// buffers later). Used for the cross-rank plan check.
+  /// @throws Error(size_overflow) bytes > INT_MAX; Error(timeout) (MPI cannot say which ranks are
+  ///         missing), Error(aborted), Error(backend) as alltoallv().
   void allgather(const void* send, std::size_t bytes, void* recv) {
     if (bytes > kIntMaxBytes) throw Error(Errc::size_overflow, "allgather of " + std::to_string(bytes) + " bytes");
-    check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_),
-          "MPI_Allgather");
+    const Call call = enter("MpiComm::allgather");
+    Collective& c = *sh_->coll;
+    c.gather_send.assign(static_cast<const std::byte*>(send), static_cast<const std::byte*>(send) + bytes);
+    c.gather_recv.resize(bytes * static_cast<std::size_t>(size_));
+    check(call,
+          MPI_Iallgather(c.gather_send.data(), static_cast<int>(bytes), MPI_BYTE, c.gather_recv.data(), static_cast<int>(bytes),
+                         MPI_BYTE, comm_, &c.req),
+          "MPI_Iallgather");
+    wait_collective(call, "MPI_Iallgather");
+    if (!c.gather_recv.empty()) std::memcpy(recv, c.gather_recv.data(), c.gather_recv.size());
   }
 
   /// What the transports learn on this communicator about the plans run on it, and their
@@ -117,34 +180,236 @@ class MpiComm {
   ExchangeState& exchange_state() noexcept { return state_; }
 
  private:
-  ExchangeState state_;  // see exchange_state()
-  static constexpr int kTag = 0x75a;  // "ulysses"
+  /// What MPI may still read or write after a collective times out (it can be neither cancelled
+  /// nor freed): kept alive for MPI, on the heap, and leaked once its collective timed out.
+  struct Collective {
+    std::vector<int> sc, sd, rc, rd;  // int counts for MPI_Ialltoallv, sized once
+    int fits = 1;                     // the MPI_Iallreduce's operand
+    std::vector<std::byte> gather_send, gather_recv;  // allgather's copies
+    MPI_Request req = MPI_REQUEST_NULL;               // the collective in flight
+  };
+  /// The state the copies of one MpiComm share.
+  struct Shared {
+    detail::CommFailure failure;
+    std::uint64_t calls = 0;  // calls entered: every rank numbers its calls alike
+    std::unique_ptr<Collective> coll = std::make_unique<Collective>();
+    std::unique_ptr<char[]> notice;  // the notice sent to the peers on giving up, and its sends
+    std::vector<MPI_Request> notice_reqs;
+    Shared() = default;
+    Shared(const Shared&) = delete;
+    Shared& operator=(const Shared&) = delete;
+    /// Frees the notice once MPI has sent it; leaves it to MPI (leaked) while it has not.
+    ~Shared() {
+      int finalized = 1;
+      MPI_Finalized(&finalized);
+      if (finalized || notice_reqs.empty()) return;
+      int done = 0;
+      MPI_Testall(static_cast<int>(notice_reqs.size()), notice_reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (done) return;
+      for (MPI_Request& r : notice_reqs)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      (void)notice.release();  // MPI may still read it
+    }
+  };
+  /// One call: its sequence number and when it gives up.
+  struct Call {
+    const char* who;
+    std::uint64_t seq;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  /// The notice's header (its text follows).
+  struct NoticeHeader {
+    std::uint64_t seq;
+    int code;
+  };
+
+  /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
+  Call enter(const char* who) {
+    sh_->failure.check(who);
+    const Call call{who, sh_->calls++, std::chrono::steady_clock::now() + timeout_};
+    take_notices(call);
+    return call;
+  }
 
   /// Posts `bytes` at `base` to / from `peer` as MPI messages of at most max_msg_ bytes.
-  void post(bool is_send, std::byte* base, std::size_t bytes, int peer) {
+  void post(const Call& call, bool is_send, std::byte* base, std::size_t bytes, int peer) {
     for (std::size_t done = 0; done < bytes;) {
       const int n = static_cast<int>(std::min(max_msg_, bytes - done));
-      MPI_Request r;
-      if (is_send)
-        check(MPI_Isend(base + done, n, MPI_BYTE, peer, kTag, comm_, &r), "MPI_Isend");
-      else
-        check(MPI_Irecv(base + done, n, MPI_BYTE, peer, kTag, comm_, &r), "MPI_Irecv");
+      MPI_Request r = MPI_REQUEST_NULL;
+      const int rc = is_send ? MPI_Isend(base + done, n, MPI_BYTE, peer, kTag, comm_, &r)
+                             : MPI_Irecv(base + done, n, MPI_BYTE, peer, kTag, comm_, &r);
       reqs_.push_back(r);
+      peers_.push_back(peer);
+      if (!is_send) n_recv_ = reqs_.size();
+      check(call, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
       done += static_cast<std::size_t>(n);
     }
   }
-  static void check(int rc, const char* what) {
-    if (rc == MPI_SUCCESS) return;
+
+  /// Polls the posted messages (receives first, then sends) to completion or to the deadline;
+  /// a timeout names the peers of the incomplete ones.
+  void wait_messages(const Call& call) {
+    if (!poll(call, [&] {
+          int done = 0;
+          check(call, MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+          return done != 0;
+        })) {
+      const std::vector<int> late_recv = incomplete(0, n_recv_), late_send = incomplete(n_recv_, reqs_.size());
+      give_up(call, Errc::timeout,
+              waited(call) + (late_recv.empty() ? "" : "; the messages of ranks " + detail::join(late_recv) + " did not arrive") +
+                  (late_send.empty() ? "" : "; ranks " + detail::join(late_send) + " did not take this rank's messages") +
+                  " (a rank skipped the call, failed outside it, or died)");
+    }
+    reqs_.clear();
+    peers_.clear();
+    n_recv_ = 0;
+  }
+
+  /// Polls the collective in flight (sh_->coll->req) to completion or to the deadline.
+  void wait_collective(const Call& call, const char* what) {
+    MPI_Request& req = sh_->coll->req;
+    if (!poll(call, [&] {
+          int done = 0;
+          check(call, MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+          return done != 0;
+        }))
+      give_up(call, Errc::timeout,
+              waited(call) + " in " + what +
+                  ": some rank did not arrive (MPI's collectives do not say which: a rank skipped the call, failed outside it, "
+                  "or died); MPI may still write this call's receive buffer if it arrives later");
+  }
+
+  /// Polls `ready` until it returns true (→ true) or the call's deadline passes (→ false),
+  /// reading the peers' notices every 32 polls.
+  template <class Ready>
+  bool poll(const Call& call, Ready&& ready) {
+    unsigned n = 0;
+    return detail::poll_until(call.deadline, [&] {
+      if (ready()) return true;
+      if (++n % 32 == 0) take_notices(call);
+      return false;
+    });
+  }
+
+  /// "rank r waited T ms in <call>", the start of a timeout's message.
+  std::string waited(const Call& call) const {
+    return "rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_.count()) + " ms in " + call.who;
+  }
+
+  /// Reads every notice the peers sent (a peer gave up); if there is one, gives up too:
+  /// Error(timeout) when the first peer timed out in this very call (the same verdict), else
+  /// Error(aborted). Does not send notices itself (every peer got the first one's).
+  void take_notices(const Call& call) {
+    std::string first;
+    int from = -1;
+    NoticeHeader head{0, 0};
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) break;
+      int n = 0;
+      MPI_Get_count(&st, MPI_BYTE, &n);
+      std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
+      MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
+      if (from >= 0 || buf.size() < sizeof head) continue;
+      from = st.MPI_SOURCE;
+      std::memcpy(&head, buf.data(), sizeof head);
+      first.assign(buf.data() + sizeof head, buf.size() - sizeof head);
+    }
+    if (from < 0) return;
+    const bool same = head.seq == call.seq && head.code == static_cast<int>(Errc::timeout);
+    const std::vector<int> late = incomplete(0, n_recv_);  // this rank's own view: whose messages it still waits for
+    give_up(call, same ? Errc::timeout : Errc::aborted,
+            "rank " + std::to_string(rank_) + " in " + call.who + " (call " + std::to_string(call.seq) + "): rank " +
+                std::to_string(from) + " gave up in call " + std::to_string(head.seq) + " of this communicator" +
+                (late.empty() ? "" : " (this rank still waited for the messages of ranks " + detail::join(late) + ")") + ": " +
+                first,
+            false);
+  }
+
+  /// The peers of the requests [begin, end) of reqs_ still incomplete, ascending, each once.
+  std::vector<int> incomplete(std::size_t begin, std::size_t end) {
+    std::vector<int> late;
+    for (std::size_t i = begin; i < end; ++i) {
+      int done = 0;
+      MPI_Test(&reqs_[i], &done, MPI_STATUS_IGNORE);
+      if (!done) late.push_back(peers_[i]);
+    }
+    std::sort(late.begin(), late.end());
+    late.erase(std::unique(late.begin(), late.end()), late.end());
+    return late;
+  }
+
+  /// An MPI return code other than MPI_SUCCESS gives up with Error(backend).
+  void check(const Call& call, int rc, const char* what) {
+    if (rc != MPI_SUCCESS) give_up(call, Errc::backend, std::string(what) + " failed in " + call.who + ": " + error_string(rc));
+  }
+
+  /// Abandons the call: cancels its pending receives (waiting for the cancellations at most
+  /// timeout()), frees its pending sends, leaves a pending collective's scratch to MPI, breaks the
+  /// communicator, tells the peers (unless `tell` is false), and throws Error(code).
+  [[noreturn]] void give_up(const Call& call, Errc code, const std::string& message, bool tell = true) {
+    for (std::size_t i = 0; i < reqs_.size(); ++i) {
+      if (reqs_[i] == MPI_REQUEST_NULL) continue;
+      if (i < n_recv_)
+        MPI_Cancel(&reqs_[i]);
+      else
+        MPI_Request_free(&reqs_[i]);  // sends cannot be cancelled reliably; MPI may still read them
+    }
+    const auto cancelled = std::chrono::steady_clock::now() + timeout_;
+    const bool quiet = detail::poll_until(cancelled, [&] {
+      int done = 0;
+      MPI_Testall(static_cast<int>(n_recv_), reqs_.data(), &done, MPI_STATUSES_IGNORE);
+      return done != 0;
+    });
+    for (std::size_t i = 0; !quiet && i < n_recv_; ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
+    reqs_.clear();
+    peers_.clear();
+    n_recv_ = 0;
+    if (sh_->coll->req != MPI_REQUEST_NULL) (void)sh_->coll.release();  // MPI keeps using it: leaked on purpose
+    const Error e(code, message + "; an MPI communicator that timed out or failed cannot be repaired: end the job (MPI_Abort)");
+    sh_->failure.record(code, e.what());
+    if (tell) notify(call, code, e.what());
+    throw e;
+  }
+
+  /// Sends every peer the notice {call's number, code, message} (best effort: errors ignored).
+  void notify(const Call& call, Errc code, const std::string& what) {
+    const std::size_t text = std::min<std::size_t>(what.size(), 4096);
+    const NoticeHeader head{call.seq, static_cast<int>(code)};
+    sh_->notice.reset(new char[sizeof head + text]);
+    std::memcpy(sh_->notice.get(), &head, sizeof head);
+    std::memcpy(sh_->notice.get() + sizeof head, what.data(), text);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(sh_->notice.get(), static_cast<int>(sizeof head + text), MPI_BYTE, p, kNoticeTag, comm_, &r) == MPI_SUCCESS)
+        sh_->notice_reqs.push_back(r);
+    }
+  }
+
+  /// Throws Error(backend) when rc is not MPI_SUCCESS (before any call: nothing to give up).
+  static void ok(int rc, const char* what) {
+    if (rc != MPI_SUCCESS) throw Error(Errc::backend, std::string(what) + " failed: " + error_string(rc));
+  }
+  /// MPI's text for an error code.
+  static std::string error_string(int rc) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    throw Error(Errc::backend, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
+    return std::string(msg, static_cast<std::size_t>(len));
   }
+
+  ExchangeState state_;  // see exchange_state()
   MPI_Comm comm_;
   std::size_t max_msg_;
+  std::chrono::milliseconds timeout_;
   int size_ = 0, rank_ = 0;
-  std::vector<int> sc_, sd_, rc_, rd_;  // int counts for MPI_Alltoallv, sized once
-  std::vector<MPI_Request> reqs_;       // split path and message-level exchange
+  std::shared_ptr<Shared> sh_;     // failure state, call numbers, collective scratch
+  std::vector<MPI_Request> reqs_;  // the point-to-point messages in flight: receives [0, n_recv_), then sends
+  std::vector<int> peers_;         // the peer of each
+  std::size_t n_recv_ = 0;
 };
 
 ULYSSES_NAMESPACE_END

@@ -27,46 +27,144 @@
 ///   (ncclCommGetAsyncError) before a call returns, so the operations are enqueued when it does;
 /// - allgather() (the plan check) synchronises the stream and cannot be captured: run
 ///   check_agreement(plan, comm) once before capturing a plan's first exchange in a CUDA graph.
+///
+/// Failure model (comm/failure.hpp, docs/design.md "Failure model"). Every wait of a call is
+/// bounded by timeout() (a constructor argument, set_timeout()): a non-blocking communicator's
+/// ncclInProgress, polled with ncclCommGetAsyncError; allgather()'s wait for the stream; and
+/// synchronize(), the bounded alternative to cudaStreamSynchronize for the engine's own waits on
+/// the stream (the exchanges themselves are only enqueued: a peer that never enters one stalls
+/// the stream, not the call). Every call first polls ncclCommGetAsyncError, so an asynchronous
+/// error of an earlier operation (ncclRemoteError: a peer died or closed its connections) is
+/// reported at the next call. On a timeout (Error(timeout)) or an error (Error(backend)) the
+/// communicator is stopped: ncclCommRevoke where the NCCL headers have it (NCCL >= 2.28: the
+/// in-flight kernels end, the handle stays valid: wait until ncclCommGetAsyncError no longer
+/// reports ncclInProgress, then ncclCommDestroy or ncclCommAbort it), else ncclCommAbort (the
+/// handle is freed: do not destroy it; handle_freed()). From then on the NcclComm is broken:
+/// every call throws Error(aborted) at once with the first failure's message, without calling
+/// NCCL. What NCCL cannot do: say which rank is missing (no NCCL call names it), and bound a
+/// *blocking* communicator's calls, which may wait inside NCCL (ncclGroupEnd connecting to a
+/// peer that never comes): make the communicator non-blocking (ncclConfig_t::blocking = 0) for
+/// every wait to be bounded. After such an error end the job, or rebuild the group without the
+/// failed ranks (ncclCommShrink).
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "../layout/blocks.hpp"
 #include "../cuda/detail/config.cuh"
 #include "../error.hpp"
 #include "exchange_state.hpp"
+#include "failure.hpp"
+
+/// 1 when the NCCL headers have ncclCommRevoke (NCCL >= 2.28): NcclComm then revokes a failed
+/// communicator instead of aborting it.
+#if defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0) && defined(NCCL_REVOKE_DEFAULT)
+#define ULYSSES_NCCL_HAS_REVOKE 1
+#endif
+#endif
+#ifndef ULYSSES_NCCL_HAS_REVOKE
+#define ULYSSES_NCCL_HAS_REVOKE 0
+#endif
 
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+
+/// The NCCL and CUDA runtime calls NcclComm makes, as a table of functions: NCCL's own
+/// (nccl_calls()), or fakes: the seam through which the host tests drive the deadline and abort
+/// logic without a GPU.
+struct NcclCalls {
+  ncclResult_t (*comm_count)(ncclComm_t, int*);   ///< ncclCommCount
+  ncclResult_t (*user_rank)(ncclComm_t, int*);    ///< ncclCommUserRank
+  ncclResult_t (*group_start)();                  ///< ncclGroupStart
+  ncclResult_t (*group_end)();                    ///< ncclGroupEnd
+  ncclResult_t (*send)(const void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);  ///< ncclSend
+  ncclResult_t (*recv)(void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);        ///< ncclRecv
+  ncclResult_t (*all_gather)(const void*, void*, std::size_t, ncclDataType_t, ncclComm_t, cudaStream_t);  ///< ncclAllGather
+  ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*);  ///< ncclCommGetAsyncError
+  const char* (*last_error)(ncclComm_t);                   ///< ncclGetLastError
+  ncclResult_t (*stop)(ncclComm_t);  ///< stops a failed communicator: ncclCommRevoke (NCCL >= 2.28), else ncclCommAbort
+  bool stop_frees;                   ///< whether stop frees the handle (ncclCommAbort)
+  cudaError_t (*stream_query)(cudaStream_t);  ///< cudaStreamQuery
+};
+
+/// NCCL's and the CUDA runtime's own functions.
+inline const NcclCalls& nccl_calls() noexcept {
+  static const NcclCalls calls{&ncclCommCount, &ncclCommUserRank, &ncclGroupStart, &ncclGroupEnd, &ncclSend, &ncclRecv,
+                               &ncclAllGather, &ncclCommGetAsyncError, &ncclGetLastError,
+#if ULYSSES_NCCL_HAS_REVOKE
+                               [](ncclComm_t c) { return ncclCommRevoke(c, NCCL_REVOKE_DEFAULT); }, false,
+#else
+                               &ncclCommAbort, true,
+#endif
+                               &cudaStreamQuery};
+  return calls;
+}
+
+}  // namespace detail
+
 /// Communicator over an NCCL communicator and a CUDA stream (models the communicator
 /// concept of comm/concepts.hpp). Not owning: the caller keeps both alive, and must not run other NCCL
-/// operations on the communicator concurrently from another thread.
+/// operations on the communicator concurrently from another thread. Copies share the failure
+/// state (a failure stops the one NCCL communicator they wrap). Failure model: the file comment.
 class NcclComm {
  public:
   /// Buffers of alltoallv() are device memory.
   static constexpr bool device_memory = true;
+  /// How a failed communicator is stopped: true, ncclCommRevoke (the handle stays valid: destroy
+  /// it); false, ncclCommAbort (the handle is freed). Decided by the NCCL headers (>= 2.28: revoke).
+  static constexpr bool revokes = ULYSSES_NCCL_HAS_REVOKE != 0;
 
   /// Wraps `comm` and `stream`.
-  /// @param comm   an initialised NCCL communicator (blocking or non-blocking)
-  /// @param stream the stream every exchange is enqueued on (device of `comm`)
+  /// @param comm    an initialised NCCL communicator (blocking or non-blocking; non-blocking for
+  ///                every wait to be bounded, see the file comment)
+  /// @param stream  the stream every exchange is enqueued on (device of `comm`)
+  /// @param timeout how long one call waits before it throws Error(timeout) (set_timeout() changes it)
   /// @throws Error(backend) when ncclCommCount / ncclCommUserRank fail.
-  NcclComm(ncclComm_t comm, cudaStream_t stream) : comm_(comm), stream_(stream) {
-    check(ncclCommCount(comm_, &size_), "ncclCommCount");
-    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+  NcclComm(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds timeout = kDefaultCommTimeout)
+      : NcclComm(comm, stream, timeout, detail::nccl_calls()) {}
+
+  /// Wraps `comm` and `stream`, calling `calls` instead of NCCL's functions (the seam the host
+  /// tests fill with fakes; `calls` must outlive the communicator and its copies).
+  /// @param comm    passed to `calls` as the NCCL communicator
+  /// @param stream  passed to `calls` as the stream
+  /// @param timeout as the other constructor's
+  /// @param calls   the table of functions to call
+  /// @throws Error(backend) when calls.comm_count / calls.user_rank fail.
+  NcclComm(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds timeout, const detail::NcclCalls& calls)
+      : comm_(comm), stream_(stream), timeout_(timeout), calls_(&calls), sh_(std::make_shared<Shared>()) {
+    auto ok = [](ncclResult_t r, const char* what) {
+      if (r != ncclSuccess) throw Error(Errc::backend, std::string(what) + " failed: " + ncclGetErrorString(r));
+    };
+    ok(calls_->comm_count(comm_, &size_), "ncclCommCount");
+    ok(calls_->user_rank(comm_, &rank_), "ncclCommUserRank");
   }
 
   int size() const { return size_; }               ///< ncclCommCount
   int rank() const { return rank_; }               ///< ncclCommUserRank
   ncclComm_t get() const { return comm_; }         ///< the wrapped communicator
   cudaStream_t stream() const { return stream_; }  ///< the stream exchanges are enqueued on
+  /// How long one call waits before it throws Error(timeout).
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Sets timeout() for the calls that follow.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  /// True once a call timed out or failed: every call then throws Error(aborted).
+  bool broken() const { return sh_->failure.broken(); }
+  /// True once a failure stopped the communicator with ncclCommAbort (revokes is false): the
+  /// handle get() is then freed and must not be destroyed again.
+  bool handle_freed() const { return sh_->freed; }
 
   /// What alltoallv() does for these arrays (`size` entries each, bytes): `none` when nothing
   /// moves (no operation is posted), else `send_recv` (grouped ncclSend / ncclRecv).
   enum class Path { none, send_recv };
+  /// The Path alltoallv() takes for these arrays.
   static Path path(int size, const std::size_t* send_bytes, const std::size_t* recv_bytes) {
     for (int p = 0; p < size; ++p)
       if (send_bytes[p] || recv_bytes[p]) return Path::send_recv;
@@ -76,15 +174,18 @@ class NcclComm {
   /// All-to-all-v in bytes of device memory (see the communicator concept in comm/concepts.hpp),
   /// enqueued on stream(): grouped ncclSend / ncclRecv, zero-byte pairs skipped on both sides.
   /// Collective over the communicator; no host synchronisation (a non-blocking communicator's
-  /// ncclInProgress is waited out before return).
+  /// ncclInProgress is waited out before return, at most timeout()).
   /// @throws Error(backend) with ncclGetErrorString and ncclGetLastError when an NCCL call fails
-  ///         (the group is always closed with ncclGroupEnd first).
+  ///         or an earlier operation failed asynchronously (the group is always closed with
+  ///         ncclGroupEnd first); Error(timeout) still in progress after timeout(); Error(aborted)
+  ///         the communicator is broken. Backend and timeout errors stop the communicator.
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                  const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
+    const Call call = enter("NcclComm::alltoallv");
     if (path(size_, send_bytes, recv_bytes) == Path::none) return;
     const auto P = static_cast<std::size_t>(size_);
     post_grouped(
-        P, [&](std::size_t p) { return Message{static_cast<int>(p), recv + recv_offsets[p], recv_bytes[p]}; },
+        call, P, [&](std::size_t p) { return Message{static_cast<int>(p), recv + recv_offsets[p], recv_bytes[p]}; },
         P, [&](std::size_t p) { return SendOp{static_cast<int>(p), send + send_offsets[p], send_bytes[p]}; });
   }
 
@@ -94,25 +195,30 @@ class NcclComm {
   /// (NCCL delivers the point-to-point operations between two ranks in the order they are
   /// posted, so the k-th message rank i sends rank j is the k-th j receives from i); zero-byte
   /// messages are skipped on both sides. Collective; no host synchronisation.
-  /// @throws Error(backend) as alltoallv().
+  /// @throws Error(backend), Error(timeout), Error(aborted) as alltoallv().
   void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+    const Call call = enter("NcclComm::exchange_messages");
     bool any = false;
     for (std::size_t i = 0; i < n_send && !any; ++i) any = send[i].bytes > 0;
     for (std::size_t i = 0; i < n_recv && !any; ++i) any = recv[i].bytes > 0;
     if (!any) return;
     post_grouped(
-        n_recv, [recv](std::size_t i) -> const Message& { return recv[i]; },
+        call, n_recv, [recv](std::size_t i) -> const Message& { return recv[i]; },
         n_send, [send](std::size_t i) -> const Message& { return send[i]; });
   }
 
   /// All-gather of `bytes` bytes of HOST memory from every rank (rank p's block lands at
   /// recv + p*bytes): what check_agreement() uses to compare the ranks' plan fingerprints, once
   /// per plan. Collective. Goes through a temporary device buffer (cudaMallocAsync on stream())
-  /// and ncclAllGather, and waits for the stream: not for the hot path and not capturable — with
+  /// and ncclAllGather, and waits for the stream (at most timeout(): a peer that never enters
+  /// the all-gather is a timeout, not a hang): not for the hot path and not capturable — with
   /// a plan whose check is on (Plan::agreement_check_enabled()), call check_agreement(plan, comm) before
   /// capturing its first exchange.
-  /// @throws Error(backend) CUDA or NCCL failures.
+  /// @throws Error(backend) CUDA or NCCL failures, or called while the stream is captured (that
+  ///         one before anything is enqueued: it leaves the communicator usable);
+  ///         Error(timeout), Error(aborted) as alltoallv().
   void allgather(const void* send, std::size_t bytes, void* recv) {
+    const Call call = enter("NcclComm::allgather");
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     detail::cuda_check(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
     if (capturing != cudaStreamCaptureStatusNone)
@@ -120,17 +226,24 @@ class NcclComm {
                                  "call check_agreement(plan, comm) before capturing a plan's first exchange");
     const std::size_t total = bytes * static_cast<std::size_t>(size_);
     void* dev = nullptr;
-    detail::cuda_check(cudaMallocAsync(&dev, total ? total : 1, stream_), "cudaMallocAsync");
+    cuda(call, cudaMallocAsync(&dev, total ? total : 1, stream_), "cudaMallocAsync");
+    const DeviceScratch scratch{dev, stream_};  // freed in stream order however the call ends
     auto* d = static_cast<std::byte*>(dev);
-    cudaError_t e = cudaMemcpyAsync(d + bytes * static_cast<std::size_t>(rank_), send, bytes, cudaMemcpyHostToDevice, stream_);
-    ncclResult_t r = ncclSuccess;
-    if (e == cudaSuccess) r = wait(ncclAllGather(d + bytes * static_cast<std::size_t>(rank_), d, bytes, ncclUint8, comm_, stream_));
-    if (e == cudaSuccess && r == ncclSuccess) e = cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost, stream_);
-    cudaFreeAsync(dev, stream_);
-    if (e == cudaSuccess && r == ncclSuccess) e = cudaStreamSynchronize(stream_);
-    check(r, "ncclAllGather");
-    detail::cuda_check(e, "NcclComm::allgather");
+    std::byte* mine = d + bytes * static_cast<std::size_t>(rank_);
+    cuda(call, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    finish(call, calls_->all_gather(mine, d, bytes, ncclUint8, comm_, stream_), "ncclAllGather");
+    drain(call);  // bounded: the copy out below to pageable memory would wait for the stream unbounded
+    cuda(call, cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    drain(call);
   }
+
+  /// Waits until everything enqueued on stream() so far has finished, at most timeout(): the
+  /// bounded alternative to cudaStreamSynchronize(stream()) for the engine's own waits (an
+  /// exchange whose peer never entered it stalls the stream; NCCL cannot say which peer).
+  /// @throws Error(timeout) the stream had not finished after timeout() (the communicator is
+  ///         then stopped, which ends its stalled kernels); Error(backend) a CUDA error on the
+  ///         stream or an asynchronous NCCL error; Error(aborted) the communicator is broken.
+  void synchronize() { drain(enter("NcclComm::synchronize")); }
 
   /// What the transports learn on this communicator about the plans run on it, and their
   /// scratch lists (comm/exchange_state.hpp).
@@ -144,13 +257,80 @@ class NcclComm {
     const std::byte* data;
     std::size_t bytes;
   };
+  /// The state the copies of one NcclComm share.
+  struct Shared {
+    detail::CommFailure failure;
+    bool freed = false;  // stop() freed the handle
+  };
+  /// One call: its name and when it gives up.
+  struct Call {
+    const char* who;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  /// allgather()'s device buffer, freed (in stream order) when the call ends.
+  struct DeviceScratch {
+    void* p;
+    cudaStream_t s;
+    DeviceScratch(void* ptr, cudaStream_t stream) : p(ptr), s(stream) {}
+    DeviceScratch(const DeviceScratch&) = delete;
+    DeviceScratch& operator=(const DeviceScratch&) = delete;
+    ~DeviceScratch() { cudaFreeAsync(p, s); }
+  };
+
+  /// Starts a call: Error(aborted) when broken; an asynchronous error of an earlier operation
+  /// gives up (Error(backend)); one still in progress is waited out (bounded).
+  Call enter(const char* who) {
+    sh_->failure.check(who);
+    const Call call{who, std::chrono::steady_clock::now() + timeout_};
+    finish(call, async_state(call), "an earlier operation (ncclCommGetAsyncError)");
+    return call;
+  }
+  /// ncclCommGetAsyncError's state (its own failure gives up).
+  ncclResult_t async_state(const Call& call) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t q = calls_->async_error(comm_, &state);
+    if (q != ncclSuccess) give_up(Errc::backend, std::string("ncclCommGetAsyncError failed in ") + call.who + ": " + ncclGetErrorString(q));
+    return state;
+  }
+  /// Returns when r is ncclSuccess, or is ncclInProgress (a non-blocking communicator still
+  /// enqueueing) and ncclCommGetAsyncError reports success before the deadline; gives up
+  /// otherwise: Error(timeout) still in progress, Error(backend) an error.
+  void finish(const Call& call, ncclResult_t r, const char* what) {
+    if (r == ncclInProgress && !detail::poll_until(call.deadline, [&] { return (r = async_state(call)) != ncclInProgress; },
+                                                   detail::PollPace::relaxed))
+      give_up(Errc::timeout,
+              std::string(call.who) + ": " + what + " still in progress after " + std::to_string(timeout_.count()) +
+                  " ms (a peer did not enter the call, or died; NCCL does not say which)");
+    if (r != ncclSuccess)
+      give_up(Errc::backend, std::string(what) + " failed in " + call.who + ": " + ncclGetErrorString(r));
+  }
+  /// Waits (bounded) until stream() has finished its work, reading the asynchronous error every 16 polls.
+  void drain(const Call& call) {
+    unsigned n = 0;
+    cudaError_t e = cudaSuccess;
+    if (!detail::poll_until(call.deadline, [&] {
+          e = calls_->stream_query(stream_);
+          if (e != cudaErrorNotReady) return true;
+          if (++n % 16 == 0) finish(call, async_state(call), "an NCCL operation on the stream (ncclCommGetAsyncError)");
+          return false;
+        }, detail::PollPace::relaxed))
+      give_up(Errc::timeout,
+              std::string(call.who) + ": the stream had not finished after " + std::to_string(timeout_.count()) +
+                  " ms (an exchange whose peer did not enter it, or died; NCCL does not say which)");
+    cuda(call, e, "the stream (cudaStreamQuery)");
+  }
+  /// A CUDA error gives up with Error(backend).
+  void cuda(const Call& call, cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      give_up(Errc::backend, std::string(what) + " failed in " + call.who + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  }
   /// The posting both exchanges share: inside one ncclGroupStart / ncclGroupEnd, an ncclRecv for
   /// every recv_at(i), i < n_recv, then an ncclSend for every send_at(i), i < n_send, in index
   /// order (each a {peer, data, bytes}; zero bytes: skipped). The group is always closed before
-  /// the first failure (ncclInProgress is not one) is thrown. @throws Error(backend).
+  /// the first failure (ncclInProgress is not one) gives up.
   template <class RecvAt, class SendAt>
-  void post_grouped(std::size_t n_recv, RecvAt&& recv_at, std::size_t n_send, SendAt&& send_at) {
-    check(ncclGroupStart(), "ncclGroupStart");
+  void post_grouped(const Call& call, std::size_t n_recv, RecvAt&& recv_at, std::size_t n_send, SendAt&& send_at) {
+    finish(call, calls_->group_start(), "ncclGroupStart");
     ncclResult_t first = ncclSuccess;
     const char* what = "";
     auto keep = [&](ncclResult_t r, const char* w) {
@@ -158,38 +338,36 @@ class NcclComm {
     };
     for (std::size_t i = 0; i < n_recv; ++i) {
       const auto& m = recv_at(i);
-      if (m.bytes) keep(ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm_, stream_), "ncclRecv");
+      if (m.bytes) keep(calls_->recv(m.data, m.bytes, ncclUint8, m.peer, comm_, stream_), "ncclRecv");
     }
     for (std::size_t i = 0; i < n_send; ++i) {
       const auto& m = send_at(i);
-      if (m.bytes) keep(ncclSend(m.data, m.bytes, ncclUint8, m.peer, comm_, stream_), "ncclSend");
+      if (m.bytes) keep(calls_->send(m.data, m.bytes, ncclUint8, m.peer, comm_, stream_), "ncclSend");
     }
-    const ncclResult_t end = ncclGroupEnd();
-    if (first != ncclSuccess) check(first, what);
-    check(end, "ncclGroupEnd");
+    const ncclResult_t end = calls_->group_end();
+    if (first != ncclSuccess) finish(call, first, what);
+    finish(call, end, "ncclGroupEnd");
   }
-  /// r, or for ncclInProgress (a non-blocking communicator still enqueueing) the state
-  /// ncclCommGetAsyncError reports once it is no longer in progress.
-  ncclResult_t wait(ncclResult_t r) const {
-    while (r == ncclInProgress) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
-      if (q != ncclSuccess) return q;
-      r = state;
-    }
-    return r;
-  }
-  /// Success (after waiting out ncclInProgress); anything else throws with NCCL's messages.
-  void check(ncclResult_t r, const char* what) const {
-    r = wait(r);
-    if (r == ncclSuccess) return;
-    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
-    throw Error(Errc::backend, std::string(what) + " failed: " + ncclGetErrorString(r) +
-                                   (last && *last ? std::string(" (") + last + ")" : std::string()));
+  /// Abandons the call: reads ncclGetLastError, stops the communicator (ncclCommRevoke or
+  /// ncclCommAbort), breaks this NcclComm and throws Error(code) saying what to do next.
+  [[noreturn]] void give_up(Errc code, const std::string& message) {
+    const char* last = calls_->last_error(comm_);
+    const std::string detail = last && *last ? std::string(" (ncclGetLastError: ") + last + ")" : std::string();
+    calls_->stop(comm_);  // its result is ignored: the communicator is given up either way
+    sh_->freed = calls_->stop_frees;
+    sh_->failure.fail(code, message + detail +
+                                (calls_->stop_frees
+                                     ? "; the NCCL communicator was aborted (ncclCommAbort): its handle is freed, do not destroy it"
+                                     : "; the NCCL communicator was revoked (ncclCommRevoke): once ncclCommGetAsyncError no "
+                                       "longer reports ncclInProgress, destroy it (ncclCommDestroy)") +
+                                "; end the job, or rebuild the group without the failed ranks");
   }
 
   ncclComm_t comm_;
   cudaStream_t stream_;
+  std::chrono::milliseconds timeout_;
+  const detail::NcclCalls* calls_;
+  std::shared_ptr<Shared> sh_;  // failure state, shared by copies
   int size_ = 0, rank_ = 0;
 };
 

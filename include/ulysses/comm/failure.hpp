@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The failure model the shipped communicators share (docs/design.md, "Failure model"):
+///        the default deadline of a wait, a communicator's broken state, and the bounded polling
+///        loop their waits run.
+///
+/// Every wait has a deadline: a call that waits for its peers longer than the communicator's
+/// timeout throws Error(timeout), naming the ranks that did not arrive where the backend can tell.
+/// A communicator that timed out or failed is broken: every later call throws Error(aborted) at
+/// once, with the first failure's message. A broken communicator is never repaired: make a new
+/// group (in-process groups), or end the job (MPI, NCCL).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "../error.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// How long a shipped communicator waits in one call for its peers, unless its constructor or
+/// set_timeout() says otherwise: 5 minutes (LocalGroup, DeviceLocalGroup, MpiComm, NcclComm).
+inline constexpr std::chrono::milliseconds kDefaultCommTimeout = std::chrono::minutes(5);
+
+namespace detail {
+
+/// The health of one communicator: healthy until its first failure, broken from then on. Keeps
+/// the first failure's code and message. Not thread-safe (a communicator serves one thread).
+class CommFailure {
+ public:
+  /// True once a failure was recorded.
+  bool broken() const noexcept { return broken_; }
+  /// The first failure's code (meaningful once broken()).
+  Errc code() const noexcept { return code_; }
+  /// The first failure's message, as its Error::what() (empty while healthy).
+  const std::string& message() const noexcept { return message_; }
+
+  /// Records a failure (only the first one is kept; later ones leave it as it is).
+  void record(Errc code, const std::string& what) {
+    if (broken_) return;
+    broken_ = true;
+    code_ = code;
+    message_ = what;
+  }
+  /// Records Error(code, message) as the failure (if it is the first) and throws it.
+  [[noreturn]] void fail(Errc code, const std::string& message) {
+    Error e(code, message);
+    record(code, e.what());
+    throw e;
+  }
+  /// Throws Error(aborted) naming `who` and the first failure when broken; returns otherwise.
+  void check(const char* who) const {
+    if (broken_)
+      throw Error(Errc::aborted, std::string(who) + ": the communicator is broken by an earlier failure (" + message_ +
+                                     "); it cannot be used again: make a new group, or end the job");
+  }
+
+ private:
+  bool broken_ = false;
+  Errc code_ = Errc::aborted;
+  std::string message_;
+};
+
+/// How a bounded wait spends the time between two polls.
+enum class PollPace {
+  yield,    ///< yield the thread between polls (a progress-driven library such as MPI progresses inside the poll)
+  relaxed,  ///< yield for the first millisecond, then sleep 20 µs between polls (work that progresses on its own: a GPU stream)
+};
+
+/// Calls `ready()` until it returns true (then returns true) or `deadline` has passed (then
+/// returns false). `ready` is called at least once, and may throw (the exception propagates).
+/// @param deadline when to stop waiting (std::chrono::steady_clock)
+/// @param ready    callable as bool(), the poll
+/// @param pace     what to do between polls
+template <class Ready>
+bool poll_until(std::chrono::steady_clock::time_point deadline, Ready&& ready, PollPace pace = PollPace::yield) {
+  using clock = std::chrono::steady_clock;
+  const clock::time_point start = clock::now();
+  for (std::uint64_t n = 0;; ++n) {
+    if (ready()) return true;
+    const clock::time_point now = clock::now();
+    if (now >= deadline) return false;
+    if (n < 64) continue;  // a few tight polls first: most waits end here
+    if (pace == PollPace::relaxed && now - start > std::chrono::milliseconds(1))
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else
+      std::this_thread::yield();
+  }
+}
+
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END
