@@ -9,6 +9,10 @@
 #include <ulysses/tune/cost.hpp>
 #include <ulysses/tune/fit.hpp>
 #include <ulysses/tune/advise.hpp>
+#include <ulysses/ring/merge.hpp>
+#include <ulysses/ring/partition.hpp>
+#include <ulysses/ring/rotation.hpp>
+#include <ulysses/ring/schedule.hpp>
 #ifdef ULYSSES_STRICT_MPI
 #include <ulysses/comm/mpi.hpp>
 #endif
@@ -17,6 +21,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+// Every member of the ring rotations, under the strict flags.
+template class ulysses::RingRotation<ulysses::LocalGroup::Comm>;
+template class ulysses::RingGradRotation<ulysses::LocalGroup::Comm>;
 
 namespace {
 
