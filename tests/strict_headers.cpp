@@ -9,7 +9,14 @@
 #include <ulysses/tune/cost.hpp>
 #include <ulysses/tune/fit.hpp>
 #include <ulysses/tune/advise.hpp>
+#include <ulysses/ring/agreement.hpp>
+#include <ulysses/ring/merge.hpp>
+#include <ulysses/ring/mesh.hpp>
+#include <ulysses/ring/partition.hpp>
+#include <ulysses/ring/rotation.hpp>
+#include <ulysses/ring/schedule.hpp>
 #ifdef ULYSSES_STRICT_MPI
+#include <ulysses/ring/mpi_mesh.hpp>
 #include <ulysses/comm/mpi.hpp>
 #endif
 
@@ -17,6 +24,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+// Every member of the ring rotations, under the strict flags.
+template class ulysses::RingRotation<ulysses::LocalGroup::Comm>;
+template class ulysses::RingGradRotation<ulysses::LocalGroup::Comm>;
+template void ulysses::check_ring_config(const ulysses::RingConfig&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&);
 
 namespace {
 

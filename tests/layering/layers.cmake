@@ -13,9 +13,9 @@ set(ULYSSES_LAYER_NAMES
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
   "layout/.*|merge/.*"
-  "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
-  "comm/.*"
-  "plan/.*|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "partition/.*|topology/.*|ring/partition\\.hpp|ring/schedule\\.hpp|ring/merge\\.hpp|ring/mesh\\.hpp|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
+  "comm/.*|ring/rotation\\.hpp|ring/mpi_mesh\\.hpp"
+  "plan/.*|ring/agreement\\.hpp|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
   "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")

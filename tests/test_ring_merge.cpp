@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// The ring merge executor (ring/merge.hpp): bitwise against merge/lse.hpp's merge_rows() of the same
+// contributions in the same (step) order; empty blocks and −inf rows; 16-bit output rounded once.
+#include <doctest/doctest.h>
+#include <ulysses/ring/merge.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "ring_case.hpp"
+
+using namespace ulysses;
+
+TEST_CASE("ring_merge_block over steps == merge_rows in step order, bit for bit; empty blocks change nothing") {
+  const RingMergeShape s{2, 6, 3, 5};
+  const int n = 4;
+  // Step i covers query rows [q0[i], q0[i] + ql[i]); step 2 is empty; some rows have −inf (NaN outputs).
+  const std::int64_t q0[n] = {0, 3, 2, 0}, ql[n] = {6, 3, 0, 4};
+  std::vector<std::vector<float>> ob(n), lb(n);
+  for (int i = 0; i < n; ++i) {
+    ob[i].resize(static_cast<std::size_t>(s.B * ql[i] * s.H * s.Dv));
+    lb[i].resize(static_cast<std::size_t>(s.B * s.H * ql[i]));
+    for (std::size_t e = 0; e < ob[i].size(); ++e) ob[i][e] = ut::rand_value(i, static_cast<std::int64_t>(e)) * 3.0f;
+    for (std::size_t e = 0; e < lb[i].size(); ++e) lb[i][e] = e % 7 == 3 ? -INFINITY : ut::rand_value(10 + i, static_cast<std::int64_t>(e)) * 4.0f;
+    for (std::size_t e = 0; e < lb[i].size(); ++e)
+      if (lb[i][e] == -INFINITY)
+        for (std::int64_t d = 0; d < s.Dv; ++d) {
+          // row of (b, h, q) for lse index e: b = e / (H·ql), h = (e / ql) % H, q = e % ql
+          const std::int64_t b = static_cast<std::int64_t>(e) / (s.H * ql[i]), h = (static_cast<std::int64_t>(e) / ql[i]) % s.H,
+                             q = static_cast<std::int64_t>(e) % ql[i];
+          ob[i][static_cast<std::size_t>(((b * ql[i] + q) * s.H + h) * s.Dv + d)] = NAN;
+        }
+  }
+  std::vector<float> out(static_cast<std::size_t>(s.out_elems())), lse(static_cast<std::size_t>(s.lse_elems()));
+  ring_merge_init(s, out.data(), lse.data());
+  for (int i = 0; i < n; ++i) ring_merge_block(s, out.data(), lse.data(), ob[i].data(), ElementType::float32, lb[i].data(), q0[i], ql[i]);
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t q = 0; q < s.S_q; ++q)
+      for (std::int64_t h = 0; h < s.H; ++h) {
+        std::vector<const void*> rows;
+        std::vector<float> ls;
+        for (int i = 0; i < n; ++i)
+          if (q >= q0[i] && q < q0[i] + ql[i]) {
+            rows.push_back(&ob[i][static_cast<std::size_t>(((b * ql[i] + q - q0[i]) * s.H + h) * s.Dv)]);
+            ls.push_back(lb[i][static_cast<std::size_t>((b * s.H + h) * ql[i] + q - q0[i])]);
+          }
+        std::vector<float> want(static_cast<std::size_t>(s.Dv));
+        const float wl = merge_rows(rows.data(), ElementType::float32, ls.data(), static_cast<int>(rows.size()), s.Dv, want.data(),
+                                    ElementType::float32);
+        const float gl = lse[static_cast<std::size_t>((b * s.H + h) * s.S_q + q)];
+        CHECK(std::memcmp(&wl, &gl, sizeof(float)) == 0);
+        CHECK(std::memcmp(want.data(), &out[static_cast<std::size_t>(((b * s.S_q + q) * s.H + h) * s.Dv)], want.size() * sizeof(float)) == 0);
+        for (std::int64_t d = 0; d < s.Dv; ++d) CHECK(!std::isnan(out[static_cast<std::size_t>(((b * s.S_q + q) * s.H + h) * s.Dv + d)]));
+      }
+}
+
+TEST_CASE("ring_merge_finish: a row that saw no key is 0; bf16 rounded once from the fp32 state") {
+  const RingMergeShape s{1, 2, 1, 2};
+  std::vector<float> out(4), lse(2);
+  ring_merge_init(s, out.data(), lse.data());
+  const float ob[2] = {1.00390625f, 3.0f}, lb[1] = {0.5f};  // 1 + 2^-8: a bf16 tie, rounds to even (1.0)
+  ring_merge_block(s, out.data(), lse.data(), ob, ElementType::float32, lb, 1, 1);
+  CHECK(lse[0] == -INFINITY);
+  CHECK(lse[1] == 0.5f);
+  std::uint16_t bf[4];
+  ring_merge_finish(s, out.data(), bf, ElementType::bfloat16);
+  CHECK(bf[0] == 0);
+  CHECK(bf[1] == 0);
+  CHECK(bf[2] == 0x3f80);  // 1.0
+  CHECK(bf[3] == 0x4040);  // 3.0
+}
+
+TEST_CASE("ring_merge errors and the kv block layout") {
+  const RingMergeShape s{1, 2, 1, 2};
+  std::vector<float> out(4), lse(2);
+  const float ob[4] = {}, lb[2] = {};
+  CHECK(ut::code_of([&] { ring_merge_block(s, out.data(), lse.data(), ob, ElementType::float32, lb, 1, 2); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { ring_merge_block(s, out.data(), lse.data(), ob, ElementType::float64, lb, 0, 1); }) == Errc::tensor_mismatch);
+  CHECK(ut::code_of([&] { ring_merge_finish(s, out.data(), out.data(), ElementType::opaque); }) == Errc::tensor_mismatch);
+  const RingKvBlock kb{2, 5, 1, 8, 4, 2};
+  CHECK(kb.v_offset() == 2u * 5 * 8 * 2);
+  CHECK(kb.bytes() == 2u * 5 * (8 + 4) * 2);
+}

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// RingMesh (ring/mesh.hpp) and the configuration check (ring/agreement.hpp) in-process.
+#include <doctest/doctest.h>
+#include <ulysses/comm/local.hpp>
+#include <ulysses/ring/agreement.hpp>
+#include <ulysses/ring/mesh.hpp>
+
+#include <thread>
+#include <vector>
+
+#include "expect_error.hpp"
+
+using namespace ulysses;
+
+TEST_CASE("RingMesh: U inside a node first; ranks, groups, colours") {
+  const RingMesh m(16, 4, 2, 8);  // 2 nodes of 8: a U x R block per node, 2 outer
+  CHECK(m.outer_degree() == 2);
+  CHECK(m.ring_rank(5) == 1);
+  CHECK(m.ulysses_rank(5) == 1);
+  CHECK(m.outer_rank(9) == 1);
+  CHECK(m.ulysses_ranks(5) == std::vector<int>{4, 5, 6, 7});
+  CHECK(m.ring_ranks(5) == std::vector<int>{1, 5});
+  CHECK(m.outer_ranks(5) == std::vector<int>{5, 13});
+  CHECK(!m.ulysses_spans_nodes());
+  CHECK(!m.ring_spans_nodes());
+  CHECK(m.note() == "");
+  for (int w = 0; w < 16; ++w) {
+    CHECK(m.world_rank(m.outer_rank(w), m.ring_rank(w), m.ulysses_rank(w)) == w);
+    for (int x : m.ulysses_ranks(w)) CHECK(m.ulysses_color(x) == m.ulysses_color(w));
+    for (int x : m.ring_ranks(w)) CHECK(m.ring_color(x) == m.ring_color(w));
+  }
+  const RingMesh r(16, 8, 2, 4);  // Ulysses crosses nodes; so does the ring
+  CHECK(r.ulysses_spans_nodes());
+  CHECK(r.ring_spans_nodes());
+  CHECK(r.note().find("crosses nodes") != std::string::npos);
+}
+
+TEST_CASE("a ring inside a node while Ulysses crosses nodes: allowed, but said") {
+  const RingMesh m(8, 4, 2, 2, RingOrder::ring_inner);
+  CHECK(m.ring_ranks(0) == std::vector<int>{0, 1});
+  CHECK(m.ulysses_ranks(0) == std::vector<int>{0, 2, 4, 6});
+  CHECK(!m.ring_spans_nodes());
+  CHECK(m.ulysses_spans_nodes());
+  CHECK(m.note().find("stays inside a node while the Ulysses all-to-all (U=4) crosses nodes") != std::string::npos);
+}
+
+TEST_CASE("coded errors naming what does not fit") {
+  const auto tile = ut::error_of([] { RingMesh(12, 4, 2, 4); });
+  CHECK(tile.first == Errc::invalid_mesh);
+  CHECK(tile.second.find("R x U = 8 ranks do not tile the world of 12") != std::string::npos);
+  CHECK(ut::code_of([] { RingMesh(12, 3, 2, 4); }) == Errc::invalid_mesh);  // a block of 6 straddles nodes of 4
+  CHECK(ut::code_of([] { RingMesh(8, 0, 2, 4); }) == Errc::invalid_mesh);
+  CHECK(ut::code_of([] { RingMesh(9, 1, 1, 2); }) == Errc::invalid_mesh);
+  const RingMesh m(16, 8, 2, 8);
+  const auto heads = ut::error_of([&] { m.check_heads(4); });
+  CHECK(heads.first == Errc::invalid_mesh);
+  CHECK(heads.second.find("U=8 exceeds the 4 query heads") != std::string::npos);
+  m.check_heads(8);
+}
+
+TEST_CASE("check_ring_config in-process: agreement passes; one rank with another R throws on every rank; C14") {
+  const int U = 2, R = 2;
+  std::vector<std::unique_ptr<LocalGroup>> ug, rg;
+  for (int k = 0; k < 2; ++k) {
+    ug.push_back(std::make_unique<LocalGroup>(U));
+    rg.push_back(std::make_unique<LocalGroup>(R));
+  }
+  for (int bad_rank : {-1, 3}) {
+    std::vector<Errc> got(4, Errc{});
+    std::vector<std::thread> th;
+    for (int w = 0; w < 4; ++w)
+      th.emplace_back([&, w] {
+        const int j = w / U, u = w % U;
+        LocalGroup::Comm uc = ug[static_cast<std::size_t>(j)]->comm(u), rc = rg[static_cast<std::size_t>(u)]->comm(j);
+        got[static_cast<std::size_t>(w)] = ut::code_of([&] { check_ring_config({U, R, RingLayout::zigzag, true, w == bad_rank ? 63 : 64}, uc, rc); });
+      });
+    for (auto& t : th) t.join();
+    for (Errc e : got) CHECK(e == (bad_rank < 0 ? Errc{} : Errc::plan_mismatch));  // rank 0 too, though neither of its groups holds rank 3
+  }
+  LocalGroup one(1);
+  LocalGroup::Comm a = one.comm(0), b = one.comm(0);
+  const auto e = ut::error_of([&] { check_ring_config({1, 2, RingLayout::zigzag, true, 64}, a, b); });
+  CHECK(e.first == Errc::comm_mismatch);
+  CHECK(e.second.find("U=1 x R=2") != std::string::npos);
+}

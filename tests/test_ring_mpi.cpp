@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// Ulysses × Ring under real MPI processes (ring/mpi_mesh.hpp, ring/rotation.hpp, ring/agreement.hpp):
+// every factorisation U × R of the world (-n 4: 1x4, 2x2, 4x1; -n 6: 2x3, 3x2, ...; -n 8: 2x4, 4x2, ...)
+// split by split_ring() on simulated nodes of U ranks; the forward rotation bit-exact in the
+// documented order, both progress modes; the backward's accumulators home in step order; the
+// configuration check (a rank with another S; a ring of one rank for R = 2, bug case C14).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+#include <ulysses/comm/mpi_comm.hpp>
+#include <ulysses/ring/agreement.hpp>
+#include <ulysses/ring/mpi_mesh.hpp>
+#include <ulysses/ring/rotation.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "expect_error.hpp"
+
+using namespace ulysses;
+
+namespace {
+int thread_level = MPI_THREAD_SINGLE;
+std::vector<std::byte> block_of(int j, int u, std::size_t n) {
+  std::vector<std::byte> b(n);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>((j * 31 + u * 7 + static_cast<int>(i) * 13) & 0xff);
+  return b;
+}
+}  // namespace
+
+TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact, in order, both progress modes") {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (int U = 1; U <= W; ++U) {
+    if (W % U) continue;
+    const int R = W / U;
+    MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);
+    const int j = m.mesh.ring_rank(m.index), u = m.mesh.ulysses_rank(m.index);
+    MpiComm ring(m.ring), uly(m.ulysses);
+    CHECK(ring.size() == R);
+    CHECK(ring.rank() == j);
+    CHECK(uly.size() == U);
+    CHECK(uly.rank() == u);
+    check_ring_config({U, R, RingLayout::zigzag, true, 1000}, uly, ring);
+    std::vector<std::size_t> bytes;
+    for (int k = 0; k < R; ++k) bytes.push_back(1000 + 17 * static_cast<std::size_t>(k));
+    const std::size_t cap = bytes.back();
+    std::vector<RingProgress> modes{RingProgress::in_start};
+    if (thread_level >= MPI_THREAD_SERIALIZED) modes.push_back(RingProgress::thread);
+    for (RingProgress pr : modes) {
+      std::vector<std::byte> b0(cap), b1(cap);
+      const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
+      std::memcpy(b0.data(), own.data(), own.size());
+      RingRotation<MpiComm> rot(ring, bytes, b0.data(), b1.data(), cap, pr);
+      int bad = 0;
+      for (int s = 0; s < R; ++s) {
+        rot.start(s);
+        const int src = rot.source(s);
+        const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
+        if (src != ((j - s) % R + R) % R || std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
+        rot.finish(s);
+      }
+      CHECK(bad == 0);
+    }
+    // The backward: accumulators travel with their block and come home.
+    {
+      const std::size_t n = 5;
+      std::vector<std::size_t> kvb(static_cast<std::size_t>(R), 64), gb(static_cast<std::size_t>(R), n * sizeof(float));
+      std::vector<std::byte> k0(64), k1(64);
+      std::vector<float> g0(n), g1(n);
+      const auto own = block_of(j, u, 64);
+      std::memcpy(k0.data(), own.data(), 64);
+      auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e) * 1e6f; };
+      RingGradRotation<MpiComm> rot(ring, kvb, k0.data(), k1.data(), 64, gb, reinterpret_cast<std::byte*>(g0.data()),
+                                    reinterpret_cast<std::byte*>(g1.data()), n * sizeof(float));
+      for (int s = 0; s < R; ++s) {
+        rot.start(s);
+        rot.finish(s);
+        auto* g = reinterpret_cast<float*>(rot.grad(s));
+        for (std::size_t e = 0; e < n; ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
+      }
+      const auto* home = reinterpret_cast<const float*>(rot.home());
+      int bad = 0;
+      for (std::size_t e = 0; e < n; ++e) {
+        float want = contrib(j, j, e);
+        for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
+        if (std::memcmp(&want, &home[e], sizeof(float)) != 0) ++bad;
+      }
+      CHECK(bad == 0);
+    }
+    m.free();
+  }
+}
+
+TEST_CASE("MPI ring configuration: a rank with another S throws plan_mismatch on every rank; C14 comm_mismatch") {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  if (W % 2) return;
+  MpiRingMesh m = split_ring(MPI_COMM_WORLD, 2, W / 2, 2);
+  MpiComm ring(m.ring), uly(m.ulysses);
+  int w = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  const auto e = ut::error_of([&] { check_ring_config({2, W / 2, RingLayout::zigzag, true, w == W - 1 ? 999 : 1000}, uly, ring); });
+  CHECK(e.first == Errc::plan_mismatch);
+  MpiComm self(MPI_COMM_SELF);  // the ring of a hybrid whose sizes were never applied
+  const auto c = ut::error_of([&] { check_ring_config({2, 2, RingLayout::zigzag, true, 1000}, uly, self); });
+  CHECK(c.first == Errc::comm_mismatch);
+  CHECK(c.second.find("CP=1") != std::string::npos);
+  CHECK(ut::code_of([&] { split_ring(MPI_COMM_WORLD, 3, 3, 1); }) == (W % 9 ? Errc::invalid_mesh : Errc{}));
+  m.free();
+}
+
+int main(int argc, char** argv) {
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &thread_level);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  doctest::Context ctx(argc, argv);
+  if (rank != 0) ctx.setOption("minimal", true);
+  const int failed = ctx.run();
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}
