@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Umbrella header: the core (layouts, partitions, plans, the host executor, redistribute,
-///        the in-process group, the host pipeline): everything that needs no CUDA and no MPI.
+///        the in-process group, the host pipeline), the decode exchange and the Ulysses x Ring
+///        primitives: everything that needs no CUDA and no MPI.
 ///
-/// Included separately: `comm/mpi.hpp` (needs <mpi.h>), the `.cuh` headers (need nvcc), the
+/// Included separately: `comm/mpi.hpp` and `ring/mpi_mesh.hpp` (need <mpi.h>), the `.cuh` headers (need nvcc), the
 /// cost model and its clients (`tune/cost.hpp`, `tune/fit.hpp`, `tune/advise.hpp`) and the libtorch
 /// client (`torch/torch.hpp`).
 #pragma once
@@ -24,3 +25,15 @@
 #include "redistribute.hpp"
 #include "comm/local.hpp"
 #include "host/pipeline.hpp"
+// Decode: the exchange of partial attention outputs merged by their LSE (decode/, merge/).
+#include "merge/lse.hpp"
+#include "decode/plan.hpp"
+#include "decode/host.hpp"
+#include "decode/exchange.hpp"
+// Ulysses x Ring: the 2-D sequence partition, the ring schedule, rotation and merge (ring/).
+#include "ring/partition.hpp"
+#include "ring/schedule.hpp"
+#include "ring/merge.hpp"
+#include "ring/mesh.hpp"
+#include "ring/rotation.hpp"
+#include "ring/agreement.hpp"
