@@ -123,6 +123,8 @@ using QkvGradOut = QkvGrad<ByteSpan>;       ///< seq_to_head_backward()'s seq-sh
 /// D|Dv] → head-sharded [B, S, H_r|Hkv_r, D|Dv], in one exchange; what seq_to_head(plan, comm,
 /// exec, {q, k, v}, {q2, k2, v2}, ws) does, with k and v named instead of placed.
 /// @param plan the q, k, v plan (attention_specs(...).qkv(): tensor 0 q, 1 k, 2 v)
+/// @param comm this rank's communicator (the plan's group); every rank calls it
+/// @param exec the executor of the block copies (HostExecutor, CudaExecutor on comm's stream)
 /// @param in   `QkvIn().q(q).k(k).v(v)`: sizes at least Plan::seq_bytes(0), (1), (2)
 /// @param out  `QkvOut().q(q2).k(k2).v(v2)`: sizes at least Plan::head_bytes(0), (1), (2)
 /// @param ws   at least Plan::workspace_bytes() bytes
@@ -141,6 +143,8 @@ void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const QkvIn& in, cons
 /// partial gradients of a kv head held by several ranks are added in ascending rank order; what
 /// seq_to_head_backward(plan, comm, exec, {dq2, dk2, dv2}, {dq, dk, dv}, ws) does, by name.
 /// @param plan      the q, k, v plan of the forward (Replicas::sum, attention_specs()'s default)
+/// @param comm      this rank's communicator (the plan's group); every rank calls it
+/// @param exec      the executor of the block copies (HostExecutor, CudaExecutor on comm's stream)
 /// @param grad_head `QkvGradIn().dq(dq2).dk(dk2).dv(dv2)`: sizes at least Plan::head_bytes(t)
 /// @param grad_seq  `QkvGradOut().dq(dq).dk(dk).dv(dv)`: sizes at least Plan::seq_bytes(t)
 /// @param ws        at least Plan::workspace_bytes() bytes
