@@ -13,22 +13,28 @@
 #                                      summary.txt (each step: exit status and seconds),
 #                                      nvidia-smi.txt, test_cuda_copy.log, test_comm_nccl.log,
 #                                      demo.log, demo_backward.log, bench.log + bench_cuda.json,
+#                                      perf_cuda_local.log + .json (ulysses_perf --backend
+#                                      cuda-local: 4 virtual ranks, forward and backward, -c 1),
+#                                      perf_nccl.log + .json (--backend nccl: one process, P = 1,
+#                                      as the build has no MPI and the machine one GPU),
 #                                      ds_baseline.log + ds_baseline.json (DeepSpeed's op sequence
 #                                      with the machine's PyTorch, bench/ds_baseline.py).
 #                                      Without a CUDA device it stops at once: "no CUDA device",
 #                                      exit 3. If the carried binaries cannot load (other system
-#                                      libraries there), it rebuilds the tests and the demo there
-#                                      (nvcc, CMake, ninja, the carried doctest; no benchmarks).
+#                                      libraries there), it rebuilds the tests, the demo and
+#                                      ulysses_perf there (nvcc, CMake, ninja, the carried doctest;
+#                                      no Google Benchmark, so no bench_cuda).
 #
 # Budget of the run half on one H200: about 2-3 minutes (tests ~1 min, demo ~20 s, benchmarks
-# ~1 min, PyTorch baseline ~20 s), well under 5, so that a rerun fits in 15 minutes of device time.
+# ~1 min, ulysses_perf ~30 s at small sizes, PyTorch baseline ~20 s), under 5, so that a rerun
+# fits in 15 minutes of device time.
 # NCCL: the binaries need libnccl.so.2, which the GPU machine has in PyTorch's wheel
 # (nvidia/nccl/lib); the run half finds it (or NCCL_LIB_DIR). Exit status of the run half: the
 # number of failed steps (0: all passed), 3 without a device, 4 when DIR is incomplete.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$here/.." && pwd)
-BINARIES=(test_cuda_copy test_comm_nccl ulysses_attention bench_cuda)
+BINARIES=(test_cuda_copy test_comm_nccl ulysses_attention bench_cuda ulysses_perf)
 
 usage() {
   echo "usage: $0 build DIR | $0 run DIR OUT" >&2
@@ -112,15 +118,15 @@ run_half() {
     exit 3
   fi
   if [ $rc -ne 0 ] && grep -qE "error while loading shared libraries|not found|GLIBC" "$out/probe.log"; then
-    note "the carried binaries cannot load here ($(head -n 1 "$out/probe.log")); rebuilding the tests and the demo here"
+    note "the carried binaries cannot load here ($(head -n 1 "$out/probe.log")); rebuilding the tests, the demo and ulysses_perf here"
     local build=$out/build
     cmake -S "$SRC" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DULYSSES_ENABLE_MPI=OFF \
-      -DULYSSES_BUILD_BENCHMARKS=OFF -Ddoctest_DIR="$dir/doctest/cmake" \
+      -DULYSSES_BUILD_BENCHMARKS=ON -Ddoctest_DIR="$dir/doctest/cmake" \
       ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")} >"$out/rebuild.log" 2>&1 &&
-      cmake --build "$build" -j 16 --target test_cuda_copy test_comm_nccl ulysses_attention >>"$out/rebuild.log" 2>&1 ||
+      cmake --build "$build" -j 16 --target test_cuda_copy test_comm_nccl ulysses_attention ulysses_perf >>"$out/rebuild.log" 2>&1 ||
       { note "rebuild failed: see rebuild.log"; tail -n 20 "$out/rebuild.log"; exit 4; }
     bin=$out/bin && mkdir -p "$bin"
-    for b in test_cuda_copy test_comm_nccl ulysses_attention; do
+    for b in test_cuda_copy test_comm_nccl ulysses_attention ulysses_perf; do
       cp "$(find "$build" -type f -name "$b" -perm -u+x | head -n 1)" "$bin/" 2>/dev/null || note "$b: not rebuilt"
     done
   fi
@@ -145,8 +151,14 @@ run_half() {
   step demo_backward 60 demo_backward.log "$bin/ulysses_attention" --device cuda --backward
   step bench_cuda 150 bench.log "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json \
     --benchmark_min_time=0.05
+  # ulysses_perf on the device backends, small sizes, checked bit for bit (the oracle on the host).
+  local perf=(--model llama-3.1-8b -b 1024 -e 4096 -f 2 -n 10 -w 2 -c 1 --backward)
+  step perf_cuda_local 90 perf_cuda_local.log "$bin/ulysses_perf" --backend cuda-local --ranks 4 "${perf[@]}" \
+    --json "$out/perf_cuda_local.json"
+  step perf_nccl 60 perf_nccl.log "$bin/ulysses_perf" --backend nccl "${perf[@]}" --json "$out/perf_nccl.json"
   step ds_baseline 90 ds_baseline.log python3 "$here/ds_baseline.py" --out "$out/ds_baseline.json"
   grep -hE "^(pack|unpack|seq_to_head|pipeline|summed|path)" "$out/bench.log" >>"$out/summary.txt" 2>/dev/null
+  for f in perf_cuda_local perf_nccl; do grep -hE "^ +[0-9]|wrong elements" "$out/$f.log" | sed "s/^/$f: /" >>"$out/summary.txt" 2>/dev/null; done
   cat "$out/ds_baseline.log" >>"$out/summary.txt" 2>/dev/null
   note "gpu_check: $failed step(s) failed; logs in $out"
   exit "$failed"

@@ -9,20 +9,30 @@
 //   ulysses_perf --backend local --ranks 4 --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
 //   mpiexec -n 4 ulysses_perf --backend mpi --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
 //   mpiexec -n 8 ulysses_perf --backend mpi --ranks-per-node 4 ...   (simulated nodes: two-level)
+//   mpiexec -n 8 ulysses_perf --backend nccl ...        (one process per GPU; device memory, CUDA events)
+//   ulysses_perf --backend cuda-local --ranks 4 ...     (4 virtual ranks on one GPU, DeviceLocalGroup)
 //
+// The device backends (perf_device.hpp / .cu, built where CUDA is) run the same sweep, flags,
+// columns, JSON and -c 1 oracle (checked on the host from the copied-back outputs); without a CUDA
+// device they refuse to start (exit 3).
 // The α-β model of cost.hpp (perf_model.hpp): --fit PARAMS.json RUN.json... calibrates it from
 // this tool's --json files, --check PARAMS.json RUN.json... reports its error, and
 // --advise --model NAME --seq S --world N --ranks-per-node R lists the Ulysses degrees.
 //
 // The exchanges: --direction seq_to_head is q, k, v in one exchange (the plan of
-// attention_specs().qkv()); head_to_seq is the attention output o. With --backward, each is the
-// backward of that forward exchange (seq_to_head_backward: head->seq of dq, dk, dv, summing the
-// partial gradients of replicated kv heads; head_to_seq_backward: seq->head of do). Bytes per rank
-// are this rank's input tensor bytes (its own chunk included, as nccl-tests counts an
-// all-to-all's size), the largest over ranks for uneven splits.
+// attention_specs().qkv()); head_to_seq is the attention output o. --backward adds the backward
+// pass to the forward, as the demo's --backward does: head_to_seq_backward (seq->head of do) and
+// seq_to_head_backward (head->seq of dq, dk, dv, summing the partial gradients of replicated kv
+// heads). Bytes per rank are this rank's input tensor bytes (its own chunk included, as nccl-tests
+// counts an all-to-all's size), the largest over ranks for uneven splits; the demo counts them so.
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_PERF_MPI
 #include <ulysses/comm/mpi.hpp>
+
+#include "mpi_node.hpp"
+#endif
+#if ULYSSES_PERF_CUDA
+#include "perf_device.hpp"  // the device backends (perf_device.cu)
 #endif
 
 #include <algorithm>
@@ -219,11 +229,107 @@ auto with_storage(ElementType type, F&& f) {
   }
 }
 
+/// One exchange of a layer the sweep times: on the q, k, v plan or on o's, in `dir`, named as the
+/// rows and the JSON name it.
+struct Step {
+  bool qkv;
+  Direction dir;
+  const char* name;
+};
+
+/// The exchanges of a layer the options ask for, in the order a training step runs them: the
+/// forward's (seq_to_head of q, k, v; head_to_seq of o), then with --backward the backward's
+/// (head_to_seq_backward of do: seq->head; seq_to_head_backward of dq, dk, dv: head->seq, summing
+/// the partial gradients of replicated kv heads). --direction keeps one plan's.
+std::vector<Step> steps(const Options& o) {
+  std::vector<Step> s;
+  if (o.seq_to_head) s.push_back({true, Direction::seq_to_head, "seq_to_head"});
+  if (o.head_to_seq) s.push_back({false, Direction::head_to_seq, "head_to_seq"});
+  if (o.backward && o.head_to_seq) s.push_back({false, backward_of(Direction::head_to_seq), "head_to_seq_backward"});
+  if (o.backward && o.seq_to_head) s.push_back({true, backward_of(Direction::seq_to_head), "seq_to_head_backward"});
+  return s;
+}
+
+/// How the host backends (local, mpi) run an exchange: redistribute() with a HostExecutor on the
+/// host buffers of the Exchange; wall-clock time between barriers (time_us()); the bare
+/// all-to-all-v of the same bytes on the same communicator.
 template <class Comm>
-std::vector<Row> run(Comm& comm, const Options& o) {
+class HostRunner {
+ public:
+  explicit HostRunner(Comm& comm) : comm_(comm) {}
+  Comm& group() { return comm_; }  ///< the host collectives (barrier, max and sum over ranks)
+  std::string path(const Plan& plan) const { return to_string(choose_path<Comm, HostExecutor>(plan)); }
+  void load(Exchange& x) {
+    x_ = &x;
+    in_ = x.ins();
+    out_ = x.outs();
+  }
+  void once() { redistribute(x_->plan, x_->dir, comm_, exec_, in_, out_, x_->ws); }
+  void fetch() {}  // the outputs are the Exchange's
+  double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
+  double bare_us(std::size_t bytes, const Options& o) {
+    ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous
+    return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
+  }
+  void unload() noexcept {}
+
+ private:
+  Comm& comm_;
+  HostExecutor exec_;
+  Exchange* x_ = nullptr;
+  TensorList<ConstByteSpan> in_;
+  TensorList<ByteSpan> out_;
+};
+
+#if ULYSSES_PERF_CUDA
+/// How the device backends (nccl, cuda-local) run an exchange: perf_device::Rank (the host
+/// inputs copied to device buffers, redistribute() with a CudaExecutor on the rank's stream, the
+/// outputs copied back for the oracle); CUDA events on that stream, the slowest rank's, the
+/// fastest of --reps blocks (each after a stream sync and a barrier); the bare all-to-all-v of
+/// the same bytes on the same communicator.
+class DeviceRunner {
+ public:
+  explicit DeviceRunner(perf_device::Rank& dev) : dev_(dev) {}
+  perf_device::Rank& group() { return dev_; }
+  std::string path(const Plan& plan) const { return dev_.path(plan); }
+  void load(Exchange& x) {
+    x_ = &x;
+    dev_.load(x.plan, x.dir, x.ins());
+  }
+  void once() { dev_.run(perf_device::Op::exchange, 1); }
+  void fetch() { dev_.fetch(x_->outs()); }
+  double exchange_us(const Options& o) { return timed(perf_device::Op::exchange, o); }
+  double bare_us(std::size_t bytes, const Options& o) {
+    dev_.load_bare(bytes);
+    return timed(perf_device::Op::bare, o);
+  }
+  void unload() noexcept { dev_.unload(); }
+
+ private:
+  double timed(perf_device::Op op, const Options& o) {
+    dev_.run(op, o.warmup);
+    double best = 0;
+    for (int k = 0; k < o.reps; ++k) {
+      dev_.sync();
+      barrier(dev_);
+      const double us = max_over_ranks(dev_, dev_.time_us(op, o.iters));
+      best = k == 0 ? us : std::min(best, us);
+    }
+    return best;
+  }
+  perf_device::Rank& dev_;
+  Exchange* x_ = nullptr;
+};
+#endif
+
+/// The sweep on one rank of `runner`'s group (HostRunner or DeviceRunner): per S, per step(), the
+/// plan, its buffers filled from the oracle, with -c 1 one checked run, then the timed runs and
+/// the bare all-to-all-v. Collective. @returns the rows (every rank's same ones).
+template <class Runner>
+std::vector<Row> run(Runner& runner, const Options& o) {
+  auto& comm = runner.group();
   const int P = comm.size(), r = comm.rank();
   std::vector<Row> rows;
-  HostExecutor exec;
   PlanOptions po;
   po.path = o.path;
   if (o.ranks_per_node > 0) po.nodes = NodeLayout::uniform(P, o.ranks_per_node);
@@ -232,12 +338,8 @@ std::vector<Row> run(Comm& comm, const Options& o) {
   const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
   for (std::int64_t S = o.begin; S <= o.end;) {
     const SeqPartition seq = SeqPartition::balanced(S, P);
-    for (int which = 0; which < 2; ++which) {
-      if ((which == 0 && !o.seq_to_head) || (which == 1 && !o.head_to_seq)) continue;
-      // forward seq->head: qkv, seq->head; forward head->seq: o, head->seq; --backward: the adjoints.
-      const bool qkv = which == 0;
-      const Direction forward = qkv ? Direction::seq_to_head : Direction::head_to_seq;
-      Exchange x{Plan({P, r}, o.batch, seq, qkv ? a.qkv() : a.out(), o.layout, po), o.backward ? backward_of(forward) : forward, {}, {}, {}, 0};
+    for (const Step& step : steps(o)) {
+      Exchange x{Plan({P, r}, o.batch, seq, step.qkv ? a.qkv() : a.out(), o.layout, po), step.dir, {}, {}, {}, 0};
       if (o.max_rank_bytes > 0) {  // the same verdict on every rank: the largest input over ranks
         double in = 0;
         for (int t = 0; t < x.plan.num_tensors(); ++t) in += static_cast<double>(x.plan.input_bytes(x.dir, t));
@@ -246,32 +348,30 @@ std::vector<Row> run(Comm& comm, const Options& o) {
           continue;
         }
       }
-      const bool s2h = x.dir == Direction::seq_to_head;
       for (int t = 0; t < x.plan.num_tensors(); ++t) {
-        const std::size_t ib = s2h ? x.plan.seq_bytes(t) : x.plan.head_bytes(t), ob = s2h ? x.plan.head_bytes(t) : x.plan.seq_bytes(t);
-        x.in.emplace_back(ib);
-        x.out.emplace_back(ob);
-        x.in_bytes += ib;
+        x.in.emplace_back(x.plan.input_bytes(x.dir, t));
+        x.out.emplace_back(x.plan.output_bytes(x.dir, t));
+        x.in_bytes += x.plan.input_bytes(x.dir, t);
       }
       x.ws.resize(x.plan.workspace_bytes());
       fill_inputs(x, seq, r);
-      const TensorList<ConstByteSpan> in = x.ins();
-      const TensorList<ByteSpan> out = x.outs();
-      auto once = [&] { redistribute(x.plan, x.dir, comm, exec, in, out, x.ws); };
+      runner.load(x);
+      struct Unload {
+        Runner& r;
+        ~Unload() { r.unload(); }
+      } unload{runner};  // before x (whose plan a device executor holds) goes
       Row row;
       row.S = S;
-      row.direction = std::string(qkv ? "seq_to_head" : "head_to_seq") + (o.backward ? "_backward" : "");
-      row.path = to_string(choose_path<Comm, HostExecutor>(x.plan));
+      row.direction = step.name;
+      row.path = runner.path(x.plan);
       row.bytes = max_over_ranks(comm, static_cast<double>(x.in_bytes));
       if (o.check) {
-        once();
+        runner.once();
+        runner.fetch();
         row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
       }
-      row.us = time_us(comm, o.warmup, o.iters, o.reps, once);
-      if (o.bare) {
-        ulysses_group::BareAlltoall bare(P, static_cast<std::size_t>(row.bytes));  // the same bytes, contiguous
-        row.bare_us = time_us(comm, o.warmup, o.iters, o.reps, [&] { bare.run(comm); });
-      }
+      row.us = runner.exchange_us(o);
+      if (o.bare) row.bare_us = runner.bare_us(static_cast<std::size_t>(row.bytes), o);
       rows.push_back(row);
     }
     // The next size (stop at the end, at one size when neither grows, and before an overflow).
@@ -295,8 +395,22 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-/// Prints the table (and writes --json). @returns false when the JSON file cannot be written.
-bool print(const Options& o, int P, const std::vector<Row>& rows) {
+/// What the time and bare columns measure on `backend`, for the table's header.
+struct Measures {
+  const char* time;
+  const char* bare;
+};
+Measures measures(const std::string& backend) {
+  if (backend == "nccl")
+    return {"CUDA events on each rank's stream", "NcclComm's all-to-all-v (grouped ncclSend/ncclRecv, as nccl-tests' alltoall_perf) of the same bytes between contiguous device buffers, same communicator and stream"};
+  if (backend == "cuda-local")
+    return {"CUDA events on each rank's stream", "DeviceLocalGroup's all-to-all-v (one cudaMemcpyAsync a chunk) of the same bytes between contiguous device buffers, same group and streams"};
+  return {"wall clock between two barriers", "the all-to-all-v of the same bytes between contiguous buffers on the same communicator"};
+}
+
+/// Prints the table (and writes --json); `device` names the GPU of the device backends ("" for
+/// the host ones). @returns false when the JSON file cannot be written.
+bool print(const Options& o, int P, const std::vector<Row>& rows, const std::string& device = "") {
   std::printf("# ulysses_perf: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s%s\n",
               o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
@@ -305,8 +419,11 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
   if (o.ranks_per_node > 0)
     std::printf("# simulated nodes of %d ranks %s, lanes %d (the two-level exchange where the path column says two_level)\n",
                 o.ranks_per_node, NodeLayout::uniform(P, o.ranks_per_node).str().c_str(), o.lanes);
-  std::printf("# bytes: a rank's input tensors (own chunk included); algbw = bytes/time; busbw = algbw*(P-1)/P; bare: the\n"
-              "# all-to-all-v of the same bytes between contiguous buffers on the same communicator; ratio = time/bare\n");
+  if (!device.empty()) std::printf("# device: %s, buffers in device memory, the oracle's check on the host from copied-back outputs\n", device.c_str());
+  const Measures m = measures(o.backend);
+  std::printf("# bytes: a rank's input tensors (own chunk included, as nccl-tests counts an all-to-all; the largest rank's)\n"
+              "# algbw = bytes/time; busbw = algbw*(P-1)/P; ratio = time/bare; time: %s, the slowest rank's\n# bare: %s\n",
+              m.time, m.bare);
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "S", "bytes", "direction", "path", "time(us)", "algbw",
               "busbw", "#wrong", "bare(us)", "algbw", "ratio");
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
@@ -332,7 +449,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
                static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim));
   std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
                to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
-  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d,\n", o.balanced ? "true" : "false", o.ranks_per_node, o.reps);
+  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\",\n", o.balanced ? "true" : "false",
+               o.ranks_per_node, o.reps, json_escape(device).c_str());
   std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
@@ -349,7 +467,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--backend local|mpi] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
+      "usage: ulysses_perf [--backend local|mpi|nccl|cuda-local] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
@@ -361,9 +479,14 @@ bool print(const Options& o, int P, const std::vector<Row>& rows) {
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
-      "alltoall_perf next to the bare all-to-all-v of the same bytes. -c 1 checks every output element\n"
-      "bit for bit against an oracle (#wrong). --backward times the adjoints (seq_to_head_backward sums\n"
-      "the partial gradients of replicated kv heads). --backend mpi: run under mpiexec -n P.\n"
+      "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
+      "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong).\n"
+      "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
+      "and seq_to_head_backward of dq, dk, dv (which sums the partial gradients of replicated kv heads).\n"
+      "Backends: local (P threads, host memory), mpi (run under mpiexec -n P), nccl (one process per GPU, under\n"
+      "mpiexec -n P when built with MPI, which passes the NCCL unique id; P=1 without), cuda-local (P virtual ranks on\n"
+      "one GPU, DeviceLocalGroup); the device backends time with CUDA events and check on the host. Without a CUDA\n"
+      "device they refuse to start (exit 3).\n"
       "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n"
       "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
       "two-level exchange (intra-node gather, one message per node pair, intra-node delivery) under MPI; in-process\n"
@@ -458,8 +581,8 @@ Options parse(int argc, char** argv) {
     }
   }
   if (custom) o.model = "custom";
-  if (o.backend != "local" && o.backend != "mpi") {
-    std::fprintf(stderr, "--backend must be local or mpi (this build's host backends), not '%s'\n", o.backend.c_str());
+  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local") {
+    std::fprintf(stderr, "--backend must be local, mpi, nccl or cuda-local, not '%s'\n", o.backend.c_str());
     std::exit(2);
   }
   if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
@@ -479,13 +602,110 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+/// The exit status of a sweep: 1 when some element was wrong, else 0.
+int status_of(const std::vector<Row>& rows) {
+  for (const Row& w : rows)
+    if (w.wrong > 0) return 1;
+  return 0;
+}
+
+/// Whether an MPI launcher started this process (Open MPI, MPICH / PMI).
+bool under_mpiexec() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE"); }
+
+#if ULYSSES_PERF_CUDA
+/// --backend cuda-local: --ranks P virtual ranks on the current GPU (DeviceLocalGroup).
+/// @returns the exit status: 3 without a CUDA device (nothing run), 2 when --json cannot be
+///          written, 1 when an element was wrong, else 0.
+int run_cuda_local(const Options& o) {
+  const std::string why = perf_device::unavailable();
+  if (!why.empty()) {
+    std::fprintf(stderr, "ulysses_perf: --backend cuda-local needs a CUDA device and finds none (%s); nothing run\n", why.c_str());
+    return 3;
+  }
+  std::vector<Row> rows;
+  perf_device::spawn_local(o.ranks, [&](perf_device::Rank& dev) {
+    DeviceRunner runner(dev);
+    std::vector<Row> mine = run(runner, o);
+    if (dev.rank() == 0) rows = std::move(mine);
+  });
+  if (!print(o, o.ranks, rows, perf_device::device_name(0) + ", " + std::to_string(o.ranks) + " virtual ranks")) return 2;
+  return status_of(rows);
+}
+
+/// --backend nccl: one process per GPU. Built with MPI: the processes of mpiexec, each on the GPU
+/// of its node-local rank, rank 0's NCCL unique id broadcast over MPI_COMM_WORLD; without MPI, one
+/// process (P = 1). MPI is initialised and finalised here (an error thrown out of the sweep goes
+/// to main(), which aborts the job).
+/// @returns the exit status, the same on every process: 3 when some process sees no CUDA device
+///          (nothing run), 2 for a build without NCCL, a --ranks that is not P, more processes
+///          on a node than GPUs, or a --json that cannot be written; 1 when an element was wrong.
+int run_nccl(int& argc, char**& argv, const Options& o) {
+  int rank = 0, P = 1, local = 0, local_size = 1;
+#if ULYSSES_PERF_MPI
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const ulysses_mpi::NodeRank node = ulysses_mpi::node_rank(MPI_COMM_WORLD);
+  local = node.rank, local_size = node.size;
+#else
+  (void)argc, (void)argv;
+  if (under_mpiexec()) {
+    std::fprintf(stderr, "ulysses_perf: --backend nccl under mpiexec needs a build with MPI (to pass the NCCL unique id); "
+                         "this one runs one process, P = 1\n");
+    return 2;
+  }
+#endif
+  const std::string why = perf_device::unavailable();
+  int devices = why.empty() ? perf_device::device_count() : 0, fewest = devices;
+#if ULYSSES_PERF_MPI
+  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+#endif
+  int rc = 0;
+  if (!perf_device::has_nccl()) {
+    if (rank == 0) std::fprintf(stderr, "ulysses_perf: --backend nccl: this build has no NCCL (set NCCL_ROOT and reconfigure)\n");
+    rc = 2;
+  } else if (o.ranks_given && o.ranks != P) {
+#if ULYSSES_PERF_MPI
+    const char* how = ", started by mpiexec -n P";
+#else
+    const char* how = "; this build has no MPI: P = 1";
+#endif
+    if (rank == 0) std::fprintf(stderr, "ulysses_perf: --ranks %d but %d processes (--backend nccl runs one process per GPU%s)\n", o.ranks, P, how);
+    rc = 2;
+  } else if (fewest == 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "ulysses_perf: --backend nccl needs a CUDA device for every process and finds none (%s); nothing run\n",
+                   why.empty() ? "on some other process" : why.c_str());
+    rc = 3;
+  } else if (local_size > devices) {
+    if (rank == 0) std::fprintf(stderr, "ulysses_perf: %d processes on a node with %d GPUs; --backend nccl runs one process per GPU\n", local_size, devices);
+    rc = 2;
+  } else {
+    std::vector<char> id = rank == 0 ? perf_device::nccl_unique_id() : std::vector<char>(perf_device::kNcclUniqueIdBytes);
+#if ULYSSES_PERF_MPI
+    MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+    perf_device::with_nccl(rank, P, local, id, [&](perf_device::Rank& dev) {
+      DeviceRunner runner(dev);
+      const std::vector<Row> rows = run(runner, o);
+      if (rank == 0 && !print(o, P, rows, perf_device::device_name(local) + " per process")) rc = 2;
+      rc |= status_of(rows);
+    });
+  }
+#if ULYSSES_PERF_MPI
+  MPI_Finalize();
+#endif
+  return rc;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  if (o.mode == "sweep" && o.backend == "local" && (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")))
-    std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend local: each process runs its own in-process group; "
-                         "give --backend mpi for one group over the MPI processes\n");
+  if (o.mode == "sweep" && (o.backend == "local" || o.backend == "cuda-local") && under_mpiexec())
+    std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend %s: each process runs its own in-process group; "
+                         "give --backend mpi (or nccl) for one group over the MPI processes\n", o.backend.c_str());
   try {
     if (o.mode == "advise") {
       CostModel m = CostModel::nvlink_infiniband();
@@ -516,9 +736,10 @@ int main(int argc, char** argv) {
           if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
           rc = 2;
         } else {
-          const std::vector<Row> rows = run(comm, o);
+          HostRunner<MpiComm> runner(comm);
+          const std::vector<Row> rows = run(runner, o);
           if (comm.rank() == 0 && !print(o, comm.size(), rows)) rc = 2;
-          for (const Row& w : rows) rc |= w.wrong > 0;
+          rc |= status_of(rows);
         }
       }
       MPI_Finalize();
@@ -528,16 +749,24 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
+    if (o.backend == "nccl" || o.backend == "cuda-local") {
+#if ULYSSES_PERF_CUDA
+      return o.backend == "nccl" ? run_nccl(argc, argv, o) : run_cuda_local(o);
+#else
+      std::fprintf(stderr, "ulysses_perf: --backend %s: this build has no CUDA (install the CUDA toolkit%s and reconfigure)\n",
+                   o.backend.c_str(), o.backend == "nccl" ? " and NCCL" : "");
+      return 2;
+#endif
+    }
     LocalGroup group(o.ranks);
     std::vector<Row> rows;
     group.spawn([&](LocalGroup::Comm& comm) {
-      std::vector<Row> mine = run(comm, o);
+      HostRunner<LocalGroup::Comm> runner(comm);
+      std::vector<Row> mine = run(runner, o);
       if (comm.rank() == 0) rows = std::move(mine);
     });
     if (!print(o, o.ranks, rows)) return 2;
-    for (const Row& w : rows)
-      if (w.wrong > 0) return 1;
-    return 0;
+    return status_of(rows);
   } catch (const std::exception& e) {  // ulysses::Error, and std::bad_alloc for sizes this machine cannot hold
     std::fprintf(stderr, "ulysses_perf: %s\n", e.what());
 #if ULYSSES_PERF_MPI

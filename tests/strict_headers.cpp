@@ -68,7 +68,7 @@ long round_trip(LocalGroup::Comm& comm, Path path, int stages, bool pipelined) {
     pipeline.redistribute(plan, Direction::head_to_seq, comm, exec, unpack_exec, {head[0], head[1], head[2]},
                  {back[0], back[1], back[2]}, ws);
   } else {
-    seq_to_head(plan, comm, exec, {seq[0], seq[1], seq[2]}, {head[0], head[1], head[2]}, ws);
+    seq_to_head(plan, comm, exec, QkvIn().q(seq[0]).k(seq[1]).v(seq[2]), QkvOut().q(head[0]).k(head[1]).v(head[2]), ws);  // by name
     head_to_seq(plan, comm, exec, {head[0], head[1], head[2]}, {back[0], back[1], back[2]}, ws);
   }
   long wrong = 0;
@@ -103,6 +103,9 @@ template void ulysses::head_to_seq_backward<ulysses::MpiComm, ulysses::HostExecu
 template void ulysses::check_agreement<ulysses::MpiComm>(const Plan&, MpiComm&);
 static_assert(ulysses::PathSupport<ulysses::MpiComm, ulysses::HostExecutor>::messages, "MpiComm has exchange_messages");
 #endif
+// The backward of q, k, v by name (attention_call.hpp), instantiated under the same flags.
+template void ulysses::seq_to_head_backward<ulysses::LocalGroup::Comm, ulysses::HostExecutor>(
+    const Plan&, LocalGroup::Comm&, HostExecutor&, const QkvGradIn&, const QkvGradOut&, Workspace);
 
 int main() {
   std::atomic<long> wrong{0};

@@ -237,7 +237,7 @@ TEST_CASE_FIXTURE(Fixture, "argument errors are raised before the exchange, with
   CHECK(code_of([&] { seq_to_head(plan, comm, ex, ConstByteSpan{nullptr, 0}, out, w); }) == Errc::buffer_too_small);
 }
 
-TEST_CASE("q, k, v carved from one arena and passed in the wrong order: buffer_too_small naming the tensor") {
+TEST_CASE("q, k, v carved from one arena and passed in the wrong order (q and k of different sizes): buffer_too_small naming the tensor") {
   // GQA H=4, Hkv=2, P=2, B=1, S=4, D=4 float: q needs 128 bytes a rank, k and v 64. A user who
   // passes {k, q, v} gives tensor 0 (q) the 64 bytes of k: refused before anything moves.
   LocalGroup g(2);

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "mpi_node.hpp"
+
 using namespace ulysses;
 
 namespace {
@@ -168,14 +170,11 @@ int run(const Config& c, int rank, int P, int local_rank) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const Config c = parse(argc, argv);
-  int rank = 0, P = 1, local_rank = 0, local_size = 1, ndev = 0;
+  int rank = 0, P = 1, ndev = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
+  const ulysses_mpi::NodeRank node = ulysses_mpi::node_rank(MPI_COMM_WORLD);
+  const int local_rank = node.rank, local_size = node.size;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
   int fewest = ndev;  // every process must see a GPU of its own
   MPI_Allreduce(&ndev, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

@@ -35,6 +35,9 @@ std::string device_name() {
 
 int Rank::size() const { return impl_->comm->size(); }
 int Rank::rank() const { return impl_->comm->rank(); }
+ulysses::Path Rank::path(const ulysses::Plan& plan) const {
+  return ulysses::choose_path<ulysses::DeviceLocalGroup::Comm, ulysses::CudaExecutor>(plan);
+}
 
 void Rank::redistribute(const ulysses::Plan& plan, ulysses::Direction dir, const ulysses::TensorList<ulysses::ConstByteSpan>& in,
                         const ulysses::TensorList<ulysses::ByteSpan>& out, double ms[3]) {

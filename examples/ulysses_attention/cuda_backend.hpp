@@ -26,6 +26,8 @@ class Rank {
   explicit Rank(Impl* impl) : impl_(impl) {}
   int size() const;  ///< P
   int rank() const;  ///< this rank
+  /// The path redistribute() takes for `plan` (choose_path of DeviceLocalGroup::Comm and CudaExecutor).
+  ulysses::Path path(const ulysses::Plan& plan) const;
 
   /// Copies the host tensors `in` (the plan's input layouts) to the device, runs pack →
   /// exchange → unpack there, and copies the outputs back into the host tensors `out`.

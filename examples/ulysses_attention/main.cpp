@@ -128,65 +128,72 @@ double group_median_ms(Comm& comm, int warmup, int repeat, F&& fn) {
   return t.empty() ? 0 : t[t.size() / 2];
 }
 
-/// Times exchange i (redistribute() of `plan` in `dir`, the path it chooses) and the bare
-/// all-to-all-v of the same bytes between contiguous buffers (P equal chunks of the input bytes of
-/// the rank with the most, its own chunk included, as MPI_Alltoall and nccl-tests count them) into res.ms[i],
-/// res.bare_ms[i], res.bytes[i]. Collective.
-template <class Comm>
-void time_exchange(int i, const Config& c, const Plan& plan, Direction dir, Comm& comm, const TensorList<ConstByteSpan>& in,
-                   const TensorList<ByteSpan>& out, std::vector<std::byte>& ws, Result& res) {
-  HostExecutor exec;
+/// A rank's bytes of one exchange as the demo and ulysses_perf count them: its input tensors of
+/// `plan` in direction `dir`, its own chunk included (as nccl-tests counts an all-to-all).
+std::size_t input_bytes(const Plan& plan, Direction dir) {
   std::size_t bytes = 0;
-  for (int t = 0; t < plan.num_tensors(); ++t) bytes += dir == Direction::seq_to_head ? plan.seq_bytes(t) : plan.head_bytes(t);
+  for (int t = 0; t < plan.num_tensors(); ++t) bytes += plan.input_bytes(dir, t);
+  return bytes;
+}
+
+/// Times exchange i (`exchange()`, one call of the library) and the bare all-to-all-v of the same
+/// bytes between contiguous buffers (P equal chunks of the input bytes of the rank with the most,
+/// its own chunk included, as MPI_Alltoall and nccl-tests count them) into res.ms[i],
+/// res.bare_ms[i], res.bytes[i] (`bytes`: this rank's input_bytes()). Collective.
+template <class Comm, class F>
+void time_exchange(int i, const Config& c, Comm& comm, std::size_t bytes, F&& exchange, Result& res) {
   res.bytes[i] = static_cast<double>(bytes);
-  res.ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] { redistribute(plan, dir, comm, exec, in, out, ws); });
+  res.ms[i] = group_median_ms(comm, c.warmup, c.repeat, exchange);
   // The same counts on every rank (a rank's bytes differ under uneven splits): the largest.
   ulysses_group::BareAlltoall bare(comm.size(), ulysses_group::max_over_ranks(comm, bytes));
   res.bare_ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] { bare.run(comm); });
 }
 
-/// Runs the stages redistribute() runs on the path it takes (choose_path), with per-phase timing:
-/// in-process, the direct path (each rank copies from its peers' inputs into its outputs: timed
-/// as the exchange); under MPI, one message per (peer, tensor), in place where contiguous
-/// (pack_pieces → exchange_pieces → unpack_pieces); otherwise pack → exchange → unpack.
+/// The exchanges of one layer on a host communicator: the library's calls (q, k, v and their
+/// gradients by name, <ulysses/attention_call.hpp>) with a host executor; `inverse` is head->seq
+/// of a plan of any tensors (the owner's-copy comparison of --backward). phase_ms stays 0: the
+/// host runs are timed whole (time_exchange()).
 template <class Comm>
-void timed_redistribute(const Plan& plan, Direction dir, Comm& comm, const TensorList<ConstByteSpan>& in,
-                        const TensorList<ByteSpan>& out, std::vector<std::byte>& ws, Result& res) {
-  HostExecutor exec;
-  const Path path = choose_path<Comm, HostExecutor>(plan);
-  res.path = path;
-  if constexpr (PathSupport<Comm, HostExecutor>::direct) {
-    if (path == Path::direct) {
-      const auto t0 = Clock::now();
-      redistribute(plan, dir, comm, exec, in, out, ws);
-      res.exchange_ms += ms_since(t0);
-      return;
-    }
+struct Exchanges {
+  Comm& comm;
+  HostExecutor exec{};
+  double phase_ms[3] = {0, 0, 0};
+  Path path(const Plan& p) const { return choose_path<Comm, HostExecutor>(p); }
+  void seq_to_head(const Plan& p, const QkvIn& in, const QkvOut& out, Workspace ws) { ulysses::seq_to_head(p, comm, exec, in, out, ws); }
+  void head_to_seq(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace ws) { ulysses::head_to_seq(p, comm, exec, in, out, ws); }
+  void head_to_seq_backward(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace ws) {
+    ulysses::head_to_seq_backward(p, comm, exec, in, out, ws);
   }
-  const BufferTable t = bind_buffers(plan, dir, in, out, ws);
-  for (int k = 0; k < plan.num_stages(); ++k) {
-    const std::vector<BlockCopy>& before = pack_list(plan, dir, path, k);
-    auto t0 = Clock::now();
-    exec.run(before.data(), before.size(), t);
-    res.pack_ms += ms_since(t0);
-    t0 = Clock::now();
-    stage_exchange(plan, dir, path, comm, t, k);
-    res.exchange_ms += ms_since(t0);
-    const std::vector<BlockCopy>& after = unpack_list(plan, dir, path, k);
-    t0 = Clock::now();
-    exec.run(after.data(), after.size(), t);
-    res.unpack_ms += ms_since(t0);
+  void seq_to_head_backward(const Plan& p, const QkvGradIn& in, const QkvGradOut& out, Workspace ws) {
+    ulysses::seq_to_head_backward(p, comm, exec, in, out, ws);
   }
-}
+  void inverse(const Plan& p, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
+    ulysses::head_to_seq(p, comm, exec, in, out, ws);
+  }
+};
 
 #if ULYSSES_DEMO_CUDA
-/// --device cuda: the same three phases on the GPU, timed with CUDA events (cuda_backend.cu).
-void timed_redistribute(const Plan& plan, Direction dir, demo_cuda::Rank& comm, const TensorList<ConstByteSpan>& in,
-                        const TensorList<ByteSpan>& out, std::vector<std::byte>&, Result& res) {
-  double ms[3] = {0, 0, 0};
-  comm.redistribute(plan, dir, in, out, ms);
-  res.pack_ms += ms[0], res.exchange_ms += ms[1], res.unpack_ms += ms[2];
-}
+/// --device cuda: every exchange is demo_cuda::Rank::redistribute() (the host tensors to the GPU,
+/// pack, exchange, unpack there, back; the named buffers in the plan's order, Qkv::list()), its
+/// phases timed with CUDA events into phase_ms (pack, exchange, unpack).
+template <>
+struct Exchanges<demo_cuda::Rank> {
+  demo_cuda::Rank& comm;
+  double phase_ms[3] = {0, 0, 0};
+  Path path(const Plan& p) const { return comm.path(p); }
+  void seq_to_head(const Plan& p, const QkvIn& in, const QkvOut& out, Workspace) { run(p, Direction::seq_to_head, in.list(), out.list()); }
+  void head_to_seq(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace) { run(p, Direction::head_to_seq, {in}, {out}); }
+  void head_to_seq_backward(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace) { run(p, Direction::seq_to_head, {in}, {out}); }
+  void seq_to_head_backward(const Plan& p, const QkvGradIn& in, const QkvGradOut& out, Workspace) {
+    run(p, Direction::head_to_seq, in.list(), out.list());
+  }
+  void inverse(const Plan& p, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace) {
+    run(p, Direction::head_to_seq, in, out);
+  }
+  void run(const Plan& p, Direction d, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out) {
+    comm.redistribute(p, d, in, out, phase_ms);
+  }
+};
 #endif
 
 /// Softmax attention of one head, forward and (optionally) backward, for the query rows
@@ -349,14 +356,15 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   Plan qkv({P, r}, c.batch, seq, a.qkv(), c.layout);
   Plan po({P, r}, c.batch, seq, a.out(), c.layout);
   std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), po.workspace_bytes()));
+  Exchanges<Comm> ex{comm};
+  res.path = ex.path(qkv);
 
-  // ---- forward ----
-  std::vector<float> in[3], mid[3];
-  for (int t = 0; t < 3; ++t) {
-    in[t] = seq_input(t, qkv.seq_layout(t), qkv.seq_bytes(t), mine);
-    mid[t] = buffer(qkv.head_bytes(t));
-  }
-  timed_redistribute(qkv, Direction::seq_to_head, comm, {in[0], in[1], in[2]}, {mid[0], mid[1], mid[2]}, ws, res);
+  // ---- forward: q, k, v by name, seq-sharded → head-sharded in one exchange ----
+  std::vector<float> q = seq_input(0, qkv.seq_layout(0), qkv.seq_bytes(0), mine), k = seq_input(1, qkv.seq_layout(1), qkv.seq_bytes(1), mine),
+                     v = seq_input(2, qkv.seq_layout(2), qkv.seq_bytes(2), mine);
+  std::vector<float> q2 = buffer(qkv.head_bytes(0)), k2 = buffer(qkv.head_bytes(1)), v2 = buffer(qkv.head_bytes(2));
+  const QkvIn qkv_in = QkvIn().q(q).k(k).v(v);
+  ex.seq_to_head(qkv, qkv_in, QkvOut().q(q2).k(k2).v(v2), ws);
 
   // Attention for this rank's query heads over all S tokens (and, with --backward, its gradients
   // from the head-sharded do: dq2 of its query heads, partial dk2, dv2 of the kv heads it holds).
@@ -364,13 +372,11 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   const Layout &lq = qkv.head_layout(0), &lk = qkv.head_layout(1), &lv = qkv.head_layout(2), &lo = po.head_layout(0);
   std::vector<float> o = buffer(po.head_bytes(0)), do_seq, do2, dq2, dk2, dv2;
   if (c.backward) {
-    // do → head-sharded: head_to_seq_backward(po, ...), which is seq→head of po; the timed stages
-    // run exactly that (backward_of(head_to_seq); both plans' directions are adjoint pairs: k and v
-    // sum their replicas, o has none).
-    if (po.first_non_adjoint_tensor() >= 0 || qkv.first_non_adjoint_tensor() >= 0) throw Error(Errc::not_adjoint, "demo plans");
+    // do → head-sharded: head_to_seq_backward(po, ...), which is seq→head of po (the backward
+    // calls refuse a plan whose replicated heads take their owner's copy; o has none).
     do_seq = seq_input(3, po.seq_layout(0), po.seq_bytes(0), mine);
     do2 = buffer(po.head_bytes(0));
-    timed_redistribute(po, backward_of(Direction::head_to_seq), comm, {do_seq}, {do2}, ws, res);
+    ex.head_to_seq_backward(po, do_seq, do2, ws);
     dq2 = buffer(qkv.head_bytes(0)), dk2 = buffer(qkv.head_bytes(1)), dv2 = buffer(qkv.head_bytes(2));
   }
   auto t0 = Clock::now();
@@ -379,7 +385,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   for (std::int64_t b = 0; b < c.batch; ++b)
     for (std::int64_t h = 0; h < Hr; ++h) {
       const std::int64_t kv = a.local_kv_head(r, h);
-      const auto Q = rows_of(mid[0], lq, b, h), K = rows_of(mid[1], lk, b, kv), V = rows_of(mid[2], lv, b, kv);
+      const auto Q = rows_of(q2, lq, b, h), K = rows_of(k2, lk, b, kv), V = rows_of(v2, lv, b, kv);
       std::vector<float> G;
       if (c.backward) G = rows_of(do2, lo, b, h);
       std::fill(dK.begin(), dK.end(), 0.f), std::fill(dV.begin(), dV.end(), 0.f);
@@ -398,30 +404,31 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   res.attention_ms = ms_since(t0);
 
   std::vector<float> out = buffer(po.seq_bytes(0));
-  timed_redistribute(po, Direction::head_to_seq, comm, {o}, {out}, ws, res);
+  ex.head_to_seq(po, o, out, ws);
   constexpr bool timed = PathSupport<Comm, HostExecutor>::same_memory && detail::has_allgather<Comm>::value;
-  if constexpr (timed) {  // timing runs after the checked ones (they overwrite the same outputs with the same bytes)
-    std::vector<float> mid2[3], out2 = buffer(po.seq_bytes(0));
-    for (int t = 0; t < 3; ++t) mid2[t] = buffer(qkv.head_bytes(t));
-    time_exchange(0, c, qkv, Direction::seq_to_head, comm, {in[0], in[1], in[2]}, {mid2[0], mid2[1], mid2[2]}, ws, res);
-    time_exchange(1, c, po, Direction::head_to_seq, comm, {o}, {out2}, ws, res);
+  if constexpr (timed) {  // timing runs after the checked ones, into buffers of their own
+    std::vector<float> q3 = buffer(qkv.head_bytes(0)), k3 = buffer(qkv.head_bytes(1)), v3 = buffer(qkv.head_bytes(2)), out2 = buffer(po.seq_bytes(0));
+    const QkvOut qkv_out = QkvOut().q(q3).k(k3).v(v3);
+    time_exchange(0, c, comm, input_bytes(qkv, Direction::seq_to_head), [&] { ex.seq_to_head(qkv, qkv_in, qkv_out, ws); }, res);
+    time_exchange(1, c, comm, input_bytes(po, Direction::head_to_seq), [&] { ex.head_to_seq(po, o, out2, ws); }, res);
   }
-  res.bytes_s2h = static_cast<double>(qkv.exchanged_bytes(Direction::seq_to_head));
-  res.bytes_h2s = static_cast<double>(po.exchanged_bytes(Direction::head_to_seq));
+  res.bytes_s2h = static_cast<double>(input_bytes(qkv, Direction::seq_to_head));
+  res.bytes_h2s = static_cast<double>(input_bytes(po, Direction::head_to_seq));
 
   // ---- backward: dq, dk, dv back to the seq sharding, summing the kv heads' partial gradients ----
   std::vector<float> dq, dk, dv;
   if (c.backward) {
     dq = buffer(qkv.seq_bytes(0)), dk = buffer(qkv.seq_bytes(1)), dv = buffer(qkv.seq_bytes(2));
-    // seq_to_head_backward(qkv, ...): head→seq of qkv, whose k and v sum their replicas; the
-    // timed stages run exactly that.
-    timed_redistribute(qkv, backward_of(Direction::seq_to_head), comm, {dq2, dk2, dv2}, {dq, dk, dv}, ws, res);
+    // seq_to_head_backward by name: head→seq of qkv, whose k and v sum their replicas.
+    const QkvGradIn grad_in = QkvGradIn().dq(dq2).dk(dk2).dv(dv2);
+    ex.seq_to_head_backward(qkv, grad_in, QkvGradOut().dq(dq).dk(dk).dv(dv), ws);
     res.bytes_replica = static_cast<double>(qkv.replica_bytes(Direction::head_to_seq));
     if constexpr (timed) {
       std::vector<float> do2b = buffer(po.head_bytes(0)), dqb = buffer(qkv.seq_bytes(0)), dkb = buffer(qkv.seq_bytes(1)),
                          dvb = buffer(qkv.seq_bytes(2));
-      time_exchange(2, c, po, backward_of(Direction::head_to_seq), comm, {do_seq}, {do2b}, ws, res);
-      time_exchange(3, c, qkv, backward_of(Direction::seq_to_head), comm, {dq2, dk2, dv2}, {dqb, dkb, dvb}, ws, res);
+      const QkvGradOut grad_out = QkvGradOut().dq(dqb).dk(dkb).dv(dvb);
+      time_exchange(2, c, comm, input_bytes(po, Direction::seq_to_head), [&] { ex.head_to_seq_backward(po, do_seq, do2b, ws); }, res);
+      time_exchange(3, c, comm, input_bytes(qkv, Direction::head_to_seq), [&] { ex.seq_to_head_backward(qkv, grad_in, grad_out, ws); }, res);
     }
     // What an engine that takes one rank's copy instead of the sum gets (the fault this prevents):
     // the same gradients through a plan whose k and v take their owner's copy.
@@ -429,8 +436,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
                {a.q, TensorSpec(a.k).with_replicas(Replicas::owner), TensorSpec(a.v).with_replicas(Replicas::owner)}, c.layout);
     std::vector<float> dq_u = buffer(owner.seq_bytes(0)), dk_u = buffer(owner.seq_bytes(1)), dv_u = buffer(owner.seq_bytes(2));
     std::vector<std::byte> ws_u(owner.workspace_bytes());
-    Result ignored;
-    timed_redistribute(owner, Direction::head_to_seq, comm, {dq2, dk2, dv2}, {dq_u, dk_u, dv_u}, ws_u, ignored);
+    ex.inverse(owner, {dq2, dk2, dv2}, {dq_u, dk_u, dv_u}, ws_u);
     dk2 = std::move(dk_u), dv2 = std::move(dv_u);  // kept for the comparison below
   }
 
@@ -451,6 +457,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     res.err_unsummed = std::max(max_error(dk2, qkv.seq_layout(1), mine, shared_ref->dk, S),
                                 max_error(dv2, qkv.seq_layout(2), mine, shared_ref->dv, S));
   }
+  res.pack_ms = ex.phase_ms[0], res.exchange_ms = ex.phase_ms[1], res.unpack_ms = ex.phase_ms[2];
   return res;
 }
 
@@ -548,7 +555,8 @@ int report(const Config& c, int P, const Result& m) {
               c.backward ? ", forward + backward" : "");
   if (c.device == "cuda")
     std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
-  std::printf("  bytes exchanged per rank: seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB; path: %s%s\n",
+  std::printf("  bytes a rank (its input tensors, own chunk included, as nccl-tests counts an all-to-all; the largest rank's):\n"
+              "  seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB; path: %s%s\n",
               m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20), to_string(m.path),
               m.path == Path::direct ? " (each rank copies from its peers' inputs, one copy per element)" : "");
   if (c.backward) {

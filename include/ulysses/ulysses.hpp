@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Umbrella header: the core (layouts, partitions, plans, the host executor, redistribute,
-///        the in-process group, the host pipeline), the decode exchange and the Ulysses x Ring
-///        primitives: everything that needs no CUDA and no MPI.
+///        q, k, v by name, the in-process group, the host pipeline), the decode exchange and the
+///        Ulysses x Ring primitives: everything that needs no CUDA and no MPI.
 ///
 /// Included separately: `comm/mpi.hpp` and `ring/mpi_mesh.hpp` (need <mpi.h>), the `.cuh` headers (need nvcc), the
 /// cost model and its clients (`tune/cost.hpp`, `tune/fit.hpp`, `tune/advise.hpp`) and the libtorch
@@ -23,6 +23,7 @@
 #include "plan/attention.hpp"
 #include "topology/mesh.hpp"
 #include "redistribute.hpp"
+#include "attention_call.hpp"
 #include "comm/local.hpp"
 #include "host/pipeline.hpp"
 // Decode: the exchange of partial attention outputs merged by their LSE (decode/, merge/).

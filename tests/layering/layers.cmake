@@ -8,7 +8,7 @@ set(ULYSSES_LAYER_NAMES
   "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
   "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors
   "transport"   # one file per transport, the dispatch and choose_path(); the decode exchange
-  "facade"      # redistribute / seq_to_head / ..., the pipelines, the umbrella header
+  "facade"      # redistribute / seq_to_head / ..., q, k, v by name, the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
@@ -17,7 +17,7 @@ set(ULYSSES_LAYERS
   "comm/.*|ring/rotation\\.hpp|ring/mpi_mesh\\.hpp"
   "plan/.*|ring/agreement\\.hpp|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
   "transport/.*|decode/exchange\\.hpp"
-  "redistribute\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
+  "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
 # The old paths of 0.1, one-line forwarding headers kept for one minor version.
 set(ULYSSES_COMPAT_HEADERS layout.hpp element.hpp block.hpp partition.hpp topology.hpp mesh.hpp attention.hpp plan.hpp
