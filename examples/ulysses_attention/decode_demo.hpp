@@ -108,7 +108,7 @@ inline int run(int argc, char** argv) {
   std::vector<double> err(static_cast<std::size_t>(o.P), 0.0), ms(static_cast<std::size_t>(o.P), 0.0), ms_ag(ms);
   std::vector<std::size_t> bytes(static_cast<std::size_t>(o.P), 0);
   LocalGroup group(o.P);
-  group.run([&](LocalGroup::Comm& comm) {
+  group.spawn([&](LocalGroup::Comm& comm) {
     const int r = comm.rank();
     const DecodePlan plan(DecodeSpec(B, T, HeadPartition::balanced(H, o.P), D).with_types(type, type), r);
     // This rank's partials over its shard (an engine's attention kernel would write them).

@@ -325,7 +325,7 @@ class DecodePlan {
 
   /// The executors' view of one call over `b` (see DecodeArgs), with the peer table at `peers`
   /// (peers().data() for the host executor, a device copy of it for a device executor). Does not
-  /// validate `b`: decode/exchange.hpp's check_buffers() does.
+  /// validate `b`: decode/exchange.hpp's detail::check_decode_buffers() does.
   DecodeArgs args(const DecodeBuffers& b, const DecodePeer* peers) const {
     DecodeArgs a{};
     a.B = spec_.batch;

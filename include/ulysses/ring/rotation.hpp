@@ -174,7 +174,7 @@ class RingRotation {
  public:
   /// @param ring         the ring communicator: R ranks, this rank's ring rank = ring.rank()
   /// @param block_bytes  R entries: bytes of ring rank j's kv block (k then v, as the engine packs
-  ///                     them; ring/merge.hpp's RingBlock gives the layout), the same list on every rank
+  ///                     them; ring/merge.hpp's RingKvBlock gives the layout), the same list on every rank
   /// @param buffer0, buffer1  two caller buffers of `buffer_bytes` bytes each, in the
   ///                     communicator's memory (host, or device for NcclComm); buffer0 must hold
   ///                     this rank's own block before start(0)
