@@ -896,3 +896,31 @@ TEST_CASE("two-level exchange: the same bits as the flat one on simulated node l
     CHECK(run_local<ut::bf16_t>(c) == "");  // the kv sums in fp32, rounded once, as on the flat paths
   }
 }
+
+TEST_CASE("direct path: a peer that meets this rank's plan with another plan of other layouts is refused, not silently misread") {
+  // Rank 1 alternates between a bshd and an sbhd plan of the same wire; rank 0 runs A, then a
+  // second plan A2, then A again: every plan's check and lists are cached, but rank 0's lists for
+  // A were built from rank 1's bshd layouts while rank 1 now holds sbhd.
+  const int P = 2;
+  auto mk = [&](int r, Format f) {
+    return Plan({P, r}, 2, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(4, P), 3)}, f);
+  };
+  auto call = [](const Plan& p, LocalGroup::Comm& c) {
+    std::vector<float> in(p.seq_bytes(0) / 4);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(1000 * c.rank() + static_cast<int>(i));
+    std::vector<float> out(p.head_bytes(0) / 4);
+    std::vector<std::byte> ws(p.workspace_bytes());
+    HostExecutor ex;
+    seq_to_head(p, c, ex, in, out, ws);
+  };
+  LocalGroup g(P);
+  const Errc code = ut::code_of([&] {
+    g.spawn([&](LocalGroup::Comm& c) {
+      const Plan a = mk(c.rank(), Format::bshd), a2 = mk(c.rank(), c.rank() == 0 ? Format::bshd : Format::sbhd);
+      call(a, c);
+      call(a2, c);
+      call(c.rank() == 0 ? a : a2, c);  // rank 0: A (lists from rank 1's bshd); rank 1: its sbhd plan
+    });
+  });
+  CHECK(code == Errc::plan_mismatch);
+}

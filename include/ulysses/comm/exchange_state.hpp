@@ -30,6 +30,9 @@ ULYSSES_NAMESPACE_BEGIN
 /// (head→seq, Replicas::sum) over their holders' inputs in ascending rank order.
 struct PeerCopyLists {
   std::vector<BlockCopy> list[2];  ///< [Direction]: 0 seq→head, 1 head→seq
+  /// A hash of every rank's layouts (its LayoutRecord) the lists were built from, in rank order
+  /// (empty when not known): every exchange checks that the peers still hold these layouts.
+  std::vector<std::uint64_t> layouts;
 };
 
 /// What the transports learn per communicator (see the file comment). Not thread-safe: a

@@ -12,13 +12,34 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "../detail/hash.hpp"
 #include "common.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+/// What each rank publishes in the peer copy's with_peers(): its inputs, and a hash of the layouts
+/// its peers' lists were built from (PeerCopyLists::layouts).
+struct PeerInputs {
+  std::byte* inputs[kMaxTensors];
+  std::uint64_t layouts;
+};
+
+/// FNV-1a of a rank's layout record and its plan's fingerprint (the wire, equal on every rank
+/// once the agreement check passed): PeerCopyLists::layouts.
+inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprint) {
+  std::uint64_t h = fnv1a(kFnvBasis, fingerprint);
+  for (const auto& t : r.v)
+    for (const auto& side : t)
+      for (std::int64_t v : side) h = fnv1a(h, v);
+  return h;
+}
+
 /// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
 template <class Exec>
 struct PeerCopyWork {
@@ -26,13 +47,20 @@ struct PeerCopyWork {
   const BufferTable* table;
   Exec* exec;
   int P;
+  const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
   std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors entries
   static void run(void* ctx, const void* const* all) {
     const auto& w = *static_cast<const PeerCopyWork*>(ctx);
     std::vector<std::byte*>& peers = *w.peers;
-    for (int p = 0; p < w.P; ++p)
-      for (int t = 0; t < kMaxTensors; ++t)
-        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = static_cast<std::byte* const*>(all[p])[t];
+    for (int p = 0; p < w.P; ++p) {
+      const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
+      if (!w.layouts->empty() && in.layouts != (*w.layouts)[static_cast<std::size_t>(p)])
+        fail(Errc::plan_mismatch, "rank " + std::to_string(p) +
+                                      " runs a plan with other layouts or another wire than the one this rank's peer-copy lists were built "
+                                      "from on this communicator: on a communicator, a plan must meet the same peer plans at every "
+                                      "exchange (a peer's layouts are its own, but fixed for the pairing)");
+      for (int t = 0; t < kMaxTensors; ++t) peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.inputs[t];
+    }
     BufferTable t = *w.table;
     t.peers = peers.data();
     w.exec->run(w.list->data(), w.list->size(), t);
@@ -62,10 +90,13 @@ struct PeerCopyTransport {
     const LayoutRecord mine = plan.layout_record();
     std::vector<LayoutRecord> all(static_cast<std::size_t>(plan.degree()));
     comm.allgather(&mine, sizeof mine, all.data());
+    PeerCopyLists built = peer_copy_lists(plan, all.data());
+    const std::uint64_t wire = plan.fingerprint();  // every rank's, once the agreement check passed
+    for (const LayoutRecord& r : all) built.layouts.push_back(detail::layout_hash(r, wire));
     if constexpr (comm_traits<Comm>::exchange_state) {
-      return comm.exchange_state().set_peer_copy(plan.id(), peer_copy_lists(plan, all.data()));
+      return comm.exchange_state().set_peer_copy(plan.id(), std::move(built));
     } else {
-      local = peer_copy_lists(plan, all.data());
+      local = std::move(built);
       return local;
     }
   }
@@ -86,14 +117,15 @@ struct PeerCopyTransport {
       const std::vector<BlockCopy>& h2s = l.list[1];
       exec.prepare_direct(BlockList{s2h.data(), s2h.size()}, BlockList{h2s.data(), h2s.size()}, plan.degree());
     }
-    std::byte* inputs[kMaxTensors] = {};
-    for (int x = 0; x < plan.num_tensors(); ++x) inputs[x] = t.base[BufferIndex::input(x)];
+    detail::PeerInputs inputs{};
+    for (int x = 0; x < plan.num_tensors(); ++x) inputs.inputs[x] = t.base[BufferIndex::input(x)];
+    if (!l.layouts.empty()) inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
     std::vector<std::byte*> own_scratch;
     std::vector<std::byte*>* peers = &own_scratch;
     if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
     peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors);
-    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), peers};
-    comm.with_peers(inputs, &detail::PeerCopyWork<Exec>::run, &work);
+    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers};
+    comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 
   /// Copies per element of direction d: one executor copy, no transport (Plan::copies()).
