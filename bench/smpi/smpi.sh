@@ -13,7 +13,9 @@
 # NODES picks bench/smpi/platforms/nodes-NODES.xml when shipped, else generates it with platform.sh
 # (link figures from the environment: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF).
 # Knobs: BUILD (build-smpi), TIMEOUT (seconds a run may take, 1800), SMPI_CFG (more --cfg=... flags),
-# SMPIRUN_FLAGS (more smpirun flags, e.g. -no-privatize), CXXFLAGS_EXTRA.
+# SMPIRUN_FLAGS (more smpirun flags, e.g. -no-privatize), CXXFLAGS_EXTRA, and for ulysses_perf
+# ULYSSES_SMPI_FOLD_BYTES=N: memory folding of every allocation of N bytes or more (bench/smpi/fold.cpp;
+# timings only: give -c 0).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -58,7 +60,8 @@ build() {
   # (tests/support/harness.hpp runs the deprecated HostPipeline::run on purpose: quiet here)
   smpicxx "${flags[@]}" -Wno-deprecated-declarations "$here/exchange_check.cpp" -o "$build/exchange_check"
   echo "== smpicxx: $build/ulysses_perf"
-  smpicxx "${flags[@]}" "${perf_flags[@]}" "$root/bench/ulysses_perf.cpp" -o "$build/ulysses_perf"
+  # fold.cpp: ULYSSES_SMPI_FOLD_BYTES=N folds every allocation of N bytes or more (SMPI_SHARED_MALLOC)
+  smpicxx "${flags[@]}" "${perf_flags[@]}" "$root/bench/ulysses_perf.cpp" "$here/fold.cpp" -o "$build/ulysses_perf"
 }
 
 # The platform file of NODES nodes (shipped, else generated into $build).
