@@ -9,6 +9,7 @@
 #   bench/smpi/smpi.sh perf NODES [ARGS...]         ulysses_perf --backend mpi (simulated time) on NODES nodes
 #   bench/smpi/smpi.sh run PLATFORM.xml PROGRAM [ARGS...]   any program of $BUILD on any platform (all its hosts)
 #   bench/smpi/smpi.sh platforms                   regenerates bench/smpi/platforms/*.xml (platform.sh)
+#   bench/smpi/smpi.sh ci                          what CI runs: build, check 2 --quick, the check's check, a perf check
 #
 # NODES picks bench/smpi/platforms/nodes-NODES.xml when shipped, else generates it with platform.sh
 # (link figures from the environment: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF).
@@ -84,7 +85,8 @@ run() {
   shift 2
   [ -x "$prog" ] || prog="$build/$prog"
   [ -x "$prog" ] || { echo "smpi.sh: $prog not built (bench/smpi/smpi.sh build)" >&2; exit 2; }
-  local hosts="$build/hosts-$(basename "$platform" .xml).txt"
+  local hosts
+  hosts="$build/hosts-$(basename "$platform" .xml).txt"
   mkdir -p "$build"
   grep -o '<host id="[^"]*"' "$platform" | sed 's/<host id="//; s/"$//' > "$hosts"
   local np
@@ -102,6 +104,21 @@ case "${1:-}" in
          n=$2; shift 2; run "$(platform_of "$n")" ulysses_perf --backend mpi "$@" ;;
   run)   [ $# -ge 3 ] || { echo "usage: $0 run PLATFORM.xml PROGRAM [ARGS...]" >&2; exit 2; }
          shift; run "$@" ;;
+  ci)    # CI (.ci/run): the build, the bit-exact check on 16 ranks (2 nodes), the check of the check,
+         # and ulysses_perf's own check on the two-level exchange; fails on any failure.
+         timeout_s=${TIMEOUT:-300}
+         build
+         run "$(platform_of 2)" exchange_check --ranks-per-node 8 --quick
+         log="$build/inject-fault.log"
+         if run "$(platform_of 2)" exchange_check --ranks-per-node 8 --inject-fault > "$log" 2>&1; then
+           cat "$log"; echo "smpi.sh ci: exchange_check --inject-fault passed: the check is blind" >&2; exit 1
+         fi
+         grep "inject-fault: the fault detected" "$log"
+         grep -q "(all: the check sees it)" "$log" || { cat "$log"; echo "smpi.sh ci: a fault went unseen" >&2; exit 1; }
+         out="$build/perf-ci.txt"
+         run "$(platform_of 2)" ulysses_perf --backend mpi --model llama-3.1-8b -b 1000 -e 1000 -n 1 -w 0 -c 1 \
+           --ranks-per-node 8 --lanes 0 --backward --dtype bf16 | tee "$out"
+         grep -q "wrong elements (all sizes, all ranks): 0 OK" "$out" ;;
   platforms)
     for n in 2 8 64; do
       echo "== $here/platforms/nodes-$n.xml ($((n * 8)) ranks)"
