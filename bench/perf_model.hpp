@@ -121,7 +121,7 @@ inline std::vector<Measured> read_runs(const std::vector<std::string>& files) {
                                j.at("v_head_dim").get<std::int64_t>()};
     const ElementType type = type_named(j.at("dtype").get<std::string>());
     const Format layout = format_named(j.at("layout").get<std::string>());
-    const int P = j.at("ranks").get<int>(), R = j.value("ranks_per_node", 0);
+    const int P = j.at("ranks").get<int>(), R = j.value("ranks_per_node", 0), lanes = j.value("lanes", 1);
     const std::int64_t B = j.at("batch").get<std::int64_t>();
     const HeadPolicy policy = j.value("balanced", false) ? HeadPolicy::balanced : HeadPolicy::even;
     const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);
@@ -140,10 +140,12 @@ inline std::vector<Measured> read_runs(const std::vector<std::string>& files) {
       PlanOptions o;
       o.path = path;
       if (R > 0) o.nodes = NodeLayout::uniform(P, R);
+      o.lanes = lanes;
       const std::int64_t S = row.at("S").get<std::int64_t>();
       const Plan plan({P, 0}, B, SeqPartition::balanced(S, P), retype(qkv ? a.qkv() : a.out()), layout, o);
       Measured m;
-      m.backend = j.at("backend").get<std::string>() + (R > 0 ? " (nodes of " + std::to_string(R) + ")" : "");
+      m.backend = j.at("backend").get<std::string>() +
+                  (R > 0 ? " (nodes of " + std::to_string(R) + (lanes != 1 ? ", lanes " + std::to_string(lanes) : "") + ")" : "");
       m.label = j.at("model").get<std::string>() + " P=" + std::to_string(P) + " S=" + std::to_string(S) + " " + dir + " " + to_string(path);
       m.traffic = exchange_traffic(plan, d, path);
       m.seconds = row.at("time_us").get<double>() * 1e-6;

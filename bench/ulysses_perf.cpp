@@ -73,6 +73,7 @@ struct Options {
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
   int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
+  int groups = 1;                       // --backend mpi: the world cut into this many groups exchanging at once
   double max_rank_bytes = 0;            // > 0: skip sizes whose per-rank input exceeds it
   std::string mode = "sweep";           // sweep | advise | fit | check
   std::string params;                   // --fit output / --check and --advise input
@@ -99,6 +100,35 @@ using ulysses_group::barrier;
 using ulysses_group::max_over_ranks;
 using ulysses_group::sum_over_ranks;
 
+// ---- the clock: MPI_Wtime under --backend mpi -------------------------------------------------
+/// Seconds on the clock of `comm`'s backend. Under MPI it is MPI_Wtime: the same wall clock on a real
+/// MPI, and simulated time under SimGrid's SMPI, which virtualises MPI_Wtime but not steady_clock
+/// (bench/smpi/smpi.sh perf: this tool then reports the simulated cluster's times).
+#if ULYSSES_PERF_MPI
+double seconds_now(const MpiComm&) { return MPI_Wtime(); }
+#endif
+template <class Comm>
+double seconds_now(const Comm&) { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+#if ULYSSES_PERF_MPI
+/// --groups G: the world cut into G groups of consecutive ranks (MPI_COMM_WORLD when G = 1; the
+/// communicator lives until MPI_Finalize). Exits (2) when G does not divide the world.
+MPI_Comm world_group(int groups) {
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  if (groups == 1) return MPI_COMM_WORLD;
+  if (groups < 1 || W % groups != 0) {
+    if (w == 0) std::fprintf(stderr, "ulysses_perf: --groups %d does not divide the %d processes\n", groups, W);
+    MPI_Finalize();
+    std::exit(2);
+  }
+  MPI_Comm g;
+  MPI_Comm_split(MPI_COMM_WORLD, w / (W / groups), w, &g);
+  return g;
+}
+#endif
+
 /// Microseconds per iteration of fn(), the slowest rank's: `warmup` untimed iterations, then
 /// `reps` times: a barrier, `iters` back-to-back iterations, a barrier; the fastest repetition
 /// (the least disturbed by other load: what a model is calibrated on; nccl-tests' one block is reps = 1).
@@ -108,10 +138,10 @@ double time_us(Comm& comm, int warmup, int iters, int reps, F&& fn) {
   double best = 0;
   for (int k = 0; k < reps; ++k) {
     barrier(comm);
-    const auto t0 = Clock::now();
+    const double t0 = seconds_now(comm);
     for (int i = 0; i < iters; ++i) fn();
     barrier(comm);
-    const double us = max_over_ranks(comm, std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters);
+    const double us = max_over_ranks(comm, (seconds_now(comm) - t0) * 1e6 / iters);
     best = k == 0 ? us : std::min(best, us);
   }
   return best;
@@ -461,7 +491,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
                  static_cast<long long>(w.S), w.bytes, w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
                  w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0, i + 1 < rows.size() ? "," : "");
   }
-  std::fprintf(f, " ]}\n");
+  std::fprintf(f, " ],\n \"lanes\": %d}\n", o.lanes);  // PlanOptions::lanes of the two-level rows (perf_model.hpp re-plans with it)
   return std::fclose(f) == 0;
 }
 
@@ -492,6 +522,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "two-level exchange (intra-node gather, one message per node pair, intra-node delivery) under MPI; in-process\n"
       "ranks share memory and take the direct path unless --path two_level. The last node may hold fewer ranks.\n"
       "--lanes L: inter-node messages per node pair (1: one forwarder per pair; 0: rail-aligned, one per rank).\n"
+      "--groups G (--backend mpi): G groups of N/G consecutive ranks (of the N processes) run the sweep at the same time (each group's rank 0\n"
+      "prints its table): one Ulysses group timed while the others load the shared links.\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
       "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
       "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
@@ -553,6 +585,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--json") o.json = need(i);
     else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
     else if (a == "--lanes") o.lanes = small(i);
+    else if (a == "--groups") o.groups = small(i);
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
     else if (a == "--fit") o.mode = "fit", o.params = need(i);
@@ -731,7 +764,7 @@ int main(int argc, char** argv) {
       MPI_Init(&argc, &argv);
       int rc = 0;
       {
-        MpiComm comm(MPI_COMM_WORLD);
+        MpiComm comm(world_group(o.groups));
         if (o.ranks_given && o.ranks != comm.size()) {
           if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
           rc = 2;
