@@ -32,7 +32,7 @@ struct PeerCopyWork {
     std::vector<std::byte*>& peers = *w.peers;
     for (int p = 0; p < w.P; ++p)
       for (int t = 0; t < kMaxTensors; ++t)
-        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = static_cast<std::byte* const*>(all[p])[t];
+        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = static_cast<const PeerInputs*>(all[p])->data[t];
     BufferTable t = *w.table;
     t.peers = peers.data();
     w.exec->run(w.list->data(), w.list->size(), t);
@@ -86,14 +86,18 @@ struct PeerCopyTransport {
       const std::vector<BlockCopy>& h2s = l.list[1];
       exec.prepare_direct(BlockList{s2h.data(), s2h.size()}, BlockList{h2s.data(), h2s.size()}, plan.degree());
     }
-    std::byte* inputs[kMaxTensors] = {};
-    for (int x = 0; x < plan.num_tensors(); ++x) inputs[x] = t.base[BufferIndex::input(x)];
+    PeerInputs inputs;  // what with_peers() publishes: the inputs and their sizes (comm/concepts.hpp)
+    inputs.count = plan.num_tensors();
+    for (int x = 0; x < plan.num_tensors(); ++x) {
+      inputs.data[x] = t.base[BufferIndex::input(x)];
+      inputs.bytes[x] = plan.input_bytes(d, x);
+    }
     std::vector<std::byte*> own_scratch;
     std::vector<std::byte*>* peers = &own_scratch;
     if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
     peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors);
     detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), peers};
-    comm.with_peers(inputs, &detail::PeerCopyWork<Exec>::run, &work);
+    comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 
   /// Copies per element of direction d: one executor copy, no transport (Plan::copies()).
