@@ -41,7 +41,8 @@
 ///   DeviceLocalGroup::Comm); otherwise host memory;
 /// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's).
 ///
-/// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiComm (allgather,
+/// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiWindowComm (allgather,
+/// exchange_messages, with_peers across the processes of one node, exchange_state), MpiComm (allgather,
 /// exchange_messages, exchange_state), NcclComm (allgather, exchange_messages, exchange_state,
 /// device_memory, stream), DeviceLocalGroup::Comm (all), torch's ProcessGroupComm.
 ///
