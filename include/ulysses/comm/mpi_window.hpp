@@ -52,13 +52,13 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "concepts.hpp"
 #include "exchange_state.hpp"
+#include "failure.hpp"
 #include "mpi_comm.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -93,15 +93,6 @@ inline bool shared_claim(std::uint64_t& w, std::uint64_t v) noexcept {
   std::uint64_t zero = 0;
   return __atomic_compare_exchange_n(&w, &zero, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
-/// A pause for spinning on a shared word.
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 /// What a rank registered in its window slot: count, total bytes, a hash of the sizes in order,
 /// and the first kShown sizes (for the error message). Equal on every rank, or a plan_mismatch.
 struct WindowDigest {
@@ -336,8 +327,8 @@ class MpiWindow {
 /// a copy shares the window's synchronisation (use one at a time).
 class MpiWindowComm {
  public:
-  /// Default wait bound of with_peers() (as LocalGroup's).
-  static constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(5);
+  /// Default wait bound of with_peers() (the shipped communicators', comm/failure.hpp).
+  static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultCommTimeout;
 
   /// Wraps `comm` and `window` (not owned). Local (no communication).
   /// @param timeout how long with_peers() waits for the peers (at each of its two
@@ -360,9 +351,9 @@ class MpiWindowComm {
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }  ///< with_peers()' wait bound
   /// Sets with_peers()' wait bound (e.g. long for a first, slow step, then short). Local.
   void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
-  /// True once a with_peers() of this group timed out or failed on any rank: every call then
-  /// throws Error(aborted). A broken group stays broken (make a new window).
-  bool broken() const noexcept { return broken_ || detail::shared_load(win_->control(0).abort) != 0; }
+  /// True once a with_peers() of this group timed out or failed on any rank (or the MpiComm is
+  /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
+  bool broken() const noexcept { return failure_.broken() || detail::shared_load(win_->control(0).abort) != 0 || comm_->broken(); }
   /// Bytes of inputs the last with_peers() staged into the window (0 when all were in it).
   std::size_t staged_bytes() const noexcept { return staged_; }
 
@@ -407,6 +398,8 @@ class MpiWindowComm {
     detail::WindowControl& c = win_->control(me);
     const std::uint64_t e = detail::shared_load(c.arrive) + 1;
     std::exception_ptr err;
+    Errc code = Errc::aborted;
+    std::string what = "a call of with_peers failed";
     bool uniform = false;    // the error is a verdict every rank reaches alike (the group stays usable)
     bool timed_out = false;  // this rank already waited timeout() for the peers
     const std::string own = publish(in, c);  // "" or this rank's error (status = 1)
@@ -439,7 +432,12 @@ class MpiWindowComm {
       work(ctx, all_.data());
     } catch (const Error& x) {
       err = std::current_exception();
-      timed_out = x.code() == Errc::timeout;
+      code = x.code();
+      what = x.what();
+      timed_out = code == Errc::timeout;
+    } catch (const std::exception& x) {
+      err = std::current_exception();
+      what = x.what();
     } catch (...) {
       err = std::current_exception();
     }
@@ -450,10 +448,12 @@ class MpiWindowComm {
         return;
       } catch (const Error& x) {
         err = std::current_exception();
-        timed_out = x.code() == Errc::timeout;
+        code = x.code();
+        what = x.what();
+        timed_out = code == Errc::timeout;
       }
     }
-    if (!uniform) break_group();
+    if (!uniform) break_group(code, what);
     if (!timed_out) wait_for_readers(e);  // no peer still reads this rank's inputs when it returns
     std::rethrow_exception(err);
   }
@@ -464,15 +464,20 @@ class MpiWindowComm {
 
  private:
   void require_alive(const char* what) const {
-    if (!broken()) return;
+    const std::string where = std::string("rank ") + std::to_string(rank()) + ": MpiWindowComm::" + what;
+    failure_.check(where.c_str());  // this rank's own first failure
     const std::uint64_t who = detail::shared_load(win_->control(0).abort);
-    detail::fail(Errc::aborted, "rank " + std::to_string(rank()) + ": MpiWindowComm::" + what + ": the group is broken (" +
-                                    (who ? "rank " + std::to_string(who - 1) + " timed out or failed in with_peers" : std::string("an earlier call failed")) +
-                                    "); make a new MpiWindow");
+    if (!who) return;  // (a broken MpiComm throws from its own calls)
+    detail::fail(Errc::aborted, where + ": the window's group is broken (rank " + std::to_string(who - 1) +
+                                    " timed out or failed in with_peers); make a new MpiWindow");
   }
-  void break_group() noexcept {
+  /// Marks the group broken for every rank (the shared abort word) and this rank's failure.
+  void break_group(Errc code, const std::string& what) noexcept {
     detail::shared_claim(win_->control(0).abort, static_cast<std::uint64_t>(rank()) + 1);
-    broken_ = true;
+    try {
+      failure_.record(code, what);
+    } catch (...) {  // (std::string's allocation: the shared word already breaks the group)
+    }
   }
 
   /// Writes this rank's record (offsets in its slot, staging the inputs outside the window) and
@@ -556,60 +561,45 @@ class MpiWindowComm {
   void wait_for(std::uint64_t e, std::uint64_t detail::WindowControl::*field, const char* what) {
     const int P = size();
     const bool arrival = field == &detail::WindowControl::arrive;
-    const auto start = std::chrono::steady_clock::now();
-    for (unsigned long i = 0;; ++i) {
-      if (arrival) require_alive("with_peers");
+    auto reached = [&] {
       int p = 0;
       while (p < P && detail::shared_load(win_->control(p).*field) >= e) ++p;
-      if (p == P) return;
+      return p == P;
+    };
+    const bool ok = detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+      if (arrival) require_alive("with_peers");
+      if (reached()) return true;
       if (!arrival) require_alive("with_peers");
-      if (i % 64 == 0) {
-        const auto waited = std::chrono::steady_clock::now() - start;
-        if (waited > timeout_) {
-          std::vector<int> late;
-          for (int q = 0; q < P; ++q)
-            if (detail::shared_load(win_->control(q).*field) < e) late.push_back(q);
-          break_group();
-          detail::fail(Errc::timeout, "rank " + std::to_string(rank()) + " waited " + std::to_string(timeout_.count()) +
-                                          " ms in MpiWindowComm::with_peers for the peers to " + what + "; ranks " + detail::rank_set(late) +
-                                          " did not (a rank skipped the call, failed outside it, or is stuck)");
-        }
-        pause(waited);
-      } else {
-        detail::cpu_relax();
-      }
-    }
+      return false;
+    }, detail::PollPace::relaxed);  // the peers are other processes: they progress on their own
+    if (ok) return;
+    std::vector<int> late;
+    for (int q = 0; q < P; ++q)
+      if (detail::shared_load(win_->control(q).*field) < e) late.push_back(q);
+    const Error x(Errc::timeout, "rank " + std::to_string(rank()) + " waited " + std::to_string(timeout_.count()) +
+                                     " ms in MpiWindowComm::with_peers for the peers to " + what + "; ranks " + detail::rank_set(late) +
+                                     " did not (a rank skipped the call, failed outside it, or is stuck)");
+    break_group(Errc::timeout, x.what());
+    throw x;
   }
 
   /// After this rank failed: waits (bounded by timeout()) until every peer that arrived at epoch e
   /// has finished reading (a peer that did not arrive sees the abort word and reads nothing).
   void wait_for_readers(std::uint64_t e) const noexcept {
     const int P = size();
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      bool reading = false;
-      for (int p = 0; p < P && !reading; ++p) {
+    detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+      for (int p = 0; p < P; ++p) {
         const detail::WindowControl& r = win_->control(p);
-        reading = detail::shared_load(r.arrive) >= e && detail::shared_load(r.done) < e;
+        if (detail::shared_load(r.arrive) >= e && detail::shared_load(r.done) < e) return false;
       }
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (!reading || waited > timeout_) return;
-      pause(waited);
-    }
-  }
-
-  /// Spinning politely: yield the core at once (ranks may outnumber cores), sleep after 10 ms.
-  static void pause(std::chrono::steady_clock::duration waited) {
-    if (waited < std::chrono::milliseconds(10))
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      return true;
+    }, detail::PollPace::relaxed);
   }
 
   MpiComm* comm_;
   MpiWindow* win_;
   std::chrono::milliseconds timeout_;
-  bool broken_ = false;
+  detail::CommFailure failure_;  // this rank's first failure
   std::size_t staged_ = 0;
   std::vector<PeerInputs> views_;  // every rank's inputs in this process's mapping (with_peers' scratch)
   std::vector<const void*> all_;   // &views_[p]
