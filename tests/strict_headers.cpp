@@ -102,6 +102,9 @@ template void ulysses::head_to_seq_backward<ulysses::MpiComm, ulysses::HostExecu
     const Plan&, MpiComm&, HostExecutor&, const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
 template void ulysses::check_agreement<ulysses::MpiComm>(const Plan&, MpiComm&);
 static_assert(ulysses::PathSupport<ulysses::MpiComm, ulysses::HostExecutor>::messages, "MpiComm has exchange_messages");
+template void ulysses::seq_to_head<ulysses::MpiWindowComm, ulysses::HostExecutor>(
+    const Plan&, MpiWindowComm&, HostExecutor&, const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
+static_assert(ulysses::PathSupport<ulysses::MpiWindowComm, ulysses::HostExecutor>::direct, "MpiWindowComm has with_peers");
 #endif
 // The backward of q, k, v by name (attention_call.hpp), instantiated under the same flags.
 template void ulysses::seq_to_head_backward<ulysses::LocalGroup::Comm, ulysses::HostExecutor>(

@@ -2,11 +2,10 @@
 // comm/mpi.hpp under real processes (ctest runs this under `mpiexec -n 4` and `-n 3`): every shared
 // fault case (C1–C8) and the models sweep on MPI sub-communicators of each size P that fits in the
 // world, and the split path for chunks larger than the per-message limit (lowered here).
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
 #include <ulysses/comm/mpi.hpp>
 
 #include "messages.hpp"
+#include "mpi_groups.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -15,33 +14,10 @@
 #include "expect_error.hpp"
 
 using namespace ulysses;
+using ut::on_groups_of;
+using ut::world_size;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-/// Runs fn(MpiComm&) on sub-communicators of P ranks (world ranks [k*P, k*P+P)); world ranks left
-/// over sit out. Returns false (skipped) when P exceeds the world.
-template <class F>
-bool on_groups_of(int P, F&& fn) {
-  int wr = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-  const int n = world_size();
-  if (P > n) return false;
-  const int color = wr < (n / P) * P ? wr / P : MPI_UNDEFINED;
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, color, wr, &sub);
-  if (sub != MPI_COMM_NULL) {
-    fn(sub);
-    MPI_Comm_free(&sub);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return true;
-}
 
 template <class T>
 void check_mpi(const std::vector<ut::Case>& cases, std::size_t max_message = MpiComm::kIntMaxBytes) {
@@ -376,18 +352,7 @@ TEST_CASE("MPI failure model: a timed-out allgather cannot name the missing rank
       });
 }
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  doctest::Context ctx(argc, argv);
-  if (rank != 0) ctx.setOption("minimal", true);  // one full report, from rank 0
-  const int failed = ctx.run();
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
-}
+int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }
 
 TEST_CASE("MPI two-level exchange: simulated node layouts of the whole world (8 = 2x4, 6 = 3x2, uneven), same bits") {
   // ctest runs this under -n 8 and -n 6 too; every world size checks its node layouts.

@@ -162,8 +162,9 @@ inline std::vector<std::int64_t> global_tokens(const SeqPartition& seq, int r) {
 /// Runs `c` on rank `comm.rank()` with element type T: seq→head into fresh buffers, checked against
 /// the global tensor, then head→seq of that output, checked against the original shard; also
 /// checks that no byte outside an output's layout was written. Element values come from
-/// gen(position code) (default: value<T>). Returns "" or what went wrong.
-template <class T, class Comm, class Exec = ulysses::HostExecutor>
+/// gen(position code) (default: value<T>). The tensors are std::vector<T, Alloc> (e.g. an
+/// allocator of registered memory). Returns "" or what went wrong.
+template <class T, class Comm, class Exec = ulysses::HostExecutor, class Alloc = std::allocator<T>>
 std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std::uint64_t) = &value<T>) {
   using namespace ulysses;
   const int r = comm.rank();
@@ -171,7 +172,7 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std
   const Plan plan = plan_of<T>(c, r);
   const int NT = plan.num_tensors();
   const std::vector<std::int64_t> tok = global_tokens(c.seq, r);
-  std::vector<std::vector<T>> in(NT), mid(NT), back(NT);
+  std::vector<std::vector<T, Alloc>> in(NT), mid(NT), back(NT);
   for (int t = 0; t < NT; ++t) {
     const Layout& sl = plan.seq_layout(t);
     const std::int64_t H = c.tensors[t].heads.num_heads(), D = c.tensors[t].D;
@@ -229,7 +230,7 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std
   move(Direction::head_to_seq, mp_c, bp);
   for (int t = 0; t < NT; ++t) {
     const Layout& sl = plan.seq_layout(t);
-    std::vector<T> want = in[t];  // the sentinel outside the layout, the input (or its replicas' sum) inside
+    std::vector<T, Alloc> want = in[t];  // the sentinel outside the layout, the input (or its replicas' sum) inside
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t ls = 0; ls < sl.extent[1]; ++ls)
         for (std::int64_t h = 0; h < sl.extent[2]; ++h)

@@ -29,7 +29,10 @@
 ///   waits for every rank, calls work(ctx, all) with all[p] = rank p's `mine`, and returns only after
 ///   every rank's work has returned (no rank may then touch a peer's memory) → Path::direct, the
 ///   peer copy (with allgather(), which exchanges the ranks' layouts once per plan). For device
-///   memory (DeviceLocalGroup::Comm) the same in stream order;
+///   memory (DeviceLocalGroup::Comm) the same in stream order. The peer copy's `mine` points to a
+///   PeerInputs (below): a communicator of one address space passes the pointer on; one across
+///   processes (MpiWindowComm, comm/mpi_window.hpp) publishes the ranges and hands `work` each
+///   peer's PeerInputs translated into its own mapping;
 /// - `ExchangeState& exchange_state()`: where the transports keep what they learn about a plan on
 ///   this communicator (the passed agreement check, the peer copy's lists) and their scratch
 ///   (comm/exchange_state.hpp). Without it the check runs at every call, and the message lists
@@ -38,7 +41,8 @@
 ///   DeviceLocalGroup::Comm); otherwise host memory;
 /// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's).
 ///
-/// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiComm (allgather,
+/// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiWindowComm (allgather,
+/// exchange_messages, with_peers across the processes of one node, exchange_state), MpiComm (allgather,
 /// exchange_messages, exchange_state), NcclComm (allgather, exchange_messages, exchange_state,
 /// device_memory, stream), DeviceLocalGroup::Comm (all), torch's ProcessGroupComm.
 ///
@@ -55,6 +59,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -62,6 +67,21 @@
 #include "exchange_state.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
+
+/// What the peer copy (transport/peer_copy.hpp) publishes through with_peers(): `mine` points to
+/// one, and work() gets all[p] pointing to rank p's. Input t of this call starts at data[t] and
+/// spans bytes[t] bytes (Plan::input_bytes(): from the layout's first element past its last);
+/// entries from `count` on (at most kMaxTensors) are null and 0. The sizes let a communicator
+/// across processes check that an input lies in registered memory, or stage it there.
+struct PeerInputs {
+  std::byte* data[kMaxTensors] = {};     ///< base of input t (null when empty)
+  std::size_t bytes[kMaxTensors] = {};   ///< bytes input t spans from data[t]
+  int count = 0;                         ///< the plan's number of tensors
+  /// Hash of the layouts and wire the publishing rank's peer-copy lists were built from (every
+  /// rank checks its peers' against its own lists: a plan meeting another peer plan is refused);
+  /// a communicator across processes passes it on unchanged.
+  std::uint64_t layouts = 0;
+};
 
 namespace detail {
 

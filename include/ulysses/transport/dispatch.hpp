@@ -68,7 +68,7 @@ namespace detail {
 inline std::string why_unsupported(Path p) {
   if (p == Path::direct)
     return "the direct path (peer copy) needs ranks that share memory: a communicator with with_peers() and allgather() "
-           "of host memory (LocalGroup::Comm), and a host executor";
+           "of host memory (LocalGroup::Comm; MpiWindowComm between the MPI processes of one node), and a host executor";
   return std::string("the ") + to_string(p) +
          " path needs a communicator with exchange_messages() whose memory is the executor's (host and host, or device and device)";
 }

@@ -23,13 +23,6 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
-/// What each rank publishes in the peer copy's with_peers(): its inputs, and a hash of the layouts
-/// its peers' lists were built from (PeerCopyLists::layouts).
-struct PeerInputs {
-  std::byte* inputs[kMaxTensors];
-  std::uint64_t layouts;
-};
-
 /// FNV-1a of a rank's layout record and its plan's fingerprint (the wire, equal on every rank
 /// once the agreement check passed): PeerCopyLists::layouts.
 inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprint) {
@@ -59,7 +52,7 @@ struct PeerCopyWork {
                                       " runs a plan with other layouts or another wire than the one this rank's peer-copy lists were built "
                                       "from on this communicator: on a communicator, a plan must meet the same peer plans at every "
                                       "exchange (a peer's layouts are its own, but fixed for the pairing)");
-      for (int t = 0; t < kMaxTensors; ++t) peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.inputs[t];
+      for (int t = 0; t < kMaxTensors; ++t) peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
     }
     BufferTable t = *w.table;
     t.peers = peers.data();
@@ -117,8 +110,12 @@ struct PeerCopyTransport {
       const std::vector<BlockCopy>& h2s = l.list[1];
       exec.prepare_direct(BlockList{s2h.data(), s2h.size()}, BlockList{h2s.data(), h2s.size()}, plan.degree());
     }
-    detail::PeerInputs inputs{};
-    for (int x = 0; x < plan.num_tensors(); ++x) inputs.inputs[x] = t.base[BufferIndex::input(x)];
+    PeerInputs inputs;  // what with_peers() publishes: the inputs, their sizes, the layouts hash (comm/concepts.hpp)
+    inputs.count = plan.num_tensors();
+    for (int x = 0; x < plan.num_tensors(); ++x) {
+      inputs.data[x] = t.base[BufferIndex::input(x)];
+      inputs.bytes[x] = plan.input_bytes(d, x);
+    }
     if (!l.layouts.empty()) inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
     std::vector<std::byte*> own_scratch;
     std::vector<std::byte*>* peers = &own_scratch;

@@ -1,0 +1,612 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Registered shared memory between the MPI processes of one node (MpiWindow) and the
+///        communicator that gives them the peer copy (MpiWindowComm: Path::direct across
+///        processes, one copy per element, no workspace, no wire).
+///
+/// Engines run one process per GPU or per socket; between processes the message path copies
+/// every element twice (the staging copy and MPI's). With the inputs in memory that every rank of
+/// the node maps, each rank instead copies its share of its peers' inputs straight into its own
+/// outputs, as threads of one process do (LocalGroup::Comm::with_peers, transport/peer_copy.hpp):
+///
+///     MpiComm comm(node_comm);                      // the group: all its ranks on one node
+///     MpiWindow win(comm, bytes_per_rank);          // collective; same size on every rank
+///     WindowSpan q = win.allocate(q_bytes), ...;    // same sizes, same order on every rank
+///     MpiWindowComm wc(comm, win);                  // choose_path() gives Path::direct
+///     seq_to_head(plan, wc, exec, {q, k, v}, {q2, k2, v2}, {});  // inputs read in place by the peers
+///
+/// **The window** (MpiWindow) is one MPI-3 shared-memory window (MPI_Win_allocate_shared over
+/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), allocated and freed collectively (RAII): per rank a
+/// control block (MpiWindow::kControlBytes: the process-shared words of the synchronisation) and
+/// `bytes_per_rank` bytes of data, zeroed, first touched by their owner. Registration is
+/// allocate(): the next bytes of the rank's own slot, as NCCL's symmetric windows
+/// (ncclCommWindowRegister) every rank registers the same sizes in the same order (with uneven
+/// sequence splits: the largest size any rank needs). What each rank registered (count, sizes,
+/// order: a digest) is compared across ranks at every with_peers() and by check_registrations():
+/// ranks that registered differently all throw Error(plan_mismatch), never silent corruption.
+///
+/// **The peer copy** (MpiWindowComm::with_peers, the optional member of the communicator concept,
+/// comm/concepts.hpp): the peer copy publishes this rank's inputs (a PeerInputs: base pointers
+/// and sizes); each input inside the rank's slot is published as its offset there, each input
+/// outside the window is first copied once into the slot's free bytes after the registrations
+/// (staged: then 2 copies per element of that input, still no transport; Plan::copies() counts
+/// the in-window case, 1), and every peer turns the offsets back into addresses of its own
+/// mapping. Synchronisation is by epochs in the control blocks, with lock-free atomics on the
+/// shared memory (seq_cst `__atomic` builtins): a rank publishes its record, then its arrival
+/// epoch; no rank reads an input before its owner's arrival; every rank then marks its reads done
+/// and returns only when every peer's are. Every wait is bounded by the comm's timeout: a rank
+/// that waits longer throws Error(timeout) naming the ranks that did not arrive (or finish), and
+/// breaks the group (a shared abort word): every rank's later call (and peers still waiting)
+/// throws Error(aborted). alltoallv(), allgather() and exchange_messages() go through the
+/// wrapped MpiComm, so every other path can still be forced (PlanOptions::path).
+///
+/// Host memory only: device buffers across processes (CUDA IPC, NCCL windows) are not handled
+/// here. Needs <mpi.h> (link ulysses::mpi), an MPI-3 library, and 8-byte lock-free atomics.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../layout/blocks.hpp"
+#include "concepts.hpp"
+#include "exchange_state.hpp"
+#include "failure.hpp"
+#include "mpi_comm.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// A registered range of an MpiWindow: `size()` bytes at `data()` in this process's mapping of the
+/// window. Converts to ConstByteSpan and ByteSpan (it has data() and size() in bytes), so it is
+/// passed to seq_to_head() and the others as is.
+struct WindowSpan {
+  std::byte* ptr = nullptr;  ///< first byte (in this process's mapping)
+  std::size_t n = 0;         ///< bytes
+  std::byte* data() const noexcept { return ptr; }  ///< first byte
+  std::size_t size() const noexcept { return n; }   ///< bytes
+  /// The range as elements of T (`size() / sizeof(T)` of them). @pre data() aligned for T.
+  template <class T>
+  T* as() const noexcept {
+    return reinterpret_cast<T*>(ptr);
+  }
+};
+
+namespace detail {
+
+static_assert(__atomic_always_lock_free(sizeof(std::uint64_t), 0),
+              "MpiWindow needs lock-free 8-byte atomics (they are address-free, so they work across processes)");
+
+/// Process-shared word access (the control blocks): sequentially consistent, so that a rank that
+/// stores its arrival and then loads the abort word, and a rank that stores the abort word and
+/// then loads the arrivals, cannot both miss the other's store.
+inline std::uint64_t shared_load(const std::uint64_t& w) noexcept { return __atomic_load_n(&w, __ATOMIC_SEQ_CST); }
+inline void shared_store(std::uint64_t& w, std::uint64_t v) noexcept { __atomic_store_n(&w, v, __ATOMIC_SEQ_CST); }
+/// Sets `w` from 0 to `v`; false (and `w` unchanged) when it was not 0.
+inline bool shared_claim(std::uint64_t& w, std::uint64_t v) noexcept {
+  std::uint64_t zero = 0;
+  return __atomic_compare_exchange_n(&w, &zero, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+/// What a rank registered in its window slot: count, total bytes, a hash of the sizes in order,
+/// and the first kShown sizes (for the error message). Equal on every rank, or a plan_mismatch.
+struct WindowDigest {
+  static constexpr int kShown = 8;
+  std::uint64_t count = 0, total = 0, hash = 14695981039346656037ull;  // FNV-1a offset basis
+  std::uint64_t sizes[kShown] = {};
+  void add(std::uint64_t bytes) noexcept {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((bytes >> (8 * i)) & 0xff)) * 1099511628211ull;  // FNV-1a prime
+    if (count < static_cast<std::uint64_t>(kShown)) sizes[count] = bytes;
+    ++count;
+    total += bytes;
+  }
+  bool operator==(const WindowDigest& o) const noexcept { return count == o.count && total == o.total && hash == o.hash; }
+  std::string str() const {
+    std::string s = std::to_string(count) + (count == 1 ? " buffer (" : " buffers (");
+    for (std::uint64_t i = 0; i < count && i < static_cast<std::uint64_t>(kShown); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+    if (count > static_cast<std::uint64_t>(kShown)) s += ", ...";
+    return s + " bytes)";
+  }
+};
+
+/// The message naming the ranks whose registrations differ from rank 0's, or "" when all agree.
+inline std::string registration_mismatch(const WindowDigest* all, int P) {
+  std::string m;
+  for (int p = 1; p < P; ++p)
+    if (!(all[p] == all[0])) m += (m.empty() ? "" : "; ") + std::string("rank ") + std::to_string(p) + " registered " + all[p].str();
+  if (m.empty()) return m;
+  return "the ranks registered different MpiWindow buffers: rank 0 registered " + all[0].str() + "; " + m +
+         ". Every rank must allocate() the same sizes in the same order (with uneven splits: the largest any rank needs)";
+}
+
+/// One rank's control block at the start of its window segment. The epochs and the abort word
+/// are process-shared atomics (shared_load / shared_store), each on its own cache line; the record
+/// is plain memory, written before the arrival epoch and read after it.
+struct WindowControl {
+  alignas(64) std::uint64_t arrive;  ///< epoch of the last with_peers() this rank published in
+  alignas(64) std::uint64_t done;    ///< epoch of the last with_peers() whose reads this rank finished
+  alignas(64) std::uint64_t abort;   ///< rank 0's only: 0, or 1 + the rank that broke the group
+  alignas(64) std::uint64_t status;  ///< record: 0 published, 1 this rank failed to publish (it throws its own error)
+  std::uint64_t count;               ///< record: the number of inputs (PeerInputs::count)
+  std::uint64_t layouts;             ///< record: PeerInputs::layouts, passed on
+  std::uint64_t offset[kMaxTensors];  ///< record: input t at this offset in the rank's data slot (kNone: empty)
+  std::uint64_t bytes[kMaxTensors];   ///< record: and its size
+  WindowDigest registered;            ///< record: what the rank registered
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+};
+
+/// "{0, 2}".
+inline std::string rank_set(const std::vector<int>& r) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
+  return s + "}";
+}
+
+inline void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(Errc::backend, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
+}
+
+template <class U>
+U round_up(U x, U a) {
+  return (x + a - 1) / a * a;
+}
+
+}  // namespace detail
+
+/// A registered shared-memory arena over the ranks of one node (see the file comment): one MPI-3
+/// shared window, per rank a control block and `bytes_per_rank()` bytes of data that every rank of
+/// the group maps. Not copyable or movable (hold it by value or in a unique_ptr); one thread per
+/// rank uses it at a time, as a communicator. One MpiWindowComm at a time uses its control blocks.
+class MpiWindow {
+ public:
+  /// Alignment of every registration (allocate()) and staged input, in bytes.
+  static constexpr std::size_t kAlignment = 256;
+  /// Bytes of each rank's control block, ahead of its data (a page).
+  static constexpr std::size_t kControlBytes = 4096;
+  static_assert(sizeof(detail::WindowControl) <= kControlBytes, "the control block fits its page");
+
+  /// Allocates the window. Collective over `comm`: every rank of the group calls it with the same
+  /// `bytes_per_rank`. The ranks are the group's in its order (rank r of `comm` is rank r of the
+  /// window).
+  /// @param comm the group (not owned; it must outlive the window); all its ranks on one node
+  /// @param bytes_per_rank bytes of data each rank gets (0 allowed: then only inputs of 0 bytes,
+  ///        or none staged, go through it), zeroed
+  /// @throws Error(plan_mismatch) ranks passed different sizes (every rank, naming them);
+  ///         Error(invalid_group) the group spans several shared-memory nodes (every rank);
+  ///         Error(size_overflow) bytes_per_rank too large for MPI_Aint;
+  ///         Error(backend) an MPI call failed (e.g. out of shared memory: /dev/shm too small).
+  MpiWindow(MPI_Comm comm, std::size_t bytes_per_rank) : bytes_(bytes_per_rank) {
+    detail::mpi_check(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
+    detail::mpi_check(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
+    std::vector<unsigned long long> all(static_cast<std::size_t>(size_));
+    unsigned long long mine = bytes_per_rank;
+    detail::mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, comm), "MPI_Allgather");
+    std::vector<int> other;
+    for (int p = 0; p < size_; ++p)
+      if (all[static_cast<std::size_t>(p)] != all[0]) other.push_back(p);
+    if (!other.empty())
+      detail::fail(Errc::plan_mismatch, "MpiWindow: ranks " + detail::rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
+                                            std::to_string(all[0]) + " (rank " + std::to_string(rank_) + ": " + std::to_string(mine) +
+                                            "); every rank must pass the same size");
+    // MPI's segments need not be page-aligned (Open MPI's start 264 bytes into a page): each is
+    // allocated a page longer and every process aligns every rank's base up to a page (the same
+    // offset in every process, whose mappings are page-aligned).
+    const std::size_t data = detail::round_up(bytes_per_rank, kControlBytes), seg = 2 * kControlBytes + data;
+    if (seg < bytes_per_rank || seg > static_cast<std::size_t>(PTRDIFF_MAX))
+      detail::fail(Errc::size_overflow, "MpiWindow: bytes_per_rank=" + std::to_string(bytes_per_rank) + " is too large");
+    detail::mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
+    int node_size = 0;
+    MPI_Comm_size(node_, &node_size);
+    if (node_size != size_) {
+      MPI_Comm_free(&node_);
+      detail::fail(Errc::invalid_group, "MpiWindow: the group of " + std::to_string(size_) + " ranks spans several nodes (rank " +
+                                            std::to_string(rank_) + "'s node holds " + std::to_string(node_size) +
+                                            " of them); shared memory needs every rank on one node (split_by_node() gives such groups)");
+    }
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's segment on its own pages (NUMA: first touch by its owner)
+    void* base = nullptr;
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(seg), 1, info, node_, &base, &win_);
+    MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&node_);
+      detail::mpi_check(rc, "MPI_Win_allocate_shared");
+    }
+    bases_.resize(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) {
+      MPI_Aint sz = 0;
+      int disp = 0;
+      void* b = nullptr;
+      MPI_Win_shared_query(win_, p, &sz, &disp, &b);
+      const auto a = reinterpret_cast<std::uintptr_t>(b);
+      bases_[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (detail::round_up<std::uintptr_t>(a, kControlBytes) - a);
+    }
+    std::memset(bases_[static_cast<std::size_t>(rank_)], 0, kControlBytes + data);  // the control block and the data, by their owner
+    detail::mpi_check(MPI_Barrier(node_), "MPI_Barrier");          // every control block is zero before anyone uses it
+  }
+  /// The same over MpiComm::get(). @throws as the constructor above.
+  MpiWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiWindow(comm.get(), bytes_per_rank) {}
+  MpiWindow(const MpiWindow&) = delete;
+  MpiWindow& operator=(const MpiWindow&) = delete;
+  /// Frees the window. Collective (MPI_Win_free): every rank of the group destroys its window, and
+  /// no rank may use an address of it afterwards. Errors are ignored.
+  ~MpiWindow() {
+    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+  }
+
+  int size() const noexcept { return size_; }                     ///< ranks of the group
+  int rank() const noexcept { return rank_; }                     ///< this rank
+  std::size_t bytes_per_rank() const noexcept { return bytes_; }  ///< data bytes of every rank's slot
+  /// This rank's whole data slot (the registrations are its first used() bytes).
+  WindowSpan local() const noexcept { return {at(rank_), bytes_}; }
+  /// The start of rank p's data slot in this process's mapping (bytes_per_rank() bytes). Reading
+  /// it is only safe while its owner does not write it (MpiWindowComm::with_peers orders that).
+  /// @pre 0 <= p < size().
+  std::byte* at(int p) const noexcept { return bases_[static_cast<std::size_t>(p)] + kControlBytes; }
+
+  /// Registers the next `bytes` of this rank's slot (aligned to kAlignment) and returns them.
+  /// Local (no communication); every rank must register the same sizes in the same order, which
+  /// with_peers() and check_registrations() compare. Registrations last until reset().
+  /// @throws Error(buffer_too_small) the slot has fewer bytes left (nothing registered then).
+  WindowSpan allocate(std::size_t bytes) {
+    const std::size_t off = detail::round_up(used_, kAlignment);
+    if (off > bytes_ || bytes > bytes_ - off)
+      detail::fail(Errc::buffer_too_small, "MpiWindow::allocate(" + std::to_string(bytes) + "): rank " + std::to_string(rank_) +
+                                               " has " + std::to_string(off > bytes_ ? 0 : bytes_ - off) + " of its " +
+                                               std::to_string(bytes_) + " window bytes left; make the window larger");
+    used_ = off + bytes;
+    digest_.add(bytes);
+    return {at(rank_) + off, bytes};
+  }
+  /// Forgets every registration (the memory stays; the next allocate() starts at the slot's
+  /// beginning). Every rank must do it alike (the next comparison sees it).
+  void reset() noexcept {
+    used_ = 0;
+    digest_ = {};
+  }
+  /// Bytes of the slot taken by registrations (their end); inputs outside the window are staged after them.
+  std::size_t used() const noexcept { return used_; }
+  /// Number of registrations since construction or reset().
+  std::size_t registrations() const noexcept { return static_cast<std::size_t>(digest_.count); }
+
+  /// Compares what every rank registered (count, sizes, order). Collective (one MPI_Allgather of
+  /// a digest over the group). @throws Error(plan_mismatch) on every rank when they differ (the
+  /// message names the ranks and their sizes); Error(backend).
+  void check_registrations() const {
+    std::vector<detail::WindowDigest> all(static_cast<std::size_t>(size_));
+    detail::mpi_check(MPI_Allgather(&digest_, static_cast<int>(sizeof digest_), MPI_BYTE, all.data(), static_cast<int>(sizeof digest_),
+                                    MPI_BYTE, node_), "MPI_Allgather");
+    const std::string m = detail::registration_mismatch(all.data(), size_);
+    if (!m.empty()) detail::fail(Errc::plan_mismatch, "MpiWindow::check_registrations: " + m);
+  }
+
+  /// Whether [p, p + bytes) lies in this rank's data slot.
+  bool contains(const void* p, std::size_t bytes) const noexcept {
+    const auto b = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(at(rank_));
+    return b >= lo && b - lo <= bytes_ && bytes <= bytes_ - (b - lo);
+  }
+  /// Whether p points into this rank's data slot (its first byte does).
+  bool starts_in(const void* p) const noexcept {
+    const auto b = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(at(rank_));
+    return b >= lo && b - lo < bytes_;
+  }
+
+  MPI_Win get() const noexcept { return win_; }          ///< the MPI window
+  MPI_Comm node_comm() const noexcept { return node_; }  ///< the window's communicator (the group's ranks, owned by the window)
+
+ private:
+  friend class MpiWindowComm;
+  detail::WindowControl& control(int p) const noexcept {
+    return *reinterpret_cast<detail::WindowControl*>(bases_[static_cast<std::size_t>(p)]);
+  }
+  const detail::WindowDigest& digest() const noexcept { return digest_; }
+
+  std::size_t bytes_;
+  int size_ = 0, rank_ = 0;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<std::byte*> bases_;  // every rank's segment (control block, then data) in this process
+  std::size_t used_ = 0;
+  detail::WindowDigest digest_;
+};
+
+/// The communicator concept (comm/concepts.hpp) over an MpiComm and an MpiWindow of the same
+/// group, with with_peers() across processes: Path::direct, the peer copy, between the MPI
+/// processes of one node (see the file comment). alltoallv(), allgather() and
+/// exchange_messages() are the MpiComm's. Non-owning (the MpiComm and the window must outlive it);
+/// a copy shares the window's synchronisation (use one at a time).
+class MpiWindowComm {
+ public:
+  /// Default wait bound of with_peers() (the shipped communicators', comm/failure.hpp).
+  static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultCommTimeout;
+
+  /// Wraps `comm` and `window` (not owned). Local (no communication).
+  /// @param timeout how long with_peers() waits for the peers (at each of its two
+  ///        synchronisations) before it throws Error(timeout) and breaks the group
+  /// @throws Error(comm_mismatch) the window is not over comm's group (size, rank or members differ).
+  MpiWindowComm(MpiComm& comm, MpiWindow& window, std::chrono::milliseconds timeout = kDefaultTimeout)
+      : comm_(&comm), win_(&window), timeout_(timeout) {
+    int cmp = MPI_UNEQUAL;
+    MPI_Comm_compare(comm.get(), window.node_comm(), &cmp);
+    if (comm.size() != window.size() || comm.rank() != window.rank() || (cmp != MPI_IDENT && cmp != MPI_CONGRUENT))
+      detail::fail(Errc::comm_mismatch, "MpiWindowComm: the window was allocated over another group than the MpiComm's (size " +
+                                            std::to_string(window.size()) + " vs " + std::to_string(comm.size()) + ", rank " +
+                                            std::to_string(window.rank()) + " vs " + std::to_string(comm.rank()) + ")");
+  }
+
+  int size() const noexcept { return comm_->size(); }  ///< P
+  int rank() const noexcept { return comm_->rank(); }  ///< this rank
+  MpiComm& mpi() const noexcept { return *comm_; }     ///< the wrapped MpiComm
+  MpiWindow& window() const noexcept { return *win_; }  ///< the window
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }  ///< with_peers()' wait bound
+  /// Sets with_peers()' wait bound (e.g. long for a first, slow step, then short). Local.
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+  /// True once a with_peers() of this group timed out or failed on any rank (or the MpiComm is
+  /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
+  bool broken() const noexcept { return failure_.broken() || detail::shared_load(win_->control(0).abort) != 0 || comm_->broken(); }
+  /// Bytes of inputs the last with_peers() staged into the window (0 when all were in it).
+  std::size_t staged_bytes() const noexcept { return staged_; }
+
+  /// MpiComm::alltoallv(). @throws Error(aborted) when broken(); as MpiComm::alltoallv().
+  void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
+                 const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
+    require_alive("alltoallv");
+    comm_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  }
+  /// MpiComm::exchange_messages(). @throws Error(aborted) when broken(); as MpiComm::exchange_messages().
+  void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+    require_alive("exchange_messages");
+    comm_->exchange_messages(send, n_send, recv, n_recv);
+  }
+  /// MpiComm::allgather() (host memory). @throws Error(aborted) when broken(); as MpiComm::allgather().
+  void allgather(const void* send, std::size_t bytes, void* recv) {
+    require_alive("allgather");
+    comm_->allgather(send, bytes, recv);
+  }
+
+  /// The peer copy's step across processes (the optional with_peers() of the communicator
+  /// concept). Collective over the group. `mine` points to this rank's PeerInputs (what
+  /// transport/peer_copy.hpp publishes); `work(ctx, all)` then runs with all[p] pointing to rank
+  /// p's PeerInputs translated into this process's mapping of the window (valid during the call).
+  /// Inputs in this rank's slot are read in place by the peers; inputs outside the window are
+  /// copied first into the slot's bytes after its registrations (and after any input of this
+  /// call in the slot). Returns when every rank's work has returned.
+  /// @pre `mine` points to a PeerInputs; host memory.
+  /// @throws Error(plan_mismatch) on every rank: the ranks registered different window buffers,
+  ///         or publish different numbers of inputs (the group stays usable);
+  ///         Error(buffer_too_small) on this rank: an input outside the window does not fit the
+  ///         slot's free bytes, or an input starts in the slot and runs past its end (allocate the
+  ///         inputs from the window, or make it larger); the peers throw Error(aborted);
+  ///         Error(timeout) on a rank that waited longer than timeout() (the message names the
+  ///         ranks that did not arrive, or did not finish reading); Error(aborted) when the group
+  ///         is broken (before or during the call); what `work` throws (the group is then broken).
+  ///         After any error but plan_mismatch the group is broken.
+  void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
+    require_alive("with_peers");
+    const auto& in = *static_cast<const PeerInputs*>(mine);
+    const int P = size(), me = rank();
+    detail::WindowControl& c = win_->control(me);
+    const std::uint64_t e = detail::shared_load(c.arrive) + 1;
+    std::exception_ptr err;
+    Errc code = Errc::aborted;
+    std::string what = "a call of with_peers failed";
+    bool uniform = false;    // the error is a verdict every rank reaches alike (the group stays usable)
+    bool timed_out = false;  // this rank already waited timeout() for the peers
+    const std::string own = publish(in, c);  // "" or this rank's error (status = 1)
+    detail::shared_store(c.arrive, e);
+    try {
+      if (!own.empty()) detail::fail(Errc::buffer_too_small, own);  // the peers see the status (or the abort word) and read nothing
+      wait_for(e, &detail::WindowControl::arrive, "arrive");
+      std::vector<int> failed;
+      for (int p = 0; p < P; ++p)
+        if (win_->control(p).status) failed.push_back(p);
+      if (!failed.empty())
+        detail::fail(Errc::aborted, "rank " + std::to_string(me) + ": ranks " + detail::rank_set(failed) +
+                                        " could not publish their inputs in the window (their own errors say why)");
+      uniform = true;
+      check_records(in);  // throws plan_mismatch (every rank alike)
+      uniform = false;
+      views_.resize(static_cast<std::size_t>(P));
+      all_.resize(static_cast<std::size_t>(P));
+      for (int p = 0; p < P; ++p) {
+        const detail::WindowControl& r = win_->control(p);
+        PeerInputs& v = views_[static_cast<std::size_t>(p)];
+        v.count = static_cast<int>(r.count);
+        v.layouts = r.layouts;
+        for (int t = 0; t < kMaxTensors; ++t) {
+          const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
+          v.data[t] = used ? win_->at(p) + r.offset[t] : nullptr;
+          v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
+        }
+        all_[static_cast<std::size_t>(p)] = &v;
+      }
+      work(ctx, all_.data());
+    } catch (const Error& x) {
+      err = std::current_exception();
+      code = x.code();
+      what = x.what();
+      timed_out = code == Errc::timeout;
+    } catch (const std::exception& x) {
+      err = std::current_exception();
+      what = x.what();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    detail::shared_store(c.done, e);  // this rank reads no peer's memory any more
+    if (!err) {
+      try {
+        wait_for(e, &detail::WindowControl::done, "finish reading");
+        return;
+      } catch (const Error& x) {
+        err = std::current_exception();
+        code = x.code();
+        what = x.what();
+        timed_out = code == Errc::timeout;
+      }
+    }
+    if (!uniform) break_group(code, what);
+    if (!timed_out) wait_for_readers(e);  // no peer still reads this rank's inputs when it returns
+    std::rethrow_exception(err);
+  }
+
+  /// What the transports learn on this communicator about the plans run on it, and their scratch
+  /// lists (comm/exchange_state.hpp).
+  ExchangeState& exchange_state() noexcept { return state_; }
+
+ private:
+  void require_alive(const char* what) const {
+    const std::string where = std::string("rank ") + std::to_string(rank()) + ": MpiWindowComm::" + what;
+    failure_.check(where.c_str());  // this rank's own first failure
+    const std::uint64_t who = detail::shared_load(win_->control(0).abort);
+    if (!who) return;  // (a broken MpiComm throws from its own calls)
+    detail::fail(Errc::aborted, where + ": the window's group is broken (rank " + std::to_string(who - 1) +
+                                    " timed out or failed in with_peers); make a new MpiWindow");
+  }
+  /// Marks the group broken for every rank (the shared abort word) and this rank's failure.
+  void break_group(Errc code, const std::string& what) noexcept {
+    detail::shared_claim(win_->control(0).abort, static_cast<std::uint64_t>(rank()) + 1);
+    try {
+      failure_.record(code, what);
+    } catch (...) {  // (std::string's allocation: the shared word already breaks the group)
+    }
+  }
+
+  /// Writes this rank's record (offsets in its slot, staging the inputs outside the window) and
+  /// returns "" or why it cannot (then status = 1).
+  std::string publish(const PeerInputs& in, detail::WindowControl& c) {
+    MpiWindow& w = *win_;
+    const std::byte* slot = w.at(rank());
+    std::size_t cursor = w.used();  // staging goes after the registrations and after every input of this call in the slot
+    std::string err;
+    staged_ = 0;
+    const int n = std::min(std::max(in.count, 0), kMaxTensors);
+    for (int t = 0; t < n; ++t)
+      if (in.bytes[t] && w.contains(in.data[t], in.bytes[t]))
+        cursor = std::max(cursor, static_cast<std::size_t>(in.data[t] - slot) + in.bytes[t]);
+    for (int t = 0; t < kMaxTensors; ++t) {
+      c.offset[t] = detail::WindowControl::kNone;
+      c.bytes[t] = 0;
+    }
+    for (int t = 0; t < n && err.empty(); ++t) {
+      const std::byte* p = in.data[t];
+      const std::size_t b = in.bytes[t];
+      if (!b || !p) continue;
+      c.bytes[t] = b;
+      if (w.contains(p, b)) {
+        c.offset[t] = static_cast<std::uint64_t>(p - slot);
+        continue;
+      }
+      if (w.starts_in(p)) {
+        err = "MpiWindowComm: input " + std::to_string(t) + " of rank " + std::to_string(rank()) + " starts in the window and runs " +
+              std::to_string(b - static_cast<std::size_t>(slot + w.bytes_per_rank() - p)) + " bytes past its end";
+        break;
+      }
+      const std::size_t off = detail::round_up(cursor, MpiWindow::kAlignment);
+      if (off > w.bytes_per_rank() || b > w.bytes_per_rank() - off) {
+        err = "MpiWindowComm: input " + std::to_string(t) + " of rank " + std::to_string(rank()) + " (" + std::to_string(b) +
+              " bytes) is outside the window, and the window has " + std::to_string(off > w.bytes_per_rank() ? 0 : w.bytes_per_rank() - off) +
+              " free bytes to stage it in; allocate the inputs from the window (MpiWindow::allocate) or make it larger";
+        break;
+      }
+      std::memcpy(w.at(rank()) + off, p, b);
+      c.offset[t] = off;
+      staged_ += b;
+      cursor = off + b;
+    }
+    c.count = static_cast<std::uint64_t>(in.count);
+    c.layouts = in.layouts;
+    c.registered = w.digest();
+    c.status = err.empty() ? 0 : 1;
+    return err;
+  }
+
+  /// After every rank arrived: the same verdict on every rank (they read the same records).
+  void check_records(const PeerInputs& in) const {
+    const int P = size();
+    std::vector<detail::WindowDigest> reg(static_cast<std::size_t>(P));
+    for (int p = 0; p < P; ++p) reg[static_cast<std::size_t>(p)] = win_->control(p).registered;
+    const std::string m = detail::registration_mismatch(reg.data(), P);
+    if (!m.empty()) detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: " + m);
+    std::vector<int> other;
+    for (int p = 0; p < P; ++p)
+      if (win_->control(p).count != win_->control(0).count) other.push_back(p);
+    if (!other.empty())
+      detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: ranks " + detail::rank_set(other) + " publish another number of inputs than rank 0's " +
+                                            std::to_string(win_->control(0).count) + " (rank " + std::to_string(rank()) + ": " +
+                                            std::to_string(in.count) + "); the ranks' plans differ");
+    for (int p = 0; p < P; ++p) {
+      const detail::WindowControl& r = win_->control(p);
+      for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
+        if (r.offset[t] != detail::WindowControl::kNone &&
+            (r.offset[t] > win_->bytes_per_rank() || r.bytes[t] > win_->bytes_per_rank() - r.offset[t]))
+          detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes input " + std::to_string(t) +
+                                                " outside its window slot (the ranks' windows differ)");
+    }
+  }
+
+  /// Spins (bounded) until every rank's `field` reaches epoch e. @throws Error(aborted) when the
+  /// group breaks meanwhile; Error(timeout) after timeout() (breaking the group). The arrival
+  /// wait looks at the abort word before the epochs (a rank that reads its peers has seen it clear
+  /// after publishing its arrival: what wait_for_readers() relies on); the wait for the reads to
+  /// finish looks at the epochs first (once every rank has read, the exchange is complete, even if
+  /// a peer breaks the group in its next call).
+  void wait_for(std::uint64_t e, std::uint64_t detail::WindowControl::*field, const char* what) {
+    const int P = size();
+    const bool arrival = field == &detail::WindowControl::arrive;
+    auto reached = [&] {
+      int p = 0;
+      while (p < P && detail::shared_load(win_->control(p).*field) >= e) ++p;
+      return p == P;
+    };
+    const bool ok = detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+      if (arrival) require_alive("with_peers");
+      if (reached()) return true;
+      if (!arrival) require_alive("with_peers");
+      return false;
+    }, detail::PollPace::relaxed);  // the peers are other processes: they progress on their own
+    if (ok) return;
+    std::vector<int> late;
+    for (int q = 0; q < P; ++q)
+      if (detail::shared_load(win_->control(q).*field) < e) late.push_back(q);
+    const Error x(Errc::timeout, "rank " + std::to_string(rank()) + " waited " + std::to_string(timeout_.count()) +
+                                     " ms in MpiWindowComm::with_peers for the peers to " + what + "; ranks " + detail::rank_set(late) +
+                                     " did not (a rank skipped the call, failed outside it, or is stuck)");
+    break_group(Errc::timeout, x.what());
+    throw x;
+  }
+
+  /// After this rank failed: waits (bounded by timeout()) until every peer that arrived at epoch e
+  /// has finished reading (a peer that did not arrive sees the abort word and reads nothing).
+  void wait_for_readers(std::uint64_t e) const noexcept {
+    const int P = size();
+    detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+      for (int p = 0; p < P; ++p) {
+        const detail::WindowControl& r = win_->control(p);
+        if (detail::shared_load(r.arrive) >= e && detail::shared_load(r.done) < e) return false;
+      }
+      return true;
+    }, detail::PollPace::relaxed);
+  }
+
+  MpiComm* comm_;
+  MpiWindow* win_;
+  std::chrono::milliseconds timeout_;
+  detail::CommFailure failure_;  // this rank's first failure
+  std::size_t staged_ = 0;
+  std::vector<PeerInputs> views_;  // every rank's inputs in this process's mapping (with_peers' scratch)
+  std::vector<const void*> all_;   // &views_[p]
+  ExchangeState state_;            // see exchange_state()
+};
+
+ULYSSES_NAMESPACE_END

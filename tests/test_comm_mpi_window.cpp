@@ -1,0 +1,351 @@
+// SPDX-License-Identifier: Apache-2.0
+// comm/mpi_window.hpp under real processes (ctest runs this under `mpiexec -n 2`, `-n 3` and
+// `-n 4`): the peer copy between processes (MpiWindowComm, Path::direct) on the whole shared case
+// list (C1–C8, zigzag, the models sweep, K stages, pipelined, strided views, uneven S and H,
+// Replicas::owner) bit for bit against the reference, with the inputs in the window (read in
+// place) and outside it (staged), the path chosen by default and forced, and the other paths
+// forced over the same communicator; then the registration check, the timeout of a rank that
+// never enters, and the errors that break the group.
+#include <ulysses/comm/mpi.hpp>
+
+#include "mpi_groups.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <new>
+
+#include "cases.hpp"
+#include "expect_error.hpp"
+
+using namespace ulysses;
+using ut::on_groups_of;
+
+namespace {
+
+/// Bump allocation from one window registration (the test's arena; nothing is freed until the
+/// next case resets it): run_case's tensors then live in the window.
+struct Arena {
+  std::byte* base = nullptr;
+  std::size_t size = 0, used = 0;
+};
+Arena g_arena;
+
+template <class T>
+struct ArenaAlloc {
+  using value_type = T;
+  ArenaAlloc() = default;
+  template <class U>
+  ArenaAlloc(const ArenaAlloc<U>&) {}  // NOLINT: rebinding
+  T* allocate(std::size_t n) {
+    const std::size_t off = (g_arena.used + 63) / 64 * 64;
+    if (off + n * sizeof(T) > g_arena.size) throw std::bad_alloc();
+    g_arena.used = off + n * sizeof(T);
+    return reinterpret_cast<T*>(g_arena.base + off);
+  }
+  void deallocate(T*, std::size_t) {}
+  template <class U>
+  bool operator==(const ArenaAlloc<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const ArenaAlloc<U>&) const { return false; }
+};
+
+/// Bytes run_case's tensors of case c take on this rank (in, mid, back and the expected values),
+/// with the arena's alignment: the largest over the group is registered on every rank.
+template <class T>
+std::size_t case_bytes(const ut::Case& c, int r) {
+  const Plan plan = ut::plan_of<T>(c, r);
+  std::size_t n = 0;
+  for (int t = 0; t < plan.num_tensors(); ++t) n += 3 * plan.seq_bytes(t) + plan.head_bytes(t) + 4 * 64;
+  return n;
+}
+
+/// One window of `bytes` per rank over `sub` (the largest any rank asks for); with `arena`, all
+/// of it is one registration that the arena hands out (else it is left free for staging).
+/// fn(MpiWindowComm&) runs on it.
+template <class F>
+void with_window(MPI_Comm sub, std::size_t bytes, bool arena, F&& fn) {
+  unsigned long long mine = bytes, most = 0;
+  MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, sub);
+  MpiComm comm(sub);
+  MpiWindow win(comm, static_cast<std::size_t>(most));
+  const WindowSpan all = arena ? win.allocate(static_cast<std::size_t>(most)) : WindowSpan{};
+  g_arena = {all.data(), all.size(), 0};
+  MpiWindowComm wc(comm, win);
+  fn(wc);
+}
+
+enum class Where { window, staged };
+
+int comm_rank(MPI_Comm c) {
+  int r = 0;
+  MPI_Comm_rank(c, &r);
+  return r;
+}
+
+/// Every case on the window communicator: inputs in the window on every path it can take (the
+/// default, which must be direct, and each forced), and inputs outside it (staged) by default.
+template <class T>
+void check_window(const std::vector<ut::Case>& cases) {
+  const Path paths[] = {Path::automatic, Path::direct, Path::messages, Path::alltoallv};
+  for (auto c : cases) {
+    for (Where where : {Where::window, Where::staged})
+      for (Path path : paths) {
+        if (where == Where::staged && path != Path::automatic) continue;
+        c.path = path;
+        const std::string via = std::string(to_string(path)) + (where == Where::window ? ", inputs in the window" : ", inputs staged");
+        CAPTURE(c.name);
+        CAPTURE(via);
+        on_groups_of(c.P, [&](MPI_Comm sub) {
+          const int r = comm_rank(sub);
+          if (path == Path::automatic) CHECK(choose_path<MpiWindowComm, HostExecutor>(ut::plan_of<T>(c, r)) == Path::direct);
+          with_window(sub, case_bytes<T>(c, r), where == Where::window, [&](MpiWindowComm& wc) {
+            if (where == Where::window)
+              CHECK(ut::run_case<T, MpiWindowComm, HostExecutor, ArenaAlloc<T>>(wc, c) == "");
+            else
+              CHECK(ut::run_case<T>(wc, c) == "");
+            if (where == Where::window) CHECK(wc.staged_bytes() == 0);
+          });
+        });
+      }
+  }
+}
+
+/// The cases the window path adds to the shared list at group size P: K = 2 stages (plain and
+/// pipelined), strided views, uneven S and H with GQA, Replicas::owner on replicated kv heads.
+std::vector<ut::Case> window_cases(int P) {
+  auto q = HeadPartition::balanced(2 * P, P);
+  auto kv = HeadPartition::gqa(q, 2);
+  auto qb = HeadPartition::balanced(P + 3, P);
+  std::vector<ut::Case> v = {
+      {"K=2 P=" + std::to_string(P), P, 2, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd, 2},
+      {"K=2 pipelined P=" + std::to_string(P), P, 1, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd, 2, true},
+      {"uneven S and H P=" + std::to_string(P), P, 1, SeqPartition::balanced(3 * P + 1, P), {{qb, 3}, {HeadPartition::gqa(qb, 1), 3}},
+       Format::sbhd},
+      {"strided views P=" + std::to_string(P), P, 2, SeqPartition::balanced(2 * P + 1, P), {{q, 4}, {kv, 2}}, Format::bshd},
+      {"owner P=" + std::to_string(P), P, 1, SeqPartition::even(2 * P, P), {{q, 4}, {kv, 4}}, Format::bshd},
+  };
+  v[3].padded = true;
+  v[4].replicas = Replicas::owner;
+  return v;
+}
+
+/// A small fused plan (q and GQA kv over P ranks, B = 2) and its buffers on rank r.
+struct Small {
+  Plan plan;
+  explicit Small(int P, int r)
+      : plan({P, r}, 2, SeqPartition::even(2 * P, P),
+             {TensorSpec::of<float>(HeadPartition::even(2 * P, P), 4), TensorSpec::of<float>(HeadPartition::gqa(HeadPartition::even(2 * P, P), 1), 4)}) {}
+};
+
+}  // namespace
+
+TEST_CASE("MPI window: C1 batch > 1 in bshd, sbhd, bhsd") { check_window<float>(ut::c1_cases()); }
+
+TEST_CASE("MPI window: C2 inverse and reference, P in {2,4}, q/k/v fused") {
+  for (int P : {2, 4}) check_window<float>(ut::c2_cases(P));
+  check_window<ut::bf16_t>(ut::c2_cases(2));
+}
+
+TEST_CASE("MPI window: zigzag partitions, P in {2,3,4}") {
+  for (int P : {2, 3, 4}) check_window<float>(ut::zigzag_cases(P));
+}
+
+TEST_CASE("MPI window: C3 S=7 over P=2, C4 H=7 over P=4, C5 GQA, C6 empty chunks, C8 (B, P, S_local) order") {
+  check_window<float>(ut::c3_cases());
+  check_window<float>(ut::c4_cases(4));
+  check_window<float>({ut::c5_case()});
+  check_window<float>(ut::c6_cases());
+  check_window<ut::fp8_t>(ut::c6_cases());
+  check_window<float>(ut::c8_cases());
+}
+
+TEST_CASE("MPI window: K stages, pipelined, strided views, uneven S and H, Replicas::owner, P in {2,3,4}") {
+  for (int P : {2, 3, 4}) check_window<float>(window_cases(P));
+  check_window<double>(window_cases(3));
+}
+
+TEST_CASE("MPI window: C7 non-contiguous input view (staged)") {
+  on_groups_of(2, [&](MPI_Comm sub) {
+    with_window(sub, 1 << 16, false, [&](MpiWindowComm& wc) {
+      CHECK(ut::run_view_case<float>(wc, 2) == "");
+      CHECK(wc.staged_bytes() > 0);
+    });
+  });
+}
+
+TEST_CASE("MPI window: models, every model at every P that fits the world, q/k/v in one exchange") {
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {1, 2, 3, 4}) {
+      const std::string name = m.name;
+      CAPTURE(name);
+      const bool even = ut::expected_even_error(m, P) == Errc{};
+      check_window<ut::bf16_t>({ut::model_case(m, P, even)});
+    }
+}
+
+TEST_CASE("MPI window: adjointness (the summed inverse in ascending rank order), partitions, layouts, K") {
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {2, 3, 4}) {
+      int i = 0;
+      for (const auto& [pname, seq] : ut::sweep_partitions(P))
+        for (int layout = 0; layout < 4; ++layout) {
+          if ((i++ + P) % 5) continue;  // a rotation: every partition and layout for some model/P
+          auto q = HeadPartition::balanced(m.num_heads, P);
+          auto kv = HeadPartition::gqa(q, m.num_kv_heads);
+          ut::Case c{std::string(m.name) + " P=" + std::to_string(P) + " " + pname + " layout " + std::to_string(layout), P, 1, seq,
+                     {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}}, layout == 3 ? Format::bshd : ut::kFormats[layout],
+                     1 + 2 * (i % 2)};
+          c.padded = layout == 3;
+          CAPTURE(c.name);
+          on_groups_of(P, [&](MPI_Comm sub) {
+            with_window(sub, case_bytes<float>(c, comm_rank(sub)), false, [&](MpiWindowComm& wc) {  // inputs staged
+              const ut::AdjointShare s = ut::run_adjoint_case<float>(wc, c);
+              CHECK(s.error == "");
+              long long mine[2] = {s.forward, s.backward}, sum[2];
+              MPI_Allreduce(mine, sum, 2, MPI_LONG_LONG, MPI_SUM, sub);
+              CHECK(sum[0] == sum[1]);
+            });
+          });
+        }
+    }
+}
+
+TEST_CASE("MPI window: the direct path is the default, copies once, and needs no workspace") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  Small s(P, r);
+  CHECK(choose_path<MpiWindowComm, HostExecutor>(s.plan) == Path::direct);
+  CHECK(PathSupport<MpiWindowComm, HostExecutor>::direct);
+  CHECK(s.plan.copies(Direction::seq_to_head, Path::direct).executor == 1);
+  CHECK(s.plan.copies(Direction::seq_to_head, Path::direct).transport == 0);
+  MpiWindow win(world, 2 * (s.plan.seq_bytes(0) + s.plan.seq_bytes(1) + s.plan.head_bytes(0) + s.plan.head_bytes(1)) + 4096);
+  WindowSpan q = win.allocate(s.plan.seq_bytes(0)), k = win.allocate(s.plan.seq_bytes(1));
+  WindowSpan q2 = win.allocate(s.plan.head_bytes(0)), k2 = win.allocate(s.plan.head_bytes(1));
+  std::vector<float> q3(s.plan.seq_bytes(0) / 4), k3(s.plan.seq_bytes(1) / 4);
+  for (std::size_t i = 0; i < q.size() / 4; ++i) q.as<float>()[i] = static_cast<float>(1000 * r + static_cast<int>(i));
+  for (std::size_t i = 0; i < k.size() / 4; ++i) k.as<float>()[i] = static_cast<float>(-1000 * r - static_cast<int>(i));
+  MpiWindowComm wc(world, win);
+  HostExecutor ex;
+  win.check_registrations();
+  for (int round = 0; round < 3; ++round) {  // the epochs advance; the lists are kept
+    seq_to_head(s.plan, wc, ex, {q, k}, {q2, k2}, {});
+    CHECK(wc.staged_bytes() == 0);
+    head_to_seq(s.plan, wc, ex, {q2, k2}, {ByteSpan(q3), ByteSpan(k3)}, {});
+    CHECK(std::memcmp(q3.data(), q.data(), q.size()) == 0);
+  }
+  CHECK(!wc.broken());
+  CHECK(ut::code_of([&] { MpiWindowComm bad(world, win, std::chrono::milliseconds(1)); }) == Errc{});
+}
+
+TEST_CASE("MPI window: registrations in another order or size on one rank throw plan_mismatch on every rank") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  const int odd = P - 1;
+  Small s(P, r);
+  const std::size_t a = s.plan.seq_bytes(0), b = s.plan.seq_bytes(1);
+  struct Variant {
+    const char* name;
+    std::vector<std::size_t> sizes;
+  };
+  const Variant variants[] = {{"order", {b, a}}, {"size", {a, b + 64}}, {"count", {a, b, 64}}};
+  MpiWindow win(world, 4 * (a + b) + 4096);
+  MpiWindowComm wc(world, win, std::chrono::seconds(20));
+  HostExecutor ex;
+  std::vector<float> q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
+  for (const Variant& v : variants) {
+    CAPTURE(v.name);
+    win.reset();
+    std::vector<WindowSpan> reg;
+    for (std::size_t n : r == odd ? v.sizes : std::vector<std::size_t>{a, b}) reg.push_back(win.allocate(n));
+    const WindowSpan& q = reg[r == odd && std::string(v.name) == "order" ? 1 : 0];
+    const WindowSpan& k = reg[r == odd && std::string(v.name) == "order" ? 0 : 1];
+    auto [code, msg] = ut::error_of([&] { win.check_registrations(); });
+    CHECK(code == Errc::plan_mismatch);
+    CHECK(msg.find("rank " + std::to_string(odd) + " registered") != std::string::npos);
+    std::tie(code, msg) = ut::error_of([&] { seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); });
+    CAPTURE(msg);
+    CHECK(code == Errc::plan_mismatch);
+    CHECK(msg.find("rank " + std::to_string(odd) + " registered") != std::string::npos);
+    CHECK(!wc.broken());  // the same verdict on every rank: the group stays usable
+  }
+  win.reset();  // registered alike again: the exchange runs
+  WindowSpan q = win.allocate(a), k = win.allocate(b);
+  CHECK(ut::code_of([&] { seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); }) == Errc{});
+}
+
+TEST_CASE("MPI window: ranks asking for windows of different sizes throw plan_mismatch on every rank") {
+  MpiComm world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  auto [code, msg] = ut::error_of([&] { MpiWindow win(world, world.rank() == 1 ? 8192 : 4096); });
+  CHECK(code == Errc::plan_mismatch);
+  CHECK(msg.find("ranks {1}") != std::string::npos);
+}
+
+TEST_CASE("MPI window: a rank that never enters makes its peers time out within the deadline; the group is broken after") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  Small s(P, r);
+  MpiWindow win(world, 2 * (s.plan.seq_bytes(0) + s.plan.seq_bytes(1)) + 4096);
+  WindowSpan q = win.allocate(s.plan.seq_bytes(0)), k = win.allocate(s.plan.seq_bytes(1));
+  std::vector<float> q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
+  MpiWindowComm wc(world, win, std::chrono::seconds(60));
+  HostExecutor ex;
+  auto run = [&] { seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); };
+  run();  // all ranks: the agreement check and the peer lists (MPI collectives) are done once
+  wc.set_timeout(std::chrono::milliseconds(300));
+  if (r != 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [code, msg] = ut::error_of(run);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    CAPTURE(msg);
+    CHECK((code == Errc::timeout || code == Errc::aborted));
+    if (code == Errc::timeout) CHECK(msg.find("ranks {0} did not") != std::string::npos);
+    CHECK(ms < 300 + 5000);  // the deadline, and slack for a loaded machine
+    int timed_out = code == Errc::timeout, any = 0;
+    MPI_Allreduce(&timed_out, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    CHECK(any == 1);
+  } else {
+    int none = 0, any = 0;
+    MPI_Allreduce(&none, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(wc.broken());
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(ut::code_of(run) == Errc::aborted);  // at once, on every rank (rank 0 included)
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300));
+  CHECK(ut::code_of([&] { wc.allgather(&r, sizeof r, q2.data()); }) == Errc::aborted);
+}
+
+TEST_CASE("MPI window: an input outside the window with no room to stage it: buffer_too_small there, aborted on the peers") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  Small s(P, r);
+  MpiWindow win(world, detail::round_up<std::size_t>(s.plan.seq_bytes(0), MpiWindow::kAlignment) + s.plan.seq_bytes(1));  // no byte free
+  WindowSpan q = win.allocate(s.plan.seq_bytes(0)), k = win.allocate(s.plan.seq_bytes(1));
+  std::vector<float> qo(s.plan.seq_bytes(0) / 4), q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
+  MpiWindowComm wc(world, win, std::chrono::seconds(20));
+  HostExecutor ex;
+  seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {});  // warm: agreement check and lists
+  const ConstByteSpan qin = r == 0 ? ConstByteSpan(qo) : ConstByteSpan(q);  // rank 0's q outside the window, too big to stage
+  auto [code, msg] = ut::error_of([&] { seq_to_head(s.plan, wc, ex, {qin, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); });
+  CAPTURE(msg);
+  CHECK(code == (r == 0 ? Errc::buffer_too_small : Errc::aborted));
+  if (r == 0) CHECK(msg.find("allocate the inputs from the window") != std::string::npos);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(wc.broken());
+}
+
+TEST_CASE("MPI window: a window over another group than the MpiComm's is refused") {
+  MpiComm world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  on_groups_of(world.size() - 1, [&](MPI_Comm sub) {
+    MpiComm part(sub);
+    MpiWindow win(part, 4096);
+    CHECK(ut::code_of([&] { MpiWindowComm wc(world, win); }) == Errc::comm_mismatch);
+  });
+}
+
+int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }
