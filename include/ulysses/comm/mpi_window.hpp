@@ -332,6 +332,8 @@ class MpiWindowComm {
   static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultCommTimeout;
 
   /// Wraps `comm` and `window` (not owned). Local (no communication).
+  /// @param comm    the MpiComm of the group (alltoallv, allgather, exchange_messages go through it)
+  /// @param window  an MpiWindow allocated over the same group
   /// @param timeout how long with_peers() waits for the peers (at each of its two
   ///        synchronisations) before it throws Error(timeout) and breaks the group
   /// @throws Error(comm_mismatch) the window is not over comm's group (size, rank or members differ).

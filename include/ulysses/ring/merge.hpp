@@ -45,7 +45,10 @@ inline void check_merge_shape(const RingMergeShape& s, const char* who) {
 }  // namespace detail
 
 /// Empties the running state: out = 0, lse = −inf (no key seen). Host.
-/// @param out fp32 [B, S_q, H, Dv]; @param lse fp32 [B, H, S_q]. @throws Error(invalid_shape) a negative extent.
+/// @param s   the state's shape (RingMergeShape)
+/// @param out fp32 [B, S_q, H, Dv]
+/// @param lse fp32 [B, H, S_q]
+/// @throws Error(invalid_shape) a negative extent.
 inline void ring_merge_init(const RingMergeShape& s, float* out, float* lse) {
   detail::check_merge_shape(s, "ring_merge_init");
   for (std::int64_t i = 0; i < s.out_elems(); ++i) out[i] = 0.0f;
@@ -54,10 +57,13 @@ inline void ring_merge_init(const RingMergeShape& s, float* out, float* lse) {
 
 /// Merges one ring step's partial attention into the running state (merge/lse.hpp's merge() per
 /// row): the block covers query rows [q_begin, q_begin + q_len) of the state. Host.
+/// @param s          the state's shape (RingMergeShape)
 /// @param out, lse    the state (see RingMergeShape)
 /// @param out_block   the step's partial output [B, q_len, H, Dv], bshd contiguous, of `type`
 /// @param lse_block   its LSE, fp32 [B, H, q_len] (−inf: the row saw no key at this step; its
 ///                    output row is not read)
+/// @param type        the element type of out_block (float32, float16, bfloat16)
+/// @param q_begin, q_len the query rows of the state the block covers
 /// @param base        the LSE's base (natural: FlashAttention; two: FlashInfer)
 /// A block with q_len = 0 (an empty step, RingWork::empty()) changes nothing.
 /// @throws Error(invalid_shape) a negative extent, or [q_begin, q_begin + q_len) outside [0, S_q);

@@ -3,7 +3,7 @@
 /// @brief split_ring(): an MPI world cut into Ulysses groups, rings and outer groups laid out on its
 ///        nodes (a RingMesh), and what it returns (MpiRingMesh).
 ///
-/// Needs <mpi.h> (link ulysses::mpi). Wrap MpiRingMesh::ulysses and ::ring in MpiComm
+/// Needs <mpi.h> (link ulysses::mpi). Wrap MpiRingMesh::ulysses and MpiRingMesh::ring in MpiComm
 /// (comm/mpi_comm.hpp): the Ulysses exchange runs over the first, RingRotation over the second.
 /// Nodes are found as split_by_node() (comm/mpi_mesh.hpp) finds them, which this calls for the
 /// U·R blocks.

@@ -266,6 +266,7 @@ class RingGradRotation {
   /// @param ring, block_bytes, kv0, kv1, kv_buffer_bytes, progress  as RingRotation's
   /// @param grad_bytes   R entries: bytes of ring rank j's dk|dv accumulator (fp32 typically)
   /// @param grad0, grad1 two caller buffers of grad_buffer_bytes each; grad0 holds step 0's accumulator
+  /// @param grad_buffer_bytes bytes of each of grad0 and grad1 (at least the largest grad_bytes entry)
   /// @throws as RingRotation (comm_mismatch; buffer_too_small, also for the accumulators, and when
   ///         grad_bytes.size() != block_bytes.size()).
   RingGradRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::byte* kv0, std::byte* kv1, std::size_t kv_buffer_bytes,
