@@ -18,6 +18,7 @@
 // overrides its HostExecutorOptions::streaming_min_bytes (e.g. 18446744073709551615: never stream),
 // to compare cached and streaming stores.
 #include "common.hpp"
+#include "mpi_bench.hpp"
 
 #include <ulysses/comm/mpi.hpp>
 
@@ -42,18 +43,6 @@ RankSetup& setup(std::int64_t S, int elem, std::int64_t B) {
     key = {S, elem, B};
   }
   return *cache;
-}
-
-/// Runs op once per iteration with the max-over-ranks manual time.
-void timed_loop(benchmark::State& st, const std::function<void()>& op) {
-  for (auto _ : st) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    op();
-    double dt = MPI_Wtime() - t0, mx = 0;
-    MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    st.SetIterationTime(mx);
-  }
 }
 
 enum class What {
@@ -121,7 +110,7 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
       };
       break;
   }
-  timed_loop(st, op);
+  mpi_timed_loop(st, op);
   set_counters(st, bytes, g_size);
   if (what == What::s2h_fused || what == What::h2s_fused)
     st.counters["copies"] = r.fused->copies(d, choose_path<MpiComm, HostExecutor>(*r.fused)).executor;
@@ -155,46 +144,6 @@ void register_all() {
       }
 }
 
-/// Reports nothing (ranks other than 0).
-class Silent : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  if (kH % g_size != 0 || (kHkv % g_size != 0 && g_size % kHkv != 0)) {
-    if (g_rank == 0) std::cerr << "bench_mpi: run with a group size that divides H=32 and fits Hkv=8 (2, 4 or 8 ranks)\n";
-    MPI_Finalize();
-    return 2;
-  }
-  // Only rank 0 writes --benchmark_out: the others drop the flag (they would truncate the file).
-  std::vector<char*> args(argv, argv + argc);
-  if (g_rank != 0)
-    args.erase(std::remove_if(args.begin() + 1, args.end(),
-                              [](char* a) { return std::string(a).rfind("--benchmark_out", 0) == 0; }),
-               args.end());
-  int n = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) {
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  register_all();
-  benchmark::AddCustomContext("ulysses_benchmark", "mpi");
-  benchmark::AddCustomContext("mpi_ranks", std::to_string(g_size));
-  if (g_rank == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    Silent silent;
-    benchmark::RunSpecifiedBenchmarks(&silent);
-  }
-  benchmark::Shutdown();
-  MPI_Finalize();
-  return 0;
-}
+int main(int argc, char** argv) { return mpi_benchmark_main(argc, argv, "mpi", g_rank, g_size, register_all); }

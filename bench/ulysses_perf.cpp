@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,7 @@ struct Options {
   bool bare = true;  // --bare 0: skip the bare all-to-all-v (its columns print 0)
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
+  int mpi_window = -1;                  // --backend mpi: 1 MpiWindowComm, 0 MpiComm, -1 the window when all ranks share a node
   int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
   int groups = 1;                       // --backend mpi: the world cut into this many groups exchanging at once
   double max_rank_bytes = 0;            // > 0: skip sizes whose per-rank input exceeds it
@@ -311,6 +313,67 @@ class HostRunner {
   TensorList<ByteSpan> out_;
 };
 
+#if ULYSSES_PERF_MPI
+/// How --backend mpi runs an exchange on one node (the default there; --mpi-window 0: HostRunner
+/// on the MpiComm): the inputs copied into an MpiWindow (one registration a tensor, of the largest
+/// size over ranks, so every rank registers alike), redistribute() over MpiWindowComm (Path::direct:
+/// the peer copy between processes, unless --path forces another); time and bare columns as
+/// HostRunner's, on the MpiComm. The window of a step lives until the next load() (collective).
+class WindowRunner {
+ public:
+  explicit WindowRunner(MpiComm& comm) : comm_(comm) {}
+  MpiComm& group() { return comm_; }  ///< the host collectives
+  std::string path(const Plan& plan) const { return to_string(choose_path<MpiWindowComm, HostExecutor>(plan)); }
+  void load(Exchange& x) {
+    x_ = &x;
+    std::vector<std::size_t> sizes;
+    std::size_t total = 0;
+    for (const auto& b : x.in) {
+      sizes.push_back(static_cast<std::size_t>(max_over_ranks(comm_, static_cast<double>(b.size()))));
+      total += (sizes.back() + MpiWindow::kAlignment - 1) / MpiWindow::kAlignment * MpiWindow::kAlignment;
+    }
+    wc_.reset();
+    win_.reset();  // every rank frees the previous step's window first
+    win_ = std::make_unique<MpiWindow>(comm_, total);
+    wc_ = std::make_unique<MpiWindowComm>(comm_, *win_);
+    in_ = {};
+    for (std::size_t t = 0; t < x.in.size(); ++t) {
+      const WindowSpan w = win_->allocate(sizes[t]);
+      std::memcpy(w.data(), x.in[t].data(), x.in[t].size());
+      in_.push_back(ConstByteSpan{w.data(), x.in[t].size()});
+    }
+    out_ = x.outs();
+  }
+  void once() { redistribute(x_->plan, x_->dir, *wc_, exec_, in_, out_, x_->ws); }
+  void fetch() {}  // the outputs are the Exchange's
+  double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
+  double bare_us(std::size_t bytes, const Options& o) {
+    ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
+    return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
+  }
+  void unload() noexcept {}
+
+ private:
+  MpiComm& comm_;
+  HostExecutor exec_;
+  std::unique_ptr<MpiWindow> win_;
+  std::unique_ptr<MpiWindowComm> wc_;
+  Exchange* x_ = nullptr;
+  TensorList<ConstByteSpan> in_;
+  TensorList<ByteSpan> out_;
+};
+
+/// Whether every process of `comm` shares one node (MPI_COMM_TYPE_SHARED). Collective.
+bool one_node(const MpiComm& comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm.get(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node);
+  int n = 0;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n == comm.size();
+}
+#endif
+
 #if ULYSSES_PERF_CUDA
 /// How the device backends (nccl, cuda-local) run an exchange: perf_device::Rank (the host
 /// inputs copied to device buffers, redistribute() with a CudaExecutor on the rank's stream, the
@@ -501,7 +564,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
-      "                    [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
       "                    [--inter-us A] [--inter-GBps BW] [--copy-GBps BW]\n"
@@ -524,6 +587,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "--lanes L: inter-node messages per node pair (1: one forwarder per pair; 0: rail-aligned, one per rank).\n"
       "--groups G (--backend mpi): G groups of N/G consecutive ranks (of the N processes) run the sweep at the same time (each group's rank 0\n"
       "prints its table): one Ulysses group timed while the others load the shared links.\n"
+      "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
+      "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0).\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
       "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
       "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
@@ -586,6 +651,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
     else if (a == "--lanes") o.lanes = small(i);
     else if (a == "--groups") o.groups = small(i);
+    else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
     else if (a == "--fit") o.mode = "fit", o.params = need(i);
@@ -769,8 +835,14 @@ int main(int argc, char** argv) {
           if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
           rc = 2;
         } else {
-          HostRunner<MpiComm> runner(comm);
-          const std::vector<Row> rows = run(runner, o);
+          std::vector<Row> rows;
+          if (o.mpi_window == 1 || (o.mpi_window < 0 && o.ranks_per_node == 0 && one_node(comm))) {
+            WindowRunner runner(comm);  // the peer copy between the processes of the node
+            rows = run(runner, o);
+          } else {
+            HostRunner<MpiComm> runner(comm);
+            rows = run(runner, o);
+          }
           if (comm.rank() == 0 && !print(o, comm.size(), rows)) rc = 2;
           rc |= status_of(rows);
         }

@@ -4,23 +4,18 @@
 // for bit against the ascending-rank merge of the same partials and against single-rank attention
 // in double (tests/support/decode_case.hpp); C16; both collectives (MPI_Alltoallv, and one
 // MPI_Isend/Irecv per peer); the all-gather variant; coded errors before any collective.
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
 #include <ulysses/comm/mpi.hpp>
+
+#include "mpi_groups.hpp"
 
 #include "decode_case.hpp"
 #include "expect_error.hpp"
 
 using namespace ulysses;
 using ud::DecodeCase;
+using ut::world_size;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 /// Runs case c on sub-communicators of c.P ranks (world ranks [k*P, k*P+P)); ranks left over sit
 /// out. Returns every participating rank's report, "" when all agree with the references (an
@@ -128,15 +123,4 @@ TEST_CASE("MPI: ranks that planned different exchanges all throw plan_mismatch a
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  doctest::Context ctx(argc, argv);
-  if (rank != 0) ctx.setOption("minimal", true);  // one full report, from rank 0
-  const int failed = ctx.run();
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
-}
+int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }

@@ -467,11 +467,13 @@ class MpiWindowComm {
   ExchangeState& exchange_state() noexcept { return state_; }
 
  private:
+  /// Throws Error(aborted) when this rank failed before or the window's group is broken (cheap
+  /// otherwise: the waits call it at every poll; a broken MpiComm throws from its own calls).
   void require_alive(const char* what) const {
+    const std::uint64_t who = detail::shared_load(win_->control(0).abort);
+    if (!who && !failure_.broken()) return;
     const std::string where = std::string("rank ") + std::to_string(rank()) + ": MpiWindowComm::" + what;
     failure_.check(where.c_str());  // this rank's own first failure
-    const std::uint64_t who = detail::shared_load(win_->control(0).abort);
-    if (!who) return;  // (a broken MpiComm throws from its own calls)
     detail::fail(Errc::aborted, where + ": the window's group is broken (rank " + std::to_string(who - 1) +
                                     " timed out or failed in with_peers); make a new MpiWindow");
   }
