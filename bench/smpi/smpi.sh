@@ -32,10 +32,12 @@ timeout_s="${TIMEOUT:-1800}"
 #  - bw-factor / lat-factor 1, weight-S 0, crosstraffic 0, TCP-gamma 0: the links are what the platform
 #    says (SMPI's defaults are corrections measured on a TCP / Ethernet cluster): a message of n bytes
 #    alone on a path takes latency + n / bandwidth, flows share a link max-min fairly;
-#  - shared-malloc-blocksize 64 MiB: the blocks that SMPI_SHARED_MALLOC folds (ulysses_perf --fold 1).
+#  - shared-malloc local: SMPI_SHARED_MALLOC (ulysses_perf's memory folding, bench/smpi/fold.cpp) from
+#    one shared-memory segment in /dev/shm; the default (global) maps a file in /tmp, and on a disk
+#    file system every page a rank writes goes through the file system (fold.cpp says more).
 cfg=(--cfg=smpi/coll-selector:ompi --cfg=smpi/send-is-detached-thresh:0 --cfg=smpi/simulate-computation:no
      --cfg=smpi/bw-factor:0:1 --cfg=smpi/lat-factor:0:1 --cfg=network/weight-S:0 --cfg=network/crosstraffic:0
-     --cfg=network/TCP-gamma:0 --cfg=smpi/shared-malloc-blocksize:67108864
+     --cfg=network/TCP-gamma:0 --cfg=smpi/shared-malloc:local
      --log=xbt_cfg.thres:warning --log=smpi_coll.thres:warning --log=smpi_colls.thres:warning --log=smpi_config.thres:error)
 # shellcheck disable=SC2206
 cfg+=(${SMPI_CFG:-})
