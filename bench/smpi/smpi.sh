@@ -12,7 +12,8 @@
 #   bench/smpi/smpi.sh ci                          what CI runs: build, check 2 --quick, the check's check, a perf check
 #
 # NODES picks bench/smpi/platforms/nodes-NODES.xml when shipped, else generates it with platform.sh
-# (link figures from the environment: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF).
+# (link figures from the environment: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF
+# IB_TAPER; any of them set generates the platform into $BUILD instead).
 # Knobs: BUILD (build-smpi), TIMEOUT (seconds a run may take, 1800), SMPI_CFG (more --cfg=... flags),
 # SMPIRUN_FLAGS (more smpirun flags, e.g. -no-privatize), CXXFLAGS_EXTRA, and for ulysses_perf
 # ULYSSES_SMPI_FOLD_BYTES=N: memory folding of every allocation of N bytes or more (bench/smpi/fold.cpp;
@@ -70,12 +71,12 @@ build() {
 # The platform file of NODES nodes (shipped, else generated into $build).
 platform_of() {
   local n=$1 f="$here/platforms/nodes-$1.xml"
-  if [ -f "$f" ] && [ -z "${GPUS_PER_NODE:-}${NVLINK_GBPS:-}${NVLINK_US:-}${IB_GBPS:-}${IB_US:-}${NODES_PER_LEAF:-}" ]; then
+  if [ -f "$f" ] && [ -z "${GPUS_PER_NODE:-}${NVLINK_GBPS:-}${NVLINK_US:-}${IB_GBPS:-}${IB_US:-}${NODES_PER_LEAF:-}${IB_TAPER:-}" ]; then
     echo "$f"
     return
   fi
   mkdir -p "$build"
-  f="$build/nodes-$n.xml"
+  f="$build/nodes-$n${IB_TAPER:+-taper$IB_TAPER}${NODES_PER_LEAF:+-leaf$NODES_PER_LEAF}.xml"
   "$here/platform.sh" "$n" > "$f"
   echo "$f"
 }
