@@ -2,10 +2,18 @@
 // Memory folding for ulysses_perf under SimGrid's SMPI (linked into the smpicxx build only, by
 // bench/smpi/smpi.sh build): with ULYSSES_SMPI_FOLD_BYTES=N in the environment, every C++ allocation
 // of N bytes or more (the tool's tensors, wire buffers and workspaces: std::vector) comes from
-// SMPI_SHARED_MALLOC, which maps every such block onto the same smpi/shared-malloc-blocksize bytes
-// of memory, for every rank. Thousands of simulated ranks then fit on one machine; the data is
-// garbage (ranks overwrite each other), so only timings mean anything: run with -c 0. Unset or 0:
-// nothing is folded (plain operator new).
+// smpi_shared_malloc(), and all of them, on every rank, share the same memory. Thousands of
+// simulated ranks then fit on one machine, and SMPI does not copy shared bytes between ranks; the
+// data is garbage (ranks overwrite each other), so only timings mean anything: run with -c 0.
+// Unset or 0: nothing is folded (plain operator new).
+//
+// smpi.sh selects smpi/shared-malloc:local: one POSIX shared-memory segment (/dev/shm, grown to the
+// largest folded allocation) for this file's one call site. The default mode, global, maps every
+// allocation onto a file that SMPI creates in /tmp; where /tmp is a disk file system (ext4 here),
+// every written page of every rank goes through the file system's write fault and its writeback,
+// which made a 512-rank run spend most of its wall time in the kernel. Folded blocks are never
+// given back (SMPI 3.32's local-mode free unmaps an address it did not record): they stay mapped
+// onto the one segment, which costs address space and page tables, not memory.
 //
 // The program's own operator new replaces the global one in the program (each rank's dlopen'ed
 // copy has its own, with its own table below); SimGrid's allocations are not affected.
@@ -21,7 +29,7 @@
 
 namespace {
 
-constexpr int kMaxFolded = 1 << 14;  // live folded blocks at most (the tool holds a handful)
+constexpr int kMaxFolded = 1 << 14;  // folded blocks at most (the tool makes about ten per size and direction)
 void* folded[kMaxFolded];            // no allocation in here: a plain table
 int n_folded = 0;
 
@@ -36,7 +44,7 @@ std::size_t threshold() {
 void* allocate(std::size_t n) {
   const std::size_t t = threshold();
   if (t > 0 && n >= t && n_folded < kMaxFolded) {
-    void* p = SMPI_SHARED_MALLOC(n);
+    void* p = smpi_shared_malloc(n, "ulysses_perf folded", 0);  // one key: one segment for all
     if (p) {
       folded[n_folded++] = p;
       return p;
@@ -50,11 +58,7 @@ void* allocate(std::size_t n) {
 void release(void* p) noexcept {
   if (!p) return;
   for (int i = n_folded - 1; i >= 0; --i)
-    if (folded[i] == p) {
-      folded[i] = folded[--n_folded];
-      SMPI_SHARED_FREE(p);
-      return;
-    }
+    if (folded[i] == p) return;  // kept mapped (see the file comment)
   (std::free)(p);
 }
 

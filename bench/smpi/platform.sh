@@ -13,12 +13,13 @@
 #     of a scalable unit of NODES_PER_LEAF (32) nodes plugs into that unit's leaf switch of rail i;
 #     GPU -> GPU between nodes takes IB_US = 5 us in all, on any rail pair;
 #   - a fat tree above the leaves: every leaf has an uplink to the core of the leaf's total NIC
-#     bandwidth (non-blocking), so cross-rail and cross-unit traffic goes leaf -> core -> leaf.
+#     bandwidth divided by IB_TAPER (1: non-blocking; 2: a 2:1 tapered tree), and cross-rail and
+#     cross-unit traffic goes leaf -> core -> leaf.
 # Routing: one DijkstraCache zone whose edges are the cables. Dijkstra counts links, and the
 # graph is weighted so that each GPU pair's shortest path is its real one (3 links inside a node,
 # 2 on one leaf, 4 through the core; a detour through another GPU costs at least 5).
 set -euo pipefail
-usage() { echo "usage: $0 NODES [-H HOSTFILE]   (env: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF)" >&2; exit 2; }
+usage() { echo "usage: $0 NODES [-H HOSTFILE]   (env: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF IB_TAPER)" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 N=$1; shift
 hostfile=""
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
-G=${GPUS_PER_NODE:-8}; NVBW=${NVLINK_GBPS:-450}; NVUS=${NVLINK_US:-1}; IBBW=${IB_GBPS:-50}; IBUS=${IB_US:-5}; U=${NODES_PER_LEAF:-32}
+G=${GPUS_PER_NODE:-8}; NVBW=${NVLINK_GBPS:-450}; NVUS=${NVLINK_US:-1}; IBBW=${IB_GBPS:-50}; IBUS=${IB_US:-5}; U=${NODES_PER_LEAF:-32}; TAPER=${IB_TAPER:-1}
 half() { awk -v x="$1" 'BEGIN { printf "%.6g", x / 2 }'; }
 nvl=$(half "$NVUS"); nic=$(half "$IBUS")
 units=$(( (N + U - 1) / U ))
@@ -39,7 +40,7 @@ cat <<HEAD
 <!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">
 <!-- bench/smpi/platform.sh $N: $N nodes x $G GPUs ($((N * G)) ranks); NVLink ${NVBW} GB/s, ${NVUS} us a hop
      inside a node; one NIC a GPU, ${IBBW} GB/s, ${IBUS} us between nodes, rail-aligned leaves of $U nodes,
-     non-blocking fat tree above. Generated: edit the script, not this file. -->
+     fat tree above, uplinks tapered ${TAPER}:1. Generated: edit the script, not this file. -->
 <platform version="4.1">
 <zone id="cluster" routing="DijkstraCache">
 HEAD
@@ -61,7 +62,7 @@ done
 for ((u = 0; u < units; ++u)); do
   in_unit=$(( N - u * U < U ? N - u * U : U ))
   for ((g = 0; g < G; ++g)); do
-    echo "  <link id=\"up${u}r${g}\" bandwidth=\"$((IBBW * in_unit))GBps\" latency=\"0us\" sharing_policy=\"SPLITDUPLEX\"/>"
+    echo "  <link id=\"up${u}r${g}\" bandwidth=\"$(awk -v b="$IBBW" -v n="$in_unit" -v t="$TAPER" 'BEGIN { printf "%.6g", b * n / t }')GBps\" latency=\"0us\" sharing_policy=\"SPLITDUPLEX\"/>"
   done
 done
 for ((n = 0; n < N; ++n)); do

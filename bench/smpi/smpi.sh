@@ -12,7 +12,8 @@
 #   bench/smpi/smpi.sh ci                          what CI runs: build, check 2 --quick, the check's check, a perf check
 #
 # NODES picks bench/smpi/platforms/nodes-NODES.xml when shipped, else generates it with platform.sh
-# (link figures from the environment: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF).
+# (link figures from the environment: GPUS_PER_NODE NVLINK_GBPS NVLINK_US IB_GBPS IB_US NODES_PER_LEAF
+# IB_TAPER; any of them set generates the platform into $BUILD instead).
 # Knobs: BUILD (build-smpi), TIMEOUT (seconds a run may take, 1800), SMPI_CFG (more --cfg=... flags),
 # SMPIRUN_FLAGS (more smpirun flags, e.g. -no-privatize), CXXFLAGS_EXTRA, and for ulysses_perf
 # ULYSSES_SMPI_FOLD_BYTES=N: memory folding of every allocation of N bytes or more (bench/smpi/fold.cpp;
@@ -32,10 +33,12 @@ timeout_s="${TIMEOUT:-1800}"
 #  - bw-factor / lat-factor 1, weight-S 0, crosstraffic 0, TCP-gamma 0: the links are what the platform
 #    says (SMPI's defaults are corrections measured on a TCP / Ethernet cluster): a message of n bytes
 #    alone on a path takes latency + n / bandwidth, flows share a link max-min fairly;
-#  - shared-malloc-blocksize 64 MiB: the blocks that SMPI_SHARED_MALLOC folds (ulysses_perf --fold 1).
+#  - shared-malloc local: SMPI_SHARED_MALLOC (ulysses_perf's memory folding, bench/smpi/fold.cpp) from
+#    one shared-memory segment in /dev/shm; the default (global) maps a file in /tmp, and on a disk
+#    file system every page a rank writes goes through the file system (fold.cpp says more).
 cfg=(--cfg=smpi/coll-selector:ompi --cfg=smpi/send-is-detached-thresh:0 --cfg=smpi/simulate-computation:no
      --cfg=smpi/bw-factor:0:1 --cfg=smpi/lat-factor:0:1 --cfg=network/weight-S:0 --cfg=network/crosstraffic:0
-     --cfg=network/TCP-gamma:0 --cfg=smpi/shared-malloc-blocksize:67108864
+     --cfg=network/TCP-gamma:0 --cfg=smpi/shared-malloc:local
      --log=xbt_cfg.thres:warning --log=smpi_coll.thres:warning --log=smpi_colls.thres:warning --log=smpi_config.thres:error)
 # shellcheck disable=SC2206
 cfg+=(${SMPI_CFG:-})
@@ -68,12 +71,12 @@ build() {
 # The platform file of NODES nodes (shipped, else generated into $build).
 platform_of() {
   local n=$1 f="$here/platforms/nodes-$1.xml"
-  if [ -f "$f" ] && [ -z "${GPUS_PER_NODE:-}${NVLINK_GBPS:-}${NVLINK_US:-}${IB_GBPS:-}${IB_US:-}${NODES_PER_LEAF:-}" ]; then
+  if [ -f "$f" ] && [ -z "${GPUS_PER_NODE:-}${NVLINK_GBPS:-}${NVLINK_US:-}${IB_GBPS:-}${IB_US:-}${NODES_PER_LEAF:-}${IB_TAPER:-}" ]; then
     echo "$f"
     return
   fi
   mkdir -p "$build"
-  f="$build/nodes-$n.xml"
+  f="$build/nodes-$n${IB_TAPER:+-taper$IB_TAPER}${NODES_PER_LEAF:+-leaf$NODES_PER_LEAF}.xml"
   "$here/platform.sh" "$n" > "$f"
   echo "$f"
 }
