@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The whole attention through Ulysses × Ring, in-process (tests/support/ring_case.hpp): seq→head in
+// The whole attention through Ulysses × Ring, in-process (examples/common/ring_attention.hpp, shared with the demo's --ring): seq→head in
 // the ring group, R ring steps on the schedule, the LSE merge in step order, head→seq; and the
 // backward (kv and fp32 dk|dv around the ring, dq local, the summed Ulysses inverse) against the
 // single-rank double-precision reference: causal zigzag, non-causal, GQA with Hkv < U, uneven S.
@@ -7,32 +7,25 @@
 
 #include <cstring>
 
-#include "ring_case.hpp"
+#include "ring_attention.hpp"
 
 using namespace ulysses;
+namespace ut = ulysses_ring_demo;
 
 namespace {
 void check_case(const ut::RingCase& c, bool backward, double tol = 2e-5) {
   const ut::RingGlobals g(c);
-  const ut::RingReference ref(c, g);
+  const ut::RingReference ref(c, g, backward);
   const auto res = ut::run_ring_attention(c, g, backward);
   INFO("U=" << c.U << " R=" << c.R << " S=" << c.S << " H=" << c.H << " Hkv=" << c.Hkv << " B=" << c.B << (c.causal ? " causal " : " ")
             << to_string(c.layout));
-  CHECK(ut::max_error(c, ref.out, c.H, c.Dv, [&](int w) -> const std::vector<float>& { return res[static_cast<std::size_t>(w)].out; }) < tol);
-  for (std::size_t w = 0; w < res.size(); ++w) {  // the merged LSE, [B, Hq, L] of ring rank j's tokens
-    const auto& r = res[w];
-    double e = 0;
-    for (std::int64_t b = 0; b < c.B; ++b)
-      for (std::int64_t h = 0; h < r.Hq; ++h)
-        for (std::int64_t i = 0; i < r.L; ++i)
-          e = std::max(e, std::abs(double(r.lse[static_cast<std::size_t>((b * r.Hq + h) * r.L + i)]) -
-                                   ref.lse[static_cast<std::size_t>((b * c.H + r.h0 + h) * c.S + r.tokens[static_cast<std::size_t>(i)])]));
-    CHECK(e < tol);
-  }
+  const ut::RingErrors e = ut::max_errors(c, ref, res);
+  CHECK(e.out < tol);
+  CHECK(e.lse < tol);  // the merged LSE, [B, Hq, L] of ring rank j's tokens
   if (!backward) return;
-  CHECK(ut::max_error(c, ref.dq, c.H, c.D, [&](int w) -> const std::vector<float>& { return res[static_cast<std::size_t>(w)].dq; }) < tol);
-  CHECK(ut::max_error(c, ref.dk, c.Hkv, c.D, [&](int w) -> const std::vector<float>& { return res[static_cast<std::size_t>(w)].dk; }) < tol);
-  CHECK(ut::max_error(c, ref.dv, c.Hkv, c.Dv, [&](int w) -> const std::vector<float>& { return res[static_cast<std::size_t>(w)].dv; }) < tol);
+  CHECK(e.dq < tol);
+  CHECK(e.dk < tol);
+  CHECK(e.dv < tol);
 }
 }  // namespace
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
-#include "ring_case.hpp"
+#include "ring_attention.hpp"
 
 using namespace ulysses;
 
@@ -22,8 +22,8 @@ TEST_CASE("ring_merge_block over steps == merge_rows in step order, bit for bit;
   for (int i = 0; i < n; ++i) {
     ob[i].resize(static_cast<std::size_t>(s.B * ql[i] * s.H * s.Dv));
     lb[i].resize(static_cast<std::size_t>(s.B * s.H * ql[i]));
-    for (std::size_t e = 0; e < ob[i].size(); ++e) ob[i][e] = ut::rand_value(i, static_cast<std::int64_t>(e)) * 3.0f;
-    for (std::size_t e = 0; e < lb[i].size(); ++e) lb[i][e] = e % 7 == 3 ? -INFINITY : ut::rand_value(10 + i, static_cast<std::int64_t>(e)) * 4.0f;
+    for (std::size_t e = 0; e < ob[i].size(); ++e) ob[i][e] = ulysses_ring_demo::rand_value(i, static_cast<std::int64_t>(e)) * 3.0f;
+    for (std::size_t e = 0; e < lb[i].size(); ++e) lb[i][e] = e % 7 == 3 ? -INFINITY : ulysses_ring_demo::rand_value(10 + i, static_cast<std::int64_t>(e)) * 4.0f;
     for (std::size_t e = 0; e < lb[i].size(); ++e)
       if (lb[i][e] == -INFINITY)
         for (std::int64_t d = 0; d < s.Dv; ++d) {
