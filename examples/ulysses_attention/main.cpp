@@ -11,9 +11,15 @@
 // and compares o (and dq, dk, dv) with single-rank attention over the whole sequence computed in
 // double precision. Runs on the in-process group (P threads, default) or under
 // `mpiexec -n P ... --backend mpi`.
+// --ring R: the same attention through Ulysses × Ring (P = U × R ranks, U = P / R; docs/ring.md):
+//   seq→head inside each group of U ranks, R ring steps passing the k|v blocks (and in the
+//   backward their fp32 dk|dv accumulators) around, the LSE merge in step order, head→seq; causal
+//   (--causal) with the zigzag layout, else contiguous (examples/common/ring_attention.hpp, the
+//   code test_ring_attention.cpp and test_ring_mpi.cpp run).
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
 #include <ulysses/comm/mpi.hpp>
+#include <ulysses/ring/mpi_mesh.hpp>
 #endif
 #if ULYSSES_DEMO_CUDA
 #include "cuda_backend.hpp"
@@ -35,6 +41,7 @@
 #include "decode_demo.hpp"  // --decode: one decode step of decode context parallelism
 #include "group.hpp"
 #include "models.hpp"
+#include "ring_attention.hpp"  // --ring: the whole attention through Ulysses x Ring
 
 namespace {
 
@@ -52,6 +59,9 @@ struct Config {
   bool backward = false;       // --backward: the attention backward through the adjoints too
   bool ranks_given = false;    // --ranks on the command line (checked against the MPI world size)
   bool seq_given = false;
+  bool layout_given = false;
+  int ring = 0;                // --ring R: Ulysses x Ring with ring degree R (0: Ulysses alone)
+  bool causal = false;         // --causal (with --ring): causal attention, zigzag layout
   double tolerance = 1e-4;
   int warmup = 2, repeat = 5;  // timing: untimed runs, then timed runs of each exchange (median)
 };
@@ -468,6 +478,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "                         [--model NAME] [--balanced] [--backward] [--tolerance T]\n"
       "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
+      "                         [--ring R [--causal]]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
       "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
@@ -478,6 +489,11 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "--balanced: split heads with HeadPolicy::balanced (H not divisible by P; uneven S needs nothing).\n"
       "--model: a public model's head shapes (S stays as it is unless --seq); a unique prefix is enough.\n"
       "--backend mpi: run under `mpiexec -n P`; P is the number of MPI processes.\n"
+      "--ring R: Ulysses x Ring (docs/ring.md): P = U x R ranks, U = P / R Ulysses ranks per ring group,\n"
+      "          R ring steps of k|v blocks, LSE merge; with --backward the fp32 dk|dv accumulators travel\n"
+      "          the ring. Errors of o, the merged LSE (and dq, dk, dv). Default then P=4, S=256. bshd only.\n"
+      "--causal: (with --ring) causal attention, the zigzag layout (ring rank j holds chunks j and 2R-1-j);\n"
+      "          without it non-causal, contiguous ranges. --ring 1 is Ulysses alone through the ring code.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -512,7 +528,10 @@ Config parse(int argc, char** argv) {
     else if (a == "--repeat") c.repeat = static_cast<int>(number(i));
     else if (a == "--backend") c.backend = need(i);
     else if (a == "--device") c.device = need(i);
+    else if (a == "--ring") c.ring = static_cast<int>(number(i));
+    else if (a == "--causal") c.causal = true;
     else if (a == "--layout") {
+      c.layout_given = true;
       const Format formats[] = {Format::bshd, Format::sbhd, Format::bhsd};
       c.layout = formats[ulysses_cli::one_of(argc, argv, i, {"bshd", "sbhd", "bhsd"})];
     } else if (a == "--list-models") {
@@ -534,6 +553,18 @@ Config parse(int argc, char** argv) {
   if (c.device == "cuda" && c.backend != "local") {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
     std::exit(2);
+  }
+  if (c.causal && c.ring == 0) {
+    std::fprintf(stderr, "--causal runs through the ring code: add --ring R (--ring 1: Ulysses alone)\n");
+    std::exit(2);
+  }
+  if (c.ring > 0) {
+    if (c.device != "cpu" || (c.layout_given && c.layout != Format::bshd)) {
+      std::fprintf(stderr, "--ring runs on the host (--device cpu) with the bshd layout\n");
+      std::exit(2);
+    }
+    if (!c.seq_given) c.seq = 256;
+    return c;  // P stays 4 unless --ranks (or mpiexec) says otherwise
   }
   if (c.backward) {  // defaults that exercise replicated kv heads (Hkv < P) and finish quickly
     if (!c.ranks_given && c.backend == "local") c.ranks = 16;
@@ -601,6 +632,87 @@ int report(const Config& c, int P, const Result& m) {
   return ok ? 0 : 1;
 }
 
+/// --ring: the case of the command line on P ranks (U = P / R).
+/// @throws Error(invalid_mesh) R not dividing P, U above the head count.
+ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
+  if (P % c.ring != 0)
+    throw Error(Errc::invalid_mesh, "--ring " + std::to_string(c.ring) + " does not divide P=" + std::to_string(P) + " ranks (P = U x R)");
+  ulysses_ring_demo::RingCase rc;
+  rc.U = P / c.ring, rc.R = c.ring;
+  RingMesh(P, rc.U, rc.R, P).check_heads(c.heads);
+  rc.B = c.batch, rc.S = c.seq, rc.H = c.heads, rc.Hkv = c.kv_heads, rc.D = c.head_dim, rc.Dv = c.v_head_dim;
+  rc.causal = c.causal;
+  rc.layout = c.causal ? RingLayout::zigzag : RingLayout::contiguous;
+  return rc;
+}
+
+/// --ring: prints the case and the errors (max over ranks) and returns 0 within the tolerance, else 1.
+int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ulysses_ring_demo::RingErrors& e, double ms) {
+  const RingPartition part(rc.S, rc.U, rc.R, rc.layout);
+  const AttentionSpecs a = attention_specs<float>(rc.U, {rc.H, rc.Hkv, rc.D, rc.Dv}, rc.H % rc.U == 0 && (rc.Hkv % rc.U == 0 || rc.U % rc.Hkv == 0)
+                                                                                        ? HeadPolicy::even : HeadPolicy::balanced);
+  long long holders = 1;
+  for (std::int64_t h = 0; h < rc.Hkv; ++h) holders = std::max<long long>(holders, a.kv_heads.holders(h).second - a.kv_heads.holders(h).first);
+  std::printf("ulysses x ring attention demo: %s (H=%lld, Hkv=%lld, D=%lld, Dv=%lld), B=%lld, S=%lld, P=%d = U=%d x R=%d, fp32, %s (%s), %s%s\n",
+              c.model.c_str(), (long long)rc.H, (long long)rc.Hkv, (long long)rc.D, (long long)rc.Dv, (long long)rc.B, (long long)rc.S,
+              rc.U * rc.R, rc.U, rc.R, rc.causal ? "causal" : "non-causal", to_string(rc.layout),
+              c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
+  const std::size_t step = RingKvBlock{rc.B, part.max_ring_length(), a.kv_heads.count(0), rc.D, rc.Dv, sizeof(float)}.bytes();
+  std::printf("  ring: %d steps, one k|v message a step of up to %.3f MiB (%lld tokens)%s; kv heads on up to %lld Ulysses ranks each%s\n",
+              rc.R, step / double(1 << 20), (long long)part.max_ring_length(), c.backward ? ", the backward adds its fp32 dk|dv" : "",
+              holders, holders > 1 ? " (replicated; the backward sums their partial gradients)" : "");
+  std::printf("  attention through Ulysses x Ring (this demo's plain loops, max over ranks): %.1f ms\n", ms);
+  const double worst = e.max();
+  std::printf("  max abs error vs single-rank attention (double): o %.3g, lse %.3g", e.out, e.lse);
+  if (c.backward) std::printf(", dq %.3g, dk %.3g, dv %.3g", e.dq, e.dk, e.dv);
+  const bool ok = worst <= c.tolerance;
+  std::printf(" (tolerance %.1g): %s\n", c.tolerance, ok ? "OK" : "FAILED");
+  return ok ? 0 : 1;
+}
+
+/// --ring in-process: P threads, a LocalGroup per Ulysses group and per ring.
+int ring_local(const Config& c) {
+  const ulysses_ring_demo::RingCase rc = ring_case(c, c.ranks);
+  const ulysses_ring_demo::RingGlobals g(rc);
+  const ulysses_ring_demo::RingReference ref(rc, g, c.backward);
+  const auto t0 = Clock::now();
+  const auto res = ulysses_ring_demo::run_ring_attention(rc, g, c.backward);
+  const double ms = ms_since(t0);
+  return ring_report(c, rc, ulysses_ring_demo::max_errors(rc, ref, res), ms);
+}
+
+#if ULYSSES_DEMO_MPI
+/// --ring under MPI: the world split by split_ring() (U x R on the shared-memory nodes), one rank
+/// of the hybrid per process; every process computes the (small) reference itself. Collective.
+int ring_mpi(const Config& c, MPI_Comm world) {
+  int P = 0;
+  MPI_Comm_size(world, &P);
+  const ulysses_ring_demo::RingCase rc = ring_case(c, P);
+  MpiRingMesh m = split_ring(world, rc.U, rc.R, 0);
+  const int w = m.index % (rc.U * rc.R);
+  const ulysses_ring_demo::RingGlobals g(rc);
+  const ulysses_ring_demo::RingReference ref(rc, g, c.backward);
+  double mine[6] = {}, all[6] = {};
+  {
+    MpiComm uc(m.ulysses), ring(m.ring);
+    MPI_Barrier(world);
+    const auto t0 = Clock::now();
+    const ulysses_ring_demo::RingRankResult rr = ulysses_ring_demo::ring_rank_attention(rc, g, w, uc, ring, c.backward);
+    mine[5] = ms_since(t0);
+    const ulysses_ring_demo::RingErrors e = ulysses_ring_demo::rank_errors(rc, ref, w, rr);
+    mine[0] = e.out, mine[1] = e.lse, mine[2] = e.dq, mine[3] = e.dk, mine[4] = e.dv;
+  }
+  m.free();
+  MPI_Allreduce(mine, all, 6, MPI_DOUBLE, MPI_MAX, world);
+  int rc_exit = 0;
+  int me = 0;
+  MPI_Comm_rank(world, &me);
+  if (me == 0) rc_exit = ring_report(c, rc, {all[0], all[1], all[2], all[3], all[4]}, all[5]);
+  MPI_Bcast(&rc_exit, 1, MPI_INT, 0, world);
+  return rc_exit;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -618,6 +730,11 @@ int main(int argc, char** argv) {
         MPI_Finalize();
         return 2;
       }
+      if (c.ring > 0) {
+        const int rc = ring_mpi(c, MPI_COMM_WORLD);
+        MPI_Finalize();
+        return rc;
+      }
       Result r = run_rank(comm, c, nullptr);
       double mine[Result::kFields], all[Result::kFields];
       r.to(mine);
@@ -634,6 +751,7 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
+    if (c.ring > 0) return ring_local(c);
     // In-process: one reference for all ranks, computed once on all the machine's threads.
     std::vector<std::int64_t> all_rows(static_cast<std::size_t>(c.seq));
     for (std::int64_t s = 0; s < c.seq; ++s) all_rows[static_cast<std::size_t>(s)] = s;
