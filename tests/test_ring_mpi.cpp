@@ -3,7 +3,10 @@
 // every factorisation U × R of the world (-n 4: 1x4, 2x2, 4x1; -n 6: 2x3, 3x2, ...; -n 8: 2x4, 4x2, ...)
 // split by split_ring() on simulated nodes of U ranks; the forward rotation bit-exact in the
 // documented order, both progress modes; the backward's accumulators home in step order; the
-// configuration check (a rank with another S; a ring of one rank for R = 2, bug case C14).
+// configuration check (a rank with another S; a ring of one rank for R = 2, bug case C14); and the
+// whole attention, forward and backward (examples/common/ring_attention.hpp, the demo's --ring), on
+// every factorisation: bit-identical to the same hybrid on threads in-process, and within the
+// tolerance of the double-precision reference (causal zigzag and not, GQA, uneven S).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "ring_attention.hpp"
 
 using namespace ulysses;
 
@@ -108,6 +112,48 @@ TEST_CASE("MPI ring configuration: a rank with another S throws plan_mismatch on
   CHECK(c.second.find("CP=1") != std::string::npos);
   CHECK(ut::code_of([&] { split_ring(MPI_COMM_WORLD, 3, 3, 1); }) == (W % 9 ? Errc::invalid_mesh : Errc{}));
   m.free();
+}
+
+TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigzag and not, GQA, uneven S; bit-identical to in-process") {
+  namespace rd = ulysses_ring_demo;
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  for (int U = 1; U <= W; ++U) {
+    if (W % U) continue;
+    const int R = W / U;
+    MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);  // nodes of U ranks: index == world rank
+    for (bool causal : {true, false})
+      for (bool gqa : {false, true}) {
+        rd::RingCase c;
+        c.U = U, c.R = R, c.B = 2, c.D = 8, c.Dv = 6;
+        c.H = 2 * U;
+        c.Hkv = gqa ? std::max(1, U / 2) : c.H;  // GQA: Hkv < U (replicated kv heads) where U > 1
+        c.S = 4 * R * U + 3;                      // not a multiple of 2RU
+        c.causal = causal;
+        c.layout = causal ? RingLayout::zigzag : RingLayout::contiguous;
+        INFO("U=" << U << " R=" << R << " H=" << c.H << " Hkv=" << c.Hkv << " S=" << c.S << (causal ? " causal zigzag" : " non-causal"));
+        const rd::RingGlobals g(c);
+        rd::RingRankResult got;
+        {
+          MpiComm uly(m.ulysses), ring(m.ring);
+          got = rd::ring_rank_attention(c, g, m.index, uly, ring, true, RingProgress::in_start);
+        }
+        const auto local = rd::run_ring_attention(c, g, true);  // the same hybrid on threads
+        const rd::RingRankResult& want = local[static_cast<std::size_t>(m.index)];
+        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        CHECK(same(got.out, want.out));
+        CHECK(same(got.lse, want.lse));
+        CHECK(same(got.dq, want.dq));
+        CHECK(same(got.dk, want.dk));
+        CHECK(same(got.dv, want.dv));
+        const rd::RingReference ref(c, g, true);
+        CHECK(rd::rank_errors(c, ref, m.index, got).max() < 2e-5);
+      }
+    m.free();
+  }
 }
 
 int main(int argc, char** argv) {
