@@ -29,6 +29,7 @@
 template class ulysses::RingRotation<ulysses::LocalGroup::Comm>;
 template class ulysses::RingGradRotation<ulysses::LocalGroup::Comm>;
 template void ulysses::check_ring_config(const ulysses::RingConfig&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&);
+template void ulysses::check_ring_config(const ulysses::Plan&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&);
 
 namespace {
 

@@ -4,8 +4,12 @@
 #include <ulysses/comm/local.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/mesh.hpp>
+#include <ulysses/ulysses.hpp>
 
+#include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -82,4 +86,66 @@ TEST_CASE("check_ring_config in-process: agreement passes; one rank with another
   const auto e = ut::error_of([&] { check_ring_config({1, 2, RingLayout::zigzag, true, 64}, a, b); });
   CHECK(e.first == Errc::comm_mismatch);
   CHECK(e.second.find("U=1 x R=2") != std::string::npos);
+}
+
+TEST_CASE("PlanOptions::ring: the plan's agreement record carries the ring configuration; check_ring_config(plan) in its one all-gather") {
+  const int U = 2, R = 2;
+  const RingPartition part(64, U, R, RingLayout::zigzag);
+  const AttentionSpecs specs = attention_specs<float>(U, {4, 2, 8, 8});
+  auto plan = [&](int j, int u, RingConfig c) {
+    PlanOptions o;
+    o.ring = c;
+    return Plan({U, u}, 1, part.ulysses_partition(j), specs.qkv(), Format::bshd, o);
+  };
+  const RingConfig cfg = RingConfig::of(part, true);
+  const Plan plain({U, 0}, 1, part.ulysses_partition(0), specs.qkv());
+  const Plan a = plan(0, 0, cfg);
+  CHECK(plain.agreement_record()[57] == 0);  // the ring word (plan/agreement.hpp, kRingWord)
+  CHECK(a.agreement_record()[57] != 0);
+  for (const RingConfig& other : {RingConfig{U, R, RingLayout::zigzag, false, 64}, RingConfig{U, R, RingLayout::contiguous, true, 64}}) {
+    const Plan b = plan(0, 0, other);
+    CHECK(Plan::agreement_field(57).find("Ulysses x Ring") != std::string::npos);
+    CHECK(b.agreement_record()[57] != a.agreement_record()[57]);
+    for (int i = 0; i < kAgreementWords; ++i)
+      if (i != 57) CHECK(b.agreement_record()[static_cast<std::size_t>(i)] == a.agreement_record()[static_cast<std::size_t>(i)]);
+  }
+  // A ring configuration that is not this group's: U != P, or no ring rank holds the plan's tokens.
+  CHECK(ut::code_of([&] { plan(0, 0, RingConfig{4, 1, RingLayout::zigzag, true, 64}); }) == Errc::invalid_mesh);
+  CHECK(ut::code_of([&] { plan(0, 0, RingConfig{U, R, RingLayout::zigzag, true, 90}); }) == Errc::invalid_mesh);
+  LocalGroup one(1);
+  LocalGroup::Comm c0 = one.comm(0), c1 = one.comm(0);
+  CHECK(ut::code_of([&] { check_ring_config(plain, c0, c1); }) == Errc::invalid_mesh);  // a plan without PlanOptions::ring
+
+  // The U x R block on threads: all agree (the plan then counts as agreed), or rank 3's plan says
+  // causal=false: every rank of the block throws plan_mismatch, naming the ring field on rank 3's group.
+  std::vector<std::unique_ptr<LocalGroup>> ug, rg;
+  for (int k = 0; k < 2; ++k) {
+    ug.push_back(std::make_unique<LocalGroup>(U));
+    rg.push_back(std::make_unique<LocalGroup>(R));
+  }
+  for (int bad_rank : {-1, 3}) {
+    std::vector<std::pair<Errc, std::string>> got(4);
+    std::vector<bool> agreed(4, false);
+    std::vector<std::thread> th;
+    for (int w = 0; w < 4; ++w)
+      th.emplace_back([&, w] {
+        const int j = part.ring_rank(w), u = part.ulysses_rank(w);
+        LocalGroup::Comm uc = ug[static_cast<std::size_t>(j)]->comm(u), rc = rg[static_cast<std::size_t>(u)]->comm(j);
+        const Plan p = plan(j, u, w == bad_rank ? RingConfig{U, R, RingLayout::zigzag, false, 64} : cfg);
+        got[static_cast<std::size_t>(w)] = ut::error_of([&] { check_ring_config(p, uc, rc); });
+        agreed[static_cast<std::size_t>(w)] = p.agreement_checked();
+      });
+    for (auto& t : th) t.join();
+    for (int w = 0; w < 4; ++w) {
+      CHECK(got[static_cast<std::size_t>(w)].first == (bad_rank < 0 ? Errc{} : Errc::plan_mismatch));
+      CHECK(agreed[static_cast<std::size_t>(w)] == (bad_rank < 0));
+    }
+    if (bad_rank >= 0) {
+      // Rank 2 (rank 3's Ulysses group) sees it in the plan's record; rank 1 (rank 3's ring) in the
+      // ring record; rank 0 (in neither) from the verdicts.
+      CHECK(got[2].second.find("the Ulysses x Ring configuration (PlanOptions::ring") != std::string::npos);
+      CHECK(got[1].second.find("rank 1 of the ring has causal=0") != std::string::npos);
+      CHECK(got[0].second.find("on another rank of this U x R block") != std::string::npos);
+    }
+  }
 }

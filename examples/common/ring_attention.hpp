@@ -221,7 +221,7 @@ struct RingRankResult {
 };
 
 /// One world rank w (0 .. U·R−1, RingPartition's numbering: ring rank w / U, Ulysses rank w % U)
-/// of the whole hybrid attention of case c: check_ring_config() over both communicators, the
+/// of the whole hybrid attention of case c: check_ring_config() of its plan over both communicators, the
 /// forward (and with `backward` the backward) as the file comment says. `uc` is the rank's
 /// Ulysses group (U ranks, rank = its Ulysses rank), `rc` its ring (R ranks, rank = its ring
 /// rank): LocalGroup::Comm, MpiComm, or any communicator with allgather() and exchange_messages().
@@ -232,7 +232,6 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   using namespace ulysses;
   const RingPartition part(c.S, c.U, c.R, c.layout);
   const SeqPartition world = part.seq_partition();
-  check_ring_config(RingConfig::of(part, c.causal), uc, rc);
   const AttentionShape shape{c.H, c.Hkv, c.D, c.Dv};
   const HeadPolicy policy = c.H % c.U == 0 && (c.Hkv % c.U == 0 || c.U % c.Hkv == 0) ? HeadPolicy::even : HeadPolicy::balanced;
   RingRankResult rr;
@@ -240,8 +239,11 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   HostExecutor exec;
   const AttentionSpecs specs = attention_specs<float>(c.U, shape, policy);
   const SeqPartition up = part.ulysses_partition(j);
-  const Plan qkv({c.U, u}, c.B, up, specs.qkv(), Format::bshd);
-  const Plan op({c.U, u}, c.B, up, specs.out(), Format::bshd);
+  PlanOptions opt;
+  opt.ring = RingConfig::of(part, c.causal);  // the plans' agreement records carry the ring configuration
+  const Plan qkv({c.U, u}, c.B, up, specs.qkv(), Format::bshd, opt);
+  const Plan op({c.U, u}, c.B, up, specs.out(), Format::bshd, opt);
+  check_ring_config(qkv, uc, rc);  // U, R, layout, causal, S on every rank of the block, in qkv's own all-gather
   const std::int64_t Sw = world.local_length(w), L = part.ring_length(j);
   RankHeads rh;
   rh.Hq = specs.query_heads.count(u);

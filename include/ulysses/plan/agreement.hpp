@@ -23,10 +23,11 @@ ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
 /// Where the agreement record's fields lie: words 0..7 the scalars, then per tensor the head
-/// partition, the head dim and element size, the replica handling; then the node layout.
+/// partition, the head dim and element size, the replica handling; then the node layout and the
+/// Ulysses × Ring configuration (PlanOptions::ring; 0 without one).
 inline constexpr int kHeadsWord = 8, kElementWord = kHeadsWord + kMaxTensors, kReplicasWord = kElementWord + kMaxTensors;
-inline constexpr int kNodesWord = kReplicasWord + kMaxTensors;
-static_assert(kNodesWord < kAgreementWords, "the agreement record holds every field");
+inline constexpr int kNodesWord = kReplicasWord + kMaxTensors, kRingWord = kNodesWord + 1;
+static_assert(kRingWord < kAgreementWords, "the agreement record holds every field");
 }  // namespace detail
 
 inline AgreementRecord Plan::agreement_record() const {
@@ -47,6 +48,10 @@ inline AgreementRecord Plan::agreement_record() const {
   for (int n = 0; n < nodes_.num_nodes(); ++n) max_node = std::max(max_node, static_cast<int>(nodes_.members(n).size()));
   const std::uint64_t lanes = options_.lanes >= max_node ? 0u : static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
   w[detail::kNodesWord] = two_level_ ? (nodes_.hash() ^ (lanes * golden)) | 1u : 0u;
+  if (const auto& ring = options_.ring)  // U, R, layout, causal, S: nonzero, distinct from no ring
+    w[detail::kRingWord] = hash(hash(hash(hash(hash(h0, ring->ulysses_degree), ring->ring_degree), static_cast<std::int64_t>(ring->layout)),
+                                     ring->causal ? 1 : 0),
+                                ring->seq_len) | 1u;
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const TensorSpec& x = tensors_[t];
     h = hash(h0, x.heads.num_heads());
@@ -68,6 +73,7 @@ inline std::string Plan::agreement_field(int i) {
   if (i < detail::kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - detail::kElementWord);
   if (i < detail::kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - detail::kReplicasWord);
   if (i == detail::kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
+  if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S)";
   return "word " + std::to_string(i);
 }
 
@@ -140,9 +146,33 @@ bool check_due(Comm& comm, std::uint64_t id, const AgreementCheck& check) {
 }
 }  // namespace detail
 
+namespace detail {
+/// The all-gather and comparison of check_agreement() without the throw: "" when every rank's
+/// record is rank 0's, else the message of the plan_mismatch (the same on every rank). Collective.
+/// @pre the communicator's size and rank are the plan's (check_comm()); can_check_agreement_v<Comm>.
+template <class Comm>
+std::string agreement_mismatch(const Plan& plan, Comm& comm) {
+  const int P = plan.degree(), me = plan.rank();
+  const std::vector<AgreementRecord> all = allgather_record(comm, P, me, plan.agreement_record());
+  std::string diff;
+  std::vector<int> differ;
+  for (int r = 1; r < P; ++r) {
+    const std::string f = differing_fields(all[static_cast<std::size_t>(r)], all[0]);
+    if (f.empty()) continue;
+    differ.push_back(r);
+    if (diff.size() < 600) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " in " + f;
+  }
+  if (differ.empty()) return "";
+  return "ranks " + join(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " + std::to_string(me) +
+         "): " + diff +
+         ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
+         "sizes, stages, path options, replica handling and ring configuration (local layouts may differ)";
+}
+}  // namespace detail
+
 /// Cross-rank agreement: all-gathers every rank's Plan::agreement_record() (512 bytes: what
 /// determines the wire — P, B, the sequence partition, head partitions, head dims, element sizes,
-/// stages, path options, replica handling — and nothing a rank may choose alone, such as its
+/// stages, path options, replica handling, the Ulysses × Ring configuration (PlanOptions::ring) — and nothing a rank may choose alone, such as its
 /// layouts or format) and throws on EVERY rank when they differ, naming the ranks whose records
 /// differ from rank 0's and the fields, instead of a hang, a truncation or silently wrong data in
 /// the exchange. Collective; redistribute() and the stage functions call it by themselves before
@@ -160,26 +190,8 @@ void check_agreement(const Plan& plan, Comm& comm) {
   detail::check_comm(plan, comm);
   static_assert(check_communicator<Comm>());
   if constexpr (detail::can_check_agreement_v<Comm>) {
-    const int P = plan.degree(), me = plan.rank();
-    const std::vector<AgreementRecord> all = detail::allgather_record(comm, P, me, plan.agreement_record());
-    std::string diff;
-    int first = -1;
-    for (int r = 1; r < P; ++r) {
-      const std::string f = detail::differing_fields(all[static_cast<std::size_t>(r)], all[0]);
-      if (f.empty()) continue;
-      if (first < 0) first = r;
-      if (diff.size() < 600) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " in " + f;
-    }
-    if (first >= 0) {
-      std::vector<int> differ;
-      for (int r = 1; r < P; ++r)
-        if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
-      detail::fail(Errc::plan_mismatch,
-                   "ranks " + detail::join(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " +
-                       std::to_string(me) + "): " + diff +
-                       ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
-                       "sizes, stages, path options and replica handling (local layouts may differ)");
-    }
+    const std::string why = detail::agreement_mismatch(plan, comm);
+    if (!why.empty()) detail::fail(Errc::plan_mismatch, why);
   }
   detail::mark_agreed(comm, plan.id(), plan.agreement_check());
 }

@@ -13,6 +13,7 @@
 #include "../layout/element.hpp"
 #include "../layout/layout.hpp"
 #include "../partition/heads.hpp"
+#include "../ring/partition.hpp"
 #include "../topology/route.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -171,6 +172,14 @@ struct PlanOptions {
   /// positional initialisers such as PlanOptions{1, false} set, is in_place_messages): either one
   /// set to false turns the message path off.
   bool direct_pieces = true;
+  /// The Ulysses × Ring configuration this plan serves, when the group is one of a hybrid's
+  /// Ulysses groups (RingConfig::of(partition, causal); the plan's sequence partition is then
+  /// RingPartition::ulysses_partition(j) of a ring rank j). Part of the agreement record: the
+  /// plan's one all-gather before its first exchange (check_agreement()) then also compares U, R,
+  /// the ring layout, causal and the global S across the group, and check_ring_config(plan, ...)
+  /// (ring/agreement.hpp) uses it for the whole U × R block. Every rank must pass the same.
+  /// Empty (default): a plain Ulysses group.
+  std::optional<RingConfig> ring{};
   /// in_place_messages && direct_pieces: whether the message path may be chosen.
   bool messages_enabled() const { return in_place_messages && direct_pieces; }
 };

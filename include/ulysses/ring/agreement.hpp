@@ -7,7 +7,10 @@
 /// The check all-gathers a small record over the Ulysses group and over the ring (both together
 /// cover every rank of the U × R block: the Ulysses groups join the ranks of one ring rank, the
 /// rings those of one Ulysses rank), like check_agreement() does for a Plan (plan/agreement.hpp),
-/// and throws on every rank alike before any ring step moves data. Source of the fault: a hybrid
+/// and throws on every rank alike before any ring step moves data. A Ulysses group's Plan made
+/// with PlanOptions::ring carries the configuration in its own agreement record:
+/// check_ring_config(plan, ulysses, ring) then uses the plan's all-gather over the Ulysses group
+/// (one record for the wire and the ring) and gathers only the ring record over the ring. Source of the fault: a hybrid
 /// whose sizes were never applied and ran as CP=1 (Megatron-Bridge #2667, bug case C14).
 #pragma once
 
@@ -20,19 +23,6 @@
 #include "partition.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
-
-/// What every rank of a Ulysses × Ring hybrid must agree on.
-struct RingConfig {
-  int ulysses_degree = 1;                    ///< U
-  int ring_degree = 1;                       ///< R
-  RingLayout layout = RingLayout::zigzag;    ///< zigzag or contiguous
-  bool causal = true;                        ///< causal attention
-  std::int64_t seq_len = 0;                  ///< S, global tokens
-  /// The configuration of a partition and a causal flag.
-  static RingConfig of(const RingPartition& p, bool causal) {
-    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len()};
-  }
-};
 
 namespace detail {
 /// The record of a RingConfig all-gathered by check_ring_config(): fixed-width fields.
@@ -55,41 +45,89 @@ inline std::string compare_ring_records(const std::vector<RingRecord>& all, cons
 }
 }  // namespace detail
 
+namespace detail {
+/// The local part of check_ring_config(): U, R >= 1 and the communicators' sizes.
+template <class UlyssesComm, class RingComm>
+void check_ring_sizes(const RingConfig& c, const UlyssesComm& ulysses, const RingComm& ring) {
+  if (c.ulysses_degree < 1 || c.ring_degree < 1)
+    fail(Errc::invalid_group, "RingConfig: U=" + std::to_string(c.ulysses_degree) + " and R=" + std::to_string(c.ring_degree) + " must be >= 1");
+  if (ulysses.size() != c.ulysses_degree || ring.size() != c.ring_degree)
+    fail(Errc::comm_mismatch, "Ulysses x Ring asked for as U=" + std::to_string(c.ulysses_degree) + " x R=" + std::to_string(c.ring_degree) +
+                                  ", but the Ulysses communicator has " + std::to_string(ulysses.size()) + " ranks and the ring communicator " +
+                                  std::to_string(ring.size()) + (ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") +
+                                  "; hand in the mesh's groups (RingMesh, split_ring())");
+}
+
+/// The record of c all-gathered over the ring and compared with ring rank 0's ("" when equal). Collective over `ring`.
+template <class RingComm>
+std::string ring_mismatch(const RingConfig& c, RingComm& ring) {
+  const RingRecord mine{{c.ulysses_degree, c.ring_degree, static_cast<std::int64_t>(c.layout), c.causal ? 1 : 0, c.seq_len}};
+  return compare_ring_records(allgather_record(ring, ring.size(), ring.rank(), mine), "ring");
+}
+
+/// Round 2 of check_ring_config(): the verdicts of both groups exchanged, so that a mismatch one
+/// group saw reaches every rank of the U × R block (a ring member's verdict over the Ulysses
+/// group, a Ulysses member's over the ring: two hops join any two ranks); then the throw.
+/// Collective over both. @throws Error(plan_mismatch) a mismatch here (naming it) or elsewhere.
+template <class UlyssesComm, class RingComm>
+void ring_verdicts(const std::string& why_ulysses, const std::string& why_ring, UlyssesComm& ulysses, RingComm& ring) {
+  const RingRecord flag_r{{why_ring.empty() ? 0 : 1, 0, 0, 0, 0}}, flag_u{{why_ulysses.empty() && why_ring.empty() ? 0 : 1, 0, 0, 0, 0}};
+  bool elsewhere = false;
+  for (const auto& f : allgather_record(ulysses, ulysses.size(), ulysses.rank(), flag_r)) elsewhere = elsewhere || f.field[0] != 0;
+  for (const auto& f : allgather_record(ring, ring.size(), ring.rank(), flag_u)) elsewhere = elsewhere || f.field[0] != 0;
+  const std::string why = why_ulysses + (why_ulysses.empty() || why_ring.empty() ? "" : "; ") + why_ring;
+  if (!why.empty())
+    fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ: " + why + "; every rank must use the same U, R, layout, causal and S");
+  if (elsewhere)
+    fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ on another rank of this U x R block (a member of this rank's "
+                              "Ulysses group or ring saw it, and names it); every rank must use the same U, R, layout, causal and S");
+}
+}  // namespace detail
+
 /// Checks a Ulysses × Ring configuration across ranks: the communicators' sizes (`ulysses` must
 /// have U ranks, `ring` R), then one all-gather of the record over each, compared with rank 0's,
 /// and one all-gather of the verdicts over each, so that every rank of the block throws alike.
-/// Collective over both communicators, every rank in the same order (Ulysses group first).
+/// Collective over both communicators, every rank in the same order (Ulysses group first). With
+/// a Plan of the Ulysses group, prefer the overload below: the plan's own record carries the
+/// configuration, and its all-gather replaces the one over the Ulysses group.
+/// @param c        this rank's configuration
+/// @param ulysses  this rank's Ulysses group (U ranks)
+/// @param ring     this rank's ring (R ranks)
 /// @throws Error(comm_mismatch) a communicator of another size than the configuration says (e.g.
 ///         a ring of one rank for R = 2: the hybrid that would silently run as CP=1), checked
 ///         locally before any collective; Error(plan_mismatch) ranks that differ (naming them and
 ///         the fields); Error(invalid_group) U or R < 1; the communicators' errors.
 template <class UlyssesComm, class RingComm>
 void check_ring_config(const RingConfig& c, UlyssesComm& ulysses, RingComm& ring) {
-  if (c.ulysses_degree < 1 || c.ring_degree < 1)
-    detail::fail(Errc::invalid_group, "RingConfig: U=" + std::to_string(c.ulysses_degree) + " and R=" + std::to_string(c.ring_degree) +
-                                          " must be >= 1");
-  if (ulysses.size() != c.ulysses_degree || ring.size() != c.ring_degree)
-    detail::fail(Errc::comm_mismatch, "Ulysses x Ring asked for as U=" + std::to_string(c.ulysses_degree) + " x R=" +
-                                          std::to_string(c.ring_degree) + ", but the Ulysses communicator has " + std::to_string(ulysses.size()) +
-                                          " ranks and the ring communicator " + std::to_string(ring.size()) +
-                                          (ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") +
-                                          "; hand in the mesh's groups (RingMesh, split_ring())");
+  detail::check_ring_sizes(c, ulysses, ring);
   const detail::RingRecord mine{{c.ulysses_degree, c.ring_degree, static_cast<std::int64_t>(c.layout), c.causal ? 1 : 0, c.seq_len}};
-  const auto a = detail::allgather_record(ulysses, ulysses.size(), ulysses.rank(), mine);
-  const auto b = detail::allgather_record(ring, ring.size(), ring.rank(), mine);
-  std::string why = detail::compare_ring_records(a, "Ulysses group");
-  const std::string why_ring = detail::compare_ring_records(b, "ring");
-  why += (why.empty() || why_ring.empty() ? "" : "; ") + why_ring;
-  // Round 2: a mismatch one group saw reaches every rank of the U x R block (a ring member's
-  // verdict over the Ulysses group, a Ulysses member's over the ring: two hops join any two ranks).
-  const detail::RingRecord flag_r{{why_ring.empty() ? 0 : 1, 0, 0, 0, 0}}, flag_u{{why.empty() ? 0 : 1, 0, 0, 0, 0}};
-  bool elsewhere = false;
-  for (const auto& f : detail::allgather_record(ulysses, ulysses.size(), ulysses.rank(), flag_r)) elsewhere = elsewhere || f.field[0] != 0;
-  for (const auto& f : detail::allgather_record(ring, ring.size(), ring.rank(), flag_u)) elsewhere = elsewhere || f.field[0] != 0;
-  if (!why.empty()) detail::fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ: " + why + "; every rank must use the same U, R, layout, causal and S");
-  if (elsewhere)
-    detail::fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ on another rank of this U x R block (a member of this rank's "
-                                      "Ulysses group or ring saw it, and names it); every rank must use the same U, R, layout, causal and S");
+  const std::string why = detail::compare_ring_records(detail::allgather_record(ulysses, ulysses.size(), ulysses.rank(), mine), "Ulysses group");
+  detail::ring_verdicts(why, detail::ring_mismatch(c, ring), ulysses, ring);
+}
+
+/// The same check for a Ulysses group's Plan made with PlanOptions::ring, in the plan's own
+/// agreement: one all-gather of the plan's agreement record over the Ulysses group (which holds U,
+/// R, the ring layout, causal and S next to everything else that determines the wire: the
+/// check_agreement() its first exchange would make), one of the ring record over the ring, and the
+/// verdicts over both. On success the plan counts as agreed on `ulysses` (its first exchange does
+/// not gather again). The Ulysses groups and the rings together join every rank of the U × R
+/// block, so every rank agrees with every other on the configuration.
+/// @param plan     this rank's plan of its Ulysses group, with PlanOptions::ring
+/// @param ulysses  this rank's Ulysses group (U ranks, rank = plan.rank())
+/// @param ring     this rank's ring (R ranks)
+/// @throws Error(invalid_mesh) a plan without PlanOptions::ring; what the overload above throws;
+///         Error(plan_mismatch) also for a plan that differs anywhere else in its record (every
+///         rank of the block alike).
+template <class UlyssesComm, class RingComm>
+void check_ring_config(const Plan& plan, UlyssesComm& ulysses, RingComm& ring) {
+  if (!plan.options().ring)
+    detail::fail(Errc::invalid_mesh, "check_ring_config(plan, ...): the plan was made without PlanOptions::ring (RingConfig::of(partition, causal))");
+  const RingConfig& c = *plan.options().ring;
+  detail::check_ring_sizes(c, ulysses, ring);
+  detail::check_comm(plan, ulysses);
+  const std::string why = detail::agreement_mismatch(plan, ulysses);
+  detail::ring_verdicts(why, detail::ring_mismatch(c, ring), ulysses, ring);
+  detail::mark_agreed(ulysses, plan.id(), plan.agreement_check());
 }
 
 ULYSSES_NAMESPACE_END

@@ -175,4 +175,19 @@ class RingPartition {
   std::vector<std::vector<TokenRange>> chunks_;
 };
 
+/// What every rank of a Ulysses × Ring hybrid must agree on: check_ring_config()
+/// (ring/agreement.hpp) checks it across ranks, and a Ulysses group's Plan made with
+/// PlanOptions::ring carries it in its agreement record (plan/agreement.hpp).
+struct RingConfig {
+  int ulysses_degree = 1;                    ///< U
+  int ring_degree = 1;                       ///< R
+  RingLayout layout = RingLayout::zigzag;    ///< zigzag or contiguous
+  bool causal = true;                        ///< causal attention
+  std::int64_t seq_len = 0;                  ///< S, global tokens
+  /// The configuration of a partition and a causal flag.
+  static RingConfig of(const RingPartition& p, bool causal) {
+    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len()};
+  }
+};
+
 ULYSSES_NAMESPACE_END

@@ -95,7 +95,22 @@ class PlanFields {
     nodes_ = n.degree() ? n : NodeLayout::uniform(P, P);
     if (options_.lanes < 0)
       detail::fail(Errc::invalid_shape, "PlanOptions::lanes=" + std::to_string(options_.lanes) + " must be >= 0 (0: one lane per rank)");
+    if (options_.ring) validate_ring(*options_.ring);
     two_level_ = options_.path == Path::two_level || (options_.path == Path::automatic && nodes_.spans_nodes());
+  }
+
+  /// PlanOptions::ring: U must be P, and S the tokens of one ring rank's group.
+  void validate_ring(const RingConfig& c) const {
+    const std::string what = "PlanOptions::ring (U=" + std::to_string(c.ulysses_degree) + ", R=" + std::to_string(c.ring_degree) +
+                             ", S=" + std::to_string(c.seq_len) + ")";
+    if (c.ulysses_degree != group_.size)
+      detail::fail(Errc::invalid_mesh, what + " is for Ulysses groups of " + std::to_string(c.ulysses_degree) + " ranks, but this group has P=" +
+                                           std::to_string(group_.size));
+    const RingPartition part(c.seq_len, c.ulysses_degree, c.ring_degree, c.layout);  // throws invalid_group / invalid_shape
+    for (int j = 0; j < c.ring_degree; ++j)
+      if (part.ring_length(j) == seq_.seq_len()) return;
+    detail::fail(Errc::invalid_mesh, what + ": no ring rank's group holds the plan's S=" + std::to_string(seq_.seq_len()) +
+                                         " tokens; plan with RingPartition::ulysses_partition(j)");
   }
 
   static std::int64_t first_replicated_head(const HeadPartition& hp) {
