@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <ulysses/comm/nccl.cuh>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -346,6 +347,30 @@ TEST_CASE("NCCL P=1: allgather of host memory (what check_agreement uses)") {
     const Plan plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)});
     check_agreement(plan, comm);
     return all == mine && plan.agreement_checked() ? "" : "allgather lost the bytes";
+  }) == "");
+}
+
+TEST_CASE("NCCL split_ring (comm/nccl_mesh.cuh): the Ulysses group, ring, block and outer group of every U x R of the devices") {
+  const int n = std::min(ut::device_count(), 2);
+  for (int W = 1; W <= n; ++W)
+    for (int U = 1; U <= W; ++U) {
+      if (W % U) continue;
+      const RingMesh mesh(W, U, W / U, W);
+      CHECK(world(W).run([&](NcclComm& comm) -> std::string {
+        NcclRingMesh m = split_ring(comm.get(), mesh, comm.rank());
+        int nu = 0, nr = 0, nb = 0, no = 0, ru = 0, rr = 0;
+        ncclCommCount(m.ulysses, &nu), ncclCommCount(m.ring, &nr), ncclCommCount(m.block, &nb), ncclCommCount(m.outer, &no);
+        ncclCommUserRank(m.ulysses, &ru), ncclCommUserRank(m.ring, &rr);
+        m.destroy();
+        const int w = comm.rank();
+        if (nu != U || nr != W / U || nb != W || no != 1 || ru != mesh.ulysses_rank(w) || rr != mesh.ring_rank(w))
+          return "split_ring made groups of " + std::to_string(nu) + ", " + std::to_string(nr) + ", " + std::to_string(nb) + ", " +
+                 std::to_string(no) + " ranks";
+        return m.ulysses == nullptr && m.ring == nullptr ? "" : "destroy() left a handle";
+      }) == "");
+    }
+  CHECK(world(1).run([](NcclComm& comm) -> std::string {
+    return ut::code_of([&] { split_ring(comm.get(), RingMesh(2, 1, 2, 2), 0); }) == Errc::invalid_mesh ? "" : "a mesh of 2 on a world of 1";
   }) == "");
 }
 

@@ -6,6 +6,7 @@
 #include <ulysses/ring/mesh.hpp>
 #include <ulysses/ulysses.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -148,4 +149,32 @@ TEST_CASE("PlanOptions::ring: the plan's agreement record carries the ring confi
       CHECK(got[0].second.find("on another rank of this U x R block") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("RingMesh::split_key (the colours and keys of split_ring over MPI and NCCL): each colour's members are the mesh's group, ranked by key") {
+  for (const RingMesh& m : {RingMesh(16, 4, 2, 8), RingMesh(16, 2, 4, 4, RingOrder::ring_inner), RingMesh(12, 3, 2, 6), RingMesh(8, 1, 8, 8),
+                            RingMesh(6, 6, 1, 6)}) {
+    const int W = m.world(), UR = m.ulysses_degree() * m.ring_degree();
+    for (RingGroup g : {RingGroup::ulysses, RingGroup::ring, RingGroup::block, RingGroup::outer})
+      for (int w = 0; w < W; ++w) {
+        std::vector<std::pair<int, int>> members;  // (key, world rank) of w's colour
+        const RingSplitKey mine = m.split_key(g, w);
+        for (int x = 0; x < W; ++x)
+          if (m.split_key(g, x).color == mine.color) members.push_back({m.split_key(g, x).key, x});
+        std::sort(members.begin(), members.end());
+        std::vector<int> got, want;
+        for (std::size_t i = 0; i < members.size(); ++i) {
+          CHECK(members[i].first == static_cast<int>(i));  // keys 0 .. n-1: the rank in the group
+          got.push_back(members[i].second);
+        }
+        if (g == RingGroup::ulysses) want = m.ulysses_ranks(w);
+        if (g == RingGroup::ring) want = m.ring_ranks(w);
+        if (g == RingGroup::outer) want = m.outer_ranks(w);
+        if (g == RingGroup::block)
+          for (int i = 0; i < UR; ++i) want.push_back(m.outer_rank(w) * UR + i);
+        CHECK(got == want);
+        CHECK(mine.color >= 0);
+      }
+  }
+  CHECK(ut::code_of([] { RingMesh(4, 2, 2, 4).split_key(RingGroup::ring, 4); }) == Errc::invalid_group);
 }

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief split_by_node() over ncclCommSplit: a world NCCL communicator cut into this rank's
-///        Ulysses group and outer group of a Mesh, and what it returns (NcclMesh).
+///        Ulysses group and outer group of a Mesh, and what it returns (NcclMesh); split_ring():
+///        the same for a Ulysses × Ring mesh (RingMesh: Ulysses group, ring, block, outer group;
+///        NcclRingMesh).
 ///
 /// Needs <nccl.h> (NCCL >= 2.18 for ncclCommSplit; link ulysses::nccl). Wrap NcclMesh::ulysses
 /// in an NcclComm (comm/nccl_comm.cuh) for the exchanges of the group; Mesh::nodes() is its node
@@ -11,8 +13,10 @@
 #include <nccl.h>
 
 #include <string>
+#include <utility>
 
 #include "../error.hpp"
+#include "../ring/mesh.hpp"
 #include "../topology/mesh.hpp"
 #include "nccl_comm.cuh"
 
@@ -45,6 +49,56 @@ inline NcclMesh split_by_node(ncclComm_t world, const Mesh& mesh, int index) {
   NcclMesh m;
   check(ncclCommSplit(world, mesh.ulysses_group(index), mesh.ulysses_rank(index), &m.ulysses, nullptr), "ncclCommSplit");
   check(ncclCommSplit(world, mesh.outer_group(index), mesh.outer_rank(index), &m.outer, nullptr), "ncclCommSplit");
+  return m;
+}
+
+/// The four communicators of a rank in a RingMesh, split from a world NCCL communicator (owned
+/// by the caller: destroy() them), with the mesh and the rank's node-first index.
+struct NcclRingMesh {
+  ncclComm_t ulysses = nullptr;  ///< the Ulysses group: U ranks, rank = mesh.ulysses_rank(index)
+  ncclComm_t ring = nullptr;     ///< the ring: R ranks, rank = mesh.ring_rank(index)
+  ncclComm_t block = nullptr;    ///< the U·R ranks of this rank's Ulysses × Ring block
+  ncclComm_t outer = nullptr;    ///< the ranks of equal ring and Ulysses rank in the other blocks (data parallel)
+  RingMesh mesh{1, 1, 1, 1};     ///< the layout
+  int index = 0;                 ///< this rank's node-first world index
+  /// ncclCommDestroy of the communicators made (each once; the handles are then null).
+  void destroy() {
+    for (ncclComm_t* c : {&ulysses, &ring, &block, &outer})
+      if (*c) ncclCommDestroy(*c), *c = nullptr;
+  }
+};
+
+/// Splits `world` (W ranks, one per GPU) into this rank's Ulysses group, ring, block and outer
+/// group of `mesh` with ncclCommSplit (NCCL >= 2.18; collective over `world`, called by every rank
+/// in the same order), the colours and keys of RingMesh::split_key(), as split_ring() of
+/// ring/mpi_mesh.hpp does over MPI. NCCL does not know the nodes: `index` is this rank's node-first
+/// position (MpiRingMesh::index, MpiMesh::index, or NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK).
+/// Wrap NcclRingMesh::ulysses and ::ring in NcclComm: the Ulysses exchange runs over the first,
+/// RingRotation over the second.
+/// @param world  the world communicator, mesh.world() ranks
+/// @param mesh   the layout (its checks have run: RingMesh's constructor)
+/// @param index  this rank's node-first index, 0 .. W−1
+/// @throws Error(invalid_mesh) the world is not mesh.world() ranks or index is outside it;
+///         Error(backend) NCCL's error (the communicators made until then are destroyed).
+inline NcclRingMesh split_ring(ncclComm_t world, const RingMesh& mesh, int index) {
+  int W = 0;
+  if (const ncclResult_t r = ncclCommCount(world, &W); r != ncclSuccess)
+    throw Error(Errc::backend, std::string("ncclCommCount failed: ") + ncclGetErrorString(r));
+  if (W != mesh.world() || index < 0 || index >= W)
+    detail::fail(Errc::invalid_mesh, "split_ring: the NCCL world has " + std::to_string(W) + " ranks and index " + std::to_string(index) +
+                                         "; the ring mesh is of " + std::to_string(mesh.world()));
+  NcclRingMesh m;
+  m.mesh = mesh;
+  m.index = index;
+  const std::pair<RingGroup, ncclComm_t*> groups[4] = {
+      {RingGroup::ulysses, &m.ulysses}, {RingGroup::ring, &m.ring}, {RingGroup::block, &m.block}, {RingGroup::outer, &m.outer}};
+  for (const auto& [g, out] : groups) {
+    const RingSplitKey k = mesh.split_key(g, index);
+    if (const ncclResult_t r = ncclCommSplit(world, k.color, k.key, out, nullptr); r != ncclSuccess) {
+      m.destroy();
+      throw Error(Errc::backend, std::string("ncclCommSplit failed: ") + ncclGetErrorString(r));
+    }
+  }
   return m;
 }
 

@@ -26,6 +26,21 @@ enum class RingOrder : int {
   ring_inner = 1,     ///< within-block index u·R + j: the ring on the nearest ranks
 };
 
+/// The communicators of a Ulysses × Ring mesh (RingMesh::split_key()).
+enum class RingGroup : int {
+  ulysses = 0,  ///< the U ranks of one Ulysses group (rank: the Ulysses rank)
+  ring = 1,     ///< the R ranks of one ring (rank: the ring rank)
+  block = 2,    ///< the U·R ranks of one Ulysses × Ring block, the context-parallel group (rank: the index in the block)
+  outer = 3,    ///< the ranks of equal ring and Ulysses rank in every block, data parallel (rank: the outer rank)
+};
+
+/// The colour and key of a rank for a split of the world into one kind of group
+/// (MPI_Comm_split(world, color, key), ncclCommSplit(world, color, key)).
+struct RingSplitKey {
+  int color = 0;  ///< equal for the members of one group, distinct between groups, >= 0
+  int key = 0;    ///< the rank's rank in its group
+};
+
 /// World = U × R × outer ranks on nodes of ranks_per_node ranks (see the file comment). Integers only.
 class RingMesh {
  public:
@@ -106,6 +121,22 @@ class RingMesh {
   int ring_color(int w) const { return outer_rank(w) * U_ + ulysses_rank(w); }
   /// A colour naming w's outer group.
   int outer_color(int w) const { return ring_rank(w) * U_ + ulysses_rank(w); }
+  /// World rank w's colour and key for a split of the world into groups `g`: the members of a
+  /// colour are exactly ulysses_ranks(w), ring_ranks(w), the U·R ranks of w's block, or
+  /// outer_ranks(w), ranked in that order by the key. What split_ring() (ring/mpi_mesh.hpp,
+  /// comm/nccl_mesh.cuh) hands to the backend's split.
+  /// @param g  which group
+  /// @param w  world rank (node-first), 0 .. W−1
+  /// @throws Error(invalid_group) w outside [0, W).
+  RingSplitKey split_key(RingGroup g, int w) const {
+    switch (g) {
+      case RingGroup::ulysses: return {ulysses_color(w), ulysses_rank(w)};
+      case RingGroup::ring: return {ring_color(w), ring_rank(w)};
+      case RingGroup::block: return {outer_rank(w), within(w)};
+      case RingGroup::outer: break;
+    }
+    return {outer_color(w), outer_rank(w)};
+  }
   /// Whether a Ulysses group spans nodes (its all-to-all leaves the node).
   bool ulysses_spans_nodes() const { return span(U_, order_ == RingOrder::ulysses_inner ? 1 : R_); }
   /// Whether a ring spans nodes.
