@@ -658,9 +658,10 @@ int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ul
               rc.U * rc.R, rc.U, rc.R, rc.causal ? "causal" : "non-causal", to_string(rc.layout),
               c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
   const std::size_t step = RingKvBlock{rc.B, part.max_ring_length(), a.kv_heads.count(0), rc.D, rc.Dv, sizeof(float)}.bytes();
-  std::printf("  ring: %d steps, one k|v message a step of up to %.3f MiB (%lld tokens)%s; kv heads on up to %lld Ulysses ranks each%s\n",
-              rc.R, step / double(1 << 20), (long long)part.max_ring_length(), c.backward ? ", the backward adds its fp32 dk|dv" : "",
-              holders, holders > 1 ? " (replicated; the backward sums their partial gradients)" : "");
+  std::printf("  ring: %d steps, one k|v message a step of up to %.3f MiB (%lld tokens)%s\n", rc.R, step / double(1 << 20),
+              (long long)part.max_ring_length(), c.backward ? ", the backward adds its fp32 dk|dv" : "");
+  if (holders > 1)
+    std::printf("  GQA: each kv head on up to %lld Ulysses ranks (replicated; the backward sums their partial gradients)\n", holders);
   std::printf("  attention through Ulysses x Ring (this demo's plain loops, max over ranks): %.1f ms\n", ms);
   const double worst = e.max();
   std::printf("  max abs error vs single-rank attention (double): o %.3g, lse %.3g", e.out, e.lse);

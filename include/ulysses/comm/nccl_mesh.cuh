@@ -73,7 +73,7 @@ struct NcclRingMesh {
 /// in the same order), the colours and keys of RingMesh::split_key(), as split_ring() of
 /// ring/mpi_mesh.hpp does over MPI. NCCL does not know the nodes: `index` is this rank's node-first
 /// position (MpiRingMesh::index, MpiMesh::index, or NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK).
-/// Wrap NcclRingMesh::ulysses and ::ring in NcclComm: the Ulysses exchange runs over the first,
+/// Wrap NcclRingMesh::ulysses and NcclRingMesh::ring in NcclComm: the Ulysses exchange runs over the first,
 /// RingRotation over the second.
 /// @param world  the world communicator, mesh.world() ranks
 /// @param mesh   the layout (its checks have run: RingMesh's constructor)
