@@ -14,6 +14,7 @@
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/mpi_mesh.hpp>
 #include <ulysses/ring/rotation.hpp>
+#include <ulysses/ulysses.hpp>
 
 #include <cstring>
 #include <vector>
@@ -154,6 +155,27 @@ TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigza
       }
     m.free();
   }
+}
+
+TEST_CASE("MPI check_ring_config(plan): the ring configuration in the plan's record; a rank whose plan says another causal throws on every rank") {
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  if (W % 2) return;
+  const int U = 2, R = W / 2;
+  MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);
+  const RingPartition part(8 * R + 1, U, R, RingLayout::zigzag);
+  const int j = m.mesh.ring_rank(m.index), u = m.mesh.ulysses_rank(m.index);
+  const AttentionSpecs specs = attention_specs<float>(U, {4, 2, 8, 8});
+  for (int bad : {-1, W - 1}) {
+    PlanOptions o;
+    o.ring = RingConfig::of(part, w != bad);
+    const Plan plan({U, u}, 1, part.ulysses_partition(j), specs.qkv(), Format::bshd, o);
+    MpiComm uly(m.ulysses), ring(m.ring);
+    CHECK(ut::code_of([&] { check_ring_config(plan, uly, ring); }) == (bad < 0 ? Errc{} : Errc::plan_mismatch));
+    CHECK(plan.agreement_checked() == (bad < 0));
+  }
+  m.free();
 }
 
 int main(int argc, char** argv) {
