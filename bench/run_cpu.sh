@@ -38,8 +38,8 @@ perf_local="${PERF_LOCAL:-1}"
 targets=(bench_host)
 [ "$perf_local" = 1 ] && targets+=(ulysses_perf)
 available=$(cmake --build "$build" --target help 2>/dev/null || true)  # (no grep -q in a pipe: SIGPIPE + pipefail)
-if grep -q 'bench_mpi' <<<"$available"; then
-  targets+=(bench_mpi)  # only when MPI was found
+if [ -n "$ranks" ] && grep -q 'bench_mpi' <<<"$available"; then
+  targets+=(bench_mpi)  # only when MPI was found and MPI runs are asked for
 fi
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc 2>/dev/null || echo 2)"
 [ -x "$build/bench/bench_host" ] || { echo "run_cpu.sh: bench_host was not built (is Google Benchmark installed? apt-get install libbenchmark-dev)" >&2; exit 1; }
