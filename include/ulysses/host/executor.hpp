@@ -237,7 +237,7 @@ inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64
 /// visit every row of every term, and a 64-bit division per row and term cost more than adding
 /// the row's elements (the summed inverse's rows are D elements).
 struct RowCursor {
-  std::int64_t idx[4];
+  std::int64_t idx[4];  ///< the row's index in each of the block's 4 loops (outermost first)
   /// The cursor at row `row` of block `c` (one decomposition). @pre 0 <= row < c.rows()
   RowCursor(const BlockCopy& c, std::int64_t row) {
     for (int i = 3; i >= 1; --i) {
