@@ -14,13 +14,19 @@
 //
 // Timing: single-threaded pack / unpack / memcpy use CPU time (Google Benchmark's default: robust
 // to other load on a shared machine); the 2-thread executor and the in-process group use wall
-// time. The bare in-process all-to-all copies P equal chunks of the rank's bytes (its own chunk
+// time. The default path of seq_to_head / head_to_seq (".../fused") is timed as a user's call
+// costs and as ulysses_perf --backend local times it (time_calls()): each call after a barrier
+// of the group, the slowest rank's time, alternating with the bare all-to-all-v of the same bytes
+// through the same LocalGroup::Comm; the counters call_s and bare_s are the medians, and
+// bench/report compares those two. The bare in-process all-to-all copies P equal chunks of the rank's bytes (its own chunk
 // included, like MPI_Alltoall) straight from the peers' buffers, with no plan and no barrier
 // beyond the driver's: it is the memory-bandwidth limit of an in-process exchange. The exchange
 // alone (LocalGroup::Comm::alltoallv) moves only the P-1 peer chunks: a rank's own chunk is
 // copied by unpack.
 #include "common.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -187,6 +193,52 @@ enum class Local { bare, exchange, redistribute };
 /// a forced path, three one-tensor plans, or DeepSpeed's op sequence (three all-to-alls).
 enum class How { fused, messages, alltoallv, separate, deepspeed };
 
+/// Times what one user's call costs, as ulysses_perf --backend local does: per benchmark
+/// iteration, every rank waits at a barrier of the group and times call(r), then waits at a
+/// barrier and times the bare all-to-all-v of the same `bytes` (P equal chunks, its own included)
+/// through the same LocalGroup::Comm between contiguous buffers. The iteration's time is the
+/// slowest rank's call (manual time); the counters call_s and bare_s are the medians over the
+/// iterations of the call's and of the bare all-to-all-v's times, measured alternately, so that
+/// both see the same moments of load (bench/report takes their ratio).
+void time_calls(benchmark::State& st, Lockstep& ls, int P, std::size_t bytes, std::vector<LocalGroup::Comm>& comms,
+                const std::function<void(int)>& call) {
+  const std::size_t chunk = bytes / static_cast<std::size_t>(P);
+  std::vector<Buf> send, recv;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(P), chunk), offsets(static_cast<std::size_t>(P));
+  for (int p = 0; p < P; ++p) {
+    send.emplace_back(chunk * static_cast<std::size_t>(P), 0x44), recv.emplace_back(chunk * static_cast<std::size_t>(P), 0x55);
+    offsets[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * chunk;
+  }
+  std::vector<double> t_call(static_cast<std::size_t>(P)), t_bare(static_cast<std::size_t>(P));
+  const std::function<void(int)> pair = [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    LocalGroup::Comm& c = comms[i];
+    c.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    call(r);
+    t_call[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c.barrier();
+    t0 = std::chrono::steady_clock::now();
+    c.alltoallv(send[i].data(), counts.data(), offsets.data(), recv[i].data(), counts.data(), offsets.data());
+    t_bare[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int w = 0; w < 2; ++w) ls.step(pair);  // warm-up pairs
+  std::vector<double> calls, bares;
+  for (auto _ : st) {
+    ls.step(pair);
+    calls.push_back(*std::max_element(t_call.begin(), t_call.end()));
+    bares.push_back(*std::max_element(t_bare.begin(), t_bare.end()));
+    st.SetIterationTime(calls.back());
+  }
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  st.counters["call_s"] = median(calls);
+  st.counters["bare_s"] = median(bares);
+}
+
 void bm_local(benchmark::State& st, Local what, How how, Direction d, int P, std::int64_t S, int elem, std::int64_t B) {
   auto& rs = setups(P, S, elem, Mem::bshd, P, B);
   Lockstep& ls = lockstep(P);
@@ -233,7 +285,11 @@ void bm_local(benchmark::State& st, Local what, How how, Direction d, int P, std
         break;
     }
   };
-  for (auto _ : st) ls.step(job);
+  if (what == Local::redistribute && how == How::fused) {
+    time_calls(st, ls, P, bytes, comms, [&](int r) { job(r); });
+  } else {
+    for (auto _ : st) ls.step(job);
+  }
   set_counters(st, bytes, P);
   if (what == Local::redistribute && how != How::separate && how != How::deepspeed) {
     const Plan& p = how == How::fused ? *rs[0]->fused : how == How::messages ? *rs[0]->fused_messages : *rs[0]->fused_alltoallv;
@@ -352,10 +408,14 @@ void register_all() {
             const std::string fam = case_name(d == Direction::seq_to_head ? "local_seq_to_head" : "local_head_to_seq", elem, S, P, B);
             const std::pair<How, const char*> hows[] = {{How::fused, "fused"}, {How::messages, "messages"}, {How::alltoallv, "alltoallv"},
                                                         {How::separate, "separate"}, {How::deepspeed, "deepspeed"}};
-            for (const auto& [how, name] : hows)
-              reg(fam + "/" + name, how == How::fused ? label(bare, fam + "/separate") + ";deepspeed=" + fam + "/deepspeed" : label(bare),
-                  [=, how = how](benchmark::State& st) { bm_local(st, Local::redistribute, how, d, P, S, elem, B); })
-                  ->UseRealTime();
+            for (const auto& [how, name] : hows) {
+              auto* b = reg(fam + "/" + name, how == How::fused ? label(bare, fam + "/separate") + ";deepspeed=" + fam + "/deepspeed" : label(bare),
+                            [=, how = how](benchmark::State& st) { bm_local(st, Local::redistribute, how, d, P, S, elem, B); });
+              if (how == How::fused)
+                b->UseManualTime();  // per call after a barrier, the slowest rank's (time_calls)
+              else
+                b->UseRealTime();
+            }
           }
         }
   // The summed inverse (the backward of seq→head) against the plain one: P=16 replicates every

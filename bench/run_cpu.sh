@@ -13,6 +13,10 @@
 #              disturbed by other load; bench/report --stat median for the median)
 #   FILTER     --benchmark_filter regex (default: all)
 #   MPI_RANKS  group sizes run under mpiexec (default "2 4"; empty: skip MPI)
+#   PERF_LOCAL 1 (default): also run ulysses_perf --backend local --ranks 4 --model llama-3.1-8b at
+#              S = 4096, 16384, fp32 and bf16, and append its tables to the report (the tool and
+#              bench_host time the in-process calls the same way: they should agree within noise);
+#              0: skip
 # Needs: CMake >= 3.25, a C++17 compiler, Google Benchmark (libbenchmark-dev), MPI for bench_mpi
 # (e.g. openmpi-bin libopenmpi-dev), python3 (+ python3-matplotlib for the chart).
 set -euo pipefail
@@ -30,10 +34,12 @@ mkdir -p "$out" "$raw"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 fi
+perf_local="${PERF_LOCAL:-1}"
 targets=(bench_host)
+[ "$perf_local" = 1 ] && targets+=(ulysses_perf)
 available=$(cmake --build "$build" --target help 2>/dev/null || true)  # (no grep -q in a pipe: SIGPIPE + pipefail)
-if grep -q 'bench_mpi' <<<"$available"; then
-  targets+=(bench_mpi)  # only when MPI was found
+if [ -n "$ranks" ] && grep -q 'bench_mpi' <<<"$available"; then
+  targets+=(bench_mpi)  # only when MPI was found and MPI runs are asked for
 fi
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc 2>/dev/null || echo 2)"
 [ -x "$build/bench/bench_host" ] || { echo "run_cpu.sh: bench_host was not built (is Google Benchmark installed? apt-get install libbenchmark-dev)" >&2; exit 1; }
@@ -45,6 +51,15 @@ common=(--benchmark_min_time="$min_time" --benchmark_repetitions="$reps" --bench
 jsons=("$raw/host.json")
 echo "== bench_host -> $raw/host.json"
 "$build/bench/bench_host" "${common[@]}" --benchmark_out="$raw/host.json"
+
+if [ "$perf_local" = 1 ] && [ -x "$build/bench/ulysses_perf" ]; then
+  for dt in fp32 bf16; do
+    echo "== ulysses_perf --backend local --ranks 4 --dtype $dt -> $raw/perf_local_$dt.json"
+    "$build/bench/ulysses_perf" --backend local --ranks 4 --model llama-3.1-8b --dtype "$dt" -b 4096 -e 16384 -f 4 -n 15 -w 3 \
+      --json "$raw/perf_local_$dt.json"
+    jsons+=("$raw/perf_local_$dt.json")
+  done
+fi
 
 if [ -n "$ranks" ] && [ -x "$build/bench/bench_mpi" ]; then
   mpiexec_flags=()

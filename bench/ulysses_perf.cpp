@@ -45,6 +45,9 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cli.hpp"
@@ -147,6 +150,29 @@ double time_us(Comm& comm, int warmup, int iters, int reps, F&& fn) {
     best = k == 0 ? us : std::min(best, us);
   }
   return best;
+}
+
+/// Per-call times of two operations run alternately (what one user's call costs, each against
+/// the other in the same moments of machine load): `warmup` untimed pairs, then `iters` times: a
+/// barrier, a() timed on each rank, the slowest rank's time; a barrier, b() the same. Returns the
+/// medians (microseconds) of a's and of b's times. Collective.
+template <class Comm, class A, class B>
+std::pair<double, double> interleaved_us(Comm& comm, int warmup, int iters, A&& a, B&& b) {
+  for (int i = 0; i < warmup; ++i) a(), b();
+  std::vector<double> ta, tb;
+  auto call = [&](auto&& f, std::vector<double>& out) {
+    barrier(comm);
+    const double t0 = seconds_now(comm);
+    f();
+    out.push_back(max_over_ranks(comm, (seconds_now(comm) - t0) * 1e6));
+  };
+  for (int i = 0; i < iters; ++i) call(a, ta), call(b, tb);
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  return {median(ta), median(tb)};
 }
 
 // ---- the oracle: every element's value is a function of where it is -------------------------
@@ -303,6 +329,12 @@ class HostRunner {
     ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous
     return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
   }
+  /// The exchange and the bare all-to-all-v of `bytes` timed per call, alternately
+  /// (interleaved_us()): {exchange, bare} in microseconds.
+  std::pair<double, double> pair_us(std::size_t bytes, const Options& o) {
+    ulysses_group::BareAlltoall bare(comm_.size(), bytes);
+    return interleaved_us(comm_, o.warmup, o.iters, [&] { once(); }, [&] { bare.run(comm_); });
+  }
   void unload() noexcept {}
 
  private:
@@ -415,6 +447,12 @@ class DeviceRunner {
 };
 #endif
 
+/// Whether a runner times the exchange and the bare all-to-all-v alternately (pair_us()).
+template <class R, class = void>
+struct interleaves : std::false_type {};
+template <class R>
+struct interleaves<R, std::void_t<decltype(&R::pair_us)>> : std::true_type {};
+
 /// The sweep on one rank of `runner`'s group (HostRunner or DeviceRunner): per S, per step(), the
 /// plan, its buffers filled from the oracle, with -c 1 one checked run, then the timed runs and
 /// the bare all-to-all-v. Collective. @returns the rows (every rank's same ones).
@@ -463,6 +501,13 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         runner.fetch();
         row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
       }
+      if constexpr (interleaves<Runner>::value) {
+        if (o.bare && o.backend == "local") {  // in-process: per call, alternating with the bare all-to-all-v
+          std::tie(row.us, row.bare_us) = runner.pair_us(static_cast<std::size_t>(row.bytes), o);
+          rows.push_back(row);
+          continue;
+        }
+      }
       row.us = runner.exchange_us(o);
       if (o.bare) row.bare_us = runner.bare_us(static_cast<std::size_t>(row.bytes), o);
       rows.push_back(row);
@@ -498,6 +543,9 @@ Measures measures(const std::string& backend) {
     return {"CUDA events on each rank's stream", "NcclComm's all-to-all-v (grouped ncclSend/ncclRecv, as nccl-tests' alltoall_perf) of the same bytes between contiguous device buffers, same communicator and stream"};
   if (backend == "cuda-local")
     return {"CUDA events on each rank's stream", "DeviceLocalGroup's all-to-all-v (one cudaMemcpyAsync a chunk) of the same bytes between contiguous device buffers, same group and streams"};
+  if (backend == "local")
+    return {"per call, each after a barrier, the slowest rank's wall clock; the median of the iterations, the exchange and the bare all-to-all-v alternating",
+            "the all-to-all-v of the same bytes between contiguous buffers on the same communicator (LocalGroup::Comm::alltoallv)"};
   return {"wall clock between two barriers", "the all-to-all-v of the same bytes between contiguous buffers on the same communicator"};
 }
 
@@ -574,6 +622,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
       "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong).\n"
+      "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
+      "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
       "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
       "and seq_to_head_backward of dq, dk, dv (which sums the partial gradients of replicated kv heads).\n"
       "Backends: local (P threads, host memory), mpi (run under mpiexec -n P), nccl (one process per GPU, under\n"

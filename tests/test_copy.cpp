@@ -319,3 +319,55 @@ TEST_CASE("host executor sums: every element the ordered sum of its terms, same 
       }
   }
 }
+
+TEST_CASE("host executor sums of 4-D blocks: every row of every term visited (row cursor carries), same bits as the reference") {
+  // ext [2, 3, 5, 7] elements; each term and the destination padded in every dimension so that
+  // make_blocks merges nothing: rows of 7 elements, three outer loops that carry into each other.
+  const std::int64_t ext[4] = {2, 3, 5, 7};
+  for (ElementType type : {ElementType::float32, ElementType::bfloat16, ElementType::float16, ElementType::float64}) {
+    const std::int64_t e = static_cast<std::int64_t>(size_of(type));
+    constexpr int n = 3;
+    std::mt19937 g(7 + static_cast<unsigned>(type));
+    std::array<std::array<std::int64_t, 4>, n> st;
+    std::vector<std::vector<std::byte>> bufs;
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t d2 = 8 + j, d1 = 6 * d2 + j, d0 = 4 * d1;  // padded strides (elements)
+      st[static_cast<std::size_t>(j)] = {d0, d1, d2, 1};
+      bufs.emplace_back(static_cast<std::size_t>(2 * d0 * e));
+      for (auto& b : bufs.back()) b = static_cast<std::byte>(g() % 9 == 0 ? 0x7f : g());
+    }
+    const std::int64_t dst[4] = {200, 60, 11, 1};
+    std::vector<const std::int64_t*> sp;
+    std::vector<int> sbuf;
+    const std::vector<std::int64_t> soff(n, 0);
+    for (int j = 0; j < n; ++j) sp.push_back(st[static_cast<std::size_t>(j)].data()), sbuf.push_back(Buffer::input(j));
+    std::vector<BlockCopy> grp(n);
+    REQUIRE(detail::make_blocks(ext, n, sp.data(), dst, e, soff.data(), 0, sbuf.data(), Buffer::output(0), type, grp.data()));
+    REQUIRE(grp[0].extent[1] * grp[0].extent[2] * grp[0].extent[3] > 1);
+    REQUIRE(grp[0].row_bytes == ext[3] * e);
+    const std::size_t out_bytes = static_cast<std::size_t>(2 * dst[0] * e);
+    std::vector<std::byte> want(out_bytes, std::byte{0x5a});
+    for (std::int64_t i0 = 0; i0 < ext[0]; ++i0)
+      for (std::int64_t i1 = 0; i1 < ext[1]; ++i1)
+        for (std::int64_t i2 = 0; i2 < ext[2]; ++i2)
+          for (std::int64_t i3 = 0; i3 < ext[3]; ++i3) {
+            const std::byte* terms[n];
+            for (int j = 0; j < n; ++j) {
+              const auto& s = st[static_cast<std::size_t>(j)];
+              terms[j] = bufs[static_cast<std::size_t>(j)].data() + (i0 * s[0] + i1 * s[1] + i2 * s[2] + i3) * e;
+            }
+            detail::sum_element(type, terms, n, want.data() + (i0 * dst[0] + i1 * dst[1] + i2 * dst[2] + i3) * e);
+          }
+    for (int threads : {1, 2, 3})
+      for (std::size_t streaming : {std::size_t{0}, SIZE_MAX}) {
+        CAPTURE(to_string(type));
+        CAPTURE(threads);
+        std::vector<std::byte> out(out_bytes, std::byte{0x5a});
+        BufferTable t;
+        for (int j = 0; j < n; ++j) t.base[Buffer::input(j)] = bufs[static_cast<std::size_t>(j)].data();
+        t.base[Buffer::output(0)] = out.data();
+        HostExecutor(HostExecutorOptions{threads, 1, streaming}).run(grp.data(), grp.size(), t);
+        CHECK(out == want);
+      }
+  }
+}

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../layout/blocks.hpp"
@@ -231,41 +232,118 @@ inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64
   }
 }
 
-/// The sum whose terms are g[0..g[0].sources), for the destination bytes [lo, hi) (multiples of
-/// the element size, numbered as in run_block_range): every element is the sum of its terms in
-/// order, added and rounded by the rules of element.hpp, written once. Elements go in batches of
-/// kSumBatch (accumulators on the stack; no allocation).
-/// @pre g[0].op == BlockOp::sum; 0 <= lo <= hi <= g[0].bytes()
-template <class A>
-void run_sum_range_as(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi) {
-  constexpr std::int64_t kSumBatch = 256;
-  using Bits = typename A::Bits;
-  const BlockCopy& c = g[0];
-  const int n = c.sources;
-  const std::int64_t E = c.elem_bytes, R = c.row_bytes;
-  typename A::Acc acc[kSumBatch];
-  Bits raw[kSumBatch];  // the batch of one term (or of the result) as stored
-  for (std::int64_t pos = lo; pos < hi;) {
-    const std::int64_t row = pos / R, off = pos % R;
-    const std::int64_t len = std::min({R - off, hi - pos, kSumBatch * E}), m = len / E;
-    std::int64_t so = 0, dso = 0;
-    for (int j = 0; j < n; ++j) {
-      row_offsets(g[j], row, so, dso);
-      std::memcpy(raw, buffer_at(t, g[j].src_buffer) + g[j].src_offset + so + off, static_cast<std::size_t>(len));
-      if (j == 0)
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = A::widen(raw[i]);
-      else
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] + A::widen(raw[i]);
+/// A position in a block's rows, numbered as row_offsets() numbers them (row-major over
+/// extent[0..3], extent[3] fastest), that steps to the next row with no division: the host sums
+/// visit every row of every term, and a 64-bit division per row and term cost more than adding
+/// the row's elements (the summed inverse's rows are D elements).
+struct RowCursor {
+  std::int64_t idx[4];  ///< the row's index in each of the block's 4 loops (outermost first)
+  /// The cursor at row `row` of block `c` (one decomposition). @pre 0 <= row < c.rows()
+  RowCursor(const BlockCopy& c, std::int64_t row) {
+    for (int i = 3; i >= 1; --i) {
+      idx[i] = row % c.extent[i];
+      row /= c.extent[i];
     }
-    for (std::int64_t i = 0; i < m; ++i) raw[i] = A::narrow(acc[i]);
-    std::memcpy(detail::buffer_at(t, c.dst_buffer) + c.dst_offset + dso + off, raw, static_cast<std::size_t>(len));
-    pos += len;
+    idx[0] = row;
   }
+  /// Byte offset of the current row from the source (`src`) or the destination of block c:
+  /// the same as row_offsets() gives.
+  std::int64_t offset(const BlockCopy& c, bool src) const {
+    const std::int64_t* st = src ? c.src_stride : c.dst_stride;
+    return idx[0] * st[0] + idx[1] * st[1] + idx[2] * st[2] + idx[3] * st[3];
+  }
+  /// Steps to the next row of a block with extents `c.extent`.
+  void next(const BlockCopy& c) {
+    for (int i = 3; i >= 1; --i) {
+      if (++idx[i] < c.extent[i]) return;
+      idx[i] = 0;
+    }
+    ++idx[0];
+  }
+};
+
+/// raw[i] = A::narrow(acc[i]) for i < m: a plain loop the compiler vectorises, except bfloat16 on
+/// x86-64, whose 32-to-16-bit narrowing SSE2 has no unsigned pack for: there the same rounding
+/// (element.hpp float_to_bfloat16: add 0x7fff plus the kept lowest bit, keep the upper half; NaN
+/// to 0x7fc0) eight lanes at a time, packed with a signed pack of the sign-extended upper halves
+/// (exact: they fit in 16 bits). Same bits either way.
+template <class A>
+inline void narrow_batch(const typename A::Acc* acc, typename A::Bits* raw, std::int64_t m) {
+  std::int64_t i = 0;
+#if ULYSSES_HOST_STREAMING
+  if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>) {
+    const __m128i one = _mm_set1_epi32(1), bias = _mm_set1_epi32(0x7fff), qnan = _mm_set1_epi32(0x7fc0);
+    auto half = [&](const float* p) {
+      const __m128 f = _mm_loadu_ps(p);
+      const __m128i x = _mm_castps_si128(f);
+      const __m128i lsb = _mm_and_si128(_mm_srli_epi32(x, 16), one);
+      const __m128i r = _mm_srai_epi32(_mm_add_epi32(x, _mm_add_epi32(bias, lsb)), 16);
+      const __m128i nan = _mm_castps_si128(_mm_cmpunord_ps(f, f));
+      return _mm_or_si128(_mm_andnot_si128(nan, r), _mm_and_si128(nan, qnan));
+    };
+    for (; i + 8 <= m; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(raw + i), _mm_packs_epi32(half(acc + i), half(acc + i + 4)));
+  }
+#endif
+  for (; i < m; ++i) raw[i] = A::narrow(acc[i]);
 }
 
-/// run_sum_range_as for the sum's element type.
-inline void run_sum_range(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi) {
-  with_sum_arith(g[0].type, [&](auto a) { run_sum_range_as<decltype(a)>(g, t, lo, hi); });
+/// The sum whose terms are g[0..g[0].sources), for the destination bytes [lo, hi) (multiples of
+/// the element size, numbered as in run_block_range): every element is the sum of its terms in
+/// order (((t0 + t1) + t2) + ...), added and rounded by the rules of element.hpp, written once.
+/// One contiguous run (a row, or its part in the range) at a time, in batches of kSumBatch
+/// elements: the first term widened into accumulators on the stack, each further term added to
+/// them straight from its source, the results narrowed into a stack buffer (narrow_batch()) and
+/// written with one copy (streaming stores when `streaming`; the caller fences). Each loop is a plain
+/// loop over contiguous elements of one type (the compiler vectorises them); no allocation, no
+/// division per row.
+/// @pre g[0].op == BlockOp::sum; 0 <= lo <= hi <= g[0].bytes()
+template <class A>
+void run_sum_range_as(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi, bool streaming) {
+  constexpr std::int64_t kSumBatch = 512;
+  using Acc = typename A::Acc;
+  using Bits = typename A::Bits;
+  constexpr std::int64_t E = sizeof(Bits);  // == c.elem_bytes (make_blocks): a constant, so that the loops vectorise
+  const BlockCopy& c = g[0];
+  const int n = c.sources;
+  const std::int64_t R = c.row_bytes;
+  std::byte* const dst_base = buffer_at(t, c.dst_buffer) + c.dst_offset;
+  Acc acc[kSumBatch];
+  Bits raw[kSumBatch];  // the narrowed batch, as stored
+  if (lo >= hi) return;
+  RowCursor at(c, lo / R);
+  std::int64_t off = lo % R;  // where the range starts in its first row (every later row: at 0)
+  for (std::int64_t pos = lo; pos < hi; off = 0) {
+    const std::int64_t run = std::min(R - off, hi - pos);  // this row's bytes in the range
+    std::byte* const d = dst_base + at.offset(c, false) + off;
+    for (std::int64_t b = 0; b < run; b += kSumBatch * E) {  // batches of this run
+      const std::int64_t m = std::min(kSumBatch, (run - b) / E);
+      for (int j = 0; j < n; ++j) {
+        const std::byte* s = buffer_at(t, g[j].src_buffer) + g[j].src_offset + at.offset(g[j], true) + off + b;
+        if (j == 0)
+          for (std::int64_t i = 0; i < m; ++i) acc[i] = A::load(s + i * E);
+        else
+          for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] + A::load(s + i * E);
+      }
+      narrow_batch<A>(acc, raw, m);
+#if ULYSSES_HOST_STREAMING
+      if (streaming && m * E >= kStreamMinRow) {
+        const auto pf = reinterpret_cast<std::uintptr_t>(raw);  // (the sources are read in order: no prefetch needed)
+        stream_row(d + b, reinterpret_cast<const std::byte*>(raw), static_cast<std::size_t>(m * E), pf);
+        continue;
+      }
+#endif
+      std::memcpy(d + b, raw, static_cast<std::size_t>(m * E));
+    }
+    pos += run;
+    at.next(c);
+  }
+  (void)streaming;
+}
+
+/// run_sum_range_as for the sum's element type (one dispatch per range, none per element).
+inline void run_sum_range(const BlockCopy* g, const BufferTable& t, std::int64_t lo, std::int64_t hi, bool streaming = false) {
+  with_sum_arith(g[0].type, [&](auto a) { run_sum_range_as<decltype(a)>(g, t, lo, hi, streaming); });
 }
 
 /// Runs the bytes [lo, hi) of the concatenation of the n blocks' written bytes (block 0 first;
@@ -282,7 +360,7 @@ inline void run_blocks_range(const BlockCopy* blocks, std::size_t n, const Buffe
       const std::int64_t a = std::max(lo, start) - start, z = std::min(hi, end) - start;
       if (c.op == BlockOp::sum) {
         const std::int64_t E = c.elem_bytes;
-        run_sum_range(&c, t, a / E * E, z / E * E);
+        run_sum_range(&c, t, a / E * E, z / E * E, streaming);
       } else {
         run_block_range(host_order(c), t, a, z, streaming);
       }
@@ -471,7 +549,7 @@ class HostExecutor {
     if (parts <= 1) {
       for (std::size_t i = 0; i < n; ++i) {
         if (blocks[i].op == BlockOp::copy) run_block_host(detail::host_order(blocks[i]), t, streaming);
-        else if (blocks[i].op == BlockOp::sum) detail::run_sum_range(&blocks[i], t, 0, blocks[i].bytes());
+        else if (blocks[i].op == BlockOp::sum) detail::run_sum_range(&blocks[i], t, 0, blocks[i].bytes(), streaming);
       }
       if (streaming) detail::stream_fence();
       return;

@@ -36,12 +36,16 @@ inline Layout peer_layout(const Plan& plan, const LayoutRecord* all, int p, int 
 }
 
 /// seq→head of tensor t: this rank's heads of every rank's tokens, from that rank's seq-sharded input.
+/// The peers in rotated order, this rank first (rank r reads r, r+1, ..., r-1): at any moment
+/// the ranks read different peers' inputs rather than all the same one (the copies are disjoint,
+/// so the order changes no bit).
 inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
   const TensorSpec& x = plan.tensor(t);
   const Layout& hl = *x.head_layout;
   const int me = plan.rank();
   const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), hb = x.heads.begin(me), n = x.heads.count(me);
-  for (int p = 0; p < plan.degree(); ++p) {
+  for (int i = 0; i < plan.degree(); ++i) {
+    const int p = (me + i) % plan.degree();
     const Layout lp = peer_layout(plan, all, p, t, true);
     for (const SeqChunk& c : plan.seq().chunks_of(p)) {
       const std::int64_t ext[4] = {plan.batch(), c.length, n, x.head_dim};
