@@ -18,7 +18,15 @@
 #                                      perf_nccl.log + .json (--backend nccl: one process, P = 1,
 #                                      as the build has no MPI and the machine one GPU),
 #                                      ds_baseline.log + ds_baseline.json (DeepSpeed's op sequence
-#                                      with the machine's PyTorch, bench/ds_baseline.py).
+#                                      with the machine's PyTorch, bench/ds_baseline.py);
+#                                      the device window across processes (CUDA IPC on the ONE
+#                                      GPU, under the Open MPI carried in DIR/mpi): ipc_test.log
+#                                      (test_comm_mpi_device_window, mpiexec -n 2), perf_ipc_2 and
+#                                      perf_ipc_4 .log + .json (ulysses_perf --backend cuda-ipc,
+#                                      2 and 4 processes, Llama-3.1-8B, S = 4096 and 16384, -c 1;
+#                                      its bare column: one cudaMemcpyAsync of the same bytes) and
+#                                      perf_nccl_ipc_sizes .log + .json (NCCL, P = 1, the same
+#                                      sizes).
 #                                      Without a CUDA device it stops at once: "no CUDA device",
 #                                      exit 3. If the carried binaries cannot load (other system
 #                                      libraries there), it rebuilds the tests, the demo and
@@ -26,8 +34,10 @@
 #                                      no Google Benchmark, so no bench_cuda).
 #
 # Budget of the run half on one H200: about 2-3 minutes (tests ~1 min, demo ~20 s, benchmarks
-# ~1 min, ulysses_perf ~30 s at small sizes, PyTorch baseline ~20 s), under 5, so that a rerun
-# fits in 15 minutes of device time.
+# ~1 min, ulysses_perf ~30 s at small sizes, PyTorch baseline ~20 s) plus the IPC steps (each
+# bounded by its timeout, 150 s; expected well under a minute each), so that a rerun fits in
+# 15 minutes of device time. Every step has its own timeout and the script goes on after a
+# failing one.
 # NCCL: the binaries need libnccl.so.2, which the GPU machine has in PyTorch's wheel
 # (nvidia/nccl/lib); the run half finds it (or NCCL_LIB_DIR). Exit status of the run half: the
 # number of failed steps (0: all passed), 3 without a device, 4 when DIR is incomplete.
@@ -35,6 +45,8 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$here/.." && pwd)
 BINARIES=(test_cuda_copy test_comm_nccl ulysses_attention bench_cuda ulysses_perf)
+# Built with MPI (a second build dir), optional: the IPC steps say "not available" without them.
+IPC_BINARIES=(test_comm_mpi_device_window ulysses_perf_mpi)
 
 usage() {
   echo "usage: $0 build DIR | $0 run DIR OUT" >&2
@@ -60,6 +72,7 @@ build_half() {
     cp "$f" "$dir/bin/"
   done
   [ $missing -eq 0 ] || exit 1
+  build_ipc "$dir" "$jobs"
   # Shared libraries the GPU machine lacks (NCCL is there, in PyTorch's wheel; glibc and
   # libstdc++ are the system's).
   for b in "${BINARIES[@]}"; do ldd "$dir/bin/$b"; done | awk '/=>/ {print $1, $3}' | sort -u |
@@ -91,6 +104,61 @@ CMAKE
     echo "gpu_check build: $dir is over the 64 MiB the device tool carries" >&2
     exit 1
   fi
+}
+
+# The device window across processes needs MPI, which the GPU machine lacks: a second build with
+# MPI (test_comm_mpi_device_window, ulysses_perf as ulysses_perf_mpi) and Open MPI's runtime
+# (the Debian packages of its libraries, mpiexec and PMIx, paths kept) under DIR/mpi/root, which
+# the run half relocates (OPAL_PREFIX). Failing here only leaves the IPC steps out.
+build_ipc() {
+  local dir=$1 jobs=$2 build=${BUILD_DIR_MPI:-$SRC/build-gpu-mpi}
+  command -v mpiexec >/dev/null && command -v dpkg >/dev/null ||
+    { echo "gpu_check build: no mpiexec or dpkg here: the IPC steps are left out" >&2; return 0; }
+  cmake -S "$SRC" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DULYSSES_BUILD_TESTS=ON -DULYSSES_BUILD_EXAMPLES=OFF -DULYSSES_BUILD_BENCHMARKS=ON -DULYSSES_ENABLE_MPI=ON \
+    -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' >/dev/null &&
+    cmake --build "$build" -j "$jobs" --target test_comm_mpi_device_window ulysses_perf ||
+    { echo "gpu_check build: the MPI build failed: the IPC steps are left out" >&2; return 0; }
+  cp "$build/tests/test_comm_mpi_device_window" "$dir/bin/" && cp "$build/bench/ulysses_perf" "$dir/bin/ulysses_perf_mpi" || return 0
+  carry_mpi "$dir" "$dir/bin/ulysses_perf_mpi"
+}
+
+# carry_mpi DIR BINARY: the Debian packages of BINARY's Open MPI libraries, of mpiexec and of PMIx,
+# their files copied under DIR/mpi/root with their paths.
+carry_mpi() {
+  local dir=$1 exe=$2 pkgs
+  pkgs=$({
+    ldd "$exe" | awk '/=>/ {print $3}' | grep -E 'libmpi|libopen-|pmix|hwloc|libevent' |
+      while read -r f; do dpkg -S "$(readlink -f "$f")" || dpkg -S "$f"; done
+    dpkg -S "$(readlink -f "$(command -v mpiexec)")"
+    dpkg -S 'libpmix.so.2'
+    dpkg -S 'help-mpi-api.txt'
+  } 2>/dev/null | cut -d: -f1 | tr ',' '\n' | tr -d ' ' | sort -u)
+  rm -rf "$dir/mpi" && mkdir -p "$dir/mpi/root"
+  for p in $pkgs; do
+    dpkg -L "$p" | while read -r f; do
+      if [ -f "$f" ] || [ -L "$f" ]; then mkdir -p "$dir/mpi/root$(dirname "$f")" && cp -a "$f" "$dir/mpi/root$f"; fi
+    done
+  done
+  echo "$pkgs" | tr '\n' ' ' >"$dir/mpi/packages.txt"
+  echo "gpu_check build: Open MPI carried ($(cat "$dir/mpi/packages.txt")), $(du -sm "$dir/mpi" | cut -f1) MiB"
+}
+
+# The carried Open MPI, relocated: sets MPIEXEC and MPI_LD (its library folders) and Open MPI's
+# settings for one host, as root, in a sandbox (no single-copy mechanism, no binding); false
+# when DIR carries none.
+mpi_env() {
+  local root=$1/mpi/root ml pl
+  MPIEXEC=$root/usr/bin/orterun
+  [ -x "$MPIEXEC" ] || { MPIEXEC=; return 1; }
+  ml=$(dirname "$(find "$root" -name 'libmpi.so.40*' | head -n 1)")
+  pl=$(dirname "$(find "$root" -name 'libpmix.so.2*' | head -n 1)")
+  MPI_LD=$ml:$pl:$root/usr/lib/x86_64-linux-gnu
+  export OPAL_PREFIX=$root/usr
+  PMIX_MCA_mca_base_component_path=$(find "$root" -type d -path '*pmix*/lib/pmix' | head -n 1)
+  export PMIX_MCA_mca_base_component_path
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_plm_rsh_agent=false \
+    OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none
 }
 
 run_half() {
@@ -157,8 +225,23 @@ run_half() {
     --json "$out/perf_cuda_local.json"
   step perf_nccl 60 perf_nccl.log "$bin/ulysses_perf" --backend nccl "${perf[@]}" --json "$out/perf_nccl.json"
   step ds_baseline 90 ds_baseline.log python3 "$here/ds_baseline.py" --out "$out/ds_baseline.json"
+  # The device window across processes: CUDA IPC between 2 and 4 processes on the one GPU, next to
+  # NCCL (P = 1: NCCL takes one process per GPU) and one cudaMemcpyAsync of the same bytes (the bare
+  # column of cuda-ipc) at the same sizes.
+  local ipc=(--model llama-3.1-8b -b 4096 -e 16384 -f 4 -n 10 -w 2 -c 1)
+  if mpi_env "$dir" && [ -x "$bin/test_comm_mpi_device_window" ] && [ -x "$bin/ulysses_perf_mpi" ]; then
+    step ipc_test 150 ipc_test.log env LD_LIBRARY_PATH="$MPI_LD:$LD_LIBRARY_PATH" "$MPIEXEC" -n 2 "$bin/test_comm_mpi_device_window"
+    for n in 2 4; do
+      step "perf_ipc_$n" 150 "perf_ipc_$n.log" env LD_LIBRARY_PATH="$MPI_LD:$LD_LIBRARY_PATH" "$MPIEXEC" -n "$n" "$bin/ulysses_perf_mpi" \
+        --backend cuda-ipc "${ipc[@]}" --json "$out/perf_ipc_$n.json"
+    done
+  else
+    note "ipc: not available (DIR has no carried Open MPI or no IPC binaries: see the build half's output)"
+    failed=$((failed + 1))
+  fi
+  step perf_nccl_ipc_sizes 90 perf_nccl_ipc_sizes.log "$bin/ulysses_perf" --backend nccl "${ipc[@]}" --json "$out/perf_nccl_ipc_sizes.json"
   grep -hE "^(pack|unpack|seq_to_head|pipeline|summed|path)" "$out/bench.log" >>"$out/summary.txt" 2>/dev/null
-  for f in perf_cuda_local perf_nccl; do grep -hE "^ +[0-9]|wrong elements" "$out/$f.log" | sed "s/^/$f: /" >>"$out/summary.txt" 2>/dev/null; done
+  for f in perf_cuda_local perf_nccl perf_ipc_2 perf_ipc_4 perf_nccl_ipc_sizes; do grep -hE "^ +[0-9]|wrong elements" "$out/$f.log" | sed "s/^/$f: /" >>"$out/summary.txt" 2>/dev/null; done
   cat "$out/ds_baseline.log" >>"$out/summary.txt" 2>/dev/null
   note "gpu_check: $failed step(s) failed; logs in $out"
   exit "$failed"

@@ -3,6 +3,9 @@
 #include "perf_device.hpp"
 
 #include <ulysses/comm/local_device.cuh>
+#if PERF_DEVICE_MPI
+#include <ulysses/comm/mpi_device_window.cuh>
+#endif
 #include <ulysses/cuda/executor.cuh>
 #if PERF_DEVICE_NCCL
 #include <nccl.h>
@@ -77,6 +80,11 @@ struct Rank::Impl {
   virtual std::string path(const Plan& p) const = 0;
   virtual void exchange() = 0;  ///< redistribute() of the loaded exchange, enqueued
   virtual void alltoallv() = 0;  ///< the bare all-to-all-v, enqueued
+  /// Device memory for input t of `n` bytes of the exchange being loaded (t = 0, 1, ... in order).
+  virtual std::byte* input(int t, std::size_t n) {
+    (void)t;
+    return alloc(n);
+  }
 
   std::byte* alloc(std::size_t n) {
     buffers.push_back(std::make_unique<DeviceBuffer>(n));
@@ -149,7 +157,7 @@ void Rank::load(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>
   m.dir = dir;
   for (int t = 0; t < plan.num_tensors(); ++t) {
     const std::size_t ib = plan.input_bytes(dir, t), ob = plan.output_bytes(dir, t);
-    std::byte* i = m.alloc(ib);
+    std::byte* i = m.input(t, ib);
     cuda_check(cudaMemcpyAsync(i, host_in.data[t].data, ib, cudaMemcpyHostToDevice, m.stream), "cudaMemcpyAsync");
     std::byte* o = m.alloc(ob);
     cuda_check(cudaMemsetAsync(o, 0, ob, m.stream), "cudaMemsetAsync");
@@ -224,6 +232,52 @@ void spawn_local(int P, const std::function<void(Rank&)>& fn) {
   }
   destroy();
 }
+
+#if PERF_DEVICE_MPI
+namespace {
+/// The CUDA IPC backend: inputs registered in the device window, the bare op one copy.
+struct IpcImpl : ImplOf<MpiDeviceWindowComm> {
+  MpiDeviceWindow& win;
+  IpcImpl(MpiDeviceWindowComm& c, MpiDeviceWindow& w, cudaStream_t s) : ImplOf<MpiDeviceWindowComm>(c, s), win(w) {}
+  std::byte* input(int t, std::size_t n) override {
+    if (t == 0) win.reset();
+    unsigned long long most = n;  // every rank registers the largest size alike
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    return win.allocate(static_cast<std::size_t>(most)).data();
+  }
+  void alltoallv() override {
+    const std::size_t n = bare.counts.empty() ? 0 : bare.counts[0] * bare.counts.size();
+    cuda_check(cudaMemcpyAsync(bare.recv->get(), bare.send->get(), n, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  }
+};
+}  // namespace
+
+bool has_ipc() { return true; }
+
+void with_ipc(int device, std::size_t window_bytes, const std::function<void(Rank&)>& fn) {
+  cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  try {
+    MpiComm comm(MPI_COMM_WORLD);
+    MpiDeviceWindow win(comm, window_bytes);
+    MpiDeviceWindowComm wc(comm, win, s);
+    IpcImpl impl(wc, win, s);
+    Rank r(&impl);
+    fn(r);
+    wc.synchronize();  // a device wait's error, coded
+  } catch (...) {
+    cudaStreamDestroy(s);
+    throw;
+  }
+  cudaStreamDestroy(s);
+}
+#else
+bool has_ipc() { return false; }
+void with_ipc(int, std::size_t, const std::function<void(Rank&)>&) {
+  throw Error(Errc::backend, "this build has no MPI: no CUDA IPC backend (install libopenmpi-dev and reconfigure)");
+}
+#endif
 
 #if PERF_DEVICE_NCCL
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The device backends of ulysses_perf (--backend nccl, --backend cuda-local): one rank's exchanges
+// The device backends of ulysses_perf (--backend nccl, cuda-local, cuda-ipc): one rank's exchanges
 // on the GPU, behind a plain C++ interface so that ulysses_perf.cpp stays a C++ translation unit
 // built with or without CUDA. The implementation is perf_device.cu (nvcc; built only where
 // ulysses::cuda is, NCCL only where ulysses::nccl is).
@@ -93,5 +93,17 @@ std::vector<char> nccl_unique_id();
 /// nccl_unique_id() of rank 0) on device `device`, on a new stream; destroys both afterwards.
 /// Collective over the P processes. @throws ulysses::Error(backend); what fn throws.
 void with_nccl(int rank, int P, int device, const std::vector<char>& id, const std::function<void(Rank&)>& fn);
+
+/// Whether this build has the CUDA IPC backend (ulysses::mpi and ulysses::cuda were found).
+bool has_ipc();
+
+/// Runs fn(Rank&) on this process's rank of an MpiDeviceWindowComm (comm/mpi_device_window.cuh)
+/// over MPI_COMM_WORLD (initialised by the caller; every process on one node), on device
+/// `device`, a new stream and a device window of `window_bytes` bytes per rank: each exchange's
+/// inputs are registered in it (the largest any rank needs, so the registrations agree) and read
+/// in place by the peers; the bare op is one cudaMemcpyAsync of the same bytes on the rank's
+/// stream (the copy floor; no exchange). Collective. @throws ulysses::Error(backend) without
+/// MPI or CUDA IPC; the window's errors; what fn throws.
+void with_ipc(int device, std::size_t window_bytes, const std::function<void(Rank&)>& fn);
 
 }  // namespace perf_device

@@ -77,6 +77,7 @@ struct Options {
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
   int mpi_window = -1;                  // --backend mpi: 1 MpiWindowComm, 0 MpiComm, -1 the window when all ranks share a node
+  double window_MiB = 1024;             // --backend cuda-ipc: the device window's bytes per rank
   int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
   int groups = 1;                       // --backend mpi: the world cut into this many groups exchanging at once
   double max_rank_bytes = 0;            // > 0: skip sizes whose per-rank input exceeds it
@@ -541,6 +542,8 @@ struct Measures {
 Measures measures(const std::string& backend) {
   if (backend == "nccl")
     return {"CUDA events on each rank's stream", "NcclComm's all-to-all-v (grouped ncclSend/ncclRecv, as nccl-tests' alltoall_perf) of the same bytes between contiguous device buffers, same communicator and stream"};
+  if (backend == "cuda-ipc")
+    return {"CUDA events on each rank's stream", "one cudaMemcpyAsync of the same bytes on each rank's stream (no exchange: the copy floor)"};
   if (backend == "cuda-local")
     return {"CUDA events on each rank's stream", "DeviceLocalGroup's all-to-all-v (one cudaMemcpyAsync a chunk) of the same bytes between contiguous device buffers, same group and streams"};
   if (backend == "local")
@@ -608,7 +611,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--backend local|mpi|nccl|cuda-local] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
+      "usage: ulysses_perf [--backend local|mpi|nccl|cuda-local|cuda-ipc] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
@@ -628,7 +631,9 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "and seq_to_head_backward of dq, dk, dv (which sums the partial gradients of replicated kv heads).\n"
       "Backends: local (P threads, host memory), mpi (run under mpiexec -n P), nccl (one process per GPU, under\n"
       "mpiexec -n P when built with MPI, which passes the NCCL unique id; P=1 without), cuda-local (P virtual ranks on\n"
-      "one GPU, DeviceLocalGroup); the device backends time with CUDA events and check on the host. Without a CUDA\n"
+      "one GPU, DeviceLocalGroup), cuda-ipc (mpiexec -n P on one node, several processes may share a GPU: the peer\n"
+      "copy across processes through CUDA IPC, inputs in a device window of --window-MiB M per rank, default 1024;\n"
+      "its bare column is one cudaMemcpyAsync of the same bytes); the device backends time with CUDA events and check on the host. Without a CUDA\n"
       "device they refuse to start (exit 3).\n"
       "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n"
       "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
@@ -702,6 +707,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--lanes") o.lanes = small(i);
     else if (a == "--groups") o.groups = small(i);
     else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
+    else if (a == "--window-MiB") o.window_MiB = number(i);
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
     else if (a == "--fit") o.mode = "fit", o.params = need(i);
@@ -730,8 +736,8 @@ Options parse(int argc, char** argv) {
     }
   }
   if (custom) o.model = "custom";
-  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local") {
-    std::fprintf(stderr, "--backend must be local, mpi, nccl or cuda-local, not '%s'\n", o.backend.c_str());
+  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
+    std::fprintf(stderr, "--backend must be local, mpi, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
     std::exit(2);
   }
   if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
@@ -848,6 +854,48 @@ int run_nccl(int& argc, char**& argv, const Options& o) {
 }
 #endif
 
+#if ULYSSES_PERF_CUDA
+/// --backend cuda-ipc: the processes of mpiexec on one node (several may share a GPU: rank r
+/// uses device r % the node's GPUs), the peer copy across processes through CUDA IPC
+/// (MpiDeviceWindowComm, inputs in a device window of --window-MiB per rank). MPI is initialised
+/// and finalised here. @returns 3 when some process sees no CUDA device (nothing run), 2 for a
+/// build without MPI or a --json that cannot be written, 1 when an element was wrong, else 0.
+int run_ipc(int& argc, char**& argv, const Options& o) {
+#if ULYSSES_PERF_MPI
+  MPI_Init(&argc, &argv);
+  int rank = 0, P = 1, rc = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const std::string why = perf_device::unavailable();
+  int devices = why.empty() ? perf_device::device_count() : 0, fewest = devices;
+  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (fewest == 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "ulysses_perf: --backend cuda-ipc needs a CUDA device for every process and finds none (%s); nothing run\n",
+                   why.empty() ? "on some other process" : why.c_str());
+    rc = 3;
+  } else if (!perf_device::has_ipc()) {
+    if (rank == 0) std::fprintf(stderr, "ulysses_perf: --backend cuda-ipc: this build's device backends have no MPI\n");
+    rc = 2;
+  } else {
+    const int local = ulysses_mpi::node_rank(MPI_COMM_WORLD).rank % devices;
+    perf_device::with_ipc(local, static_cast<std::size_t>(o.window_MiB * 1024 * 1024), [&](perf_device::Rank& dev) {
+      DeviceRunner runner(dev);
+      const std::vector<Row> rows = run(runner, o);
+      if (rank == 0 && !print(o, P, rows, perf_device::device_name(local) + ", " + std::to_string(P) + " processes, CUDA IPC")) rc = 2;
+      rc |= status_of(rows);
+    });
+  }
+  MPI_Finalize();
+  return rc;
+#else
+  (void)argc, (void)argv, (void)o;
+  std::fprintf(stderr, "ulysses_perf: --backend cuda-ipc needs a build with MPI (install libopenmpi-dev and reconfigure)\n");
+  return 2;
+#endif
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -904,8 +952,9 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
-    if (o.backend == "nccl" || o.backend == "cuda-local") {
+    if (o.backend == "nccl" || o.backend == "cuda-local" || o.backend == "cuda-ipc") {
 #if ULYSSES_PERF_CUDA
+      if (o.backend == "cuda-ipc") return run_ipc(argc, argv, o);
       return o.backend == "nccl" ? run_nccl(argc, argv, o) : run_cuda_local(o);
 #else
       std::fprintf(stderr, "ulysses_perf: --backend %s: this build has no CUDA (install the CUDA toolkit%s and reconfigure)\n",

@@ -374,6 +374,30 @@ TEST_CASE("NCCL split_ring (comm/nccl_mesh.cuh): the Ulysses group, ring, block 
   }) == "");
 }
 
+TEST_CASE("NCCL P=1: a symmetric window (where NCCL has them): registrations in order, checked, used by an exchange") {
+#if ULYSSES_NCCL_HAS_WINDOWS
+  CHECK(world(1).run([](NcclComm& comm) -> std::string {
+    NcclWindow win(comm, 1000);
+    if (win.bytes_per_rank() != NCCL_WIN_REQUIRED_ALIGNMENT) return "bytes_per_rank not rounded up to NCCL's alignment";
+    const WindowSpan a = win.allocate(100), b = win.allocate(300);
+    if (a.data() != win.local().data() || b.data() != win.local().data() + 256 || win.registrations() != 2) return "registrations out of order";
+    win.check_registrations();
+    const std::string full = ut::error_of([&] { win.allocate(NCCL_WIN_REQUIRED_ALIGNMENT); }).second;
+    if (full.find("NcclWindow::allocate") == std::string::npos) return "a registration past the end: " + full;
+    const std::vector<float> x = {1, 2, 3, 4};
+    UT_CUDA(cudaMemcpy(a.data(), x.data(), sizeof(float) * 4, cudaMemcpyHostToDevice));
+    std::size_t n = 16, off = 0;
+    comm.alltoallv(a.data(), &n, &off, b.data(), &n, &off);
+    std::vector<float> y(4);
+    UT_CUDA(cudaStreamSynchronize(comm.stream()));
+    UT_CUDA(cudaMemcpy(y.data(), b.data(), sizeof(float) * 4, cudaMemcpyDeviceToHost));
+    return y == x ? "" : "the exchange between window buffers lost the bytes";
+  }) == "");
+#else
+  MESSAGE("the installed NCCL has no symmetric windows (NCCL < 2.27): NcclWindow is not declared");
+#endif
+}
+
 TEST_CASE("NCCL P=1: every shared case with a P=1 form (C2, zigzag, models), end to end") {
   check_nccl<float>(ut::c2_cases(1));
   check_nccl<float>(ut::zigzag_cases(1));

@@ -81,6 +81,11 @@ struct PeerInputs {
   /// rank checks its peers' against its own lists: a plan meeting another peer plan is refused);
   /// a communicator across processes passes it on unchanged.
   std::uint64_t layouts = 0;
+  /// The layouts hash this rank's peer-copy lists expect of each rank (PeerCopyLists::layouts,
+  /// P entries; null when the lists carry none): what a communicator that cannot see its peers'
+  /// records on the host (MpiDeviceWindowComm: they live in device memory) hands work() as each
+  /// peer's `layouts`, and compares on the device with what the peer published.
+  const std::uint64_t* peer_layouts = nullptr;
 };
 
 namespace detail {

@@ -60,23 +60,9 @@
 #include "exchange_state.hpp"
 #include "failure.hpp"
 #include "mpi_comm.hpp"
+#include "window.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
-
-/// A registered range of an MpiWindow: `size()` bytes at `data()` in this process's mapping of the
-/// window. Converts to ConstByteSpan and ByteSpan (it has data() and size() in bytes), so it is
-/// passed to seq_to_head() and the others as is.
-struct WindowSpan {
-  std::byte* ptr = nullptr;  ///< first byte (in this process's mapping)
-  std::size_t n = 0;         ///< bytes
-  std::byte* data() const noexcept { return ptr; }  ///< first byte
-  std::size_t size() const noexcept { return n; }   ///< bytes
-  /// The range as elements of T (`size() / sizeof(T)` of them). @pre data() aligned for T.
-  template <class T>
-  T* as() const noexcept {
-    return reinterpret_cast<T*>(ptr);
-  }
-};
 
 namespace detail {
 
@@ -93,37 +79,6 @@ inline bool shared_claim(std::uint64_t& w, std::uint64_t v) noexcept {
   std::uint64_t zero = 0;
   return __atomic_compare_exchange_n(&w, &zero, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
-/// What a rank registered in its window slot: count, total bytes, a hash of the sizes in order,
-/// and the first kShown sizes (for the error message). Equal on every rank, or a plan_mismatch.
-struct WindowDigest {
-  static constexpr int kShown = 8;
-  std::uint64_t count = 0, total = 0, hash = 14695981039346656037ull;  // FNV-1a offset basis
-  std::uint64_t sizes[kShown] = {};
-  void add(std::uint64_t bytes) noexcept {
-    for (int i = 0; i < 8; ++i) hash = (hash ^ ((bytes >> (8 * i)) & 0xff)) * 1099511628211ull;  // FNV-1a prime
-    if (count < static_cast<std::uint64_t>(kShown)) sizes[count] = bytes;
-    ++count;
-    total += bytes;
-  }
-  bool operator==(const WindowDigest& o) const noexcept { return count == o.count && total == o.total && hash == o.hash; }
-  std::string str() const {
-    std::string s = std::to_string(count) + (count == 1 ? " buffer (" : " buffers (");
-    for (std::uint64_t i = 0; i < count && i < static_cast<std::uint64_t>(kShown); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-    if (count > static_cast<std::uint64_t>(kShown)) s += ", ...";
-    return s + " bytes)";
-  }
-};
-
-/// The message naming the ranks whose registrations differ from rank 0's, or "" when all agree.
-inline std::string registration_mismatch(const WindowDigest* all, int P) {
-  std::string m;
-  for (int p = 1; p < P; ++p)
-    if (!(all[p] == all[0])) m += (m.empty() ? "" : "; ") + std::string("rank ") + std::to_string(p) + " registered " + all[p].str();
-  if (m.empty()) return m;
-  return "the ranks registered different MpiWindow buffers: rank 0 registered " + all[0].str() + "; " + m +
-         ". Every rank must allocate() the same sizes in the same order (with uneven splits: the largest any rank needs)";
-}
-
 /// One rank's control block at the start of its window segment. The epochs and the abort word
 /// are process-shared atomics (shared_load / shared_store), each on its own cache line; the record
 /// is plain memory, written before the arrival epoch and read after it.
@@ -140,13 +95,6 @@ struct WindowControl {
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
 };
 
-/// "{0, 2}".
-inline std::string rank_set(const std::vector<int>& r) {
-  std::string s = "{";
-  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
-  return s + "}";
-}
-
 inline void mpi_check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -155,9 +103,51 @@ inline void mpi_check(int rc, const char* what) {
   throw Error(Errc::backend, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
 }
 
-template <class U>
-U round_up(U x, U a) {
-  return (x + a - 1) / a * a;
+/// The node communicator of a window over `comm`: checks that every rank asks for the same
+/// `bytes_per_rank` and that the group lies on one shared-memory node, then returns
+/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) of it (the caller frees it). Collective.
+/// @param comm           the group
+/// @param bytes_per_rank this rank's size of the window's slots
+/// @param window         the window's type, for the messages ("MpiWindow")
+/// @throws Error(plan_mismatch) ranks passed different sizes (every rank, naming them);
+///         Error(invalid_group) the group spans several nodes (every rank); Error(backend).
+inline MPI_Comm window_node_comm(MPI_Comm comm, std::size_t bytes_per_rank, const char* window) {
+  int size = 0, rank = 0;
+  mpi_check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  mpi_check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  std::vector<unsigned long long> all(static_cast<std::size_t>(size));
+  unsigned long long mine = bytes_per_rank;
+  mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, comm), "MPI_Allgather");
+  const std::vector<int> other = differing_ranks(all.data(), size);
+  if (!other.empty())
+    fail(Errc::plan_mismatch, std::string(window) + ": ranks " + rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
+                                  std::to_string(all[0]) + " (rank " + std::to_string(rank) + ": " + std::to_string(mine) +
+                                  "); every rank must pass the same size");
+  MPI_Comm node = MPI_COMM_NULL;
+  mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  if (node_size != size) {
+    MPI_Comm_free(&node);
+    fail(Errc::invalid_group, std::string(window) + ": the group of " + std::to_string(size) + " ranks spans several nodes (rank " +
+                                  std::to_string(rank) + "'s node holds " + std::to_string(node_size) +
+                                  " of them); a window needs every rank on one node (split_by_node() gives such groups)");
+  }
+  return node;
+}
+
+/// Compares every rank's registrations over `node` (one MPI_Allgather of the digests).
+/// Collective. @param node the window's communicator @param mine this rank's digest
+/// @param window the window's type and call, for the message
+/// @throws Error(plan_mismatch) on every rank when they differ; Error(backend).
+inline void check_window_registrations(MPI_Comm node, const WindowDigest& mine, const char* window) {
+  int size = 0;
+  mpi_check(MPI_Comm_size(node, &size), "MPI_Comm_size");
+  std::vector<WindowDigest> all(static_cast<std::size_t>(size));
+  mpi_check(MPI_Allgather(&mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(), static_cast<int>(sizeof mine), MPI_BYTE, node),
+            "MPI_Allgather");
+  const std::string m = registration_mismatch(all.data(), size);
+  if (!m.empty()) fail(Errc::plan_mismatch, std::string(window) + ": " + m);
 }
 
 }  // namespace detail
@@ -184,34 +174,18 @@ class MpiWindow {
   ///         Error(invalid_group) the group spans several shared-memory nodes (every rank);
   ///         Error(size_overflow) bytes_per_rank too large for MPI_Aint;
   ///         Error(backend) an MPI call failed (e.g. out of shared memory: /dev/shm too small).
-  MpiWindow(MPI_Comm comm, std::size_t bytes_per_rank) : bytes_(bytes_per_rank) {
-    detail::mpi_check(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
-    detail::mpi_check(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
-    std::vector<unsigned long long> all(static_cast<std::size_t>(size_));
-    unsigned long long mine = bytes_per_rank;
-    detail::mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, comm), "MPI_Allgather");
-    std::vector<int> other;
-    for (int p = 0; p < size_; ++p)
-      if (all[static_cast<std::size_t>(p)] != all[0]) other.push_back(p);
-    if (!other.empty())
-      detail::fail(Errc::plan_mismatch, "MpiWindow: ranks " + detail::rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
-                                            std::to_string(all[0]) + " (rank " + std::to_string(rank_) + ": " + std::to_string(mine) +
-                                            "); every rank must pass the same size");
+  MpiWindow(MPI_Comm comm, std::size_t bytes_per_rank) : reg_(bytes_per_rank, kAlignment) {
     // MPI's segments need not be page-aligned (Open MPI's start 264 bytes into a page): each is
     // allocated a page longer and every process aligns every rank's base up to a page (the same
     // offset in every process, whose mappings are page-aligned).
+    node_ = detail::window_node_comm(comm, bytes_per_rank, "MpiWindow");  // the same size on every rank: the checks below agree
     const std::size_t data = detail::round_up(bytes_per_rank, kControlBytes), seg = 2 * kControlBytes + data;
-    if (seg < bytes_per_rank || seg > static_cast<std::size_t>(PTRDIFF_MAX))
-      detail::fail(Errc::size_overflow, "MpiWindow: bytes_per_rank=" + std::to_string(bytes_per_rank) + " is too large");
-    detail::mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
-    int node_size = 0;
-    MPI_Comm_size(node_, &node_size);
-    if (node_size != size_) {
+    if (seg < bytes_per_rank || seg > static_cast<std::size_t>(PTRDIFF_MAX)) {
       MPI_Comm_free(&node_);
-      detail::fail(Errc::invalid_group, "MpiWindow: the group of " + std::to_string(size_) + " ranks spans several nodes (rank " +
-                                            std::to_string(rank_) + "'s node holds " + std::to_string(node_size) +
-                                            " of them); shared memory needs every rank on one node (split_by_node() gives such groups)");
+      detail::fail(Errc::size_overflow, "MpiWindow: bytes_per_rank=" + std::to_string(bytes_per_rank) + " is too large");
     }
+    MPI_Comm_size(node_, &size_);
+    MPI_Comm_rank(node_, &rank_);
     MPI_Info info;
     MPI_Info_create(&info);
     MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's segment on its own pages (NUMA: first touch by its owner)
@@ -247,9 +221,9 @@ class MpiWindow {
 
   int size() const noexcept { return size_; }                     ///< ranks of the group
   int rank() const noexcept { return rank_; }                     ///< this rank
-  std::size_t bytes_per_rank() const noexcept { return bytes_; }  ///< data bytes of every rank's slot
+  std::size_t bytes_per_rank() const noexcept { return reg_.bytes(); }  ///< data bytes of every rank's slot
   /// This rank's whole data slot (the registrations are its first used() bytes).
-  WindowSpan local() const noexcept { return {at(rank_), bytes_}; }
+  WindowSpan local() const noexcept { return {at(rank_), reg_.bytes()}; }
   /// The start of rank p's data slot in this process's mapping (bytes_per_rank() bytes). Reading
   /// it is only safe while its owner does not write it (MpiWindowComm::with_peers orders that).
   /// @pre 0 <= p < size().
@@ -259,48 +233,24 @@ class MpiWindow {
   /// Local (no communication); every rank must register the same sizes in the same order, which
   /// with_peers() and check_registrations() compare. Registrations last until reset().
   /// @throws Error(buffer_too_small) the slot has fewer bytes left (nothing registered then).
-  WindowSpan allocate(std::size_t bytes) {
-    const std::size_t off = detail::round_up(used_, kAlignment);
-    if (off > bytes_ || bytes > bytes_ - off)
-      detail::fail(Errc::buffer_too_small, "MpiWindow::allocate(" + std::to_string(bytes) + "): rank " + std::to_string(rank_) +
-                                               " has " + std::to_string(off > bytes_ ? 0 : bytes_ - off) + " of its " +
-                                               std::to_string(bytes_) + " window bytes left; make the window larger");
-    used_ = off + bytes;
-    digest_.add(bytes);
-    return {at(rank_) + off, bytes};
-  }
+  WindowSpan allocate(std::size_t bytes) { return {at(rank_) + reg_.allocate(bytes, rank_, "MpiWindow"), bytes}; }
   /// Forgets every registration (the memory stays; the next allocate() starts at the slot's
   /// beginning). Every rank must do it alike (the next comparison sees it).
-  void reset() noexcept {
-    used_ = 0;
-    digest_ = {};
-  }
+  void reset() noexcept { reg_.reset(); }
   /// Bytes of the slot taken by registrations (their end); inputs outside the window are staged after them.
-  std::size_t used() const noexcept { return used_; }
+  std::size_t used() const noexcept { return reg_.used(); }
   /// Number of registrations since construction or reset().
-  std::size_t registrations() const noexcept { return static_cast<std::size_t>(digest_.count); }
+  std::size_t registrations() const noexcept { return static_cast<std::size_t>(reg_.digest().count); }
 
   /// Compares what every rank registered (count, sizes, order). Collective (one MPI_Allgather of
   /// a digest over the group). @throws Error(plan_mismatch) on every rank when they differ (the
   /// message names the ranks and their sizes); Error(backend).
-  void check_registrations() const {
-    std::vector<detail::WindowDigest> all(static_cast<std::size_t>(size_));
-    detail::mpi_check(MPI_Allgather(&digest_, static_cast<int>(sizeof digest_), MPI_BYTE, all.data(), static_cast<int>(sizeof digest_),
-                                    MPI_BYTE, node_), "MPI_Allgather");
-    const std::string m = detail::registration_mismatch(all.data(), size_);
-    if (!m.empty()) detail::fail(Errc::plan_mismatch, "MpiWindow::check_registrations: " + m);
-  }
+  void check_registrations() const { detail::check_window_registrations(node_, reg_.digest(), "MpiWindow::check_registrations"); }
 
   /// Whether [p, p + bytes) lies in this rank's data slot.
-  bool contains(const void* p, std::size_t bytes) const noexcept {
-    const auto b = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(at(rank_));
-    return b >= lo && b - lo <= bytes_ && bytes <= bytes_ - (b - lo);
-  }
+  bool contains(const void* p, std::size_t bytes) const noexcept { return reg_.contains(at(rank_), p, bytes); }
   /// Whether p points into this rank's data slot (its first byte does).
-  bool starts_in(const void* p) const noexcept {
-    const auto b = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(at(rank_));
-    return b >= lo && b - lo < bytes_;
-  }
+  bool starts_in(const void* p) const noexcept { return reg_.starts_in(at(rank_), p); }
 
   MPI_Win get() const noexcept { return win_; }          ///< the MPI window
   MPI_Comm node_comm() const noexcept { return node_; }  ///< the window's communicator (the group's ranks, owned by the window)
@@ -310,15 +260,13 @@ class MpiWindow {
   detail::WindowControl& control(int p) const noexcept {
     return *reinterpret_cast<detail::WindowControl*>(bases_[static_cast<std::size_t>(p)]);
   }
-  const detail::WindowDigest& digest() const noexcept { return digest_; }
+  const detail::WindowDigest& digest() const noexcept { return reg_.digest(); }
 
-  std::size_t bytes_;
+  detail::WindowRegistry reg_;  // this rank's registrations
   int size_ = 0, rank_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   std::vector<std::byte*> bases_;  // every rank's segment (control block, then data) in this process
-  std::size_t used_ = 0;
-  detail::WindowDigest digest_;
 };
 
 /// The communicator concept (comm/concepts.hpp) over an MpiComm and an MpiWindow of the same

@@ -26,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -51,8 +52,10 @@ ULYSSES_CUDA_NAMESPACE_BEGIN
 /// memory (or memory the device can address: managed, mapped, peer) of the executor's device;
 /// the workspace should start 16-byte aligned for the widest copies (any alignment is correct).
 ///
-/// Thread-safety: run() is const and may be called from several threads (it only launches);
-/// prepare_direct() is const too but uploads the first time: not concurrently with run().
+/// Thread-safety: run() is const and may be called from several threads (it only launches),
+/// except with a table of peers (the direct path), which updates the resident peer tables
+/// (kPeerTables): not concurrently with another such run(); prepare_direct() is const too but
+/// uploads the first time: not concurrently with run().
 /// Lifetime: the lists (the Plan) must outlive the executor (run() recognises them by address),
 /// and the executor must outlive every CUDA graph that captured one of its launches (the kernels
 /// read the block lists from the executor's device memory, freed by its destructor).
@@ -97,10 +100,17 @@ class CudaExecutor {
     upload(lists.data(), lists.size(), 0);
   }
 
+  /// Peer tables (BufferTable::peers of the direct path) an executor keeps resident in device
+  /// memory: run() uploads a table it has not seen (from pinned memory, stream-ordered) and reuses
+  /// the resident copy of one it has (no copy at all: what makes the direct path capturable in a
+  /// CUDA graph). The 17th distinct table waits for the device (cudaDeviceSynchronize) and starts
+  /// over: a captured graph stays valid while its table is among the resident ones.
+  static constexpr int kPeerTables = 16;
+
   /// Uploads the direct path's two lists (Plan::direct_list(seq_to_head) and
   /// direct_list(head_to_seq), which the first direct exchange builds) and makes room in device
-  /// memory for the peers' pointers (degree × kMaxTensors): what exchange_direct() calls before
-  /// running them. Nothing on later calls with the same seq_to_head list. Allocates (cudaMalloc,
+  /// memory for kPeerTables tables of the peers' pointers (degree × kMaxTensors each): what
+  /// exchange_direct() calls before running them. Nothing on later calls with the same seq_to_head list. Allocates (cudaMalloc,
   /// cudaMallocHost) the first time: outside stream capture; the upload is enqueued on stream().
   /// @param seq_to_head, head_to_seq the direct lists of the two directions (host memory; they
   ///               must outlive the executor, as the constructor's)
@@ -113,7 +123,14 @@ class CudaExecutor {
       throw Error(Errc::invalid_group, "CudaExecutor::prepare_direct: degree=" + std::to_string(degree) + " must be >= 1");
     const BlockList lists[2] = {seq_to_head, head_to_seq};
     peers_count_ = static_cast<std::size_t>(degree) * kMaxTensors;
-    upload(lists, 2, peers_count_ * sizeof(std::byte*));
+    const std::size_t table_bytes = kPeerTables * peers_count_ * sizeof(std::byte*);
+    Region images;
+    detail::cuda_check(cudaMallocHost(reinterpret_cast<void**>(&images.host), table_bytes), "cudaMallocHost (CudaExecutor peers)");
+    regions_.push_back(images);  // freed by the destructor from now on
+    upload(lists, 2, table_bytes);
+    peers_host_ = reinterpret_cast<std::byte**>(images.host);
+    peers_mirror_.assign(kPeerTables * peers_count_, nullptr);
+    peers_resident_ = 0;
   }
 
   CudaExecutor(const CudaExecutor&) = delete;
@@ -129,7 +146,9 @@ class CudaExecutor {
   ~CudaExecutor() { release(); }
 
   /// Enqueues the n block copies of `blocks` on the executor's stream: ONE kernel launch (none
-  /// when n == 0); returns without waiting. No allocation, no synchronisation; capturable.
+  /// when n == 0); returns without waiting. No allocation, no synchronisation; capturable (with a
+  /// table of peers: once that table is resident, i.e. after one run with it, see kPeerTables;
+  /// a new table adds one host-to-device copy from pinned memory, the 17th synchronises).
   ///
   /// @param blocks one of the uploaded lists, by its host address: a BlockList::data given to the
   ///               constructor or to prepare_direct() — for a plan, `plan.stage_lists(d, k).pack.data()`,
@@ -163,12 +182,10 @@ class CudaExecutor {
   void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream, std::int64_t max_ctas) const {
     if (n == 0) return;
     BufferTable table = t;
-    if (t.peers) {  // the direct path: the peers' pointers (host memory) go to the executor's device copy, in stream order
+    if (t.peers) {  // the direct path: the peers' pointers (host memory) as a resident device table
       if (!peers_dev_)
         throw Error(Errc::plan_mismatch, "CudaExecutor::run: a table with peers' buffers, but prepare_direct() was not called");
-      detail::cuda_check(cudaMemcpyAsync(peers_dev_, t.peers, peers_count_ * sizeof(std::byte*), cudaMemcpyHostToDevice, stream),
-                         "cudaMemcpyAsync (CudaExecutor peers)");
-      table.peers = peers_dev_;
+      table.peers = resident_peers(t.peers, stream);
     }
     const List* l = nullptr;
     for (const List& x : lists_)
@@ -270,6 +287,25 @@ class CudaExecutor {
     detail::cuda_check(cudaMemcpyAsync(r.dev, r.host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (CudaExecutor block lists)");
   }
 
+  /// The device copy of the peer table `want` (peers_count_ entries): a resident one with the same
+  /// content, else the next slot, uploaded on `stream` from its pinned image (see kPeerTables).
+  std::byte* const* resident_peers(std::byte* const* want, cudaStream_t stream) const {
+    const std::size_t n = peers_count_;
+    for (int k = 0; k < peers_resident_; ++k)
+      if (std::equal(want, want + n, peers_mirror_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(k) * n)))
+        return peers_dev_ + static_cast<std::size_t>(k) * n;
+    if (peers_resident_ == kPeerTables) {  // every slot taken: their uploads must have run before an image is rewritten
+      detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (CudaExecutor: a 17th distinct peer table)");
+      peers_resident_ = 0;
+    }
+    const std::size_t at = static_cast<std::size_t>(peers_resident_++) * n;
+    std::copy(want, want + n, peers_host_ + at);
+    std::copy(want, want + n, peers_mirror_.begin() + static_cast<std::ptrdiff_t>(at));
+    detail::cuda_check(cudaMemcpyAsync(peers_dev_ + at, peers_host_ + at, n * sizeof(std::byte*), cudaMemcpyHostToDevice, stream),
+                       "cudaMemcpyAsync (CudaExecutor peers)");
+    return peers_dev_ + at;
+  }
+
   void release() noexcept {
     for (Region& r : regions_) {
       if (r.dev) cudaFree(r.dev);
@@ -283,6 +319,9 @@ class CudaExecutor {
     std::swap(regions_, o.regions_);
     std::swap(peers_dev_, o.peers_dev_);
     std::swap(peers_count_, o.peers_count_);
+    std::swap(peers_host_, o.peers_host_);
+    std::swap(peers_mirror_, o.peers_mirror_);
+    std::swap(peers_resident_, o.peers_resident_);
     std::swap(stream_, o.stream_);
     std::swap(device_, o.device_);
     std::swap(max_grid_, o.max_grid_);
@@ -293,7 +332,10 @@ class CudaExecutor {
   mutable std::vector<List> lists_;       // the uploaded lists (prepare_direct() adds the direct ones)
   mutable std::vector<Region> regions_;   // their device memory and pinned images
   mutable std::byte** peers_dev_ = nullptr;  // the direct path's peers' pointers, in device memory
-  mutable std::size_t peers_count_ = 0;      // entries of peers_dev_ (P × kMaxTensors)
+  mutable std::size_t peers_count_ = 0;      // entries of one table (P × kMaxTensors); peers_dev_ holds kPeerTables of them
+  mutable std::byte** peers_host_ = nullptr;  // the tables' pinned images (the uploads' sources)
+  mutable std::vector<std::byte*> peers_mirror_;  // what each resident table holds (host copy, for the lookup)
+  mutable int peers_resident_ = 0;                // tables in use
   cudaStream_t stream_ = nullptr;
   int device_ = 0, sms_ = 1, per_sm_ = 1;
   std::int64_t max_grid_ = 1;

@@ -116,7 +116,10 @@ struct PeerCopyTransport {
       inputs.data[x] = t.base[BufferIndex::input(x)];
       inputs.bytes[x] = plan.input_bytes(d, x);
     }
-    if (!l.layouts.empty()) inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
+    if (!l.layouts.empty()) {
+      inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
+      inputs.peer_layouts = l.layouts.data();
+    }
     std::vector<std::byte*> own_scratch;
     std::vector<std::byte*>* peers = &own_scratch;
     if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();

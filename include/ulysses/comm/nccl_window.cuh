@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief NcclWindow: an NCCL symmetric window (ncclMemAlloc + ncclCommWindowRegister with
+///        NCCL_WIN_COLL_SYMMETRIC, NCCL >= 2.27) with the registration rules and agreement check
+///        of the other windows (comm/window.hpp). Detected at compile time:
+///        ULYSSES_NCCL_HAS_WINDOWS is 1 when the NCCL headers have the window API, and the class
+///        exists only then.
+///
+/// Every rank of the NCCL communicator allocates `bytes_per_rank` bytes with ncclMemAlloc (the
+/// allocator symmetric windows need: cuMem VMM memory) and registers them collectively as one
+/// symmetric window; allocate() hands out aligned ranges of it in order, same sizes in the same
+/// order on every rank (SGLang #33037: symmetric buffers allocated in another order corrupt
+/// results silently), which check_registrations() verifies (Error(plan_mismatch) on every rank).
+/// The buffers are device memory for NcclComm's exchanges (grouped ncclSend / ncclRecv, whose
+/// NCCL may use the registration: zero-copy transfers where its transports support it); NCCL's
+/// symmetric kernels serve its collectives. The device-side load/store pointers of NCCL 2.28
+/// (ncclGetLsaPointer, nccl_device.h) are not used: the peer copy across processes on the GPU is
+/// MpiDeviceWindowComm's (comm/mpi_device_window.cuh, CUDA IPC).
+///
+/// Without the window API (NCCL < 2.27): ULYSSES_NCCL_HAS_WINDOWS is 0 and NcclWindow is not
+/// declared; allocate the exchange buffers with cudaMalloc and use NcclComm as before, or the
+/// device window over MPI.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "nccl_comm.cuh"
+#include "window.hpp"
+
+/// 1 when the NCCL headers have symmetric windows (ncclCommWindowRegister, NCCL >= 2.27).
+#if defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION) && defined(NCCL_WIN_COLL_SYMMETRIC)
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#define ULYSSES_NCCL_HAS_WINDOWS 1
+#endif
+#endif
+#ifndef ULYSSES_NCCL_HAS_WINDOWS
+#define ULYSSES_NCCL_HAS_WINDOWS 0
+#endif
+
+#if ULYSSES_NCCL_HAS_WINDOWS
+ULYSSES_NAMESPACE_BEGIN
+
+/// An NCCL symmetric window over the ranks of an NcclComm (see the file comment). Not copyable
+/// or movable; freed collectively by the destructor.
+class NcclWindow {
+ public:
+  /// Alignment of every registration, in bytes.
+  static constexpr std::size_t kAlignment = 256;
+
+  /// Allocates and registers the window. Collective over `comm` (synchronises its stream: call
+  /// it outside graph capture); every rank passes the same `bytes_per_rank`.
+  /// @param comm           the communicator (not owned; it must outlive the window)
+  /// @param bytes_per_rank device bytes of every rank's window (rounded up to
+  ///        NCCL_WIN_REQUIRED_ALIGNMENT)
+  /// @throws Error(plan_mismatch) ranks passed different sizes (every rank, naming them);
+  ///         Error(backend) ncclMemAlloc or ncclCommWindowRegister failed; NcclComm's errors.
+  NcclWindow(NcclComm& comm, std::size_t bytes_per_rank)
+      : comm_(&comm), reg_(detail::round_up<std::size_t>(bytes_per_rank, NCCL_WIN_REQUIRED_ALIGNMENT), kAlignment) {
+    std::vector<unsigned long long> all(static_cast<std::size_t>(comm.size()));
+    const unsigned long long mine = reg_.bytes();
+    comm.allgather(&mine, sizeof mine, all.data());
+    const std::vector<int> other = detail::differing_ranks(all.data(), comm.size());
+    if (!other.empty())
+      detail::fail(Errc::plan_mismatch, "NcclWindow: ranks " + detail::rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
+                                            std::to_string(all[0]) + " (rank " + std::to_string(comm.rank()) + ": " + std::to_string(mine) +
+                                            "); every rank must pass the same size");
+    ok(ncclMemAlloc(&base_, reg_.bytes() ? reg_.bytes() : NCCL_WIN_REQUIRED_ALIGNMENT), "ncclMemAlloc");
+    const ncclResult_t r = ncclCommWindowRegister(comm.get(), base_, reg_.bytes(), &win_, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess) {
+      ncclMemFree(base_);
+      base_ = nullptr;
+      ok(r, "ncclCommWindowRegister");
+    }
+  }
+  NcclWindow(const NcclWindow&) = delete;
+  NcclWindow& operator=(const NcclWindow&) = delete;
+  /// Deregisters (collective: every rank destroys its window) and frees. Errors are ignored.
+  ~NcclWindow() {
+    if (win_) ncclCommWindowDeregister(comm_->get(), win_);
+    if (base_) ncclMemFree(base_);
+  }
+
+  std::size_t bytes_per_rank() const noexcept { return reg_.bytes(); }  ///< device bytes of every rank's window
+  ncclWindow_t get() const noexcept { return win_; }                    ///< the NCCL window
+  /// This rank's whole window (device memory).
+  WindowSpan local() const noexcept { return {static_cast<std::byte*>(base_), reg_.bytes()}; }
+
+  /// Registers the next `bytes` of this rank's window (aligned to kAlignment) and returns them.
+  /// Local; every rank must register the same sizes in the same order.
+  /// @throws Error(buffer_too_small) the window has fewer bytes left.
+  WindowSpan allocate(std::size_t bytes) { return {static_cast<std::byte*>(base_) + reg_.allocate(bytes, comm_->rank(), "NcclWindow"), bytes}; }
+  /// Forgets every registration (every rank alike).
+  void reset() noexcept { reg_.reset(); }
+  /// Number of registrations since construction or reset().
+  std::size_t registrations() const noexcept { return static_cast<std::size_t>(reg_.digest().count); }
+  /// Compares what every rank registered (NcclComm::allgather of the digests; synchronises the
+  /// stream). Collective. @throws Error(plan_mismatch) on every rank when they differ; NcclComm's errors.
+  void check_registrations() const {
+    std::vector<detail::WindowDigest> all(static_cast<std::size_t>(comm_->size()));
+    comm_->allgather(&reg_.digest(), sizeof(detail::WindowDigest), all.data());
+    const std::string m = detail::registration_mismatch(all.data(), comm_->size(), "NcclWindow");
+    if (!m.empty()) detail::fail(Errc::plan_mismatch, "NcclWindow::check_registrations: " + m);
+  }
+
+ private:
+  static void ok(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) throw Error(Errc::backend, std::string(what) + " failed: " + ncclGetErrorString(r));
+  }
+  NcclComm* comm_;
+  detail::WindowRegistry reg_;
+  void* base_ = nullptr;
+  ncclWindow_t win_ = nullptr;
+};
+
+ULYSSES_NAMESPACE_END
+#endif

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What the registered windows share, host (MpiWindow, comm/mpi_window.hpp) and device
+///        (MpiDeviceWindow, comm/mpi_device_window.cuh): the registered range (WindowSpan), the
+///        registration of a rank's slot (detail::WindowRegistry: aligned ranges taken in order,
+///        and the digest of their sizes) and the cross-rank comparison of the digests.
+///
+/// A window gives every rank of a node a slot of the same size. Registration takes the next
+/// aligned bytes of the rank's own slot; as with NCCL's symmetric windows (ncclCommWindowRegister)
+/// every rank registers the same sizes in the same order, so that a registration lies at the same
+/// offset of every rank's slot. What each rank registered (count, sizes, order: a WindowDigest) is
+/// compared across ranks: ranks that registered differently all get Error(plan_mismatch) naming
+/// them, never silent corruption (SGLang #33037: symmetric buffers allocated in another order on
+/// one rank). No MPI, no CUDA: the windows add the memory and the communication.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// A registered range of a window: `size()` bytes at `data()` in this process's mapping of the
+/// window (host memory for MpiWindow, device memory for MpiDeviceWindow). Converts to
+/// ConstByteSpan and ByteSpan (it has data() and size() in bytes), so it is passed to
+/// seq_to_head() and the others as is.
+struct WindowSpan {
+  std::byte* ptr = nullptr;  ///< first byte (in this process's mapping)
+  std::size_t n = 0;         ///< bytes
+  std::byte* data() const noexcept { return ptr; }  ///< first byte
+  std::size_t size() const noexcept { return n; }   ///< bytes
+  /// The range as elements of T (`size() / sizeof(T)` of them). @pre data() aligned for T.
+  template <class T>
+  T* as() const noexcept {
+    return reinterpret_cast<T*>(ptr);
+  }
+};
+
+namespace detail {
+
+/// What a rank registered in its window slot: count, total bytes, a hash of the sizes in order,
+/// and the first kShown sizes (for the error message). Equal on every rank, or a plan_mismatch.
+/// Plain data: it travels as bytes (an all-gather, a control block).
+struct WindowDigest {
+  static constexpr int kShown = 8;
+  std::uint64_t count = 0, total = 0, hash = 14695981039346656037ull;  // FNV-1a offset basis
+  std::uint64_t sizes[kShown] = {};
+  void add(std::uint64_t bytes) noexcept {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((bytes >> (8 * i)) & 0xff)) * 1099511628211ull;  // FNV-1a prime
+    if (count < static_cast<std::uint64_t>(kShown)) sizes[count] = bytes;
+    ++count;
+    total += bytes;
+  }
+  bool operator==(const WindowDigest& o) const noexcept { return count == o.count && total == o.total && hash == o.hash; }
+  std::string str() const {
+    std::string s = std::to_string(count) + (count == 1 ? " buffer (" : " buffers (");
+    for (std::uint64_t i = 0; i < count && i < static_cast<std::uint64_t>(kShown); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+    if (count > static_cast<std::uint64_t>(kShown)) s += ", ...";
+    return s + " bytes)";
+  }
+};
+
+/// The message naming the ranks whose registrations differ from rank 0's, or "" when all agree.
+/// @param all    every rank's digest, P of them
+/// @param P      ranks
+/// @param window the window's type, for the message ("MpiWindow")
+inline std::string registration_mismatch(const WindowDigest* all, int P, const char* window = "MpiWindow") {
+  std::string m;
+  for (int p = 1; p < P; ++p)
+    if (!(all[p] == all[0])) m += (m.empty() ? "" : "; ") + std::string("rank ") + std::to_string(p) + " registered " + all[p].str();
+  if (m.empty()) return m;
+  return std::string("the ranks registered different ") + window + " buffers: rank 0 registered " + all[0].str() + "; " + m +
+         ". Every rank must allocate() the same sizes in the same order (with uneven splits: the largest any rank needs)";
+}
+
+/// "{0, 2}".
+inline std::string rank_set(const std::vector<int>& r) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
+  return s + "}";
+}
+
+/// x rounded up to a multiple of a (a > 0).
+template <class U>
+U round_up(U x, U a) {
+  return (x + a - 1) / a * a;
+}
+
+/// The ranks whose value differs from rank 0's (values: P of them).
+inline std::vector<int> differing_ranks(const unsigned long long* values, int P) {
+  std::vector<int> other;
+  for (int p = 0; p < P; ++p)
+    if (values[p] != values[0]) other.push_back(p);
+  return other;
+}
+
+/// The registrations of one rank's slot of `bytes` bytes: aligned ranges taken in order from the
+/// slot's start, and their digest. Knows offsets only (the window adds its base address).
+class WindowRegistry {
+ public:
+  /// @param bytes     the slot's size
+  /// @param alignment of every registration (a power of two)
+  WindowRegistry(std::size_t bytes, std::size_t alignment) noexcept : bytes_(bytes), align_(alignment) {}
+
+  /// Takes the next `bytes` of the slot and returns their offset.
+  /// @param bytes  the range's size
+  /// @param rank   this rank (for the message)
+  /// @param window the window's type (for the message)
+  /// @throws Error(buffer_too_small) the slot has fewer bytes left (nothing registered then).
+  std::size_t allocate(std::size_t bytes, int rank, const char* window) {
+    const std::size_t off = round_up(used_, align_);
+    if (off > bytes_ || bytes > bytes_ - off)
+      fail(Errc::buffer_too_small, std::string(window) + "::allocate(" + std::to_string(bytes) + "): rank " + std::to_string(rank) + " has " +
+                                       std::to_string(off > bytes_ ? 0 : bytes_ - off) + " of its " + std::to_string(bytes_) +
+                                       " window bytes left; make the window larger");
+    used_ = off + bytes;
+    digest_.add(bytes);
+    return off;
+  }
+  /// Forgets every registration.
+  void reset() noexcept {
+    used_ = 0;
+    digest_ = {};
+  }
+  std::size_t bytes() const noexcept { return bytes_; }   ///< the slot's size
+  std::size_t used() const noexcept { return used_; }     ///< the end of the last registration
+  const WindowDigest& digest() const noexcept { return digest_; }  ///< what was registered
+  /// Whether [p, p + n) lies in the slot that starts at `base`.
+  bool contains(const void* base, const void* p, std::size_t n) const noexcept {
+    const auto b = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(base);
+    return b >= lo && b - lo <= bytes_ && n <= bytes_ - (b - lo);
+  }
+  /// Whether p points into the slot that starts at `base` (its first byte does).
+  bool starts_in(const void* base, const void* p) const noexcept {
+    const auto b = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(base);
+    return b >= lo && b - lo < bytes_;
+  }
+
+ private:
+  std::size_t bytes_, align_, used_ = 0;
+  WindowDigest digest_;
+};
+
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END
