@@ -41,10 +41,13 @@ class SilentReporter : public benchmark::BenchmarkReporter {
 /// MPI_COMM_WORLD (exit 2 unless the size divides H and fits Hkv), Google Benchmark's flags (the
 /// ranks other than 0 drop --benchmark_out*, which would truncate the file), register_all(),
 /// every rank runs every benchmark (rank 0 reports), done() (e.g. free collective resources),
-/// MPI_Finalize. `name` goes to the context as ulysses_benchmark.
+/// MPI_Finalize. `name` goes to the context as ulysses_benchmark. thread_level >= 0: MPI_Init_thread
+/// asking for that level (MPI_Query_thread() says what was provided).
 inline int mpi_benchmark_main(int argc, char** argv, const char* name, int& rank, int& size, void (*register_all)(),
-                              void (*done)() = nullptr) {
-  MPI_Init(&argc, &argv);
+                              void (*done)() = nullptr, int thread_level = -1) {
+  int provided = 0;
+  if (thread_level >= 0) MPI_Init_thread(&argc, &argv, thread_level, &provided);
+  else MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (kH % size != 0 || (kHkv % size != 0 && size % kHkv != 0)) {
