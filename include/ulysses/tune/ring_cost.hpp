@@ -272,7 +272,8 @@ inline std::string hybrid_reason(const HybridChoice& h, const RingMesh& mesh) {
 
 /// The feasible Ulysses × Ring × outer layouts of `world` ranks for one layer's forward, best
 /// first: within `budget_bytes` by predicted time (the Ulysses exchanges of advise_degree() over
-/// a ring rank's tokens + the ring's exposed communication), then the others by memory. For
+/// a ring rank's tokens + the ring's exposed communication; equal times by memory), then the
+/// others by memory. For
 /// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
 /// and every R with U · R dividing world that RingMesh admits (ulysses_inner) and S tokens cover
 /// (S >= 2R causal): R = 1 (Ulysses alone), and for R > 1 the ring rotation and the all-gather-kv
@@ -339,7 +340,8 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
                                          std::to_string(ranks_per_node) + (why.empty() ? "" : " (" + why + ")"));
   std::stable_sort(out.begin(), out.end(), [](const HybridChoice& a, const HybridChoice& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.seconds < b.seconds : a.activation_bytes < b.activation_bytes;
+    if (a.fits && a.seconds != b.seconds) return a.seconds < b.seconds;
+    return a.activation_bytes < b.activation_bytes;  // (equal times: the smaller memory first)
   });
   return out;
 }
