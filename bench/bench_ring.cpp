@@ -79,8 +79,12 @@ void bm_step(benchmark::State& st, What what, const RingCase c, std::int64_t S, 
   Lockstep& ls = lockstep(R);
   LocalRing ring(ls, c, S, R, what == What::rotation_in_start ? RingProgress::in_start : RingProgress::automatic);
   const std::function<void(int)> job = [&](int r) { what == What::sendrecv ? ring.bare(r) : ring.rotate(r, 0, nullptr); };
-  for (auto _ : st) st.SetIterationTime(timed(ls, job));
-  set_ring_counters(st, R, ring.largest, 0);
+  std::vector<double> times;
+  for (auto _ : st) {
+    times.push_back(timed(ls, job));
+    st.SetIterationTime(times.back());
+  }
+  set_ring_counters(st, R, ring.largest, median(times));
   if (what != What::sendrecv) st.SetLabel(label(ring_name("ring_step_local", S, R, c, "sendrecv")));
 }
 

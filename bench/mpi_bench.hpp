@@ -18,8 +18,9 @@
 
 namespace ub {
 
-/// Runs op once per iteration with the max-over-ranks manual time. Collective over MPI_COMM_WORLD.
-inline void mpi_timed_loop(benchmark::State& st, const std::function<void()>& op) {
+/// Runs op once per iteration with the max-over-ranks manual time (appended to *times when
+/// given). Collective over MPI_COMM_WORLD.
+inline void mpi_timed_loop(benchmark::State& st, const std::function<void()>& op, std::vector<double>* times = nullptr) {
   for (auto _ : st) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
@@ -27,6 +28,7 @@ inline void mpi_timed_loop(benchmark::State& st, const std::function<void()>& op
     double dt = MPI_Wtime() - t0, mx = 0;
     MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     st.SetIterationTime(mx);
+    if (times) times->push_back(mx);
   }
 }
 

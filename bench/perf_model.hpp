@@ -296,6 +296,7 @@ struct RingRow {
   int R = 0;
   double seconds = 0;  ///< per iteration (a whole rotation)
   double steps = 1, block_bytes = 0, bare_step_s = 0, compute_s = 0, exposed_step_s = 0;
+  double step_s = 0;   ///< a transfer step's time: step_median_s when given, else seconds / steps
 };
 
 /// The ring rows of Google Benchmark JSON files: "<family>/bf16/S:<S>/P:<R>/<case>/<variant>".
@@ -325,6 +326,7 @@ inline std::vector<RingRow> read_ring_rows(const std::vector<std::string>& files
       r.bare_step_s = b.value("bare_step_s", 0.0);
       r.compute_s = b.value("compute_s", 0.0);
       r.exposed_step_s = b.value("exposed_step_s", 0.0);
+      r.step_s = b.value("step_median_s", r.seconds / r.steps);
       auto it = best.find(name);
       if (it == best.end() || r.seconds < it->second.seconds) best[name] = r;
     }
@@ -353,21 +355,22 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   for (const RingRow& r : rows) {
     if (!exch.count(backend(r))) exch[backend(r)] = load_model(params, backend(r));
     if (r.family.rfind("ring_step", 0) == 0 && r.variant.size() >= 8 && r.variant.compare(r.variant.size() - 8, 8, "sendrecv") == 0)
-      bare[backend(r)].push_back({traffic(r), r.seconds / r.steps});
+      bare[backend(r)].push_back({traffic(r), r.step_s});
   }
   for (auto& [b, samples] : bare) ring[b] = fit_cost_model(samples, exch[b]);
   std::printf("## The cost model's ring step against the measurements\n\n"
               "Model (tune/ring_cost.hpp): a transfer step is one message of the block (in process: one copy of it, "
               "`RingTransport::shared_memory`). **exchange fit**: the parameters `%s` fitted to the Ulysses exchanges "
               "(`ulysses_perf --fit`), applied out of sample; **ring fit**: `fit_cost_model()` on this run's bare send/recv "
-              "rows (in sample for them), applied to the rotations. Error = model / measured - 1, per step.\n\n",
+              "rows (in sample for them), applied to the rotations. Measured: a step of the median iteration "
+              "(step_median_s). Error = model / measured - 1.\n\n",
               params.c_str());
   for (auto& [b, m] : ring) std::printf("- ring fit, %s: %s\n", b.c_str(), m.str().c_str());
   std::printf("\n| benchmark | block MiB | measured step ms | exchange fit ms | error | ring fit ms | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
   std::map<std::string, std::vector<double>> err_x, err_r;
   for (const RingRow& r : rows) {
     if (r.family.rfind("ring_step", 0) != 0) continue;
-    const double meas = r.seconds / r.steps, px = predict_seconds(traffic(r), exch[backend(r)]), pr = predict_seconds(traffic(r), ring[backend(r)]);
+    const double meas = r.step_s, px = predict_seconds(traffic(r), exch[backend(r)]), pr = predict_seconds(traffic(r), ring[backend(r)]);
     const std::string kind = backend(r) + (r.variant.find("sendrecv") != std::string::npos ? " sendrecv" : " rotation");
     err_x[kind].push_back(std::fabs(px / meas - 1));
     err_r[kind].push_back(std::fabs(pr / meas - 1));

@@ -6,7 +6,8 @@
 //
 // Names (bench/common.hpp's convention): "<family>/bf16/S:<S>/P:<R>/<model>_U<U>/<variant>", P the
 // ring degree R (the ring communicator's size). One iteration is a whole rotation: R steps, R − 1
-// of them with a transfer; the counter `steps` is R − 1, so a step's time is the iteration's / steps.
+// of them with a transfer; the counter `steps` is R − 1, so a step's time is the iteration's / steps
+// (step_median_s: the median iteration's, what bench/report's ring tables use).
 //   ring_step_*:    variant `rotation` (RingRotation, default progress), `rotation_in_start`
 //                   (RingProgress::in_start) against `sendrecv` (the bare one-message-each-way
 //                   exchange of the same bytes on the same communicator, R − 1 times);
@@ -86,13 +87,16 @@ inline double slowest_steps(const std::vector<double>& dur, int R) {
   return sum;
 }
 
-/// Sets the ring counters: steps, block_bytes, bytes_per_second (a rank's bytes sent a rotation)
-/// and, for the exposed benchmarks (bare_step_s > 0), the exposed communication per step from
-/// the median rotation time and the median stand-in duration a step (compute_s: at each step the
-/// slowest rank's) over the iterations (medians: a loaded machine's outliers stay out).
-inline void set_ring_counters(benchmark::State& st, int R, std::size_t block_bytes, double seconds_per_iteration, double bare_step_s = 0,
-                              double compute_s = 0) {
+/// Sets the ring counters: steps, block_bytes, step_median_s (the median rotation time over the
+/// iterations / (R − 1): a loaded machine's outliers stay out of it, unlike the mean Google
+/// Benchmark reports), bytes_per_second (a rank's bytes sent a rotation) and, for the exposed
+/// benchmarks (bare_step_s > 0), the exposed communication per step from the median rotation time
+/// and the median stand-in duration a step (compute_s: at each step the slowest rank's).
+inline void set_ring_counters(benchmark::State& st, int R, std::size_t block_bytes, double median_seconds_per_iteration,
+                              double bare_step_s = 0, double compute_s = 0) {
+  const double seconds_per_iteration = median_seconds_per_iteration;
   st.counters["steps"] = R - 1;
+  st.counters["step_median_s"] = seconds_per_iteration / (R - 1);
   st.counters["block_bytes"] = static_cast<double>(block_bytes);
   st.SetBytesProcessed(static_cast<std::int64_t>(block_bytes) * (R - 1) * static_cast<std::int64_t>(st.iterations()));
   if (bare_step_s > 0) {

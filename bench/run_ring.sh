@@ -18,7 +18,8 @@ root="$(cd "$here/.." && pwd)"
 out="${1:-$root/bench/results}"
 build="${BUILD_DIR:-$root/build-bench}"
 raw="${JSON_DIR:-$build/bench_json}"
-params="${PARAMS:-$root/bench/results/cost/params.json}"
+cd "$root"
+params="${PARAMS:-bench/results/cost/params.json}"
 mkdir -p "$out" "$raw"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
