@@ -34,17 +34,17 @@ for c in "${cases[@]}"; do
   echo "| $model | $S | $W | $(fmt "$best")$(awk '$12 == "no" { printf " — over budget" }' <<<"$best") | $(ms "$best") | $(awk '{print $9}' <<<"$best") | $(awk '{print $10}' <<<"$best") | $(awk '{print $11}' <<<"$best") | $(fmt "$second"): $(ms "$second") ms | $(ms "$p8") ms, $(awk '{printf "%s GiB%s", $11, ($12 == "no" ? ", over budget" : "")}' <<<"$p8") |"
 done
 echo
-echo "| model | S | GPUs | best: U x R x outer (kv) | ms / layer | Ulysses ms | ring exposed ms | ring comm ms | attention ms | inter MB | GiB / rank | best without a ring | best all-gather kv | why |"
-# hybrid columns: 1 U, 2 R, 3 outer, 4 kv, 5 time, 6 ulysses, 7 exposed, 8 ring, 9 attn, 10 intra MB, 11 inter MB, 12 GiB, 13 fits, 14.. why
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | S | GPUs | best: U x R x outer (kv) | ms / layer | Ulysses ms | ring exposed ms | merge ms | ring comm ms | attention ms | inter MB | GiB / rank | best without a ring | best all-gather kv | why |"
+# hybrid columns: 1 U, 2 R, 3 outer, 4 kv, 5 time, 6 ulysses, 7 exposed, 8 merge, 9 ring, 10 attn, 11 intra MB, 12 inter MB, 13 GiB, 14 fits, 15.. why
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for c in "${cases[@]}"; do
   read -r model S W <<<"$c"
   rows=$(awk '/^# hybrid/ { h = 1 } !/^#/ && h' <<<"${out[$c]}")
   best=$(sed -n 1p <<<"$rows")
   plain=$(awk '$4 == "none"' <<<"$rows" | sed -n 1p)
   gather=$(awk '$4 == "allgather"' <<<"$rows" | sed -n 1p)
-  fmt() { awk '{ printf "%s x %s x %s (%s)%s", $1, $2, $3, $4, ($13 == "no" ? " — over budget" : "") }' <<<"$1"; }
+  fmt() { awk '{ printf "%s x %s x %s (%s)%s", $1, $2, $3, $4, ($14 == "no" ? " — over budget" : "") }' <<<"$1"; }
   ms() { awk '{ printf "%.2f", $5 }' <<<"$1"; }
-  why=$(awk '{ s = $14; for (i = 15; i <= NF; ++i) s = s " " $i; print s }' <<<"$best")
-  echo "| $model | $S | $W | $(fmt "$best") | $(ms "$best") | $(awk '{printf "%.2f", $6}' <<<"$best") | $(awk '{printf "%.2f", $7}' <<<"$best") | $(awk '{printf "%.2f", $8}' <<<"$best") | $(awk '{printf "%.1f", $9}' <<<"$best") | $(awk '{print $11}' <<<"$best") | $(awk '{print $12}' <<<"$best") | $(fmt "$plain"): $(ms "$plain") ms | $(fmt "$gather"): $(ms "$gather") ms | $why |"
+  why=$(awk '{ s = $15; for (i = 16; i <= NF; ++i) s = s " " $i; print s }' <<<"$best")
+  echo "| $model | $S | $W | $(fmt "$best") | $(ms "$best") | $(awk '{printf "%.2f", $6}' <<<"$best") | $(awk '{printf "%.2f", $7}' <<<"$best") | $(awk '{printf "%.2f", $8}' <<<"$best") | $(awk '{printf "%.2f", $9}' <<<"$best") | $(awk '{printf "%.1f", $10}' <<<"$best") | $(awk '{print $12}' <<<"$best") | $(awk '{print $13}' <<<"$best") | $(fmt "$plain"): $(ms "$plain") ms | $(fmt "$gather"): $(ms "$gather") ms | $why |"
 done

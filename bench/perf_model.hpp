@@ -87,15 +87,16 @@ inline int advise_hybrid_rows(const AttentionShape& shape, std::int64_t S, int w
                                      budget_bytes);
   std::printf("# hybrid: Ulysses U inside a node first x ring R x outer (data parallel), causal zigzag; attention at %.4g TFLOP/s a rank\n"
               "# time = Ulysses exchanges (q,k,v seq->head + o head->seq of a ring rank's tokens over U) + the ring's exposed\n"
-              "# communication (kv: ring = RingRotation overlapped with each step's attention; allgather = the ring group's kv\n"
-              "# gathered once, nothing hidden); ring(ms): its whole communication; attn(ms): the layer's attention; bytes per rank a layer\n",
+              "# communication + its merges (kv: ring = RingRotation overlapped with each step's attention, a merge a step;\n"
+              "# allgather = the ring group's kv gathered once, nothing hidden, no merge); ring(ms): its whole communication;\n"
+              "# attn(ms): the layer's attention; bytes per rank a layer\n",
               flops_per_s * 1e-12);
-  std::printf("#%4s %5s %6s %-9s %10s %11s %11s %10s %9s %11s %11s %10s %5s  %s\n", "U", "R", "outer", "kv", "time(ms)", "ulysses(ms)",
-              "exposed(ms)", "ring(ms)", "attn(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "why");
+  std::printf("#%4s %5s %6s %-9s %10s %11s %11s %10s %10s %9s %11s %11s %10s %5s  %s\n", "U", "R", "outer", "kv", "time(ms)", "ulysses(ms)",
+              "exposed(ms)", "merge(ms)", "ring(ms)", "attn(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "why");
   for (const HybridChoice& h : choices)
-    std::printf(" %4d %5d %6d %-9s %10.3f %11.3f %11.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s  %s\n", h.ulysses_degree, h.ring_degree,
+    std::printf(" %4d %5d %6d %-9s %10.3f %11.3f %11.3f %10.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s  %s\n", h.ulysses_degree, h.ring_degree,
                 h.outer_degree, to_string(h.kv), h.seconds * 1e3, h.ulysses.seconds * 1e3, h.ring.exposed_seconds * 1e3,
-                h.ring.comm_seconds * 1e3, h.ring.compute_seconds * 1e3, h.intra_bytes / 1e6, h.inter_bytes / 1e6,
+                h.ring.merge_seconds * 1e3, h.ring.comm_seconds * 1e3, h.ring.compute_seconds * 1e3, h.intra_bytes / 1e6, h.inter_bytes / 1e6,
                 h.activation_bytes / (1024.0 * 1024 * 1024), h.fits ? "yes" : "no", h.reason.c_str());
   return 0;
 }

@@ -11,7 +11,8 @@
 # MIN_TIME (--benchmark_min_time, default 0.1), REPS (default 5; the report takes the fastest,
 # in process the repetitions interleaved at random so that load drift spreads over every benchmark;
 # not under MPI, where each process would draw its own order), FILTER,
-# PARAMS (the exchanges' fit for the out-of-sample check, default bench/results/cost/params.json).
+# PARAMS (the exchanges' fit for the out-of-sample check, default bench/results/cost/params.json),
+# REPORT_ONLY=1 (no benchmark: the tables again from the JSON of the last run in JSON_DIR).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -25,20 +26,26 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 fi
 cmake --build "$build" --target bench_ring bench_ring_mpi ulysses_perf -j "${JOBS:-1}"
+jsons=("$raw/ring_local.json" "$raw/ring_mpi_p2.json" "$raw/ring_mpi_p4.json")
+if [ "${REPORT_ONLY:-0}" = 1 ]; then  # the tables again from the last run's JSON (no benchmark)
+  skip=1
+else
+  skip=0
+fi
 common=(--benchmark_min_time="${MIN_TIME:-0.1}" --benchmark_repetitions="${REPS:-5}" --benchmark_filter="${FILTER:-.}"
         --benchmark_display_aggregates_only=true --benchmark_out_format=json)
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMPI_MCA_rmaps_base_oversubscribe=1
-uptime | tee "$raw/ring_load.txt"
-echo "== bench_ring -> $raw/ring_local.json"
-"$build/bench/bench_ring" "${common[@]}" --benchmark_enable_random_interleaving=true --benchmark_out="$raw/ring_local.json"
-jsons=("$raw/ring_local.json")
-for n in 2 4; do
-  echo "== mpiexec -n $n bench_ring_mpi -> $raw/ring_mpi_p$n.json"
-  mpiexec -n "$n" "$build/bench/bench_ring_mpi" "${common[@]}" --benchmark_out="$raw/ring_mpi_p$n.json"
-  jsons+=("$raw/ring_mpi_p$n.json")
-done
-uptime | tee -a "$raw/ring_load.txt"
+if [ "$skip" = 0 ]; then
+  uptime | tee "$raw/ring_load.txt"
+  echo "== bench_ring -> $raw/ring_local.json"
+  "$build/bench/bench_ring" "${common[@]}" --benchmark_enable_random_interleaving=true --benchmark_out="$raw/ring_local.json"
+  for n in 2 4; do
+    echo "== mpiexec -n $n bench_ring_mpi -> $raw/ring_mpi_p$n.json"
+    mpiexec -n "$n" "$build/bench/bench_ring_mpi" "${common[@]}" --benchmark_out="$raw/ring_mpi_p$n.json"
+  done
+  uptime | tee -a "$raw/ring_load.txt"
+fi
 python3 "$here/report" "${jsons[@]}" -o "$out" --name ring
 {
   echo

@@ -85,13 +85,27 @@ TEST_CASE("ring_step_flops: 2 B h pairs (D + Dv), the causal diagonal half plus 
   CHECK(ring_step_flops(none, 2, 2) == 0);
 }
 
+TEST_CASE("ring_merge_bytes: 12 B h q_len (Dv + 1) from step 1 on") {
+  const RingPartition zig(8, 2, 2, RingLayout::zigzag);
+  CHECK(ring_merge_bytes(ring_work(zig, 0, 0, true), 2, 2) == 0);                  // step 0 starts the running pair
+  CHECK(ring_merge_bytes(ring_work(zig, 0, 1, true), 2, 2) == 12 * 2 * 2 * 3);     // q [2, 4): 2 rows
+  CHECK(ring_merge_bytes(ring_work(zig, 1, 1, true), 2, 2, 3) == 12 * 3 * 2 * 4 * 3);  // all 4 rows, B = 3
+  CHECK(ring_merge_bytes(ring_work(RingPartition(8, 1, 2, RingLayout::contiguous), 0, 1, true), 2, 2) == 0);  // empty work
+}
+
 TEST_CASE("ring_cost: per step comm, compute and exposed = max(0, comm - compute); the all-gather exposes it all") {
   // Causal zigzag, S=8, U=2, R=2 on nodes of 2 (the ring crosses nodes), H=4, Hkv=2, D=2, bf16:
   // block 32 bytes; a step's message 2 us + 32 B / 0.5 GB/s = 2.064 us. Query heads a rank: 2.
   // FLOPs at 1e8 FLOP/s: step 0 the diagonal, 160 FLOP = 1.6 us; step 1 both ranks 8 pairs: 128 FLOP = 1.28 us.
   const RingMesh mesh(4, 2, 2, 2);
   const AttentionShape shape{4, 2, 2, 0};
-  const RingCost c = ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16);
+  CostModel m = links();
+  m.copy_seconds_per_byte = 1e-9;  // merges at 1 GB/s: step 1's largest is rank 1's 4 rows, 12 x 2 x 4 x 3 = 288 bytes
+  const RingCost c = ring_cost(mesh, shape, 8, true, m, 1e8, ElementType::bfloat16);
+  REQUIRE(c.merge_s.size() == 2);
+  CHECK(c.merge_s[0] == 0);
+  CHECK(c.merge_s[1] == doctest::Approx(288e-9).epsilon(1e-12));
+  CHECK(c.merge_seconds == doctest::Approx(288e-9).epsilon(1e-12));
   REQUIRE(c.comm_s.size() == 2);
   CHECK(c.comm_s[0] == doctest::Approx(2.064e-6).epsilon(1e-12));
   CHECK(c.comm_s[1] == 0);  // the last step moves nothing
@@ -105,7 +119,8 @@ TEST_CASE("ring_cost: per step comm, compute and exposed = max(0, comm - compute
   CHECK(c.bytes[0] == 0);
   CHECK(c.bytes[1] == 32);   // R - 1 = 1 message of 32 bytes a rank
   CHECK(c.buffer_bytes == 64);  // two blocks
-  const RingCost g = allgather_kv_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16);
+  const RingCost g = allgather_kv_cost(mesh, shape, 8, true, m, 1e8, ElementType::bfloat16);
+  CHECK(g.merge_seconds == 0);  // one attention over the gathered kv
   CHECK(g.exposed_seconds == doctest::Approx(2.064e-6).epsilon(1e-12));
   CHECK(g.comm_seconds == c.comm_seconds);
   CHECK(g.bytes[1] == 32);
@@ -143,7 +158,7 @@ TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as i
   for (std::size_t i = 0; i < v.size(); ++i) {
     const HybridChoice& h = v[i];
     CHECK(h.outer_degree * h.ulysses_degree * h.ring_degree == 4);
-    CHECK(h.seconds == h.ulysses.seconds + h.ring.exposed_seconds);
+    CHECK(h.seconds == h.ulysses.seconds + h.ring.exposed_seconds + h.ring.merge_seconds);
     CHECK(h.inter_bytes == h.ulysses.inter_bytes + h.ring.bytes[1]);
     CHECK(h.fits);
     CHECK(!h.reason.empty());
@@ -155,14 +170,21 @@ TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as i
                                                      : allgather_kv_cost(m, shape, 64, true, links(), 1e8);
       CHECK(h.ring.exposed_seconds == want.exposed_seconds);
       CHECK(h.ring.comm_seconds == want.comm_seconds);
+      CHECK(h.ring.merge_seconds == want.merge_seconds);
       (h.kv == RingKv::rotation ? rings : gathers)++;
     }
   }
   CHECK(rings == 3);
   CHECK(gathers == 3);
-  CHECK(v.front().ulysses_degree == 1);  // U = R = 1: nothing moves
-  CHECK(v.front().ring_degree == 1);
+  // U = R = 1 moves nothing (0 s), and so does a ring that its attention hides (no copy term: free
+  // merges): equal times rank by memory.
   CHECK(v.front().seconds == 0);
+  bool plain_zero = false;
+  for (const HybridChoice& h : v) {
+    if (h.seconds == 0) CHECK(v.front().activation_bytes <= h.activation_bytes);
+    plain_zero = plain_zero || (h.ulysses_degree == 1 && h.ring_degree == 1 && h.seconds == 0);
+  }
+  CHECK(plain_zero);
   // A budget below every layout: all by memory, none fits.
   const std::vector<HybridChoice> tight = advise_hybrid(shape, 64, 4, 2, links(), 1e8, true, ElementType::bfloat16, 1, HeadPolicy::even, 1);
   CHECK(!tight.front().fits);

@@ -23,11 +23,16 @@
 /// (q, k) pairs (q_len · kv_len; q_len (q_len + 1) / 2 on the causal diagonal) — the forward's
 /// Q·Kᵀ and P·V (FlashAttention's count, Dao, arXiv:2205.14135), at a given FLOP rate.
 ///
+/// Merging: every step after the first merges its partial (out, lse) into the running pair
+/// (ring/merge.hpp), fp32, ring_merge_bytes() at the model's copy rate γ: R − 1 merges of
+/// L · H / U rows a rank, so the ring's merge work per layer grows as S · H / U — what a larger
+/// Ulysses degree saves (USP's argument for the hybrid, Fang & Zhao, arXiv:2405.07719).
+///
 /// The all-gather-kv alternative (Llama 3's context parallelism, Dubey et al., arXiv:2407.21783,
 /// section 3.3.2; Megatron's all-gather CP): the ring group all-gathers its k|v once, before the
 /// attention, and every rank computes over the whole gathered kv: the same R − 1 blocks over the
-/// same ring edges (a ring all-gather: R − 1 rounds of one block), none of it hidden, and R blocks
-/// held instead of two. It wins where the ring's overlap is lost anyway (short steps) or where
+/// same ring edges (a ring all-gather: R − 1 rounds of one block), none of it hidden, R blocks
+/// held instead of two, and no merges (one attention over the gathered kv). It wins where the ring's overlap is lost anyway (short steps) or where
 /// the engine prefers one attention call; the model prices both so the advice can compare.
 #pragma once
 
@@ -125,6 +130,18 @@ inline RingTraffic ring_step_traffic(const RingMesh& mesh, double block_bytes, R
   return t;
 }
 
+/// Bytes one ring step's merge moves (ring/merge.hpp: the running (out, lse) in fp32 read, the
+/// step's partial (out_s, lse_s) in fp32 read, the running pair written): 3 · 4 · B · h · q_len ·
+/// (Dv + 1); 0 for step 0 (its partial is the running pair's start) and for an empty work.
+/// @param w          the step's work (ring_work())
+/// @param q_heads    query heads of the rank (H / U)
+/// @param v_head_dim Dv
+/// @param batch      B
+inline double ring_merge_bytes(const RingWork& w, std::int64_t q_heads, std::int64_t v_head_dim, std::int64_t batch = 1) {
+  if (w.step == 0 || w.empty()) return 0;
+  return 12.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * static_cast<double>(w.q_len) * static_cast<double>(v_head_dim + 1);
+}
+
 /// Forward attention FLOPs of one ring step's work: 2 · B · q_heads · pairs · (D + Dv) (see the
 /// file comment); 0 for an empty work.
 /// @param w        the step's work (ring_work())
@@ -146,9 +163,11 @@ struct RingCost {
   std::vector<double> comm_s;        ///< per step: the transfer's time (0 at the last step), seconds
   std::vector<double> compute_s;     ///< per step: the slowest rank's attention, seconds
   std::vector<double> exposed_s;     ///< per step: the communication the attention does not hide, seconds
+  std::vector<double> merge_s;       ///< per step: the slowest rank's merge of the step's partial output, seconds (γ of the model)
   double comm_seconds = 0;           ///< Σ comm_s (all-gather: the collective's time)
   double compute_seconds = 0;        ///< Σ compute_s
   double exposed_seconds = 0;        ///< Σ exposed_s (all-gather: comm_seconds, nothing hidden)
+  double merge_seconds = 0;          ///< Σ merge_s (all-gather: 0, one attention over the gathered kv)
   double bytes[2] = {0, 0};          ///< bytes a rank sends per layer over [intra, inter] links (network transport)
   double buffer_bytes = 0;           ///< kv bytes a rank holds for the ring: 2 blocks (rotation) or R (all-gather)
 };
@@ -171,14 +190,20 @@ inline RingCost ring_cost_impl(const RingMesh& mesh, const AttentionShape& shape
   const AttentionSpecs a = attention_specs<float>(U, shape, ElementType::float32, policy);
   std::int64_t h = 0;
   for (int u = 0; u < U; ++u) h = std::max(h, a.query_heads.count(u));
+  const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
   // Every step but the last moves the largest block somewhere (the sources of a step are all R
   // ring ranks), and the lockstep ring waits for it: each transfer step costs the largest block's message.
   const double step_comm = predict_seconds(c.traffic.step, model);
   for (int s = 0; s < R; ++s) {
-    double comp = 0;
-    for (int r = 0; r < R; ++r)
-      comp = std::max(comp, ring_step_flops(ring_work(part, r, s, causal), h, shape.head_dim, shape.v_head_dim, batch) / flops_per_s);
+    double comp = 0, merge = 0;
+    for (int r = 0; r < R; ++r) {
+      const RingWork w = ring_work(part, r, s, causal);
+      comp = std::max(comp, ring_step_flops(w, h, shape.head_dim, shape.v_head_dim, batch) / flops_per_s);
+      if (!allgather) merge = std::max(merge, ring_merge_bytes(w, h, Dv, batch) * model.copy_seconds_per_byte);
+    }
     const double comm = s + 1 < R ? step_comm : 0;
+    c.merge_s.push_back(merge);
+    c.merge_seconds += merge;
     c.compute_s.push_back(comp);
     c.comm_s.push_back(comm);
     c.exposed_s.push_back(allgather ? comm : std::max(0.0, comm - comp));
@@ -195,7 +220,8 @@ inline RingCost ring_cost_impl(const RingMesh& mesh, const AttentionShape& shape
 /// The forward ring of one layer on `mesh` over S tokens (see the file comment): per step the
 /// transfer's time (one message of the ring's largest block: every transfer step moves it between
 /// some pair of ring ranks, and the lockstep ring waits for it; 0 at the last step), the slowest rank's attention at `flops_per_s` and the exposed part
-/// max(0, comm − compute); zigzag partition when causal, contiguous otherwise.
+/// max(0, comm − compute), and each step's merge at the model's copy rate; zigzag partition when
+/// causal, contiguous otherwise.
 /// @param mesh        the U × R × outer mesh (its ring: R ranks)
 /// @param shape       the attention layer's head counts and dims
 /// @param S           tokens of one sequence (>= 2R causal, >= R otherwise)
@@ -243,7 +269,7 @@ struct HybridChoice {
   RingKv kv = RingKv::none;      ///< how the ring moves kv
   DegreeChoice ulysses;          ///< the Ulysses exchanges of a ring rank's L_0 tokens over U ranks (advise_degree()'s row)
   RingCost ring;                 ///< the ring's (or the all-gather's) cost; empty when R = 1
-  double seconds = 0;            ///< predicted per layer (forward): ulysses.seconds + ring.exposed_seconds
+  double seconds = 0;            ///< predicted per layer (forward): ulysses.seconds + ring.exposed_seconds + ring.merge_seconds
   double intra_bytes = 0;        ///< bytes per layer over the busiest rank's intra-node link (Ulysses + ring)
   double inter_bytes = 0;        ///< bytes per layer over the busiest rank's inter-node link (Ulysses + ring)
   double activation_bytes = 0;   ///< a rank's attention tensors (ulysses.activation_bytes) + the ring's kv buffers
@@ -272,7 +298,8 @@ inline std::string hybrid_reason(const HybridChoice& h, const RingMesh& mesh) {
 
 /// The feasible Ulysses × Ring × outer layouts of `world` ranks for one layer's forward, best
 /// first: within `budget_bytes` by predicted time (the Ulysses exchanges of advise_degree() over
-/// a ring rank's tokens + the ring's exposed communication; equal times by memory), then the
+/// a ring rank's tokens + the ring's exposed communication + its merges: what the layout adds to
+/// the attention itself; equal times by memory), then the
 /// others by memory. For
 /// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
 /// and every R with U · R dividing world that RingMesh admits (ulysses_inner) and S tokens cover
@@ -322,7 +349,7 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
           if (R > 1)
             h.ring = detail::ring_cost_impl(rmesh, shape, seq_len, causal, model, flops_per_s, type, batch, RingTransport::network, policy,
                                             kv == RingKv::allgather);
-          h.seconds = d.seconds + h.ring.exposed_seconds;
+          h.seconds = d.seconds + h.ring.exposed_seconds + h.ring.merge_seconds;
           h.intra_bytes = d.intra_bytes + h.ring.bytes[0];
           h.inter_bytes = d.inter_bytes + h.ring.bytes[1];
           h.activation_bytes = d.activation_bytes + h.ring.buffer_bytes;
