@@ -1,25 +1,50 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The README's degree-advice table: ulysses_perf --advise for Llama-3.1-70B and -405B at S = 128k
-# and 1M on 64, 512 and 4096 GPUs (8 per node), printed as Markdown. A model, not a measurement.
+# The degree-advice tables of docs/cost-model.md: ulysses_perf --advise for Llama-3.1-70B and -405B
+# at S = 128k and 1M on 64, 512 and 4096 GPUs (8 per node), printed as Markdown: the Ulysses
+# degree (advise_degree) and the Ulysses x Ring x outer layouts (advise_hybrid, causal, the ring
+# overlapped with attention at --attn-TFLOPS, default 500). A model, not a measurement.
 #
-#   bench/advice_table.sh [ulysses_perf] [extra --advise flags, e.g. --params FILE or --budget-GiB G]
+#   bench/advice_table.sh [ulysses_perf] [extra --advise flags, e.g. --params FILE, --budget-GiB G, --attn-TFLOPS T]
 set -euo pipefail
 perf="${1:-build/bench/ulysses_perf}"
 shift || true
 budget=(--budget-GiB 8)
-echo "| model | S | GPUs | best: P x outer (path) | ms / layer | intra MB | inter MB | GiB / rank | runner-up | P = 8 (one node) |"
-# --advise columns: 1 P, 2 outer, 3 nodes, 4 path, 5 time, 6 flat, 7 2-level, 8 rail, 9 intra MB, 10 inter MB, 11 GiB, 12 fits
-echo "|---|---|---|---|---|---|---|---|---|---|"
+cases=()
 for model in Llama-3.1-70B Llama-3.1-405B; do
   for S in 131072 1048576; do
-    for W in 64 512 4096; do
-      rows=$("$perf" --advise --model "$model" --seq "$S" --world "$W" --ranks-per-node 8 "${budget[@]}" "$@" | grep -v '^#')
-      best=$(sed -n 1p <<<"$rows"); second=$(sed -n 2p <<<"$rows")
-      p8=$(awk '$1 == 8' <<<"$rows")
-      fmt() { awk '{ printf "%s x %s (%s)", $1, $2, $4 }' <<<"$1"; }
-      ms() { awk '{ printf "%.2f", $5 }' <<<"$1"; }
-      echo "| $model | $S | $W | $(fmt "$best")$(awk '$12 == "no" { printf " — over budget" }' <<<"$best") | $(ms "$best") | $(awk '{print $9}' <<<"$best") | $(awk '{print $10}' <<<"$best") | $(awk '{print $11}' <<<"$best") | $(fmt "$second"): $(ms "$second") ms | $(ms "$p8") ms, $(awk '{printf "%s GiB%s", $11, ($12 == "no" ? ", over budget" : "")}' <<<"$p8") |"
-    done
+    for W in 64 512 4096; do cases+=("$model $S $W"); done
   done
+done
+declare -A out
+for c in "${cases[@]}"; do
+  read -r model S W <<<"$c"
+  out[$c]=$("$perf" --advise --model "$model" --seq "$S" --world "$W" --ranks-per-node 8 "${budget[@]}" "$@")
+done
+echo "| model | S | GPUs | best: P x outer (path) | ms / layer | intra MB | inter MB | GiB / rank | runner-up | P = 8 (one node) |"
+# Ulysses table columns: 1 P, 2 outer, 3 nodes, 4 path, 5 time, 6 flat, 7 2-level, 8 rail, 9 intra MB, 10 inter MB, 11 GiB, 12 fits
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for c in "${cases[@]}"; do
+  read -r model S W <<<"$c"
+  rows=$(awk '/^# hybrid/ { h = 1 } !/^#/ && !h' <<<"${out[$c]}")
+  best=$(sed -n 1p <<<"$rows"); second=$(sed -n 2p <<<"$rows")
+  p8=$(awk '$1 == 8' <<<"$rows")
+  fmt() { awk '{ printf "%s x %s (%s)", $1, $2, $4 }' <<<"$1"; }
+  ms() { awk '{ printf "%.2f", $5 }' <<<"$1"; }
+  echo "| $model | $S | $W | $(fmt "$best")$(awk '$12 == "no" { printf " — over budget" }' <<<"$best") | $(ms "$best") | $(awk '{print $9}' <<<"$best") | $(awk '{print $10}' <<<"$best") | $(awk '{print $11}' <<<"$best") | $(fmt "$second"): $(ms "$second") ms | $(ms "$p8") ms, $(awk '{printf "%s GiB%s", $11, ($12 == "no" ? ", over budget" : "")}' <<<"$p8") |"
+done
+echo
+echo "| model | S | GPUs | best: U x R x outer (kv) | ms / layer | Ulysses ms | ring exposed ms | merge ms | ring comm ms | attention ms | inter MB | GiB / rank | best without a ring | best all-gather kv | why |"
+# hybrid columns: 1 U, 2 R, 3 outer, 4 kv, 5 time, 6 ulysses, 7 exposed, 8 merge, 9 ring, 10 attn, 11 intra MB, 12 inter MB, 13 GiB, 14 fits, 15.. why
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+for c in "${cases[@]}"; do
+  read -r model S W <<<"$c"
+  rows=$(awk '/^# hybrid/ { h = 1 } !/^#/ && h' <<<"${out[$c]}")
+  best=$(sed -n 1p <<<"$rows")
+  plain=$(awk '$4 == "none"' <<<"$rows" | sed -n 1p)
+  gather=$(awk '$4 == "allgather"' <<<"$rows" | sed -n 1p)
+  fmt() { awk '{ printf "%s x %s x %s (%s)%s", $1, $2, $3, $4, ($14 == "no" ? " — over budget" : "") }' <<<"$1"; }
+  ms() { awk '{ printf "%.2f", $5 }' <<<"$1"; }
+  why=$(awk '{ s = $15; for (i = 16; i <= NF; ++i) s = s " " $i; print s }' <<<"$best")
+  echo "| $model | $S | $W | $(fmt "$best") | $(ms "$best") | $(awk '{printf "%.2f", $6}' <<<"$best") | $(awk '{printf "%.2f", $7}' <<<"$best") | $(awk '{printf "%.2f", $8}' <<<"$best") | $(awk '{printf "%.2f", $9}' <<<"$best") | $(awk '{printf "%.1f", $10}' <<<"$best") | $(awk '{print $12}' <<<"$best") | $(awk '{print $13}' <<<"$best") | $(fmt "$plain"): $(ms "$plain") ms | $(fmt "$gather"): $(ms "$gather") ms | $why |"
 done

@@ -18,8 +18,9 @@
 
 namespace ub {
 
-/// Runs op once per iteration with the max-over-ranks manual time. Collective over MPI_COMM_WORLD.
-inline void mpi_timed_loop(benchmark::State& st, const std::function<void()>& op) {
+/// Runs op once per iteration with the max-over-ranks manual time (appended to *times when
+/// given). Collective over MPI_COMM_WORLD.
+inline void mpi_timed_loop(benchmark::State& st, const std::function<void()>& op, std::vector<double>* times = nullptr) {
   for (auto _ : st) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
@@ -27,6 +28,7 @@ inline void mpi_timed_loop(benchmark::State& st, const std::function<void()>& op
     double dt = MPI_Wtime() - t0, mx = 0;
     MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     st.SetIterationTime(mx);
+    if (times) times->push_back(mx);
   }
 }
 
@@ -41,10 +43,13 @@ class SilentReporter : public benchmark::BenchmarkReporter {
 /// MPI_COMM_WORLD (exit 2 unless the size divides H and fits Hkv), Google Benchmark's flags (the
 /// ranks other than 0 drop --benchmark_out*, which would truncate the file), register_all(),
 /// every rank runs every benchmark (rank 0 reports), done() (e.g. free collective resources),
-/// MPI_Finalize. `name` goes to the context as ulysses_benchmark.
+/// MPI_Finalize. `name` goes to the context as ulysses_benchmark. thread_level >= 0: MPI_Init_thread
+/// asking for that level (MPI_Query_thread() says what was provided).
 inline int mpi_benchmark_main(int argc, char** argv, const char* name, int& rank, int& size, void (*register_all)(),
-                              void (*done)() = nullptr) {
-  MPI_Init(&argc, &argv);
+                              void (*done)() = nullptr, int thread_level = -1) {
+  int provided = 0;
+  if (thread_level >= 0) MPI_Init_thread(&argc, &argv, thread_level, &provided);
+  else MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (kH % size != 0 || (kHkv % size != 0 && size % kHkv != 0)) {

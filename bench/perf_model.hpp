@@ -8,10 +8,12 @@
 #include <ulysses/tune/advise.hpp>
 #include <ulysses/tune/cost.hpp>
 #include <ulysses/tune/fit.hpp>
+#include <ulysses/tune/ring_cost.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
@@ -75,6 +77,27 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
                 d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : "flat", d.seconds * 1e3,
                 d.flat_seconds * 1e3, d.two_level_seconds * 1e3, d.rail_seconds * 1e3, d.intra_bytes / 1e6, d.inter_bytes / 1e6,
                 d.activation_bytes / (1024.0 * 1024 * 1024), d.fits ? "yes" : "no");
+  return 0;
+}
+
+/// Prints the Ulysses x Ring x outer layouts, best first (advise_hybrid()), causal.
+inline int advise_hybrid_rows(const AttentionShape& shape, std::int64_t S, int world, int R, const CostModel& m, double flops_per_s,
+                              ElementType type, std::int64_t batch, double budget_bytes, bool balanced) {
+  const auto choices = advise_hybrid(shape, S, world, R, m, flops_per_s, true, type, batch, balanced ? HeadPolicy::balanced : HeadPolicy::even,
+                                     budget_bytes);
+  std::printf("# hybrid: Ulysses U inside a node first x ring R x outer (data parallel), causal zigzag; attention at %.4g TFLOP/s a rank\n"
+              "# time = Ulysses exchanges (q,k,v seq->head + o head->seq of a ring rank's tokens over U) + the ring's exposed\n"
+              "# communication + its merges (kv: ring = RingRotation overlapped with each step's attention, a merge a step;\n"
+              "# allgather = the ring group's kv gathered once, nothing hidden, no merge); ring(ms): its whole communication;\n"
+              "# attn(ms): the layer's attention; bytes per rank a layer\n",
+              flops_per_s * 1e-12);
+  std::printf("#%4s %5s %6s %-9s %10s %11s %11s %10s %10s %9s %11s %11s %10s %5s  %s\n", "U", "R", "outer", "kv", "time(ms)", "ulysses(ms)",
+              "exposed(ms)", "merge(ms)", "ring(ms)", "attn(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "why");
+  for (const HybridChoice& h : choices)
+    std::printf(" %4d %5d %6d %-9s %10.3f %11.3f %11.3f %10.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s  %s\n", h.ulysses_degree, h.ring_degree,
+                h.outer_degree, to_string(h.kv), h.seconds * 1e3, h.ulysses.seconds * 1e3, h.ring.exposed_seconds * 1e3,
+                h.ring.merge_seconds * 1e3, h.ring.comm_seconds * 1e3, h.ring.compute_seconds * 1e3, h.intra_bytes / 1e6, h.inter_bytes / 1e6,
+                h.activation_bytes / (1024.0 * 1024 * 1024), h.fits ? "yes" : "no", h.reason.c_str());
   return 0;
 }
 
@@ -266,6 +289,124 @@ inline int check(const std::string& params, const std::vector<std::string>& file
     if (noise.count(backend)) line(backend + ": noise of one run", noise[backend]);
   }
   return over ? 1 : 0;
+}
+
+/// One ring benchmark row of bench_ring / bench_ring_mpi (Google Benchmark JSON), the fastest repetition.
+struct RingRow {
+  std::string name, family, variant;
+  int R = 0;
+  double seconds = 0;  ///< per iteration (a whole rotation)
+  double steps = 1, block_bytes = 0, bare_step_s = 0, compute_s = 0, exposed_step_s = 0;
+  double step_s = 0;   ///< a transfer step's time: step_median_s when given, else seconds / steps
+};
+
+/// The ring rows of Google Benchmark JSON files: "<family>/bf16/S:<S>/P:<R>/<case>/<variant>".
+inline std::vector<RingRow> read_ring_rows(const std::vector<std::string>& files) {
+  std::map<std::string, RingRow> best;
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    if (!in) throw Error(Errc::invalid_shape, "cannot read " + f);
+    const json j = json::parse(in);
+    for (const json& b : j.value("benchmarks", json::array())) {
+      if (b.value("run_type", "iteration") != "iteration" || b.value("error_occurred", false)) continue;
+      std::string name = b.value("run_name", b.at("name").get<std::string>());
+      for (const char* suf : {"/manual_time", "/real_time"})
+        if (name.size() > std::strlen(suf) && name.compare(name.size() - std::strlen(suf), std::string::npos, suf) == 0)
+          name.resize(name.size() - std::strlen(suf));
+      if (name.rfind("ring_", 0) != 0) continue;
+      RingRow r;
+      r.name = name;
+      r.family = name.substr(0, name.find('/'));
+      const std::size_t p = name.find("/P:");
+      r.R = std::stoi(name.substr(p + 3));
+      r.variant = name.substr(name.find('/', p + 1) + 1);
+      const std::string unit = b.value("time_unit", "ns");
+      r.seconds = b.at("real_time").get<double>() * (unit == "ms" ? 1e-3 : unit == "us" ? 1e-6 : unit == "s" ? 1.0 : 1e-9);
+      r.steps = b.value("steps", 1.0);
+      r.block_bytes = b.value("block_bytes", 0.0);
+      r.bare_step_s = b.value("bare_step_s", 0.0);
+      r.compute_s = b.value("compute_s", 0.0);
+      r.exposed_step_s = b.value("exposed_step_s", 0.0);
+      r.step_s = b.value("step_median_s", r.seconds / r.steps);
+      auto it = best.find(name);
+      if (it == best.end() || r.seconds < it->second.seconds) best[name] = r;
+    }
+  }
+  std::vector<RingRow> v;
+  for (auto& kv : best) v.push_back(kv.second);
+  return v;
+}
+
+/// --check-ring: the model's ring step (tune/ring_cost.hpp: one message of the block a step; in
+/// process one copy) against bench_ring / bench_ring_mpi, as Markdown: (1) out of sample, with
+/// the exchanges' fit in `params` (backend local / mpi); (2) the model fitted (fit_cost_model())
+/// to the bare send/recv rows of the ring itself, checked on the rotation rows; (3) the exposed
+/// communication predicted as max(0, comm - compute) with comm the model's step (2) and compute
+/// the measured stand-in, against the measured exposed part.
+inline int check_ring(const std::string& params, const std::vector<std::string>& files) {
+  const std::vector<RingRow> rows = read_ring_rows(files);
+  if (rows.empty()) throw Error(Errc::invalid_shape, "--check-ring: no ring_* benchmarks in the files");
+  auto backend = [](const RingRow& r) { return r.family.find("local") != std::string::npos ? std::string("local") : std::string("mpi"); };
+  auto traffic = [&](const RingRow& r) {
+    return ring_step_traffic(RingMesh(r.R, 1, r.R, r.R), r.block_bytes,
+                             backend(r) == "local" ? RingTransport::shared_memory : RingTransport::network).step;
+  };
+  std::map<std::string, CostModel> exch, ring;
+  std::map<std::string, std::vector<CostSample>> bare;
+  for (const RingRow& r : rows) {
+    if (!exch.count(backend(r))) exch[backend(r)] = load_model(params, backend(r));
+    if (r.family.rfind("ring_step", 0) == 0 && r.variant.size() >= 8 && r.variant.compare(r.variant.size() - 8, 8, "sendrecv") == 0)
+      bare[backend(r)].push_back({traffic(r), r.step_s});
+  }
+  for (auto& [b, samples] : bare) ring[b] = fit_cost_model(samples, exch[b]);
+  std::printf("## The cost model's ring step against the measurements\n\n"
+              "Model (tune/ring_cost.hpp): a transfer step is one message of the block (in process: one copy of it, "
+              "`RingTransport::shared_memory`). **exchange fit**: the parameters `%s` fitted to the Ulysses exchanges "
+              "(`ulysses_perf --fit`), applied out of sample; **ring fit**: `fit_cost_model()` on this run's bare send/recv "
+              "rows (in sample for them), applied to the rotations. Measured: a step of the median iteration "
+              "(step_median_s). Error = model / measured - 1.\n\n",
+              params.c_str());
+  for (auto& [b, m] : ring) std::printf("- ring fit, %s: %s\n", b.c_str(), m.str().c_str());
+  std::printf("\n| benchmark | block MiB | measured step ms | exchange fit ms | error | ring fit ms | error |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  std::map<std::string, std::vector<double>> err_x, err_r;
+  for (const RingRow& r : rows) {
+    if (r.family.rfind("ring_step", 0) != 0) continue;
+    const double meas = r.step_s, px = predict_seconds(traffic(r), exch[backend(r)]), pr = predict_seconds(traffic(r), ring[backend(r)]);
+    const std::string kind = backend(r) + (r.variant.find("sendrecv") != std::string::npos ? " sendrecv" : " rotation");
+    err_x[kind].push_back(std::fabs(px / meas - 1));
+    err_r[kind].push_back(std::fabs(pr / meas - 1));
+    std::printf("| %s | %.2f | %.3f | %.3f | %+.0f%% | %.3f | %+.0f%% |\n", r.name.c_str(), r.block_bytes / 1048576.0, meas * 1e3, px * 1e3,
+                (px / meas - 1) * 100, pr * 1e3, (pr / meas - 1) * 100);
+  }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::printf("\n| rows | n | median abs error, exchange fit | median abs error, ring fit |\n|---|---:|---:|---:|\n");
+  for (auto& [k, v] : err_x) std::printf("| %s | %zu | %.0f%% | %.0f%% |\n", k.c_str(), v.size(), med(v) * 100, med(err_r[k]) * 100);
+  std::printf("\n### Exposed communication: max(0, comm - compute) against the measurement\n\n"
+              "The overlap model (ring_cost(): exposed = max(0, comm - compute) a step; in_start: nothing overlaps, "
+              "exposed = comm) with compute = the stand-in's measured duration and comm = (a) the bare step measured in the "
+              "same benchmark, (b) the ring fit's step. Errors in units of the measured bare step: "
+              "(predicted - measured exposed) / bare step.\n\n"
+              "| benchmark | bare step ms | compute ms | measured exposed ms | (a) predicted ms | (a) error | (b) predicted ms | (b) error |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::map<std::string, std::vector<double>> err_a, err_b;
+  for (const RingRow& r : rows) {
+    if (r.family.rfind("ring_exposed", 0) != 0 || r.bare_step_s <= 0) continue;
+    const bool overlaps = r.variant.find("in_start") == std::string::npos;
+    auto exposed = [&](double comm) { return overlaps ? std::max(0.0, comm - r.compute_s) : comm; };
+    const double pa = exposed(r.bare_step_s), pb = exposed(predict_seconds(traffic(r), ring[backend(r)]));
+    const double ea = (pa - r.exposed_step_s) / r.bare_step_s, eb = (pb - r.exposed_step_s) / r.bare_step_s;
+    const std::string k = backend(r) + (overlaps ? " thread" : " in_start");
+    err_a[k].push_back(std::fabs(ea));
+    err_b[k].push_back(std::fabs(eb));
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %+.2f | %.3f | %+.2f |\n", r.name.c_str(), r.bare_step_s * 1e3, r.compute_s * 1e3,
+                r.exposed_step_s * 1e3, pa * 1e3, ea, pb * 1e3, eb);
+  }
+  std::printf("\n| rows | n | median abs error / bare step, (a) | (b) |\n|---|---:|---:|---:|\n");
+  for (auto& [k, v] : err_a) std::printf("| %s | %zu | %.2f | %.2f |\n", k.c_str(), v.size(), med(v), med(err_b[k]));
+  return 0;
 }
 #endif
 

@@ -89,6 +89,7 @@ struct Options {
   std::int64_t seq = 131072;            // --advise
   int world = 64;                       // --advise
   double budget_GiB = 0;                // --advise
+  double attn_TFLOPS = AttentionRate::h100_bf16() * 1e-12;  // --advise: a rank's attention rate for the ring's overlap
   perf_model::LinkFlags links;          // --advise
 };
 
@@ -618,9 +619,10 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
-      "                    [--inter-us A] [--inter-GBps BW] [--copy-GBps BW]\n"
+      "                    [--inter-us A] [--inter-GBps BW] [--copy-GBps BW] [--attn-TFLOPS T]\n"
       "       ulysses_perf --fit PARAMS.json RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
+      "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
       "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
@@ -649,7 +651,10 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
       "--budget-GiB (a rank's memory for one layer's attention tensors; default none: then every layout fits and the\n"
       "least traffic, P=1, wins) by time, the others after by memory (defaults: S=131072, world 64, 8 ranks per node,\n"
-      "bf16, the NVLink/InfiniBand placeholders of CostModel, or --params).\n");
+      "bf16, the NVLink/InfiniBand placeholders of CostModel, or --params); then the Ulysses x Ring x outer layouts\n"
+      "(advise_hybrid: the ring rotation overlapped with each step's attention at --attn-TFLOPS, default 500: H100/H200 bf16,\n"
+      "and the all-gather-kv alternative). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
+      "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
   std::exit(code);
 }
 
@@ -712,6 +717,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--advise") o.mode = "advise";
     else if (a == "--fit") o.mode = "fit", o.params = need(i);
     else if (a == "--check") o.mode = "check", o.params = need(i);
+    else if (a == "--check-ring") o.mode = "check_ring", o.params = need(i);
+    else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
     else if (a == "--rows") o.rows = true;
     else if (a == "--params") o.params = need(i);
     else if (a == "--params-backend") o.params_backend = need(i);
@@ -746,11 +753,11 @@ Options parse(int argc, char** argv) {
                          "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
     std::exit(2);
   }
-  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check") {
+  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check" && o.mode != "check_ring") {
     std::fprintf(stderr, "unknown argument '%s' (measurement files go with --fit or --check)\n", o.inputs.front().c_str());
     std::exit(2);
   }
-  if ((o.mode == "fit" || o.mode == "check") && o.inputs.empty()) {
+  if ((o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") && o.inputs.empty()) {
     std::fprintf(stderr, "--%s needs ulysses_perf --json files to read\n", o.mode.c_str());
     std::exit(2);
   }
@@ -911,12 +918,17 @@ int main(int argc, char** argv) {
 #else
       if (!o.params.empty()) throw Error(Errc::invalid_shape, "--params needs a build with nlohmann_json (apt-get install nlohmann-json3-dev)");
 #endif
-      return perf_model::advise(o.shape, o.model, o.seq, o.world, o.ranks_per_node > 0 ? o.ranks_per_node : 8, o.links.apply(m),
-                                o.type_given ? o.type : ElementType::bfloat16, o.batch,
-                                o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
+      const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
+      const ElementType t = o.type_given ? o.type : ElementType::bfloat16;
+      const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
+                                        o.balanced);
+      return rc ? rc
+                : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
+                                                 o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
     }
-    if (o.mode == "fit" || o.mode == "check") {
+    if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
 #if ULYSSES_PERF_JSON
+      if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
       return o.mode == "fit" ? perf_model::fit(o.params, o.inputs) : perf_model::check(o.params, o.inputs, o.rows);
 #else
       std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());

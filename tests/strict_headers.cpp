@@ -9,6 +9,7 @@
 #include <ulysses/tune/cost.hpp>
 #include <ulysses/tune/fit.hpp>
 #include <ulysses/tune/advise.hpp>
+#include <ulysses/tune/ring_cost.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
 #include <ulysses/ring/mesh.hpp>

@@ -1,0 +1,376 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The ring of Ulysses × Ring in the α-β model (tune/cost.hpp): a ring step's traffic per
+///        link class (ring_step_traffic()), the attention a step hides it behind (ring_cost(): the
+///        exposed communication max(0, comm − compute) per step), the all-gather-kv alternative
+///        (allgather_kv_cost()), and advice over (U, R, outer) (advise_hybrid(), tune/advise.hpp's
+///        advise_degree() for the Ulysses part).
+///
+/// Traffic (ring/rotation.hpp): at each of the first R − 1 steps every ring rank sends ONE
+/// message, its current k|v block, to ring rank r + 1 and receives one from r − 1; the last step
+/// moves nothing. A block is ring rank j's L_j tokens (ring/partition.hpp) × B × the kv heads of a
+/// Ulysses rank (Hkv / U, or 1 when U > Hkv: GQA replication) × (D + Dv) elements. The ring is
+/// lockstep (each step needs the neighbour's block), so a step costs what its slowest ring edge
+/// costs: one message on the inter-node link when some edge of the ring crosses nodes (RingMesh,
+/// U inside a node first), else on the intra-node link. Over shared memory (an in-process group)
+/// the message is one copy of the block (copy bytes and one row, as the direct path prices it).
+///
+/// Overlap: RingRotation posts step s's transfer before the attention of step s and completes it
+/// after, so step s takes max(comm_s, compute_s) on each rank and the ring waits for its slowest
+/// rank: step time max_r max(comm, compute_r,s), exposed communication = step time − max_r
+/// compute_r,s (0 when the attention is longer). Attention FLOPs of a step's work (ring/schedule.hpp's
+/// RingWork): 2 · B · h · pairs · (D + Dv) for h query heads of the rank and `pairs` attended
+/// (q, k) pairs (q_len · kv_len; q_len (q_len + 1) / 2 on the causal diagonal) — the forward's
+/// Q·Kᵀ and P·V (FlashAttention's count, Dao, arXiv:2205.14135), at a given FLOP rate.
+///
+/// Merging: every step after the first merges its partial (out, lse) into the running pair
+/// (ring/merge.hpp), fp32, ring_merge_bytes() at the model's copy rate γ: R − 1 merges of
+/// L · H / U rows a rank, so the ring's merge work per layer grows as S · H / U — what a larger
+/// Ulysses degree saves (USP's argument for the hybrid, Fang & Zhao, arXiv:2405.07719).
+///
+/// The all-gather-kv alternative (Llama 3's context parallelism, Dubey et al., arXiv:2407.21783,
+/// section 3.3.2; Megatron's all-gather CP): the ring group all-gathers its k|v once, before the
+/// attention, and every rank computes over the whole gathered kv: the same R − 1 blocks over the
+/// same ring edges (a ring all-gather: R − 1 rounds of one block), none of it hidden, R blocks
+/// held instead of two, and no merges (one attention over the gathered kv). It wins where the ring's overlap is lost anyway (short steps) or where
+/// the engine prefers one attention call; the model prices both so the advice can compare.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../layout/element.hpp"
+#include "../plan/attention.hpp"
+#include "../ring/mesh.hpp"
+#include "../ring/partition.hpp"
+#include "../ring/schedule.hpp"
+#include "../topology/mesh.hpp"
+#include "advise.hpp"
+#include "cost.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// How a ring's bytes move (how the model prices them).
+enum class RingTransport : int {
+  network = 0,        ///< a message on the link class of the ring's slowest edge (MPI, NCCL)
+  shared_memory = 1,  ///< one copy of the block per step (an in-process group: LocalGroup)
+};
+
+/// Attention FLOP rates, FLOP/s, for ring_cost()'s compute term (achieved, not peak).
+struct AttentionRate {
+  /// H100 / H200 class, bf16: FlashAttention-3 reaches 500-740 TFLOP/s in the forward on H100 SXM
+  /// (Shah et al., arXiv:2407.08608, figure 6: causal and short heads at the lower end); 500e12.
+  static constexpr double h100_bf16() { return 500e12; }
+  /// A100 class, bf16: FlashAttention-2 reaches 190-230 TFLOP/s forward on A100 (Dao, arXiv:2307.08691); 200e12.
+  static constexpr double a100_bf16() { return 200e12; }
+};
+
+/// The traffic of one ring of a mesh, per step.
+struct RingTraffic {
+  ExchangeTraffic step;       ///< one transfer step of the busiest rank: one message on its slowest link class
+  std::array<int, 2> edges{}; ///< the ring's R edges (r → r + 1 mod R) by link class [intra, inter]; R = 1: none
+  double block_bytes = 0;     ///< bytes of the message (the largest block of the ring)
+};
+
+/// Bytes of ring rank j's k|v block on a Ulysses rank: B · L_j · kvh · (D + Dv) · element size,
+/// kvh = the most kv heads a Ulysses rank of U holds (attention_specs(U, shape): Hkv / U, or 1
+/// when U > Hkv).
+/// @param part   the ring partition (its U and R)
+/// @param j      ring rank, 0 .. R − 1
+/// @param shape  the attention layer's head counts and dims
+/// @param type   element type of k and v
+/// @param batch  B >= 1
+/// @param policy the query head split (as attention_specs())
+/// @throws what attention_specs() throws for U; Error(invalid_group) j outside [0, R).
+inline double ring_block_bytes(const RingPartition& part, int j, const AttentionShape& shape, ElementType type, std::int64_t batch = 1,
+                               HeadPolicy policy = HeadPolicy::even) {
+  if (j < 0 || j >= part.ring_degree())
+    detail::fail(Errc::invalid_group, "ring_block_bytes: ring rank " + std::to_string(j) + " outside [0, " + std::to_string(part.ring_degree()) + ")");
+  const int U = part.ulysses_degree();
+  const AttentionSpecs a = attention_specs<float>(U, shape, ElementType::float32, policy);
+  std::int64_t kvh = 0;
+  for (int u = 0; u < U; ++u) kvh = std::max(kvh, a.kv_heads.count(u));
+  const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
+  return static_cast<double>(batch) * static_cast<double>(part.ring_length(j)) * static_cast<double>(kvh) *
+         static_cast<double>(shape.head_dim + Dv) * static_cast<double>(size_of(type));
+}
+
+/// The traffic of one transfer step of the rings of `mesh` moving `block_bytes` a message (see
+/// the file comment): the edges of outer group 0's ring of Ulysses rank 0 by link class (every
+/// ring of the mesh has the same pattern), and the step's busiest rank: one message of
+/// block_bytes on the inter-node link when an edge crosses nodes, else the intra-node one
+/// (shared_memory: one copy of block_bytes, one row, no link bytes). One round; working set: the
+/// two buffers of the rotation. R = 1: nothing moves (an empty traffic).
+/// @param mesh        the U × R × outer mesh
+/// @param block_bytes bytes of one message (ring_block_bytes(), the largest of the ring)
+/// @param transport   how the bytes move
+inline RingTraffic ring_step_traffic(const RingMesh& mesh, double block_bytes, RingTransport transport = RingTransport::network) {
+  RingTraffic t;
+  t.block_bytes = block_bytes;
+  const int R = mesh.ring_degree();
+  if (R == 1) return t;
+  const std::vector<int> ring = mesh.ring_ranks(0);
+  const int N = mesh.ranks_per_node();
+  for (int j = 0; j < R; ++j) ++t.edges[ring[static_cast<std::size_t>(j)] / N == ring[static_cast<std::size_t>((j + 1) % R)] / N ? 0 : 1];
+  const int c = t.edges[1] > 0 ? 1 : 0;
+  t.step.messages[static_cast<std::size_t>(c)] = 1;
+  if (transport == RingTransport::shared_memory) {
+    t.step.copy_bytes = block_bytes;
+    t.step.copy_rows = 1;
+  } else {
+    t.step.bytes[static_cast<std::size_t>(c)] = block_bytes;
+  }
+  t.step.rounds = 1;
+  t.step.working_set_bytes = 2 * block_bytes;
+  return t;
+}
+
+/// Bytes one ring step's merge moves (ring/merge.hpp: the running (out, lse) in fp32 read, the
+/// step's partial (out_s, lse_s) in fp32 read, the running pair written): 3 · 4 · B · h · q_len ·
+/// (Dv + 1); 0 for step 0 (its partial is the running pair's start) and for an empty work.
+/// @param w          the step's work (ring_work())
+/// @param q_heads    query heads of the rank (H / U)
+/// @param v_head_dim Dv
+/// @param batch      B
+inline double ring_merge_bytes(const RingWork& w, std::int64_t q_heads, std::int64_t v_head_dim, std::int64_t batch = 1) {
+  if (w.step == 0 || w.empty()) return 0;
+  return 12.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * static_cast<double>(w.q_len) * static_cast<double>(v_head_dim + 1);
+}
+
+/// Forward attention FLOPs of one ring step's work: 2 · B · q_heads · pairs · (D + Dv) (see the
+/// file comment); 0 for an empty work.
+/// @param w        the step's work (ring_work())
+/// @param q_heads  query heads of the rank (H / U)
+/// @param head_dim D
+/// @param v_head_dim Dv (0: D)
+/// @param batch    B
+inline double ring_step_flops(const RingWork& w, std::int64_t q_heads, std::int64_t head_dim, std::int64_t v_head_dim = 0,
+                              std::int64_t batch = 1) {
+  if (w.empty()) return 0;
+  const double q = static_cast<double>(w.q_len), k = static_cast<double>(w.kv_len);
+  const double pairs = w.mask == RingMask::causal ? q * (q + 1) / 2 : q * k;
+  return 2.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * pairs * static_cast<double>(head_dim + (v_head_dim ? v_head_dim : head_dim));
+}
+
+/// What the model predicts for one ring (forward, one layer) or for its all-gather alternative.
+struct RingCost {
+  RingTraffic traffic;               ///< one transfer step's traffic
+  std::vector<double> comm_s;        ///< per step: the transfer's time (0 at the last step), seconds
+  std::vector<double> compute_s;     ///< per step: the slowest rank's attention, seconds
+  std::vector<double> exposed_s;     ///< per step: the communication the attention does not hide, seconds
+  std::vector<double> merge_s;       ///< per step: the slowest rank's merge of the step's partial output, seconds (γ of the model)
+  double comm_seconds = 0;           ///< Σ comm_s (all-gather: the collective's time)
+  double compute_seconds = 0;        ///< Σ compute_s
+  double exposed_seconds = 0;        ///< Σ exposed_s (all-gather: comm_seconds, nothing hidden)
+  double merge_seconds = 0;          ///< Σ merge_s (all-gather: 0, one attention over the gathered kv)
+  double bytes[2] = {0, 0};          ///< bytes a rank sends per layer over [intra, inter] links (network transport)
+  double buffer_bytes = 0;           ///< kv bytes a rank holds for the ring: 2 blocks (rotation) or R (all-gather)
+};
+
+namespace detail {
+/// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()).
+inline RingCost ring_cost_impl(const RingMesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
+                               double flops_per_s, ElementType type, std::int64_t batch, RingTransport transport, HeadPolicy policy,
+                               bool allgather) {
+  if (!(flops_per_s > 0)) fail(Errc::invalid_shape, "ring cost: the attention FLOP rate must be > 0");
+  if (batch < 1) fail(Errc::invalid_shape, "ring cost: batch=" + std::to_string(batch) + " must be >= 1");
+  const int U = mesh.ulysses_degree(), R = mesh.ring_degree();
+  const RingPartition part(S, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
+  std::vector<double> block(static_cast<std::size_t>(R));
+  for (int j = 0; j < R; ++j) block[static_cast<std::size_t>(j)] = ring_block_bytes(part, j, shape, type, batch, policy);
+  const double largest = *std::max_element(block.begin(), block.end());
+  RingCost c;
+  c.traffic = ring_step_traffic(mesh, largest, transport);
+  const int cls = c.traffic.edges[1] > 0 ? 1 : 0;
+  const AttentionSpecs a = attention_specs<float>(U, shape, ElementType::float32, policy);
+  std::int64_t h = 0;
+  for (int u = 0; u < U; ++u) h = std::max(h, a.query_heads.count(u));
+  const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
+  // Every step but the last moves the largest block somewhere (the sources of a step are all R
+  // ring ranks), and the lockstep ring waits for it: each transfer step costs the largest block's message.
+  const double step_comm = predict_seconds(c.traffic.step, model);
+  for (int s = 0; s < R; ++s) {
+    double comp = 0, merge = 0;
+    for (int r = 0; r < R; ++r) {
+      const RingWork w = ring_work(part, r, s, causal);
+      comp = std::max(comp, ring_step_flops(w, h, shape.head_dim, shape.v_head_dim, batch) / flops_per_s);
+      if (!allgather) merge = std::max(merge, ring_merge_bytes(w, h, Dv, batch) * model.copy_seconds_per_byte);
+    }
+    const double comm = s + 1 < R ? step_comm : 0;
+    c.merge_s.push_back(merge);
+    c.merge_seconds += merge;
+    c.compute_s.push_back(comp);
+    c.comm_s.push_back(comm);
+    c.exposed_s.push_back(allgather ? comm : std::max(0.0, comm - comp));
+    c.compute_seconds += comp;
+    c.comm_seconds += comm;
+    c.exposed_seconds += c.exposed_s.back();
+  }
+  if (transport == RingTransport::network) c.bytes[cls] = static_cast<double>(R - 1) * largest;
+  c.buffer_bytes = (allgather ? static_cast<double>(R) : std::min(2.0, static_cast<double>(R))) * largest;
+  return c;
+}
+}  // namespace detail
+
+/// The forward ring of one layer on `mesh` over S tokens (see the file comment): per step the
+/// transfer's time (one message of the ring's largest block: every transfer step moves it between
+/// some pair of ring ranks, and the lockstep ring waits for it; 0 at the last step), the slowest rank's attention at `flops_per_s` and the exposed part
+/// max(0, comm − compute), and each step's merge at the model's copy rate; zigzag partition when
+/// causal, contiguous otherwise.
+/// @param mesh        the U × R × outer mesh (its ring: R ranks)
+/// @param shape       the attention layer's head counts and dims
+/// @param S           tokens of one sequence (>= 2R causal, >= R otherwise)
+/// @param causal      causal attention (zigzag), else non-causal (contiguous)
+/// @param model       link parameters (CostModel::nvlink_infiniband(), fit_cost_model())
+/// @param flops_per_s achieved attention FLOP rate of a rank, > 0 (AttentionRate)
+/// @param type        element type of k and v
+/// @param batch       B >= 1
+/// @param transport   how the ring's bytes move
+/// @param policy      the query head split
+/// @throws Error(invalid_shape) flops_per_s <= 0, batch < 1, or S too short (RingPartition);
+///         what attention_specs() throws for U.
+inline RingCost ring_cost(const RingMesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
+                          double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
+                          RingTransport transport = RingTransport::network, HeadPolicy policy = HeadPolicy::even) {
+  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false);
+}
+
+/// The all-gather-kv alternative on the same mesh (see the file comment): the ring all-gather's
+/// R − 1 rounds priced as the ring's transfer steps, none hidden (exposed = comm), the same
+/// attention work, R blocks held. Parameters and errors as ring_cost().
+/// @param mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy as ring_cost()
+inline RingCost allgather_kv_cost(const RingMesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
+                                  double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16,
+                                  std::int64_t batch = 1, RingTransport transport = RingTransport::network,
+                                  HeadPolicy policy = HeadPolicy::even) {
+  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true);
+}
+
+/// How a hybrid layout moves its kv between ring ranks.
+enum class RingKv : int {
+  none = 0,       ///< R = 1: no ring (Ulysses alone)
+  rotation = 1,   ///< the ring rotation (RingRotation), overlapped with each step's attention
+  allgather = 2,  ///< all-gather the ring group's kv once, then attend (Llama 3 / Megatron CP)
+};
+
+/// Name of a RingKv ("none", "ring", "allgather").
+inline const char* to_string(RingKv k) noexcept { return k == RingKv::rotation ? "ring" : k == RingKv::allgather ? "allgather" : "none"; }
+
+/// One feasible (U, R, outer) layout with its predicted cost (see advise_hybrid()).
+struct HybridChoice {
+  int ulysses_degree = 0;        ///< U
+  int ring_degree = 0;           ///< R
+  int outer_degree = 0;          ///< world / (U · R): data parallel
+  RingKv kv = RingKv::none;      ///< how the ring moves kv
+  DegreeChoice ulysses;          ///< the Ulysses exchanges of a ring rank's L_0 tokens over U ranks (advise_degree()'s row)
+  RingCost ring;                 ///< the ring's (or the all-gather's) cost; empty when R = 1
+  double seconds = 0;            ///< predicted per layer (forward): ulysses.seconds + ring.exposed_seconds + ring.merge_seconds
+  double intra_bytes = 0;        ///< bytes per layer over the busiest rank's intra-node link (Ulysses + ring)
+  double inter_bytes = 0;        ///< bytes per layer over the busiest rank's inter-node link (Ulysses + ring)
+  double activation_bytes = 0;   ///< a rank's attention tensors (ulysses.activation_bytes) + the ring's kv buffers
+  bool fits = true;              ///< activation_bytes within the budget
+  std::string reason;            ///< why it ranks where it does: where each part runs, what the ring hides
+};
+
+namespace detail {
+inline std::string pct(double x) { return std::to_string(static_cast<int>(x * 100 + 0.5)) + "%"; }
+/// The reason line of a hybrid choice.
+inline std::string hybrid_reason(const HybridChoice& h, const RingMesh& mesh) {
+  std::string s = h.ulysses_degree == 1 ? "no all-to-all"
+                  : h.ulysses.nodes_per_group > 1 ? "all-to-all across " + std::to_string(h.ulysses.nodes_per_group) + " nodes"
+                                                  : "all-to-all inside a node";
+  if (h.kv == RingKv::none) return s + "; no ring";
+  s += std::string("; ") + (h.kv == RingKv::rotation ? "ring" : "kv all-gather") + (mesh.ring_spans_nodes() ? " across nodes" : " inside a node");
+  if (h.kv == RingKv::rotation)
+    s += h.ring.comm_seconds > 0 ? ", attention hides " + pct(1 - h.ring.exposed_seconds / h.ring.comm_seconds) + " of it" : "";
+  else
+    s += ", exposed";
+  if (mesh.ulysses_spans_nodes() && !mesh.ring_spans_nodes()) s += "; ring inside a node while the all-to-all crosses nodes";
+  if (!h.fits) s += "; over the memory budget";
+  return s;
+}
+}  // namespace detail
+
+/// The feasible Ulysses × Ring × outer layouts of `world` ranks for one layer's forward, best
+/// first: within `budget_bytes` by predicted time (the Ulysses exchanges of advise_degree() over
+/// a ring rank's tokens + the ring's exposed communication + its merges: what the layout adds to
+/// the attention itself; equal times by memory), then the
+/// others by memory. For
+/// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
+/// and every R with U · R dividing world that RingMesh admits (ulysses_inner) and S tokens cover
+/// (S >= 2R causal): R = 1 (Ulysses alone), and for R > 1 the ring rotation and the all-gather-kv
+/// alternative. The outer dimension is data parallel (each group runs its own sequences of S).
+/// @param shape          the attention layer's head counts and dims
+/// @param seq_len        S, tokens of one sequence
+/// @param world          ranks in all
+/// @param ranks_per_node ranks of one node
+/// @param model          link and copy parameters
+/// @param flops_per_s    achieved attention FLOP rate of a rank (AttentionRate), > 0
+/// @param causal         causal attention (zigzag ring), else contiguous
+/// @param type           element type of q, k, v, o
+/// @param batch          B >= 1
+/// @param policy         the query head split
+/// @param budget_bytes   per-rank bytes one layer's attention tensors and ring buffers may take; 0: no limit
+/// @throws Error(invalid_mesh) no feasible layout; Error(invalid_shape) seq_len or batch < 1, flops_per_s <= 0.
+inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
+                                               const CostModel& model, double flops_per_s = AttentionRate::h100_bf16(), bool causal = true,
+                                               ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
+                                               HeadPolicy policy = HeadPolicy::even, double budget_bytes = 0) {
+  if (seq_len < 1 || batch < 1 || !(flops_per_s > 0))
+    detail::fail(Errc::invalid_shape, "advise_hybrid: seq_len=" + std::to_string(seq_len) + ", batch=" + std::to_string(batch) +
+                                          " must be >= 1 and the FLOP rate > 0");
+  std::vector<HybridChoice> out;
+  std::string why;
+  for (int U : Mesh::degrees(world, ranks_per_node)) {
+    if (U > shape.num_heads) break;
+    for (int R = 1; static_cast<long long>(U) * R <= world; ++R) {
+      if (world % (U * R) != 0 || seq_len < (causal ? 2 * R : R)) continue;
+      try {
+        const RingMesh rmesh(world, U, R, ranks_per_node);
+        const Mesh umesh(world, U, ranks_per_node);
+        check_heads(umesh, shape, policy);
+        const RingPartition part(seq_len, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
+        const std::int64_t L = part.max_ring_length();
+        if (L < U) continue;
+        const DegreeChoice d = detail::degree_choice(umesh, shape, L, model, type, batch, policy, 0);
+        for (RingKv kv : {RingKv::none, RingKv::rotation, RingKv::allgather}) {
+          if ((R == 1) != (kv == RingKv::none)) continue;
+          HybridChoice h;
+          h.ulysses_degree = U;
+          h.ring_degree = R;
+          h.outer_degree = world / (U * R);
+          h.kv = kv;
+          h.ulysses = d;
+          if (R > 1)
+            h.ring = detail::ring_cost_impl(rmesh, shape, seq_len, causal, model, flops_per_s, type, batch, RingTransport::network, policy,
+                                            kv == RingKv::allgather);
+          h.seconds = d.seconds + h.ring.exposed_seconds + h.ring.merge_seconds;
+          h.intra_bytes = d.intra_bytes + h.ring.bytes[0];
+          h.inter_bytes = d.inter_bytes + h.ring.bytes[1];
+          h.activation_bytes = d.activation_bytes + h.ring.buffer_bytes;
+          h.fits = budget_bytes <= 0 || h.activation_bytes <= budget_bytes;
+          h.reason = detail::hybrid_reason(h, rmesh);
+          out.push_back(h);
+        }
+      } catch (const Error& e) {
+        if (why.empty()) why = e.what();
+      }
+    }
+  }
+  if (out.empty())
+    detail::fail(Errc::invalid_mesh, "advise_hybrid: no feasible (U, R) for world=" + std::to_string(world) + ", ranks_per_node=" +
+                                         std::to_string(ranks_per_node) + (why.empty() ? "" : " (" + why + ")"));
+  std::stable_sort(out.begin(), out.end(), [](const HybridChoice& a, const HybridChoice& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits && a.seconds != b.seconds) return a.seconds < b.seconds;
+    return a.activation_bytes < b.activation_bytes;  // (equal times: the smaller memory first)
+  });
+  return out;
+}
+
+ULYSSES_NAMESPACE_END

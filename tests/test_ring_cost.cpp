@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// tune/ring_cost.hpp: the ring's traffic per step and link class (exact bytes and messages of small
+// meshes), the attention FLOPs of a step, the exposed communication, the all-gather-kv
+// alternative and the hybrid advice (computed by hand below).
+#include <doctest/doctest.h>
+
+#include <ulysses/tune/ring_cost.hpp>
+
+#include "expect_error.hpp"
+
+using namespace ulysses;
+
+namespace {
+/// 1 us + 1 GB/s inside a node, 2 us + 0.5 GB/s between nodes, nothing else.
+CostModel links() {
+  CostModel m;
+  m.intra = LinkCost::of(1, 1);
+  m.inter = LinkCost::of(2, 0.5);
+  return m;
+}
+}  // namespace
+
+TEST_CASE("ring_block_bytes: L_j x kv heads of a Ulysses rank x (D + Dv) x element size, GQA replication") {
+  const RingPartition zig(8, 2, 2, RingLayout::zigzag);  // 4 chunks of 2 tokens: L_0 = L_1 = 4
+  // H=4, Hkv=2, D=Dv=2, U=2: one kv head a rank; bf16: 4 x 1 x 4 x 2 = 32 bytes.
+  CHECK(ring_block_bytes(zig, 0, {4, 2, 2, 0}, ElementType::bfloat16) == 32);
+  CHECK(ring_block_bytes(zig, 1, {4, 2, 2, 0}, ElementType::bfloat16, 3) == 96);  // B = 3
+  // U=4 > Hkv=2: the kv heads replicate, still one a rank; U=1: both kv heads.
+  CHECK(ring_block_bytes(RingPartition(8, 4, 2, RingLayout::zigzag), 0, {8, 2, 2, 0}, ElementType::float32) == 4 * 1 * 4 * 4);
+  CHECK(ring_block_bytes(RingPartition(8, 1, 2, RingLayout::zigzag), 0, {8, 2, 2, 0}, ElementType::float32) == 4 * 2 * 4 * 4);
+  // MLA-like Dv != D: (D + Dv) per token and head. Contiguous S=7 over R=3: L = 3, 2, 2.
+  const RingPartition con(7, 1, 3, RingLayout::contiguous);
+  CHECK(ring_block_bytes(con, 0, {2, 1, 4, 8}, ElementType::float32) == 3 * 1 * 12 * 4);
+  CHECK(ring_block_bytes(con, 2, {2, 1, 4, 8}, ElementType::float32) == 2 * 1 * 12 * 4);
+  CHECK(ut::code_of([&] { (void)ring_block_bytes(con, 3, {2, 1, 4, 8}, ElementType::float32); }) == Errc::invalid_group);
+}
+
+TEST_CASE("ring_step_traffic: one message a step on the ring's slowest link class; shared memory is a copy") {
+  // World 4 = U 2 x R 2, nodes of 2: the ring of Ulysses rank 0 is world ranks 0 and 2, on nodes 0 and 1.
+  const RingTraffic a = ring_step_traffic(RingMesh(4, 2, 2, 2), 32);
+  CHECK(a.edges[0] == 0);
+  CHECK(a.edges[1] == 2);
+  CHECK(a.step.messages[0] == 0);
+  CHECK(a.step.messages[1] == 1);
+  CHECK(a.step.bytes[0] == 0);
+  CHECK(a.step.bytes[1] == 32);
+  CHECK(a.step.rounds == 1);
+  CHECK(a.step.copy_bytes == 0);
+  CHECK(a.step.working_set_bytes == 64);
+  // The same on one node of 4: intra-node.
+  const RingTraffic b = ring_step_traffic(RingMesh(4, 2, 2, 4), 32);
+  CHECK(b.edges[0] == 2);
+  CHECK(b.edges[1] == 0);
+  CHECK(b.step.messages[0] == 1);
+  CHECK(b.step.bytes[0] == 32);
+  CHECK(b.step.bytes[1] == 0);
+  // U 4 x R 4 on nodes of 8: ring 0, 4, 8, 12 on nodes 0, 0, 1, 1: edges 0-4 and 8-12 inside, 4-8 and 12-0 across.
+  const RingTraffic c = ring_step_traffic(RingMesh(16, 4, 4, 8), 100);
+  CHECK(c.edges[0] == 2);
+  CHECK(c.edges[1] == 2);
+  CHECK(c.step.messages[1] == 1);
+  CHECK(c.step.bytes[1] == 100);
+  // In process: one synchronisation and one copy of the block (one contiguous row).
+  const RingTraffic d = ring_step_traffic(RingMesh(4, 2, 2, 4), 32, RingTransport::shared_memory);
+  CHECK(d.step.messages[0] == 1);
+  CHECK(d.step.bytes[0] == 0);
+  CHECK(d.step.copy_bytes == 32);
+  CHECK(d.step.copy_rows == 1);
+  // R = 1: nothing moves.
+  const RingTraffic e = ring_step_traffic(RingMesh(4, 4, 1, 4), 32);
+  CHECK(e.step.rounds == 0);
+  CHECK(e.step.messages[0] + e.step.messages[1] == 0);
+  CHECK(e.edges[0] + e.edges[1] == 0);
+}
+
+TEST_CASE("ring_step_flops: 2 B h pairs (D + Dv), the causal diagonal half plus the diagonal") {
+  const RingPartition zig(8, 2, 2, RingLayout::zigzag);
+  const RingWork diag = ring_work(zig, 0, 0, true);  // 4 x 4 causal: 10 pairs
+  CHECK(ring_step_flops(diag, 2, 2) == 2 * 2 * 10 * 4);
+  const RingWork upper = ring_work(zig, 0, 1, true);  // source 1 > 0: q [2, 4) against kv [0, 4): 8 pairs
+  CHECK(ring_step_flops(upper, 2, 2, 0, 3) == 2 * 3 * 2 * 8 * 4);
+  const RingWork lower = ring_work(zig, 1, 1, true);  // source 0 < 1: q [0, 4) against kv [0, 2): 8 pairs
+  CHECK(ring_step_flops(lower, 2, 2, 6) == 2 * 2 * 8 * 8);
+  const RingWork none = ring_work(RingPartition(8, 1, 2, RingLayout::contiguous), 0, 1, true);  // source above: nothing
+  CHECK(ring_step_flops(none, 2, 2) == 0);
+}
+
+TEST_CASE("ring_merge_bytes: 12 B h q_len (Dv + 1) from step 1 on") {
+  const RingPartition zig(8, 2, 2, RingLayout::zigzag);
+  CHECK(ring_merge_bytes(ring_work(zig, 0, 0, true), 2, 2) == 0);                  // step 0 starts the running pair
+  CHECK(ring_merge_bytes(ring_work(zig, 0, 1, true), 2, 2) == 12 * 2 * 2 * 3);     // q [2, 4): 2 rows
+  CHECK(ring_merge_bytes(ring_work(zig, 1, 1, true), 2, 2, 3) == 12 * 3 * 2 * 4 * 3);  // all 4 rows, B = 3
+  CHECK(ring_merge_bytes(ring_work(RingPartition(8, 1, 2, RingLayout::contiguous), 0, 1, true), 2, 2) == 0);  // empty work
+}
+
+TEST_CASE("ring_cost: per step comm, compute and exposed = max(0, comm - compute); the all-gather exposes it all") {
+  // Causal zigzag, S=8, U=2, R=2 on nodes of 2 (the ring crosses nodes), H=4, Hkv=2, D=2, bf16:
+  // block 32 bytes; a step's message 2 us + 32 B / 0.5 GB/s = 2.064 us. Query heads a rank: 2.
+  // FLOPs at 1e8 FLOP/s: step 0 the diagonal, 160 FLOP = 1.6 us; step 1 both ranks 8 pairs: 128 FLOP = 1.28 us.
+  const RingMesh mesh(4, 2, 2, 2);
+  const AttentionShape shape{4, 2, 2, 0};
+  CostModel m = links();
+  m.copy_seconds_per_byte = 1e-9;  // merges at 1 GB/s: step 1's largest is rank 1's 4 rows, 12 x 2 x 4 x 3 = 288 bytes
+  const RingCost c = ring_cost(mesh, shape, 8, true, m, 1e8, ElementType::bfloat16);
+  REQUIRE(c.merge_s.size() == 2);
+  CHECK(c.merge_s[0] == 0);
+  CHECK(c.merge_s[1] == doctest::Approx(288e-9).epsilon(1e-12));
+  CHECK(c.merge_seconds == doctest::Approx(288e-9).epsilon(1e-12));
+  REQUIRE(c.comm_s.size() == 2);
+  CHECK(c.comm_s[0] == doctest::Approx(2.064e-6).epsilon(1e-12));
+  CHECK(c.comm_s[1] == 0);  // the last step moves nothing
+  CHECK(c.compute_s[0] == doctest::Approx(1.6e-6).epsilon(1e-12));
+  CHECK(c.compute_s[1] == doctest::Approx(1.28e-6).epsilon(1e-12));
+  CHECK(c.exposed_s[0] == doctest::Approx(0.464e-6).epsilon(1e-9));
+  CHECK(c.exposed_s[1] == 0);
+  CHECK(c.exposed_seconds == doctest::Approx(0.464e-6).epsilon(1e-9));
+  CHECK(c.comm_seconds == doctest::Approx(2.064e-6).epsilon(1e-12));
+  CHECK(c.compute_seconds == doctest::Approx(2.88e-6).epsilon(1e-12));
+  CHECK(c.bytes[0] == 0);
+  CHECK(c.bytes[1] == 32);   // R - 1 = 1 message of 32 bytes a rank
+  CHECK(c.buffer_bytes == 64);  // two blocks
+  const RingCost g = allgather_kv_cost(mesh, shape, 8, true, m, 1e8, ElementType::bfloat16);
+  CHECK(g.merge_seconds == 0);  // one attention over the gathered kv
+  CHECK(g.exposed_seconds == doctest::Approx(2.064e-6).epsilon(1e-12));
+  CHECK(g.comm_seconds == c.comm_seconds);
+  CHECK(g.bytes[1] == 32);
+  CHECK(g.buffer_bytes == 64);  // R = 2 blocks
+  // A fast enough attention hides the whole step: at 1e7 FLOP/s step 0 computes 16 us.
+  CHECK(ring_cost(mesh, shape, 8, true, links(), 1e7, ElementType::bfloat16).exposed_seconds == 0);
+
+  // Non-causal contiguous, S=7, U=1, R=3, one rank a node (every edge across nodes), H=2, Hkv=1,
+  // D=Dv=4, fp32: L = 3, 2, 2, blocks 96, 64, 64 bytes; a step 2 us + 96 B / 0.5 GB/s = 2.192 us.
+  // Pairs (max over ranks): step 0: 3 x 3 = 9; steps 1 and 2: 3 x 2 = 6; FLOP = 2 x 2 heads x 8 x pairs.
+  const RingCost n = ring_cost(RingMesh(3, 1, 3, 1), {2, 1, 4, 0}, 7, false, links(), 1e8, ElementType::float32);
+  REQUIRE(n.comm_s.size() == 3);
+  CHECK(n.comm_s[0] == doctest::Approx(2.192e-6).epsilon(1e-12));
+  CHECK(n.comm_s[1] == doctest::Approx(2.192e-6).epsilon(1e-12));
+  CHECK(n.comm_s[2] == 0);
+  CHECK(n.compute_s[0] == doctest::Approx(2.88e-6).epsilon(1e-12));
+  CHECK(n.compute_s[1] == doctest::Approx(1.92e-6).epsilon(1e-12));
+  CHECK(n.compute_s[2] == doctest::Approx(1.92e-6).epsilon(1e-12));
+  CHECK(n.exposed_s[0] == 0);
+  CHECK(n.exposed_s[1] == doctest::Approx(0.272e-6).epsilon(1e-9));
+  CHECK(n.exposed_seconds == doctest::Approx(0.272e-6).epsilon(1e-9));
+  CHECK(n.bytes[1] == 2 * 96);
+  CHECK(allgather_kv_cost(RingMesh(3, 1, 3, 1), {2, 1, 4, 0}, 7, false, links(), 1e8, ElementType::float32).buffer_bytes == 3 * 96);
+
+  CHECK(ut::code_of([&] { (void)ring_cost(mesh, shape, 8, true, links(), 0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { (void)ring_cost(mesh, shape, 3, true, links(), 1e8); }) == Errc::invalid_shape);  // S < 2R
+}
+
+TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as its parts, best first") {
+  // World 4 on nodes of 2, H=4, Hkv=2, D=2, S=64: U in {1, 2, 4}; (U, R) = (1,1) (1,2) (1,4) (2,1) (2,2) (4,1).
+  const AttentionShape shape{4, 2, 2, 0};
+  const std::vector<HybridChoice> v = advise_hybrid(shape, 64, 4, 2, links(), 1e8);
+  CHECK(v.size() == 3 + 3 * 2);
+  int rings = 0, gathers = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const HybridChoice& h = v[i];
+    CHECK(h.outer_degree * h.ulysses_degree * h.ring_degree == 4);
+    CHECK(h.seconds == h.ulysses.seconds + h.ring.exposed_seconds + h.ring.merge_seconds);
+    CHECK(h.inter_bytes == h.ulysses.inter_bytes + h.ring.bytes[1]);
+    CHECK(h.fits);
+    CHECK(!h.reason.empty());
+    if (i > 0) CHECK(v[i - 1].seconds <= h.seconds);
+    if (h.kv == RingKv::none) CHECK(h.ring_degree == 1);
+    if (h.kv != RingKv::none) {
+      const RingMesh m(4, h.ulysses_degree, h.ring_degree, 2);
+      const RingCost want = h.kv == RingKv::rotation ? ring_cost(m, shape, 64, true, links(), 1e8)
+                                                     : allgather_kv_cost(m, shape, 64, true, links(), 1e8);
+      CHECK(h.ring.exposed_seconds == want.exposed_seconds);
+      CHECK(h.ring.comm_seconds == want.comm_seconds);
+      CHECK(h.ring.merge_seconds == want.merge_seconds);
+      (h.kv == RingKv::rotation ? rings : gathers)++;
+    }
+  }
+  CHECK(rings == 3);
+  CHECK(gathers == 3);
+  // U = R = 1 moves nothing (0 s), and so does a ring that its attention hides (no copy term: free
+  // merges): equal times rank by memory.
+  CHECK(v.front().seconds == 0);
+  bool plain_zero = false;
+  for (const HybridChoice& h : v) {
+    if (h.seconds == 0) CHECK(v.front().activation_bytes <= h.activation_bytes);
+    plain_zero = plain_zero || (h.ulysses_degree == 1 && h.ring_degree == 1 && h.seconds == 0);
+  }
+  CHECK(plain_zero);
+  // A budget below every layout: all by memory, none fits.
+  const std::vector<HybridChoice> tight = advise_hybrid(shape, 64, 4, 2, links(), 1e8, true, ElementType::bfloat16, 1, HeadPolicy::even, 1);
+  CHECK(!tight.front().fits);
+  for (std::size_t i = 1; i < tight.size(); ++i) CHECK(tight[i - 1].activation_bytes <= tight[i].activation_bytes);
+  CHECK(ut::code_of([&] { (void)advise_hybrid(shape, 64, 4, 2, links(), 0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { (void)advise_hybrid(shape, 64, 6, 4, links(), 1e8); }) == Errc::invalid_mesh);  // not whole nodes
+}
