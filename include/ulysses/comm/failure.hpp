@@ -65,12 +65,13 @@ class CommFailure {
 
 /// How a bounded wait spends the time between two polls.
 enum class PollPace {
-  yield,    ///< poll back to back for the first millisecond, then yield the thread between polls: for a
+  yield,    ///< poll back to back for the first 10 ms, then yield the thread between polls: for a
             ///< progress-driven library such as MPI, which moves a large message only inside the poll
             ///< (a rendezvous, then the copy, then its acknowledgement); yielding after every poll hands the
-            ///< core to any other runnable thread for a scheduler time slice per step (a 2 MiB Isend/Irecv
-            ///< pair took 4-8 ms instead of MPI_Sendrecv's 0.3 ms on a loaded 2-core machine), which is why
-            ///< MPI's own blocking calls spin too
+            ///< core to any other runnable thread for a scheduler time slice per step (on a loaded 2-core
+            ///< machine a 2 MiB Isend/Irecv pair took 4-8 ms instead of MPI_Sendrecv's 0.3 ms; a 4 MiB one,
+            ///< which takes 1.4 ms, 12 ms after 1 ms of spinning), which is why MPI's own blocking calls spin
+            ///< too; a wait longer than that is for a late peer, and leaves the core to others
   relaxed,  ///< yield for the first millisecond, then sleep 20 µs between polls (work that progresses on its own: a GPU stream)
 };
 
@@ -88,7 +89,7 @@ bool poll_until(std::chrono::steady_clock::time_point deadline, Ready&& ready, P
     const clock::time_point now = clock::now();
     if (now >= deadline) return false;
     if (n < 64) continue;  // a few tight polls first: most waits end here
-    if (pace == PollPace::yield && now - start < std::chrono::milliseconds(1)) continue;  // then spin for a millisecond
+    if (pace == PollPace::yield && now - start < std::chrono::milliseconds(10)) continue;  // then spin for 10 ms
     if (pace == PollPace::relaxed && now - start > std::chrono::milliseconds(1))
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     else
