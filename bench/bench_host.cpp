@@ -21,12 +21,7 @@
 // copied by unpack.
 #include "common.hpp"
 
-#include <condition_variable>
-#include <exception>
 #include <functional>
-#include <map>
-#include <mutex>
-#include <thread>
 #include <tuple>
 
 using namespace ub;
@@ -100,85 +95,7 @@ std::size_t stage_bytes(bool is_pack, int P, std::int64_t S, int elem) {
   return list_bytes(is_pack ? s.pack : s.unpack);
 }
 
-// ---- the in-process group: P persistent rank threads in lockstep --------------------------------
-
-/// Runs a job on every rank of a LocalGroup: rank 0 on the calling (benchmark) thread, ranks
-/// 1..P-1 on threads created once, so the benchmark loop creates no thread.
-class Lockstep {
- public:
-  explicit Lockstep(int P) : group_(P) {
-    for (int r = 1; r < P; ++r) workers_.emplace_back([this, r] { loop(r); });
-  }
-  ~Lockstep() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
-  LocalGroup& group() { return group_; }
-
-  /// Runs job(r) on every rank r and returns when all are done; rethrows a rank's exception.
-  void step(const std::function<void(int)>& job) {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      job_ = &job;
-      pending_ = static_cast<int>(workers_.size());
-      ++gen_;
-    }
-    cv_.notify_all();
-    std::exception_ptr mine;
-    try {
-      job(0);
-    } catch (...) {
-      mine = std::current_exception();
-    }
-    std::unique_lock<std::mutex> l(m_);
-    done_.wait(l, [&] { return pending_ == 0; });
-    if (mine) std::rethrow_exception(mine);
-    if (err_) std::rethrow_exception(std::exchange(err_, nullptr));
-  }
-
- private:
-  void loop(int r) {
-    std::uint64_t seen = 0;
-    std::unique_lock<std::mutex> l(m_);
-    for (;;) {
-      cv_.wait(l, [&] { return stop_ || gen_ != seen; });
-      if (stop_) return;
-      seen = gen_;
-      const auto* job = job_;
-      l.unlock();
-      std::exception_ptr e;
-      try {
-        (*job)(r);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      l.lock();
-      if (e && !err_) err_ = e;
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-
-  LocalGroup group_;
-  std::vector<std::thread> workers_;
-  std::mutex m_;
-  std::condition_variable cv_, done_;
-  const std::function<void(int)>* job_ = nullptr;
-  int pending_ = 0;
-  std::uint64_t gen_ = 0;
-  bool stop_ = false;
-  std::exception_ptr err_;
-};
-
-Lockstep& lockstep(int P) {
-  static std::map<int, std::unique_ptr<Lockstep>> m;
-  auto& p = m[P];
-  if (!p) p = std::make_unique<Lockstep>(P);
-  return *p;
-}
+// ---- the in-process group: P persistent rank threads in lockstep (Lockstep, common.hpp) ----------
 
 /// What an in-process benchmark runs: the bare all-to-all of the bytes, the exchange alone, or a
 /// redistribution of q, k, v (by `how`) in one direction.
