@@ -13,7 +13,9 @@
 //              of LSE (every rank receives every rank's full partials), then the local merge of
 //              its heads by the library's own merge.
 // Shape: Llama-3.1-8B attention (H=32, Dv=128), T=1, P in {2, 4}, B from 1 to 1024.
-// Timing: wall time of one step of all ranks (the slowest rank's), 2 warm-up steps each.
+// Timing: wall time of one step of all ranks (the slowest rank's), 2 warm-up steps each; the
+// shapes' buffers are kept, so --benchmark_enable_random_interleaving (bench/run_decode.sh) can
+// alternate the variants' repetitions.
 // Counters: bytes_received (per rank, per step), collectives. bench/report pairs each variant with
 // its label's baseline (ratio = ag time / variant time; bench/run_decode.sh).
 //
@@ -31,30 +33,31 @@ namespace {
 enum class Variant { exchange, direct, ag };
 const char* variant_name(Variant v) { return v == Variant::exchange ? "exchange" : v == Variant::direct ? "direct" : "ag"; }
 
-/// The ranks of (P, B, variant's path), cached (Google Benchmark calls a function several times).
-std::vector<std::unique_ptr<DecodeRank>>& setup(int P, std::int64_t B, DecodePath path) {
-  static std::tuple<int, std::int64_t, DecodePath> key{0, 0, DecodePath::automatic};
-  static std::vector<std::unique_ptr<DecodeRank>> cache;
-  if (key != std::make_tuple(P, B, path)) {
-    cache.clear();
-    for (int r = 0; r < P; ++r) cache.push_back(std::make_unique<DecodeRank>(P, r, B, path));
-    key = {P, B, path};
-    // Both variants once, and the same bits from both (otherwise the comparison means nothing).
+/// The ranks of (P, B), built once and kept (with --benchmark_enable_random_interleaving the
+/// shapes alternate), every variant checked against the baseline on the first use.
+std::vector<std::unique_ptr<DecodeRank>>& setup(int P, std::int64_t B) {
+  static std::map<std::pair<int, std::int64_t>, std::vector<std::unique_ptr<DecodeRank>>> cache;
+  auto& ranks = cache[{P, B}];
+  if (ranks.empty()) {
+    for (int r = 0; r < P; ++r) ranks.push_back(std::make_unique<DecodeRank>(P, r, B));
+    // Every variant once, and the same bits from each (otherwise the comparison means nothing).
     Lockstep& ls = lockstep(P);
     const std::function<void(int)> check = [&](int r) {
       LocalGroup::Comm c = ls.group().comm(r);
-      DecodeRank& me = *cache[static_cast<std::size_t>(r)];
-      decode_exchange(me.plan, c, HostDecodeExecutor{}, me.buffers());
-      me.baseline(P, [&](const void* s, std::size_t n, void* d) { c.allgather(s, n, d); });
-      if (!me.agree()) throw std::runtime_error("bench_decode: the decode exchange and the baseline disagree");
+      DecodeRank& me = *ranks[static_cast<std::size_t>(r)];
+      for (const DecodePlan* plan : {&me.plan, &me.direct_plan}) {
+        decode_exchange(*plan, c, HostDecodeExecutor{}, me.buffers());
+        me.baseline(P, [&](const void* s, std::size_t n, void* d) { c.allgather(s, n, d); });
+        if (!me.agree()) throw std::runtime_error("bench_decode: the decode exchange and the baseline disagree");
+      }
     };
     ls.step(check);
   }
-  return cache;
+  return ranks;
 }
 
 void bm(benchmark::State& st, Variant v, int P, std::int64_t B) {
-  auto& rs = setup(P, B, v == Variant::direct ? DecodePath::direct : DecodePath::automatic);
+  auto& rs = setup(P, B);
   Lockstep& ls = lockstep(P);
   std::vector<LocalGroup::Comm> comms;
   for (int r = 0; r < P; ++r) comms.push_back(ls.group().comm(r));
@@ -65,7 +68,7 @@ void bm(benchmark::State& st, Variant v, int P, std::int64_t B) {
     if (v == Variant::ag)
       me.baseline(P, [&](const void* s, std::size_t n, void* d) { c.allgather(s, n, d); });
     else
-      decode_exchange(me.plan, c, ex, me.buffers());
+      decode_exchange(v == Variant::direct ? me.direct_plan : me.plan, c, ex, me.buffers());
   };
   for (int k = 0; k < 2; ++k) ls.step(job);  // warm-up, the same for every variant (agreement check, message lists)
   for (auto _ : st) ls.step(job);

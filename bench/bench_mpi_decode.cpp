@@ -35,11 +35,10 @@ int g_rank = 0, g_size = 1;
 enum class Variant { exchange, direct, ag };
 const char* variant_name(Variant v) { return v == Variant::exchange ? "exchange" : v == Variant::direct ? "direct" : "ag"; }
 
-/// This rank's decode step for B (its DecodeRank, the DecodePath::direct plan) and, for the direct
-/// path, a shared window holding copies of O_r and LSE_r.
+/// This rank's decode step for B (its DecodeRank) and, for the direct path, a shared window
+/// holding copies of O_r and LSE_r.
 struct MpiDecodeSetup {
   DecodeRank rank;
-  DecodePlan direct_plan;
   MpiComm comm{MPI_COMM_WORLD};
   MpiWindow win;
   MpiWindowComm wc;
@@ -47,7 +46,6 @@ struct MpiDecodeSetup {
 
   explicit MpiDecodeSetup(std::int64_t B)
       : rank(g_size, g_rank, B),
-        direct_plan(DecodeSpec(rank.plan.spec()).with_path(DecodePath::direct), g_rank),
         win(comm, rank.o.size() + rank.lse.size() + 4 * MpiWindow::kAlignment),
         wc(comm, win) {
     o = win.allocate(rank.o.size());
@@ -67,7 +65,7 @@ struct MpiDecodeSetup {
     if (v == Variant::exchange) {
       decode_exchange(rank.plan, comm, ex, rank.buffers());
     } else if (v == Variant::direct) {
-      decode_exchange(direct_plan, wc, ex, window_buffers());
+      decode_exchange(rank.direct_plan, wc, ex, window_buffers());
     } else {
       rank.baseline(g_size, [](const void* s, std::size_t n, void* d) {
         MPI_Allgather(s, static_cast<int>(n), MPI_BYTE, d, static_cast<int>(n), MPI_BYTE, MPI_COMM_WORLD);

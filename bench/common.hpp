@@ -359,18 +359,16 @@ inline std::string decode_name(const std::string& family, const std::string& var
 }
 
 /// One rank of a decode step: its partial output O_r [B, 1, H, Dv] (bf16, random) and LSE_r
-/// [B, 1, H] (fp32, random in [-4, 4]), its plan (even head split, bf16 out, the given path), the
-/// merged output of its heads [B, 1, H/P, Dv] from decode_exchange() (`out`) and from the
-/// baseline (`out_base`), and the baseline's gathered partials.
+/// [B, 1, H] (fp32, random in [-4, 4]), its plans (even head split, bf16 out; the default path,
+/// and DecodePath::direct), the merged output of its heads [B, 1, H/P, Dv] from decode_exchange()
+/// (`out`) and from the baseline (`out_base`), and the baseline's gathered partials.
 struct DecodeRank {
-  DecodePlan plan;
+  DecodePlan plan, direct_plan;
   Buf o, lse, out, out_base, ws, ag_o, ag_lse;
 
-  DecodeRank(int P, int r, std::int64_t B, DecodePath path = DecodePath::automatic)
-      : plan(DecodeSpec(B, kDecodeT, HeadPartition::even(kH, P), kDecodeDv)
-                 .with_types(ElementType::bfloat16, ElementType::bfloat16)
-                 .with_path(path),
-             r) {
+  DecodeRank(int P, int r, std::int64_t B)
+      : plan(DecodeSpec(B, kDecodeT, HeadPartition::even(kH, P), kDecodeDv).with_types(ElementType::bfloat16, ElementType::bfloat16), r),
+        direct_plan(DecodeSpec(plan.spec()).with_path(DecodePath::direct), r) {
     const std::int64_t rows = B * kDecodeT * kH;
     o = Buf(static_cast<std::size_t>(rows * kDecodeDv * 2));
     lse = Buf(static_cast<std::size_t>(rows * 4));

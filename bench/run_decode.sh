@@ -11,7 +11,7 @@
 # issue's targets (>= 1.5x at B >= 64, >= 1.0x at B = 1).
 # Environment knobs: BUILD_DIR (default build-bench), JSON_DIR (default BUILD_DIR/bench_json),
 # MIN_TIME (default 0.2), REPS (default 5), FILTER (default: all), MPI_RANKS (default "2 4";
-# empty: in process only).
+# empty: in process only), INTERLEAVE (default true: the in-process repetitions in random order).
 # Needs: CMake, a C++17 compiler, Google Benchmark, MPI for bench_mpi_decode, python3.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,7 +37,10 @@ common=(--benchmark_min_time="${MIN_TIME:-0.2}" --benchmark_repetitions="${REPS:
 [ "${REPS:-5}" -gt 1 ] && common+=(--benchmark_display_aggregates_only=true)  # the JSON keeps every repetition
 
 echo "== bench_decode -> $raw/decode.json"
-"$build/bench/bench_decode" "${common[@]}" --benchmark_out="$raw/decode.json"
+# In process the repetitions of the variants are interleaved in random order, so that a burst of
+# other load on the machine hits every variant alike (not under MPI: the ranks' orders would differ).
+"$build/bench/bench_decode" "${common[@]}" --benchmark_enable_random_interleaving="${INTERLEAVE:-true}" \
+  --benchmark_out="$raw/decode.json"
 jsons=("$raw/decode.json")
 
 if [ -n "$ranks" ] && [ -x "$build/bench/bench_mpi_decode" ]; then
