@@ -291,7 +291,7 @@ inline constexpr int kFoldTile = 32;
 template <int W, class In, class Out>
 ULYSSES_HOST_DEVICE inline void fold_tile(const FoldWeights* s, const std::byte* const* x, int n, std::int64_t d0, int len, std::byte* out) {
   constexpr std::int64_t in_bytes = sizeof(typename In::Bits), out_bytes = sizeof(typename Out::Bits);
-  float acc[W];
+  float acc[static_cast<std::size_t>(W)];
   if (n == 0) {
     for (int k = 0; k < len; ++k) acc[k] = 0.0f;
   } else {
