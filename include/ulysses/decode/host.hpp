@@ -82,7 +82,10 @@ class HostDecodeExecutor {
     float l[kMergeBatchRows];
     for (int k = 0; k < g; ++k) {
       const detail::DecodeMergeRow m(a, r0 + k);
-      for (int p = 0; p < a.P; ++p) rows[k * a.P + p] = m.row(p), lses[k * a.P + p] = m.lse(p);
+      for (int p = 0; p < a.P; ++p) {
+        rows[k * a.P + p] = m.row(p);
+        lses[k * a.P + p] = m.lse(p);
+      }
       outs[k] = m.out();
     }
     merge_rows_batch(g, a.P, rows, lses, a.partial_type, a.Dv, outs, a.out_type, l, a.base);

@@ -351,7 +351,9 @@ ULYSSES_HOST_DEVICE inline float merge_rows_with(int n, const RowAt& row, const 
         for (int i = 0; i < n; ++i) {
           const LseStep s = lse_step(l, lse(i), base);
           l = s.lse;
-          if (s.kind != LseStepKind::keep) steps[m] = {s.w_state, s.w_block}, x[m++] = row(i);
+          if (s.kind == LseStepKind::keep) continue;
+          steps[m] = {s.w_state, s.w_block};
+          x[m++] = row(i);
         }
         detail::fold_row<In, Out>(steps, x, m, dv, out);
         return;
@@ -426,7 +428,9 @@ inline void merge_rows_batch(int g, int n, const void* const* rows, const float*
             const std::size_t at = static_cast<std::size_t>(r0 + k) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i);
             const LseStep s = lse_step(l[k], lses[at], base);
             l[k] = s.lse;
-            if (s.kind != LseStepKind::keep) steps[k][cnt[k]] = {s.w_state, s.w_block}, x[k][cnt[k]++] = static_cast<const std::byte*>(rows[at]);
+            if (s.kind == LseStepKind::keep) continue;
+            steps[k][cnt[k]] = {s.w_state, s.w_block};
+            x[k][cnt[k]++] = static_cast<const std::byte*>(rows[at]);
           }
         for (int k = 0; k < m; ++k) {
           detail::fold_row<In, Out>(steps[k], x[k], cnt[k], dv, static_cast<std::byte*>(outs[r0 + k]));
