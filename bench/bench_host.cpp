@@ -31,9 +31,6 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
-#include <map>
-#include <mutex>
-#include <thread>
 #include <tuple>
 
 using namespace ub;

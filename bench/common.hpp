@@ -9,18 +9,32 @@
 // Counters: bytes_per_second (SetBytesProcessed: bytes copied for pack/unpack/memcpy, bytes per
 // rank for exchanges) and, for exchanges, algbw = bytes per rank / time and busbw = algbw*(P-1)/P
 // (the nccl-tests convention; bytes per rank = the rank's share of q, k and v).
+// The decode benchmarks (bench_decode, bench_mpi_decode) are "<family>/<variant>/P:<P>/B:<B>"
+// (decode_name()), labelled the same way, with the counters bytes_received and collectives.
+// Also shared: Lockstep (lockstep.hpp: P rank threads of a LocalGroup) and DecodeRank (one rank of a decode step).
 #pragma once
 
 #include <benchmark/benchmark.h>
 #include <ulysses/ulysses.hpp>
 
+#include "lockstep.hpp"
+
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/mman.h>
@@ -253,6 +267,97 @@ inline void set_counters(benchmark::State& st, std::size_t bytes, int P = 0) {
 /// Label naming the baseline (and optionally the three-exchange variant) of a benchmark.
 inline std::string label(const std::string& baseline, const std::string& separate = "") {
   return "baseline=" + baseline + (separate.empty() ? "" : ";separate=" + separate);
+}
+
+
+
+// ---- the decode exchange against the all-gather baseline (bench_decode, bench_mpi_decode) -------
+
+inline constexpr std::int64_t kDecodeDv = 128, kDecodeT = 1;  // Llama-3.1-8B: H = kH = 32 query heads, Dv = 128; T = 1
+inline const std::int64_t kDecodeBatches[] = {1, 4, 16, 64, 256, 1024};
+
+/// "<family>/<variant>/P:<P>/B:<B>" (family decode or mpi_decode; variant exchange, direct or ag).
+inline std::string decode_name(const std::string& family, const std::string& variant, int P, std::int64_t B) {
+  return family + "/" + variant + "/P:" + std::to_string(P) + "/B:" + std::to_string(B);
+}
+
+/// One rank of a decode step: its partial output O_r [B, 1, H, Dv] (bf16, random) and LSE_r
+/// [B, 1, H] (fp32, random in [-4, 4]), its plans (even head split, bf16 out; the default path,
+/// and DecodePath::direct), the merged output of its heads [B, 1, H/P, Dv] from decode_exchange()
+/// (`out`) and from the baseline (`out_base`), and the baseline's gathered partials.
+struct DecodeRank {
+  DecodePlan plan, direct_plan;
+  Buf o, lse, out, out_base, ws, ag_o, ag_lse;
+
+  DecodeRank(int P, int r, std::int64_t B)
+      : plan(DecodeSpec(B, kDecodeT, HeadPartition::even(kH, P), kDecodeDv).with_types(ElementType::bfloat16, ElementType::bfloat16), r),
+        direct_plan(DecodeSpec(plan.spec()).with_path(DecodePath::direct), r) {
+    const std::int64_t rows = B * kDecodeT * kH;
+    o = Buf(static_cast<std::size_t>(rows * kDecodeDv * 2));
+    lse = Buf(static_cast<std::size_t>(rows * 4));
+    std::mt19937 g(static_cast<std::uint32_t>(r * 7919 + B));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (std::int64_t i = 0; i < rows * kDecodeDv; ++i) {
+      const std::uint16_t b = detail::float_to_bfloat16(u(g));
+      std::memcpy(o.data() + 2 * i, &b, 2);
+    }
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float l = 4 * u(g);
+      std::memcpy(lse.data() + 4 * i, &l, 4);
+    }
+    out = Buf(plan.out_span_bytes(), 0);
+    out_base = Buf(plan.out_span_bytes(), 0);
+    ws = Buf(plan.workspace_bytes() + 16, 0);
+    ag_o = Buf(o.size() * static_cast<std::size_t>(P), 0);
+    ag_lse = Buf(lse.size() * static_cast<std::size_t>(P), 0);
+  }
+  DecodeBuffers buffers() const {
+    return DecodeBuffers{o.data(), o.size(), reinterpret_cast<const float*>(lse.data()), lse.size(), out.data(), out.size(), nullptr, 0,
+                         ws.data(), ws.size()};
+  }
+  /// The two-collective baseline engines run today (vLLM's all-gather path): an all-gather of O
+  /// and one of LSE — `allgather(send, bytes, recv)`, every rank's block at recv + p·bytes, the
+  /// own one included, as all_gather_into_tensor writes it — then the local merge of this rank's
+  /// heads from the gathered partials: the library's own merge (merge_rows_batch(), what
+  /// HostDecodeExecutor runs), contributions in rank order, so the same bits as decode_exchange().
+  template <class Allgather>
+  void baseline(int P, Allgather&& allgather) {
+    allgather(o.data(), o.size(), ag_o.data());
+    allgather(lse.data(), lse.size(), ag_lse.data());
+    const std::int64_t B = plan.batch(), Hr = plan.local_heads(), h0 = plan.head_begin(), rows = B * kDecodeT * Hr;
+    const std::size_t per_rank_rows = static_cast<std::size_t>(B * kDecodeT * kH);
+    constexpr int kMaxP = 64;
+    const void* src[kMergeBatchRows * kMaxP];
+    float lses[kMergeBatchRows * kMaxP];
+    void* dst[kMergeBatchRows];
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kMergeBatchRows) {
+      const int g = rows - r0 < kMergeBatchRows ? static_cast<int>(rows - r0) : kMergeBatchRows;
+      for (int k = 0; k < g; ++k) {
+        const std::int64_t r = r0 + k, bt = r / Hr, j = r - bt * Hr;
+        const std::size_t row = static_cast<std::size_t>(bt * kH + h0 + j);
+        for (int p = 0; p < P; ++p) {
+          const std::size_t at = static_cast<std::size_t>(p) * per_rank_rows + row;
+          src[k * P + p] = ag_o.data() + at * kDecodeDv * 2;
+          std::memcpy(&lses[k * P + p], ag_lse.data() + at * 4, 4);
+        }
+        dst[k] = out_base.data() + static_cast<std::size_t>(r * kDecodeDv * 2);
+      }
+      merge_rows_batch(g, P, src, lses, ElementType::bfloat16, kDecodeDv, dst, ElementType::bfloat16, nullptr);
+    }
+  }
+  /// Bytes the baseline receives from other ranks per step.
+  std::size_t baseline_received(int P) const { return (o.size() + lse.size()) * static_cast<std::size_t>(P - 1); }
+  /// Whether both variants' outputs are the same bits (compare after running both once).
+  bool agree() const { return std::memcmp(out.data(), out_base.data(), out.size()) == 0; }
+};
+
+/// Sets the decode benchmarks' counters and label: bytes received per rank per step, collectives,
+/// and for the library's variants the label naming the baseline.
+inline void decode_counters(benchmark::State& st, std::size_t received, int collectives, const std::string& baseline) {
+  st.counters["bytes_received"] = static_cast<double>(received);
+  st.counters["collectives"] = collectives;
+  st.SetBytesProcessed(static_cast<std::int64_t>(received) * static_cast<std::int64_t>(st.iterations()));
+  if (!baseline.empty()) st.SetLabel(label(baseline));
 }
 
 }  // namespace ub

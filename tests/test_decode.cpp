@@ -23,6 +23,7 @@
 #include "expect_error.hpp"
 
 using namespace ulysses;
+using ud::c16;
 using ud::DecodeCase;
 
 // ---- allocation counting (this thread only, while armed) ------------------------------------
@@ -73,15 +74,6 @@ std::vector<DecodeCase> sweep() {
           v.push_back(c);
         }
   return v;
-}
-
-/// C16 (bug_cases.md): P=4, decode T=1, H=8, Hkv=2, B=3, rank 3 holds no KV token of sequence 1.
-DecodeCase c16() {
-  DecodeCase c;
-  c.name = "C16";
-  c.P = 4, c.T = 1, c.H = 8, c.Hkv = 2, c.B = 3, c.S = 16, c.D = 8, c.Dv = 8;
-  c.empty = {{3, 1}};
-  return c;
 }
 
 /// A communicator with nothing but the concept's required members (no exchange_messages,
@@ -150,8 +142,8 @@ TEST_CASE("layouts: FlashAttention's (O bhsd, LSE [B,H,T]) and padded strided vi
     }
 }
 
-TEST_CASE("both collectives (alltoallv, one message per peer) and the all-gather variant give the same bits") {
-  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::automatic})
+TEST_CASE("both collectives (alltoallv, one message per peer), the direct path (peers' partials read in place) and the all-gather variant give the same bits") {
+  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::automatic, DecodePath::direct})
     for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads})
       for (int P : {1, 2, 4, 8}) {
         DecodeCase c = c16();
@@ -325,8 +317,45 @@ TEST_CASE("ranks that planned different exchanges: every rank throws plan_mismat
   }
 }
 
-TEST_CASE("no allocation in a call after the first (both collectives, both outputs)") {
-  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages})
+TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exact; layouts that differ, a communicator without with_peers(), P > 64: coded errors on every rank") {
+  for (int lay : {0, 1}) {
+    DecodeCase c = c16();
+    c.path = DecodePath::direct, c.layouts = lay, c.partial_type = ElementType::bfloat16, c.out_type = ElementType::bfloat16, c.T = 4;
+    CAPTURE(lay);
+    CHECK(run_local(c) == "");
+  }
+  {  // rank-dependent padded layouts: the ranks' records differ in the path word, every rank throws at the first call
+    DecodeCase c = c16();
+    c.path = DecodePath::direct, c.layouts = 2;
+    LocalGroup g(c.P, std::chrono::seconds(60));
+    std::vector<std::string> msgs(4);
+    std::vector<Errc> codes(4);
+    g.run([&](LocalGroup::Comm& comm) {
+      const auto [code, msg] = ut::error_of([&] { ud::run_decode_case(comm, c); });
+      codes[static_cast<std::size_t>(comm.rank())] = code, msgs[static_cast<std::size_t>(comm.rank())] = msg;
+    });
+    for (int r = 0; r < 4; ++r) {
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+      CHECK(msgs[static_cast<std::size_t>(r)].find("partial and LSE layouts") != std::string::npos);
+    }
+  }
+  {  // no with_peers(): path_unsupported before any collective
+    DecodeCase c = c16();
+    c.path = DecodePath::direct;
+    LocalGroup g(c.P, std::chrono::seconds(60));
+    std::vector<Errc> codes(4);
+    g.run([&](LocalGroup::Comm& comm) {
+      BareComm bare{&comm};
+      codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
+    });
+    for (Errc e : codes) CHECK(e == Errc::path_unsupported);
+  }
+  const DecodeSpec big = DecodeSpec(1, 1, HeadPartition::balanced(65, 65), 8).with_path(DecodePath::direct);
+  CHECK(ut::code_of([&] { DecodePlan(big, 0); }) == Errc::path_unsupported);
+}
+
+TEST_CASE("no allocation in a call after the first (both collectives, the direct path, both outputs)") {
+  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::direct})
     for (DecodeOutput o : {DecodeOutput::heads, DecodeOutput::all_heads}) {
       DecodeCase c = c16();
       c.path = path, c.output = o;

@@ -3,8 +3,10 @@
 // and 8): the decode exchange on the whole world and on sub-communicators, each case checked bit
 // for bit against the ascending-rank merge of the same partials and against single-rank attention
 // in double (tests/support/decode_case.hpp); C16; both collectives (MPI_Alltoallv, and one
-// MPI_Isend/Irecv per peer); the all-gather variant; coded errors before any collective.
+// MPI_Isend/Irecv per peer); the direct path over MpiWindowComm (the peers' partials read in
+// place from the node's shared window); the all-gather variant; coded errors before any collective.
 #include <ulysses/comm/mpi.hpp>
+#include <ulysses/comm/mpi_window.hpp>
 
 #include "mpi_groups.hpp"
 
@@ -12,6 +14,7 @@
 #include "expect_error.hpp"
 
 using namespace ulysses;
+using ud::c16;
 using ud::DecodeCase;
 using ut::world_size;
 
@@ -38,14 +41,6 @@ std::string run_mpi(const DecodeCase& c) {
   int bad = mine.empty() ? 0 : 1, any = 0;
   MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   return any ? (mine.empty() ? std::string("another rank failed") : mine) : "";
-}
-
-DecodeCase c16() {
-  DecodeCase c;
-  c.name = "C16";
-  c.P = 4, c.T = 1, c.H = 8, c.Hkv = 2, c.B = 3, c.S = 16, c.D = 8, c.Dv = 8;
-  c.empty = {{3, 1}};
-  return c;
 }
 
 }  // namespace
@@ -101,6 +96,23 @@ TEST_CASE("MPI: bf16 partials with fp32 LSE, bf16 and fp32 outputs, base 2, stri
         CAPTURE(lay);
         CHECK(run_mpi(c) == "");
       }
+}
+
+TEST_CASE("MPI: the direct path over MpiWindowComm (partials staged into the shared window, read in place by the peers): both outputs, bf16, exact") {
+  for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads}) {
+    DecodeCase c = c16();
+    c.P = world_size(), c.H = 12, c.Hkv = 4, c.T = 4, c.S = 5 * c.P, c.path = DecodePath::direct, c.output = out;
+    c.partial_type = ElementType::bfloat16, c.empty = {{0, 2}};
+    MpiComm comm(MPI_COMM_WORLD);
+    MpiWindow win(comm, std::size_t{1} << 16);  // room to stage O_r and LSE_r (they lie outside the window)
+    MpiWindowComm wc(comm, win);
+    const std::string mine = ud::run_decode_case(wc, c);
+    int bad = mine.empty() ? 0 : 1, any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    CAPTURE(to_string(out));
+    CHECK(mine == "");
+    CHECK(any == 0);
+  }
 }
 
 TEST_CASE("MPI: ranks that planned different exchanges all throw plan_mismatch at the first call; bad buffers throw before any collective") {

@@ -43,6 +43,15 @@ struct DecodeCase {
   std::uint64_t seed = 1;
 };
 
+/// C16 (bug_cases.md): P=4, decode T=1, H=8, Hkv=2, B=3, rank 3 holds no KV token of sequence 1.
+inline DecodeCase c16() {
+  DecodeCase c;
+  c.name = "C16";
+  c.P = 4, c.T = 1, c.H = 8, c.Hkv = 2, c.B = 3, c.S = 16, c.D = 8, c.Dv = 8;
+  c.empty = {{3, 1}};
+  return c;
+}
+
 /// Keys of sequence b (no_keys: 0).
 inline std::int64_t keys_of(const DecodeCase& c, std::int64_t b) { return b == c.no_keys ? 0 : c.S; }
 

@@ -16,6 +16,9 @@
 ///      nothing, 16-bit outputs rounded once);
 ///   4. DecodeOutput::all_heads only: a second exchange of the merged head groups (the same chunk
 ///      to every peer) and their unpack, so that every rank holds all H heads merged.
+/// DecodePath::direct (ranks sharing memory: a communicator with with_peers(), a host executor)
+/// replaces 1-3: every rank publishes O_r and LSE_r and merges its heads reading its peers'
+/// partials in place (no pack, no transport); the same bits.
 /// Compared with the two collectives engines use today (an all-gather of O and one of LSE, then a
 /// local merge: P−1 full partials received per rank), a rank receives only its heads: 1/P of the
 /// bytes, in one collective, and the pack is one pass instead of the separate permute copies of O
@@ -55,6 +58,37 @@ namespace detail {
 /// has it and its memory is the executor's.
 template <class Comm, class Exec>
 constexpr bool decode_can_message_v = comm_traits<Comm>::exchange_messages && same_memory_v<Comm, Exec>;
+
+/// Whether the decode exchange of Comm and Exec can take DecodePath::direct: the communicator
+/// has with_peers() and the executor runs on the host in the communicator's memory.
+template <class Comm, class Exec>
+constexpr bool decode_can_direct_v = comm_traits<Comm>::with_peers && executor_traits<Exec>::runs_on_host && same_memory_v<Comm, Exec>;
+
+/// What the direct path's with_peers() work needs (on the calling rank's stack: no allocation).
+template <class Exec>
+struct DecodeDirectWork {
+  const Exec* exec;
+  DecodeArgs args;
+  std::uint64_t layouts;  // this rank's direct_layouts_hash()
+  std::array<const std::byte*, kDecodeDirectMaxRanks> partial{}, lse{};
+
+  /// with_peers()' callback: the peers' O_p and LSE_p (PeerInputs data[0], data[1]) into the
+  /// tables, then this rank's merge reading them in place.
+  static void run(void* ctx, const void* const* all) {
+    auto& w = *static_cast<DecodeDirectWork*>(ctx);
+    for (int p = 0; p < w.args.P; ++p) {
+      const auto& in = *static_cast<const PeerInputs*>(all[p]);
+      if (in.layouts != w.layouts)
+        fail(Errc::plan_mismatch, "DecodePath::direct: rank " + std::to_string(p) + " has other partial or LSE layouts than rank " +
+                                      std::to_string(w.args.rank) + "; the direct path reads every rank's O_r at the same offsets");
+      w.partial[static_cast<std::size_t>(p)] = in.data[0];
+      w.lse[static_cast<std::size_t>(p)] = in.data[1];
+    }
+    w.args.peer_partial = w.partial.data();
+    w.args.peer_lse = w.lse.data();
+    w.exec->merge(w.args);
+  }
+};
 
 /// One byte range of a call's buffers, for the checks.
 struct DecodeRange {
@@ -171,8 +205,10 @@ void decode_collective(Comm& comm, bool messages, const std::vector<std::size_t>
 ///         Error(workspace_too_small) a workspace smaller than plan.workspace_bytes();
 ///         Error(misaligned) a pointer not aligned to its element size;
 ///         Error(buffer_overlap) an output or the workspace overlapping another buffer;
-///         Error(path_unsupported) DecodePath::messages on a communicator that cannot;
-///         Error(plan_mismatch) (first call, every rank) the ranks planned different exchanges;
+///         Error(path_unsupported) DecodePath::messages or direct on a communicator that cannot;
+///         Error(plan_mismatch) (first call, every rank) the ranks planned different exchanges
+///         (DecodePath::direct: also different partial or LSE layouts; checked again in the
+///         direct step, should the cross-rank check be off);
 ///         the communicator's and executor's errors (Error(backend), timeout, aborted).
 /// Source: vLLM's decode context parallelism (`dcp_a2a_lse_reduce`), TensorRT-LLM's Helix
 /// parallelism; the merge of merge/lse.hpp.
@@ -181,7 +217,8 @@ void decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const
   detail::check_decode_comm(plan, comm);
   detail::check_streams(comm, exec);
   detail::check_decode_buffers(plan, b);
-  const bool messages = plan.path_for(detail::decode_can_message_v<Comm, Exec>) == DecodePath::messages;
+  const DecodePath path = plan.path_for(detail::decode_can_message_v<Comm, Exec>, detail::decode_can_direct_v<Comm, Exec>);
+  const bool messages = path == DecodePath::messages || (path == DecodePath::direct && detail::decode_can_message_v<Comm, Exec>);
   const DecodeArgs a = plan.args(b, exec.peer_table(plan));
   if (plan.degree() == 1) {  // nothing to exchange: the merge of one contribution
     exec.merge(a);
@@ -195,10 +232,24 @@ void decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const
     sm = &comm.exchange_state().send_messages();
     rm = &comm.exchange_state().recv_messages();
   }
-  exec.pack(a);
-  detail::decode_collective(comm, messages, plan.send_bytes(), plan.send_offsets(), a.send, plan.recv_bytes(), plan.recv_offsets(), a.recv,
-                            *sm, *rm);
-  exec.merge(a);
+  if (path == DecodePath::direct) {
+    if constexpr (detail::decode_can_direct_v<Comm, Exec>) {
+      PeerInputs in;  // what the peers read: O_r and LSE_r, in place (MpiWindowComm: staged when outside its window)
+      in.count = 2;
+      in.data[0] = const_cast<std::byte*>(a.partial);  // read only (PeerInputs is the peer copy's type)
+      in.data[1] = const_cast<std::byte*>(a.lse);
+      in.bytes[0] = plan.partial_span_bytes();
+      in.bytes[1] = plan.lse_span_bytes();
+      in.layouts = plan.direct_layouts_hash();
+      detail::DecodeDirectWork<Exec> w{&exec, a, in.layouts, {}, {}};
+      comm.with_peers(&in, &detail::DecodeDirectWork<Exec>::run, &w);
+    }
+  } else {
+    exec.pack(a);
+    detail::decode_collective(comm, messages, plan.send_bytes(), plan.send_offsets(), a.send, plan.recv_bytes(), plan.recv_offsets(),
+                              a.recv, *sm, *rm);
+    exec.merge(a);
+  }
   if (plan.spec().output != DecodeOutput::all_heads) return;
   detail::decode_collective(comm, messages, plan.gather_send_bytes(), plan.gather_send_offsets(), a.gather_send, plan.gather_recv_bytes(),
                             plan.gather_recv_offsets(), a.gather_recv, *sm, *rm);

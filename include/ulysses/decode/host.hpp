@@ -54,18 +54,12 @@ class HostDecodeExecutor {
   /// DecodeOutput::all_heads also into the merged chunk it sends.
   void merge(const DecodeArgs& a) const {
     const std::int64_t n = detail::decode_own_rows(a);
-    detail::with_merge_arith(a.partial_type, [&](auto in) {
-      detail::with_merge_arith(a.out_type, [&](auto o) {
-        using In = decltype(in);
-        using Out = decltype(o);
-        if (a.P > kMaxGroupRanks || a.Dv > kMaxGroupDv) {  // the kernel's units, chunks of 256
-          for (std::int64_t r = 0; r < n; ++r)
-            for (std::int64_t d0 = 0; d0 < a.Dv; d0 += kMaxGroupDv) detail::decode_merge_unit_typed<kMaxGroupDv, In, Out>(a, r, d0);
-          return;
-        }
-        for (std::int64_t r0 = 0; r0 < n; r0 += kGroupRows) merge_group<In, Out>(a, r0, n - r0 < kGroupRows ? static_cast<int>(n - r0) : kGroupRows);
-      });
-    });
+    if (a.P > kMaxGroupRanks) {  // more contributions than the tables hold: row by row, the same bits
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t d0 = 0; d0 < a.Dv; d0 += 256) detail::decode_merge_unit<256>(a, r, d0);
+      return;
+    }
+    for (std::int64_t r0 = 0; r0 < n; r0 += kMergeBatchRows) merge_group(a, r0, n - r0 < kMergeBatchRows ? static_cast<int>(n - r0) : kMergeBatchRows);
   }
 
   /// Gather unpack (DecodeOutput::all_heads): every row of the heads other ranks merged, from the
@@ -76,34 +70,26 @@ class HostDecodeExecutor {
   }
 
  private:
-  static constexpr int kGroupRows = 4;       // rows whose LSE steps run interleaved
-  static constexpr int kMaxGroupRanks = 64;  // contributions a group's step table holds
-  static constexpr int kMaxGroupDv = 256;    // elements of a row a group's state holds
+  static constexpr int kMaxGroupRanks = detail::kMergeStepsMax;  // contributions a group's tables hold
 
-  /// Rows [r0, r0 + g) at once: their LSE folds interleaved (independent chains, so the CPU
-  /// overlaps them), then each row's element steps. The same operations per element as
-  /// decode_merge_unit_typed(), so the same bits.
-  template <class In, class Out>
+  /// Rows [r0, r0 + g) at once by merge_rows_batch() (merge/lse.hpp: their LSE folds interleaved,
+  /// the elements in register tiles): each row's P contributions where DecodeMergeRow finds them,
+  /// in ascending rank order, so the same bits as decode_merge_unit_typed().
   static void merge_group(const DecodeArgs& a, std::int64_t r0, int g) {
-    constexpr std::int64_t out_bytes = sizeof(typename Out::Bits);
-    detail::DecodeMergeRow rows[kGroupRows] = {{a, r0}, {a, r0 + (g > 1)}, {a, r0 + 2 * (g > 2)}, {a, r0 + 3 * (g > 3)}};
-    LseStep steps[kGroupRows][kMaxGroupRanks];
-    float l[kGroupRows];
-    for (int k = 0; k < kGroupRows; ++k) l[k] = detail::neg_inf();
-    for (int i = 0; i < a.P; ++i)
-      for (int k = 0; k < g; ++k) {
-        steps[k][i] = lse_step(l[k], rows[k].lse(i), a.base);
-        l[k] = steps[k][i].lse;
-      }
-    const int len = static_cast<int>(a.Dv);
+    const void* rows[kMergeBatchRows * kMaxGroupRanks];
+    float lses[kMergeBatchRows * kMaxGroupRanks];
+    void* outs[kMergeBatchRows];
+    float l[kMergeBatchRows];
     for (int k = 0; k < g; ++k) {
-      float acc[kMaxGroupDv];
-      for (int e = 0; e < len; ++e) acc[e] = 0.0f;
-      for (int i = 0; i < a.P; ++i) detail::apply_step<In>(steps[k][i], acc, rows[k].row(i), len);
-      std::byte* out = rows[k].out();
-      for (int e = 0; e < len; ++e) Out::store(out + e * out_bytes, acc[e]);
-      rows[k].finish(l[k], 0, len);
+      const detail::DecodeMergeRow m(a, r0 + k);
+      for (int p = 0; p < a.P; ++p) {
+        rows[k * a.P + p] = m.row(p);
+        lses[k * a.P + p] = m.lse(p);
+      }
+      outs[k] = m.out();
     }
+    merge_rows_batch(g, a.P, rows, lses, a.partial_type, a.Dv, outs, a.out_type, l, a.base);
+    for (int k = 0; k < g; ++k) detail::DecodeMergeRow(a, r0 + k).finish(l[k], 0, static_cast<int>(a.Dv));
   }
 };
 

@@ -126,6 +126,7 @@ struct DecodeMergeRow {
   std::int64_t b, t, j, chunk_row;  ///< chunk_row: the row's index within every received chunk
   const std::byte* own;
   float own_lse;
+  std::int64_t own_lse_at;  ///< byte offset of the row's LSE in LSE_rank (and, DecodePath::direct, in every LSE_p)
   std::int64_t row_bytes;  ///< bytes of one partial row (Dv elements)
 
   ULYSSES_HOST_DEVICE DecodeMergeRow(const DecodeArgs& args, std::int64_t r) : a(&args) {
@@ -136,16 +137,22 @@ struct DecodeMergeRow {
     chunk_row = (b * args.T + t) * args.heads + j;
     const std::int64_t h = args.head_begin + j;
     own = args.partial + (b * args.partial_stride[0] + t * args.partial_stride[1] + h * args.partial_stride[2]) * ein;
-    own_lse = decode_load_lse(args.lse + (b * args.lse_stride[0] + t * args.lse_stride[1] + h * args.lse_stride[2]) * 4);
+    own_lse_at = (b * args.lse_stride[0] + t * args.lse_stride[1] + h * args.lse_stride[2]) * 4;
+    own_lse = decode_load_lse(args.lse + own_lse_at);
     row_bytes = args.Dv * ein;
   }
-  /// Contribution p's partial row.
+  /// Contribution p's partial row: in its chunk of the receive region, or (DecodePath::direct, the
+  /// same layouts on every rank) at the own row's offset in rank p's O_p.
   ULYSSES_HOST_DEVICE const std::byte* row(int p) const {
-    return p == a->rank ? own : a->recv + a->peers[p].recv_offset + chunk_row * row_bytes;
+    if (p == a->rank) return own;
+    if (a->peer_partial) return a->peer_partial[p] + (own - a->partial);
+    return a->recv + a->peers[p].recv_offset + chunk_row * row_bytes;
   }
-  /// Contribution p's LSE.
+  /// Contribution p's LSE (from the receive region, or DecodePath::direct: rank p's LSE_p).
   ULYSSES_HOST_DEVICE float lse(int p) const {
-    return p == a->rank ? own_lse : decode_load_lse(a->recv + a->peers[p].recv_offset + a->recv_lse_offset + chunk_row * 4);
+    if (p == a->rank) return own_lse;
+    if (a->peer_lse) return decode_load_lse(a->peer_lse[p] + own_lse_at);
+    return decode_load_lse(a->recv + a->peers[p].recv_offset + a->recv_lse_offset + chunk_row * 4);
   }
   /// The merged row in the output.
   ULYSSES_HOST_DEVICE std::byte* out() const {

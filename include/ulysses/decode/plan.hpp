@@ -66,13 +66,16 @@ enum class DecodePath : std::int32_t {
   automatic = 0,  ///< messages where the communicator has exchange_messages() and its memory is the executor's, else alltoallv
   alltoallv = 1,  ///< the communicator concept's alltoallv() (every communicator)
   messages = 2,   ///< one exchange_messages() message per peer with a non-empty chunk
+  direct = 3,     ///< no wire: every rank merges its heads reading its peers' O_r and LSE_r in place
+                  ///< (with_peers(): LocalGroup, MpiWindowComm), host executor; every rank's partial and
+                  ///< LSE layouts the same (checked), P <= 64. Never chosen by automatic: ask for it
 };
 
 /// Name of a decode output ("heads", "all_heads").
 inline const char* to_string(DecodeOutput o) noexcept { return o == DecodeOutput::all_heads ? "all_heads" : "heads"; }
 /// Name of a decode path ("automatic", "alltoallv", "messages").
 inline const char* to_string(DecodePath p) noexcept {
-  return p == DecodePath::alltoallv ? "alltoallv" : p == DecodePath::messages ? "messages" : "automatic";
+  return p == DecodePath::alltoallv ? "alltoallv" : p == DecodePath::messages ? "messages" : p == DecodePath::direct ? "direct" : "automatic";
 }
 
 /// The dense LSE layout [B, T, H] (h fastest) as a Layout with head-dim extent 1 (how decode specs
@@ -171,6 +174,8 @@ struct DecodeArgs {
   std::uint64_t recv_lse_offset;     ///< offset of the LSE part in every chunk this rank receives
   std::uint64_t gather_lse_offset;   ///< offset of the LSE part in the merged chunk it sends (all_heads)
   const DecodePeer* peers;           ///< P entries
+  const std::byte* const* peer_partial;  ///< DecodePath::direct: rank p's O_r at [p] (P entries), else null
+  const std::byte* const* peer_lse;      ///< DecodePath::direct: rank p's LSE_r at [p], else null
   const std::byte* partial;          ///< O_r
   const std::byte* lse;              ///< LSE_r
   std::byte* out;                    ///< the merged output
@@ -184,6 +189,9 @@ struct DecodeArgs {
 namespace detail {
 inline constexpr std::uint64_t pad16(std::uint64_t n) { return (n + 15) / 16 * 16; }
 }  // namespace detail
+
+/// The largest group DecodePath::direct takes (the peers' pointers live in fixed tables).
+inline constexpr int kDecodeDirectMaxRanks = 64;
 
 /// The fixed-size record of what determines a decode exchange's wire, compared across ranks by
 /// the first call (decode/exchange.hpp). Words: record version, P, B, T, H, Dv, element types,
@@ -210,7 +218,8 @@ class DecodePlan {
   ///         Error(size_overflow) a byte count overflows int64;
   ///         Error(layout_mismatch) a layout whose extents are not the shape above, or whose head
   ///         dim is not contiguous (stride 1 along d, Dv > 1);
-  ///         Error(layout_aliasing) a layout with negative or aliasing strides.
+  ///         Error(layout_aliasing) a layout with negative or aliasing strides;
+  ///         Error(path_unsupported) DecodePath::direct with P > kDecodeDirectMaxRanks.
   ///         Every error but the layout ones (this rank's own) depends only on inputs all ranks share.
   DecodePlan(DecodeSpec spec, int rank) : spec_(std::move(spec)), rank_(rank) {
     validate();
@@ -274,11 +283,18 @@ class DecodePlan {
 
   /// The collective the call takes when the communicator can do messages (`can_messages`: it has
   /// exchange_messages() and its memory is the executor's), by DecodeSpec::path.
-  /// @throws Error(path_unsupported) DecodePath::messages asked for and !can_messages.
-  DecodePath path_for(bool can_messages) const {
+  /// DecodePath::direct needs `can_direct` (the communicator has with_peers(), the executor runs on
+  /// the host in the communicator's memory).
+  /// @throws Error(path_unsupported) DecodePath::messages asked for and !can_messages, or
+  ///         DecodePath::direct and !can_direct.
+  DecodePath path_for(bool can_messages, bool can_direct = false) const {
     if (spec_.path == DecodePath::messages && !can_messages)
       detail::fail(Errc::path_unsupported, "DecodeSpec::path = messages, but the communicator has no exchange_messages() whose "
                                            "memory is the executor's; use DecodePath::automatic or alltoallv");
+    if (spec_.path == DecodePath::direct && !can_direct)
+      detail::fail(Errc::path_unsupported, "DecodeSpec::path = direct, but the communicator has no with_peers() (ranks sharing "
+                                           "memory: LocalGroup, MpiWindowComm) or the executor is not a host one in its memory; "
+                                           "use DecodePath::automatic");
     if (spec_.path == DecodePath::automatic) return can_messages ? DecodePath::messages : DecodePath::alltoallv;
     return spec_.path;
   }
@@ -294,7 +310,8 @@ class DecodePlan {
     w[5] = static_cast<std::uint64_t>(spec_.head_dim_v);
     w[6] = static_cast<std::uint64_t>(spec_.partial_type) | static_cast<std::uint64_t>(spec_.out_type) << 8;
     w[7] = static_cast<std::uint64_t>(spec_.base) | static_cast<std::uint64_t>(spec_.output) << 8;
-    w[8] = static_cast<std::uint64_t>(spec_.path);
+    w[8] = spec_.path == DecodePath::direct ? detail::fnv1a(static_cast<std::uint64_t>(spec_.path), direct_layouts_hash())
+                                            : static_cast<std::uint64_t>(spec_.path);
     std::uint64_t h = detail::kFnvBasis;
     for (const DecodePeer& p : peers_) h = detail::fnv1a(detail::fnv1a(h, p.head_begin), p.head_count);
     w[9] = h;
@@ -304,8 +321,18 @@ class DecodePlan {
   static const char* agreement_field(int i) {
     static const char* const names[kDecodeAgreementWords] = {
         "the record version", "the group size P", "the batch B", "the new tokens T", "the head count H", "the head dim Dv",
-        "the element types (partial, out)", "the LSE base or the output (heads, all_heads)", "the path", "the head split"};
+        "the element types (partial, out)", "the LSE base or the output (heads, all_heads)",
+        "the path (for DecodePath::direct also the partial and LSE layouts)", "the head split"};
     return i >= 0 && i < kDecodeAgreementWords ? names[i] : "?";
+  }
+
+  /// Hash of this rank's partial and LSE layouts (extents and strides): what DecodePath::direct
+  /// needs to be the same on every rank (in agreement_record() and in what with_peers() publishes).
+  std::uint64_t direct_layouts_hash() const {
+    std::uint64_t h = detail::kFnvBasis;
+    for (const Layout* l : {&*spec_.partial_layout, &*spec_.lse_layout})
+      for (int i = 0; i < 4; ++i) h = detail::fnv1a(detail::fnv1a(h, static_cast<std::uint64_t>(l->extent[i])), static_cast<std::uint64_t>(l->stride[i]));
+    return h;
   }
 
   /// Whether the first call on a communicator checks that every rank planned the same wire
@@ -348,6 +375,8 @@ class DecodePlan {
     a.recv_lse_offset = recv_lse_at_;
     a.gather_lse_offset = gather_lse_at_;
     a.peers = peers;
+    a.peer_partial = nullptr;
+    a.peer_lse = nullptr;
     a.partial = static_cast<const std::byte*>(b.partial);
     a.lse = reinterpret_cast<const std::byte*>(b.lse);
     a.out = static_cast<std::byte*>(b.out);
@@ -378,6 +407,9 @@ class DecodePlan {
     if (!spec_.heads.disjoint())
       detail::fail(Errc::invalid_partition, "decode head ranges " + spec_.heads.str() +
                                                 " overlap; each head is merged by one rank: use HeadPartition::even or balanced");
+    if (spec_.path == DecodePath::direct && P > kDecodeDirectMaxRanks)
+      detail::fail(Errc::path_unsupported, "DecodePath::direct takes groups of up to " + std::to_string(kDecodeDirectMaxRanks) +
+                                               " ranks; this one has " + std::to_string(P) + ": use DecodePath::automatic");
     for (ElementType t : {spec_.partial_type, spec_.out_type})
       if (!mergeable(t))
         detail::fail(Errc::not_summable, std::string("decode element type ") + to_string(t) +

@@ -269,6 +269,57 @@ ULYSSES_HOST_DEVICE inline float merge_chunk(int n, const RowAt& row, const LseA
   return l;
 }
 
+/// The weights of one blend step as fold_tile() reads them (no initialisers: tables of them cost
+/// nothing to declare, unlike LseStep's).
+struct FoldWeights {
+  float w_state;  ///< LseStep::w_state
+  float w_block;  ///< LseStep::w_block
+};
+
+/// Elements of a row the host's fold keeps in one tile (fold_row()): 32 fp32 states, 8 SSE or 4
+/// AVX registers.
+inline constexpr int kFoldTile = 32;
+
+/// Elements [d0, d0 + len) of a row's element fold, len <= W: steps s[0..n) applied in order to the
+/// contributions' elements at x[i] (of `In`, packed), the result stored at out (of `Out`, packed,
+/// element d0 of the row); n = 0 stores zeros. s holds the weights of the steps that change the
+/// state only (LseStepKind::keep dropped), so step 0 is the take (s[0] unread) (the state becomes x[0] exactly: what
+/// apply_step() does from the state 0) and every later step a blend. The per-element operations
+/// of apply_step() in the same order (so the same bits), in one pass over the tile: the state
+/// stays in registers (one load per contribution element, one store per output element), and
+/// with len == W a compile-time trip count the compiler vectorises.
+template <int W, class In, class Out>
+ULYSSES_HOST_DEVICE inline void fold_tile(const FoldWeights* s, const std::byte* const* x, int n, std::int64_t d0, int len, std::byte* out) {
+  constexpr std::int64_t in_bytes = sizeof(typename In::Bits), out_bytes = sizeof(typename Out::Bits);
+  float acc[static_cast<std::size_t>(W)];
+  if (n == 0) {
+    for (int k = 0; k < len; ++k) acc[k] = 0.0f;
+  } else {
+    const std::byte* x0 = x[0] + d0 * in_bytes;
+    for (int k = 0; k < len; ++k) acc[k] = In::load(x0 + k * in_bytes);
+  }
+  for (int i = 1; i < n; ++i) {
+    const std::byte* xi = x[i] + d0 * in_bytes;
+    const float ws = s[i].w_state, wb = s[i].w_block;  // a blend
+    for (int k = 0; k < len; ++k) acc[k] = f_add(f_mul(acc[k], ws), f_mul(In::load(xi + k * in_bytes), wb));
+  }
+  for (int k = 0; k < len; ++k) Out::store(out + (d0 + k) * out_bytes, acc[k]);
+}
+
+/// The element fold of one row of dv elements, given its steps that change the state (s[0] the
+/// take, the rest blends: see fold_tile()) and their contributions' rows x[0..n): the output row
+/// at out. In tiles of kFoldTile elements; every tiling gives the same bits. Host and device.
+template <class In, class Out>
+ULYSSES_HOST_DEVICE inline void fold_row(const FoldWeights* s, const std::byte* const* x, int n, std::int64_t dv, std::byte* out) {
+  std::int64_t d0 = 0;
+  for (; d0 + kFoldTile <= dv; d0 += kFoldTile) fold_tile<kFoldTile, In, Out>(s, x, n, d0, kFoldTile, out);
+  if (d0 < dv) fold_tile<kFoldTile, In, Out>(s, x, n, d0, static_cast<int>(dv - d0), out);
+}
+
+/// Most contributions per row that the host's step tables hold (merge_rows_with(), merge_rows_batch());
+/// beyond it the fold runs in chunks (merge_chunk()), the same bits.
+inline constexpr int kMergeStepsMax = 64;
+
 }  // namespace detail
 
 /// The n-way merge of one row (the decode exchange's unpack): merges the n partial output rows
@@ -292,6 +343,22 @@ ULYSSES_HOST_DEVICE inline float merge_rows_with(int n, const RowAt& row, const 
     detail::with_merge_arith(out_type, [&](auto o) {
       using In = decltype(in);
       using Out = decltype(o);
+#if !defined(__CUDA_ARCH__)
+      if (n <= detail::kMergeStepsMax) {  // the LSE fold once, then the elements in register tiles
+        detail::FoldWeights steps[detail::kMergeStepsMax];
+        const std::byte* x[detail::kMergeStepsMax];
+        int m = 0;
+        for (int i = 0; i < n; ++i) {
+          const LseStep s = lse_step(l, lse(i), base);
+          l = s.lse;
+          if (s.kind == LseStepKind::keep) continue;
+          steps[m] = {s.w_state, s.w_block};
+          x[m++] = row(i);
+        }
+        detail::fold_row<In, Out>(steps, x, m, dv, out);
+        return;
+      }
+#endif
       for (std::int64_t d0 = 0; d0 < dv; d0 += kChunk) {
         const int len = dv - d0 < kChunk ? static_cast<int>(dv - d0) : kChunk;
         l = detail::merge_chunk<kChunk, In, Out>(n, row, lse, d0, len, out, base);
@@ -312,6 +379,66 @@ ULYSSES_HOST_DEVICE inline float merge_rows(const void* const* rows, ElementType
   return merge_rows_with(
       n, [rows](int i) { return static_cast<const std::byte*>(rows[i]); }, [lses](int i) { return lses[i]; }, in_type, dv,
       static_cast<std::byte*>(out), out_type, base);
+}
+
+/// Rows merge_rows_batch() folds at once (their LSE steps interleaved).
+inline constexpr int kMergeBatchRows = 4;
+
+/// The n-way merge of g rows, each as merge_rows(), on the host: row k's contributions are
+/// rows[k·n + i] (dv elements of in_type, contiguous) with LSEs lses[k·n + i], i = 0..n−1 in that
+/// order; its merged row goes to outs[k] (dv elements of out_type) and, when out_lses is not null,
+/// its merged LSE to out_lses[k]. Groups of kMergeBatchRows rows run their LSE folds interleaved
+/// (independent dependency chains the CPU overlaps), then each row's elements in register tiles
+/// (detail::fold_row()): the same bits as merge_rows() of each row, and as streaming them
+/// through merge(). What the host decode executor and the bench's all-gather baseline run. Host.
+/// @param g        number of rows (>= 0)
+/// @param n        contributions per row (>= 0; more than detail::kMergeStepsMax: row by row)
+/// @param rows     g·n pointers: row k's contribution i at rows[k·n + i]
+/// @param lses     g·n LSEs, the same order
+/// @param in_type  element type of the contributions (float32, float16, bfloat16)
+/// @param dv       elements per row (>= 0)
+/// @param outs     g pointers: where row k's merged row goes (must not overlap a contribution)
+/// @param out_type element type of the merged rows (rounded once)
+/// @param out_lses g floats for the merged LSEs, or null
+/// @param base     the LSEs' base
+/// @pre mergeable(in_type) and mergeable(out_type) (else nothing is written).
+inline void merge_rows_batch(int g, int n, const void* const* rows, const float* lses, ElementType in_type, std::int64_t dv,
+                             void* const* outs, ElementType out_type, float* out_lses, LseBase base = LseBase::natural) {
+  detail::with_merge_arith(in_type, [&](auto in) {
+    detail::with_merge_arith(out_type, [&](auto o) {
+      using In = decltype(in);
+      using Out = decltype(o);
+      for (int r0 = 0; r0 < g; r0 += kMergeBatchRows) {
+        const int m = g - r0 < kMergeBatchRows ? g - r0 : kMergeBatchRows;
+        if (n > detail::kMergeStepsMax) {
+          for (int k = 0; k < m; ++k) {
+            const std::size_t at = static_cast<std::size_t>(r0 + k) * static_cast<std::size_t>(n);
+            const float l = merge_rows(rows + at, in_type, lses + at, n, dv, outs[r0 + k], out_type, base);
+            if (out_lses) out_lses[r0 + k] = l;
+          }
+          continue;
+        }
+        detail::FoldWeights steps[kMergeBatchRows][detail::kMergeStepsMax];
+        const std::byte* x[kMergeBatchRows][detail::kMergeStepsMax];
+        int cnt[kMergeBatchRows] = {};
+        float l[kMergeBatchRows];
+        for (int k = 0; k < kMergeBatchRows; ++k) l[k] = detail::neg_inf();
+        for (int i = 0; i < n; ++i)
+          for (int k = 0; k < m; ++k) {
+            const std::size_t at = static_cast<std::size_t>(r0 + k) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i);
+            const LseStep s = lse_step(l[k], lses[at], base);
+            l[k] = s.lse;
+            if (s.kind == LseStepKind::keep) continue;
+            steps[k][cnt[k]] = {s.w_state, s.w_block};
+            x[k][cnt[k]++] = static_cast<const std::byte*>(rows[at]);
+          }
+        for (int k = 0; k < m; ++k) {
+          detail::fold_row<In, Out>(steps[k], x[k], cnt[k], dv, static_cast<std::byte*>(outs[r0 + k]));
+          if (out_lses) out_lses[r0 + k] = l[k];
+        }
+      }
+    });
+  });
 }
 
 /// The pairwise (streaming) merge of a ring attention step, in place: the state row `out` (dv fp32
