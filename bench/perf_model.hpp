@@ -31,6 +31,7 @@ using namespace ulysses;
 struct LinkFlags {
   double intra_us = -1, intra_GBps = -1, inter_us = -1, inter_GBps = -1, copy_GBps = -1;
   double cache_MiB = -1, intra_cached_GBps = -1, copy_cached_GBps = -1, row_ns = -1, round_us = -1;
+  double intra_latency_us = -1, inter_latency_us = -1;
   /// `m` with the given flags applied.
   CostModel apply(CostModel m) const {
     if (intra_us >= 0) m.intra.alpha_s = intra_us * 1e-6;
@@ -43,6 +44,8 @@ struct LinkFlags {
     if (copy_cached_GBps >= 0) m.copy_cached_seconds_per_byte = copy_cached_GBps > 0 ? 1e-9 / copy_cached_GBps : 0;
     if (row_ns >= 0) m.copy_seconds_per_row = row_ns * 1e-9;
     if (round_us >= 0) m.round_seconds = round_us * 1e-6;
+    if (intra_latency_us >= 0) m.intra.latency_s = intra_latency_us * 1e-6;
+    if (inter_latency_us >= 0) m.inter.latency_s = inter_latency_us * 1e-6;
     return m;
   }
 };
@@ -203,6 +206,8 @@ inline int fit(const std::string& out_file, const std::vector<std::string>& file
                             {"copy_cached_GBps", c.copy_cached_seconds_per_byte > 0 ? 1e-9 / c.copy_cached_seconds_per_byte : 0.0},
                             {"row_ns", c.copy_seconds_per_row * 1e9},
                             {"round_us", c.round_seconds * 1e6},
+                            {"intra_latency_us", c.intra.latency_s * 1e6},
+                            {"inter_latency_us", c.inter.latency_s * 1e6},
                             {"samples", samples.size()}};
   }
   std::ofstream o(out_file);
@@ -231,6 +236,8 @@ inline CostModel load_model(const std::string& file, const std::string& backend)
   f.copy_cached_GBps = m.value("copy_cached_GBps", 0.0);
   f.row_ns = m.value("row_ns", 0.0);
   f.round_us = m.value("round_us", 0.0);
+  f.intra_latency_us = m.value("intra_latency_us", 0.0);
+  f.inter_latency_us = m.value("inter_latency_us", 0.0);
   return f.apply(CostModel{});
 }
 
