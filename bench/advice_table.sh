@@ -4,10 +4,18 @@
 # and 1M on 64, 512 and 4096 GPUs (8 per node), printed as Markdown. A model, not a measurement.
 #
 #   bench/advice_table.sh [ulysses_perf] [extra --advise flags, e.g. --params FILE or --budget-GiB G]
+#
+# docs/cost-model.md's table: the model checked against the simulated cluster (bench/smpi/scale.sh's
+# platform-params.json: the SMPI platform's links) with HBM copies at the placeholder 1.5 TB/s:
+#   bench/advice_table.sh build-sim/bench/ulysses_perf --params bench/results/smpi/platform-params.json \
+#       --params-backend mpi --copy-GBps 1500
+# The first line printed names the model's parameters.
 set -euo pipefail
 perf="${1:-build/bench/ulysses_perf}"
 shift || true
 budget=(--budget-GiB 8)
+echo "Model: $("$perf" --advise --world 8 "$@" | sed -n 's/^# model (a prediction, not a measurement): //p')"
+echo
 echo "| model | S | GPUs | best: P x outer (path) | ms / layer | intra MB | inter MB | GiB / rank | runner-up | P = 8 (one node) |"
 # --advise columns: 1 P, 2 outer, 3 nodes, 4 path, 5 time, 6 flat, 7 2-level, 8 rail, 9 intra MB, 10 inter MB, 11 GiB, 12 fits
 echo "|---|---|---|---|---|---|---|---|---|---|"

@@ -69,13 +69,13 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
   std::printf("# time: one layer's forward exchanges (q,k,v seq->head + o head->seq) on the faster path; bytes: the busiest\n"
               "# rank's, per layer; memory: a rank's q,k,v,o in both shardings + workspaces, one layer%s\n",
               budget_bytes > 0 ? "; fits: within the budget" : "");
-  std::printf("# paths: flat (one all-to-all), 2-level (one inter-node message per node pair), rail (2-level, lanes 0);\n"
+  std::printf("# paths: flat (the faster of one all-to-all-v and every message at once), 2-level (one inter-node message per node pair), rail (2-level, lanes 0);\n"
               "# nodes: nodes a Ulysses group spans; degrees that the mesh or the head counts refuse are not listed\n");
   std::printf("#%5s %6s %6s %-9s %10s %10s %11s %10s %11s %11s %10s %5s\n", "P", "outer", "nodes", "path", "time(ms)", "flat(ms)",
               "2-level(ms)", "rail(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits");
   for (const DegreeChoice& d : choices)
     std::printf(" %5d %6d %6d %-9s %10.3f %10.3f %11.3f %10.3f %11.1f %11.1f %10.2f %5s\n", d.ulysses_degree, d.outer_degree,
-                d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : "flat", d.seconds * 1e3,
+                d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : (d.path == Path::messages ? "flat-msg" : "flat"), d.seconds * 1e3,
                 d.flat_seconds * 1e3, d.two_level_seconds * 1e3, d.rail_seconds * 1e3, d.intra_bytes / 1e6, d.inter_bytes / 1e6,
                 d.activation_bytes / (1024.0 * 1024 * 1024), d.fits ? "yes" : "no");
   return 0;
