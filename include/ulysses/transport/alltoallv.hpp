@@ -69,9 +69,9 @@ struct AlltoallvTransport {
     }
     // Before it the ranks agree on the path (MpiComm::alltoallv: one 4-byte allreduce), taken as
     // recursive doubling: ceil(log2 P) steps, partner r xor d, across nodes when the node differs.
-    for (int d = 1; d < P; d *= 2) {
+    for (int dist = 1; dist < P; dist *= 2) {
       bool across = false;
-      for (int r = 0; r < P && !across; ++r) across = (r ^ d) < P && plan.nodes().node(r) != plan.nodes().node(r ^ d);
+      for (int r = 0; r < P && !across; ++r) across = (r ^ dist) < P && plan.nodes().node(r) != plan.nodes().node(r ^ dist);
       t.latency_steps[across ? 1 : 0] += 1;
     }
     spans.send[0] += s.send_span;  // flat: this rank's (rank 0 holds the most under balanced splits)
