@@ -16,7 +16,8 @@
 #    their latencies), their bandwidths as beta, no per-message overhead (alpha = 0: the platform has
 #    none) and no copy term (the simulation gives host work no time);
 # 3. OUTDIR/check.txt: ulysses_perf --check of it against every run in OUTDIR/runs (--rows), and
-#    the error distribution per exchange path and scale (P, ranks).
+#    the error distribution per exchange path and scale (P, ranks); OUTDIR/times.md: the simulated
+#    times of every case, the four paths side by side (the model's in parentheses).
 #
 # Knobs: CASES, VARIANTS, DTYPE (bf16), ITERS (2, after 1 warm-up; a case's own ITERS field overrides it), TAG (a suffix of the run files, e.g.
 # for another platform: IB_TAPER=2 TAG=taper2), CHECK (0: skip step 3), FRESH (run again runs already in
@@ -105,3 +106,17 @@ by_path() {
   echo "## |model / measured - 1| per exchange path and scale (P: the Ulysses degree; ranks: the simulated world, world / P groups at once)"
   by_path < "$out/check-rows.txt"
 } | tee "$out/check.txt"
+# The simulated times side by side (Markdown), from the same rows.
+awk '$1 ~ /^ranks=/ && $3 ~ /^P=[0-9]+$/ && $4 ~ /^S=/ && $NF ~ /%$/ {
+       path = $6; if ($0 ~ /lanes 0/) path = "rail"; else if (path == "two_level") path = "two-level"
+       dir = $5 == "seq_to_head" ? "seq->head q,k,v" : "head->seq o"
+       k = sprintf("%06d %-16s %06d %08d %d", substr($1, 7), $2, substr($3, 3), substr($4, 3), $5 == "seq_to_head" ? 1 : 2)
+       row[k] = sprintf("| %d | %s | %d | %d | %s ", substr($1, 7), $2, substr($3, 3), substr($4, 3), dir)
+       t[k, path] = sprintf("%.1f (%.1f)", $(NF - 2), $(NF - 1)) }
+     END { for (k in row) { line = row[k]
+             split("messages alltoallv two-level rail", ps, " ")
+             for (i = 1; i <= 4; ++i) line = line "| " ((k, ps[i]) in t ? t[k, ps[i]] : "—") " "
+             print k "|" line "|" } }' "$out/check-rows.txt" | LC_ALL=C sort | cut -d'|' -f2- |
+  { echo "| ranks | model | P | S | exchange | flat, messages (µs) | flat, MPI_Alltoallv | two-level, lanes 1 | rail-aligned, lanes 0 |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    cat; } > "$out/times.md"
