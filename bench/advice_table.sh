@@ -6,10 +6,18 @@
 # overlapped with attention at --attn-TFLOPS, default 500). A model, not a measurement.
 #
 #   bench/advice_table.sh [ulysses_perf] [extra --advise flags, e.g. --params FILE, --budget-GiB G, --attn-TFLOPS T]
+#
+# docs/cost-model.md's tables: the model checked against the simulated cluster (bench/smpi/scale.sh's
+# platform-params.json: the SMPI platform's links) with HBM copies at the placeholder 1.5 TB/s:
+#   bench/advice_table.sh build-sim/bench/ulysses_perf --params bench/results/smpi/platform-params.json \
+#       --params-backend mpi --copy-GBps 1500
+# The first line printed names the model's parameters.
 set -euo pipefail
 perf="${1:-build/bench/ulysses_perf}"
 shift || true
 budget=(--budget-GiB 8)
+echo "Model: $("$perf" --advise --world 8 "$@" | sed -n 's/^# model (a prediction, not a measurement): //p')"
+echo
 cases=()
 for model in Llama-3.1-70B Llama-3.1-405B; do
   for S in 131072 1048576; do

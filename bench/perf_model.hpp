@@ -33,6 +33,7 @@ using namespace ulysses;
 struct LinkFlags {
   double intra_us = -1, intra_GBps = -1, inter_us = -1, inter_GBps = -1, copy_GBps = -1;
   double cache_MiB = -1, intra_cached_GBps = -1, copy_cached_GBps = -1, row_ns = -1, round_us = -1;
+  double intra_latency_us = -1, inter_latency_us = -1;
   /// `m` with the given flags applied.
   CostModel apply(CostModel m) const {
     if (intra_us >= 0) m.intra.alpha_s = intra_us * 1e-6;
@@ -45,6 +46,8 @@ struct LinkFlags {
     if (copy_cached_GBps >= 0) m.copy_cached_seconds_per_byte = copy_cached_GBps > 0 ? 1e-9 / copy_cached_GBps : 0;
     if (row_ns >= 0) m.copy_seconds_per_row = row_ns * 1e-9;
     if (round_us >= 0) m.round_seconds = round_us * 1e-6;
+    if (intra_latency_us >= 0) m.intra.latency_s = intra_latency_us * 1e-6;
+    if (inter_latency_us >= 0) m.inter.latency_s = inter_latency_us * 1e-6;
     return m;
   }
 };
@@ -68,13 +71,13 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
   std::printf("# time: one layer's forward exchanges (q,k,v seq->head + o head->seq) on the faster path; bytes: the busiest\n"
               "# rank's, per layer; memory: a rank's q,k,v,o in both shardings + workspaces, one layer%s\n",
               budget_bytes > 0 ? "; fits: within the budget" : "");
-  std::printf("# paths: flat (one all-to-all), 2-level (one inter-node message per node pair), rail (2-level, lanes 0);\n"
+  std::printf("# paths: flat (the faster of one all-to-all-v and every message at once), 2-level (one inter-node message per node pair), rail (2-level, lanes 0);\n"
               "# nodes: nodes a Ulysses group spans; degrees that the mesh or the head counts refuse are not listed\n");
   std::printf("#%5s %6s %6s %-9s %10s %10s %11s %10s %11s %11s %10s %5s\n", "P", "outer", "nodes", "path", "time(ms)", "flat(ms)",
               "2-level(ms)", "rail(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits");
   for (const DegreeChoice& d : choices)
     std::printf(" %5d %6d %6d %-9s %10.3f %10.3f %11.3f %10.3f %11.1f %11.1f %10.2f %5s\n", d.ulysses_degree, d.outer_degree,
-                d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : "flat", d.seconds * 1e3,
+                d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : (d.path == Path::messages ? "flat-msg" : "flat"), d.seconds * 1e3,
                 d.flat_seconds * 1e3, d.two_level_seconds * 1e3, d.rail_seconds * 1e3, d.intra_bytes / 1e6, d.inter_bytes / 1e6,
                 d.activation_bytes / (1024.0 * 1024 * 1024), d.fits ? "yes" : "no");
   return 0;
@@ -226,6 +229,8 @@ inline int fit(const std::string& out_file, const std::vector<std::string>& file
                             {"copy_cached_GBps", c.copy_cached_seconds_per_byte > 0 ? 1e-9 / c.copy_cached_seconds_per_byte : 0.0},
                             {"row_ns", c.copy_seconds_per_row * 1e9},
                             {"round_us", c.round_seconds * 1e6},
+                            {"intra_latency_us", c.intra.latency_s * 1e6},
+                            {"inter_latency_us", c.inter.latency_s * 1e6},
                             {"samples", samples.size()}};
   }
   std::ofstream o(out_file);
@@ -254,6 +259,8 @@ inline CostModel load_model(const std::string& file, const std::string& backend)
   f.copy_cached_GBps = m.value("copy_cached_GBps", 0.0);
   f.row_ns = m.value("row_ns", 0.0);
   f.round_us = m.value("round_us", 0.0);
+  f.intra_latency_us = m.value("intra_latency_us", 0.0);
+  f.inter_latency_us = m.value("inter_latency_us", 0.0);
   return f.apply(CostModel{});
 }
 

@@ -76,6 +76,71 @@ TEST_CASE("exchange_traffic: the two-level rounds of 8 = 2 x 4 and the flat exch
   CHECK(t.workspace_bytes > ft.workspace_bytes);
 }
 
+TEST_CASE("exchange_traffic: latency steps and overlapped rounds of each path's schedule") {
+  // One node, P=4: every path's round is one step of intra-node latency, nothing overlapped; the
+  // all-to-all-v also has the ranks' agreement on its path first (recursive doubling: 2 steps).
+  const Plan p = mha(4, 0, 8);
+  for (Path path : {Path::alltoallv, Path::messages, Path::direct}) {
+    const ExchangeTraffic t = exchange_traffic(p, Direction::seq_to_head, path);
+    CHECK(t.latency_steps[0] == (path == Path::alltoallv ? 1 + 2 : 1));
+    CHECK(t.latency_steps[1] == 0);
+    CHECK(t.overlapped.empty());
+  }
+  // P=3 on one node: Open MPI runs the all-to-all-v pairwise, 2 steps (+ 2 of the agreement); the messages at once.
+  const ExchangeTraffic a3 = exchange_traffic(mha(3, 0, 6, 3), Direction::seq_to_head, Path::alltoallv);
+  CHECK(a3.latency_steps[0] == 2 + 2);
+  CHECK(a3.rounds == 1);
+  CHECK(exchange_traffic(mha(3, 0, 6, 3), Direction::seq_to_head, Path::messages).latency_steps[0] == 1);
+  // P=8 on nodes of 4 (linear all-to-all-v): one step of inter-node latency (and the agreement's
+  // partners at distance 1 and 2 inside a node, 4 across); the busiest rank's intra and inter
+  // bytes (3 and 4 chunks of 48) in flight at once.
+  PlanOptions o;
+  o.nodes = NodeLayout::uniform(8, 4);
+  const ExchangeTraffic a8 = exchange_traffic(mha(8, 0, 16, 8, o), Direction::seq_to_head, Path::alltoallv);
+  CHECK(a8.latency_steps[0] == 2);
+  CHECK(a8.latency_steps[1] == 1 + 1);
+  REQUIRE(a8.overlapped.size() == 1);
+  CHECK(a8.overlapped[0][0] == 3 * 48);
+  CHECK(a8.overlapped[0][1] == 4 * 48);
+  // Two-level: three rounds, intra (1 step), inter (1), intra (1); no round mixes the classes.
+  o.path = Path::two_level;
+  const ExchangeTraffic t8 = exchange_traffic(mha(8, 0, 16, 8, o), Direction::seq_to_head, Path::two_level);
+  CHECK(t8.latency_steps[0] == 2);
+  CHECK(t8.latency_steps[1] == 1);
+  CHECK(t8.overlapped.empty());
+  // P=64 on nodes of 8: pairwise, 63 steps, each with some pair across nodes (the agreement: 3
+  // steps inside a node, 3 across); no overlap.
+  PlanOptions o64;
+  o64.nodes = NodeLayout::uniform(64, 8);
+  const ExchangeTraffic a64 = exchange_traffic(mha(64, 0, 128, 64, o64), Direction::seq_to_head, Path::alltoallv);
+  CHECK(a64.latency_steps[0] == 3);
+  CHECK(a64.latency_steps[1] == 63 + 3);
+  CHECK(a64.overlapped.empty());
+  CHECK(a64.messages[1] == 56);
+  CHECK(a64.bytes[1] == 56 * 48);
+  CHECK(a64.bytes[0] == 7 * 48);
+}
+
+TEST_CASE("predict_seconds: λ per step of each class; the faster class of an overlapped round hidden") {
+  ExchangeTraffic t;
+  t.messages = {3, 4};
+  t.bytes = {3000, 4000};
+  t.latency_steps = {0, 1};
+  t.overlapped = {{3000, 4000}};
+  CostModel m{LinkCost::of(0, 100, 1), LinkCost::of(0, 10, 5)};
+  // intra 3000 B at 100 GB/s = 30 ns hides under inter 4000 B at 10 GB/s = 400 ns; one inter latency.
+  CHECK(predict_seconds(t, m) == doctest::Approx(5e-6 + 4000 / 10e9));
+  // A slow intra link: the inter bytes hide instead.
+  m.intra = LinkCost::of(0, 1, 1);
+  CHECK(predict_seconds(t, m) == doctest::Approx(5e-6 + 3000 / 1e9));
+  // Not overlapped (sequential steps): both add up, and every step's latency.
+  t.overlapped.clear();
+  t.latency_steps = {2, 5};
+  CHECK(predict_seconds(t, m) == doctest::Approx(2e-6 + 5 * 5e-6 + 3000 / 1e9 + 4000 / 10e9));
+  CHECK(LinkCost::of(1, 50, 5).latency_s == doctest::Approx(5e-6));
+  CHECK(m.str().find("us/step") != std::string::npos);
+}
+
 TEST_CASE("predict_seconds: α per message, β per byte per link class, γ per copied byte") {
   ExchangeTraffic t;
   t.messages = {3, 1};

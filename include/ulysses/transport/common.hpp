@@ -125,6 +125,15 @@ struct ExchangeTraffic {
   double copy_bytes = 0;             ///< executor bytes written (pack, unpack, sums, direct copies)
   double copy_rows = 0;              ///< contiguous rows the executor copies (every term of a sum counted)
   int rounds = 0;                    ///< communication rounds (1 flat, 3 two-level; per stage)
+  /// [link class]: the exchange's sequential message steps whose slowest message crosses a link of
+  /// that class (each step pays that link's latency once: the messages of one step are in flight
+  /// together, so their latencies overlap): 1 per round of concurrent messages, P - 1 for a
+  /// pairwise all-to-all-v (one peer a step)
+  std::array<double, 2> latency_steps{};
+  /// The busiest rank's bytes of each link class in every round whose intra- and inter-node
+  /// messages are in flight at once (distinct links: only the slower class takes time); a round of
+  /// one class, or of sequential steps, is not listed
+  std::vector<std::array<double, 2>> overlapped;
   double working_set_bytes = 0;      ///< the rank's inputs, outputs and workspace (none on Path::direct)
   double workspace_bytes = 0;        ///< the workspace this exchange needs on its busiest rank (two-level: a forwarder's)
 };
@@ -136,8 +145,12 @@ struct RankLoad {
   std::array<double, 2> msgs{}, bytes{};
   double total() const { return bytes[0] + bytes[1]; }
 };
-/// Adds the busiest rank's load of one round (sent or received, whichever is more) to t.
-inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv) {
+/// Adds the busiest rank's load of one round (sent or received, whichever is more) to t. A
+/// `concurrent` round (every message in flight at once) also pays one latency of the slowest link
+/// class any of its messages crosses (ExchangeTraffic::latency_steps) and lists its busiest rank's
+/// bytes of both classes as overlapped (ExchangeTraffic::overlapped); a round of sequential steps
+/// (concurrent false) counts its steps itself.
+inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv, bool concurrent = true) {
   RankLoad best;
   double best_total = -1, best_msgs = -1;
   for (std::size_t r = 0; r < send.size(); ++r) {
@@ -154,6 +167,13 @@ inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, c
     t.bytes[static_cast<std::size_t>(c)] += best.bytes[static_cast<std::size_t>(c)];
   }
   ++t.rounds;
+  if (!concurrent) return;
+  bool any[2] = {false, false};
+  for (const RankLoad& a : send)
+    for (std::size_t c = 0; c < 2; ++c) any[c] = any[c] || a.msgs[c] > 0;
+  if (any[1]) t.latency_steps[1] += 1;
+  else if (any[0]) t.latency_steps[0] += 1;
+  if (best.bytes[0] > 0 && best.bytes[1] > 0) t.overlapped.push_back(best.bytes);
 }
 
 /// The send and receive regions a transport's stages occupy: per rank on a two-level plan
@@ -173,9 +193,10 @@ inline void add_copies(ExchangeTraffic& t, const std::vector<BlockCopy>& pack, c
   t.copy_rows += rows(pack) + rows(unpack);
 }
 /// The traffic of one flat round: for every pair (i, j) with chunk bytes c[i * P + j] > 0,
-/// msgs(i, j) messages of those bytes, on the link class of their nodes; the busiest rank counts.
+/// msgs(i, j) messages of those bytes, on the link class of their nodes; the busiest rank counts
+/// (`concurrent`: as add_busiest()).
 template <class Msgs>
-void add_flat_round(const Plan& plan, const std::vector<std::size_t>& c, ExchangeTraffic& t, Msgs msgs) {
+void add_flat_round(const Plan& plan, const std::vector<std::size_t>& c, ExchangeTraffic& t, Msgs msgs, bool concurrent = true) {
   const int P = plan.degree();
   const NodeLayout& nodes = plan.nodes();
   std::vector<RankLoad> send(at(P)), recv(at(P));
@@ -190,7 +211,7 @@ void add_flat_round(const Plan& plan, const std::vector<std::size_t>& c, Exchang
       recv[at(j)].msgs[cl] += m;
       recv[at(j)].bytes[cl] += bytes;
     }
-  add_busiest(t, send, recv);
+  add_busiest(t, send, recv, concurrent);
 }
 }  // namespace detail
 

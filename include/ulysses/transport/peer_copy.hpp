@@ -141,6 +141,7 @@ struct PeerCopyTransport {
     const StageLists& s = plan.stage_lists(d, k);
     t.messages[0] += plan.degree() - 1;
     ++t.rounds;
+    if (plan.degree() > 1) t.latency_steps[0] += 1;  // the peers' synchronisations are in flight together
     t.copy_bytes += detail::written_bytes(s.unpack);
     t.copy_rows += detail::rows(s.unpack);
   }

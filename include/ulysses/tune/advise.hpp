@@ -30,7 +30,7 @@ struct DegreeChoice {
   int ulysses_degree = 0;         ///< P
   int outer_degree = 0;           ///< world / P (data parallel, or context parallel when asked)
   int nodes_per_group = 1;        ///< nodes a Ulysses group spans
-  Path path = Path::alltoallv;    ///< the fastest of the flat (alltoallv) and the two-level exchanges
+  Path path = Path::alltoallv;    ///< the fastest of the flat (alltoallv or messages) and the two-level exchanges
   int lanes = 0;                  ///< PlanOptions::lanes of the two-level exchange taken (0 when flat)
   double seconds = 0;             ///< predicted exchange time of one layer's forward: q,k,v seq→head + o head→seq
   double flat_seconds = 0;        ///< the same on the flat exchange
@@ -82,6 +82,12 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
     Candidate k{po.path, c == 0 ? 0 : po.lanes, 0, exchange_traffic(q, Direction::seq_to_head, po.path),
                 exchange_traffic(o, Direction::head_to_seq, po.path)};
     k.seconds = predict_seconds(k.qkv, model) + predict_seconds(k.o, model);
+    if (c == 0) {  // flat: the faster of one all-to-all-v and the message path (all messages at once)
+      Candidate m{Path::messages, 0, 0, exchange_traffic(q, Direction::seq_to_head, Path::messages),
+                  exchange_traffic(o, Direction::head_to_seq, Path::messages)};
+      m.seconds = predict_seconds(m.qkv, model) + predict_seconds(m.o, model);
+      if (m.seconds < k.seconds) k = m;
+    }
     cands.push_back(k);
     if (c == 0)
       for (const Plan* p : {&q, &o})

@@ -10,11 +10,21 @@
 /// one (α, β) pair per link class — intra-node (NVLink, shared memory) and inter-node (InfiniBand,
 /// RoCE) — plus a term for the executor's copies (pack, unpack, sums; memory bandwidth):
 ///
-///     T = Σ_rounds ( ε + Σ_class ( α_class · messages + β_class · bytes ) ) + γ · copied bytes + δ · copied rows
+///     T = Σ_rounds ( ε + Σ_class ( α_class · messages + β_class · bytes ) ) + Σ_class λ_class · steps
+///         + γ · copied bytes + δ · copied rows
 ///
-/// (ε: what a round costs whatever it moves — posting, waiting, the group's synchronisation; δ: a
-/// contiguous row of D elements costs a loop step, an address computation and a partly used cache
-/// line or vector; short rows, e.g. D = 64 in bf16, cost more per byte than D = 256.)
+/// (ε: what a round costs whatever it moves — posting, waiting, the group's synchronisation; α:
+/// the software cost of one message, paid one after another by the rank that posts them; λ: a
+/// link's latency, paid once per sequential step of messages — the messages of one step are in
+/// flight together and their latencies overlap — by the step's slowest link class: one step per
+/// round of concurrent messages, P − 1 for an all-to-all-v that MPI runs pairwise (Open MPI's
+/// decision, transport/alltoallv.hpp); δ: a contiguous row of D elements costs a loop step, an
+/// address computation and a partly used cache line or vector; short rows, e.g. D = 64 in bf16,
+/// cost more per byte than D = 256.) Within a round whose intra- and inter-node messages are in
+/// flight at once (the flat message path and a linear all-to-all-v across nodes: distinct links,
+/// NVLink ports and NICs), only the slower class's bytes take time
+/// (ExchangeTraffic::overlapped); a pairwise all-to-all-v's steps, and the two-level exchange's
+/// rounds, add up.
 /// Memory-to-memory moves (copies, shared-memory and NVLink transfers) run faster while the
 /// exchange's working set W (a rank's inputs, outputs and workspace) fits its share C of the
 /// last-level cache: a fraction f = min(1, C / W) of those bytes takes the cached rates β_intra'
@@ -57,12 +67,19 @@ enum class LinkClass : int {
   inter = 1,  ///< between nodes (InfiniBand, RoCE, Ethernet)
 };
 
-/// α and β of one link class.
+/// α, β and λ of one link class.
 struct LinkCost {
-  double alpha_s = 0;           ///< seconds per message (latency and per-message overhead)
+  double alpha_s = 0;           ///< α: seconds per message (per-message overhead, paid message after message)
   double seconds_per_byte = 0;  ///< β: inverse bandwidth of one rank's link, seconds per byte
-  /// From microseconds per message and GB/s (1e9 bytes per second; 0 GB/s means no bandwidth term).
-  static LinkCost of(double alpha_us, double GBps) { return {alpha_us * 1e-6, GBps > 0 ? 1e-9 / GBps : 0}; }
+  double latency_s = 0;         ///< λ: seconds per sequential step of messages (the link's latency, overlapped within a step)
+  /// From microseconds per message, GB/s (1e9 bytes per second; 0 GB/s means no bandwidth term)
+  /// and microseconds of latency per step.
+  /// @param alpha_us   α in µs per message
+  /// @param GBps       1 / β in GB/s (0: no byte term)
+  /// @param latency_us λ in µs per step
+  static LinkCost of(double alpha_us, double GBps, double latency_us = 0) {
+    return {alpha_us * 1e-6, GBps > 0 ? 1e-9 / GBps : 0, latency_us * 1e-6};
+  }
   double GBps() const { return seconds_per_byte > 0 ? 1e-9 / seconds_per_byte : 0; }  ///< 1 / β in GB/s
 };
 
@@ -90,8 +107,9 @@ struct CostModel {
       return std::string(b);
     };
     auto gbps = [&f](double spb) { return spb > 0 ? f(1e-9 / spb) + " GB/s" : std::string("no byte term"); };
-    std::string s = "intra " + f(intra.alpha_s * 1e6) + " us/msg, " + gbps(intra.seconds_per_byte) + "; inter " + f(inter.alpha_s * 1e6) +
-                    " us/msg, " + gbps(inter.seconds_per_byte) + "; copy " + gbps(copy_seconds_per_byte);
+    auto lat = [&f](const LinkCost& l) { return l.latency_s > 0 ? ", " + f(l.latency_s * 1e6) + " us/step" : std::string(); };
+    std::string s = "intra " + f(intra.alpha_s * 1e6) + " us/msg, " + gbps(intra.seconds_per_byte) + lat(intra) + "; inter " +
+                    f(inter.alpha_s * 1e6) + " us/msg, " + gbps(inter.seconds_per_byte) + lat(inter) + "; copy " + gbps(copy_seconds_per_byte);
     if (cache_bytes > 0)
       s += "; within " + f(cache_bytes / 1048576.0) + " MiB of cache: intra " + gbps(intra_cached_seconds_per_byte) + ", copy " +
            gbps(copy_cached_seconds_per_byte);
@@ -124,24 +142,35 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
 }
 
 namespace detail {
-/// The model's features of `t` for a cache of `cache_bytes`, in the order of cost_params().
-inline constexpr std::size_t kCostParams = 9;
-inline std::array<double, kCostParams> cost_features(const ExchangeTraffic& t, double cache_bytes) {
+/// The model's features of `t` for a cache of `cache_bytes`, in the order of cost_params(): in
+/// every overlapped round (ExchangeTraffic::overlapped) the bytes of the class that `links`
+/// moves faster are left out (its transfer hides under the other's).
+inline constexpr std::size_t kCostParams = 11;
+inline std::array<double, kCostParams> cost_features(const ExchangeTraffic& t, double cache_bytes, const CostModel& links) {
   const double f = cache_bytes > 0 && t.working_set_bytes > 0 ? std::min(1.0, cache_bytes / t.working_set_bytes) : 0;
-  return {t.messages[0], t.bytes[0] * (1 - f), t.bytes[0] * f, t.messages[1], t.bytes[1], t.copy_bytes * (1 - f), t.copy_bytes * f,
-          t.copy_rows, static_cast<double>(t.rounds)};
+  std::array<double, 2> bytes = t.bytes;
+  const double intra_spb = (1 - f) * links.intra.seconds_per_byte + f * links.intra_cached_seconds_per_byte;
+  for (const auto& b : t.overlapped) {
+    const std::size_t hidden = b[0] * intra_spb >= b[1] * links.inter.seconds_per_byte ? 1 : 0;
+    bytes[hidden] = std::max(0.0, bytes[hidden] - b[hidden]);
+  }
+  return {t.messages[0], bytes[0] * (1 - f), bytes[0] * f, t.messages[1], bytes[1], t.copy_bytes * (1 - f), t.copy_bytes * f,
+          t.copy_rows, static_cast<double>(t.rounds), t.latency_steps[0], t.latency_steps[1]};
 }
 /// The model's parameters, in the order of cost_features().
 inline std::array<double*, kCostParams> cost_params(CostModel& m) {
   return {&m.intra.alpha_s, &m.intra.seconds_per_byte, &m.intra_cached_seconds_per_byte, &m.inter.alpha_s, &m.inter.seconds_per_byte,
-          &m.copy_seconds_per_byte, &m.copy_cached_seconds_per_byte, &m.copy_seconds_per_row, &m.round_seconds};
+          &m.copy_seconds_per_byte, &m.copy_cached_seconds_per_byte, &m.copy_seconds_per_row, &m.round_seconds, &m.intra.latency_s,
+          &m.inter.latency_s};
 }
 }  // namespace detail
 
 /// The model's time of an exchange with this traffic, in seconds (see the file comment).
+/// @param t the exchange's traffic (exchange_traffic())
+/// @param m the model's parameters
 inline double predict_seconds(const ExchangeTraffic& t, const CostModel& m) {
   CostModel c = m;
-  const auto x = detail::cost_features(t, m.cache_bytes);
+  const auto x = detail::cost_features(t, m.cache_bytes, m);
   const auto p = detail::cost_params(c);
   double s = 0;
   for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * *p[i];

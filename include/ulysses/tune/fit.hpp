@@ -99,7 +99,7 @@ inline void check_samples(const std::vector<CostSample>& samples) {
   for (const CostSample& s : samples) {
     if (!(s.seconds > 0) || !std::isfinite(s.seconds))
       fail(Errc::invalid_shape, "fit_cost_model: a sample with time " + std::to_string(s.seconds) + " s (need finite, > 0)");
-    for (double v : cost_features(s.traffic, 1))
+    for (double v : cost_features(s.traffic, 1, CostModel{}))
       if (!(v >= 0) || !std::isfinite(v))
         fail(Errc::invalid_shape, "fit_cost_model: a sample whose traffic has a negative or non-finite count (" + std::to_string(v) + ")");
     if (!(s.traffic.working_set_bytes >= 0) || !std::isfinite(s.traffic.working_set_bytes))
@@ -109,13 +109,15 @@ inline void check_samples(const std::vector<CostSample>& samples) {
 
 }  // namespace detail
 
-/// Fits the model's parameters (α of each link class, β of each and β_intra' of cache-resident
-/// bytes, γ, γ', δ and ε; see tune/cost.hpp) to measurements by least squares on the relative
-/// error (each sample weighted by 1 / its time), every parameter >= 0 (the best of the exact fits
-/// over the subsets of parameters; see the file comment). The cache share C is `base.cache_bytes`
-/// when > 0, else the best of 0 and 1 MiB .. 4 GiB in powers of 2. Parameters whose features are
-/// 0 in every sample (e.g. the inter-node link on one machine) keep `base`'s value.
-/// O(2^9 · (samples · 81 + 9^3)) per cache size tried.
+/// Fits the model's parameters (α and λ of each link class, β of each and β_intra' of
+/// cache-resident bytes, γ, γ', δ and ε; see tune/cost.hpp) to measurements by least squares on
+/// the relative error (each sample weighted by 1 / its time), every parameter >= 0 (the best of
+/// the exact fits over the subsets of parameters; see the file comment). The cache share C is
+/// `base.cache_bytes` when > 0, else the best of 0 and 1 MiB .. 4 GiB in powers of 2. Parameters
+/// whose features are 0 in every sample (e.g. the inter-node link on one machine) keep `base`'s
+/// value. Which class of an overlapped round takes time depends on the parameters: the features
+/// are taken with `base`'s, then again with the fit's, until the choice holds (at most 4 passes).
+/// O(2^11 · (samples · 121 + 11^3)) per cache size and pass.
 /// @param samples the measurements (at least one)
 /// @param base    the model whose unseen parameters (and cache share, when > 0) the fit keeps
 /// @throws Error(invalid_shape) no sample, a time not finite and > 0, or traffic with a negative or
@@ -131,36 +133,45 @@ inline CostModel fit_cost_model(const std::vector<CostSample>& samples, const Co
   }
   double best_err = INFINITY;
   CostModel best_model = base;
-  for (double C : caches) {
-    std::vector<std::array<double, detail::kCostParams>> X;
-    for (const CostSample& s : samples) X.push_back(detail::cost_features(s.traffic, C));
-    bool seen[K] = {};
-    double scale[K] = {};  // columns differ by orders of magnitude: scale them before solving
-    for (std::size_t r = 0; r < X.size(); ++r)
-      for (int i = 0; i < K; ++i) {
-        seen[i] = seen[i] || X[r][static_cast<std::size_t>(i)] != 0;
-        scale[i] = std::max(scale[i], std::fabs(X[r][static_cast<std::size_t>(i)]) / samples[r].seconds);
-      }
-    for (unsigned mask = 1; mask < (1u << K); ++mask) {
-      int idx[K] = {}, n = 0;
-      bool usable = true;
-      for (int i = 0; i < K; ++i)
-        if ((mask >> i) & 1u) {
-          usable = usable && seen[i];
-          idx[n++] = i;
+  CostModel chooser = base;
+  for (int pass = 0; pass < 4; ++pass) {
+    for (double C : caches) {
+      std::vector<std::array<double, detail::kCostParams>> X;
+      for (const CostSample& s : samples) X.push_back(detail::cost_features(s.traffic, C, chooser));
+      bool seen[K] = {};
+      double scale[K] = {};  // columns differ by orders of magnitude: scale them before solving
+      for (std::size_t r = 0; r < X.size(); ++r)
+        for (int i = 0; i < K; ++i) {
+          seen[i] = seen[i] || X[r][static_cast<std::size_t>(i)] != 0;
+          scale[i] = std::max(scale[i], std::fabs(X[r][static_cast<std::size_t>(i)]) / samples[r].seconds);
         }
-      double p[K] = {};
-      if (!usable || !detail::fit_subset(X, samples, scale, idx, n, p)) continue;
-      const double err = detail::relative_error(X, samples, p);
-      if (err < best_err) {
-        best_err = err;
-        best_model = base;
-        best_model.cache_bytes = C;
-        const auto q = detail::cost_params(best_model);
+      for (unsigned mask = 1; mask < (1u << K); ++mask) {
+        int idx[K] = {}, n = 0;
+        bool usable = true;
         for (int i = 0; i < K; ++i)
-          if (seen[i]) *q[static_cast<std::size_t>(i)] = p[i];
+          if ((mask >> i) & 1u) {
+            usable = usable && seen[i];
+            idx[n++] = i;
+          }
+        double p[K] = {};
+        if (!usable || !detail::fit_subset(X, samples, scale, idx, n, p)) continue;
+        const double err = detail::relative_error(X, samples, p);
+        if (err < best_err) {
+          best_err = err;
+          best_model = base;
+          best_model.cache_bytes = C;
+          const auto q = detail::cost_params(best_model);
+          for (int i = 0; i < K; ++i)
+            if (seen[i]) *q[static_cast<std::size_t>(i)] = p[i];
+        }
       }
     }
+    bool same = true;  // the fit's choice of the slower class in every overlapped round is the one its features assumed
+    for (const CostSample& s : samples)
+      same = same && detail::cost_features(s.traffic, best_model.cache_bytes, best_model) ==
+                         detail::cost_features(s.traffic, best_model.cache_bytes, chooser);
+    if (same) break;
+    chooser = best_model;
   }
   return best_model;
 }
