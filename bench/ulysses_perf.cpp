@@ -619,10 +619,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
-      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW]
-"
-      "                    [--attn-TFLOPS T]
-"
+      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW]\n"
+      "                    [--attn-TFLOPS T]\n"
       "       ulysses_perf --fit PARAMS.json RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
