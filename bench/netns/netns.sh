@@ -16,7 +16,7 @@
 #         MPI_Alltoallv, two-level with one forwarder per node pair, rail-aligned); per rate the
 #         model fitted to intra_flat + RATE_calib (OUTDIR/params-RATE.json) and its prediction
 #         checked on the 4 paths, then fitted to all (params-RATE-all.json): OUTDIR/check.txt
-#   check the fit and check of step run again, from OUTDIR/runs
+#   check the fit and check of step run again, from OUTDIR/runs (also writes OUTDIR/times.md)
 #   down  removes both namespaces (and with them the veth pair and its qdiscs)
 #   all   up, run, down; down also on failure or interrupt (trap)
 #
@@ -204,5 +204,5 @@ case "$verb" in
     up
     run "$@"
     ;;
-  *) sed -n '3,27p' "$self" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '3,32p' "$self" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
