@@ -126,7 +126,7 @@ TEST_CASE("PlanOptions::ring: the plan's agreement record carries the ring confi
   }
   for (int bad_rank : {-1, 3}) {
     std::vector<std::pair<Errc, std::string>> got(4);
-    std::vector<bool> agreed(4, false);
+    std::vector<int> agreed(4, 0);  // not vector<bool>: its bits share words, and every rank thread writes its own
     std::vector<std::thread> th;
     for (int w = 0; w < 4; ++w)
       th.emplace_back([&, w] {
