@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // redistribute.hpp: seq_to_head / head_to_seq on the in-process group, every shared fault case
 // (C1–C8) and every model, bit for bit; argument errors with their codes.
+#include <cstdlib>
 #include <doctest/doctest.h>
 
 #include "cases.hpp"
@@ -12,27 +13,32 @@ namespace {
 
 /// Runs case c on a fresh in-process group of c.P ranks; returns every rank's failures.
 template <class T>
-std::string run_local(const ut::Case& c) {
+std::string run_local(const ut::Case& c, bool pull = false) {
   LocalGroup g(c.P);
   std::vector<std::string> err(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) { err[static_cast<std::size_t>(comm.rank())] = ut::run_case<T>(comm, c); });
+  g.run([&](LocalGroup::Comm& comm) {
+    err[static_cast<std::size_t>(comm.rank())] = ut::with_direct_form(comm, pull, [&](auto& cm) { return ut::run_case<T>(cm, c); });
+  });
   std::string all;
   for (auto& e : err) all += e.empty() ? "" : e + "\n";
   return all;
 }
 
 /// Runs every case on every transport of the in-process group: direct (each rank copies from its
-/// peers' inputs: the default), one message per (peer, tensor), one all-to-all-v of the wire.
+/// peers' inputs, seq→head pushed into the peers' outputs: the default; and pulled, as across
+/// processes), one message per (peer, tensor), one all-to-all-v of the wire.
 template <class T>
 void check_all(const std::vector<ut::Case>& cases) {
   for (auto c : cases)
-    for (Path path : ut::host_paths<LocalGroup::Comm>()) {
-      c.path = path;
-      const std::string via = to_string(path);
-      CAPTURE(c.name);
-      CAPTURE(via);
-      CHECK(run_local<T>(c) == "");
-    }
+    for (Path path : ut::host_paths<LocalGroup::Comm>())
+      for (bool pull : {false, true}) {
+        if (pull && path != Path::direct) continue;
+        c.path = path;
+        const std::string via = to_string(path) + std::string(pull ? " (pull)" : "");
+        CAPTURE(c.name);
+        CAPTURE(via);
+        CHECK(run_local<T>(c, pull) == "");
+      }
 }
 
 }  // namespace
@@ -78,6 +84,13 @@ TEST_CASE("choose_path: the fewest copies the communicator and executor allow, o
   CHECK(PathSupport<LocalGroup::Comm, HostExecutor>::direct);
   CHECK(!PathSupport<MutableMessagesComm, HostExecutor>::direct);
   CHECK(choose_path<LocalGroup::Comm, HostExecutor>(plan({})) == Path::direct);
+  // in-process ranks push seq→head into their peers' outputs; a communicator that does not say
+  // its ranks share one address space (as across processes) gets the pull
+  CHECK(comm_traits<LocalGroup::Comm>::one_address_space);
+  CHECK(PeerCopyTransport::pushes<LocalGroup::Comm, HostExecutor>);
+  CHECK(!comm_traits<ut::PullingComm>::one_address_space);
+  CHECK(!PeerCopyTransport::pushes<ut::PullingComm, HostExecutor>);
+  CHECK(choose_path<ut::PullingComm, HostExecutor>(plan({})) == Path::direct);
   CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan({})) == Path::messages);
   CHECK(choose_path<ChunkOnlyComm, HostExecutor>(plan({})) == Path::alltoallv);
   CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan(PlanOptions{1, false})) == Path::alltoallv);  // direct_pieces off
@@ -163,6 +176,23 @@ TEST_CASE("C5: GQA with fewer kv heads than ranks: rank r receives kv head r/2, 
 }
 
 TEST_CASE("C6: empty chunks complete and are exact") { check_all<float>(ut::c6_cases()); }
+
+TEST_CASE("direct path: seq→head pushed in token tiles, chunks longer than one tile (zigzag, GQA, B=2, strided views)") {
+  // H=8 heads of D=64 floats at B=2: 4 KiB a token, a tile of 16 tokens (kPushTileBytes); the
+  // chunks hold 50-101 tokens, so every chunk spans several tiles and ends in a partial one.
+  static_assert(detail::kPushTileBytes == 64 << 10, "the token counts below assume 64 KiB tiles");
+  std::vector<ut::Case> cases;
+  for (int P : {2, 3, 4}) {
+    auto q = HeadPartition::balanced(8, P);
+    auto kv = HeadPartition::gqa(q, 2);
+    cases.push_back({"contiguous P=" + std::to_string(P), P, 2, SeqPartition::balanced(101 * P - 1, P), {{q, 64}, {kv, 64}}, Format::bshd});
+    cases.push_back({"zigzag P=" + std::to_string(P), P, 2, SeqPartition::zigzag(100 * P + 3, P), {{q, 64}, {kv, 32}}, Format::sbhd});
+    ut::Case padded{"padded P=" + std::to_string(P), P, 2, SeqPartition::balanced(70 * P, P), {{q, 64}}, Format::bshd};
+    padded.padded = true;
+    cases.push_back(padded);
+  }
+  check_all<float>(cases);
+}
 
 TEST_CASE("C7: a non-contiguous input view x[:, 4:12] is honoured") {
   LocalGroup g(2);
@@ -736,10 +766,13 @@ namespace {
 /// Runs run_adjoint_case<T> for case c on an in-process group; "" or the failures, and whether
 /// the two inner products agree.
 template <class T>
-std::string adjoint_local(const ut::Case& c) {
+std::string adjoint_local(const ut::Case& c, bool pull = false) {
   LocalGroup g(c.P);
   std::vector<ut::AdjointShare> share(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) { share[static_cast<std::size_t>(comm.rank())] = ut::run_adjoint_case<T>(comm, c); });
+  g.run([&](LocalGroup::Comm& comm) {
+    share[static_cast<std::size_t>(comm.rank())] =
+        ut::with_direct_form(comm, pull, [&](auto& cm) { return ut::run_adjoint_case<T>(cm, c); });
+  });
   std::string all;
   std::int64_t fwd = 0, bwd = 0;
   for (auto& s : share) all += s.error.empty() ? "" : s.error + "\n", fwd += s.forward, bwd += s.backward;
@@ -752,10 +785,14 @@ TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every
   // Integer-valued data, so every sum is exact; the backward is also checked element by element
   // (the sum over the holders of each head, ascending). P=16 and 32 replicate the kv heads of
   // Llama, Mistral, Qwen and Gemma; Falcon (MQA) on every rank.
+  // ULYSSES_TEST_QUICK (the ThreadSanitizer preset sets it: every thread runs 5-15x slower
+  // there) keeps the groups up to P=8; the other presets run them all.
+  const bool quick = std::getenv("ULYSSES_TEST_QUICK") != nullptr;
+  const std::vector<int> groups = quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 16, 32};
   int cases = 0;
   const std::vector<Path> paths = ut::host_paths<LocalGroup::Comm>();
   for (const auto& m : ulysses_models::kModels)
-    for (int P : {1, 2, 4, 8, 16, 32}) {
+    for (int P : groups) {
       const bool even_ok = ut::expected_even_error(m, P) == Errc{};
       int i = 0;
       for (const auto& [pname, seq] : ut::sweep_partitions(P))
@@ -772,15 +809,18 @@ TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every
                        P, 1, seq, {{q, m.head_dim}, {kv, m.head_dim}, {kv, m.v_head_dim}},
                        layout == 3 ? Format::bshd : ut::kFormats[layout], K};
             c.padded = layout == 3;
-            c.path = paths[static_cast<std::size_t>(cases) % paths.size()];  // every transport in turn
-            const std::string via = to_string(c.path);
+            // every transport in turn, the direct path's pulled form as one more
+            const std::size_t slot = static_cast<std::size_t>(cases) % (paths.size() + 1);
+            const bool pull = slot == paths.size();
+            c.path = pull ? Path::direct : paths[slot];
+            const std::string via = to_string(c.path) + std::string(pull ? " (pull)" : "");
             CAPTURE(c.name);
             CAPTURE(via);
-            CHECK(adjoint_local<float>(c) == "");
+            CHECK(adjoint_local<float>(c, pull) == "");
             ++cases;
           }
     }
-  CHECK(cases > 700);
+  CHECK(cases > (quick ? 500 : 700));
 }
 
 TEST_CASE("adjointness in double and bfloat16, B=2, on every transport") {

@@ -53,6 +53,22 @@ struct Case {
   int lanes = 1;                ///< PlanOptions::lanes
 };
 
+/// A LocalGroup rank's communicator that does not say its ranks share one address space: the
+/// peer copy then pulls seq→head (each rank reads its heads from every peer's input), as it does
+/// across processes, where in-process it pushes. The tests run both forms of Path::direct.
+struct PullingComm : ulysses::LocalGroup::Comm {
+  static constexpr bool one_address_space = false;
+  explicit PullingComm(const ulysses::LocalGroup::Comm& c) : ulysses::LocalGroup::Comm(c) {}
+};
+
+/// Runs f(comm) on rank `comm`'s communicator, or on a PullingComm of it when `pull`.
+template <class F>
+auto with_direct_form(ulysses::LocalGroup::Comm& comm, bool pull, F&& f) {
+  if (!pull) return f(comm);
+  PullingComm pc(comm);
+  return f(pc);
+}
+
 /// The transports a communicator type can run with the host executor (the transport axis of the
 /// shared cases: every case must give the same bytes on each).
 template <class Comm>

@@ -39,6 +39,10 @@
 ///   and peer copy lists are allocated per call;
 /// - `static constexpr bool device_memory = true`: its buffers are device memory (NcclComm,
 ///   DeviceLocalGroup::Comm); otherwise host memory;
+/// - `static constexpr bool one_address_space = true`: its with_peers() passes every rank's `mine`
+///   on unchanged to ranks of one address space (LocalGroup::Comm), so a rank may also write its
+///   peers' published outputs (PeerInputs::outputs): seq→head then pushes (each rank reads its
+///   own rows whole and writes its peers' heads), which reads memory in order;
 /// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's).
 ///
 /// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiWindowComm (allgather,
@@ -86,6 +90,10 @@ struct PeerInputs {
   /// records on the host (MpiDeviceWindowComm: they live in device memory) hands work() as each
   /// peer's `layouts`, and compares on the device with what the peer published.
   const std::uint64_t* peer_layouts = nullptr;
+  /// Base of output t (null when empty or not published): published only to a communicator of
+  /// one address space (comm_traits::one_address_space), whose peers then write it (the pushed
+  /// seq→head); a communicator across processes never reads it.
+  std::byte* outputs[kMaxTensors] = {};
 };
 
 namespace detail {
@@ -156,6 +164,11 @@ template <class E>
 struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
 
 template <class C, class = void>
+struct one_address_space : std::false_type {};
+template <class C>
+struct one_address_space<C, std::enable_if_t<C::one_address_space>> : std::true_type {};
+
+template <class C, class = void>
 struct device_memory : std::false_type {};
 template <class C>
 struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
@@ -187,6 +200,8 @@ struct comm_traits {
   static constexpr bool exchange_state = detail::has_exchange_state<Comm>::value;        ///< ExchangeState& exchange_state()
   static constexpr bool device_memory = detail::device_memory<Comm>::value;              ///< buffers in device memory
   static constexpr bool stream = detail::has_stream<Comm>::value;                        ///< stream() for the stream check
+  /// with_peers() among ranks of one address space: the peer copy may write the peers' outputs
+  static constexpr bool one_address_space = detail::one_address_space<Comm>::value;
 };
 
 /// What an executor type can do, as the library reads it (see the file comment); specialise it

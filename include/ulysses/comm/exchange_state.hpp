@@ -27,9 +27,15 @@ ULYSSES_NAMESPACE_BEGIN
 /// The peer-copy transport's block lists of one plan on one group (Path::direct): per direction,
 /// for every rank p (this rank included) and tensor, the blocks copying p's input
 /// (BufferIndex::peer_input(p, t)) into this rank's outputs, then the sums of replicated heads
-/// (head→seq, Replicas::sum) over their holders' inputs in ascending rank order.
+/// (head→seq, Replicas::sum) over their holders' inputs in ascending rank order; and seq→head
+/// as a push (for ranks of one address space): this rank's input into every rank's outputs
+/// (BufferIndex::peer_output(p, t, P)), token tile by token tile.
 struct PeerCopyLists {
   std::vector<BlockCopy> list[2];  ///< [Direction]: 0 seq→head, 1 head→seq
+  /// seq→head pushed: the blocks copying this rank's input into rank p's output t, for every
+  /// rank p (this rank included), in tiles of tokens (each tile's source read once from memory,
+  /// then from cache for the other peers). The same element mapping as list[0].
+  std::vector<BlockCopy> push_seq_to_head;
   /// A hash of every rank's layouts (its LayoutRecord) the lists were built from, in rank order
   /// (empty when not known): every exchange checks that the peers still hold these layouts.
   std::vector<std::uint64_t> layouts;

@@ -61,6 +61,10 @@ class LocalGroup {
   /// communicator concept of comm/concepts.hpp.
   class Comm {
    public:
+    /// The ranks are threads of one process: with_peers() hands every rank its peers' PeerInputs
+    /// as published, so the peer copy may write the peers' outputs (comm_traits::one_address_space).
+    static constexpr bool one_address_space = true;
+
     int size() const { return g_->size_; }
     int rank() const { return rank_; }
 

@@ -33,7 +33,8 @@ inline constexpr int kMaxTensors = 16;
 
 /// Indices into a BufferTable: inputs are 0..T-1, outputs kMaxTensors..kMaxTensors+T-1, then
 /// the send and receive halves of the wire buffer; then the inputs of other ranks of the group
-/// (the direct transport: ranks that share memory read each other's inputs).
+/// (the direct transport: ranks that share memory read each other's inputs), then their outputs
+/// (the direct transport's push lists: ranks of one address space write their peers' outputs).
 struct BufferIndex {
   static constexpr int input(int t) { return t; }
   static constexpr int output(int t) { return kMaxTensors + t; }
@@ -42,6 +43,9 @@ struct BufferIndex {
   static constexpr int count = 2 * kMaxTensors + 2;  ///< entries of BufferTable::base
   /// Input t of rank p (BufferTable::peers[p * kMaxTensors + t]).
   static constexpr int peer_input(int p, int t) { return count + p * kMaxTensors + t; }
+  /// Output t of rank p in a group of `degree` ranks (BufferTable::peers[(degree + p) *
+  /// kMaxTensors + t]): after every rank's inputs.
+  static constexpr int peer_output(int p, int t, int degree) { return count + (degree + p) * kMaxTensors + t; }
 };
 
 /// Deprecated name of BufferIndex (0.1; removed in 0.3): it is index arithmetic, not a buffer.
@@ -52,7 +56,9 @@ using Buffer = BufferIndex;
 struct BufferTable {
   std::byte* base[BufferIndex::count] = {};
   /// The direct transport's view of the group: peers[p * kMaxTensors + t] is rank p's input t
-  /// (this rank's own included), in memory the executor can read; null on the other transports.
+  /// (this rank's own included), in memory the executor can read; for a push list (ranks of one
+  /// address space) peers[(P + p) * kMaxTensors + t] is rank p's output t, in a group of P ranks.
+  /// Null on the other transports.
   std::byte* const* peers = nullptr;
 };
 

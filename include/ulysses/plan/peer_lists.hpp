@@ -7,6 +7,7 @@
 /// Included by plan/agreement.hpp (after Plan is complete).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,42 @@ inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int
   }
 }
 
+/// Bytes of this rank's input one tile of the pushed seq→head reads (the batch and every head
+/// included): small enough to stay in a core's L2 while it is written to every peer, large
+/// enough that a tile's blocks cost little next to their bytes.
+inline constexpr std::int64_t kPushTileBytes = std::int64_t{64} << 10;
+
+/// seq→head of tensor t pushed: this rank's tokens of rank p's heads, from this rank's own
+/// seq-sharded input into p's head-sharded output (BufferIndex::peer_output), for every p. The
+/// tokens go tile by tile (kPushTileBytes of input each) and every peer's share of a tile before
+/// the next: each row of the input is read from memory once, in order, rather than a slice of it
+/// by every peer at a stride (the pull: 1.6-2.6x the time of a contiguous copy for 512-byte
+/// slices on a 2-core VM, against 1.1-1.4x pushed). The same element mapping as
+/// peer_copy_seq_to_head; the peers in rotated order, this rank first.
+/// @param plan this rank's plan; @param all every rank's layout record, in rank order;
+/// @param t the tensor; @param out where the blocks are appended.
+/// @throws Error(plan_mismatch) when a record's extents are not rank p's local shape.
+inline void peer_push_seq_to_head(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
+  const TensorSpec& x = plan.tensor(t);
+  const Layout& sl = *x.seq_layout;
+  const int me = plan.rank(), P = plan.degree();
+  const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes);
+  std::vector<Layout> lp;
+  for (int p = 0; p < P; ++p) lp.push_back(peer_layout(plan, all, p, t, false));
+  const std::int64_t token_bytes = std::max<std::int64_t>(1, plan.batch() * x.heads.num_heads() * x.head_dim * e);
+  const std::int64_t tile = std::max<std::int64_t>(1, kPushTileBytes / token_bytes);
+  for (const SeqChunk& c : plan.seq().chunks_of(me))
+    for (std::int64_t k0 = 0; k0 < c.length; k0 += tile) {
+      const std::int64_t len = std::min(tile, c.length - k0);
+      for (int i = 0; i < P; ++i) {
+        const int p = (me + i) % P;
+        const std::int64_t ext[4] = {plan.batch(), len, x.heads.count(p), x.head_dim};
+        add_block(out, ext, e, BufferIndex::input(t), sl.offset(0, c.local_offset + k0, x.heads.begin(p), 0) * e, sl.stride,
+                  BufferIndex::peer_output(p, t, P), lp[at(p)].offset(0, c.offset + k0, 0, 0) * e, lp[at(p)].stride);
+      }
+    }
+}
+
 /// head→seq of tensor t: every head of this rank's tokens from its owner, or (Replicas::sum)
 /// summed over its holders in ascending rank order; one run of heads with the same holders at a time.
 inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
@@ -94,13 +131,15 @@ inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int
 /// every rank's Plan::layout_record(): `all` holds P of them, in rank order. seq→head copies this
 /// rank's heads of every rank's tokens from that rank's seq-sharded input; head→seq copies every
 /// head of this rank's tokens from its owner, or sums it over its holders in ascending rank order
-/// (Replicas::sum). One copy per element, no workspace.
+/// (Replicas::sum). One copy per element, no workspace. push_seq_to_head: seq→head as this rank
+/// writing its input into every rank's outputs (peer_push_seq_to_head), for ranks of one address space.
 /// @throws Error(plan_mismatch) when a record's extents are not the ones rank p's local shape has
 ///         (the ranks' plans differ).
 inline PeerCopyLists peer_copy_lists(const Plan& plan, const LayoutRecord* all) {
   PeerCopyLists lists;
   for (int t = 0; t < plan.num_tensors(); ++t) {
     detail::peer_copy_seq_to_head(plan, all, t, lists.list[0]);
+    detail::peer_push_seq_to_head(plan, all, t, lists.push_seq_to_head);
     detail::peer_copy_head_to_seq(plan, all, t, lists.list[1]);
   }
   return lists;

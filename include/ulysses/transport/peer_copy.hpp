@@ -9,6 +9,9 @@
 /// |----------------|------------------------------|-----------------------------------------|
 /// | with_peers() and allgather() on the communicator, the executor's memory the communicator's (a device executor also prepare_direct()) | PeerCopyLists (built once per plan and group from the ranks' layouts, kept in the communicator's ExchangeState) | executor 1, transport 0 |
 /// Traffic: every element read once from its owner's memory (the same bytes as the flat exchange, no messages).
+/// Between threads of one process (comm_traits::one_address_space) with a host executor, seq→head
+/// pushes instead: each rank reads its own rows in order and writes every peer's heads into that
+/// peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +44,8 @@ struct PeerCopyWork {
   Exec* exec;
   int P;
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
-  std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors entries
+  std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors entries (2 P * kMaxTensors with push)
+  bool push;                       // the list writes the peers' outputs (BufferIndex::peer_output)
   static void run(void* ctx, const void* const* all) {
     const auto& w = *static_cast<const PeerCopyWork*>(ctx);
     std::vector<std::byte*>& peers = *w.peers;
@@ -52,7 +56,10 @@ struct PeerCopyWork {
                                       " runs a plan with other layouts or another wire than the one this rank's peer-copy lists were built "
                                       "from on this communicator: on a communicator, a plan must meet the same peer plans at every "
                                       "exchange (a peer's layouts are its own, but fixed for the pairing)");
-      for (int t = 0; t < kMaxTensors; ++t) peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
+      for (int t = 0; t < kMaxTensors; ++t) {
+        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
+        if (w.push) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
+      }
     }
     BufferTable t = *w.table;
     t.peers = peers.data();
@@ -94,9 +101,15 @@ struct PeerCopyTransport {
     }
   }
 
+  /// Whether seq→head pushes (PeerCopyLists::push_seq_to_head: every rank reads its own input
+  /// in order and writes its peers' outputs) rather than pulls: ranks of one address space
+  /// (comm_traits::one_address_space) with a host executor. The bytes are the same either way.
+  template <class Comm, class Exec>
+  static constexpr bool pushes = comm_traits<Comm>::one_address_space && executor_traits<Exec>::runs_on_host;
+
   /// The peer copy of direction d, all stages at once, between two synchronisations of the group
-  /// (with_peers(): no rank reads a peer's input before the peer has published it, and none
-  /// returns while a peer may still read its input).
+  /// (with_peers(): no rank reads a peer's input or writes a peer's output before the peer has
+  /// published it, and none returns while a peer may still read its input or write its output).
   /// @pre the cross-rank check is done; supported<Comm, Exec>.
   /// @throws Error(plan_mismatch) when a peer's layouts do not fit this rank's plan; the
   ///         communicator's and executor's errors.
@@ -104,7 +117,8 @@ struct PeerCopyTransport {
   static void exchange(const Plan& plan, Direction d, Comm& comm, Exec& exec, const BufferTable& t) {
     PeerCopyLists local;
     const PeerCopyLists& l = lists(plan, comm, local);
-    const std::vector<BlockCopy>& list = l.list[static_cast<int>(d)];
+    const bool push = pushes<Comm, Exec> && d == Direction::seq_to_head;
+    const std::vector<BlockCopy>& list = push ? l.push_seq_to_head : l.list[static_cast<int>(d)];
     if constexpr (executor_traits<Exec>::prepare_direct) {
       const std::vector<BlockCopy>& s2h = l.list[0];
       const std::vector<BlockCopy>& h2s = l.list[1];
@@ -115,6 +129,7 @@ struct PeerCopyTransport {
     for (int x = 0; x < plan.num_tensors(); ++x) {
       inputs.data[x] = t.base[BufferIndex::input(x)];
       inputs.bytes[x] = plan.input_bytes(d, x);
+      if (push) inputs.outputs[x] = t.base[BufferIndex::output(x)];
     }
     if (!l.layouts.empty()) {
       inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
@@ -123,8 +138,8 @@ struct PeerCopyTransport {
     std::vector<std::byte*> own_scratch;
     std::vector<std::byte*>* peers = &own_scratch;
     if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
-    peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors);
-    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers};
+    peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors * (push ? 2 : 1));
+    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, push};
     comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 
