@@ -307,12 +307,14 @@ TEST_CASE("host executor sums: every element the ordered sum of its terms, same 
   for (int trial = 0; trial < 80; ++trial) {
     const SumList base = random_sums(g);
     for (int threads : {1, 2, 3, 4})
-      for (std::size_t min_bytes : {std::size_t{1}, std::size_t{61}, std::size_t{1} << 20}) {
+      for (std::size_t min_bytes : {std::size_t{1}, std::size_t{61}, std::size_t{1} << 20})
+        for (std::size_t streaming : {std::size_t{0}, SIZE_MAX}) {  // non-temporal stores always, never
         CAPTURE(trial);
         CAPTURE(threads);
         CAPTURE(min_bytes);
+        CAPTURE(streaming);
         SumList l = base;
-        HostExecutor(HostExecutorOptions{threads, min_bytes, 0}).run(l.blocks.data(), l.blocks.size(), sum_table(l));
+        HostExecutor(HostExecutorOptions{threads, min_bytes, streaming}).run(l.blocks.data(), l.blocks.size(), sum_table(l));
         const std::size_t n = l.bufs.size() - 2;
         CHECK(l.bufs[n] == l.want[0]);
         CHECK(l.bufs[n + 1] == l.want[1]);
