@@ -331,10 +331,10 @@ __attribute__((target("avx2"))) inline std::int64_t sum_run_bf16_avx2(std::byte*
     __m256 f[2] = {lo, hi};
     __m256i h[2];
     for (int k = 0; k < 2; ++k) {  // narrow_bf16x8's rounding, 8 lanes (in the loop: a lambda would not be compiled for AVX2)
-      const __m256i x = _mm256_castps_si256(f[k]);
-      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
-      const __m256i r = _mm256_srai_epi32(_mm256_add_epi32(x, _mm256_add_epi32(bias, lsb)), 16);
-      h[k] = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(f[k], f[k], _CMP_UNORD_Q)));
+      const __m256i b = _mm256_castps_si256(f[k]);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
+      const __m256i rounded = _mm256_srai_epi32(_mm256_add_epi32(b, _mm256_add_epi32(bias, lsb)), 16);
+      h[k] = _mm256_blendv_epi8(rounded, qnan, _mm256_castps_si256(_mm256_cmp_ps(f[k], f[k], _CMP_UNORD_Q)));
     }
     const __m256i r = _mm256_packs_epi32(h[0], h[1]);
     if (nt) _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 2 * i), r);
