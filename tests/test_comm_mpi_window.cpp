@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <new>
 
 #include "cases.hpp"
@@ -316,6 +317,82 @@ TEST_CASE("MPI window: a rank that never enters makes its peers time out within 
   CHECK(ut::code_of(run) == Errc::aborted);  // at once, on every rank (rank 0 included)
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300));
   CHECK(ut::code_of([&] { wc.allgather(&r, sizeof r, q2.data()); }) == Errc::aborted);
+}
+
+/// Milliseconds `f` takes.
+template <class F>
+double ms_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST_CASE("MPI window: a rank that stops participating: the others time out, then destroy their windows at once (no collective free)") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  const int stopped = P - 1;
+  Small s(P, r);
+  auto win = std::make_unique<MpiWindow>(world, 2 * (s.plan.seq_bytes(0) + s.plan.seq_bytes(1)) + 4096);
+  WindowSpan q = win->allocate(s.plan.seq_bytes(0)), k = win->allocate(s.plan.seq_bytes(1));
+  std::vector<float> q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
+  auto wc = std::make_unique<MpiWindowComm>(world, *win, std::chrono::seconds(60));
+  HostExecutor ex;
+  auto run = [&] { seq_to_head(s.plan, *wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); };
+  run();  // all ranks: the agreement check and the peer lists (MPI collectives) are done once
+  CHECK(!win->broken());
+  wc->set_timeout(std::chrono::milliseconds(300));
+  if (r != stopped) {
+    const Errc code = ut::code_of(run);  // the stopped rank never enters
+    CHECK((code == Errc::timeout || code == Errc::aborted));
+    CHECK(win->broken());
+    wc.reset();
+    // MPI_Win_free here would wait for the stopped rank, which is in the MPI_Barrier below: a hang
+    // (the ctest TIMEOUT), not a return.
+    CHECK(ms_of([&] { win.reset(); }) < 5000);
+    CHECK(win == nullptr);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the stopped rank comes back only after its peers destroyed their windows
+  if (r == stopped) {
+    CHECK(win->broken());  // its peers broke the group: it leaks too, without waiting
+    CHECK(ut::code_of(run) == Errc::aborted);
+    wc.reset();
+    CHECK(ms_of([&] { win.reset(); }) < 5000);
+  }
+}
+
+TEST_CASE("MPI window: a rank that skips the destructor: the others' destructors leak the window after its timeout") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  const int stopped = 0;
+  auto win = std::make_unique<MpiWindow>(world, 4096);
+  win->set_timeout(std::chrono::milliseconds(300));
+  CHECK(win->timeout() == std::chrono::milliseconds(300));
+  if (r != stopped) CHECK(ms_of([&] { win.reset(); }) < 300 + 5000);  // waits its timeout for rank 0, then leaks
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == stopped) {
+    CHECK(!win->broken());                                  // nobody broke the group: the verdict alone says leak
+    CHECK(ms_of([&] { win.reset(); }) < 5000);  // the verdict is already taken: no wait, no MPI_Win_free
+  }
+  // And with every rank present, the window is freed collectively (the rendezvous meets).
+  MpiWindow again(world, 4096);
+  again.set_timeout(std::chrono::seconds(60));
+  CHECK(!again.broken());
+}
+
+TEST_CASE("MPI window: mark_broken() on one rank breaks the group on every rank") {
+  MpiComm world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  MpiWindow win(world, 4096);
+  CHECK(!win.broken());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world.rank() == 0) win.mark_broken();
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(win.broken());  // every rank: the destructors below leak at once
+  MpiWindowComm wc(world, win);
+  CHECK(wc.broken());
+  CHECK(ut::code_of([&] { int x = 0, all[64]; wc.allgather(&x, sizeof x, all); }) == Errc::aborted);
 }
 
 TEST_CASE("MPI window: an input outside the window with no room to stage it: buffer_too_small there, aborted on the peers") {

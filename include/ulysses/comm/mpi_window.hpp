@@ -16,7 +16,9 @@
 ///     seq_to_head(plan, wc, exec, {q, k, v}, {q2, k2, v2}, {});  // inputs read in place by the peers
 ///
 /// **The window** (MpiWindow) is one MPI-3 shared-memory window (MPI_Win_allocate_shared over
-/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), allocated and freed collectively (RAII): per rank a
+/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), allocated collectively and freed collectively by
+/// its destructor after a bounded rendezvous in the shared memory, or leaked when the group is
+/// broken or a peer does not come (~MpiWindow: a destructor never hangs on a dead peer): per rank a
 /// control block (MpiWindow::kControlBytes: the process-shared words of the synchronisation) and
 /// `bytes_per_rank` bytes of data, zeroed, first touched by their owner. Registration is
 /// allocate(): the next bytes of the rank's own slot, as NCCL's symmetric windows
@@ -86,6 +88,8 @@ struct WindowControl {
   alignas(64) std::uint64_t arrive;  ///< epoch of the last with_peers() this rank published in
   alignas(64) std::uint64_t done;    ///< epoch of the last with_peers() whose reads this rank finished
   alignas(64) std::uint64_t abort;   ///< rank 0's only: 0, or 1 + the rank that broke the group
+  alignas(64) std::uint64_t leaving;  ///< 1 once this rank is in ~MpiWindow (the rendezvous before MPI_Win_free)
+  alignas(64) std::uint64_t verdict;  ///< rank 0's only: how ~MpiWindow ends, 0 undecided, kFree or kLeak (decided once, by a claim)
   alignas(64) std::uint64_t status;  ///< record: 0 published, 1 this rank failed to publish (it throws its own error)
   std::uint64_t count;               ///< record: the number of inputs (PeerInputs::count)
   std::uint64_t layouts;             ///< record: PeerInputs::layouts, passed on
@@ -93,6 +97,8 @@ struct WindowControl {
   std::uint64_t bytes[kMaxTensors];   ///< record: and its size
   WindowDigest registered;            ///< record: what the rank registered
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  static constexpr std::uint64_t kFree = 1;  ///< verdict: every rank is in ~MpiWindow, all call MPI_Win_free
+  static constexpr std::uint64_t kLeak = 2;  ///< verdict: the group is broken or a rank did not come, none calls it
 };
 
 inline void mpi_check(int rc, const char* what) {
@@ -212,11 +218,23 @@ class MpiWindow {
   MpiWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiWindow(comm.get(), bytes_per_rank) {}
   MpiWindow(const MpiWindow&) = delete;
   MpiWindow& operator=(const MpiWindow&) = delete;
-  /// Frees the window. Collective (MPI_Win_free): every rank of the group destroys its window, and
-  /// no rank may use an address of it afterwards. Errors are ignored.
+  /// Frees the window, or leaks it; never waits longer than timeout(). MPI_Win_free is
+  /// collective and unbounded (a rank that never calls it hangs the others), so the ranks first
+  /// meet in the shared memory: each marks that it is leaving and waits, bounded by timeout(),
+  /// until every rank is; then all of them call MPI_Win_free and MPI_Comm_free (a verdict in the
+  /// window, claimed once, so that every rank takes the same way). When the group is broken
+  /// (broken(): a with_peers() timed out or failed on some rank, or mark_broken()), or a rank does
+  /// not arrive within timeout() (a peer died, or skipped the destructor), the verdict is to leak:
+  /// no rank makes a collective call, and this process keeps the shared segment mapped and MPI's
+  /// window and communicator objects allocated until it ends (the OS frees them at exit; the peers
+  /// still mapping the segment are not disturbed). No rank may use an address of the window
+  /// afterwards. Errors are ignored.
   ~MpiWindow() {
-    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
-    if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+    if (win_ == MPI_WIN_NULL) return;
+    if (leave()) {
+      MPI_Win_free(&win_);
+      MPI_Comm_free(&node_);
+    }
   }
 
   int size() const noexcept { return size_; }                     ///< ranks of the group
@@ -252,6 +270,21 @@ class MpiWindow {
   /// Whether p points into this rank's data slot (its first byte does).
   bool starts_in(const void* p) const noexcept { return reg_.starts_in(at(rank_), p); }
 
+  /// The destructor's bound on the wait for the peers (kDefaultCommTimeout unless set_timeout() said otherwise).
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Sets the destructor's wait bound. Local. @param timeout how long ~MpiWindow waits for the
+  /// peers before it leaks the window
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+  /// True once the window's group is broken (a with_peers() of an MpiWindowComm over it timed out
+  /// or failed on some rank, or a rank called mark_broken()): the destructor then leaks the window
+  /// on every rank instead of its collective free.
+  bool broken() const noexcept { return detail::shared_load(control(0).abort) != 0; }
+  /// Marks the group broken for every rank (the shared abort word; a no-op when it already is),
+  /// after a failure the window cannot see (a peer died, the MpiComm broke): every
+  /// MpiWindowComm's call then throws Error(aborted), and every rank's destructor leaks the window
+  /// at once instead of waiting for the peers. Local, never blocks.
+  void mark_broken() noexcept { detail::shared_claim(control(0).abort, static_cast<std::uint64_t>(rank_) + 1); }
+
   MPI_Win get() const noexcept { return win_; }          ///< the MPI window
   MPI_Comm node_comm() const noexcept { return node_; }  ///< the window's communicator (the group's ranks, owned by the window)
 
@@ -261,8 +294,30 @@ class MpiWindow {
     return *reinterpret_cast<detail::WindowControl*>(bases_[static_cast<std::size_t>(p)]);
   }
   const detail::WindowDigest& digest() const noexcept { return reg_.digest(); }
+  /// The destructor's rendezvous: true when every rank is to call MPI_Win_free (see ~MpiWindow).
+  bool leave() const noexcept {
+    using W = detail::WindowControl;
+    std::uint64_t& verdict = control(0).verdict;
+    if (!broken()) {
+      detail::shared_store(control(rank_).leaving, 1);
+      detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+        if (detail::shared_load(verdict) != 0) return true;
+        if (broken()) {
+          detail::shared_claim(verdict, W::kLeak);
+          return true;
+        }
+        for (int p = 0; p < size_; ++p)
+          if (!detail::shared_load(control(p).leaving)) return false;
+        detail::shared_claim(verdict, W::kFree);
+        return true;
+      }, detail::PollPace::relaxed);
+    }
+    detail::shared_claim(verdict, W::kLeak);  // broken, or timed out (no-op once decided)
+    return detail::shared_load(verdict) == W::kFree;
+  }
 
   detail::WindowRegistry reg_;  // this rank's registrations
+  std::chrono::milliseconds timeout_ = kDefaultCommTimeout;
   int size_ = 0, rank_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
@@ -295,6 +350,14 @@ class MpiWindowComm {
                                             std::to_string(window.rank()) + " vs " + std::to_string(comm.rank()) + ")");
   }
 
+  MpiWindowComm(const MpiWindowComm&) = default;             ///< shares the window's synchronisation (use one at a time)
+  MpiWindowComm& operator=(const MpiWindowComm&) = default;  ///< as the copy constructor
+  /// Local. When the MpiComm is broken (a call of it timed out or failed), marks the window's
+  /// group broken (MpiWindow::mark_broken()), so that no rank's ~MpiWindow waits for the peers.
+  ~MpiWindowComm() {
+    if (comm_->broken()) win_->mark_broken();
+  }
+
   int size() const noexcept { return comm_->size(); }  ///< P
   int rank() const noexcept { return comm_->rank(); }  ///< this rank
   MpiComm& mpi() const noexcept { return *comm_; }     ///< the wrapped MpiComm
@@ -304,7 +367,7 @@ class MpiWindowComm {
   void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
   /// True once a with_peers() of this group timed out or failed on any rank (or the MpiComm is
   /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
-  bool broken() const noexcept { return failure_.broken() || detail::shared_load(win_->control(0).abort) != 0 || comm_->broken(); }
+  bool broken() const noexcept { return failure_.broken() || win_->broken() || comm_->broken(); }
   /// Bytes of inputs the last with_peers() staged into the window (0 when all were in it).
   std::size_t staged_bytes() const noexcept { return staged_; }
 
@@ -312,17 +375,17 @@ class MpiWindowComm {
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                  const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
     require_alive("alltoallv");
-    comm_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+    on_comm([&] { comm_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets); });
   }
   /// MpiComm::exchange_messages(). @throws Error(aborted) when broken(); as MpiComm::exchange_messages().
   void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
     require_alive("exchange_messages");
-    comm_->exchange_messages(send, n_send, recv, n_recv);
+    on_comm([&] { comm_->exchange_messages(send, n_send, recv, n_recv); });
   }
   /// MpiComm::allgather() (host memory). @throws Error(aborted) when broken(); as MpiComm::allgather().
   void allgather(const void* send, std::size_t bytes, void* recv) {
     require_alive("allgather");
-    comm_->allgather(send, bytes, recv);
+    on_comm([&] { comm_->allgather(send, bytes, recv); });
   }
 
   /// The peer copy's step across processes (the optional with_peers() of the communicator
@@ -425,9 +488,20 @@ class MpiWindowComm {
     detail::fail(Errc::aborted, where + ": the window's group is broken (rank " + std::to_string(who - 1) +
                                     " timed out or failed in with_peers); make a new MpiWindow");
   }
+  /// Runs a call of the MpiComm; when it breaks the MpiComm (a timeout, a failed peer), breaks
+  /// the window's group too (then no rank's ~MpiWindow waits for the peers) before rethrowing.
+  template <class F>
+  void on_comm(F&& f) {
+    try {
+      f();
+    } catch (const Error& x) {
+      if (comm_->broken()) break_group(x.code(), x.what());
+      throw;
+    }
+  }
   /// Marks the group broken for every rank (the shared abort word) and this rank's failure.
   void break_group(Errc code, const std::string& what) noexcept {
-    detail::shared_claim(win_->control(0).abort, static_cast<std::uint64_t>(rank()) + 1);
+    win_->mark_broken();
     try {
       failure_.record(code, what);
     } catch (...) {  // (std::string's allocation: the shared word already breaks the group)
