@@ -86,6 +86,15 @@ struct PeerInputs {
   /// records on the host (MpiDeviceWindowComm: they live in device memory) hands work() as each
   /// peer's `layouts`, and compares on the device with what the peer published.
   const std::uint64_t* peer_layouts = nullptr;
+  /// Set by the publisher: its work() also reads inputs that this process cannot load, published
+  /// by their owner's process id and address (`pid`, `remote`) — the peer copy does, with Cross
+  /// Memory Attach (comm/cross_memory.hpp). A communicator across processes may then publish its
+  /// inputs outside registered memory that way instead of staging them (MpiWindowComm).
+  bool reads_remote = false;
+  /// In what work() gets: 0 when every input is loadable at data[t]; else the owner's process id,
+  /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
+  std::int64_t pid = 0;
+  std::uint64_t remote[kMaxTensors] = {};  ///< see pid
 };
 
 namespace detail {

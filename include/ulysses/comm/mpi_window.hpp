@@ -29,11 +29,18 @@
 ///
 /// **The peer copy** (MpiWindowComm::with_peers, the optional member of the communicator concept,
 /// comm/concepts.hpp): the peer copy publishes this rank's inputs (a PeerInputs: base pointers
-/// and sizes); each input inside the rank's slot is published as its offset there, each input
-/// outside the window is first copied once into the slot's free bytes after the registrations
-/// (staged: then 2 copies per element of that input, still no transport; Plan::copies() counts
-/// the in-window case, 1), and every peer turns the offsets back into addresses of its own
-/// mapping. Synchronisation is by epochs in the control blocks, with lock-free atomics on the
+/// and sizes); each input inside the rank's slot is published as its offset there, and every
+/// peer turns the offsets back into addresses of its own mapping. An input outside the window is
+/// read in place where every rank may read its peers' private memory (Cross Memory Attach,
+/// probed once and agreed by the window's constructor: MpiWindow::cross_memory_attach()) and the
+/// work reads so (the peer copy on a host executor, PeerInputs::reads_remote): it is published
+/// by its owner's process id and address, and each peer reads its rows straight into its outputs
+/// with process_vm_readv (comm/cross_memory.hpp; one copy per element, as Open MPI's shared-memory
+/// transport moves a message; a sum's remote terms go through a bounce buffer, then the sum).
+/// Otherwise (not permitted, not Linux, set_cross_memory_attach(false), or another work such as
+/// the decode merge) it is first copied once into the slot's free bytes after the registrations
+/// (staged: 2 copies per element of that input, still no transport). Plan::copies() counts the
+/// one-copy cases, 1; staged_bytes() and remote_bytes() say what the last call did. Synchronisation is by epochs in the control blocks, with lock-free atomics on the
 /// shared memory (seq_cst `__atomic` builtins): a rank publishes its record, then its arrival
 /// epoch; no rank reads an input before its owner's arrival; every rank then marks its reads done
 /// and returns only when every peer's are. Every wait is bounded by the comm's timeout: a rank
@@ -59,6 +66,7 @@
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "concepts.hpp"
+#include "cross_memory.hpp"
 #include "exchange_state.hpp"
 #include "failure.hpp"
 #include "mpi_comm.hpp"
@@ -91,12 +99,17 @@ struct WindowControl {
   alignas(64) std::uint64_t leaving;  ///< 1 once this rank is in ~MpiWindow (the rendezvous before MPI_Win_free)
   alignas(64) std::uint64_t verdict;  ///< rank 0's only: how ~MpiWindow ends, 0 undecided, kFree or kLeak (decided once, by a claim)
   alignas(64) std::uint64_t status;  ///< record: 0 published, 1 this rank failed to publish (it throws its own error)
+  std::uint64_t pid;                 ///< this rank's process id (written once, at construction)
+  std::uint64_t probe;               ///< the address of a word of this rank's private memory (the construction's probe)
+  std::uint64_t reads_remote;        ///< record: PeerInputs::reads_remote of this rank's work
   std::uint64_t count;               ///< record: the number of inputs (PeerInputs::count)
   std::uint64_t layouts;             ///< record: PeerInputs::layouts, passed on
   std::uint64_t offset[kMaxTensors];  ///< record: input t at this offset in the rank's data slot (kNone: empty)
   std::uint64_t bytes[kMaxTensors];   ///< record: and its size
+  std::uint64_t address[kMaxTensors]; ///< record: with offset kRemote, input t's address in this rank's process
   WindowDigest registered;            ///< record: what the rank registered
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  static constexpr std::uint64_t kRemote = kNone - 1;  ///< offset: input t is outside the window, read at address[t] with Cross Memory Attach
   static constexpr std::uint64_t kFree = 1;  ///< verdict: every rank is in ~MpiWindow, all call MPI_Win_free
   static constexpr std::uint64_t kLeak = 2;  ///< verdict: the group is broken or a rank did not come, none calls it
 };
@@ -212,7 +225,20 @@ class MpiWindow {
       bases_[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (detail::round_up<std::uintptr_t>(a, kControlBytes) - a);
     }
     std::memset(bases_[static_cast<std::size_t>(rank_)], 0, kControlBytes + data);  // the control block and the data, by their owner
-    detail::mpi_check(MPI_Barrier(node_), "MPI_Barrier");          // every control block is zero before anyone uses it
+    detail::WindowControl& mine = control(rank_);
+    mine.pid = static_cast<std::uint64_t>(detail::process_id());
+    probe_ = 0x756c7973736573ull ^ static_cast<std::uint64_t>(rank_);
+    mine.probe = reinterpret_cast<std::uintptr_t>(&probe_);
+    detail::mpi_check(MPI_Barrier(node_), "MPI_Barrier");  // every control block is zero (and has its pid) before anyone uses it
+    // Cross Memory Attach: can every rank read every peer's private memory? One verdict for all.
+    int readable = 1;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && !detail::cross_memory_readable(static_cast<std::int64_t>(control(p).pid), control(p).probe,
+                                                       0x756c7973736573ull ^ static_cast<std::uint64_t>(p)))
+        readable = 0;
+    int all = 0;
+    detail::mpi_check(MPI_Allreduce(&readable, &all, 1, MPI_INT, MPI_MIN, node_), "MPI_Allreduce");  // also: no peer reads probe_ any more
+    cma_ = all == 1;
   }
   /// The same over MpiComm::get(). @throws as the constructor above.
   MpiWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiWindow(comm.get(), bytes_per_rank) {}
@@ -285,6 +311,12 @@ class MpiWindow {
   /// at once instead of waiting for the peers. Local, never blocks.
   void mark_broken() noexcept { detail::shared_claim(control(0).abort, static_cast<std::uint64_t>(rank_) + 1); }
 
+  /// Whether every rank of the group can read every peer's private memory with Cross Memory
+  /// Attach (comm/cross_memory.hpp: process_vm_readv), probed once by the constructor and agreed
+  /// by all ranks: then MpiWindowComm's peers read inputs outside the window in place (one copy)
+  /// instead of their owner staging them (two).
+  bool cross_memory_attach() const noexcept { return cma_; }
+
   MPI_Win get() const noexcept { return win_; }          ///< the MPI window
   MPI_Comm node_comm() const noexcept { return node_; }  ///< the window's communicator (the group's ranks, owned by the window)
 
@@ -318,6 +350,8 @@ class MpiWindow {
 
   detail::WindowRegistry reg_;  // this rank's registrations
   std::chrono::milliseconds timeout_ = kDefaultCommTimeout;
+  std::uint64_t probe_ = 0;  // the word the peers read in the constructor's probe
+  bool cma_ = false;         // cross_memory_attach()
   int size_ = 0, rank_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
@@ -368,8 +402,21 @@ class MpiWindowComm {
   /// True once a with_peers() of this group timed out or failed on any rank (or the MpiComm is
   /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
   bool broken() const noexcept { return failure_.broken() || win_->broken() || comm_->broken(); }
-  /// Bytes of inputs the last with_peers() staged into the window (0 when all were in it).
+  /// Bytes of inputs the last with_peers() staged into the window (2 copies per element; 0 when
+  /// all were in it or read in place).
   std::size_t staged_bytes() const noexcept { return staged_; }
+  /// Bytes of inputs outside the window the last with_peers() published for its peers to read in
+  /// place with Cross Memory Attach (1 copy per element, as in the window).
+  std::size_t remote_bytes() const noexcept { return remote_; }
+  /// Whether inputs outside the window are read in place by the peers (Cross Memory Attach: the
+  /// window's agreed probe, MpiWindow::cross_memory_attach(), and not turned off here), rather
+  /// than staged; only for works that read them so (the peer copy on a host executor: Plan::copies()
+  /// of Path::direct, 1, then holds for them too; other works, e.g. the decode merge, stage).
+  bool cross_memory_attach() const noexcept { return cma_ && win_->cross_memory_attach(); }
+  /// Turns the reads in place of inputs outside the window off (false: stage them, as where Cross
+  /// Memory Attach is not permitted) or back on. Local: each rank decides how it publishes its own
+  /// inputs, every peer reads either. @param on whether to publish them for reading in place
+  void set_cross_memory_attach(bool on) noexcept { cma_ = on; }
 
   /// MpiComm::alltoallv(). @throws Error(aborted) when broken(); as MpiComm::alltoallv().
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
@@ -393,8 +440,11 @@ class MpiWindowComm {
   /// transport/peer_copy.hpp publishes); `work(ctx, all)` then runs with all[p] pointing to rank
   /// p's PeerInputs translated into this process's mapping of the window (valid during the call).
   /// Inputs in this rank's slot are read in place by the peers; inputs outside the window are
-  /// copied first into the slot's bytes after its registrations (and after any input of this
-  /// call in the slot). Returns when every rank's work has returned.
+  /// published for the peers to read in place with Cross Memory Attach when
+  /// cross_memory_attach() and `mine` says its work reads so (PeerInputs::reads_remote; the
+  /// views then carry the owner's pid and addresses), else copied first into the slot's bytes
+  /// after its registrations (and after any input of this call in the slot). Returns when every
+  /// rank's work has returned.
   /// @pre `mine` points to a PeerInputs; host memory.
   /// @throws Error(plan_mismatch) on every rank: the ranks registered different window buffers,
   ///         or publish different numbers of inputs (the group stays usable);
@@ -403,7 +453,8 @@ class MpiWindowComm {
   ///         inputs from the window, or make it larger); the peers throw Error(aborted);
   ///         Error(timeout) on a rank that waited longer than timeout() (the message names the
   ///         ranks that did not arrive, or did not finish reading); Error(aborted) when the group
-  ///         is broken (before or during the call); what `work` throws (the group is then broken).
+  ///         is broken (before or during the call); what `work` throws (the group is then broken:
+  ///         Error(backend) when a read with Cross Memory Attach fails).
   ///         After any error but plan_mismatch the group is broken.
   void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
     require_alive("with_peers");
@@ -437,10 +488,14 @@ class MpiWindowComm {
         PeerInputs& v = views_[static_cast<std::size_t>(p)];
         v.count = static_cast<int>(r.count);
         v.layouts = r.layouts;
+        v.pid = 0;
         for (int t = 0; t < kMaxTensors; ++t) {
           const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
-          v.data[t] = used ? win_->at(p) + r.offset[t] : nullptr;
+          const bool remote = used && r.offset[t] == detail::WindowControl::kRemote;
+          v.data[t] = !used ? nullptr : !remote ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
           v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
+          v.remote[t] = remote ? r.address[t] : 0;
+          if (remote && p != me) v.pid = static_cast<std::int64_t>(r.pid);
         }
         all_[static_cast<std::size_t>(p)] = &v;
       }
@@ -515,7 +570,8 @@ class MpiWindowComm {
     const std::byte* slot = w.at(rank());
     std::size_t cursor = w.used();  // staging goes after the registrations and after every input of this call in the slot
     std::string err;
-    staged_ = 0;
+    staged_ = remote_ = 0;
+    const bool read_in_place = in.reads_remote && cross_memory_attach();
     const int n = std::min(std::max(in.count, 0), kMaxTensors);
     for (int t = 0; t < n; ++t)
       if (in.bytes[t] && w.contains(in.data[t], in.bytes[t]))
@@ -523,6 +579,7 @@ class MpiWindowComm {
     for (int t = 0; t < kMaxTensors; ++t) {
       c.offset[t] = detail::WindowControl::kNone;
       c.bytes[t] = 0;
+      c.address[t] = 0;
     }
     for (int t = 0; t < n && err.empty(); ++t) {
       const std::byte* p = in.data[t];
@@ -538,6 +595,12 @@ class MpiWindowComm {
               std::to_string(b - static_cast<std::size_t>(slot + w.bytes_per_rank() - p)) + " bytes past its end";
         break;
       }
+      if (read_in_place) {  // the peers read it where it is (Cross Memory Attach): one copy
+        c.offset[t] = detail::WindowControl::kRemote;
+        c.address[t] = reinterpret_cast<std::uintptr_t>(p);
+        remote_ += b;
+        continue;
+      }
       const std::size_t off = detail::round_up(cursor, MpiWindow::kAlignment);
       if (off > w.bytes_per_rank() || b > w.bytes_per_rank() - off) {
         err = "MpiWindowComm: input " + std::to_string(t) + " of rank " + std::to_string(rank()) + " (" + std::to_string(b) +
@@ -552,6 +615,7 @@ class MpiWindowComm {
     }
     c.count = static_cast<std::uint64_t>(in.count);
     c.layouts = in.layouts;
+    c.reads_remote = in.reads_remote ? 1 : 0;
     c.registered = w.digest();
     c.status = err.empty() ? 0 : 1;
     return err;
@@ -571,10 +635,21 @@ class MpiWindowComm {
       detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: ranks " + detail::rank_set(other) + " publish another number of inputs than rank 0's " +
                                             std::to_string(win_->control(0).count) + " (rank " + std::to_string(rank()) + ": " +
                                             std::to_string(in.count) + "); the ranks' plans differ");
+    std::vector<int> remote, unread;  // ranks publishing inputs to read in place; ranks whose work cannot
+    for (int p = 0; p < P; ++p) {
+      const detail::WindowControl& r = win_->control(p);
+      if (!r.reads_remote) unread.push_back(p);
+      for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
+        if (r.offset[t] == detail::WindowControl::kRemote && (remote.empty() || remote.back() != p)) remote.push_back(p);
+    }
+    if (!remote.empty() && !unread.empty())
+      detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: ranks " + detail::rank_set(remote) +
+                                            " publish inputs to read in place, and the work of ranks " + detail::rank_set(unread) +
+                                            " cannot read them (the ranks run different exchanges)");
     for (int p = 0; p < P; ++p) {
       const detail::WindowControl& r = win_->control(p);
       for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
-        if (r.offset[t] != detail::WindowControl::kNone &&
+        if (r.offset[t] != detail::WindowControl::kNone && r.offset[t] != detail::WindowControl::kRemote &&
             (r.offset[t] > win_->bytes_per_rank() || r.bytes[t] > win_->bytes_per_rank() - r.offset[t]))
           detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes input " + std::to_string(t) +
                                                 " outside its window slot (the ranks' windows differ)");
@@ -629,7 +704,8 @@ class MpiWindowComm {
   MpiWindow* win_;
   std::chrono::milliseconds timeout_;
   detail::CommFailure failure_;  // this rank's first failure
-  std::size_t staged_ = 0;
+  std::size_t staged_ = 0, remote_ = 0;
+  bool cma_ = true;                // set_cross_memory_attach()
   std::vector<PeerInputs> views_;  // every rank's inputs in this process's mapping (with_peers' scratch)
   std::vector<const void*> all_;   // &views_[p]
   ExchangeState state_;            // see exchange_state()

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../detail/hash.hpp"
+#include "../comm/cross_memory.hpp"
 #include "common.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -41,10 +42,12 @@ struct PeerCopyWork {
   Exec* exec;
   int P;
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
-  std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors entries
+  std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors + 1 entries (the last: the bounce buffer)
+  RemoteReadScratch* remote;       // the communicator's scratch for inputs read with Cross Memory Attach
   static void run(void* ctx, const void* const* all) {
     const auto& w = *static_cast<const PeerCopyWork*>(ctx);
     std::vector<std::byte*>& peers = *w.peers;
+    bool remote = false;  // a peer's input this process cannot load (published by pid and address)
     for (int p = 0; p < w.P; ++p) {
       const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
       if (!w.layouts->empty() && in.layouts != (*w.layouts)[static_cast<std::size_t>(p)])
@@ -52,11 +55,68 @@ struct PeerCopyWork {
                                       " runs a plan with other layouts or another wire than the one this rank's peer-copy lists were built "
                                       "from on this communicator: on a communicator, a plan must meet the same peer plans at every "
                                       "exchange (a peer's layouts are its own, but fixed for the pairing)");
-      for (int t = 0; t < kMaxTensors; ++t) peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
+      for (int t = 0; t < kMaxTensors; ++t) {
+        peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
+        remote = remote || (in.pid && !in.data[t] && in.bytes[t]);
+      }
     }
     BufferTable t = *w.table;
     t.peers = peers.data();
-    w.exec->run(w.list->data(), w.list->size(), t);
+    if (!remote) {
+      w.exec->run(w.list->data(), w.list->size(), t);
+      return;
+    }
+    if constexpr (executor_traits<Exec>::runs_on_host) {
+      run_remote(w, all, t);
+    } else {
+      fail(Errc::backend, "the peer copy got inputs of another process to read with Cross Memory Attach, and its executor runs on a device");
+    }
+  }
+
+  /// The list with some peers' inputs in other processes: their copy blocks are read straight
+  /// into the outputs (process_vm_readv, one copy per element); their sum terms are read into the
+  /// bounce buffer (packed) and summed from there by the executor with the other blocks, whose
+  /// sources it loads (this rank's inputs, the window's).
+  static void run_remote(const PeerCopyWork& w, const void* const* all, const BufferTable& t) {
+    RemoteReadScratch& s = *w.remote;
+    auto remote_of = [&](const BlockCopy& b) -> const PeerInputs* {  // the source's owner when it is read remotely
+      const int i = b.src_buffer - BufferIndex::count;
+      if (i < 0) return nullptr;
+      const auto* in = static_cast<const PeerInputs*>(all[i / kMaxTensors]);
+      return in->pid && !in->data[i % kMaxTensors] ? in : nullptr;
+    };
+    std::size_t bounce = 0;
+    for (const BlockCopy& b : *w.list)
+      if (b.op != BlockOp::copy && remote_of(b)) bounce += round_up<std::size_t>(static_cast<std::size_t>(b.bytes()), 64);
+    if (s.bounce.size() < bounce) s.bounce.resize(bounce);
+    (*w.peers)[static_cast<std::size_t>(w.P) * kMaxTensors] = s.bounce.data();
+    s.blocks.clear();
+    std::size_t off = 0;
+    int owner = -1;
+    for (const BlockCopy& b : *w.list) {
+      const PeerInputs* in = remote_of(b);
+      if (!in) {
+        s.blocks.push_back(b);
+        continue;
+      }
+      const int i = b.src_buffer - BufferIndex::count;
+      if (i / kMaxTensors != owner) s.reader.begin(in->pid, owner = i / kMaxTensors);
+      const std::uint64_t src = in->remote[i % kMaxTensors];
+      if (b.op == BlockOp::copy) {
+        read_block(s.reader, b, src, buffer_at(t, b.dst_buffer), false);
+        continue;
+      }
+      read_block(s.reader, b, src, s.bounce.data() + off, true);
+      BlockCopy c = b;  // the term, from its packed rows in the bounce buffer
+      c.src_buffer = BufferIndex::peer_input(w.P, 0);
+      c.src_offset = static_cast<std::int64_t>(off);
+      c.src_stride[3] = b.row_bytes;
+      for (int k = 2; k >= 0; --k) c.src_stride[k] = c.src_stride[k + 1] * b.extent[k + 1];
+      s.blocks.push_back(c);
+      off += round_up<std::size_t>(static_cast<std::size_t>(b.bytes()), 64);
+    }
+    s.reader.flush();  // every remote row is here before the executor sums the bounce buffer
+    w.exec->run(s.blocks.data(), s.blocks.size(), t);
   }
 };
 }  // namespace detail
@@ -116,15 +176,21 @@ struct PeerCopyTransport {
       inputs.data[x] = t.base[BufferIndex::input(x)];
       inputs.bytes[x] = plan.input_bytes(d, x);
     }
+    inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
     if (!l.layouts.empty()) {
       inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
       inputs.peer_layouts = l.layouts.data();
     }
     std::vector<std::byte*> own_scratch;
+    detail::RemoteReadScratch own_remote;
     std::vector<std::byte*>* peers = &own_scratch;
-    if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
-    peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors);
-    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers};
+    detail::RemoteReadScratch* remote = &own_remote;
+    if constexpr (comm_traits<Comm>::exchange_state) {
+      peers = &comm.exchange_state().peer_inputs();
+      remote = &comm.exchange_state().remote_reads();
+    }
+    peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors + 1);
+    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, remote};
     comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 
