@@ -91,6 +91,11 @@ struct PeerInputs {
   /// Memory Attach (comm/cross_memory.hpp). A communicator across processes may then publish its
   /// inputs outside registered memory that way instead of staging them (MpiWindowComm).
   bool reads_remote = false;
+  /// Set by the publisher with reads_remote: the mean contiguous bytes per range its peers read
+  /// of input t (estimated from this rank's own reads of its peers' inputs, which mirror theirs;
+  /// 0: unknown). Cross Memory Attach costs about a microsecond a range on top of the bytes, so a
+  /// communicator may stage an input whose ranges are short rather than publish it.
+  std::uint64_t range_bytes[kMaxTensors] = {};
   /// In what work() gets: 0 when every input is loadable at data[t]; else the owner's process id,
   /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
   std::int64_t pid = 0;

@@ -36,7 +36,8 @@
 /// work reads so (the peer copy on a host executor, PeerInputs::reads_remote): it is published
 /// by its owner's process id and address, and each peer reads its rows straight into its outputs
 /// with process_vm_readv (comm/cross_memory.hpp; one copy per element, as Open MPI's shared-memory
-/// transport moves a message; a sum's remote terms go through a bounce buffer, then the sum).
+/// transport moves a message; a sum's remote terms go through a bounce buffer, then the sum),
+/// unless the peers read it in short ranges (cross_memory_min_range(): the cost is per range).
 /// Otherwise (not permitted, not Linux, set_cross_memory_attach(false), or another work such as
 /// the decode merge) it is first copied once into the slot's free bytes after the registrations
 /// (staged: 2 copies per element of that input, still no transport). Plan::copies() counts the
@@ -367,6 +368,8 @@ class MpiWindowComm {
  public:
   /// Default wait bound of with_peers() (the shipped communicators', comm/failure.hpp).
   static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultCommTimeout;
+  /// Default cross_memory_min_range(), in bytes.
+  static constexpr std::size_t kCrossMemoryMinRange = 4096;
 
   /// Wraps `comm` and `window` (not owned). Local (no communication).
   /// @param comm    the MpiComm of the group (alltoallv, allgather, exchange_messages go through it)
@@ -417,6 +420,16 @@ class MpiWindowComm {
   /// Memory Attach is not permitted) or back on. Local: each rank decides how it publishes its own
   /// inputs, every peer reads either. @param on whether to publish them for reading in place
   void set_cross_memory_attach(bool on) noexcept { cma_ = on; }
+  /// The shortest mean range (PeerInputs::range_bytes) of an input outside the window that the
+  /// peers read in place; inputs whose peers read shorter ranges are staged. Default
+  /// kCrossMemoryMinRange: process_vm_readv pins the pages of every remote range, about a
+  /// microsecond each (measured on Linux 6, x86-64), which doubles the read of a 4 KiB range and
+  /// makes shorter ones slower than staging (a contiguous copy, then row copies from memory the
+  /// reader maps). Llama-3.1-8B at P = 4: seq→head reads rows of H/P heads (q: 4 KiB in fp32, k
+  /// and v: 1 KiB), head→seq whole sequence chunks per head.
+  std::size_t cross_memory_min_range() const noexcept { return min_range_; }
+  /// Sets cross_memory_min_range(). Local. @param bytes the shortest mean range read in place
+  void set_cross_memory_min_range(std::size_t bytes) noexcept { min_range_ = bytes; }
 
   /// MpiComm::alltoallv(). @throws Error(aborted) when broken(); as MpiComm::alltoallv().
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
@@ -595,7 +608,7 @@ class MpiWindowComm {
               std::to_string(b - static_cast<std::size_t>(slot + w.bytes_per_rank() - p)) + " bytes past its end";
         break;
       }
-      if (read_in_place) {  // the peers read it where it is (Cross Memory Attach): one copy
+      if (read_in_place && in.range_bytes[t] >= min_range_) {  // the peers read it where it is (Cross Memory Attach): one copy
         c.offset[t] = detail::WindowControl::kRemote;
         c.address[t] = reinterpret_cast<std::uintptr_t>(p);
         remote_ += b;
@@ -706,6 +719,7 @@ class MpiWindowComm {
   detail::CommFailure failure_;  // this rank's first failure
   std::size_t staged_ = 0, remote_ = 0;
   bool cma_ = true;                // set_cross_memory_attach()
+  std::size_t min_range_ = kCrossMemoryMinRange;  // set_cross_memory_min_range()
   std::vector<PeerInputs> views_;  // every rank's inputs in this process's mapping (with_peers' scratch)
   std::vector<const void*> all_;   // &views_[p]
   ExchangeState state_;            // see exchange_state()

@@ -34,6 +34,21 @@ inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprin
   return h;
 }
 
+/// PeerInputs::range_bytes from this rank's list: per input t, the mean contiguous bytes of the
+/// source ranges it reads of its peers' input t (rows merged where the source is contiguous).
+inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t* out) {
+  double bytes[kMaxTensors] = {}, ranges[kMaxTensors] = {};
+  for (const BlockCopy& b : list) {
+    const int i = b.src_buffer - BufferIndex::count;
+    if (i < 0) continue;
+    std::int64_t run = b.row_bytes;
+    for (int k = 3; k >= 0 && (b.extent[k] == 1 || b.src_stride[k] == run); --k) run *= b.extent[k];
+    bytes[i % kMaxTensors] += static_cast<double>(b.bytes());
+    ranges[i % kMaxTensors] += static_cast<double>(b.bytes()) / static_cast<double>(run);
+  }
+  for (int t = 0; t < kMaxTensors; ++t) out[t] = ranges[t] > 0 ? static_cast<std::uint64_t>(bytes[t] / ranges[t]) : 0;
+}
+
 /// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
 template <class Exec>
 struct PeerCopyWork {
@@ -85,9 +100,10 @@ struct PeerCopyWork {
       const auto* in = static_cast<const PeerInputs*>(all[i / kMaxTensors]);
       return in->pid && !in->data[i % kMaxTensors] ? in : nullptr;
     };
+    auto padded = [](const BlockCopy& b) { return (static_cast<std::size_t>(b.bytes()) + 63) / 64 * 64; };  // each term 64-byte aligned
     std::size_t bounce = 0;
     for (const BlockCopy& b : *w.list)
-      if (b.op != BlockOp::copy && remote_of(b)) bounce += round_up<std::size_t>(static_cast<std::size_t>(b.bytes()), 64);
+      if (b.op != BlockOp::copy && remote_of(b)) bounce += padded(b);
     if (s.bounce.size() < bounce) s.bounce.resize(bounce);
     (*w.peers)[static_cast<std::size_t>(w.P) * kMaxTensors] = s.bounce.data();
     s.blocks.clear();
@@ -113,7 +129,7 @@ struct PeerCopyWork {
       c.src_stride[3] = b.row_bytes;
       for (int k = 2; k >= 0; --k) c.src_stride[k] = c.src_stride[k + 1] * b.extent[k + 1];
       s.blocks.push_back(c);
-      off += round_up<std::size_t>(static_cast<std::size_t>(b.bytes()), 64);
+      off += padded(b);
     }
     s.reader.flush();  // every remote row is here before the executor sums the bounce buffer
     w.exec->run(s.blocks.data(), s.blocks.size(), t);
@@ -177,6 +193,7 @@ struct PeerCopyTransport {
       inputs.bytes[x] = plan.input_bytes(d, x);
     }
     inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
+    if (inputs.reads_remote) detail::remote_range_bytes(list, inputs.range_bytes);
     if (!l.layouts.empty()) {
       inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
       inputs.peer_layouts = l.layouts.data();
