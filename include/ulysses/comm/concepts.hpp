@@ -100,6 +100,13 @@ struct PeerInputs {
   /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
   std::int64_t pid = 0;
   std::uint64_t remote[kMaxTensors] = {};  ///< see pid
+  /// Set by the publisher with reads_remote: the addresses, in its own process, of the block list
+  /// its work() runs (`list_blocks` BlockCopy) and of its BufferTable, so that the owner of an
+  /// input read remotely can push the blocks whose destination is the more contiguous side
+  /// (transport/peer_copy.hpp); passed on unchanged by a communicator across processes.
+  std::uint64_t list = 0;
+  std::uint64_t list_blocks = 0;  ///< see list
+  std::uint64_t table = 0;        ///< see list
 };
 
 namespace detail {

@@ -56,16 +56,18 @@ inline std::int64_t process_id() noexcept {
 #endif
 }
 
-/// Reads `n` ranges of process `pid` (remote) into `n_local` ranges of this process, all their
-/// bytes (`bytes`). @returns 0, or the errno of the failure (a short read is EFAULT).
-inline int read_process_memory(std::int64_t pid, const IoRange* local, std::size_t n_local, const IoRange* remote, std::size_t n,
-                               std::size_t bytes) noexcept {
+/// Reads `n` ranges of process `pid` (remote) into `n_local` ranges of this process, or with
+/// `write` writes the local ranges into the remote ones; all their bytes (`bytes`).
+/// @returns 0, or the errno of the failure (a short transfer is EFAULT).
+inline int transfer_process_memory(std::int64_t pid, const IoRange* local, std::size_t n_local, const IoRange* remote, std::size_t n,
+                                   std::size_t bytes, bool write = false) noexcept {
 #if defined(__linux__)
-  const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), local, n_local, remote, n, 0);
+  const ssize_t got = write ? ::process_vm_writev(static_cast<pid_t>(pid), local, n_local, remote, n, 0)
+                            : ::process_vm_readv(static_cast<pid_t>(pid), local, n_local, remote, n, 0);
   if (got < 0) return errno;
   return static_cast<std::size_t>(got) == bytes ? 0 : EFAULT;
 #else
-  (void)pid, (void)local, (void)n_local, (void)remote, (void)n, (void)bytes;
+  (void)pid, (void)local, (void)n_local, (void)remote, (void)n, (void)bytes, (void)write;
   return ENOSYS;
 #endif
 }
@@ -79,7 +81,7 @@ inline bool cross_memory_readable(std::int64_t pid, std::uint64_t address, std::
   if (!kCrossMemoryAttach || pid <= 0) return false;
   std::uint64_t got = ~expect;
   IoRange local{&got, sizeof got}, remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), sizeof got};
-  return read_process_memory(pid, &local, 1, &remote, 1, sizeof got) == 0 && got == expect;
+  return transfer_process_memory(pid, &local, 1, &remote, 1, sizeof got) == 0 && got == expect;
 }
 
 /// Reads ranges of one peer process's memory into this process's memory, batched: consecutive
@@ -93,16 +95,20 @@ class CrossMemoryReader {
   /// Bytes per call at most (a read's count is capped by the kernel near 2 GiB).
   static constexpr std::size_t kMaxBytes = std::size_t{1} << 30;
 
-  /// Reads what was added before, then reads from process `pid` (rank `rank`, for the messages).
-  /// @param pid the peer's process id @param rank its rank
+  /// Transfers what was added before, then reads from process `pid` (rank `rank`, for the
+  /// messages), or with `write` writes into it.
+  /// @param pid the peer's process id @param rank its rank @param write whether add()'s local
+  ///        ranges are written to the remote ones (process_vm_writev) rather than read from them
   /// @throws Error(backend) as flush().
-  void begin(std::int64_t pid, int rank) {
+  void begin(std::int64_t pid, int rank, bool write = false) {
     flush();
     pid_ = pid;
     rank_ = rank;
+    write_ = write;
   }
-  /// Adds `n` bytes at `src` (the peer's address space) to `dst` (this process's).
-  /// @param dst where the bytes go @param src their address in the peer @param n bytes
+  /// Adds `n` bytes: read from `src` (the peer's address space) to `dst` (this process's), or
+  /// when writing, from `dst` (this process's) to `src` (the peer's).
+  /// @param dst the range in this process @param src the range in the peer @param n bytes
   /// @throws Error(backend) as flush() (when the lists are full).
   void add(std::byte* dst, std::uint64_t src, std::size_t n) {
     for (; n > kMaxBytes; dst += kMaxBytes, src += kMaxBytes, n -= kMaxBytes) add(dst, src, kMaxBytes);
@@ -129,13 +135,13 @@ class CrossMemoryReader {
   void flush() {
     if (pending_ == 0) return;
     const std::size_t n = pending_;
-    const int e = read_process_memory(pid_, local_.data(), local_.size(), remote_.data(), remote_.size(), n);
+    const int e = transfer_process_memory(pid_, local_.data(), local_.size(), remote_.data(), remote_.size(), n, write_);
     local_.clear();
     remote_.clear();
     pending_ = 0;
     if (e)
-      fail(Errc::backend, "process_vm_readv of " + std::to_string(n) + " bytes of rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) +
-                              ") failed: " + std::strerror(e));
+      fail(Errc::backend, std::string(write_ ? "process_vm_writev" : "process_vm_readv") + " of " + std::to_string(n) + " bytes of rank " +
+                              std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") failed: " + std::strerror(e));
     read_ += n;
   }
   /// Bytes read since construction.
@@ -144,6 +150,7 @@ class CrossMemoryReader {
  private:
   std::int64_t pid_ = 0;
   int rank_ = 0;
+  bool write_ = false;
   std::vector<IoRange> local_, remote_;
   std::size_t pending_ = 0, read_ = 0;
 };
@@ -169,13 +176,49 @@ inline void read_block(CrossMemoryReader& r, const BlockCopy& b, std::uint64_t s
         }
 }
 
+/// Adds the rows of block `b` to `r` (begin() called with `write` for the block's reader): the
+/// source rows at `src` + b.src_offset (+ the strides) in this process, written to `dst` +
+/// b.dst_offset (+ the strides) in the peer's address space.
+/// @param r the writer @param b the block (a copy) @param src the source buffer's base here
+/// @param dst the destination buffer's base in the peer
+/// @throws Error(backend) as CrossMemoryReader::flush().
+inline void write_block(CrossMemoryReader& r, const BlockCopy& b, const std::byte* src, std::uint64_t dst) {
+  const auto rb = static_cast<std::size_t>(b.row_bytes);
+  for (std::int64_t i0 = 0; i0 < b.extent[0]; ++i0)
+    for (std::int64_t i1 = 0; i1 < b.extent[1]; ++i1)
+      for (std::int64_t i2 = 0; i2 < b.extent[2]; ++i2)
+        for (std::int64_t i3 = 0; i3 < b.extent[3]; ++i3) {
+          const std::int64_t so = b.src_offset + i0 * b.src_stride[0] + i1 * b.src_stride[1] + i2 * b.src_stride[2] + i3 * b.src_stride[3];
+          const std::int64_t d = b.dst_offset + i0 * b.dst_stride[0] + i1 * b.dst_stride[1] + i2 * b.dst_stride[2] + i3 * b.dst_stride[3];
+          r.add(const_cast<std::byte*>(src + so), dst + static_cast<std::uint64_t>(d), rb);
+        }
+}
+
+/// Bytes of the contiguous runs of block b's rows on the source side (`source`) or the
+/// destination side: the row, times every inner dimension that continues it.
+/// @param b the block @param source which side
+inline std::int64_t contiguous_run(const BlockCopy& b, bool source) noexcept {
+  const std::int64_t* stride = source ? b.src_stride : b.dst_stride;
+  std::int64_t run = b.row_bytes;
+  for (int k = 3; k >= 0 && (b.extent[k] == 1 || stride[k] == run); --k) run *= b.extent[k];
+  return run;
+}
+
+/// Whether the owner of a copy block's source pushes it into the reader's memory
+/// (process_vm_writev: its own rows as the local side, the reader's destination as the remote
+/// one) rather than the reader pulls it: when the destination's runs are longer than the
+/// source's (process_vm_* pay per remote range). Reader and owner decide alike from the block.
+/// @param b the block (in the reader's list)
+inline bool pushed_by_owner(const BlockCopy& b) noexcept { return b.op == BlockOp::copy && contiguous_run(b, false) > contiguous_run(b, true); }
+
 /// What the peer copy keeps between calls to read inputs it cannot load (transport/peer_copy.hpp;
 /// ExchangeState::remote_reads()): the blocks it hands the executor, the bounce buffer of the
 /// sums' remote terms, the reader.
 struct RemoteReadScratch {
   std::vector<BlockCopy> blocks;  ///< the blocks the executor runs (local sources, and sum terms from the bounce buffer)
   std::vector<std::byte> bounce;  ///< the sums' remote terms, packed
-  CrossMemoryReader reader;       ///< the reads
+  std::vector<BlockCopy> peer_list;  ///< a peer's list, read to push its blocks that read this rank's inputs
+  CrossMemoryReader reader;       ///< the reads and writes
 };
 
 }  // namespace detail

@@ -103,6 +103,7 @@ struct WindowControl {
   std::uint64_t pid;                 ///< this rank's process id (written once, at construction)
   std::uint64_t probe;               ///< the address of a word of this rank's private memory (the construction's probe)
   std::uint64_t reads_remote;        ///< record: PeerInputs::reads_remote of this rank's work
+  std::uint64_t list, list_blocks, table;  ///< record: PeerInputs::list, list_blocks and table, passed on
   std::uint64_t count;               ///< record: the number of inputs (PeerInputs::count)
   std::uint64_t layouts;             ///< record: PeerInputs::layouts, passed on
   std::uint64_t offset[kMaxTensors];  ///< record: input t at this offset in the rank's data slot (kNone: empty)
@@ -501,7 +502,10 @@ class MpiWindowComm {
         PeerInputs& v = views_[static_cast<std::size_t>(p)];
         v.count = static_cast<int>(r.count);
         v.layouts = r.layouts;
-        v.pid = 0;
+        v.pid = p != me && win_->cross_memory_attach() ? static_cast<std::int64_t>(r.pid) : 0;  // (its inputs may be remote, or it may be pushed to)
+        v.list = r.list;
+        v.list_blocks = r.list_blocks;
+        v.table = r.table;
         for (int t = 0; t < kMaxTensors; ++t) {
           const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
           const bool remote = used && r.offset[t] == detail::WindowControl::kRemote;
@@ -629,6 +633,9 @@ class MpiWindowComm {
     c.count = static_cast<std::uint64_t>(in.count);
     c.layouts = in.layouts;
     c.reads_remote = in.reads_remote ? 1 : 0;
+    c.list = in.list;
+    c.list_blocks = in.list_blocks;
+    c.table = in.table;
     c.registered = w.digest();
     c.status = err.empty() ? 0 : 1;
     return err;

@@ -11,6 +11,7 @@
 /// Traffic: every element read once from its owner's memory (the same bytes as the flat exchange, no messages).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,14 +36,14 @@ inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprin
 }
 
 /// PeerInputs::range_bytes from this rank's list: per input t, the mean contiguous bytes of the
-/// source ranges it reads of its peers' input t (rows merged where the source is contiguous).
+/// ranges of its reads of its peers' input t (rows merged where the source is contiguous, or for
+/// a copy the destination where that is longer: such blocks the owner pushes).
 inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t* out) {
   double bytes[kMaxTensors] = {}, ranges[kMaxTensors] = {};
   for (const BlockCopy& b : list) {
     const int i = b.src_buffer - BufferIndex::count;
     if (i < 0) continue;
-    std::int64_t run = b.row_bytes;
-    for (int k = 3; k >= 0 && (b.extent[k] == 1 || b.src_stride[k] == run); --k) run *= b.extent[k];
+    const std::int64_t src = contiguous_run(b, true), run = b.op == BlockOp::copy ? std::max(src, contiguous_run(b, false)) : src;  // pulled or pushed
     bytes[i % kMaxTensors] += static_cast<double>(b.bytes());
     ranges[i % kMaxTensors] += static_cast<double>(b.bytes()) / static_cast<double>(run);
   }
@@ -59,6 +60,7 @@ struct PeerCopyWork {
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
   std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors + 1 entries (the last: the bounce buffer)
   RemoteReadScratch* remote;       // the communicator's scratch for inputs read with Cross Memory Attach
+  int rank;                        // this rank
   static void run(void* ctx, const void* const* all) {
     const auto& w = *static_cast<const PeerCopyWork*>(ctx);
     std::vector<std::byte*>& peers = *w.peers;
@@ -72,7 +74,7 @@ struct PeerCopyWork {
                                       "exchange (a peer's layouts are its own, but fixed for the pairing)");
       for (int t = 0; t < kMaxTensors; ++t) {
         peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
-        remote = remote || (in.pid && !in.data[t] && in.bytes[t]);
+        remote = remote || in.remote[t];  // a peer's input to read remotely, or this rank's to push
       }
     }
     BufferTable t = *w.table;
@@ -88,10 +90,15 @@ struct PeerCopyWork {
     }
   }
 
-  /// The list with some peers' inputs in other processes: their copy blocks are read straight
-  /// into the outputs (process_vm_readv, one copy per element); their sum terms are read into the
-  /// bounce buffer (packed) and summed from there by the executor with the other blocks, whose
-  /// sources it loads (this rank's inputs, the window's).
+  /// The list with some inputs in other processes' private memory (Cross Memory Attach, one copy
+  /// per element): a copy block is pulled straight into the outputs (process_vm_readv) where its
+  /// source is the more contiguous side, else its owner pushes it (process_vm_writev, below: the
+  /// kernel pays per remote range); a sum's remote terms are read into the bounce buffer (packed)
+  /// and summed from there by the executor with the other blocks, whose sources it loads (this
+  /// rank's inputs, the window's). Then this rank pushes, for every peer, the blocks of the peer's
+  /// list that read this rank's remote inputs and that pushed_by_owner() gives to it (the peer's
+  /// list and buffer table are read from its memory first). Every peer returns only once every
+  /// rank's work is done (with_peers()), so its outputs are complete.
   static void run_remote(const PeerCopyWork& w, const void* const* all, const BufferTable& t) {
     RemoteReadScratch& s = *w.remote;
     auto remote_of = [&](const BlockCopy& b) -> const PeerInputs* {  // the source's owner when it is read remotely
@@ -119,7 +126,7 @@ struct PeerCopyWork {
       if (i / kMaxTensors != owner) s.reader.begin(in->pid, owner = i / kMaxTensors);
       const std::uint64_t src = in->remote[i % kMaxTensors];
       if (b.op == BlockOp::copy) {
-        read_block(s.reader, b, src, buffer_at(t, b.dst_buffer), false);
+        if (!pushed_by_owner(b)) read_block(s.reader, b, src, buffer_at(t, b.dst_buffer), false);
         continue;
       }
       read_block(s.reader, b, src, s.bounce.data() + off, true);
@@ -133,6 +140,32 @@ struct PeerCopyWork {
     }
     s.reader.flush();  // every remote row is here before the executor sums the bounce buffer
     w.exec->run(s.blocks.data(), s.blocks.size(), t);
+    push(w, all);
+  }
+
+  /// This rank's pushes into its peers' outputs (see run_remote()).
+  static void push(const PeerCopyWork& w, const void* const* all) {
+    RemoteReadScratch& s = *w.remote;
+    const auto& mine = *static_cast<const PeerInputs*>(all[w.rank]);
+    bool any = false;
+    for (int x = 0; x < kMaxTensors; ++x) any = any || mine.remote[x];
+    if (!any) return;
+    for (int q = 0; q < w.P; ++q) {
+      const auto& peer = *static_cast<const PeerInputs*>(all[q]);
+      if (q == w.rank || !peer.pid || !peer.list || !peer.list_blocks) continue;
+      s.peer_list.resize(static_cast<std::size_t>(peer.list_blocks));
+      BufferTable table;
+      s.reader.begin(peer.pid, q);
+      s.reader.add(reinterpret_cast<std::byte*>(s.peer_list.data()), peer.list, s.peer_list.size() * sizeof(BlockCopy));
+      s.reader.add(reinterpret_cast<std::byte*>(&table), peer.table, sizeof table);
+      s.reader.begin(peer.pid, q, true);  // (reads the list and the table first)
+      for (const BlockCopy& c : s.peer_list) {
+        const int i = c.src_buffer - BufferIndex::count;
+        if (i < 0 || i / kMaxTensors != w.rank || !mine.remote[i % kMaxTensors] || !pushed_by_owner(c)) continue;
+        write_block(s.reader, c, mine.data[i % kMaxTensors], reinterpret_cast<std::uintptr_t>(table.base[c.dst_buffer]));
+      }
+    }
+    s.reader.flush();
   }
 };
 }  // namespace detail
@@ -193,7 +226,12 @@ struct PeerCopyTransport {
       inputs.bytes[x] = plan.input_bytes(d, x);
     }
     inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
-    if (inputs.reads_remote) detail::remote_range_bytes(list, inputs.range_bytes);
+    if (inputs.reads_remote) {
+      detail::remote_range_bytes(list, inputs.range_bytes);
+      inputs.list = reinterpret_cast<std::uintptr_t>(list.data());  // for the owners that push (PeerCopyWork::push)
+      inputs.list_blocks = list.size();
+      inputs.table = reinterpret_cast<std::uintptr_t>(&t);
+    }
     if (!l.layouts.empty()) {
       inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
       inputs.peer_layouts = l.layouts.data();
@@ -207,7 +245,7 @@ struct PeerCopyTransport {
       remote = &comm.exchange_state().remote_reads();
     }
     peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors + 1);
-    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, remote};
+    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, remote, plan.rank()};
     comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 
