@@ -7,9 +7,11 @@
 //                 buffers: the floor of any exchange that goes through MPI (target: window <= 1.0x)
 //   window        redistribute() over MpiWindowComm, the inputs allocated from the window: every
 //                 rank copies its share of its peers' inputs straight into its outputs (Path::direct)
-//   window_staged the same with the inputs outside the window: the peers read them in place with
-//                 Cross Memory Attach (process_vm_readv, 1 copy) where the window's probe allows it,
-//                 else staged once into the window (2 copies) (target: <= 1.3x MPI_Alltoall)
+//   window_staged the same with the inputs outside the window: their rows go straight into the
+//                 peers' outputs with Cross Memory Attach (process_vm_readv by the reader, or
+//                 process_vm_writev by the owner; 1 copy) where the window's probe allows it,
+//                 else staged once into the window (2 copies) (target: <= 1.3x MPI_Alltoall).
+//                 CMA_MIN_RANGE=<bytes> sets MpiWindowComm::set_cross_memory_min_range()
 //   window_staged_copy  the same, staging forced (MpiWindowComm::set_cross_memory_attach(false)):
 //                 2 copies, the way inputs outside the window went before Cross Memory Attach
 //   messages      redistribute() over MpiComm (the default path between processes until now)

@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief Cross Memory Attach: reading another process's memory in one copy (Linux
-///        `process_vm_readv`), for the peer copy between processes when an input lies outside
-///        the registered window (MpiWindowComm, comm/mpi_window.hpp).
+/// @brief Cross Memory Attach: reading and writing another process's memory in one copy (Linux
+///        `process_vm_readv` / `process_vm_writev`), for the peer copy between processes when an
+///        input lies outside the registered window (MpiWindowComm, comm/mpi_window.hpp).
 ///
 /// The kernel copies straight from the owner's pages into the reader's, as Open MPI's shared-memory
 /// transport (vader/sm with CMA) does for one message: one copy per element, where staging the
 /// input into the window first takes two. A peer copy block (layout/blocks.hpp) becomes iovec
 /// ranges, one per row, merged where consecutive rows are contiguous (separately on each side:
 /// process_vm_readv scatters and gathers independently), up to IOV_MAX (1024) ranges per side and
-/// call. Whether a process may read its peers' memory (ptrace access mode: same user and Yama's
+/// call. The kernel pins the pages of every remote range (about a microsecond a range), so the
+/// side with the longer runs is made the remote one: the reader pulls, or the owner pushes
+/// (pushed_by_owner()). Whether a process may read its peers' memory (ptrace access mode: same user and Yama's
 /// ptrace_scope 0, or CAP_SYS_PTRACE; the same pid namespace) is probed once, collectively, when a
 /// window is made (cross_memory_readable()); without it, or on another OS, the window stages.
 #pragma once

@@ -34,9 +34,11 @@
 /// read in place where every rank may read its peers' private memory (Cross Memory Attach,
 /// probed once and agreed by the window's constructor: MpiWindow::cross_memory_attach()) and the
 /// work reads so (the peer copy on a host executor, PeerInputs::reads_remote): it is published
-/// by its owner's process id and address, and each peer reads its rows straight into its outputs
-/// with process_vm_readv (comm/cross_memory.hpp; one copy per element, as Open MPI's shared-memory
-/// transport moves a message; a sum's remote terms go through a bounce buffer, then the sum),
+/// by its owner's process id and address, and its rows go straight into the peers' outputs
+/// (comm/cross_memory.hpp; one copy per element, as Open MPI's shared-memory transport moves a
+/// message): each peer pulls them with process_vm_readv, or, where the destination is the more
+/// contiguous side (seq→head), the owner pushes them with process_vm_writev; a sum's remote
+/// terms go through a bounce buffer, then the sum),
 /// unless the peers read it in short ranges (cross_memory_min_range(): the cost is per range).
 /// Otherwise (not permitted, not Linux, set_cross_memory_attach(false), or another work such as
 /// the decode merge) it is first copied once into the slot's free bytes after the registrations
@@ -409,8 +411,8 @@ class MpiWindowComm {
   /// Bytes of inputs the last with_peers() staged into the window (2 copies per element; 0 when
   /// all were in it or read in place).
   std::size_t staged_bytes() const noexcept { return staged_; }
-  /// Bytes of inputs outside the window the last with_peers() published for its peers to read in
-  /// place with Cross Memory Attach (1 copy per element, as in the window).
+  /// Bytes of inputs outside the window the last with_peers() published for Cross Memory Attach
+  /// (their rows pulled by the peers or pushed by this rank: 1 copy per element, as in the window).
   std::size_t remote_bytes() const noexcept { return remote_; }
   /// Whether inputs outside the window are read in place by the peers (Cross Memory Attach: the
   /// window's agreed probe, MpiWindow::cross_memory_attach(), and not turned off here), rather
