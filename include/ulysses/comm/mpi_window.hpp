@@ -231,14 +231,15 @@ class MpiWindow {
     std::memset(bases_[static_cast<std::size_t>(rank_)], 0, kControlBytes + data);  // the control block and the data, by their owner
     detail::WindowControl& mine = control(rank_);
     mine.pid = static_cast<std::uint64_t>(detail::process_id());
-    probe_ = 0x756c7973736573ull ^ static_cast<std::uint64_t>(rank_);
+    constexpr std::uint64_t kProbe = 0x756c7973736573;  // the probe word, xor the rank
+    probe_ = kProbe ^ static_cast<std::uint64_t>(rank_);
     mine.probe = reinterpret_cast<std::uintptr_t>(&probe_);
     detail::mpi_check(MPI_Barrier(node_), "MPI_Barrier");  // every control block is zero (and has its pid) before anyone uses it
     // Cross Memory Attach: can every rank read every peer's private memory? One verdict for all.
     int readable = 1;
     for (int p = 0; p < size_; ++p)
       if (p != rank_ && !detail::cross_memory_readable(static_cast<std::int64_t>(control(p).pid), control(p).probe,
-                                                       0x756c7973736573ull ^ static_cast<std::uint64_t>(p)))
+                                                       kProbe ^ static_cast<std::uint64_t>(p)))
         readable = 0;
     int all = 0;
     detail::mpi_check(MPI_Allreduce(&readable, &all, 1, MPI_INT, MPI_MIN, node_), "MPI_Allreduce");  // also: no peer reads probe_ any more
