@@ -7,7 +7,13 @@
 //                 buffers: the floor of any exchange that goes through MPI (target: window <= 1.0x)
 //   window        redistribute() over MpiWindowComm, the inputs allocated from the window: every
 //                 rank copies its share of its peers' inputs straight into its outputs (Path::direct)
-//   window_staged the same with the inputs outside the window (staged once into it: 2 copies)
+//   window_staged the same with the inputs outside the window: their rows go straight into the
+//                 peers' outputs with Cross Memory Attach (process_vm_readv by the reader, or
+//                 process_vm_writev by the owner; 1 copy) where the window's probe allows it,
+//                 else staged once into the window (2 copies) (target: <= 1.3x MPI_Alltoall).
+//                 CMA_MIN_RANGE=<bytes> sets MpiWindowComm::set_cross_memory_min_range()
+//   window_staged_copy  the same, staging forced (MpiWindowComm::set_cross_memory_attach(false)):
+//                 2 copies, the way inputs outside the window went before Cross Memory Attach
 //   messages      redistribute() over MpiComm (the default path between processes until now)
 //   deepspeed     DeepSpeed-Ulysses' op sequence over the same MpiComm, per tensor: permute into a
 //                 preallocated buffer, the all-to-all, and at B > 1 the second permute
@@ -73,6 +79,7 @@ struct WindowSetup {
     in_win = win->allocate(in_total);
     std::memset(in_win.data(), 0x11, in_total);
     wc = std::make_unique<MpiWindowComm>(comm, *win);
+    if (const char* m = std::getenv("CMA_MIN_RANGE")) wc->set_cross_memory_min_range(std::strtoull(m, nullptr, 10));
     in_host = Buf(in_total, 0x11);
     out = Buf(out_total, 0x22);
     const auto q_bytes = static_cast<std::size_t>(B * Sr * kH * kD * elem);  // DeepSpeed's largest tensor
@@ -105,7 +112,7 @@ WindowSetup& setup(std::int64_t S, int elem, std::int64_t B, Direction d) {
   return *cache;
 }
 
-enum class What { alltoall, window, window_staged, messages, deepspeed };
+enum class What { alltoall, window, window_staged, window_staged_copy, messages, deepspeed };
 
 void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t B, Direction d) {
   WindowSetup& r = setup(S, elem, B, d);
@@ -123,7 +130,8 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
       };
       break;
     case What::window: op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_win.data()), r.outputs(), {}); }; break;
-    case What::window_staged: op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_host.data()), r.outputs(), {}); }; break;
+    case What::window_staged:
+    case What::window_staged_copy: op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_host.data()), r.outputs(), {}); }; break;
     case What::messages:
       op = [&] { redistribute(*r.plan_messages, d, r.comm, ex, r.inputs(r.in_host.data()), r.outputs(), {r.ws.data(), r.ws.size()}); };
       break;
@@ -135,8 +143,15 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
       };
       break;
   }
+  r.wc->set_cross_memory_attach(what != What::window_staged_copy);
   mpi_timed_loop(st, op);
+  r.wc->set_cross_memory_attach(true);
   set_counters(st, r.bytes, g_size);
+  if (what == What::window_staged || what == What::window_staged_copy) {
+    st.counters["staged"] = static_cast<double>(r.wc->staged_bytes());
+    st.counters["remote"] = static_cast<double>(r.wc->remote_bytes());
+    st.counters["copies"] = r.wc->staged_bytes() ? 2 : 1;
+  }
   if (what == What::window) {
     st.counters["copies"] = r.plan->copies(d, choose_path<MpiWindowComm, HostExecutor>(*r.plan)).executor;
     st.counters["staged"] = static_cast<double>(r.wc->staged_bytes());
@@ -146,7 +161,8 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
 
 void register_all() {
   const std::pair<What, const char*> variants[] = {{What::alltoall, "MPI_Alltoall"}, {What::window, "window"},
-                                                   {What::window_staged, "window_staged"}, {What::messages, "messages"},
+                                                   {What::window_staged, "window_staged"},
+                                                   {What::window_staged_copy, "window_staged_copy"}, {What::messages, "messages"},
                                                    {What::deepspeed, "deepspeed"}};
   for (int elem : kElemBytes)
     for (std::int64_t S : kSeqs)

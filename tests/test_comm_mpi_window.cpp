@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <new>
 
 #include "cases.hpp"
@@ -71,10 +72,13 @@ void with_window(MPI_Comm sub, std::size_t bytes, bool arena, F&& fn) {
   const WindowSpan all = arena ? win.allocate(static_cast<std::size_t>(most)) : WindowSpan{};
   g_arena = {all.data(), all.size(), 0};
   MpiWindowComm wc(comm, win);
+  wc.set_cross_memory_min_range(0);  // the cases' rows are short: read them in place anyway
   fn(wc);
 }
 
-enum class Where { window, staged };
+/// Where the inputs lie: allocated from the window; outside it (read in place with Cross Memory
+/// Attach where the window's probe allows it, else staged); outside it and staged (forced).
+enum class Where { window, outside, staged };
 
 int comm_rank(MPI_Comm c) {
   int r = 0;
@@ -83,27 +87,34 @@ int comm_rank(MPI_Comm c) {
 }
 
 /// Every case on the window communicator: inputs in the window on every path it can take (the
-/// default, which must be direct, and each forced), and inputs outside it (staged) by default.
+/// default, which must be direct, and each forced), and inputs outside it by default (read in
+/// place with Cross Memory Attach where permitted), and with `staged` also forced to be staged.
 template <class T>
-void check_window(const std::vector<ut::Case>& cases) {
+void check_window(const std::vector<ut::Case>& cases, bool staged = false) {
   const Path paths[] = {Path::automatic, Path::direct, Path::messages, Path::alltoallv};
   for (auto c : cases) {
-    for (Where where : {Where::window, Where::staged})
+    for (Where where : {Where::window, Where::outside, Where::staged})
       for (Path path : paths) {
-        if (where == Where::staged && path != Path::automatic) continue;
+        if (where != Where::window && path != Path::automatic) continue;
+        if (where == Where::staged && !staged) continue;
         c.path = path;
-        const std::string via = std::string(to_string(path)) + (where == Where::window ? ", inputs in the window" : ", inputs staged");
+        const std::string via = std::string(to_string(path)) + (where == Where::window    ? ", inputs in the window"
+                                                                : where == Where::outside ? ", inputs outside the window"
+                                                                                          : ", inputs staged");
         CAPTURE(c.name);
         CAPTURE(via);
         on_groups_of(c.P, [&](MPI_Comm sub) {
           const int r = comm_rank(sub);
           if (path == Path::automatic) CHECK(choose_path<MpiWindowComm, HostExecutor>(ut::plan_of<T>(c, r)) == Path::direct);
           with_window(sub, case_bytes<T>(c, r), where == Where::window, [&](MpiWindowComm& wc) {
+            if (where == Where::staged) wc.set_cross_memory_attach(false);
             if (where == Where::window)
               CHECK(ut::run_case<T, MpiWindowComm, HostExecutor, ArenaAlloc<T>>(wc, c) == "");
             else
               CHECK(ut::run_case<T>(wc, c) == "");
-            if (where == Where::window) CHECK(wc.staged_bytes() == 0);
+            if (where == Where::window) CHECK(wc.staged_bytes() + wc.remote_bytes() == 0);
+            if (where == Where::staged) CHECK(wc.remote_bytes() == 0);
+            if (where == Where::outside && wc.cross_memory_attach()) CHECK(wc.staged_bytes() == 0);
           });
         });
       }
@@ -142,7 +153,7 @@ struct Small {
 TEST_CASE("MPI window: C1 batch > 1 in bshd, sbhd, bhsd") { check_window<float>(ut::c1_cases()); }
 
 TEST_CASE("MPI window: C2 inverse and reference, P in {2,4}, q/k/v fused") {
-  for (int P : {2, 4}) check_window<float>(ut::c2_cases(P));
+  for (int P : {2, 4}) check_window<float>(ut::c2_cases(P), true);
   check_window<ut::bf16_t>(ut::c2_cases(2));
 }
 
@@ -160,13 +171,16 @@ TEST_CASE("MPI window: C3 S=7 over P=2, C4 H=7 over P=4, C5 GQA, C6 empty chunks
 }
 
 TEST_CASE("MPI window: K stages, pipelined, strided views, uneven S and H, Replicas::owner, P in {2,3,4}") {
-  for (int P : {2, 3, 4}) check_window<float>(window_cases(P));
+  for (int P : {2, 3, 4}) check_window<float>(window_cases(P), true);
   check_window<double>(window_cases(3));
 }
 
 TEST_CASE("MPI window: C7 non-contiguous input view (staged)") {
   on_groups_of(2, [&](MPI_Comm sub) {
     with_window(sub, 1 << 16, false, [&](MpiWindowComm& wc) {
+      CHECK(ut::run_view_case<float>(wc, 2) == "");
+      CHECK(wc.staged_bytes() + wc.remote_bytes() > 0);
+      wc.set_cross_memory_attach(false);
       CHECK(ut::run_view_case<float>(wc, 2) == "");
       CHECK(wc.staged_bytes() > 0);
     });
@@ -198,7 +212,8 @@ TEST_CASE("MPI window: adjointness (the summed inverse in ascending rank order),
           c.padded = layout == 3;
           CAPTURE(c.name);
           on_groups_of(P, [&](MPI_Comm sub) {
-            with_window(sub, case_bytes<float>(c, comm_rank(sub)), false, [&](MpiWindowComm& wc) {  // inputs staged
+            with_window(sub, case_bytes<float>(c, comm_rank(sub)), false, [&](MpiWindowComm& wc) {  // inputs outside the window
+              wc.set_cross_memory_attach(i % 2 == 0);  // the sums' remote terms through the bounce buffer, or staged
               const ut::AdjointShare s = ut::run_adjoint_case<float>(wc, c);
               CHECK(s.error == "");
               long long mine[2] = {s.forward, s.backward}, sum[2];
@@ -235,6 +250,43 @@ TEST_CASE("MPI window: the direct path is the default, copies once, and needs no
   }
   CHECK(!wc.broken());
   CHECK(ut::code_of([&] { MpiWindowComm bad(world, win, std::chrono::milliseconds(1)); }) == Errc{});
+}
+
+TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory Attach) where every rank may, one verdict for all") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  Small s(P, r);
+  MpiWindow win(world, 2 * (s.plan.seq_bytes(0) + s.plan.seq_bytes(1)) + 4096);
+  int mine = win.cross_memory_attach() ? 1 : 0, lo = 0, hi = 0;
+  MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lo == hi);  // every rank takes the same way
+  const std::string how = mine ? "Cross Memory Attach between the ranks: permitted" : "Cross Memory Attach between the ranks: not permitted (staging)";
+  if (P > 1 && r == 0) MESSAGE(how);
+  std::vector<float> q(s.plan.seq_bytes(0) / 4), k(s.plan.seq_bytes(1) / 4), q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
+  std::vector<float> q3(q.size()), k3(k.size());
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(1000 * r + static_cast<int>(i));
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(-1000 * r - static_cast<int>(i));
+  MpiWindowComm wc(world, win);
+  CHECK(wc.cross_memory_attach() == win.cross_memory_attach());
+  HostExecutor ex;
+  const std::size_t in_bytes = s.plan.seq_bytes(0) + s.plan.seq_bytes(1);
+  CHECK(wc.cross_memory_min_range() == MpiWindowComm::kCrossMemoryMinRange);
+  seq_to_head(s.plan, wc, ex, {ConstByteSpan(q), ConstByteSpan(k)}, {ByteSpan(q2), ByteSpan(k2)}, {});
+  CHECK(wc.staged_bytes() == in_bytes);  // the peers read rows of 16 and 32 bytes: staged
+  wc.set_cross_memory_min_range(16);
+  seq_to_head(s.plan, wc, ex, {ConstByteSpan(q), ConstByteSpan(k)}, {ByteSpan(q2), ByteSpan(k2)}, {});
+  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? in_bytes : 0));
+  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? in_bytes : 0));
+  CHECK(wc.staged_bytes() == (win.cross_memory_attach() ? 0 : in_bytes));
+  head_to_seq(s.plan, wc, ex, {ConstByteSpan(q2), ConstByteSpan(k2)}, {ByteSpan(q3), ByteSpan(k3)}, {});
+  CHECK(q3 == q);  // (k's one kv head is on every rank: its inverse is their sum)
+  wc.set_cross_memory_attach(r != 0);  // local: rank 0 stages, its peers read either way
+  CHECK(wc.cross_memory_attach() == (r != 0 && win.cross_memory_attach()));
+  seq_to_head(s.plan, wc, ex, {ConstByteSpan(q), ConstByteSpan(k)}, {ByteSpan(q2), ByteSpan(k2)}, {});
+  CHECK(wc.staged_bytes() == (r == 0 || !win.cross_memory_attach() ? in_bytes : 0));
+  head_to_seq(s.plan, wc, ex, {ConstByteSpan(q2), ConstByteSpan(k2)}, {ByteSpan(q3), ByteSpan(k3)}, {});
+  CHECK(q3 == q);
 }
 
 TEST_CASE("MPI window: registrations in another order or size on one rank throw plan_mismatch on every rank") {
@@ -318,6 +370,82 @@ TEST_CASE("MPI window: a rank that never enters makes its peers time out within 
   CHECK(ut::code_of([&] { wc.allgather(&r, sizeof r, q2.data()); }) == Errc::aborted);
 }
 
+/// Milliseconds `f` takes.
+template <class F>
+double ms_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST_CASE("MPI window: a rank that stops participating: the others time out, then destroy their windows at once (no collective free)") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  const int stopped = P - 1;
+  Small s(P, r);
+  auto win = std::make_unique<MpiWindow>(world, 2 * (s.plan.seq_bytes(0) + s.plan.seq_bytes(1)) + 4096);
+  WindowSpan q = win->allocate(s.plan.seq_bytes(0)), k = win->allocate(s.plan.seq_bytes(1));
+  std::vector<float> q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
+  auto wc = std::make_unique<MpiWindowComm>(world, *win, std::chrono::seconds(60));
+  HostExecutor ex;
+  auto run = [&] { seq_to_head(s.plan, *wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); };
+  run();  // all ranks: the agreement check and the peer lists (MPI collectives) are done once
+  CHECK(!win->broken());
+  wc->set_timeout(std::chrono::milliseconds(300));
+  if (r != stopped) {
+    const Errc code = ut::code_of(run);  // the stopped rank never enters
+    CHECK((code == Errc::timeout || code == Errc::aborted));
+    CHECK(win->broken());
+    wc.reset();
+    // MPI_Win_free here would wait for the stopped rank, which is in the MPI_Barrier below: a hang
+    // (the ctest TIMEOUT), not a return.
+    CHECK(ms_of([&] { win.reset(); }) < 5000);
+    CHECK(win == nullptr);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the stopped rank comes back only after its peers destroyed their windows
+  if (r == stopped) {
+    CHECK(win->broken());  // its peers broke the group: it leaks too, without waiting
+    CHECK(ut::code_of(run) == Errc::aborted);
+    wc.reset();
+    CHECK(ms_of([&] { win.reset(); }) < 5000);
+  }
+}
+
+TEST_CASE("MPI window: a rank that skips the destructor: the others' destructors leak the window after its timeout") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  const int stopped = 0;
+  auto win = std::make_unique<MpiWindow>(world, 4096);
+  win->set_timeout(std::chrono::milliseconds(300));
+  CHECK(win->timeout() == std::chrono::milliseconds(300));
+  if (r != stopped) CHECK(ms_of([&] { win.reset(); }) < 300 + 5000);  // waits its timeout for rank 0, then leaks
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == stopped) {
+    CHECK(!win->broken());                                  // nobody broke the group: the verdict alone says leak
+    CHECK(ms_of([&] { win.reset(); }) < 5000);  // the verdict is already taken: no wait, no MPI_Win_free
+  }
+  // And with every rank present, the window is freed collectively (the rendezvous meets).
+  MpiWindow again(world, 4096);
+  again.set_timeout(std::chrono::seconds(60));
+  CHECK(!again.broken());
+}
+
+TEST_CASE("MPI window: mark_broken() on one rank breaks the group on every rank") {
+  MpiComm world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  MpiWindow win(world, 4096);
+  CHECK(!win.broken());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world.rank() == 0) win.mark_broken();
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(win.broken());  // every rank: the destructors below leak at once
+  MpiWindowComm wc(world, win);
+  CHECK(wc.broken());
+  CHECK(ut::code_of([&] { int x = 0, all[64]; wc.allgather(&x, sizeof x, all); }) == Errc::aborted);
+}
+
 TEST_CASE("MPI window: an input outside the window with no room to stage it: buffer_too_small there, aborted on the peers") {
   MpiComm world(MPI_COMM_WORLD);
   const int P = world.size(), r = world.rank();
@@ -327,6 +455,7 @@ TEST_CASE("MPI window: an input outside the window with no room to stage it: buf
   WindowSpan q = win.allocate(s.plan.seq_bytes(0)), k = win.allocate(s.plan.seq_bytes(1));
   std::vector<float> qo(s.plan.seq_bytes(0) / 4), q2(s.plan.head_bytes(0) / 4), k2(s.plan.head_bytes(1) / 4);
   MpiWindowComm wc(world, win, std::chrono::seconds(20));
+  wc.set_cross_memory_attach(false);  // staged (else rank 0's q is read in place: no room needed)
   HostExecutor ex;
   seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {});  // warm: agreement check and lists
   const ConstByteSpan qin = r == 0 ? ConstByteSpan(qo) : ConstByteSpan(q);  // rank 0's q outside the window, too big to stage

@@ -94,6 +94,27 @@ struct PeerInputs {
   /// one address space (comm_traits::one_address_space), whose peers then write it (the pushed
   /// seq→head); a communicator across processes never reads it.
   std::byte* outputs[kMaxTensors] = {};
+  /// Set by the publisher: its work() also reads inputs that this process cannot load, published
+  /// by their owner's process id and address (`pid`, `remote`) — the peer copy does, with Cross
+  /// Memory Attach (comm/cross_memory.hpp). A communicator across processes may then publish its
+  /// inputs outside registered memory that way instead of staging them (MpiWindowComm).
+  bool reads_remote = false;
+  /// Set by the publisher with reads_remote: the mean contiguous bytes per range its peers read
+  /// of input t (estimated from this rank's own reads of its peers' inputs, which mirror theirs;
+  /// 0: unknown). Cross Memory Attach costs about a microsecond a range on top of the bytes, so a
+  /// communicator may stage an input whose ranges are short rather than publish it.
+  std::uint64_t range_bytes[kMaxTensors] = {};
+  /// In what work() gets: 0 when every input is loadable at data[t]; else the owner's process id,
+  /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
+  std::int64_t pid = 0;
+  std::uint64_t remote[kMaxTensors] = {};  ///< see pid
+  /// Set by the publisher with reads_remote: the addresses, in its own process, of the block list
+  /// its work() runs (`list_blocks` BlockCopy) and of its BufferTable, so that the owner of an
+  /// input read remotely can push the blocks whose destination is the more contiguous side
+  /// (transport/peer_copy.hpp); passed on unchanged by a communicator across processes.
+  std::uint64_t list = 0;
+  std::uint64_t list_blocks = 0;  ///< see list
+  std::uint64_t table = 0;        ///< see list
 };
 
 namespace detail {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../layout/blocks.hpp"
+#include "cross_memory.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -94,12 +95,16 @@ class ExchangeState {
   std::vector<Message>& recv_messages() noexcept { return recv_; }  ///< see send_messages()
   /// Scratch: the peer copy's view of the group, peers[p * kMaxTensors + t] = rank p's input t.
   std::vector<std::byte*>& peer_inputs() noexcept { return peers_; }
+  /// Scratch: the peer copy's reads of inputs it cannot load (Cross Memory Attach): the blocks it
+  /// hands the executor, the bounce buffer of the sums' remote terms, the reader's range lists.
+  detail::RemoteReadScratch& remote_reads() noexcept { return remote_; }
 
  private:
   std::vector<std::uint64_t> agreed_;
   std::vector<std::pair<std::uint64_t, std::shared_ptr<const PeerCopyLists>>> peer_copy_;
   std::vector<Message> send_, recv_;
   std::vector<std::byte*> peers_;
+  detail::RemoteReadScratch remote_;
 };
 
 ULYSSES_NAMESPACE_END

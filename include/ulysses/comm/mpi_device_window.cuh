@@ -174,10 +174,22 @@ class MpiDeviceWindow {
   MpiDeviceWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiDeviceWindow(comm.get(), bytes_per_rank) {}
   MpiDeviceWindow(const MpiDeviceWindow&) = delete;
   MpiDeviceWindow& operator=(const MpiDeviceWindow&) = delete;
-  /// Frees the window. Collective: waits for the device (cudaDeviceSynchronize), then, once no
-  /// rank reads any more (MPI_Barrier), closes the peers' mappings and, after a second barrier,
-  /// frees its segment. Errors are ignored.
+  /// Frees the window, or leaks it when it is broken. Waits for the device
+  /// (cudaDeviceSynchronize; the window's kernels are bounded). Unless broken(): collective, once
+  /// no rank reads any more (MPI_Barrier) closes the peers' mappings and, after a second barrier,
+  /// frees its segment. When broken() (an MpiDeviceWindowComm over it failed or saw a peer fail,
+  /// or mark_broken()), no collective call is made, so a rank whose peer died or stopped does not
+  /// hang in the barriers: the peers' mappings stay open and the segment allocated (device memory
+  /// held until the process ends), and only the window's communicator is freed (MPI_Comm_free:
+  /// local in practice). Errors are ignored.
   ~MpiDeviceWindow() { release(); }
+
+  /// True after mark_broken(): the destructor then leaks the window instead of its collective free.
+  bool broken() const noexcept { return broken_; }
+  /// Marks this rank's window broken (local, never blocks): its destructor will skip the
+  /// collective free. MpiDeviceWindowComm calls it when it fails or sees a peer's failure; call it
+  /// after a failure the window cannot see (a peer died, the MpiComm broke).
+  void mark_broken() noexcept { broken_ = true; }
 
   int size() const noexcept { return size_; }                          ///< ranks of the group
   int rank() const noexcept { return rank_; }                          ///< this rank
@@ -212,6 +224,10 @@ class MpiDeviceWindow {
   void release() noexcept {
     if (node_ == MPI_COMM_NULL) return;
     cudaDeviceSynchronize();
+    if (broken_) {  // leak: no collective with peers that may never come
+      MPI_Comm_free(&node_);
+      return;
+    }
     MPI_Barrier(node_);
     for (int p = 0; p < size_ && p < static_cast<int>(bases_.size()); ++p)
       if (p != rank_ && bases_[static_cast<std::size_t>(p)]) cudaIpcCloseMemHandle(bases_[static_cast<std::size_t>(p)]);
@@ -224,6 +240,7 @@ class MpiDeviceWindow {
   detail::WindowRegistry reg_;
   int size_ = 0, rank_ = 0, device_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
+  bool broken_ = false;            // mark_broken(): the destructor leaks
   std::byte* own_ = nullptr;       // this rank's segment
   std::vector<std::byte*> bases_;  // every rank's segment (control block, then data) in this process
 };
@@ -282,9 +299,12 @@ class MpiDeviceWindowComm {
   }
   MpiDeviceWindowComm(const MpiDeviceWindowComm&) = delete;
   MpiDeviceWindowComm& operator=(const MpiDeviceWindowComm&) = delete;
-  /// Waits for the stream (errors ignored) and frees the status.
+  /// Waits for the stream (errors ignored) and frees the status. When broken() (this rank or a
+  /// peer failed, or the MpiComm broke), marks the window broken (MpiDeviceWindow::mark_broken()),
+  /// so that its destructor makes no collective call.
   ~MpiDeviceWindowComm() {
     cudaStreamSynchronize(stream_);
+    if (broken()) win_->mark_broken();
     cudaFreeHost(status_);
   }
 
@@ -417,6 +437,7 @@ class MpiDeviceWindowComm {
   }
   void break_group(Errc code, const std::string& what) noexcept {
     detail::dw_break_kernel<<<1, 1, 0, stream_>>>(group_.ctrl[0], static_cast<std::uint64_t>(rank()) + 1);
+    win_->mark_broken();
     try {
       failure_.record(code, what);
     } catch (...) {

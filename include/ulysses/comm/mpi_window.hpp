@@ -16,7 +16,9 @@
 ///     seq_to_head(plan, wc, exec, {q, k, v}, {q2, k2, v2}, {});  // inputs read in place by the peers
 ///
 /// **The window** (MpiWindow) is one MPI-3 shared-memory window (MPI_Win_allocate_shared over
-/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), allocated and freed collectively (RAII): per rank a
+/// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), allocated collectively and freed collectively by
+/// its destructor after a bounded rendezvous in the shared memory, or leaked when the group is
+/// broken or a peer does not come (~MpiWindow: a destructor never hangs on a dead peer): per rank a
 /// control block (MpiWindow::kControlBytes: the process-shared words of the synchronisation) and
 /// `bytes_per_rank` bytes of data, zeroed, first touched by their owner. Registration is
 /// allocate(): the next bytes of the rank's own slot, as NCCL's symmetric windows
@@ -27,11 +29,21 @@
 ///
 /// **The peer copy** (MpiWindowComm::with_peers, the optional member of the communicator concept,
 /// comm/concepts.hpp): the peer copy publishes this rank's inputs (a PeerInputs: base pointers
-/// and sizes); each input inside the rank's slot is published as its offset there, each input
-/// outside the window is first copied once into the slot's free bytes after the registrations
-/// (staged: then 2 copies per element of that input, still no transport; Plan::copies() counts
-/// the in-window case, 1), and every peer turns the offsets back into addresses of its own
-/// mapping. Synchronisation is by epochs in the control blocks, with lock-free atomics on the
+/// and sizes); each input inside the rank's slot is published as its offset there, and every
+/// peer turns the offsets back into addresses of its own mapping. An input outside the window is
+/// read in place where every rank may read its peers' private memory (Cross Memory Attach,
+/// probed once and agreed by the window's constructor: MpiWindow::cross_memory_attach()) and the
+/// work reads so (the peer copy on a host executor, PeerInputs::reads_remote): it is published
+/// by its owner's process id and address, and its rows go straight into the peers' outputs
+/// (comm/cross_memory.hpp; one copy per element, as Open MPI's shared-memory transport moves a
+/// message): each peer pulls them with process_vm_readv, or, where the destination is the more
+/// contiguous side (seq→head), the owner pushes them with process_vm_writev; a sum's remote
+/// terms go through a bounce buffer, then the sum),
+/// unless the peers read it in short ranges (cross_memory_min_range(): the cost is per range).
+/// Otherwise (not permitted, not Linux, set_cross_memory_attach(false), or another work such as
+/// the decode merge) it is first copied once into the slot's free bytes after the registrations
+/// (staged: 2 copies per element of that input, still no transport). Plan::copies() counts the
+/// one-copy cases, 1; staged_bytes() and remote_bytes() say what the last call did. Synchronisation is by epochs in the control blocks, with lock-free atomics on the
 /// shared memory (seq_cst `__atomic` builtins): a rank publishes its record, then its arrival
 /// epoch; no rank reads an input before its owner's arrival; every rank then marks its reads done
 /// and returns only when every peer's are. Every wait is bounded by the comm's timeout: a rank
@@ -57,6 +69,7 @@
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "concepts.hpp"
+#include "cross_memory.hpp"
 #include "exchange_state.hpp"
 #include "failure.hpp"
 #include "mpi_comm.hpp"
@@ -86,13 +99,23 @@ struct WindowControl {
   alignas(64) std::uint64_t arrive;  ///< epoch of the last with_peers() this rank published in
   alignas(64) std::uint64_t done;    ///< epoch of the last with_peers() whose reads this rank finished
   alignas(64) std::uint64_t abort;   ///< rank 0's only: 0, or 1 + the rank that broke the group
+  alignas(64) std::uint64_t leaving;  ///< 1 once this rank is in ~MpiWindow (the rendezvous before MPI_Win_free)
+  alignas(64) std::uint64_t verdict;  ///< rank 0's only: how ~MpiWindow ends, 0 undecided, kFree or kLeak (decided once, by a claim)
   alignas(64) std::uint64_t status;  ///< record: 0 published, 1 this rank failed to publish (it throws its own error)
+  std::uint64_t pid;                 ///< this rank's process id (written once, at construction)
+  std::uint64_t probe;               ///< the address of a word of this rank's private memory (the construction's probe)
+  std::uint64_t reads_remote;        ///< record: PeerInputs::reads_remote of this rank's work
+  std::uint64_t list, list_blocks, table;  ///< record: PeerInputs::list, list_blocks and table, passed on
   std::uint64_t count;               ///< record: the number of inputs (PeerInputs::count)
   std::uint64_t layouts;             ///< record: PeerInputs::layouts, passed on
   std::uint64_t offset[kMaxTensors];  ///< record: input t at this offset in the rank's data slot (kNone: empty)
   std::uint64_t bytes[kMaxTensors];   ///< record: and its size
+  std::uint64_t address[kMaxTensors]; ///< record: with offset kRemote, input t's address in this rank's process
   WindowDigest registered;            ///< record: what the rank registered
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  static constexpr std::uint64_t kRemote = kNone - 1;  ///< offset: input t is outside the window, read at address[t] with Cross Memory Attach
+  static constexpr std::uint64_t kFree = 1;  ///< verdict: every rank is in ~MpiWindow, all call MPI_Win_free
+  static constexpr std::uint64_t kLeak = 2;  ///< verdict: the group is broken or a rank did not come, none calls it
 };
 
 inline void mpi_check(int rc, const char* what) {
@@ -206,17 +229,43 @@ class MpiWindow {
       bases_[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (detail::round_up<std::uintptr_t>(a, kControlBytes) - a);
     }
     std::memset(bases_[static_cast<std::size_t>(rank_)], 0, kControlBytes + data);  // the control block and the data, by their owner
-    detail::mpi_check(MPI_Barrier(node_), "MPI_Barrier");          // every control block is zero before anyone uses it
+    detail::WindowControl& mine = control(rank_);
+    mine.pid = static_cast<std::uint64_t>(detail::process_id());
+    constexpr std::uint64_t kProbe = 0x756c7973736573;  // the probe word, xor the rank
+    probe_ = kProbe ^ static_cast<std::uint64_t>(rank_);
+    mine.probe = reinterpret_cast<std::uintptr_t>(&probe_);
+    detail::mpi_check(MPI_Barrier(node_), "MPI_Barrier");  // every control block is zero (and has its pid) before anyone uses it
+    // Cross Memory Attach: can every rank read every peer's private memory? One verdict for all.
+    int readable = 1;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && !detail::cross_memory_readable(static_cast<std::int64_t>(control(p).pid), control(p).probe,
+                                                       kProbe ^ static_cast<std::uint64_t>(p)))
+        readable = 0;
+    int all = 0;
+    detail::mpi_check(MPI_Allreduce(&readable, &all, 1, MPI_INT, MPI_MIN, node_), "MPI_Allreduce");  // also: no peer reads probe_ any more
+    cma_ = all == 1;
   }
   /// The same over MpiComm::get(). @throws as the constructor above.
   MpiWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiWindow(comm.get(), bytes_per_rank) {}
   MpiWindow(const MpiWindow&) = delete;
   MpiWindow& operator=(const MpiWindow&) = delete;
-  /// Frees the window. Collective (MPI_Win_free): every rank of the group destroys its window, and
-  /// no rank may use an address of it afterwards. Errors are ignored.
+  /// Frees the window, or leaks it; never waits longer than timeout(). MPI_Win_free is
+  /// collective and unbounded (a rank that never calls it hangs the others), so the ranks first
+  /// meet in the shared memory: each marks that it is leaving and waits, bounded by timeout(),
+  /// until every rank is; then all of them call MPI_Win_free and MPI_Comm_free (a verdict in the
+  /// window, claimed once, so that every rank takes the same way). When the group is broken
+  /// (broken(): a with_peers() timed out or failed on some rank, or mark_broken()), or a rank does
+  /// not arrive within timeout() (a peer died, or skipped the destructor), the verdict is to leak:
+  /// no rank makes a collective call, and this process keeps the shared segment mapped and MPI's
+  /// window and communicator objects allocated until it ends (the OS frees them at exit; the peers
+  /// still mapping the segment are not disturbed). No rank may use an address of the window
+  /// afterwards. Errors are ignored.
   ~MpiWindow() {
-    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
-    if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+    if (win_ == MPI_WIN_NULL) return;
+    if (leave()) {
+      MPI_Win_free(&win_);
+      MPI_Comm_free(&node_);
+    }
   }
 
   int size() const noexcept { return size_; }                     ///< ranks of the group
@@ -252,6 +301,27 @@ class MpiWindow {
   /// Whether p points into this rank's data slot (its first byte does).
   bool starts_in(const void* p) const noexcept { return reg_.starts_in(at(rank_), p); }
 
+  /// The destructor's bound on the wait for the peers (kDefaultCommTimeout unless set_timeout() said otherwise).
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Sets the destructor's wait bound. Local. @param timeout how long ~MpiWindow waits for the
+  /// peers before it leaks the window
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+  /// True once the window's group is broken (a with_peers() of an MpiWindowComm over it timed out
+  /// or failed on some rank, or a rank called mark_broken()): the destructor then leaks the window
+  /// on every rank instead of its collective free.
+  bool broken() const noexcept { return detail::shared_load(control(0).abort) != 0; }
+  /// Marks the group broken for every rank (the shared abort word; a no-op when it already is),
+  /// after a failure the window cannot see (a peer died, the MpiComm broke): every
+  /// MpiWindowComm's call then throws Error(aborted), and every rank's destructor leaks the window
+  /// at once instead of waiting for the peers. Local, never blocks.
+  void mark_broken() noexcept { detail::shared_claim(control(0).abort, static_cast<std::uint64_t>(rank_) + 1); }
+
+  /// Whether every rank of the group can read every peer's private memory with Cross Memory
+  /// Attach (comm/cross_memory.hpp: process_vm_readv), probed once by the constructor and agreed
+  /// by all ranks: then MpiWindowComm's peers read inputs outside the window in place (one copy)
+  /// instead of their owner staging them (two).
+  bool cross_memory_attach() const noexcept { return cma_; }
+
   MPI_Win get() const noexcept { return win_; }          ///< the MPI window
   MPI_Comm node_comm() const noexcept { return node_; }  ///< the window's communicator (the group's ranks, owned by the window)
 
@@ -261,8 +331,32 @@ class MpiWindow {
     return *reinterpret_cast<detail::WindowControl*>(bases_[static_cast<std::size_t>(p)]);
   }
   const detail::WindowDigest& digest() const noexcept { return reg_.digest(); }
+  /// The destructor's rendezvous: true when every rank is to call MPI_Win_free (see ~MpiWindow).
+  bool leave() const noexcept {
+    using W = detail::WindowControl;
+    std::uint64_t& verdict = control(0).verdict;
+    if (!broken()) {
+      detail::shared_store(control(rank_).leaving, 1);
+      detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+        if (detail::shared_load(verdict) != 0) return true;
+        if (broken()) {
+          detail::shared_claim(verdict, W::kLeak);
+          return true;
+        }
+        for (int p = 0; p < size_; ++p)
+          if (!detail::shared_load(control(p).leaving)) return false;
+        detail::shared_claim(verdict, W::kFree);
+        return true;
+      }, detail::PollPace::relaxed);
+    }
+    detail::shared_claim(verdict, W::kLeak);  // broken, or timed out (no-op once decided)
+    return detail::shared_load(verdict) == W::kFree;
+  }
 
   detail::WindowRegistry reg_;  // this rank's registrations
+  std::chrono::milliseconds timeout_ = kDefaultCommTimeout;
+  std::uint64_t probe_ = 0;  // the word the peers read in the constructor's probe
+  bool cma_ = false;         // cross_memory_attach()
   int size_ = 0, rank_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
@@ -278,6 +372,8 @@ class MpiWindowComm {
  public:
   /// Default wait bound of with_peers() (the shipped communicators', comm/failure.hpp).
   static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultCommTimeout;
+  /// Default cross_memory_min_range(), in bytes.
+  static constexpr std::size_t kCrossMemoryMinRange = 4096;
 
   /// Wraps `comm` and `window` (not owned). Local (no communication).
   /// @param comm    the MpiComm of the group (alltoallv, allgather, exchange_messages go through it)
@@ -295,6 +391,14 @@ class MpiWindowComm {
                                             std::to_string(window.rank()) + " vs " + std::to_string(comm.rank()) + ")");
   }
 
+  MpiWindowComm(const MpiWindowComm&) = default;             ///< shares the window's synchronisation (use one at a time)
+  MpiWindowComm& operator=(const MpiWindowComm&) = default;  ///< as the copy constructor
+  /// Local. When the MpiComm is broken (a call of it timed out or failed), marks the window's
+  /// group broken (MpiWindow::mark_broken()), so that no rank's ~MpiWindow waits for the peers.
+  ~MpiWindowComm() {
+    if (comm_->broken()) win_->mark_broken();
+  }
+
   int size() const noexcept { return comm_->size(); }  ///< P
   int rank() const noexcept { return comm_->rank(); }  ///< this rank
   MpiComm& mpi() const noexcept { return *comm_; }     ///< the wrapped MpiComm
@@ -304,25 +408,48 @@ class MpiWindowComm {
   void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
   /// True once a with_peers() of this group timed out or failed on any rank (or the MpiComm is
   /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
-  bool broken() const noexcept { return failure_.broken() || detail::shared_load(win_->control(0).abort) != 0 || comm_->broken(); }
-  /// Bytes of inputs the last with_peers() staged into the window (0 when all were in it).
+  bool broken() const noexcept { return failure_.broken() || win_->broken() || comm_->broken(); }
+  /// Bytes of inputs the last with_peers() staged into the window (2 copies per element; 0 when
+  /// all were in it or read in place).
   std::size_t staged_bytes() const noexcept { return staged_; }
+  /// Bytes of inputs outside the window the last with_peers() published for Cross Memory Attach
+  /// (their rows pulled by the peers or pushed by this rank: 1 copy per element, as in the window).
+  std::size_t remote_bytes() const noexcept { return remote_; }
+  /// Whether inputs outside the window are read in place by the peers (Cross Memory Attach: the
+  /// window's agreed probe, MpiWindow::cross_memory_attach(), and not turned off here), rather
+  /// than staged; only for works that read them so (the peer copy on a host executor: Plan::copies()
+  /// of Path::direct, 1, then holds for them too; other works, e.g. the decode merge, stage).
+  bool cross_memory_attach() const noexcept { return cma_ && win_->cross_memory_attach(); }
+  /// Turns the reads in place of inputs outside the window off (false: stage them, as where Cross
+  /// Memory Attach is not permitted) or back on. Local: each rank decides how it publishes its own
+  /// inputs, every peer reads either. @param on whether to publish them for reading in place
+  void set_cross_memory_attach(bool on) noexcept { cma_ = on; }
+  /// The shortest mean range (PeerInputs::range_bytes) of an input outside the window that the
+  /// peers read in place; inputs whose peers read shorter ranges are staged. Default
+  /// kCrossMemoryMinRange: process_vm_readv pins the pages of every remote range, about a
+  /// microsecond each (measured on Linux 6, x86-64), which doubles the read of a 4 KiB range and
+  /// makes shorter ones slower than staging (a contiguous copy, then row copies from memory the
+  /// reader maps). Llama-3.1-8B at P = 4: seq→head reads rows of H/P heads (q: 4 KiB in fp32, k
+  /// and v: 1 KiB), head→seq whole sequence chunks per head.
+  std::size_t cross_memory_min_range() const noexcept { return min_range_; }
+  /// Sets cross_memory_min_range(). Local. @param bytes the shortest mean range read in place
+  void set_cross_memory_min_range(std::size_t bytes) noexcept { min_range_ = bytes; }
 
   /// MpiComm::alltoallv(). @throws Error(aborted) when broken(); as MpiComm::alltoallv().
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,
                  const std::size_t* recv_bytes, const std::size_t* recv_offsets) {
     require_alive("alltoallv");
-    comm_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+    on_comm([&] { comm_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets); });
   }
   /// MpiComm::exchange_messages(). @throws Error(aborted) when broken(); as MpiComm::exchange_messages().
   void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
     require_alive("exchange_messages");
-    comm_->exchange_messages(send, n_send, recv, n_recv);
+    on_comm([&] { comm_->exchange_messages(send, n_send, recv, n_recv); });
   }
   /// MpiComm::allgather() (host memory). @throws Error(aborted) when broken(); as MpiComm::allgather().
   void allgather(const void* send, std::size_t bytes, void* recv) {
     require_alive("allgather");
-    comm_->allgather(send, bytes, recv);
+    on_comm([&] { comm_->allgather(send, bytes, recv); });
   }
 
   /// The peer copy's step across processes (the optional with_peers() of the communicator
@@ -330,8 +457,11 @@ class MpiWindowComm {
   /// transport/peer_copy.hpp publishes); `work(ctx, all)` then runs with all[p] pointing to rank
   /// p's PeerInputs translated into this process's mapping of the window (valid during the call).
   /// Inputs in this rank's slot are read in place by the peers; inputs outside the window are
-  /// copied first into the slot's bytes after its registrations (and after any input of this
-  /// call in the slot). Returns when every rank's work has returned.
+  /// published for the peers to read in place with Cross Memory Attach when
+  /// cross_memory_attach() and `mine` says its work reads so (PeerInputs::reads_remote; the
+  /// views then carry the owner's pid and addresses), else copied first into the slot's bytes
+  /// after its registrations (and after any input of this call in the slot). Returns when every
+  /// rank's work has returned.
   /// @pre `mine` points to a PeerInputs; host memory.
   /// @throws Error(plan_mismatch) on every rank: the ranks registered different window buffers,
   ///         or publish different numbers of inputs (the group stays usable);
@@ -340,7 +470,8 @@ class MpiWindowComm {
   ///         inputs from the window, or make it larger); the peers throw Error(aborted);
   ///         Error(timeout) on a rank that waited longer than timeout() (the message names the
   ///         ranks that did not arrive, or did not finish reading); Error(aborted) when the group
-  ///         is broken (before or during the call); what `work` throws (the group is then broken).
+  ///         is broken (before or during the call); what `work` throws (the group is then broken:
+  ///         Error(backend) when a read with Cross Memory Attach fails).
   ///         After any error but plan_mismatch the group is broken.
   void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
     require_alive("with_peers");
@@ -374,10 +505,17 @@ class MpiWindowComm {
         PeerInputs& v = views_[static_cast<std::size_t>(p)];
         v.count = static_cast<int>(r.count);
         v.layouts = r.layouts;
+        v.pid = p != me && win_->cross_memory_attach() ? static_cast<std::int64_t>(r.pid) : 0;  // (its inputs may be remote, or it may be pushed to)
+        v.list = r.list;
+        v.list_blocks = r.list_blocks;
+        v.table = r.table;
         for (int t = 0; t < kMaxTensors; ++t) {
           const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
-          v.data[t] = used ? win_->at(p) + r.offset[t] : nullptr;
+          const bool remote = used && r.offset[t] == detail::WindowControl::kRemote;
+          v.data[t] = !used ? nullptr : !remote ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
           v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
+          v.remote[t] = remote ? r.address[t] : 0;
+          if (remote && p != me) v.pid = static_cast<std::int64_t>(r.pid);
         }
         all_[static_cast<std::size_t>(p)] = &v;
       }
@@ -425,9 +563,20 @@ class MpiWindowComm {
     detail::fail(Errc::aborted, where + ": the window's group is broken (rank " + std::to_string(who - 1) +
                                     " timed out or failed in with_peers); make a new MpiWindow");
   }
+  /// Runs a call of the MpiComm; when it breaks the MpiComm (a timeout, a failed peer), breaks
+  /// the window's group too (then no rank's ~MpiWindow waits for the peers) before rethrowing.
+  template <class F>
+  void on_comm(F&& f) {
+    try {
+      f();
+    } catch (const Error& x) {
+      if (comm_->broken()) break_group(x.code(), x.what());
+      throw;
+    }
+  }
   /// Marks the group broken for every rank (the shared abort word) and this rank's failure.
   void break_group(Errc code, const std::string& what) noexcept {
-    detail::shared_claim(win_->control(0).abort, static_cast<std::uint64_t>(rank()) + 1);
+    win_->mark_broken();
     try {
       failure_.record(code, what);
     } catch (...) {  // (std::string's allocation: the shared word already breaks the group)
@@ -441,7 +590,8 @@ class MpiWindowComm {
     const std::byte* slot = w.at(rank());
     std::size_t cursor = w.used();  // staging goes after the registrations and after every input of this call in the slot
     std::string err;
-    staged_ = 0;
+    staged_ = remote_ = 0;
+    const bool read_in_place = in.reads_remote && cross_memory_attach();
     const int n = std::min(std::max(in.count, 0), kMaxTensors);
     for (int t = 0; t < n; ++t)
       if (in.bytes[t] && w.contains(in.data[t], in.bytes[t]))
@@ -449,6 +599,7 @@ class MpiWindowComm {
     for (int t = 0; t < kMaxTensors; ++t) {
       c.offset[t] = detail::WindowControl::kNone;
       c.bytes[t] = 0;
+      c.address[t] = 0;
     }
     for (int t = 0; t < n && err.empty(); ++t) {
       const std::byte* p = in.data[t];
@@ -464,6 +615,12 @@ class MpiWindowComm {
               std::to_string(b - static_cast<std::size_t>(slot + w.bytes_per_rank() - p)) + " bytes past its end";
         break;
       }
+      if (read_in_place && in.range_bytes[t] >= min_range_) {  // the peers read it where it is (Cross Memory Attach): one copy
+        c.offset[t] = detail::WindowControl::kRemote;
+        c.address[t] = reinterpret_cast<std::uintptr_t>(p);
+        remote_ += b;
+        continue;
+      }
       const std::size_t off = detail::round_up(cursor, MpiWindow::kAlignment);
       if (off > w.bytes_per_rank() || b > w.bytes_per_rank() - off) {
         err = "MpiWindowComm: input " + std::to_string(t) + " of rank " + std::to_string(rank()) + " (" + std::to_string(b) +
@@ -478,6 +635,10 @@ class MpiWindowComm {
     }
     c.count = static_cast<std::uint64_t>(in.count);
     c.layouts = in.layouts;
+    c.reads_remote = in.reads_remote ? 1 : 0;
+    c.list = in.list;
+    c.list_blocks = in.list_blocks;
+    c.table = in.table;
     c.registered = w.digest();
     c.status = err.empty() ? 0 : 1;
     return err;
@@ -497,10 +658,21 @@ class MpiWindowComm {
       detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: ranks " + detail::rank_set(other) + " publish another number of inputs than rank 0's " +
                                             std::to_string(win_->control(0).count) + " (rank " + std::to_string(rank()) + ": " +
                                             std::to_string(in.count) + "); the ranks' plans differ");
+    std::vector<int> remote, unread;  // ranks publishing inputs to read in place; ranks whose work cannot
+    for (int p = 0; p < P; ++p) {
+      const detail::WindowControl& r = win_->control(p);
+      if (!r.reads_remote) unread.push_back(p);
+      for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
+        if (r.offset[t] == detail::WindowControl::kRemote && (remote.empty() || remote.back() != p)) remote.push_back(p);
+    }
+    if (!remote.empty() && !unread.empty())
+      detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: ranks " + detail::rank_set(remote) +
+                                            " publish inputs to read in place, and the work of ranks " + detail::rank_set(unread) +
+                                            " cannot read them (the ranks run different exchanges)");
     for (int p = 0; p < P; ++p) {
       const detail::WindowControl& r = win_->control(p);
       for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
-        if (r.offset[t] != detail::WindowControl::kNone &&
+        if (r.offset[t] != detail::WindowControl::kNone && r.offset[t] != detail::WindowControl::kRemote &&
             (r.offset[t] > win_->bytes_per_rank() || r.bytes[t] > win_->bytes_per_rank() - r.offset[t]))
           detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes input " + std::to_string(t) +
                                                 " outside its window slot (the ranks' windows differ)");
@@ -555,7 +727,9 @@ class MpiWindowComm {
   MpiWindow* win_;
   std::chrono::milliseconds timeout_;
   detail::CommFailure failure_;  // this rank's first failure
-  std::size_t staged_ = 0;
+  std::size_t staged_ = 0, remote_ = 0;
+  bool cma_ = true;                // set_cross_memory_attach()
+  std::size_t min_range_ = kCrossMemoryMinRange;  // set_cross_memory_min_range()
   std::vector<PeerInputs> views_;  // every rank's inputs in this process's mapping (with_peers' scratch)
   std::vector<const void*> all_;   // &views_[p]
   ExchangeState state_;            // see exchange_state()

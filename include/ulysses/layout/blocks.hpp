@@ -46,6 +46,10 @@ struct BufferIndex {
   /// Output t of rank p in a group of `degree` ranks (BufferTable::peers[(degree + p) *
   /// kMaxTensors + t]): after every rank's inputs.
   static constexpr int peer_output(int p, int t, int degree) { return count + (degree + p) * kMaxTensors + t; }
+  /// The direct transport's bounce buffer in a group of `degree` ranks (BufferTable::peers[2 *
+  /// degree * kMaxTensors]): where the peer copy packs the terms of a sum it read from another
+  /// process (Cross Memory Attach), after every rank's inputs and outputs.
+  static constexpr int bounce(int degree) { return count + 2 * degree * kMaxTensors; }
 };
 
 /// Deprecated name of BufferIndex (0.1; removed in 0.3): it is index arithmetic, not a buffer.

@@ -14,6 +14,7 @@
 /// peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "../detail/hash.hpp"
+#include "../comm/cross_memory.hpp"
 #include "common.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -36,6 +38,21 @@ inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprin
   return h;
 }
 
+/// PeerInputs::range_bytes from this rank's list: per input t, the mean contiguous bytes of the
+/// ranges of its reads of its peers' input t (rows merged where the source is contiguous, or for
+/// a copy the destination where that is longer: such blocks the owner pushes).
+inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t* out) {
+  double bytes[kMaxTensors] = {}, ranges[kMaxTensors] = {};
+  for (const BlockCopy& b : list) {
+    const int i = b.src_buffer - BufferIndex::count;
+    if (i < 0) continue;
+    const std::int64_t src = contiguous_run(b, true), run = b.op == BlockOp::copy ? std::max(src, contiguous_run(b, false)) : src;  // pulled or pushed
+    bytes[i % kMaxTensors] += static_cast<double>(b.bytes());
+    ranges[i % kMaxTensors] += static_cast<double>(b.bytes()) / static_cast<double>(run);
+  }
+  for (int t = 0; t < kMaxTensors; ++t) out[t] = ranges[t] > 0 ? static_cast<std::uint64_t>(bytes[t] / ranges[t]) : 0;
+}
+
 /// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
 template <class Exec>
 struct PeerCopyWork {
@@ -44,11 +61,14 @@ struct PeerCopyWork {
   Exec* exec;
   int P;
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
-  std::vector<std::byte*>* peers;  // the communicator's scratch, P * kMaxTensors entries (2 P * kMaxTensors with push)
+  std::vector<std::byte*>* peers;  // the communicator's scratch, 2 P * kMaxTensors + 1 entries (inputs, outputs, the bounce buffer)
   bool push;                       // the list writes the peers' outputs (BufferIndex::peer_output)
+  RemoteReadScratch* remote;       // the communicator's scratch for inputs read with Cross Memory Attach
+  int rank;                        // this rank
   static void run(void* ctx, const void* const* all) {
     const auto& w = *static_cast<const PeerCopyWork*>(ctx);
     std::vector<std::byte*>& peers = *w.peers;
+    bool remote = false;  // a peer's input this process cannot load (published by pid and address)
     for (int p = 0; p < w.P; ++p) {
       const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
       if (!w.layouts->empty() && in.layouts != (*w.layouts)[static_cast<std::size_t>(p)])
@@ -59,11 +79,98 @@ struct PeerCopyWork {
       for (int t = 0; t < kMaxTensors; ++t) {
         peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
         if (w.push) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
+        remote = remote || in.remote[t];  // a peer's input to read remotely, or this rank's to push
       }
     }
     BufferTable t = *w.table;
     t.peers = peers.data();
-    w.exec->run(w.list->data(), w.list->size(), t);
+    if (!remote) {
+      w.exec->run(w.list->data(), w.list->size(), t);
+      return;
+    }
+    if constexpr (executor_traits<Exec>::runs_on_host) {
+      run_remote(w, all, t);
+    } else {
+      fail(Errc::backend, "the peer copy got inputs of another process to read with Cross Memory Attach, and its executor runs on a device");
+    }
+  }
+
+  /// The list with some inputs in other processes' private memory (Cross Memory Attach, one copy
+  /// per element): a copy block is pulled straight into the outputs (process_vm_readv) where its
+  /// source is the more contiguous side, else its owner pushes it (process_vm_writev, below: the
+  /// kernel pays per remote range); a sum's remote terms are read into the bounce buffer (packed)
+  /// and summed from there by the executor with the other blocks, whose sources it loads (this
+  /// rank's inputs, the window's). Then this rank pushes, for every peer, the blocks of the peer's
+  /// list that read this rank's remote inputs and that pushed_by_owner() gives to it (the peer's
+  /// list and buffer table are read from its memory first). Every peer returns only once every
+  /// rank's work is done (with_peers()), so its outputs are complete.
+  static void run_remote(const PeerCopyWork& w, const void* const* all, const BufferTable& t) {
+    RemoteReadScratch& s = *w.remote;
+    auto remote_of = [&](const BlockCopy& b) -> const PeerInputs* {  // the source's owner when it is read remotely
+      const int i = b.src_buffer - BufferIndex::count;
+      if (i < 0) return nullptr;
+      const auto* in = static_cast<const PeerInputs*>(all[i / kMaxTensors]);
+      return in->pid && !in->data[i % kMaxTensors] ? in : nullptr;
+    };
+    auto padded = [](const BlockCopy& b) { return (static_cast<std::size_t>(b.bytes()) + 63) / 64 * 64; };  // each term 64-byte aligned
+    std::size_t bounce = 0;
+    for (const BlockCopy& b : *w.list)
+      if (b.op != BlockOp::copy && remote_of(b)) bounce += padded(b);
+    if (s.bounce.size() < bounce) s.bounce.resize(bounce);
+    (*w.peers)[static_cast<std::size_t>(BufferIndex::bounce(w.P) - BufferIndex::count)] = s.bounce.data();
+    s.blocks.clear();
+    std::size_t off = 0;
+    int owner = -1;
+    for (const BlockCopy& b : *w.list) {
+      const PeerInputs* in = remote_of(b);
+      if (!in) {
+        s.blocks.push_back(b);
+        continue;
+      }
+      const int i = b.src_buffer - BufferIndex::count;
+      if (i / kMaxTensors != owner) s.reader.begin(in->pid, owner = i / kMaxTensors);
+      const std::uint64_t src = in->remote[i % kMaxTensors];
+      if (b.op == BlockOp::copy) {
+        if (!pushed_by_owner(b)) read_block(s.reader, b, src, buffer_at(t, b.dst_buffer), false);
+        continue;
+      }
+      read_block(s.reader, b, src, s.bounce.data() + off, true);
+      BlockCopy c = b;  // the term, from its packed rows in the bounce buffer
+      c.src_buffer = BufferIndex::bounce(w.P);
+      c.src_offset = static_cast<std::int64_t>(off);
+      c.src_stride[3] = b.row_bytes;
+      for (int k = 2; k >= 0; --k) c.src_stride[k] = c.src_stride[k + 1] * b.extent[k + 1];
+      s.blocks.push_back(c);
+      off += padded(b);
+    }
+    s.reader.flush();  // every remote row is here before the executor sums the bounce buffer
+    w.exec->run(s.blocks.data(), s.blocks.size(), t);
+    push(w, all);
+  }
+
+  /// This rank's pushes into its peers' outputs (see run_remote()).
+  static void push(const PeerCopyWork& w, const void* const* all) {
+    RemoteReadScratch& s = *w.remote;
+    const auto& mine = *static_cast<const PeerInputs*>(all[w.rank]);
+    bool any = false;
+    for (int x = 0; x < kMaxTensors; ++x) any = any || mine.remote[x];
+    if (!any) return;
+    for (int q = 0; q < w.P; ++q) {
+      const auto& peer = *static_cast<const PeerInputs*>(all[q]);
+      if (q == w.rank || !peer.pid || !peer.list || !peer.list_blocks) continue;
+      s.peer_list.resize(static_cast<std::size_t>(peer.list_blocks));
+      BufferTable table;
+      s.reader.begin(peer.pid, q);
+      s.reader.add(reinterpret_cast<std::byte*>(s.peer_list.data()), peer.list, s.peer_list.size() * sizeof(BlockCopy));
+      s.reader.add(reinterpret_cast<std::byte*>(&table), peer.table, sizeof table);
+      s.reader.begin(peer.pid, q, true);  // (reads the list and the table first)
+      for (const BlockCopy& c : s.peer_list) {
+        const int i = c.src_buffer - BufferIndex::count;
+        if (i < 0 || i / kMaxTensors != w.rank || !mine.remote[i % kMaxTensors] || !pushed_by_owner(c)) continue;
+        write_block(s.reader, c, mine.data[i % kMaxTensors], reinterpret_cast<std::uintptr_t>(table.base[c.dst_buffer]));
+      }
+    }
+    s.reader.flush();
   }
 };
 }  // namespace detail
@@ -131,15 +238,27 @@ struct PeerCopyTransport {
       inputs.bytes[x] = plan.input_bytes(d, x);
       if (push) inputs.outputs[x] = t.base[BufferIndex::output(x)];
     }
+    inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
+    if (inputs.reads_remote) {
+      detail::remote_range_bytes(list, inputs.range_bytes);
+      inputs.list = reinterpret_cast<std::uintptr_t>(list.data());  // for the owners that push (PeerCopyWork::push)
+      inputs.list_blocks = list.size();
+      inputs.table = reinterpret_cast<std::uintptr_t>(&t);
+    }
     if (!l.layouts.empty()) {
       inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
       inputs.peer_layouts = l.layouts.data();
     }
     std::vector<std::byte*> own_scratch;
+    detail::RemoteReadScratch own_remote;
     std::vector<std::byte*>* peers = &own_scratch;
-    if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
-    peers->resize(static_cast<std::size_t>(plan.degree()) * kMaxTensors * (push ? 2 : 1));
-    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, push};
+    detail::RemoteReadScratch* remote = &own_remote;
+    if constexpr (comm_traits<Comm>::exchange_state) {
+      peers = &comm.exchange_state().peer_inputs();
+      remote = &comm.exchange_state().remote_reads();
+    }
+    peers->resize(2 * static_cast<std::size_t>(plan.degree()) * kMaxTensors + 1);
+    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, push, remote, plan.rank()};
     comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// comm/cross_memory.hpp: reading a process's memory with process_vm_readv, batched (contiguous
+// ranges merged on each side, at most 1024 ranges per side and call), and a block's rows read
+// straight or packed — here from this process itself (a process may always read its own memory),
+// bit for bit against the rows the block names.
+#include <doctest/doctest.h>
+
+#include <ulysses/comm/cross_memory.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+using namespace ulysses;
+
+namespace {
+std::uint64_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+/// A block of 3 x 700 rows of 12 bytes: source rows 20 bytes apart (not contiguous), destination
+/// rows contiguous within a run of 700 and 40 bytes between runs.
+BlockCopy strided_block() {
+  BlockCopy b{};
+  for (int i = 0; i < 4; ++i) b.extent[i] = 1;
+  b.extent[2] = 3, b.extent[3] = 700;
+  b.src_stride[3] = 20, b.src_stride[2] = 20 * 700;
+  b.dst_stride[3] = 12, b.dst_stride[2] = 12 * 700 + 40;
+  b.src_offset = 8, b.dst_offset = 4, b.row_bytes = 12, b.elem_bytes = 4;
+  return b;
+}
+}  // namespace
+
+TEST_CASE("cross memory: this build reads its own process") {
+  if (!detail::kCrossMemoryAttach) return;
+  std::uint64_t word = 0x1234567890abcdefull;
+  CHECK(detail::cross_memory_readable(detail::process_id(), addr(&word), word));
+  CHECK(!detail::cross_memory_readable(detail::process_id(), addr(&word), word + 1));
+  CHECK(!detail::cross_memory_readable(0, addr(&word), word));
+}
+
+TEST_CASE("cross memory: a block's rows, straight and packed, over more than 1024 ranges per side") {
+  if (!detail::kCrossMemoryAttach) return;
+  const BlockCopy b = strided_block();
+  std::vector<std::byte> src(8 + 3 * 700 * 20);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 3);
+  std::vector<std::byte> want(4 + 3 * (12 * 700 + 40), std::byte{0x5a}), got = want, packed(3 * 700 * 12), want_packed(packed.size());
+  std::size_t k = 0;
+  for (std::int64_t i2 = 0; i2 < 3; ++i2)
+    for (std::int64_t i3 = 0; i3 < 700; ++i3)
+      for (std::int64_t j = 0; j < 12; ++j) {
+        const std::byte v = src[static_cast<std::size_t>(8 + i2 * b.src_stride[2] + i3 * 20 + j)];
+        want[static_cast<std::size_t>(4 + i2 * b.dst_stride[2] + i3 * 12 + j)] = v;
+        want_packed[k++] = v;
+      }
+  detail::CrossMemoryReader r;
+  r.begin(detail::process_id(), 0);
+  detail::read_block(r, b, addr(src.data()), got.data(), false);    // 2100 source ranges, 3 destination ranges
+  detail::read_block(r, b, addr(src.data()), packed.data(), true);  // and 1 packed one
+  r.flush();
+  CHECK(got == want);
+  CHECK(packed == want_packed);
+  CHECK(r.bytes_read() == 2 * 3 * 700 * 12);
+}
+
+TEST_CASE("cross memory: contiguous rows merge into one range; a bad address is Error(backend)") {
+  if (!detail::kCrossMemoryAttach) return;
+  std::vector<std::uint32_t> src(5000), dst(5000, 0);
+  std::iota(src.begin(), src.end(), 1u);
+  detail::CrossMemoryReader r;
+  r.begin(detail::process_id(), 3);
+  for (std::size_t i = 0; i < src.size(); ++i) r.add(reinterpret_cast<std::byte*>(&dst[i]), addr(&src[i]), 4);
+  r.flush();
+  CHECK(dst == src);
+  r.begin(detail::process_id(), 3);
+  r.add(reinterpret_cast<std::byte*>(dst.data()), 16, 4);  // page 0 is never mapped
+  try {
+    r.flush();
+    CHECK(false);
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::backend);
+    CHECK(std::string(e.what()).find("rank 3") != std::string::npos);
+  }
+}
