@@ -111,6 +111,37 @@ TEST_CASE("ranks entering different collectives fail with plan_mismatch instead 
   CHECK(code[1] == Errc::plan_mismatch);
 }
 
+TEST_CASE("a rank in barrier() while the others exchange: every rank gets plan_mismatch at once, none waits out the timeout") {
+  // The barrier() caller used to pass (it meets the others' first barrier), while they found the
+  // mismatch and then waited the whole timeout for it to finish a copy phase it never entered. A
+  // timeout of 10 minutes: Errc::timeout here would mean a rank waited it out (ctest's limit ends
+  // the test first).
+  for (int skipper : {0, 3}) {
+    LocalGroup g(4, std::chrono::minutes(10));
+    std::vector<Errc> code(4, Errc{});
+    std::vector<std::string> what(4);
+    g.spawn([&](LocalGroup::Comm& c) {
+      try {
+        if (c.rank() == skipper) {
+          c.barrier();
+        } else {
+          std::uint64_t x = 1, all[4];
+          c.allgather(&x, sizeof x, all);
+        }
+      } catch (const Error& e) {
+        code[static_cast<std::size_t>(c.rank())] = e.code();
+        what[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    CAPTURE(skipper);
+    for (int r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      CHECK(code[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+      CHECK(what[static_cast<std::size_t>(r)].find("rank " + std::to_string(skipper) + " barrier") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("allgather puts rank p's block at p * bytes") {
   LocalGroup g(3);
   std::vector<std::vector<std::uint32_t>> got(3, std::vector<std::uint32_t>(6));

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // redistribute.hpp: seq_to_head / head_to_seq on the in-process group, every shared fault case
 // (C1–C8) and every model, bit for bit; argument errors with their codes.
+#include <chrono>
 #include <cstdlib>
 #include <doctest/doctest.h>
 
@@ -291,6 +292,32 @@ TEST_CASE("q, k, v carved from one arena and passed in the wrong order (q and k 
     CAPTURE(m);
     CHECK(m.find("input 0 (tensor 0, seq-sharded) holds 64 bytes") != std::string::npos);
     CHECK(m.find("needs 128 bytes") != std::string::npos);
+  }
+}
+
+TEST_CASE("one rank's refused call (an output one element short) aborts the in-process group: its peers get aborted at once, not a timeout") {
+  // A timeout of 10 minutes: Errc::timeout would mean the peers waited it out (ctest ends the test first).
+  LocalGroup g(4, std::chrono::minutes(10));
+  std::vector<Errc> code(4, Errc{});
+  std::vector<std::string> msg(4);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int P = 4, r = comm.rank();
+    Plan plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(4, P), 2)});
+    std::vector<float> in(plan.seq_bytes(0) / 4), out(plan.head_bytes(0) / 4 - (r == 2 ? 1 : 0));
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    try {
+      seq_to_head(plan, comm, ex, in, out, ws);
+    } catch (const Error& e) {
+      code[static_cast<std::size_t>(r)] = e.code();
+      msg[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CAPTURE(msg[static_cast<std::size_t>(r)]);
+    CHECK(code[static_cast<std::size_t>(r)] == (r == 2 ? Errc::buffer_too_small : Errc::aborted));
+    if (r != 2) CHECK(msg[static_cast<std::size_t>(r)].find("rank 2 refused its call before the exchange") != std::string::npos);
   }
 }
 

@@ -217,13 +217,22 @@ struct Bound {
   Path path;
   BufferTable table;
 };
+/// A communicator with abort() (comm_traits::abort) of a group of 2 or more ranks is aborted when
+/// the call refuses its arguments: the peers already in the call's collectives throw
+/// Error(aborted) at once rather than time out.
 template <class Comm, class Exec>
-Bound bind(const Plan& plan, Direction dir, const Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+Bound bind(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
            const TensorList<ByteSpan>& out, Workspace ws) {
-  check_comm(plan, comm);
-  check_streams(comm, exec);
-  const Path path = choose_path<Comm, Exec>(plan);
-  return {path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes())};
+  try {
+    check_comm(plan, comm);
+    check_streams(comm, exec);
+    const Path path = choose_path<Comm, Exec>(plan);
+    return {path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes())};
+  } catch (const Error& e) {
+    if constexpr (comm_traits<Comm>::abort)
+      if (plan.degree() > 1) comm.abort("rank " + std::to_string(plan.rank()) + " refused its call before the exchange: " + e.what());
+    throw;
+  }
 }
 }  // namespace detail
 

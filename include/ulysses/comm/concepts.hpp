@@ -43,7 +43,11 @@
 ///   on unchanged to ranks of one address space (LocalGroup::Comm), so a rank may also write its
 ///   peers' published outputs (PeerInputs::outputs): seq→head then pushes (each rank reads its
 ///   own rows whole and writes its peers' heads), which reads memory in order;
-/// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's).
+/// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's);
+/// - `void abort(const std::string& why)`: breaks the group at once, so that every peer's current
+///   and later calls throw Error(aborted) with `why` (LocalGroup::Comm). A call that refuses its
+///   arguments before its collectives (bind_buffers()' errors) aborts the group with it, so the
+///   peers that entered do not wait out their timeout.
 ///
 /// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiWindowComm (allgather,
 /// exchange_messages, with_peers across the processes of one node, exchange_state), MpiComm (allgather,
@@ -64,6 +68,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -185,6 +190,11 @@ template <class E>
 struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
 
 template <class C, class = void>
+struct has_abort : std::false_type {};
+template <class C>
+struct has_abort<C, std::void_t<decltype(std::declval<C&>().abort(std::declval<const std::string&>()))>> : std::true_type {};
+
+template <class C, class = void>
 struct one_address_space : std::false_type {};
 template <class C>
 struct one_address_space<C, std::enable_if_t<C::one_address_space>> : std::true_type {};
@@ -221,6 +231,7 @@ struct comm_traits {
   static constexpr bool exchange_state = detail::has_exchange_state<Comm>::value;        ///< ExchangeState& exchange_state()
   static constexpr bool device_memory = detail::device_memory<Comm>::value;              ///< buffers in device memory
   static constexpr bool stream = detail::has_stream<Comm>::value;                        ///< stream() for the stream check
+  static constexpr bool abort = detail::has_abort<Comm>::value;                          ///< abort(why): break the group at once
   /// with_peers() among ranks of one address space: the peer copy may write the peers' outputs
   static constexpr bool one_address_space = detail::one_address_space<Comm>::value;
 };

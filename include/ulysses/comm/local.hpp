@@ -203,6 +203,10 @@ class LocalGroup {
       g_->barrier(rank_);  // every rank's reads of its peers' memory are done
     }
 
+    /// Breaks the group (LocalGroup::abort()): every rank's current and later calls throw
+    /// Error(aborted) with `why`. @param why what failed, for the peers' messages
+    void abort(const std::string& why) { g_->abort(why); }
+
     /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
     void barrier() {
       g_->slots_[static_cast<std::size_t>(rank_)].kind = kBarrier;
@@ -330,12 +334,26 @@ class LocalGroup {
     if (++arrived_ == size_) {
       arrived_ = 0;
       ++generation_;
+      // Every rank has written its slot before arriving: the last to arrive compares what they
+      // entered, so that a rank in another collective (barrier() while the others exchange) fails
+      // with them at once rather than passing while they wait for it.
+      const std::string mismatch = kinds_mismatch();
+      if (!mismatch.empty()) {
+        mismatched_ = gen;
+        mismatch_what_ = mismatch;
+        fail_locked(mismatch);
+        cv_.notify_all();
+        throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank) + ": " + mismatch);
+      }
       if (enter_copy) in_copy_ = size_;
       cv_.notify_all();
       return;
     }
     const bool ok = cv_.wait_for(l, timeout_, [&] { return generation_ != gen || failed_; });
-    if (generation_ != gen) return;  // completed, even if a rank failed since
+    if (generation_ != gen) {  // completed, even if a rank failed since
+      if (mismatched_ == gen) throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank) + ": " + mismatch_what_);
+      return;
+    }
     if (!ok && !failed_) {  // this rank's deadline passed first: the barrier timed out
       std::vector<int> missing;
       for (int p = 0; p < size_; ++p)
@@ -350,6 +368,25 @@ class LocalGroup {
       throw e;
     }
     throw_failed(rank, index, " was in");
+  }
+
+  /// Under m_, once every rank has arrived at a barrier: "" when they all entered the same
+  /// collective (and an allgather of the same block size), else which ranks entered which. The
+  /// library's own collectives (the plan's agreement all-gather, the peer copy's with_peers) are
+  /// named as such: a rank that skipped an exchange meets its peers' first one.
+  std::string kinds_mismatch() const {
+    const Slot& first = slots_[0];
+    for (int p = 1; p < size_; ++p) {
+      const Slot& s = slots_[static_cast<std::size_t>(p)];
+      if (s.kind == first.kind && (first.kind != kAllgather || s.gather_bytes == first.gather_bytes)) continue;
+      std::string who;
+      for (int q = 0; q < size_; ++q)
+        who += (q ? ", rank " : "rank ") + std::to_string(q) + " " + kind_name(slots_[static_cast<std::size_t>(q)].kind);
+      return "the ranks entered different collectives of the LocalGroup (" + who +
+             "; an exchange's collectives are its agreement check's allgather, then its transport's): ranks must call the same "
+             "collectives in the same order (did a rank skip an exchange, or run another plan or direction?)";
+    }
+    return "";
   }
 
   /// Records the group's first failure (under m_).
@@ -375,14 +412,6 @@ class LocalGroup {
   template <class F>
   void copy_phase(int rank, F&& f) {
     try {
-      const Slot& mine = slots_[static_cast<std::size_t>(rank)];
-      for (int p = 0; p < size_; ++p) {
-        const Slot& s = slots_[static_cast<std::size_t>(p)];
-        if (s.kind != mine.kind || (mine.kind == kAllgather && s.gather_bytes != mine.gather_bytes))
-          throw Error(Errc::plan_mismatch, "rank " + std::to_string(p) + " entered " + kind_name(s.kind) + " while rank " +
-                                               std::to_string(rank) + " entered " + kind_name(mine.kind) +
-                                               " (ranks must call the same collectives in the same order)");
-      }
       f();
     } catch (...) {
       std::unique_lock<std::mutex> l(m_);
@@ -409,6 +438,8 @@ class LocalGroup {
   bool failed_ = false;
   std::string why_;  // the first failure's message
   std::uint64_t timed_out_ = ~std::uint64_t{0};  // the barrier that timed out (none: all ones)
+  std::uint64_t mismatched_ = ~std::uint64_t{0};  // the barrier whose ranks entered different collectives (none: all ones)
+  std::string mismatch_what_;  // which ranks entered which
   std::string timeout_what_;  // which ranks did not arrive in it
 };
 

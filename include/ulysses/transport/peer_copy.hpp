@@ -62,7 +62,7 @@ struct PeerCopyWork {
   int P;
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
   std::vector<std::byte*>* peers;  // the communicator's scratch, 2 P * kMaxTensors + 1 entries (inputs, outputs, the bounce buffer)
-  bool push;                       // the list writes the peers' outputs (BufferIndex::peer_output)
+  bool writes_outputs;             // the list writes the peers' outputs (BufferIndex::peer_output): the pushed seq→head
   RemoteReadScratch* remote;       // the communicator's scratch for inputs read with Cross Memory Attach
   int rank;                        // this rank
   static void run(void* ctx, const void* const* all) {
@@ -78,7 +78,7 @@ struct PeerCopyWork {
                                       "exchange (a peer's layouts are its own, but fixed for the pairing)");
       for (int t = 0; t < kMaxTensors; ++t) {
         peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
-        if (w.push) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
+        if (w.writes_outputs) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
         remote = remote || in.remote[t];  // a peer's input to read remotely, or this rank's to push
       }
     }
