@@ -456,7 +456,7 @@ template <class R>
 struct interleaves<R, std::void_t<decltype(&R::pair_us)>> : std::true_type {};
 
 /// The sweep on one rank of `runner`'s group (HostRunner or DeviceRunner): per S, per step(), the
-/// plan, its buffers filled from the oracle, with -c 1 one checked run, then the timed runs and
+/// plan, with -c 1 its buffers filled from the oracle and one checked run, then the timed runs and
 /// the bare all-to-all-v. Collective. @returns the rows (every rank's same ones).
 template <class Runner>
 std::vector<Row> run(Runner& runner, const Options& o) {
@@ -487,7 +487,7 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         x.in_bytes += x.plan.input_bytes(x.dir, t);
       }
       x.ws.resize(x.plan.workspace_bytes());
-      fill_inputs(x, seq, r);
+      if (o.check) fill_inputs(x, seq, r);  // -c 0 times only: the values do not matter (zeros)
       runner.load(x);
       struct Unload {
         Runner& r;
@@ -627,7 +627,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
-      "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong).\n"
+      "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong);\n"
+      "-c 0 only times, on inputs left zero (the oracle's fill of every element is skipped).\n"
       "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
       "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
       "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"

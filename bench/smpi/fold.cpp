@@ -13,7 +13,11 @@
 // every written page of every rank goes through the file system's write fault and its writeback,
 // which made a 512-rank run spend most of its wall time in the kernel. Folded blocks are never
 // given back (SMPI 3.32's local-mode free unmaps an address it did not record): they stay mapped
-// onto the one segment, which costs address space and page tables, not memory.
+// onto the one segment, which costs address space and page tables, not memory; a released one is
+// handed out again to the next folded allocation it is large enough for (the sweep's next step or
+// size), so a rank maps about as many blocks as it holds at once, and pages it touched once do not
+// fault again (at 4096 ranks a fresh mapping per allocation cost a page fault per 4 KiB touched,
+// and the mappings approached vm.max_map_count).
 //
 // The program's own operator new replaces the global one in the program (each rank's dlopen'ed
 // copy has its own, with its own table below); SimGrid's allocations are not affected.
@@ -30,7 +34,9 @@
 namespace {
 
 constexpr int kMaxFolded = 1 << 14;  // folded blocks at most (the tool makes about ten per size and direction)
-void* folded[kMaxFolded];            // no allocation in here: a plain table
+void* folded[kMaxFolded];            // no allocation in here: plain tables
+std::size_t folded_bytes[kMaxFolded];  // each block's size
+bool folded_free[kMaxFolded];          // released, ready to be handed out again
 int n_folded = 0;
 
 std::size_t threshold() {
@@ -43,10 +49,19 @@ std::size_t threshold() {
 
 void* allocate(std::size_t n) {
   const std::size_t t = threshold();
-  if (t > 0 && n >= t && n_folded < kMaxFolded) {
-    void* p = smpi_shared_malloc(n, "ulysses_perf folded", 0);  // one key: one segment for all
+  if (t > 0 && n >= t) {
+    int reuse = -1;  // the smallest released block that holds n bytes
+    for (int i = 0; i < n_folded; ++i)
+      if (folded_free[i] && folded_bytes[i] >= n && (reuse < 0 || folded_bytes[i] < folded_bytes[reuse])) reuse = i;
+    if (reuse >= 0) {
+      folded_free[reuse] = false;
+      return folded[reuse];
+    }
+    void* p = n_folded < kMaxFolded ? smpi_shared_malloc(n, "ulysses_perf folded", 0) : nullptr;  // one key: one segment for all
     if (p) {
-      folded[n_folded++] = p;
+      folded[n_folded] = p;
+      folded_bytes[n_folded] = n;
+      folded_free[n_folded++] = false;
       return p;
     }
   }
@@ -58,7 +73,10 @@ void* allocate(std::size_t n) {
 void release(void* p) noexcept {
   if (!p) return;
   for (int i = n_folded - 1; i >= 0; --i)
-    if (folded[i] == p) return;  // kept mapped (see the file comment)
+    if (folded[i] == p) {
+      folded_free[i] = true;  // kept mapped, for the next folded allocation (see the file comment)
+      return;
+    }
   (std::free)(p);
 }
 
