@@ -203,12 +203,36 @@ void store_sum(ElementType type, const double* terms, int n, std::byte* p) {
   });
 }
 
+/// An allocator whose vectors leave new elements default-initialised (bytes: not written): -c 0
+/// times exchanges whose values do not matter, and zeroing every buffer took a third of the wall
+/// time of a simulated run at 512 ranks (SMPI, bench/smpi/fold.cpp); -c 1 zeroes them itself.
+template <class T>
+struct DefaultInit : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInit<U>;
+  };
+  DefaultInit() = default;
+  template <class U>
+  DefaultInit(const DefaultInit<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+/// A buffer of the sweep (see DefaultInit).
+using Bytes = std::vector<std::byte, DefaultInit<std::byte>>;
+
 /// One exchange of the sweep: the plan (q,k,v or o), the direction run, and its buffers.
 struct Exchange {
   Plan plan;
   Direction dir;
-  std::vector<std::vector<std::byte>> in, out;
-  std::vector<std::byte> ws;
+  std::vector<Bytes> in, out;
+  Bytes ws;
   std::size_t in_bytes = 0;
   TensorList<ConstByteSpan> ins() const {
     TensorList<ConstByteSpan> l;
@@ -487,7 +511,12 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         x.in_bytes += x.plan.input_bytes(x.dir, t);
       }
       x.ws.resize(x.plan.workspace_bytes());
-      if (o.check) fill_inputs(x, seq, r);  // -c 0 times only: the values do not matter (zeros)
+      if (o.check) {  // -c 0 times only: the values do not matter (left unwritten)
+        std::fill(x.ws.begin(), x.ws.end(), std::byte{0});
+        for (std::vector<Bytes>* l : {&x.in, &x.out})
+          for (Bytes& b : *l) std::fill(b.begin(), b.end(), std::byte{0});
+        fill_inputs(x, seq, r);
+      }
       runner.load(x);
       struct Unload {
         Runner& r;
@@ -619,16 +648,16 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
-      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW]\n"
+      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
       "                    [--attn-TFLOPS T]\n"
-      "       ulysses_perf --fit PARAMS.json RUN.json [RUN.json ...]\n"
+      "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
       "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
       "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong);\n"
-      "-c 0 only times, on inputs left zero (the oracle's fill of every element is skipped).\n"
+      "-c 0 only times, on buffers left unwritten (the oracle's fill of every element is skipped).\n"
       "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
       "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
       "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
@@ -648,7 +677,9 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "prints its table): one Ulysses group timed while the others load the shared links.\n"
       "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
       "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0).\n"
-      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
+      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
+      "node share one inter-node NIC, their concurrent inter-node flows dividing its bandwidth; 1, a NIC per rank, by\n"
+      "default; written to PARAMS.json as ranks_per_nic, not fitted); --check: its error on\n"
       "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
       "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
       "--budget-GiB (a rank's memory for one layer's attention tensors; default none: then every layout fits and the\n"
@@ -733,6 +764,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--intra-latency-us") o.links.intra_latency_us = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
     else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
     else if (a == "--list-models") {
@@ -933,7 +965,7 @@ int main(int argc, char** argv) {
     if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
 #if ULYSSES_PERF_JSON
       if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
-      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs) : perf_model::check(o.params, o.inputs, o.rows);
+      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs, o.links.apply(CostModel{})) : perf_model::check(o.params, o.inputs, o.rows);
 #else
       std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
       return 2;
