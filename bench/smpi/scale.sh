@@ -62,7 +62,8 @@ while read -r nodes model P s0 s1 case_iters; do
       -b "$s0" -e "$s1" -f 2 -n "${case_iters:-$iters}" -w 1 -c 0 --bare 0 --groups "$groups" --ranks-per-node 8 "${args[@]}" --json "$f" \
       > "${f%.json}.txt" 2>&1 || { echo "scale.sh: run failed (see ${f%.json}.txt)" >&2; rm -f "$f"; continue; }
     t1=$(date +%s.%N)
-    printf '%-70s %8.1f s wall\n' "$(basename "$f" .json)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" | tee -a "$out/walltime.txt"
+    printf '%-70s %8.1f s wall (%s)\n' "$(basename "$f" .json)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" \
+      "$(uptime | sed 's/.*load average/load average/')" | tee -a "$out/walltime.txt"
   done
 done <<<"$cases"
 cat > "$out/platform-params.json" <<EOF
