@@ -32,7 +32,7 @@
 ///   first failure's message. An MPI communicator cannot be repaired (MPI has no revoke outside
 ///   ULFM): end the job (MPI_Abort) after such an error.
 /// Under a simulator (SimGrid's SMPI, detected by its SMPI_SHARED_MALLOC macro; or with
-/// ULYSSES_MPI_BLOCKING_WAITS=1) the calls block instead: MPI_Waitall for the messages, the
+/// ULYSSES_MPI_BLOCKING_WAITS=1) the calls block instead: MPI_Wait on each message, the
 /// blocking collectives (MPI_Allreduce, MPI_Alltoallv, MPI_Allgather: SMPI 3.32 deadlocks in an
 /// MPI_Wait on its non-blocking ones, and runs the blocking ones with the algorithms its collective
 /// selector picks, Open MPI's under smpi.sh), and no notice is probed: a poll takes no simulated time, so SMPI injects some into every failed MPI_Test and
@@ -64,7 +64,7 @@
 #include "exchange_state.hpp"
 #include "failure.hpp"
 
-/// 1: MpiComm's waits block in MPI_Waitall, use the blocking collectives and probe no notices (see the file
+/// 1: MpiComm's waits block in MPI_Wait, use the blocking collectives and probe no notices (see the file
 /// comment); the default under SimGrid's SMPI. 0: polled against the deadline (the default).
 #ifndef ULYSSES_MPI_BLOCKING_WAITS
 #if defined(SMPI_SHARED_MALLOC)
@@ -280,10 +280,10 @@ class MpiComm {
   }
 
   /// Polls the posted messages (receives first, then sends) to completion or to the deadline;
-  /// a timeout names the peers of the incomplete ones (ULYSSES_MPI_BLOCKING_WAITS: MPI_Waitall).
+  /// a timeout names the peers of the incomplete ones (ULYSSES_MPI_BLOCKING_WAITS: MPI_Wait on each).
   void wait_messages(const Call& call) {
-    if (ULYSSES_MPI_BLOCKING_WAITS) {
-      check(call, MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    if (ULYSSES_MPI_BLOCKING_WAITS) {  // one MPI_Wait each: SMPI's MPI_Waitall is one MPI_Waitany per request, O(n^2)
+      for (MPI_Request& r : reqs_) check(call, MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
     } else if (!poll(call, [&] {
           int done = 0;
           check(call, MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
