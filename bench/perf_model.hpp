@@ -34,6 +34,7 @@ struct LinkFlags {
   double intra_us = -1, intra_GBps = -1, inter_us = -1, inter_GBps = -1, copy_GBps = -1;
   double cache_MiB = -1, intra_cached_GBps = -1, copy_cached_GBps = -1, row_ns = -1, round_us = -1;
   double intra_latency_us = -1, inter_latency_us = -1;
+  double ranks_per_nic = -1;  ///< CostModel::ranks_per_nic (>= 1 when given)
   /// `m` with the given flags applied.
   CostModel apply(CostModel m) const {
     if (intra_us >= 0) m.intra.alpha_s = intra_us * 1e-6;
@@ -48,6 +49,7 @@ struct LinkFlags {
     if (round_us >= 0) m.round_seconds = round_us * 1e-6;
     if (intra_latency_us >= 0) m.intra.latency_s = intra_latency_us * 1e-6;
     if (inter_latency_us >= 0) m.inter.latency_s = inter_latency_us * 1e-6;
+    if (ranks_per_nic >= 1) m.ranks_per_nic = ranks_per_nic;
     return m;
   }
 };
@@ -210,8 +212,9 @@ inline std::vector<Measured> read_measurements(const std::vector<std::string>& f
 inline std::string family(const std::string& backend) { return backend.substr(0, backend.find(' ')); }
 
 /// --fit: one model per backend family, written to `out_file`; prints the parameters and the
-/// in-sample error distribution.
-inline int fit(const std::string& out_file, const std::vector<std::string>& files) {
+/// in-sample error distribution. `base`: what the fit keeps (its ranks_per_nic, and the
+/// parameters no sample sees: fit_cost_model()).
+inline int fit(const std::string& out_file, const std::vector<std::string>& files, const CostModel& base = {}) {
   const std::vector<Measured> ms = read_measurements(files);
   std::map<std::string, std::vector<CostSample>> by;
   for (const Measured& m : ms) by[family(m.backend)].push_back({m.traffic, m.seconds});
@@ -219,7 +222,7 @@ inline int fit(const std::string& out_file, const std::vector<std::string>& file
   j["tool"] = "ulysses_perf --fit";
   j["inputs"] = files;
   for (const auto& [backend, samples] : by) {
-    const CostModel c = fit_cost_model(samples);
+    const CostModel c = fit_cost_model(samples, base);
     std::printf("# %s: %zu exchanges -> %s\n", backend.c_str(), samples.size(), c.str().c_str());
     j["models"][backend] = {{"intra_alpha_us", c.intra.alpha_s * 1e6}, {"intra_GBps", c.intra.GBps()},
                             {"inter_alpha_us", c.inter.alpha_s * 1e6}, {"inter_GBps", c.inter.GBps()},
@@ -231,6 +234,7 @@ inline int fit(const std::string& out_file, const std::vector<std::string>& file
                             {"round_us", c.round_seconds * 1e6},
                             {"intra_latency_us", c.intra.latency_s * 1e6},
                             {"inter_latency_us", c.inter.latency_s * 1e6},
+                            {"ranks_per_nic", c.ranks_per_nic},
                             {"samples", samples.size()}};
   }
   std::ofstream o(out_file);
@@ -261,6 +265,7 @@ inline CostModel load_model(const std::string& file, const std::string& backend)
   f.round_us = m.value("round_us", 0.0);
   f.intra_latency_us = m.value("intra_latency_us", 0.0);
   f.inter_latency_us = m.value("inter_latency_us", 0.0);
+  f.ranks_per_nic = m.value("ranks_per_nic", 1.0);
   return f.apply(CostModel{});
 }
 

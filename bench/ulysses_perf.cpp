@@ -74,6 +74,7 @@ struct Options {
   Path path = Path::automatic;
   int iters = 20, warmup = 5, reps = 1;
   bool bare = true;  // --bare 0: skip the bare all-to-all-v (its columns print 0)
+  bool copies = true;  // --copies 0 (--backend mpi over MpiComm, -c 0): the executor skips the host copies (SkipCopies)
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
   int mpi_window = -1;                  // --backend mpi: 1 MpiWindowComm, 0 MpiComm, -1 the window when all ranks share a node
@@ -203,12 +204,36 @@ void store_sum(ElementType type, const double* terms, int n, std::byte* p) {
   });
 }
 
+/// An allocator whose vectors leave new elements default-initialised (bytes: not written): -c 0
+/// times exchanges whose values do not matter, and zeroing every buffer took a third of the wall
+/// time of a simulated run at 512 ranks (SMPI, bench/smpi/fold.cpp); -c 1 zeroes them itself.
+template <class T>
+struct DefaultInit : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInit<U>;
+  };
+  DefaultInit() = default;
+  template <class U>
+  DefaultInit(const DefaultInit<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+/// A buffer of the sweep (see DefaultInit).
+using Bytes = std::vector<std::byte, DefaultInit<std::byte>>;
+
 /// One exchange of the sweep: the plan (q,k,v or o), the direction run, and its buffers.
 struct Exchange {
   Plan plan;
   Direction dir;
-  std::vector<std::vector<std::byte>> in, out;
-  std::vector<std::byte> ws;
+  std::vector<Bytes> in, out;
+  Bytes ws;
   std::size_t in_bytes = 0;
   TensorList<ConstByteSpan> ins() const {
     TensorList<ConstByteSpan> l;
@@ -310,15 +335,27 @@ std::vector<Step> steps(const Options& o) {
   return s;
 }
 
-/// How the host backends (local, mpi) run an exchange: redistribute() with a HostExecutor on the
-/// host buffers of the Exchange; wall-clock time between barriers (time_us()); the bare
-/// all-to-all-v of the same bytes on the same communicator.
-template <class Comm>
+/// --copies 0: an executor that runs none of the blocks it is given (pack, unpack, sums): the
+/// transports send the same messages (sizes, peers, order) as with a HostExecutor, and the output is
+/// garbage. For timing the communication under a simulator that gives host work no time (SMPI
+/// with smpi/simulate-computation:no, bench/smpi/smpi.sh), where it gives the same simulated times
+/// and saves the wall time of copying every rank's tensors (docs/simulation.md); on a real machine
+/// the copies' time is missing from what it measures.
+struct SkipCopies {
+  static constexpr bool runs_on_host = true;  ///< as HostExecutor: the same path choice
+  /// Runs nothing (see the struct).
+  void run(const BlockCopy*, std::size_t, const BufferTable&) const {}
+};
+
+/// How the host backends (local, mpi) run an exchange: redistribute() with a HostExecutor (or
+/// SkipCopies) on the host buffers of the Exchange; wall-clock time between barriers (time_us());
+/// the bare all-to-all-v of the same bytes on the same communicator.
+template <class Comm, class Exec = HostExecutor>
 class HostRunner {
  public:
   explicit HostRunner(Comm& comm) : comm_(comm) {}
   Comm& group() { return comm_; }  ///< the host collectives (barrier, max and sum over ranks)
-  std::string path(const Plan& plan) const { return to_string(choose_path<Comm, HostExecutor>(plan)); }
+  std::string path(const Plan& plan) const { return to_string(choose_path<Comm, Exec>(plan)); }
   void load(Exchange& x) {
     x_ = &x;
     in_ = x.ins();
@@ -341,7 +378,7 @@ class HostRunner {
 
  private:
   Comm& comm_;
-  HostExecutor exec_;
+  Exec exec_;
   Exchange* x_ = nullptr;
   TensorList<ConstByteSpan> in_;
   TensorList<ByteSpan> out_;
@@ -456,7 +493,7 @@ template <class R>
 struct interleaves<R, std::void_t<decltype(&R::pair_us)>> : std::true_type {};
 
 /// The sweep on one rank of `runner`'s group (HostRunner or DeviceRunner): per S, per step(), the
-/// plan, its buffers filled from the oracle, with -c 1 one checked run, then the timed runs and
+/// plan, with -c 1 its buffers filled from the oracle and one checked run, then the timed runs and
 /// the bare all-to-all-v. Collective. @returns the rows (every rank's same ones).
 template <class Runner>
 std::vector<Row> run(Runner& runner, const Options& o) {
@@ -487,7 +524,12 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         x.in_bytes += x.plan.input_bytes(x.dir, t);
       }
       x.ws.resize(x.plan.workspace_bytes());
-      fill_inputs(x, seq, r);
+      if (o.check) {  // -c 0 times only: the values do not matter (left unwritten)
+        std::fill(x.ws.begin(), x.ws.end(), std::byte{0});
+        for (std::vector<Bytes>* l : {&x.in, &x.out})
+          for (Bytes& b : *l) std::fill(b.begin(), b.end(), std::byte{0});
+        fill_inputs(x, seq, r);
+      }
       runner.load(x);
       struct Unload {
         Runner& r;
@@ -616,18 +658,20 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
-      "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
-      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW]\n"
+      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
       "                    [--attn-TFLOPS T]\n"
-      "       ulysses_perf --fit PARAMS.json RUN.json [RUN.json ...]\n"
+      "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
       "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
-      "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong).\n"
+      "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong);\n"
+      "-c 0 only times, on buffers left unwritten (the oracle's fill of every element is skipped). --copies 0 (--backend mpi,\n"
+      "with -c 0): the executor skips the host copies, the messages stay the same: for simulated time only (SMPI).\n"
       "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
       "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
       "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
@@ -647,7 +691,9 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "prints its table): one Ulysses group timed while the others load the shared links.\n"
       "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
       "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0).\n"
-      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files; --check: its error on\n"
+      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
+      "node share one inter-node NIC, their concurrent inter-node flows dividing its bandwidth; 1, a NIC per rank, by\n"
+      "default; written to PARAMS.json as ranks_per_nic, not fitted); --check: its error on\n"
       "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
       "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
       "--budget-GiB (a rank's memory for one layer's attention tensors; default none: then every layout fits and the\n"
@@ -707,6 +753,7 @@ Options parse(int argc, char** argv) {
     else if (a == "-w") o.warmup = small(i);
     else if (a == "--reps") o.reps = small(i);
     else if (a == "--bare") o.bare = number(i) != 0;
+    else if (a == "--copies") o.copies = number(i) != 0;
     else if (a == "-c") o.check = number(i) != 0;
     else if (a == "--json") o.json = need(i);
     else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
@@ -732,6 +779,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--intra-latency-us") o.links.intra_latency_us = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
+    else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
     else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
     else if (a == "--list-models") {
@@ -754,6 +802,10 @@ Options parse(int argc, char** argv) {
       o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
     std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
                          "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
+    std::exit(2);
+  }
+  if (!o.copies && (o.check || o.backend != "mpi")) {
+    std::fprintf(stderr, "--copies 0 times the messages alone: it needs --backend mpi and -c 0\n");
     std::exit(2);
   }
   if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check" && o.mode != "check_ring") {
@@ -932,7 +984,7 @@ int main(int argc, char** argv) {
     if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
 #if ULYSSES_PERF_JSON
       if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
-      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs) : perf_model::check(o.params, o.inputs, o.rows);
+      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs, o.links.apply(CostModel{})) : perf_model::check(o.params, o.inputs, o.rows);
 #else
       std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
       return 2;
@@ -953,8 +1005,13 @@ int main(int argc, char** argv) {
             WindowRunner runner(comm);  // the peer copy between the processes of the node
             rows = run(runner, o);
           } else {
-            HostRunner<MpiComm> runner(comm);
-            rows = run(runner, o);
+            if (o.copies) {
+              HostRunner<MpiComm> runner(comm);
+              rows = run(runner, o);
+            } else {
+              HostRunner<MpiComm, SkipCopies> runner(comm);
+              rows = run(runner, o);
+            }
           }
           if (comm.rank() == 0 && !print(o, comm.size(), rows)) rc = 2;
           rc |= status_of(rows);

@@ -141,6 +141,52 @@ TEST_CASE("predict_seconds: λ per step of each class; the faster class of an ov
   CHECK(m.str().find("us/step") != std::string::npos);
 }
 
+TEST_CASE("predict_seconds: ranks sharing an inter-node NIC divide its bandwidth (ranks_per_nic)") {
+  // P=8 on nodes of 4, flat message path, S=16, H=8: a chunk is 48 bytes; each rank sends 4 chunks
+  // across nodes (192 bytes) and 3 inside its node (144 bytes), all at once; node 0's ranks send
+  // 4 x 192 = 768 bytes across.
+  PlanOptions o;
+  o.nodes = NodeLayout::uniform(8, 4);
+  const ExchangeTraffic t = exchange_traffic(mha(8, 0, 16, 8, o), Direction::seq_to_head, Path::messages);
+  CHECK(t.node_ranks == 4);
+  REQUIRE(t.inter_rounds.size() == 1);
+  CHECK(t.inter_rounds[0][0] == 192);
+  CHECK(t.inter_rounds[0][1] == 768);
+  REQUIRE(t.overlapped.size() == 1);
+  CHECK(t.overlapped[0][2] == 768);
+  // NVLink-class 10 GB/s inside (144 B: 14.4 ns, hidden under the NIC), 1 GB/s NIC, no α, no λ:
+  // a NIC per rank: 192 B = 192 ns; 2 ranks a NIC: max(192, 768 x 2 / 4) = 384 B; one NIC a node
+  // (4 or more ranks a NIC): all 768 B through it.
+  CostModel m{LinkCost::of(0, 10), LinkCost::of(0, 1)};
+  CHECK(predict_seconds(t, m) == 192 * 1e-9);
+  m.ranks_per_nic = 2;
+  CHECK(predict_seconds(t, m) == 384 * 1e-9);
+  m.ranks_per_nic = 4;
+  CHECK(predict_seconds(t, m) == 768 * 1e-9);
+  m.ranks_per_nic = 8;
+  CHECK(predict_seconds(t, m) == 768 * 1e-9);
+  CHECK(m.str().find("8 ranks a NIC") != std::string::npos);
+  // The two-level exchange already sends a node's bytes through one forwarder: its NIC carries
+  // the node's 16 chunks (768 B) whatever the sharing.
+  o.path = Path::two_level;
+  const ExchangeTraffic t2 = exchange_traffic(mha(8, 0, 16, 8, o), Direction::seq_to_head, Path::two_level);
+  CostModel only_nic{LinkCost::of(0, 0), LinkCost::of(0, 1)};
+  CHECK(predict_seconds(t2, only_nic) == 768 * 1e-9);
+  only_nic.ranks_per_nic = 4;
+  CHECK(predict_seconds(t2, only_nic) == 768 * 1e-9);
+  // The fit keeps the sharing it is given and recovers the NIC's bandwidth from shared flows.
+  std::vector<CostSample> samples;
+  for (std::int64_t S : {16, 64, 256}) {
+    const ExchangeTraffic ts = exchange_traffic(mha(8, 0, S, 8, o), Direction::seq_to_head, Path::messages);
+    samples.push_back({ts, predict_seconds(ts, m)});
+  }
+  CostModel base;
+  base.ranks_per_nic = 8;
+  const CostModel fit = fit_cost_model(samples, base);
+  CHECK(fit.ranks_per_nic == 8);
+  CHECK(fit.inter.seconds_per_byte == doctest::Approx(1e-9).epsilon(1e-6));
+}
+
 TEST_CASE("predict_seconds: α per message, β per byte per link class, γ per copied byte") {
   ExchangeTraffic t;
   t.messages = {3, 1};

@@ -26,7 +26,8 @@
 # Each namespace needs its own hostname: Open MPI's shared-memory segments in /dev/shm (shared by
 # both namespaces) are named after it, and two "nodes" of one name collide.
 #
-# Knobs: RATES ("none 1gbit 200mbit"; none: the veth unthrottled), MODEL (Llama-3.1-8B), DTYPE (bf16), S0, S1 (1024, 8192: S = S0,
+# Knobs: RANKS_PER_NIC (2: the ranks of a namespace share its one veth; the model's ranks_per_nic,
+# given to --fit; 1: a link per rank, the model before it had the term), RATES ("none 1gbit 200mbit"; none: the veth unthrottled), MODEL (Llama-3.1-8B), DTYPE (bf16), S0, S1 (1024, 8192: S = S0,
 # 2 S0, ... <= S1), ITERS (3, after 1 warm-up), PERF (ulysses_perf of a normal build; default
 # build-sim/bench/ulysses_perf). Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and
 # Open MPI; where namespaces cannot be made it says so and exits 0.
@@ -172,19 +173,19 @@ times_table() {
 # its prediction checked on the 4 paths; then fitted to all of them and checked in sample.
 check() {
   local out="${1:-$root/bench/results/netns}"
-  local perf="${PERF:-$root/build-sim/bench/ulysses_perf}"
+  local perf="${PERF:-$root/build-sim/bench/ulysses_perf}" nic="${RANKS_PER_NIC:-2}"
   echo "# measured times (ms, slowest rank, mean of the iterations; in parentheses the model fitted to the calibration runs: check.txt)" > "$out/times.md"
   {
     for RATE in ${RATES:-none 1gbit 200mbit}; do
       local paths=("$out"/runs/"${RATE}"_{flat,alltoallv,two-level,rail}.json) rows
       echo "## $RATE: predicted. The model fitted to the calibration runs only (4 ranks in one namespace; 1 rank in each:"
       echo "## intra_flat, ${RATE}_calib; params-$RATE.json), checked on the 4 paths of 2 x 2 ranks (not in the fit)"
-      "$perf" --fit "$out/params-$RATE.json" "$out/runs/intra_flat.json" "$out/runs/${RATE}_calib.json" | sed 's/^/# /'
+      "$perf" --fit "$out/params-$RATE.json" --ranks-per-nic "$nic" "$out/runs/intra_flat.json" "$out/runs/${RATE}_calib.json" | sed 's/^/# /'
       rows="$("$perf" --check "$out/params-$RATE.json" --rows "${paths[@]}" || true)"
       echo "$rows"; echo; by_path <<<"$rows"; echo
       { times_table "$RATE" <<<"$rows"; echo; } >> "$out/times.md"
       echo "## $RATE: in sample. The model fitted to the calibration runs and the 4 paths (params-$RATE-all.json), checked on the 4 paths"
-      "$perf" --fit "$out/params-$RATE-all.json" "$out/runs/intra_flat.json" "$out/runs/${RATE}_calib.json" "${paths[@]}" | sed 's/^/# /'
+      "$perf" --fit "$out/params-$RATE-all.json" --ranks-per-nic "$nic" "$out/runs/intra_flat.json" "$out/runs/${RATE}_calib.json" "${paths[@]}" | sed 's/^/# /'
       rows="$("$perf" --check "$out/params-$RATE-all.json" --rows "${paths[@]}" || true)"
       echo "$rows" | grep -v ' P='; echo; by_path <<<"$rows"; echo
     done

@@ -9,7 +9,8 @@
 #    ranks cut into NODES x 8 / P groups that exchange at once: ulysses_perf --groups) and every
 #    exchange path of VARIANTS (flat: one message per peer and tensor; alltoallv: one MPI_Alltoallv;
 #    two-level: one forwarder per node pair; rail: the rail-aligned two-level exchange, lanes 0),
-#    ulysses_perf --backend mpi -c 0 under smpi.sh perf, both directions, S = S0, 2 S0, ... <= S1,
+#    ulysses_perf --backend mpi -c 0 --copies 0 under smpi.sh perf (the host copies skipped: the simulation
+#    gives them no time, the messages are the same), both directions, S = S0, 2 S0, ... <= S1,
 #    into OUTDIR/runs/*.json (and .txt), with each run's wall time in OUTDIR/walltime.txt;
 # 2. the platform's figures as the model's parameters, OUTDIR/platform-params.json (not fitted): the
 #    links' latencies as lambda (once per sequential step of messages: concurrent messages overlap
@@ -19,7 +20,7 @@
 #    the error distribution per exchange path and scale (P, ranks); OUTDIR/times.md: the simulated
 #    times of every case, the four paths side by side (the model's in parentheses).
 #
-# Knobs: CASES, VARIANTS, DTYPE (bf16), ITERS (2, after 1 warm-up; a case's own ITERS field overrides it), TAG (a suffix of the run files, e.g.
+# Knobs: CASES, VARIANTS, COPIES (0; 1: the executor's copies run too, same simulated times, much more wall time), DTYPE (bf16), ITERS (2, after 1 warm-up; a case's own ITERS field overrides it), TAG (a suffix of the run files, e.g.
 # for another platform: IB_TAPER=2 TAG=taper2), CHECK (0: skip step 3), FRESH (run again runs already in
 # OUTDIR/runs), PERF (a normal build's ulysses_perf for --check; default build-sim/bench/ulysses_perf,
 # built when missing), RUN_TIMEOUT (1800 s a run), and the platform's figures (platform.sh's
@@ -59,10 +60,11 @@ while read -r nodes model P s0 s1 case_iters; do
     echo "== $ranks ranks ($nodes nodes), $model, P=$P x $groups groups, S=$s0..$s1, $v -> $f"
     t0=$(date +%s.%N)
     ULYSSES_SMPI_FOLD_BYTES=1048576 TIMEOUT="${RUN_TIMEOUT:-1800}" "$here/smpi.sh" perf "$nodes" --model "$model" --dtype "$dtype" \
-      -b "$s0" -e "$s1" -f 2 -n "${case_iters:-$iters}" -w 1 -c 0 --bare 0 --groups "$groups" --ranks-per-node 8 "${args[@]}" --json "$f" \
+      -b "$s0" -e "$s1" -f 2 -n "${case_iters:-$iters}" -w 1 -c 0 --copies "${COPIES:-0}" --bare 0 --groups "$groups" --ranks-per-node 8 "${args[@]}" --json "$f" \
       > "${f%.json}.txt" 2>&1 || { echo "scale.sh: run failed (see ${f%.json}.txt)" >&2; rm -f "$f"; continue; }
     t1=$(date +%s.%N)
-    printf '%-70s %8.1f s wall\n' "$(basename "$f" .json)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" | tee -a "$out/walltime.txt"
+    printf '%-70s %8.1f s wall (%s)\n' "$(basename "$f" .json)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" \
+      "$(uptime | sed 's/.*load average/load average/')" | tee -a "$out/walltime.txt"
   done
 done <<<"$cases"
 cat > "$out/platform-params.json" <<EOF

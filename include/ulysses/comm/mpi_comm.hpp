@@ -31,6 +31,15 @@
 /// - the communicator is then broken: every later call throws Error(aborted) at once, with the
 ///   first failure's message. An MPI communicator cannot be repaired (MPI has no revoke outside
 ///   ULFM): end the job (MPI_Abort) after such an error.
+/// Under a simulator (SimGrid's SMPI, detected by its SMPI_SHARED_MALLOC macro; or with
+/// ULYSSES_MPI_BLOCKING_WAITS=1) the calls block instead: MPI_Wait on each message, the
+/// blocking collectives (MPI_Allreduce, MPI_Alltoallv, MPI_Allgather: SMPI 3.32 deadlocks in an
+/// MPI_Wait on its non-blocking ones, and runs the blocking ones with the algorithms its collective
+/// selector picks, Open MPI's under smpi.sh), and no notice is probed: a poll takes no simulated time, so SMPI injects some into every failed MPI_Test and
+/// MPI_Iprobe (smpi/test, smpi/iprobe: 100 µs, growing with each failure in a row), which made
+/// a 260 µs exchange read 22.9 ms of simulated time; and a wall-clock deadline means nothing in
+/// simulated time. The simulator bounds those waits itself: when every rank is blocked it reports
+/// the deadlock and ends the run.
 /// A process that dies is a peer that never arrives, as far as MPI lets the survivors run: Open
 /// MPI's runtime usually ends the whole job when a process is killed (test_comm_mpi_kill).
 /// Errors MPI itself reports (only when the communicator's error handler returns them; MPI's
@@ -54,6 +63,16 @@
 #include "../error.hpp"
 #include "exchange_state.hpp"
 #include "failure.hpp"
+
+/// 1: MpiComm's waits block in MPI_Wait, use the blocking collectives and probe no notices (see the file
+/// comment); the default under SimGrid's SMPI. 0: polled against the deadline (the default).
+#ifndef ULYSSES_MPI_BLOCKING_WAITS
+#if defined(SMPI_SHARED_MALLOC)
+#define ULYSSES_MPI_BLOCKING_WAITS 1
+#else
+#define ULYSSES_MPI_BLOCKING_WAITS 0
+#endif
+#endif
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -117,7 +136,9 @@ class MpiComm {
     for (int p = 0; p < size_; ++p)
       c.fits = c.fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ &&
                recv_offsets[p] <= max_msg_;
-    if (size_ > 1) {
+    if (size_ > 1 && ULYSSES_MPI_BLOCKING_WAITS) {
+      check(call, MPI_Allreduce(MPI_IN_PLACE, &c.fits, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
+    } else if (size_ > 1) {
       check(call, MPI_Iallreduce(MPI_IN_PLACE, &c.fits, 1, MPI_INT, MPI_LAND, comm_, &c.req), "MPI_Iallreduce");
       wait_collective(call, "the MPI_Iallreduce that picks the all-to-all-v's path");
     }
@@ -127,6 +148,11 @@ class MpiComm {
         c.sd[p] = static_cast<int>(send_offsets[p]);
         c.rc[p] = static_cast<int>(recv_bytes[p]);
         c.rd[p] = static_cast<int>(recv_offsets[p]);
+      }
+      if (ULYSSES_MPI_BLOCKING_WAITS) {
+        check(call, MPI_Alltoallv(send, c.sc.data(), c.sd.data(), MPI_BYTE, recv, c.rc.data(), c.rd.data(), MPI_BYTE, comm_),
+              "MPI_Alltoallv");
+        return;
       }
       check(call,
             MPI_Ialltoallv(send, c.sc.data(), c.sd.data(), MPI_BYTE, recv, c.rc.data(), c.rd.data(), MPI_BYTE, comm_, &c.req),
@@ -167,11 +193,18 @@ class MpiComm {
     Collective& c = *sh_->coll;
     c.gather_send.assign(static_cast<const std::byte*>(send), static_cast<const std::byte*>(send) + bytes);
     c.gather_recv.resize(bytes * static_cast<std::size_t>(size_));
-    check(call,
-          MPI_Iallgather(c.gather_send.data(), static_cast<int>(bytes), MPI_BYTE, c.gather_recv.data(), static_cast<int>(bytes),
-                         MPI_BYTE, comm_, &c.req),
-          "MPI_Iallgather");
-    wait_collective(call, "MPI_Iallgather");
+    if (ULYSSES_MPI_BLOCKING_WAITS) {
+      check(call,
+            MPI_Allgather(c.gather_send.data(), static_cast<int>(bytes), MPI_BYTE, c.gather_recv.data(), static_cast<int>(bytes),
+                          MPI_BYTE, comm_),
+            "MPI_Allgather");
+    } else {
+      check(call,
+            MPI_Iallgather(c.gather_send.data(), static_cast<int>(bytes), MPI_BYTE, c.gather_recv.data(), static_cast<int>(bytes),
+                           MPI_BYTE, comm_, &c.req),
+            "MPI_Iallgather");
+      wait_collective(call, "MPI_Iallgather");
+    }
     if (!c.gather_recv.empty()) std::memcpy(recv, c.gather_recv.data(), c.gather_recv.size());
   }
 
@@ -227,7 +260,7 @@ class MpiComm {
   Call enter(const char* who) {
     sh_->failure.check(who);
     const Call call{who, sh_->calls++, std::chrono::steady_clock::now() + timeout_};
-    take_notices(call);
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
     return call;
   }
 
@@ -247,9 +280,11 @@ class MpiComm {
   }
 
   /// Polls the posted messages (receives first, then sends) to completion or to the deadline;
-  /// a timeout names the peers of the incomplete ones.
+  /// a timeout names the peers of the incomplete ones (ULYSSES_MPI_BLOCKING_WAITS: MPI_Wait on each).
   void wait_messages(const Call& call) {
-    if (!poll(call, [&] {
+    if (ULYSSES_MPI_BLOCKING_WAITS) {  // one MPI_Wait each: SMPI's MPI_Waitall is one MPI_Waitany per request, O(n^2)
+      for (MPI_Request& r : reqs_) check(call, MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+    } else if (!poll(call, [&] {
           int done = 0;
           check(call, MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
           return done != 0;
@@ -265,7 +300,8 @@ class MpiComm {
     n_recv_ = 0;
   }
 
-  /// Polls the collective in flight (sh_->coll->req) to completion or to the deadline.
+  /// Polls the collective in flight (sh_->coll->req) to completion or to the deadline
+  /// (not used with ULYSSES_MPI_BLOCKING_WAITS: the blocking collectives instead).
   void wait_collective(const Call& call, const char* what) {
     MPI_Request& req = sh_->coll->req;
     if (!poll(call, [&] {

@@ -5,6 +5,7 @@
 ///        plan's lists with the communicator's scratch, the flat-plan check and copy counting.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -131,9 +132,16 @@ struct ExchangeTraffic {
   /// pairwise all-to-all-v (one peer a step)
   std::array<double, 2> latency_steps{};
   /// The busiest rank's bytes of each link class in every round whose intra- and inter-node
-  /// messages are in flight at once (distinct links: only the slower class takes time); a round of
-  /// one class, or of sequential steps, is not listed
-  std::vector<std::array<double, 2>> overlapped;
+  /// messages are in flight at once (distinct links: only the slower class takes time), and [2]
+  /// that round's busiest node's inter-node bytes (as inter_rounds); a round of one class, or of
+  /// sequential steps, is not listed
+  std::vector<std::array<double, 3>> overlapped;
+  /// Every round with inter-node bytes: {the busiest rank's inter-node bytes (its share of
+  /// bytes[1]), the busiest node's: the sum over the node's ranks of what they send across nodes,
+  /// or receive, whichever is more}: what one NIC carries when the node's ranks share it
+  /// (CostModel::ranks_per_nic)
+  std::vector<std::array<double, 2>> inter_rounds;
+  double node_ranks = 1;             ///< the most ranks one node holds (PlanOptions::nodes)
   double working_set_bytes = 0;      ///< the rank's inputs, outputs and workspace (none on Path::direct)
   double workspace_bytes = 0;        ///< the workspace this exchange needs on its busiest rank (two-level: a forwarder's)
 };
@@ -145,12 +153,14 @@ struct RankLoad {
   std::array<double, 2> msgs{}, bytes{};
   double total() const { return bytes[0] + bytes[1]; }
 };
-/// Adds the busiest rank's load of one round (sent or received, whichever is more) to t. A
+/// Adds the busiest rank's load of one round (sent or received, whichever is more) to t, and
+/// with inter-node bytes the busiest node's of `nodes` (ExchangeTraffic::inter_rounds). A
 /// `concurrent` round (every message in flight at once) also pays one latency of the slowest link
 /// class any of its messages crosses (ExchangeTraffic::latency_steps) and lists its busiest rank's
 /// bytes of both classes as overlapped (ExchangeTraffic::overlapped); a round of sequential steps
 /// (concurrent false) counts its steps itself.
-inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv, bool concurrent = true) {
+inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, const std::vector<RankLoad>& recv, const NodeLayout& nodes,
+                        bool concurrent = true) {
   RankLoad best;
   double best_total = -1, best_msgs = -1;
   for (std::size_t r = 0; r < send.size(); ++r) {
@@ -167,13 +177,24 @@ inline void add_busiest(ExchangeTraffic& t, const std::vector<RankLoad>& send, c
     t.bytes[static_cast<std::size_t>(c)] += best.bytes[static_cast<std::size_t>(c)];
   }
   ++t.rounds;
+  double node_inter = 0;  // the busiest node's inter-node bytes, sent or received
+  {
+    std::vector<double> out(static_cast<std::size_t>(nodes.num_nodes()), 0), in(out.size(), 0);
+    for (std::size_t r = 0; r < send.size(); ++r) {
+      const auto n = static_cast<std::size_t>(nodes.node(static_cast<int>(r)));
+      out[n] += send[r].bytes[1];
+      in[n] += recv[r].bytes[1];
+    }
+    for (std::size_t n = 0; n < out.size(); ++n) node_inter = std::max({node_inter, out[n], in[n]});
+  }
+  if (best.bytes[1] > 0 || node_inter > 0) t.inter_rounds.push_back({best.bytes[1], node_inter});
   if (!concurrent) return;
   bool any[2] = {false, false};
   for (const RankLoad& a : send)
     for (std::size_t c = 0; c < 2; ++c) any[c] = any[c] || a.msgs[c] > 0;
   if (any[1]) t.latency_steps[1] += 1;
   else if (any[0]) t.latency_steps[0] += 1;
-  if (best.bytes[0] > 0 && best.bytes[1] > 0) t.overlapped.push_back(best.bytes);
+  if (best.bytes[0] > 0 && best.bytes[1] > 0) t.overlapped.push_back({best.bytes[0], best.bytes[1], node_inter});
 }
 
 /// The send and receive regions a transport's stages occupy: per rank on a two-level plan
@@ -211,7 +232,7 @@ void add_flat_round(const Plan& plan, const std::vector<std::size_t>& c, Exchang
       recv[at(j)].msgs[cl] += m;
       recv[at(j)].bytes[cl] += bytes;
     }
-  add_busiest(t, send, recv, concurrent);
+  add_busiest(t, send, recv, nodes, concurrent);
 }
 }  // namespace detail
 

@@ -68,7 +68,7 @@ struct TwoLevelTransport : AlltoallvTransport {
           recv[detail::at(tr.to)].msgs[cl] += 1;
           recv[detail::at(tr.to)].bytes[cl] += static_cast<double>(tr.bytes);
         }
-      detail::add_busiest(t, send, recv);
+      detail::add_busiest(t, send, recv, nodes);
     }
   }
   /// The workspace of the busiest forwarder.

@@ -93,6 +93,12 @@ struct CostModel {
   double copy_cached_seconds_per_byte = 0;   ///< γ' of cache-resident bytes
   double copy_seconds_per_row = 0;           ///< δ: seconds per contiguous row the executor copies (short rows cost more a byte)
   double round_seconds = 0;                  ///< ε: fixed cost of one communication round (its synchronisation)
+  /// s: how many ranks of a node share one inter-node NIC (1: a NIC per GPU, as on a rail-optimised
+  /// fabric; the node's ranks: one NIC a node). Not fitted: a fact of the machine. When s > 1 the
+  /// concurrent inter-node flows of a node's ranks divide the NIC's bandwidth: a round's inter-node
+  /// bytes are those of its busiest NIC, max(busiest rank's, busiest node's × min(s, g) / g) for
+  /// nodes of g ranks (the node's bytes spread evenly over its g / s NICs; exact for s = 1 and s = g)
+  double ranks_per_nic = 1;
   /// Link classes of an 8-GPU H100/H200 node on a rail-optimised InfiniBand NDR fabric, as
   /// placeholders until calibrated: NVLink 4 moves 450 GB/s per direction per GPU (NVIDIA H100
   /// datasheet), of which an all-to-all reaches about 350 GB/s (nccl-tests alltoall busbw);
@@ -115,6 +121,7 @@ struct CostModel {
            gbps(copy_cached_seconds_per_byte);
     if (copy_seconds_per_row > 0) s += "; " + f(copy_seconds_per_row * 1e9) + " ns a copied row";
     if (round_seconds > 0) s += "; " + f(round_seconds * 1e6) + " us a round";
+    if (ranks_per_nic > 1) s += "; " + f(ranks_per_nic) + " ranks a NIC";
     return s;
   }
 };
@@ -129,6 +136,8 @@ struct CostModel {
 inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path path) {
   if (path == Path::automatic) detail::fail(Errc::path_unsupported, "exchange_traffic: give the path the exchange takes (choose_path())");
   ExchangeTraffic t;
+  for (int n = 0; n < plan.nodes().num_nodes(); ++n)
+    t.node_ranks = std::max(t.node_ranks, static_cast<double>(plan.nodes().num_nodes() > 1 ? plan.nodes().members(n).size() : 1));
   for (int i = 0; i < plan.num_tensors(); ++i)
     t.working_set_bytes += static_cast<double>(plan.input_bytes(dir, i) + plan.output_bytes(dir, i));
   if (path != Path::direct) t.working_set_bytes += static_cast<double>(plan.workspace_bytes());
@@ -142,17 +151,27 @@ inline ExchangeTraffic exchange_traffic(const Plan& plan, Direction dir, Path pa
 }
 
 namespace detail {
-/// The model's features of `t` for a cache of `cache_bytes`, in the order of cost_params(): in
-/// every overlapped round (ExchangeTraffic::overlapped) the bytes of the class that `links`
-/// moves faster are left out (its transfer hides under the other's).
+/// The inter-node bytes one NIC carries in a round whose busiest rank moves `rank` bytes across
+/// nodes and busiest node `node` bytes, when `links.ranks_per_nic` ranks of a node of `node_ranks`
+/// share a NIC (CostModel::ranks_per_nic): max(rank, node × min(s, g) / g); `rank` when s <= 1.
+inline double nic_bytes(double rank, double node, double node_ranks, const CostModel& links) {
+  if (!(links.ranks_per_nic > 1) || !(node_ranks > 1)) return rank;
+  return std::max(rank, node * std::min(links.ranks_per_nic, node_ranks) / node_ranks);
+}
+/// The model's features of `t` for a cache of `cache_bytes`, in the order of cost_params(): the
+/// inter-node bytes those of each round's busiest NIC (nic_bytes()); in every overlapped round
+/// (ExchangeTraffic::overlapped) the bytes of the class that `links` moves faster are left out
+/// (its transfer hides under the other's).
 inline constexpr std::size_t kCostParams = 11;
 inline std::array<double, kCostParams> cost_features(const ExchangeTraffic& t, double cache_bytes, const CostModel& links) {
   const double f = cache_bytes > 0 && t.working_set_bytes > 0 ? std::min(1.0, cache_bytes / t.working_set_bytes) : 0;
   std::array<double, 2> bytes = t.bytes;
+  for (const auto& r : t.inter_rounds) bytes[1] += nic_bytes(r[0], r[1], t.node_ranks, links) - r[0];  // what the NIC's sharers add
   const double intra_spb = (1 - f) * links.intra.seconds_per_byte + f * links.intra_cached_seconds_per_byte;
   for (const auto& b : t.overlapped) {
-    const std::size_t hidden = b[0] * intra_spb >= b[1] * links.inter.seconds_per_byte ? 1 : 0;
-    bytes[hidden] = std::max(0.0, bytes[hidden] - b[hidden]);
+    const std::array<double, 2> round{b[0], nic_bytes(b[1], b[2], t.node_ranks, links)};
+    const std::size_t hidden = round[0] * intra_spb >= round[1] * links.inter.seconds_per_byte ? 1 : 0;
+    bytes[hidden] = std::max(0.0, bytes[hidden] - round[hidden]);
   }
   return {t.messages[0], bytes[0] * (1 - f), bytes[0] * f, t.messages[1], bytes[1], t.copy_bytes * (1 - f), t.copy_bytes * f,
           t.copy_rows, static_cast<double>(t.rounds), t.latency_steps[0], t.latency_steps[1]};
