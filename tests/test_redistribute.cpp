@@ -812,10 +812,10 @@ TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every
   // Integer-valued data, so every sum is exact; the backward is also checked element by element
   // (the sum over the holders of each head, ascending). P=16 and 32 replicate the kv heads of
   // Llama, Mistral, Qwen and Gemma; Falcon (MQA) on every rank.
-  // ULYSSES_TEST_QUICK (the ThreadSanitizer preset sets it: every thread runs 5-15x slower
-  // there) keeps the groups up to P=8; the other presets run them all.
+  // ULYSSES_TEST_QUICK (the sanitizer presets set it: every thread runs 4-25x slower there)
+  // keeps the groups up to P=4; the Release test preset runs them all.
   const bool quick = std::getenv("ULYSSES_TEST_QUICK") != nullptr;
-  const std::vector<int> groups = quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 16, 32};
+  const std::vector<int> groups = quick ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
   int cases = 0;
   const std::vector<Path> paths = ut::host_paths<LocalGroup::Comm>();
   for (const auto& m : ulysses_models::kModels)
@@ -847,7 +847,7 @@ TEST_CASE("adjointness <seq_to_head(x), y> = <x, seq_to_head_backward(y)>: every
             ++cases;
           }
     }
-  CHECK(cases > (quick ? 500 : 700));
+  CHECK(cases > (quick ? 400 : 700));
 }
 
 TEST_CASE("adjointness in double and bfloat16, B=2, on every transport") {
