@@ -54,6 +54,7 @@
 #include "group.hpp"
 #include "models.hpp"
 #include "perf_model.hpp"
+#include "host_buffer.hpp"
 
 namespace {
 
@@ -204,29 +205,13 @@ void store_sum(ElementType type, const double* terms, int n, std::byte* p) {
   });
 }
 
-/// An allocator whose vectors leave new elements default-initialised (bytes: not written): -c 0
-/// times exchanges whose values do not matter, and zeroing every buffer took a third of the wall
-/// time of a simulated run at 512 ranks (SMPI, bench/smpi/fold.cpp); -c 1 zeroes them itself.
-template <class T>
-struct DefaultInit : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = DefaultInit<U>;
-  };
-  DefaultInit() = default;
-  template <class U>
-  DefaultInit(const DefaultInit<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
-};
-/// A buffer of the sweep (see DefaultInit).
-using Bytes = std::vector<std::byte, DefaultInit<std::byte>>;
+/// A buffer of the sweep: the benchmarks' host memory (bench/host_buffer.hpp: 2 MiB-aligned,
+/// huge pages unless ULYSSES_BENCH_THP=0, as bench_host's), left unwritten at allocation: run()
+/// writes it once (touch_buffers()), except with --copies 0, where zeroing every buffer took a
+/// third of the wall time of a simulated run at 512 ranks (SMPI, bench/smpi/fold.cpp).
+using Bytes = std::vector<std::byte, ub::HugePageAllocator<std::byte>>;
+/// The bare all-to-all-v of the same bytes, in the same kind of memory as the exchange's buffers.
+using Bare = ulysses_group::BareAlltoall<Bytes>;
 
 /// One exchange of the sweep: the plan (q,k,v or o), the direction run, and its buffers.
 struct Exchange {
@@ -275,6 +260,17 @@ void fill_inputs(Exchange& x, const SeqPartition& seq, int r) {
       }
     });
   }
+}
+
+/// Writes every byte of the exchange's buffers (inputs, outputs, workspace) with `fill`, so that
+/// every page is mapped before timing. -c 0 needs it too: an input page never written reads the
+/// kernel's shared zero page, which stays in cache, and the exchange then times faster than any
+/// user's call while the bare all-to-all-v (whose buffers are written) does not. Skipped only with
+/// --copies 0, which copies nothing (simulated time, bench/smpi).
+void touch_buffers(Exchange& x, std::byte fill) {
+  std::fill(x.ws.begin(), x.ws.end(), fill);
+  for (std::vector<Bytes>* l : {&x.in, &x.out})
+    for (Bytes& b : *l) std::fill(b.begin(), b.end(), fill);
 }
 
 /// Elements of this rank's outputs that differ (bitwise) from what the partitions say they hold.
@@ -365,13 +361,13 @@ class HostRunner {
   void fetch() {}  // the outputs are the Exchange's
   double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
   double bare_us(std::size_t bytes, const Options& o) {
-    ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous
+    Bare bare(comm_.size(), bytes);  // the same bytes, contiguous
     return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
   }
   /// The exchange and the bare all-to-all-v of `bytes` timed per call, alternately
   /// (interleaved_us()): {exchange, bare} in microseconds.
   std::pair<double, double> pair_us(std::size_t bytes, const Options& o) {
-    ulysses_group::BareAlltoall bare(comm_.size(), bytes);
+    Bare bare(comm_.size(), bytes);
     return interleaved_us(comm_, o.warmup, o.iters, [&] { once(); }, [&] { bare.run(comm_); });
   }
   void unload() noexcept {}
@@ -419,7 +415,7 @@ class WindowRunner {
   void fetch() {}  // the outputs are the Exchange's
   double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
   double bare_us(std::size_t bytes, const Options& o) {
-    ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
+    Bare bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
     return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
   }
   void unload() noexcept {}
@@ -524,11 +520,9 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         x.in_bytes += x.plan.input_bytes(x.dir, t);
       }
       x.ws.resize(x.plan.workspace_bytes());
-      if (o.check) {  // -c 0 times only: the values do not matter (left unwritten)
-        std::fill(x.ws.begin(), x.ws.end(), std::byte{0});
-        for (std::vector<Bytes>* l : {&x.in, &x.out})
-          for (Bytes& b : *l) std::fill(b.begin(), b.end(), std::byte{0});
-        fill_inputs(x, seq, r);
+      if (o.check || o.copies) {  // every page written before timing (see touch_buffers())
+        touch_buffers(x, o.check ? std::byte{0} : std::byte{0x5a});
+        if (o.check) fill_inputs(x, seq, r);
       }
       runner.load(x);
       struct Unload {
@@ -670,8 +664,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
       "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong);\n"
-      "-c 0 only times, on buffers left unwritten (the oracle's fill of every element is skipped). --copies 0 (--backend mpi,\n"
-      "with -c 0): the executor skips the host copies, the messages stay the same: for simulated time only (SMPI).\n"
+      "-c 0 only times (every buffer written once with a constant instead of the oracle's values). --copies 0 (--backend mpi,\n"
+      "with -c 0): the executor skips the host copies and the buffers stay unwritten, the messages stay the same: for simulated time only (SMPI).\n"
       "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
       "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
       "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
