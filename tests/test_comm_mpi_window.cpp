@@ -294,7 +294,7 @@ TEST_CASE("MPI window: outputs in the window: seq->head pushes into the peers' o
   if (outside) std::memcpy(q2.data(), q_own.data(), q2.size()), std::memcpy(k2.data(), k_own.data(), k2.size());
   std::vector<float> q3(q.size() / 4), k3(k.size() / 4);
   head_to_seq(s.plan, wc, ex, {q2, k2}, {ByteSpan(q3), ByteSpan(k3)}, {});
-  CHECK(!wc.outputs_in_window());  // head->seq publishes no outputs
+  CHECK(!wc.outputs_in_window());  // (q3, k3 are private)
   CHECK(std::memcmp(q3.data(), q.data(), q.size()) == 0);
 }
 

@@ -422,8 +422,9 @@ class MpiWindowComm {
   /// all were in it or read in place).
   std::size_t staged_bytes() const noexcept { return staged_; }
   /// Whether the last with_peers() handed the peer copy every rank's outputs (they were published,
-  /// PeerInputs::outputs, and every non-empty one lies in its rank's window slot): seq→head then
-  /// pushed (each rank wrote its peers' outputs from its own rows, in order) rather than pulled.
+  /// PeerInputs::outputs, and every non-empty one lies in its rank's window slot): a seq→head then
+  /// pushed (each rank wrote its peers' outputs from its own rows, in order) rather than pulled;
+  /// head→seq always pulls.
   bool outputs_in_window() const noexcept { return outputs_in_window_; }
   /// Bytes of inputs outside the window the last with_peers() published for Cross Memory Attach
   /// (their rows pulled by the peers or pushed by this rank: 1 copy per element, as in the window).
@@ -608,15 +609,18 @@ class MpiWindowComm {
   std::string publish(const PeerInputs& in, detail::WindowControl& c) {
     MpiWindow& w = *win_;
     const std::byte* slot = w.at(rank());
-    std::size_t cursor = w.used();  // staging goes after the registrations and after every input of this call in the slot
+    std::size_t cursor = w.used();  // staging goes after the registrations and after every input and published output of this call in the slot
     std::string err;
     staged_ = remote_ = 0;
     outputs_in_window_ = false;
     const bool read_in_place = in.reads_remote && cross_memory_attach();
     const int n = std::min(std::max(in.count, 0), kMaxTensors);
-    for (int t = 0; t < n; ++t)
+    for (int t = 0; t < n; ++t) {
       if (in.bytes[t] && w.contains(in.data[t], in.bytes[t]))
         cursor = std::max(cursor, static_cast<std::size_t>(in.data[t] - slot) + in.bytes[t]);
+      if (in.outputs[t] && in.output_bytes[t] && w.contains(in.outputs[t], in.output_bytes[t]))  // (nor over an output in the slot)
+        cursor = std::max(cursor, static_cast<std::size_t>(in.outputs[t] - slot) + in.output_bytes[t]);
+    }
     for (int t = 0; t < kMaxTensors; ++t) {
       c.offset[t] = detail::WindowControl::kNone;
       c.bytes[t] = 0;

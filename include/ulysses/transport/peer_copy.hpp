@@ -253,7 +253,7 @@ struct PeerCopyTransport {
     for (int x = 0; x < plan.num_tensors(); ++x) {
       inputs.data[x] = t.base[BufferIndex::input(x)];
       inputs.bytes[x] = plan.input_bytes(d, x);
-      if (push) {
+      if (pushes<Comm, Exec>) {  // (in both directions: a communicator across processes also keeps its staging off them)
         inputs.outputs[x] = t.base[BufferIndex::output(x)];
         inputs.output_bytes[x] = plan.output_bytes(d, x);
       }
