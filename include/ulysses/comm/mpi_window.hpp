@@ -811,7 +811,7 @@ class MpiWindowComm {
     for (int q = 0; q < P; ++q)
       if (detail::shared_load(win_->control(q).*field) < e) {
         late.push_back(q);
-        detail::shared_claim(win_->control(q).missed, 2 * e + (arrival ? 0 : 1));  // before the abort word: the peers name them
+        detail::shared_claim(win_->control(q).missed, 2 * e + (arrival ? 0u : 1u));  // before the abort word: the peers name them
       }
     const Error x(Errc::timeout, "rank " + std::to_string(rank()) + " waited " + std::to_string(timeout_.count()) +
                                      " ms in MpiWindowComm::with_peers for the peers to " + what + "; " +
