@@ -201,6 +201,23 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("the window is built and freed, or refused on every rank, without hanging (the destructor's rendezvous meets)") {
+    MpiComm comm(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [code, msg] = ut::error_of([&] {
+      MpiDeviceWindow win(comm, 4096);
+      win.set_timeout(std::chrono::seconds(60));
+    });
+    CAPTURE(msg);
+    if (ut::device_count() == 0) {  // every rank fails to allocate: one coded error everywhere, then the collective free of what was made
+      CHECK(code == Errc::backend);
+      CHECK(msg.find("MpiDeviceWindow: allocating and exporting the segments") != std::string::npos);
+    } else {
+      CHECK(code == Errc{});
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  }
+
   TEST_CASE("list logic: offsets of registered inputs, shares of staged ones, the peers' addresses") {
     detail::WindowRegistry reg(4096, 256);
     CHECK(reg.allocate(1000, 0, "MpiDeviceWindow") == 0);
