@@ -7,6 +7,9 @@
 //                 buffers: the floor of any exchange that goes through MPI (target: window <= 1.0x)
 //   window        redistribute() over MpiWindowComm, the inputs allocated from the window: every
 //                 rank copies its share of its peers' inputs straight into its outputs (Path::direct)
+//   window_outputs the same with the outputs allocated from the window too: seq→head then pushes
+//                 (each rank reads its own rows in order and stores its peers' heads into their
+//                 outputs, MpiWindowComm::outputs_in_window()); head→seq pulls as in `window`
 //   window_staged the same with the inputs outside the window: their rows go straight into the
 //                 peers' outputs with Cross Memory Attach (process_vm_readv by the reader, or
 //                 process_vm_writev by the owner; 1 copy) where the window's probe allows it,
@@ -51,7 +54,7 @@ struct WindowSetup {
   MpiComm comm{MPI_COMM_WORLD};
   std::unique_ptr<MpiWindow> win;
   std::unique_ptr<MpiWindowComm> wc;
-  WindowSpan in_win;
+  WindowSpan in_win, out_win;
   Buf in_host, out, ds_send, ds_recv, ws;
   std::size_t in_off[3] = {}, out_off[3] = {}, bytes = 0;
 
@@ -75,9 +78,11 @@ struct WindowSetup {
     }
     plan = std::make_unique<Plan>(Group{g_size, g_rank}, B, seq, specs);
     plan_messages = std::make_unique<Plan>(Group{g_size, g_rank}, B, seq, specs, Format::bshd, PlanOptions{1, true, Path::messages});
-    win = std::make_unique<MpiWindow>(comm, 2 * in_total + 4 * MpiWindow::kAlignment);  // room to stage window_staged's inputs
+    win = std::make_unique<MpiWindow>(comm, 2 * in_total + out_total + 4 * MpiWindow::kAlignment);  // room to stage window_staged's inputs
     in_win = win->allocate(in_total);
+    out_win = win->allocate(out_total);
     std::memset(in_win.data(), 0x11, in_total);
+    std::memset(out_win.data(), 0x22, out_total);
     wc = std::make_unique<MpiWindowComm>(comm, *win);
     if (const char* m = std::getenv("CMA_MIN_RANGE")) wc->set_cross_memory_min_range(std::strtoull(m, nullptr, 10));
     in_host = Buf(in_total, 0x11);
@@ -93,9 +98,10 @@ struct WindowSetup {
     for (std::size_t t = 0; t < specs.size(); ++t) l.push_back(ConstByteSpan{base + in_off[t], bytes - in_off[t]});
     return l;
   }
-  TensorList<ByteSpan> outputs() const {
+  TensorList<ByteSpan> outputs(std::byte* base = nullptr) const {
+    if (!base) base = out.data();
     TensorList<ByteSpan> l;
-    for (std::size_t t = 0; t < specs.size(); ++t) l.push_back(ByteSpan{out.data() + out_off[t], out.size() - out_off[t]});
+    for (std::size_t t = 0; t < specs.size(); ++t) l.push_back(ByteSpan{base + out_off[t], out.size() - out_off[t]});
     return l;
   }
 };
@@ -112,7 +118,7 @@ WindowSetup& setup(std::int64_t S, int elem, std::int64_t B, Direction d) {
   return *cache;
 }
 
-enum class What { alltoall, window, window_staged, window_staged_copy, messages, deepspeed };
+enum class What { alltoall, window, window_outputs, window_staged, window_staged_copy, messages, deepspeed };
 
 void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t B, Direction d) {
   WindowSetup& r = setup(S, elem, B, d);
@@ -130,6 +136,9 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
       };
       break;
     case What::window: op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_win.data()), r.outputs(), {}); }; break;
+    case What::window_outputs:
+      op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_win.data()), r.outputs(r.out_win.data()), {}); };
+      break;
     case What::window_staged:
     case What::window_staged_copy: op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_host.data()), r.outputs(), {}); }; break;
     case What::messages:
@@ -152,16 +161,17 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
     st.counters["remote"] = static_cast<double>(r.wc->remote_bytes());
     st.counters["copies"] = r.wc->staged_bytes() ? 2 : 1;
   }
-  if (what == What::window) {
+  if (what == What::window || what == What::window_outputs) {
     st.counters["copies"] = r.plan->copies(d, choose_path<MpiWindowComm, HostExecutor>(*r.plan)).executor;
     st.counters["staged"] = static_cast<double>(r.wc->staged_bytes());
+    st.counters["pushed"] = r.wc->outputs_in_window() ? 1 : 0;
   }
   if (what == What::deepspeed) st.counters["copies"] = B > 1 ? 2 : 1;
 }
 
 void register_all() {
   const std::pair<What, const char*> variants[] = {{What::alltoall, "MPI_Alltoall"}, {What::window, "window"},
-                                                   {What::window_staged, "window_staged"},
+                                                   {What::window_outputs, "window_outputs"}, {What::window_staged, "window_staged"},
                                                    {What::window_staged_copy, "window_staged_copy"}, {What::messages, "messages"},
                                                    {What::deepspeed, "deepspeed"}};
   for (int elem : kElemBytes)

@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 #include <ulysses/ulysses.hpp>
 
+#include "host_buffer.hpp"
 #include "lockstep.hpp"
 
 #include <algorithm>
@@ -65,26 +66,15 @@ inline const char* mem_name(Mem m) {
   return "?";
 }
 
-/// True unless ULYSSES_BENCH_THP=0: benchmark buffers ask for transparent huge pages.
-inline bool use_thp() {
-  const char* e = std::getenv("ULYSSES_BENCH_THP");
-  return !(e && std::string(e) == "0");
-}
-
 /// Host buffer aligned to 2 MiB, written once at construction (so every page is mapped before
-/// timing). Unless ULYSSES_BENCH_THP=0 it is madvise(MADV_HUGEPAGE)d, as engines' large tensors
-/// often are (THP "always", or PyTorch's THP_MEM_ALLOC_ENABLE): with 4 KiB pages, copies of rows
-/// scattered one per page (strided views) pay a TLB miss per row, the baseline memcpy does not.
+/// timing), advised to huge pages unless ULYSSES_BENCH_THP=0 (huge_page_alloc(), host_buffer.hpp).
 class Buf {
  public:
   Buf() = default;
   explicit Buf(std::size_t bytes, unsigned char fill = 0x5a) : n_(bytes) {
     constexpr std::size_t kAlign = std::size_t{2} << 20;
-    const std::size_t rounded = std::max<std::size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-    p_.reset(static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded)));
-    if (!p_) throw std::bad_alloc();
-    if (use_thp()) madvise(p_.get(), rounded, MADV_HUGEPAGE);
-    std::memset(p_.get(), fill, rounded);
+    p_.reset(static_cast<std::byte*>(huge_page_alloc(bytes)));
+    std::memset(p_.get(), fill, std::max<std::size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign));
   }
   std::byte* data() const { return p_.get(); }
   std::size_t size() const { return n_; }

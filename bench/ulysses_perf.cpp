@@ -54,6 +54,7 @@
 #include "group.hpp"
 #include "models.hpp"
 #include "perf_model.hpp"
+#include "host_buffer.hpp"
 
 namespace {
 
@@ -78,6 +79,7 @@ struct Options {
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
   int mpi_window = -1;                  // --backend mpi: 1 MpiWindowComm, 0 MpiComm, -1 the window when all ranks share a node
+  bool window_outputs = true;           // --window-outputs 0: over MpiWindowComm, the outputs outside the window (seq->head pulls)
   double window_MiB = 1024;             // --backend cuda-ipc: the device window's bytes per rank
   int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
   int groups = 1;                       // --backend mpi: the world cut into this many groups exchanging at once
@@ -204,29 +206,13 @@ void store_sum(ElementType type, const double* terms, int n, std::byte* p) {
   });
 }
 
-/// An allocator whose vectors leave new elements default-initialised (bytes: not written): -c 0
-/// times exchanges whose values do not matter, and zeroing every buffer took a third of the wall
-/// time of a simulated run at 512 ranks (SMPI, bench/smpi/fold.cpp); -c 1 zeroes them itself.
-template <class T>
-struct DefaultInit : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = DefaultInit<U>;
-  };
-  DefaultInit() = default;
-  template <class U>
-  DefaultInit(const DefaultInit<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
-};
-/// A buffer of the sweep (see DefaultInit).
-using Bytes = std::vector<std::byte, DefaultInit<std::byte>>;
+/// A buffer of the sweep: the benchmarks' host memory (bench/host_buffer.hpp: 2 MiB-aligned,
+/// huge pages unless ULYSSES_BENCH_THP=0, as bench_host's), left unwritten at allocation: run()
+/// writes it once (touch_buffers()), except with --copies 0, where zeroing every buffer took a
+/// third of the wall time of a simulated run at 512 ranks (SMPI, bench/smpi/fold.cpp).
+using Bytes = std::vector<std::byte, ub::HugePageAllocator<std::byte>>;
+/// The bare all-to-all-v of the same bytes, in the same kind of memory as the exchange's buffers.
+using Bare = ulysses_group::BareAlltoall<Bytes>;
 
 /// One exchange of the sweep: the plan (q,k,v or o), the direction run, and its buffers.
 struct Exchange {
@@ -275,6 +261,17 @@ void fill_inputs(Exchange& x, const SeqPartition& seq, int r) {
       }
     });
   }
+}
+
+/// Writes every byte of the exchange's buffers (inputs, outputs, workspace) with `fill`, so that
+/// every page is mapped before timing. -c 0 needs it too: an input page never written reads the
+/// kernel's shared zero page, which stays in cache, and the exchange then times faster than any
+/// user's call while the bare all-to-all-v (whose buffers are written) does not. Skipped only with
+/// --copies 0, which copies nothing (simulated time, bench/smpi).
+void touch_buffers(Exchange& x, std::byte fill) {
+  std::fill(x.ws.begin(), x.ws.end(), fill);
+  for (std::vector<Bytes>* l : {&x.in, &x.out})
+    for (Bytes& b : *l) std::fill(b.begin(), b.end(), fill);
 }
 
 /// Elements of this rank's outputs that differ (bitwise) from what the partitions say they hold.
@@ -365,13 +362,13 @@ class HostRunner {
   void fetch() {}  // the outputs are the Exchange's
   double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
   double bare_us(std::size_t bytes, const Options& o) {
-    ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous
+    Bare bare(comm_.size(), bytes);  // the same bytes, contiguous
     return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
   }
   /// The exchange and the bare all-to-all-v of `bytes` timed per call, alternately
   /// (interleaved_us()): {exchange, bare} in microseconds.
   std::pair<double, double> pair_us(std::size_t bytes, const Options& o) {
-    ulysses_group::BareAlltoall bare(comm_.size(), bytes);
+    Bare bare(comm_.size(), bytes);
     return interleaved_us(comm_, o.warmup, o.iters, [&] { once(); }, [&] { bare.run(comm_); });
   }
   void unload() noexcept {}
@@ -389,19 +386,24 @@ class HostRunner {
 /// on the MpiComm): the inputs copied into an MpiWindow (one registration a tensor, of the largest
 /// size over ranks, so every rank registers alike), redistribute() over MpiWindowComm (Path::direct:
 /// the peer copy between processes, unless --path forces another); time and bare columns as
-/// HostRunner's, on the MpiComm. The window of a step lives until the next load() (collective).
+/// HostRunner's, on the MpiComm. With `outputs` (--window-outputs 1, the default) the outputs are
+/// allocated from the window too, so seq→head pushes (MpiWindowComm::outputs_in_window()); fetch()
+/// copies them back for the oracle. The window of a step lives until the next load() (collective).
 class WindowRunner {
  public:
-  explicit WindowRunner(MpiComm& comm) : comm_(comm) {}
+  WindowRunner(MpiComm& comm, bool outputs) : comm_(comm), outputs_(outputs) {}
   MpiComm& group() { return comm_; }  ///< the host collectives
   std::string path(const Plan& plan) const { return to_string(choose_path<MpiWindowComm, HostExecutor>(plan)); }
   void load(Exchange& x) {
     x_ = &x;
-    std::vector<std::size_t> sizes;
+    std::vector<std::size_t> sizes;  // every registration: the inputs, then (with outputs_) the outputs
     std::size_t total = 0;
-    for (const auto& b : x.in) {
-      sizes.push_back(static_cast<std::size_t>(max_over_ranks(comm_, static_cast<double>(b.size()))));
-      total += (sizes.back() + MpiWindow::kAlignment - 1) / MpiWindow::kAlignment * MpiWindow::kAlignment;
+    for (const auto* l : {&x.in, &x.out}) {
+      if (l == &x.out && !outputs_) break;
+      for (const auto& b : *l) {
+        sizes.push_back(static_cast<std::size_t>(max_over_ranks(comm_, static_cast<double>(b.size()))));
+        total += (sizes.back() + MpiWindow::kAlignment - 1) / MpiWindow::kAlignment * MpiWindow::kAlignment;
+      }
     }
     wc_.reset();
     win_.reset();  // every rank frees the previous step's window first
@@ -414,18 +416,28 @@ class WindowRunner {
       in_.push_back(ConstByteSpan{w.data(), x.in[t].size()});
     }
     out_ = x.outs();
+    if (outputs_)
+      for (std::size_t t = 0; t < x.out.size(); ++t) {
+        const WindowSpan w = win_->allocate(sizes[x.in.size() + t]);
+        std::memcpy(w.data(), x.out[t].data(), x.out[t].size());  // (written: every page mapped)
+        out_.data[t] = ByteSpan{w.data(), x.out[t].size()};
+      }
   }
   void once() { redistribute(x_->plan, x_->dir, *wc_, exec_, in_, out_, x_->ws); }
-  void fetch() {}  // the outputs are the Exchange's
+  void fetch() {  // the outputs back into the Exchange's for the oracle
+    if (outputs_)
+      for (std::size_t t = 0; t < x_->out.size(); ++t) std::memcpy(x_->out[t].data(), out_.data[t].data, x_->out[t].size());
+  }
   double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
   double bare_us(std::size_t bytes, const Options& o) {
-    ulysses_group::BareAlltoall bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
+    Bare bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
     return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
   }
   void unload() noexcept {}
 
  private:
   MpiComm& comm_;
+  bool outputs_;
   HostExecutor exec_;
   std::unique_ptr<MpiWindow> win_;
   std::unique_ptr<MpiWindowComm> wc_;
@@ -524,11 +536,9 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         x.in_bytes += x.plan.input_bytes(x.dir, t);
       }
       x.ws.resize(x.plan.workspace_bytes());
-      if (o.check) {  // -c 0 times only: the values do not matter (left unwritten)
-        std::fill(x.ws.begin(), x.ws.end(), std::byte{0});
-        for (std::vector<Bytes>* l : {&x.in, &x.out})
-          for (Bytes& b : *l) std::fill(b.begin(), b.end(), std::byte{0});
-        fill_inputs(x, seq, r);
+      if (o.check || o.copies) {  // every page written before timing (see touch_buffers())
+        touch_buffers(x, o.check ? std::byte{0} : std::byte{0x5a});
+        if (o.check) fill_inputs(x, seq, r);
       }
       runner.load(x);
       struct Unload {
@@ -658,7 +668,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
-      "                    [--mpi-window 0|1] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "                    [--mpi-window 0|1] [--window-outputs 1|0] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
       "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
@@ -670,8 +680,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
       "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
       "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong);\n"
-      "-c 0 only times, on buffers left unwritten (the oracle's fill of every element is skipped). --copies 0 (--backend mpi,\n"
-      "with -c 0): the executor skips the host copies, the messages stay the same: for simulated time only (SMPI).\n"
+      "-c 0 only times (every buffer written once with a constant instead of the oracle's values). --copies 0 (--backend mpi,\n"
+      "with -c 0): the executor skips the host copies and the buffers stay unwritten, the messages stay the same: for simulated time only (SMPI).\n"
       "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
       "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
       "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
@@ -690,7 +700,9 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "--groups G (--backend mpi): G groups of N/G consecutive ranks (of the N processes) run the sweep at the same time (each group's rank 0\n"
       "prints its table): one Ulysses group timed while the others load the shared links.\n"
       "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
-      "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0).\n"
+      "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0);\n"
+      "--window-outputs 1|0: the outputs allocated from the window too (the default: seq->head then pushes into the\n"
+      "peers' outputs) or left in private memory (0: each rank pulls its heads out of its peers' rows).\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
       "node share one inter-node NIC, their concurrent inter-node flows dividing its bandwidth; 1, a NIC per rank, by\n"
       "default; written to PARAMS.json as ranks_per_nic, not fitted); --check: its error on\n"
@@ -760,6 +772,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--lanes") o.lanes = small(i);
     else if (a == "--groups") o.groups = small(i);
     else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
+    else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
     else if (a == "--window-MiB") o.window_MiB = number(i);
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
@@ -1002,7 +1015,7 @@ int main(int argc, char** argv) {
         } else {
           std::vector<Row> rows;
           if (o.mpi_window == 1 || (o.mpi_window < 0 && o.ranks_per_node == 0 && one_node(comm))) {
-            WindowRunner runner(comm);  // the peer copy between the processes of the node
+            WindowRunner runner(comm, o.window_outputs);  // the peer copy between the processes of the node
             rows = run(runner, o);
           } else {
             if (o.copies) {

@@ -82,9 +82,11 @@ void with_window(MPI_Comm sub, std::size_t bytes, bool arena, F&& fn) {
   fn(wc);
 }
 
-/// Where the inputs lie: allocated from the window; outside it (read in place with Cross Memory
-/// Attach where the window's probe allows it, else staged); outside it and staged (forced).
-enum class Where { window, outside, staged };
+/// Where the tensors lie: inputs and outputs allocated from the window (seq→head pushes); the
+/// inputs in the window, the outputs outside it (seq→head pulls from the window, head→seq reads
+/// its inputs outside it); every tensor outside it (read in place with Cross Memory Attach where
+/// the window's probe allows it, else staged); outside it and staged (forced).
+enum class Where { window, inputs_in_window, outside, staged };
 
 int comm_rank(MPI_Comm c) {
   int r = 0;
@@ -99,23 +101,26 @@ template <class T>
 void check_window(const std::vector<ut::Case>& cases, bool staged = false) {
   const Path paths[] = {Path::automatic, Path::direct, Path::messages, Path::alltoallv};
   for (auto c : cases) {
-    for (Where where : {Where::window, Where::outside, Where::staged})
+    for (Where where : {Where::window, Where::inputs_in_window, Where::outside, Where::staged})
       for (Path path : paths) {
         if (where != Where::window && path != Path::automatic) continue;
         if (where == Where::staged && !staged) continue;
         c.path = path;
-        const std::string via = std::string(to_string(path)) + (where == Where::window    ? ", inputs in the window"
-                                                                : where == Where::outside ? ", inputs outside the window"
-                                                                                          : ", inputs staged");
+        const std::string via = std::string(to_string(path)) + (where == Where::window             ? ", inputs and outputs in the window"
+                                                                : where == Where::inputs_in_window ? ", inputs in the window, outputs outside"
+                                                                : where == Where::outside          ? ", inputs outside the window"
+                                                                                                   : ", inputs staged");
         CAPTURE(c.name);
         CAPTURE(via);
         on_groups_of(c.P, [&](MPI_Comm sub) {
           const int r = comm_rank(sub);
           if (path == Path::automatic) CHECK(choose_path<MpiWindowComm, HostExecutor>(ut::plan_of<T>(c, r)) == Path::direct);
-          with_window(sub, case_bytes<T>(c, r), where == Where::window, [&](MpiWindowComm& wc) {
+          with_window(sub, case_bytes<T>(c, r), where == Where::window || where == Where::inputs_in_window, [&](MpiWindowComm& wc) {
             if (where == Where::staged) wc.set_cross_memory_attach(false);
             if (where == Where::window)
               CHECK(ut::run_case<T, MpiWindowComm, HostExecutor, ArenaAlloc<T>>(wc, c) == "");
+            else if (where == Where::inputs_in_window)
+              CHECK(ut::run_case<T, MpiWindowComm, HostExecutor, ArenaAlloc<T>, std::allocator<T>>(wc, c) == "");
             else
               CHECK(ut::run_case<T>(wc, c) == "");
             if (where == Where::window) CHECK(wc.staged_bytes() + wc.remote_bytes() == 0);
@@ -323,6 +328,47 @@ TEST_CASE("MPI window: the direct path is the default, copies once, and needs no
   }
   CHECK(!wc.broken());
   CHECK(ut::code_of([&] { MpiWindowComm bad(world, win, std::chrono::milliseconds(1)); }) == Errc{});
+}
+
+TEST_CASE("MPI window: outputs in the window: seq->head pushes into the peers' outputs; one rank's outside: every rank pulls; the same bits") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  Small s(P, r);
+  const std::size_t in_bytes = s.plan.seq_bytes(0) + s.plan.seq_bytes(1);
+  MpiWindow win(world, 2 * (in_bytes + s.plan.head_bytes(0) + s.plan.head_bytes(1)) + 4096);
+  WindowSpan q = win.allocate(s.plan.seq_bytes(0)), k = win.allocate(s.plan.seq_bytes(1));
+  WindowSpan q2 = win.allocate(s.plan.head_bytes(0)), k2 = win.allocate(s.plan.head_bytes(1));
+  for (std::size_t i = 0; i < q.size() / 4; ++i) q.as<float>()[i] = static_cast<float>(1000 * r + static_cast<int>(i));
+  for (std::size_t i = 0; i < k.size() / 4; ++i) k.as<float>()[i] = static_cast<float>(-1000 * r - static_cast<int>(i));
+  // The reference: the message path over the MpiComm, into private memory.
+  PlanOptions messages;
+  messages.path = Path::messages;
+  const auto heads = HeadPartition::even(2 * P, P);
+  const Plan pm({P, r}, 2, SeqPartition::even(2 * P, P), {TensorSpec::of<float>(heads, 4), TensorSpec::of<float>(HeadPartition::gqa(heads, 1), 4)},
+                Format::bshd, messages);
+  std::vector<float> q_ref(q2.size() / 4), k_ref(k2.size() / 4), ws(pm.workspace_bytes() / 4 + 1);
+  HostExecutor ex;
+  seq_to_head(pm, world, ex, {q, k}, {ByteSpan(q_ref), ByteSpan(k_ref)}, ByteSpan(ws));
+  MpiWindowComm wc(world, win);
+  std::memset(q2.data(), 0x7f, q2.size());
+  std::memset(k2.data(), 0x7f, k2.size());
+  seq_to_head(s.plan, wc, ex, {q, k}, {q2, k2}, {});  // every rank's outputs in the window: pushed
+  CHECK(wc.outputs_in_window());
+  CHECK(std::memcmp(q2.data(), q_ref.data(), q2.size()) == 0);
+  CHECK(std::memcmp(k2.data(), k_ref.data(), k2.size()) == 0);
+  std::vector<float> q_own(q_ref.size(), -1.f), k_own(k_ref.size(), -1.f);  // the last rank's outputs outside the window
+  std::memset(q2.data(), 0x7f, q2.size());
+  std::memset(k2.data(), 0x7f, k2.size());
+  const bool outside = r == P - 1;
+  seq_to_head(s.plan, wc, ex, {q, k}, {outside ? ByteSpan(q_own) : ByteSpan(q2), outside ? ByteSpan(k_own) : ByteSpan(k2)}, {});
+  CHECK(!wc.outputs_in_window());  // one verdict for all: pulled
+  CHECK(std::memcmp(outside ? static_cast<const void*>(q_own.data()) : q2.data(), q_ref.data(), q2.size()) == 0);
+  CHECK(std::memcmp(outside ? static_cast<const void*>(k_own.data()) : k2.data(), k_ref.data(), k2.size()) == 0);
+  if (outside) std::memcpy(q2.data(), q_own.data(), q2.size()), std::memcpy(k2.data(), k_own.data(), k2.size());
+  std::vector<float> q3(q.size() / 4), k3(k.size() / 4);
+  head_to_seq(s.plan, wc, ex, {q2, k2}, {ByteSpan(q3), ByteSpan(k3)}, {});
+  CHECK(!wc.outputs_in_window());  // head->seq publishes no outputs
+  CHECK(std::memcmp(q3.data(), q.data(), q.size()) == 0);
 }
 
 TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory Attach) where every rank may, one verdict for all") {

@@ -38,12 +38,14 @@ T sum_over_ranks(Comm& comm, T x) {
 
 /// The bare all-to-all-v of `bytes` bytes per rank between contiguous buffers: P equal chunks, the
 /// rank's own included, as MPI_Alltoall and nccl-tests count an all-to-all. `bytes` must be the
-/// same on every rank (take the largest under uneven splits).
+/// same on every rank (take the largest under uneven splits). Buffer: a vector of std::byte (its
+/// allocator decides the memory; both buffers are written at construction, so every page is mapped).
+template <class Buffer = std::vector<std::byte>>
 class BareAlltoall {
  public:
   BareAlltoall(int P, std::size_t bytes)
       : chunk_(bytes / static_cast<std::size_t>(P)), send_(chunk_ * static_cast<std::size_t>(P), std::byte{1}),
-        recv_(send_.size()), counts_(static_cast<std::size_t>(P), chunk_), offsets_(static_cast<std::size_t>(P)) {
+        recv_(send_.size(), std::byte{0}), counts_(static_cast<std::size_t>(P), chunk_), offsets_(static_cast<std::size_t>(P)) {
     for (std::size_t p = 0; p < offsets_.size(); ++p) offsets_[p] = p * chunk_;
   }
   /// One all-to-all-v. Collective.
@@ -54,7 +56,7 @@ class BareAlltoall {
 
  private:
   std::size_t chunk_;
-  std::vector<std::byte> send_, recv_;
+  Buffer send_, recv_;
   std::vector<std::size_t> counts_, offsets_;
 };
 

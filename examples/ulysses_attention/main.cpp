@@ -155,7 +155,7 @@ void time_exchange(int i, const Config& c, Comm& comm, std::size_t bytes, F&& ex
   res.bytes[i] = static_cast<double>(bytes);
   res.ms[i] = group_median_ms(comm, c.warmup, c.repeat, exchange);
   // The same counts on every rank (a rank's bytes differ under uneven splits): the largest.
-  ulysses_group::BareAlltoall bare(comm.size(), ulysses_group::max_over_ranks(comm, bytes));
+  ulysses_group::BareAlltoall<> bare(comm.size(), ulysses_group::max_over_ranks(comm, bytes));
   res.bare_ms[i] = group_median_ms(comm, c.warmup, c.repeat, [&] { bare.run(comm); });
 }
 

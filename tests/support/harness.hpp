@@ -179,8 +179,9 @@ inline std::vector<std::int64_t> global_tokens(const SeqPartition& seq, int r) {
 /// the global tensor, then head→seq of that output, checked against the original shard; also
 /// checks that no byte outside an output's layout was written. Element values come from
 /// gen(position code) (default: value<T>). The tensors are std::vector<T, Alloc> (e.g. an
-/// allocator of registered memory). Returns "" or what went wrong.
-template <class T, class Comm, class Exec = ulysses::HostExecutor, class Alloc = std::allocator<T>>
+/// allocator of registered memory), seq→head's outputs (head→seq's inputs) and head→seq's
+/// outputs std::vector<T, OutAlloc>. Returns "" or what went wrong.
+template <class T, class Comm, class Exec = ulysses::HostExecutor, class Alloc = std::allocator<T>, class OutAlloc = Alloc>
 std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std::uint64_t) = &value<T>) {
   using namespace ulysses;
   const int r = comm.rank();
@@ -188,7 +189,8 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std
   const Plan plan = plan_of<T>(c, r);
   const int NT = plan.num_tensors();
   const std::vector<std::int64_t> tok = global_tokens(c.seq, r);
-  std::vector<std::vector<T, Alloc>> in(NT), mid(NT), back(NT);
+  std::vector<std::vector<T, Alloc>> in(NT);
+  std::vector<std::vector<T, OutAlloc>> mid(NT), back(NT);
   for (int t = 0; t < NT; ++t) {
     const Layout& sl = plan.seq_layout(t);
     const std::int64_t H = c.tensors[t].heads.num_heads(), D = c.tensors[t].D;

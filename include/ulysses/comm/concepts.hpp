@@ -43,6 +43,10 @@
 ///   on unchanged to ranks of one address space (LocalGroup::Comm), so a rank may also write its
 ///   peers' published outputs (PeerInputs::outputs): seq→head then pushes (each rank reads its
 ///   own rows whole and writes its peers' heads), which reads memory in order;
+/// - `static constexpr bool peer_outputs = true`: its with_peers() hands work() the peers'
+///   published outputs that every rank can store to (PeerInputs::outputs; null where it cannot):
+///   MpiWindowComm does for outputs allocated from its window, so seq→head pushes across
+///   processes when every rank's outputs are there (implied by one_address_space);
 /// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's);
 /// - `void abort(const std::string& why)`: breaks the group at once, so that every peer's current
 ///   and later calls throw Error(aborted) with `why` (LocalGroup::Comm). A call that refuses its
@@ -95,10 +99,14 @@ struct PeerInputs {
   /// records on the host (MpiDeviceWindowComm: they live in device memory) hands work() as each
   /// peer's `layouts`, and compares on the device with what the peer published.
   const std::uint64_t* peer_layouts = nullptr;
-  /// Base of output t (null when empty or not published): published only to a communicator of
-  /// one address space (comm_traits::one_address_space), whose peers then write it (the pushed
-  /// seq→head); a communicator across processes never reads it.
+  /// Base of output t (null when empty or not published): published only to a communicator
+  /// whose with_peers() hands the peers' outputs on (comm_traits::peer_outputs), whose peers then
+  /// write it (the pushed seq→head). In what work() gets: where this process stores to rank p's
+  /// output t, or null where it cannot (MpiWindowComm: an output outside the window).
   std::byte* outputs[kMaxTensors] = {};
+  /// Bytes output t spans from outputs[t] (Plan::output_bytes()), published with outputs: a
+  /// communicator across processes checks that the output lies in memory the peers can store to.
+  std::size_t output_bytes[kMaxTensors] = {};
   /// Set by the publisher: its work() also reads inputs that this process cannot load, published
   /// by their owner's process id and address (`pid`, `remote`) — the peer copy does, with Cross
   /// Memory Attach (comm/cross_memory.hpp). A communicator across processes may then publish its
@@ -200,6 +208,11 @@ template <class C>
 struct one_address_space<C, std::enable_if_t<C::one_address_space>> : std::true_type {};
 
 template <class C, class = void>
+struct peer_outputs : std::false_type {};
+template <class C>
+struct peer_outputs<C, std::enable_if_t<C::peer_outputs>> : std::true_type {};
+
+template <class C, class = void>
 struct device_memory : std::false_type {};
 template <class C>
 struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
@@ -234,6 +247,9 @@ struct comm_traits {
   static constexpr bool abort = detail::has_abort<Comm>::value;                          ///< abort(why): break the group at once
   /// with_peers() among ranks of one address space: the peer copy may write the peers' outputs
   static constexpr bool one_address_space = detail::one_address_space<Comm>::value;
+  /// with_peers() hands work() the peers' outputs where this rank can store to them
+  /// (one_address_space, or a communicator that declares peer_outputs: MpiWindowComm)
+  static constexpr bool peer_outputs = one_address_space || detail::peer_outputs<Comm>::value;
 };
 
 /// What an executor type can do, as the library reads it (see the file comment); specialise it

@@ -43,7 +43,11 @@
 /// Otherwise (not permitted, not Linux, set_cross_memory_attach(false), or another work such as
 /// the decode merge) it is first copied once into the slot's free bytes after the registrations
 /// (staged: 2 copies per element of that input, still no transport). Plan::copies() counts the
-/// one-copy cases, 1; staged_bytes() and remote_bytes() say what the last call did. Synchronisation is by epochs in the control blocks, with lock-free atomics on the
+/// one-copy cases, 1; staged_bytes() and remote_bytes() say what the last call did. Outputs
+/// allocated from the window are published too (offsets, as the inputs): when every rank's are
+/// there, seq→head pushes, as between threads (each rank reads its own rows in order and stores
+/// every peer's heads into that peer's output; its inputs may then lie anywhere), rather than each
+/// rank pulling its heads out of its peers' rows at a stride (outputs_in_window()). Synchronisation is by epochs in the control blocks, with lock-free atomics on the
 /// shared memory (seq_cst `__atomic` builtins): a rank publishes its record, then its arrival
 /// epoch; no rank reads an input before its owner's arrival; every rank then marks its reads done
 /// and returns only when every peer's are. Every wait is bounded by the comm's timeout: a rank
@@ -113,6 +117,8 @@ struct WindowControl {
   std::uint64_t offset[kMaxTensors];  ///< record: input t at this offset in the rank's data slot (kNone: empty)
   std::uint64_t bytes[kMaxTensors];   ///< record: and its size
   std::uint64_t address[kMaxTensors]; ///< record: with offset kRemote, input t's address in this rank's process
+  std::uint64_t out_offset[kMaxTensors];  ///< record: output t at this offset in the rank's data slot (kNone: empty, not published, or outside the window)
+  std::uint64_t out_bytes[kMaxTensors];   ///< record: output t's size (PeerInputs::output_bytes; 0: empty or not published)
   WindowDigest registered;            ///< record: what the rank registered
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   static constexpr std::uint64_t kRemote = kNone - 1;  ///< offset: input t is outside the window, read at address[t] with Cross Memory Attach
@@ -480,6 +486,9 @@ class MpiWindowComm {
   static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultCommTimeout;
   /// Default cross_memory_min_range(), in bytes.
   static constexpr std::size_t kCrossMemoryMinRange = 4096;
+  /// with_peers() hands work() the peers' outputs that lie in the window (comm_traits::peer_outputs):
+  /// with every rank's outputs allocated from the window, seq→head pushes (outputs_in_window()).
+  static constexpr bool peer_outputs = true;
 
   /// Wraps `comm` and `window` (not owned). Local (no communication).
   /// @param comm    the MpiComm of the group (alltoallv, allgather, exchange_messages go through it)
@@ -518,6 +527,10 @@ class MpiWindowComm {
   /// Bytes of inputs the last with_peers() staged into the window (2 copies per element; 0 when
   /// all were in it or read in place).
   std::size_t staged_bytes() const noexcept { return staged_; }
+  /// Whether the last with_peers() handed the peer copy every rank's outputs (they were published,
+  /// PeerInputs::outputs, and every non-empty one lies in its rank's window slot): seq→head then
+  /// pushed (each rank wrote its peers' outputs from its own rows, in order) rather than pulled.
+  bool outputs_in_window() const noexcept { return outputs_in_window_; }
   /// Bytes of inputs outside the window the last with_peers() published for Cross Memory Attach
   /// (their rows pulled by the peers or pushed by this rank: 1 copy per element, as in the window).
   std::size_t remote_bytes() const noexcept { return remote_; }
@@ -608,6 +621,7 @@ class MpiWindowComm {
       uniform = false;
       views_.resize(static_cast<std::size_t>(P));
       all_.resize(static_cast<std::size_t>(P));
+      bool outputs = true, published = false;  // every rank's non-empty outputs in its window slot; some published
       for (int p = 0; p < P; ++p) {
         const detail::WindowControl& r = win_->control(p);
         PeerInputs& v = views_[static_cast<std::size_t>(p)];
@@ -624,9 +638,15 @@ class MpiWindowComm {
           v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
           v.remote[t] = remote ? r.address[t] : 0;
           if (remote && p != me) v.pid = static_cast<std::int64_t>(r.pid);
+          const bool out = t < v.count && r.out_offset[t] != detail::WindowControl::kNone;
+          v.outputs[t] = out ? win_->at(p) + r.out_offset[t] : nullptr;  // stored to by the pushed seq→head
+          v.output_bytes[t] = t < v.count ? static_cast<std::size_t>(r.out_bytes[t]) : 0;
+          outputs = outputs && (!v.output_bytes[t] || v.outputs[t]);
+          published = published || v.output_bytes[t];
         }
         all_[static_cast<std::size_t>(p)] = &v;
       }
+      outputs_in_window_ = outputs && published;
       work(ctx, all_.data());
     } catch (const Error& x) {
       err = std::current_exception();
@@ -698,6 +718,7 @@ class MpiWindowComm {
     std::size_t cursor = w.used();  // staging goes after the registrations and after every input of this call in the slot
     std::string err;
     staged_ = remote_ = 0;
+    outputs_in_window_ = false;
     const bool read_in_place = in.reads_remote && cross_memory_attach();
     const int n = std::min(std::max(in.count, 0), kMaxTensors);
     for (int t = 0; t < n; ++t)
@@ -707,6 +728,9 @@ class MpiWindowComm {
       c.offset[t] = detail::WindowControl::kNone;
       c.bytes[t] = 0;
       c.address[t] = 0;
+      const bool out = t < n && in.outputs[t] && in.output_bytes[t] && w.contains(in.outputs[t], in.output_bytes[t]);
+      c.out_offset[t] = out ? static_cast<std::uint64_t>(in.outputs[t] - slot) : detail::WindowControl::kNone;
+      c.out_bytes[t] = t < n && in.outputs[t] ? in.output_bytes[t] : 0;
     }
     for (int t = 0; t < n && err.empty(); ++t) {
       const std::byte* p = in.data[t];
@@ -783,6 +807,11 @@ class MpiWindowComm {
             (r.offset[t] > win_->bytes_per_rank() || r.bytes[t] > win_->bytes_per_rank() - r.offset[t]))
           detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes input " + std::to_string(t) +
                                                 " outside its window slot (the ranks' windows differ)");
+      for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
+        if (r.out_offset[t] != detail::WindowControl::kNone &&
+            (r.out_offset[t] > win_->bytes_per_rank() || r.out_bytes[t] > win_->bytes_per_rank() - r.out_offset[t]))
+          detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes output " + std::to_string(t) +
+                                                " outside its window slot (the ranks' windows differ)");
     }
   }
 
@@ -838,6 +867,7 @@ class MpiWindowComm {
   std::chrono::milliseconds timeout_;
   detail::CommFailure failure_;  // this rank's first failure
   std::size_t staged_ = 0, remote_ = 0;
+  bool outputs_in_window_ = false;  // outputs_in_window()
   bool cma_ = true;                // set_cross_memory_attach()
   std::size_t min_range_ = kCrossMemoryMinRange;  // set_cross_memory_min_range()
   std::vector<PeerInputs> views_;  // every rank's inputs in this process's mapping (with_peers' scratch)

@@ -9,9 +9,10 @@
 /// |----------------|------------------------------|-----------------------------------------|
 /// | with_peers() and allgather() on the communicator, the executor's memory the communicator's (a device executor also prepare_direct()) | PeerCopyLists (built once per plan and group from the ranks' layouts, kept in the communicator's ExchangeState) | executor 1, transport 0 |
 /// Traffic: every element read once from its owner's memory (the same bytes as the flat exchange, no messages).
-/// Between threads of one process (comm_traits::one_address_space) with a host executor, seq→head
-/// pushes instead: each rank reads its own rows in order and writes every peer's heads into that
-/// peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
+/// Where every rank can store to every rank's outputs (comm_traits::peer_outputs: threads of one
+/// process, or MpiWindowComm with every rank's outputs in the window) with a host executor,
+/// seq→head pushes instead: each rank reads its own rows in order and writes every peer's heads
+/// into that peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
 #pragma once
 
 #include <algorithm>
@@ -56,18 +57,32 @@ inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t
 /// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
 template <class Exec>
 struct PeerCopyWork {
-  const std::vector<BlockCopy>* list;
+  const std::vector<BlockCopy>* list;  // the pulled list of the direction
+  const std::vector<BlockCopy>* push_list;  // seq→head pushed (null: never), taken when every rank's outputs are storable
   const BufferTable* table;
   Exec* exec;
   int P;
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
   std::vector<std::byte*>* peers;  // the communicator's scratch, 2 P * kMaxTensors + 1 entries (inputs, outputs, the bounce buffer)
-  bool writes_outputs;             // the list writes the peers' outputs (BufferIndex::peer_output): the pushed seq→head
   RemoteReadScratch* remote;       // the communicator's scratch for inputs read with Cross Memory Attach
   int rank;                        // this rank
+
+  /// Whether every rank's non-empty outputs reached this rank storable (PeerInputs::outputs): the
+  /// same verdict on every rank, which all see the same records.
+  static bool outputs_storable(int P, const void* const* all) {
+    for (int p = 0; p < P; ++p) {
+      const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
+      for (int t = 0; t < in.count && t < kMaxTensors; ++t)
+        if (in.output_bytes[t] && !in.outputs[t]) return false;
+    }
+    return true;
+  }
+
   static void run(void* ctx, const void* const* all) {
     const auto& w = *static_cast<const PeerCopyWork*>(ctx);
     std::vector<std::byte*>& peers = *w.peers;
+    const bool push = w.push_list && outputs_storable(w.P, all);
+    const std::vector<BlockCopy>& list = push ? *w.push_list : *w.list;
     bool remote = false;  // a peer's input this process cannot load (published by pid and address)
     for (int p = 0; p < w.P; ++p) {
       const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
@@ -78,14 +93,14 @@ struct PeerCopyWork {
                                       "exchange (a peer's layouts are its own, but fixed for the pairing)");
       for (int t = 0; t < kMaxTensors; ++t) {
         peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
-        if (w.writes_outputs) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
+        if (push) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
         remote = remote || in.remote[t];  // a peer's input to read remotely, or this rank's to push
       }
     }
     BufferTable t = *w.table;
     t.peers = peers.data();
-    if (!remote) {
-      w.exec->run(w.list->data(), w.list->size(), t);
+    if (push || !remote) {  // (the pushed list reads this rank's own inputs only)
+      w.exec->run(list.data(), list.size(), t);
       return;
     }
     if constexpr (executor_traits<Exec>::runs_on_host) {
@@ -208,11 +223,13 @@ struct PeerCopyTransport {
     }
   }
 
-  /// Whether seq→head pushes (PeerCopyLists::push_seq_to_head: every rank reads its own input
-  /// in order and writes its peers' outputs) rather than pulls: ranks of one address space
-  /// (comm_traits::one_address_space) with a host executor. The bytes are the same either way.
+  /// Whether seq→head may push (PeerCopyLists::push_seq_to_head: every rank reads its own input
+  /// in order and writes its peers' outputs) rather than pull: a communicator that hands on the
+  /// peers' outputs (comm_traits::peer_outputs) with a host executor. It then pushes when every
+  /// rank's outputs reached every rank storable (always between threads of one process; with
+  /// MpiWindowComm when they lie in the window). The bytes are the same either way.
   template <class Comm, class Exec>
-  static constexpr bool pushes = comm_traits<Comm>::one_address_space && executor_traits<Exec>::runs_on_host;
+  static constexpr bool pushes = comm_traits<Comm>::peer_outputs && executor_traits<Exec>::runs_on_host;
 
   /// The peer copy of direction d, all stages at once, between two synchronisations of the group
   /// (with_peers(): no rank reads a peer's input or writes a peer's output before the peer has
@@ -225,7 +242,7 @@ struct PeerCopyTransport {
     PeerCopyLists local;
     const PeerCopyLists& l = lists(plan, comm, local);
     const bool push = pushes<Comm, Exec> && d == Direction::seq_to_head;
-    const std::vector<BlockCopy>& list = push ? l.push_seq_to_head : l.list[static_cast<int>(d)];
+    const std::vector<BlockCopy>& list = l.list[static_cast<int>(d)];
     if constexpr (executor_traits<Exec>::prepare_direct) {
       const std::vector<BlockCopy>& s2h = l.list[0];
       const std::vector<BlockCopy>& h2s = l.list[1];
@@ -236,7 +253,10 @@ struct PeerCopyTransport {
     for (int x = 0; x < plan.num_tensors(); ++x) {
       inputs.data[x] = t.base[BufferIndex::input(x)];
       inputs.bytes[x] = plan.input_bytes(d, x);
-      if (push) inputs.outputs[x] = t.base[BufferIndex::output(x)];
+      if (push) {
+        inputs.outputs[x] = t.base[BufferIndex::output(x)];
+        inputs.output_bytes[x] = plan.output_bytes(d, x);
+      }
     }
     inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
     if (inputs.reads_remote) {
@@ -258,7 +278,7 @@ struct PeerCopyTransport {
       remote = &comm.exchange_state().remote_reads();
     }
     peers->resize(2 * static_cast<std::size_t>(plan.degree()) * kMaxTensors + 1);
-    detail::PeerCopyWork<Exec> work{&list, &t, &exec, plan.degree(), &l.layouts, peers, push, remote, plan.rank()};
+    detail::PeerCopyWork<Exec> work{&list, push ? &l.push_seq_to_head : nullptr, &t, &exec, plan.degree(), &l.layouts, peers, remote, plan.rank()};
     comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
   }
 
