@@ -175,22 +175,10 @@ TEST_CASE("MPI chunk over 2 GiB (P=2, run by `mpiexec -n 2`; needs ~9 GiB of fre
 // ---- training safety under MPI (this suite is built as the default preset: Release, NDEBUG) ------
 
 TEST_CASE("MPI C9: ranks that planned different head splits throw plan_mismatch on every rank, default options") {
-  const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> other = {{{0, 1}, {1, 3}}, {{0, 0}, {0, 3}}, {{0, 3}, {3, 3}}};
-  for (const auto& split : other)
+  for (const auto& split : ut::c9_splits())
     on_groups_of(2, [&](MPI_Comm sub) {
       MpiComm comm(sub);
-      const int r = comm.rank();
-      const auto heads = r == 0 ? HeadPartition::ranges(3, {{0, 2}, {2, 3}}) : HeadPartition::ranges(3, split);
-      Plan plan({2, r}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(heads, 2)});
-      CHECK(plan.check_agreement());
-      std::vector<float> in(plan.seq_bytes(0) / 4, 1.f), out(plan.head_bytes(0) / 4, -7.f);
-      std::vector<std::byte> ws(plan.workspace_bytes());
-      HostExecutor ex;
-      auto [code, msg] = ut::error_of([&] { seq_to_head(plan, comm, ex, in, out, ws); });
-      CAPTURE(msg);
-      CHECK(code == Errc::plan_mismatch);
-      CHECK(msg.find("rank 1 in the head partition of tensor 0") != std::string::npos);
-      for (float v : out) CHECK(v == -7.f);
+      CHECK(ut::run_c9_case(comm, split, Path::automatic) == "");
     });
 }
 
@@ -207,19 +195,11 @@ TEST_CASE("MPI C10: a kv split that does not follow the query split is refused o
 }
 
 TEST_CASE("MPI C11: MQA, every rank's partial gradient of the kv head is summed (fp32)") {
-  on_groups_of(4, [&](MPI_Comm sub) {
-    MpiComm comm(sub);
-    const int P = 4, r = comm.rank();
-    const auto a = attention_specs<float>(P, {4, 1, 2});
-    Plan plan({P, r}, 1, SeqPartition::even(8, P), a.qkv());
-    std::vector<float> dq2(plan.head_bytes(0) / 4), dk2(plan.head_bytes(1) / 4), dv2(plan.head_bytes(2) / 4);
-    for (std::size_t i = 0; i < dk2.size(); ++i) dk2[i] = static_cast<float>(r + 1) * static_cast<float>(i + 1);  // (r+1)*code(s, d)
-    std::vector<float> dq(plan.seq_bytes(0) / 4), dk(plan.seq_bytes(1) / 4), dv(plan.seq_bytes(2) / 4);
-    std::vector<std::byte> ws(plan.workspace_bytes());
-    HostExecutor ex;
-    seq_to_head_backward(plan, comm, ex, {dq2, dk2, dv2}, {dq, dk, dv}, ws);
-    for (std::size_t i = 0; i < dk.size(); ++i) CHECK(dk[i] == 10.f * static_cast<float>(2 * 2 * r + i + 1));
-  });
+  for (Path path : ut::host_paths<MpiComm>())
+    on_groups_of(4, [&](MPI_Comm sub) {
+      MpiComm comm(sub);
+      CHECK(ut::run_c11_case(comm, path) == "");
+    });
 }
 
 TEST_CASE("MPI adjointness: every model at every P that fits the world, partitions, layouts, K, both exchange paths") {

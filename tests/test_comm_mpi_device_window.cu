@@ -3,12 +3,13 @@
 // `mpiexec -n 2`). Suite "host" (no device needed): the epoch/flag protocol of the device
 // kernels run on the host, ranks as threads over host memory (the same __host__ __device__
 // functions): epochs in order and no torn reads over many calls, a rank that never arrives (the
-// others time out naming it, a later waiter gets `aborted`), records that differ (count,
+// others time out naming it, a later waiter gets `aborted` naming it too), records that differ (count,
 // registrations, offsets, layouts: every rank the same verdict); the list logic (the record,
 // where staged inputs go, the peers' addresses) and the errors' codes. Suite "device" (skipped,
 // saying so, without a CUDA device): the peer copy across processes through CUDA IPC on the case
 // list, inputs in the window and staged, bit for bit; registrations in another order; a rank that
-// never enters (timeout, then aborted); CUDA-graph capture and replay.
+// never enters (timeout, then aborted); a rank that skips the destructor (the others leak after
+// their timeout); CUDA-graph capture and replay.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -129,15 +130,27 @@ TEST_SUITE("host") {
       CHECK((timed_out || saw_abort));
       if (timed_out) CHECK(st.peer == 2);
       CHECK(st.epoch == 1);
+      CHECK(st.not_arrived == 1u << 2);  // both name rank 2: the one that timed out, and the one that saw the abort (the group's mask)
+      CHECK(st.not_done == 0);
+      CHECK(st.missed_call == 1);
+      Errc code = Errc::backend;
+      const std::string m = detail::device_window_failure(st, r, 100, code);
+      CAPTURE(m);
+      CHECK(code == (timed_out ? Errc::timeout : Errc::aborted));
+      CHECK(m.find(timed_out ? "for the peers to arrive; ranks {2} did not arrive in call 1" : "broke it: ranks {2} did not arrive in call 1") !=
+            std::string::npos);
     }
     const std::uint64_t who = grp.ctrl[0]->abort;
     CHECK((who == 1 || who == 2));  // 1 + the rank that timed out
+    CHECK(grp.status[static_cast<std::size_t>(who - 1)].code == static_cast<std::uint64_t>(DeviceWaitCode::timeout_arrive));
+    CHECK(grp.ctrl[0]->not_arrived == 1u << 2);
     // Rank 2 arrives late: the group is broken, its wait ends at once with aborted (no timeout).
     const auto t0 = std::chrono::steady_clock::now();
     detail::dw_arrive_and_wait(grp.view(2), record_of(1), kLong, grp.status[2], host_now, host_pause);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
     CHECK(grp.status[2].code == static_cast<std::uint64_t>(DeviceWaitCode::aborted));
     CHECK(grp.status[2].peer == who - 1);
+    CHECK(grp.status[2].not_arrived == 1u << 2);  // it learns it was the one missing
     // A rank that failed publishes nothing more.
     const std::uint64_t arrive0 = grp.ctrl[0]->arrive;
     detail::dw_arrive_and_wait(grp.view(0), record_of(1), kLong, grp.status[0], host_now, host_pause);
@@ -186,6 +199,23 @@ TEST_SUITE("host") {
       }
       CHECK(grp.ctrl[0]->abort != 0);  // and the group is broken
     }
+  }
+
+  TEST_CASE("the window is built and freed, or refused on every rank, without hanging (the destructor's rendezvous meets)") {
+    MpiComm comm(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [code, msg] = ut::error_of([&] {
+      MpiDeviceWindow win(comm, 4096);
+      win.set_timeout(std::chrono::seconds(60));
+    });
+    CAPTURE(msg);
+    if (ut::device_count() == 0) {  // every rank fails to allocate: one coded error everywhere, then the collective free of what was made
+      CHECK(code == Errc::backend);
+      CHECK(msg.find("MpiDeviceWindow: allocating and exporting the segments") != std::string::npos);
+    } else {
+      CHECK(code == Errc{});
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
   }
 
   TEST_CASE("list logic: offsets of registered inputs, shares of staged ones, the peers' addresses") {
@@ -244,17 +274,22 @@ TEST_SUITE("host") {
   TEST_CASE("the device status as the host's coded errors") {
     struct Row {
       DeviceWaitCode code;
-      std::uint64_t field;
+      std::uint64_t field, not_arrived, not_done, missed_call;
       Errc errc;
       const char* says;
     };
-    for (const Row& row : {Row{DeviceWaitCode::timeout_arrive, 0, Errc::timeout, "for the peers to arrive; rank 2 did not"},
-                           Row{DeviceWaitCode::timeout_done, 0, Errc::timeout, "finish reading; rank 2 did not"},
-                           Row{DeviceWaitCode::aborted, 0, Errc::aborted, "rank 2 timed out or failed"},
-                           Row{DeviceWaitCode::record_mismatch, 1, Errc::plan_mismatch, "other registrations"},
-                           Row{DeviceWaitCode::record_mismatch, 4, Errc::plan_mismatch, "input 2 at another offset"},
-                           Row{DeviceWaitCode::layouts_mismatch, 0, Errc::plan_mismatch, "other layouts"}}) {
-      detail::DeviceWindowStatus st{static_cast<std::uint64_t>(row.code), 2, 5, row.field};
+    const std::uint64_t r2 = 1u << 2, r0_63 = 1u | std::uint64_t{1} << 63;
+    for (const Row& row : {Row{DeviceWaitCode::timeout_arrive, 0, r2 | 1u << 3, 0, 5, Errc::timeout, "for the peers to arrive; ranks {2, 3} did not arrive in call 5"},
+                           Row{DeviceWaitCode::timeout_arrive, 0, 0, 0, 0, Errc::timeout, "for the peers to arrive; ranks {2} did not arrive in call 5"},
+                           Row{DeviceWaitCode::timeout_done, 0, 0, r2, 5, Errc::timeout, "finish reading; ranks {2} did not finish reading in call 5"},
+                           Row{DeviceWaitCode::aborted, 0, 0, 0, 0, Errc::aborted, "(rank 2 timed out or failed"},
+                           Row{DeviceWaitCode::aborted, 0, r0_63, 0, 4, Errc::aborted, "(rank 2 broke it: ranks {0, 63} did not arrive in call 4)"},
+                           Row{DeviceWaitCode::aborted, 0, 1, r2, 4, Errc::aborted,
+                               "(rank 2 broke it: ranks {0} did not arrive in call 4; ranks {2} did not finish reading in call 4)"},
+                           Row{DeviceWaitCode::record_mismatch, 1, 0, 0, 0, Errc::plan_mismatch, "other registrations"},
+                           Row{DeviceWaitCode::record_mismatch, 4, 0, 0, 0, Errc::plan_mismatch, "input 2 at another offset"},
+                           Row{DeviceWaitCode::layouts_mismatch, 0, 0, 0, 0, Errc::plan_mismatch, "other layouts"}}) {
+      detail::DeviceWindowStatus st{static_cast<std::uint64_t>(row.code), 2, 5, row.field, row.not_arrived, row.not_done, row.missed_call};
       Errc code = Errc::backend;
       const std::string m = detail::device_window_failure(st, 1, 300, code);
       CAPTURE(m);
@@ -402,7 +437,7 @@ TEST_SUITE("device") {
     const int absent = g_world - 1;  // (under -n 2: rank 0 alone enters)
     if (g_rank != absent) {
       ut::DeviceBuffer x(64);
-      expect_error(Errc::timeout, "rank " + std::to_string(absent) + " did not", [&] {
+      expect_error(Errc::timeout, "ranks {" + std::to_string(absent) + "} did not arrive in call 1", [&] {
         PeerInputs mine;
         mine.count = 1;
         mine.data[0] = x.get(), mine.bytes[0] = 64;
@@ -412,6 +447,30 @@ TEST_SUITE("device") {
       expect_error(Errc::aborted, "broken", [&] { wc.check(); });
     }
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+
+  TEST_CASE("a rank that skips the destructor: the others' destructors leak the window after its timeout, never hang") {
+    MpiComm comm(MPI_COMM_WORLD);
+    const int stopped = 0;
+    auto win = std::make_unique<MpiDeviceWindow>(comm, 1u << 20);
+    win->set_timeout(std::chrono::milliseconds(300));
+    CHECK(win->timeout() == std::chrono::milliseconds(300));
+    if (g_rank != stopped) {
+      const auto t0 = std::chrono::steady_clock::now();
+      win.reset();  // MPI_Barrier here would wait for rank 0, which is in the MPI_Barrier below: a hang
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300 + 5000));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == stopped) {
+      CHECK(!win->broken());  // the verdict alone says leak: its destructor does not wait
+      const auto t0 = std::chrono::steady_clock::now();
+      win.reset();
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    }
+    MpiDeviceWindow again(comm, 1u << 20);  // every rank present: freed collectively
+    if (g_rank == 1) again.mark_broken();   // group-wide: every rank's destructor then leaks at once
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(again.broken());
   }
 }
 

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// comm/mpi_window.hpp under real processes (ctest runs this under `mpiexec -n 2`, `-n 3` and
-// `-n 4`): the peer copy between processes (MpiWindowComm, Path::direct) on the whole shared case
+// comm/mpi_window.hpp under real processes (ctest runs this under `mpiexec -n 2`, `-n 3`, `-n 4`
+// and `-n 8`, there only the test suite "cases", the bit-exact case list, which adds P = 8): the peer copy between processes (MpiWindowComm, Path::direct) on the whole shared case
 // list (C1–C8, zigzag, the models sweep, K stages, pipelined, strided views, uneven S and H,
 // Replicas::owner) bit for bit against the reference, with the inputs in the window (read in
 // place) and outside it (staged), the path chosen by default and forced, and the other paths
 // forced over the same communicator; then the registration check, the timeout of a rank that
-// never enters, and the errors that break the group.
+// never enters or never finishes reading (every rank's error names it), the destructors'
+// rendezvous (~MpiWindow's and detail::SharedRendezvous, ~MpiDeviceWindow's), and the errors that
+// break the group.
 #include <ulysses/comm/mpi.hpp>
 
 #include "mpi_groups.hpp"
@@ -14,6 +16,10 @@
 #include <cstdio>
 #include <memory>
 #include <new>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 #include "cases.hpp"
 #include "expect_error.hpp"
@@ -145,6 +151,52 @@ std::vector<ut::Case> window_cases(int P) {
   return v;
 }
 
+/// Checks, on every rank of the world, the errors of a with_peers() that `missing` never entered
+/// (`arrival`) or never finished reading: each other rank gets Error(timeout) (its own deadline
+/// passed) or Error(aborted) (a peer's did first, and broke the group); at least one timed out;
+/// every message names `missing` as the missing one ("ranks {m} did not arrive in call e", the
+/// same call on every rank); an aborted rank's message names the rank that broke the group, and
+/// that rank timed out. `code` and `msg` are this rank's error (ignored on `missing`).
+void check_missing_named(Errc code, const std::string& msg, int missing, bool arrival) {
+  int P = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  const std::string clause = "ranks {" + std::to_string(missing) + (arrival ? "} did not arrive in call " : "} did not finish reading in call ");
+  int mine[3] = {-1, -1, -1};  // code (0 timeout, 1 aborted, 2 other), the rank that broke the group, the call
+  if (r != missing) {
+    CAPTURE(msg);
+    CHECK((code == Errc::timeout || code == Errc::aborted));
+    mine[0] = code == Errc::timeout ? 0 : code == Errc::aborted ? 1 : 2;
+    const std::size_t at = msg.find(clause);
+    CHECK(at != std::string::npos);
+    if (at != std::string::npos) mine[2] = std::stoi(msg.substr(at + clause.size()));
+    if (code == Errc::timeout)
+      CHECK(msg.find(std::string(arrival ? "for the peers to arrive; " : "for the peers to finish reading; ") + clause) != std::string::npos);
+    if (code == Errc::aborted) {
+      const std::string broke = "the window's group is broken (rank ";
+      const std::size_t b = msg.find(broke);
+      CHECK(b != std::string::npos);
+      if (b != std::string::npos) {
+        mine[1] = std::stoi(msg.substr(b + broke.size()));
+        CHECK(msg.find("rank " + std::to_string(mine[1]) + " broke it: " + clause) != std::string::npos);
+      }
+    }
+  }
+  std::vector<int> all(3 * static_cast<std::size_t>(P));
+  MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, MPI_COMM_WORLD);
+  int timed_out = 0, call = -1;
+  for (int p = 0; p < P; ++p) {
+    if (p == missing) continue;
+    const int* a = &all[3 * static_cast<std::size_t>(p)];
+    timed_out += a[0] == 0;
+    if (a[0] == 1 && a[1] >= 0) CHECK(all[3 * static_cast<std::size_t>(a[1])] == 0);  // the rank that broke the group timed out
+    if (call < 0) call = a[2];
+    CHECK(a[2] == call);  // the same call everywhere
+  }
+  CHECK(timed_out >= 1);
+  CHECK(call >= 1);
+}
+
 /// A small fused plan (q and GQA kv over P ranks, B = 2) and its buffers on rank r.
 struct Small {
   Plan plan;
@@ -155,18 +207,18 @@ struct Small {
 
 }  // namespace
 
-TEST_CASE("MPI window: C1 batch > 1 in bshd, sbhd, bhsd") { check_window<float>(ut::c1_cases()); }
+TEST_CASE("MPI window: C1 batch > 1 in bshd, sbhd, bhsd" * doctest::test_suite("cases")) { check_window<float>(ut::c1_cases()); }
 
-TEST_CASE("MPI window: C2 inverse and reference, P in {2,4}, q/k/v fused") {
-  for (int P : {2, 4}) check_window<float>(ut::c2_cases(P), true);
+TEST_CASE("MPI window: C2 inverse and reference, P in {2,4,8}, q/k/v fused" * doctest::test_suite("cases")) {
+  for (int P : {2, 4, 8}) check_window<float>(ut::c2_cases(P), true);  // (P = 8 under mpiexec -n 8 only)
   check_window<ut::bf16_t>(ut::c2_cases(2));
 }
 
-TEST_CASE("MPI window: zigzag partitions, P in {2,3,4}") {
-  for (int P : {2, 3, 4}) check_window<float>(ut::zigzag_cases(P));
+TEST_CASE("MPI window: zigzag partitions, P in {2,3,4,8}" * doctest::test_suite("cases")) {
+  for (int P : {2, 3, 4, 8}) check_window<float>(ut::zigzag_cases(P));
 }
 
-TEST_CASE("MPI window: C3 S=7 over P=2, C4 H=7 over P=4, C5 GQA, C6 empty chunks, C8 (B, P, S_local) order") {
+TEST_CASE("MPI window: C3 S=7 over P=2, C4 H=7 over P=4, C5 GQA, C6 empty chunks, C8 (B, P, S_local) order" * doctest::test_suite("cases")) {
   check_window<float>(ut::c3_cases());
   check_window<float>(ut::c4_cases(4));
   check_window<float>({ut::c5_case()});
@@ -175,12 +227,33 @@ TEST_CASE("MPI window: C3 S=7 over P=2, C4 H=7 over P=4, C5 GQA, C6 empty chunks
   check_window<float>(ut::c8_cases());
 }
 
-TEST_CASE("MPI window: K stages, pipelined, strided views, uneven S and H, Replicas::owner, P in {2,3,4}") {
-  for (int P : {2, 3, 4}) check_window<float>(window_cases(P), true);
+TEST_CASE("MPI window: K stages, pipelined, strided views, uneven S and H, Replicas::owner, P in {2,3,4,8}" * doctest::test_suite("cases")) {
+  for (int P : {2, 3, 4, 8}) check_window<float>(window_cases(P), true);
   check_window<double>(window_cases(3));
 }
 
-TEST_CASE("MPI window: C7 non-contiguous input view (staged)") {
+TEST_CASE("MPI window: C9 ranks that planned different head splits throw plan_mismatch on every rank, by default and forced" * doctest::test_suite("cases")) {
+  for (Path path : {Path::automatic, Path::direct})
+    for (const auto& split : ut::c9_splits())
+      on_groups_of(2, [&](MPI_Comm sub) {
+        with_window(sub, 1 << 12, false, [&](MpiWindowComm& wc) {
+          CHECK(ut::run_c9_case(wc, split, path) == "");
+          CHECK(!wc.broken());  // the agreement check's verdict is every rank's: the group stays usable
+        });
+      });
+}
+
+TEST_CASE("MPI window: C11 MQA, every rank's partial gradient of the kv head is summed (fp32), by default, forced and on the other paths" * doctest::test_suite("cases")) {
+  for (Path path : {Path::automatic, Path::direct, Path::messages, Path::alltoallv}) {
+    const std::string via = to_string(path);
+    CAPTURE(via);
+    on_groups_of(4, [&](MPI_Comm sub) {
+      with_window(sub, 1 << 12, false, [&](MpiWindowComm& wc) { CHECK(ut::run_c11_case(wc, path) == ""); });
+    });
+  }
+}
+
+TEST_CASE("MPI window: C7 non-contiguous input view (staged)" * doctest::test_suite("cases")) {
   on_groups_of(2, [&](MPI_Comm sub) {
     with_window(sub, 1 << 16, false, [&](MpiWindowComm& wc) {
       CHECK(ut::run_view_case<float>(wc, 2) == "");
@@ -192,9 +265,9 @@ TEST_CASE("MPI window: C7 non-contiguous input view (staged)") {
   });
 }
 
-TEST_CASE("MPI window: models, every model at every P that fits the world, q/k/v in one exchange") {
+TEST_CASE("MPI window: models, every model at every P that fits the world, q/k/v in one exchange" * doctest::test_suite("cases")) {
   for (const auto& m : ulysses_models::kModels)
-    for (int P : {1, 2, 3, 4}) {
+    for (int P : {1, 2, 3, 4, 8}) {
       const std::string name = m.name;
       CAPTURE(name);
       const bool even = ut::expected_even_error(m, P) == Errc{};
@@ -393,26 +466,23 @@ TEST_CASE("MPI window: a rank that never enters makes its peers time out within 
   auto run = [&] { seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); };
   run();  // all ranks: the agreement check and the peer lists (MPI collectives) are done once
   wc.set_timeout(std::chrono::milliseconds(300));
+  Errc code{};
+  std::string msg;
   if (r != 0) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto [code, msg] = ut::error_of(run);
+    std::tie(code, msg) = ut::error_of(run);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    CAPTURE(msg);
-    CHECK((code == Errc::timeout || code == Errc::aborted));
-    if (code == Errc::timeout) CHECK(msg.find("ranks {0} did not") != std::string::npos);
     CHECK(ms < 300 + 5000);  // the deadline, and slack for a loaded machine
-    int timed_out = code == Errc::timeout, any = 0;
-    MPI_Allreduce(&timed_out, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    CHECK(any == 1);
-  } else {
-    int none = 0, any = 0;
-    MPI_Allreduce(&none, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   }
+  check_missing_named(code, msg, 0, true);  // every rank's error names rank 0 as the one that did not arrive
   MPI_Barrier(MPI_COMM_WORLD);
   CHECK(wc.broken());
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(ut::code_of(run) == Errc::aborted);  // at once, on every rank (rank 0 included)
+  std::tie(code, msg) = ut::error_of(run);
+  CAPTURE(msg);
+  CHECK(code == Errc::aborted);  // at once, on every rank (rank 0 included)
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300));
+  if (r == 0) CHECK(msg.find(" broke it: ranks {0} did not arrive in call ") != std::string::npos);  // the late rank learns it was missing
   CHECK(ut::code_of([&] { wc.allgather(&r, sizeof r, q2.data()); }) == Errc::aborted);
 }
 
@@ -439,9 +509,11 @@ TEST_CASE("MPI window: a rank that stops participating: the others time out, the
   run();  // all ranks: the agreement check and the peer lists (MPI collectives) are done once
   CHECK(!win->broken());
   wc->set_timeout(std::chrono::milliseconds(300));
+  Errc code{};
+  std::string msg;
+  if (r != stopped) std::tie(code, msg) = ut::error_of(run);  // the stopped rank never enters
+  check_missing_named(code, msg, stopped, true);
   if (r != stopped) {
-    const Errc code = ut::code_of(run);  // the stopped rank never enters
-    CHECK((code == Errc::timeout || code == Errc::aborted));
     CHECK(win->broken());
     wc.reset();
     // MPI_Win_free here would wait for the stopped rank, which is in the MPI_Barrier below: a hang
@@ -476,6 +548,66 @@ TEST_CASE("MPI window: a rank that skips the destructor: the others' destructors
   MpiWindow again(world, 4096);
   again.set_timeout(std::chrono::seconds(60));
   CHECK(!again.broken());
+}
+
+TEST_CASE("MPI window: a rank whose work does not finish in time: the others time out (or abort) naming it as not done reading; its own call completes") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  if (P < 2) return;
+  const int slow = P / 2;
+  MpiWindow win(world, 4096);
+  MpiWindowComm wc(world, win, std::chrono::milliseconds(300));
+  PeerInputs none;  // no inputs: only the two synchronisations
+  int stall_ms = r == slow ? 900 : 0;
+  auto work = [](void* ctx, const void* const*) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ctx))); };
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank arrives well within the deadline; only the slow rank's reads are late
+  auto [code, msg] = ut::error_of([&] { wc.with_peers(&none, work, &stall_ms); });
+  check_missing_named(code, msg, slow, false);
+  if (r == slow) CHECK(code == Errc{});  // every peer had finished reading: its call is complete
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(wc.broken());
+  std::tie(code, msg) = ut::error_of([&] { wc.with_peers(&none, work, &stall_ms); });
+  CAPTURE(msg);
+  CHECK(code == Errc::aborted);  // the next call, on every rank (with the rank's own first failure, or why the group broke)
+  CHECK(msg.find("ranks {" + std::to_string(slow) + "} did not finish reading in call 1") != std::string::npos);
+  if (r == slow) CHECK(msg.find(" broke it: ranks {" + std::to_string(slow) + "} did not finish reading in call 1") != std::string::npos);
+}
+
+TEST_CASE("MPI window: the destructors' rendezvous in host shared memory (detail::SharedRendezvous, ~MpiDeviceWindow's): met, deserted, broken") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  {  // every rank leaves: all free (the collective MPI_Win_free of the words follows, in the destructor)
+    detail::SharedRendezvous rv(world.get());
+    CHECK(!rv.broken());
+    CHECK(rv.leave(std::chrono::seconds(60)));
+  }
+  if (P < 2) return;
+  {  // rank 0 does not come: the others leak after their timeout, rank 0 (later) at once: nobody makes a collective call
+    auto rv = std::make_unique<detail::SharedRendezvous>(world.get());
+    if (r != 0) {
+      bool free = true;
+      CHECK(ms_of([&] { free = rv->leave(std::chrono::milliseconds(300)); }) < 300 + 5000);
+      CHECK(!free);
+      rv.reset();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r == 0) {
+      CHECK(!rv->broken());  // nobody broke the group: the verdict alone says leak
+      bool free = true;
+      CHECK(ms_of([&] { free = rv->leave(std::chrono::seconds(60)); }) < 5000);
+      CHECK(!free);
+      rv.reset();
+    }
+  }
+  {  // mark_broken() on the last rank: every rank's leave() leaks at once
+    detail::SharedRendezvous rv(world.get());
+    if (r == P - 1) rv.mark_broken();
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(rv.broken());
+    bool free = true;
+    CHECK(ms_of([&] { free = rv.leave(std::chrono::seconds(60)); }) < 5000);
+    CHECK(!free);
+  }
 }
 
 TEST_CASE("MPI window: mark_broken() on one rank breaks the group on every rank") {

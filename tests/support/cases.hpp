@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fault cases of the project's shared case list (C1–C8) and the models sweep, written once
+// The fault cases of the project's shared case list (C1–C9, C11) and the models sweep, written once
 // and run on every backend (in-process group, MPI, CUDA). Each returns the cases for group size P.
 #pragma once
 
@@ -164,6 +164,63 @@ std::string run_view_case(Comm& comm, int P) {
   head_to_seq(plan, comm, ex, mid, ByteSpan{y.data() + base, view_bytes}, ws);
   if (std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) != 0)
     return "C7 rank " + std::to_string(r) + ": head_to_seq into the view differs from the input view (or wrote outside it)";
+  return "";
+}
+
+/// C9's other head splits of 3 heads over 2 ranks (rank 0 plans {0,2}, {2,3}; rank 1 one of these).
+inline std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> c9_splits() {
+  return {{{0, 1}, {1, 3}}, {{0, 0}, {0, 3}}, {{0, 3}, {3, 3}}};
+}
+
+/// C9 on a group of 2 (comm): rank 1 planned `split` of tensor 0's heads, rank 0 {0,2}, {2,3};
+/// the exchange (on `path`, default options otherwise) must throw plan_mismatch naming rank 1's
+/// head partition on every rank and leave the output untouched. "" or what went wrong.
+template <class Comm>
+std::string run_c9_case(Comm& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& split, ulysses::Path path) {
+  using namespace ulysses;
+  const int r = comm.rank();
+  const auto heads = r == 0 ? HeadPartition::ranges(3, {{0, 2}, {2, 3}}) : HeadPartition::ranges(3, split);
+  PlanOptions po;
+  po.path = path;
+  Plan plan({2, r}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(heads, 2)}, Format::bshd, po);
+  if (!plan.check_agreement()) return "C9: the agreement check is off by default";
+  std::vector<float> in(plan.seq_bytes(0) / 4, 1.f), out(plan.head_bytes(0) / 4, -7.f);
+  std::vector<std::byte> ws(plan.workspace_bytes());
+  HostExecutor ex;
+  std::string msg;
+  Errc code{};
+  try {
+    seq_to_head(plan, comm, ex, in, out, ws);
+  } catch (const Error& e) {
+    code = e.code(), msg = e.what();
+  }
+  if (code != Errc::plan_mismatch) return "C9 rank " + std::to_string(r) + ": not plan_mismatch: " + (msg.empty() ? "no error" : msg);
+  if (msg.find("rank 1 in the head partition of tensor 0") == std::string::npos) return "C9 rank " + std::to_string(r) + ": " + msg;
+  for (float v : out)
+    if (v != -7.f) return "C9 rank " + std::to_string(r) + ": the output was written";
+  return "";
+}
+
+/// C11 on a group of 4 (comm): MQA (4 query heads, 1 kv head, D = 2, S = 8), rank r's partial
+/// gradient of the kv head is (r+1) * code(s, d); seq_to_head_backward on `path` must give every
+/// rank the sum over ranks, 10 * code, bit for bit (fp32). "" or the first wrong element.
+template <class Comm>
+std::string run_c11_case(Comm& comm, ulysses::Path path) {
+  using namespace ulysses;
+  const int P = 4, r = comm.rank();
+  const auto a = attention_specs<float>(P, {4, 1, 2});
+  PlanOptions po;
+  po.path = path;
+  Plan plan({P, r}, 1, SeqPartition::even(8, P), a.qkv(), Format::bshd, po);
+  std::vector<float> dq2(plan.head_bytes(0) / 4), dk2(plan.head_bytes(1) / 4), dv2(plan.head_bytes(2) / 4);
+  for (std::size_t i = 0; i < dk2.size(); ++i) dk2[i] = static_cast<float>(r + 1) * static_cast<float>(i + 1);  // (r+1)*code(s, d)
+  std::vector<float> dq(plan.seq_bytes(0) / 4), dk(plan.seq_bytes(1) / 4), dv(plan.seq_bytes(2) / 4);
+  std::vector<std::byte> ws(plan.workspace_bytes());
+  HostExecutor ex;
+  seq_to_head_backward(plan, comm, ex, {dq2, dk2, dv2}, {dq, dk, dv}, ws);
+  for (std::size_t i = 0; i < dk.size(); ++i)
+    if (dk[i] != 10.f * static_cast<float>(2 * 2 * r + static_cast<int>(i) + 1))
+      return "C11 rank " + std::to_string(r) + ": dk[" + std::to_string(i) + "] = " + std::to_string(dk[i]);
   return "";
 }
 

@@ -20,8 +20,10 @@
 ///     nothing this rank enqueues later (the next write of its inputs) runs before its peers
 ///     have read them.
 /// A wait that passes its deadline (%globaltimer on the device) sets this rank's status
-/// (timeout, naming the first late rank) and the group's abort word (rank 0's control block);
-/// every other rank's waits then end at once with `aborted` (the arrival wait looks at the
+/// (timeout, naming every late rank: a mask, the group has at most 64 ranks), ors the late ranks
+/// into the group's masks and then sets the group's abort word (both in rank 0's control block);
+/// every other rank's waits then end at once with `aborted`, naming the rank that broke the group
+/// and the late ranks of its masks (the arrival wait looks at the
 /// abort word only while a rank is missing, so a mismatch found by all is reported alike; a
 /// mismatch breaks the group too, and a rank that failed publishes nothing more). The
 /// status lives in mapped pinned host memory: the host reads it without synchronising and
@@ -54,6 +56,7 @@ namespace detail {
 /// Most ranks of a device window's group (the kernels take the peers' control blocks as a
 /// parameter).
 inline constexpr int kMaxDeviceWindowRanks = 64;
+static_assert(kMaxDeviceWindowRanks <= 64, "the late ranks are a 64-bit mask (DeviceWindowControl::not_arrived)");
 
 /// What a rank publishes for one call; its peers compare it with their own before reading.
 struct DeviceWindowRecord {
@@ -72,6 +75,9 @@ struct DeviceWindowControl {
   alignas(64) std::uint64_t arrive;  ///< epoch of the last record it published
   alignas(64) std::uint64_t done;    ///< epoch of the last call whose reads it finished
   alignas(64) std::uint64_t abort;   ///< rank 0's only: 0, or 1 + the rank that broke the group
+  alignas(64) std::uint64_t missed_call;  ///< rank 0's only: 0, or the call of the first wait that timed out (claimed before the masks)
+  std::uint64_t not_arrived;  ///< rank 0's only: bit p: a rank whose deadline passed found rank p not arrived (or'd in before `abort`)
+  std::uint64_t not_done;     ///< rank 0's only: bit p: ... found rank p not done reading
   alignas(64) DeviceWindowRecord record;  ///< the last call's record
 };
 
@@ -89,9 +95,12 @@ enum class DeviceWaitCode : std::uint64_t {
 /// reads `code` first).
 struct DeviceWindowStatus {
   std::uint64_t code;   ///< a DeviceWaitCode; 0 while healthy
-  std::uint64_t peer;   ///< the rank it names
+  std::uint64_t peer;   ///< the rank it names (timeouts: the first late one; aborted: the one that broke the group)
   std::uint64_t epoch;  ///< the call (1 = the first)
   std::uint64_t field;  ///< for record_mismatch: which field
+  std::uint64_t not_arrived;  ///< timeouts and aborted: bit p, rank p had not arrived (as this rank, or the group's masks, saw it)
+  std::uint64_t not_done;     ///< the same for the ranks that had not finished reading
+  std::uint64_t missed_call;  ///< aborted: the call in which those ranks were missing (0: no rank's deadline passed)
 };
 
 /// The group as the kernels see it: every rank's control block in this process's mapping, and
@@ -109,6 +118,8 @@ struct DevicePoll {
   DeviceWaitCode code = DeviceWaitCode::ok;  ///< the verdict (ok while waiting)
   int peer = -1;                             ///< the rank it names (the first late one while waiting)
   std::uint64_t field = 0;                   ///< record_mismatch's field
+  std::uint64_t late = 0;                    ///< while waiting: bit p, rank p has not reached the epoch
+  std::uint64_t not_arrived = 0, not_done = 0, missed_call = 0;  ///< aborted: the group's masks and their call (rank 0's control block)
   bool finished = false;                     ///< the wait is over
 };
 
@@ -124,6 +135,10 @@ ULYSSES_HOST_DEVICE inline std::uint64_t dw_load(std::uint64_t& w) {
 /// Release store of a process-shared word (system scope).
 ULYSSES_HOST_DEVICE inline void dw_store(std::uint64_t& w, std::uint64_t v) {
   cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(w).store(v, cuda::memory_order_release);
+}
+/// Ors v into w.
+ULYSSES_HOST_DEVICE inline void dw_or(std::uint64_t& w, std::uint64_t v) {
+  cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(w).fetch_or(v, cuda::memory_order_acq_rel);
 }
 /// Sets w from 0 to v; false when it was not 0.
 ULYSSES_HOST_DEVICE inline bool dw_claim(std::uint64_t& w, std::uint64_t v) {
@@ -181,8 +196,11 @@ ULYSSES_HOST_DEVICE inline DevicePoll dw_check_records(const DeviceWindowGroup& 
 /// peer breaks the group in its next call).
 ULYSSES_HOST_DEVICE inline DevicePoll dw_poll(const DeviceWindowGroup& g, std::uint64_t e, bool arrival) {
   DevicePoll s;
-  for (int p = 0; p < g.size && s.peer < 0; ++p)
-    if (dw_load(arrival ? g.ctrl[p]->arrive : g.ctrl[p]->done) < e) s.peer = p;
+  for (int p = 0; p < g.size; ++p)
+    if (dw_load(arrival ? g.ctrl[p]->arrive : g.ctrl[p]->done) < e) {
+      if (s.peer < 0) s.peer = p;
+      s.late |= std::uint64_t{1} << p;
+    }
   if (s.peer < 0) {
     cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_system);  // the peers' records and inputs after their epochs
     if (arrival) {
@@ -193,8 +211,10 @@ ULYSSES_HOST_DEVICE inline DevicePoll dw_poll(const DeviceWindowGroup& g, std::u
       return s;
     }
   }
-  if (const std::uint64_t who = dw_load(g.ctrl[0]->abort)) {
+  if (const std::uint64_t who = dw_load(g.ctrl[0]->abort)) {  // (acquire: the breaker's masks, or'd in before it, are seen)
     s.code = DeviceWaitCode::aborted, s.peer = static_cast<int>(who - 1), s.finished = true;
+    s.not_arrived = dw_load(g.ctrl[0]->not_arrived), s.not_done = dw_load(g.ctrl[0]->not_done);
+    s.missed_call = dw_load(g.ctrl[0]->missed_call);
   }
   return s;
 }
@@ -219,14 +239,23 @@ ULYSSES_HOST_DEVICE DevicePoll dw_wait(const DeviceWindowGroup& g, std::uint64_t
 
 /// Records a wait's verdict: the first failure goes to `st` (single writer: this rank's
 /// stream); a failure of this rank's own (a timeout, a mismatch) also breaks the group (the
-/// abort word), so that the peers stop waiting.
+/// abort word), so that the peers stop waiting; a timeout first ors the late ranks into the
+/// group's masks (and claims their call), so that the peers' `aborted` names them too.
 ULYSSES_HOST_DEVICE inline void dw_report(const DeviceWindowGroup& g, DeviceWindowStatus& st, const DevicePoll& s, std::uint64_t e) {
   if (s.code == DeviceWaitCode::ok) return;
+  const bool timed_out = s.code == DeviceWaitCode::timeout_arrive || s.code == DeviceWaitCode::timeout_done;
+  if (timed_out) {
+    dw_claim(g.ctrl[0]->missed_call, e);
+    dw_or(s.code == DeviceWaitCode::timeout_arrive ? g.ctrl[0]->not_arrived : g.ctrl[0]->not_done, s.late);
+  }
   if (s.code != DeviceWaitCode::aborted) dw_claim(g.ctrl[0]->abort, static_cast<std::uint64_t>(g.rank) + 1);
   if (dw_load(st.code) != 0) return;
   st.peer = static_cast<std::uint64_t>(s.peer);
   st.epoch = e;
   st.field = s.field;
+  st.not_arrived = timed_out ? (s.code == DeviceWaitCode::timeout_arrive ? s.late : 0) : s.not_arrived;
+  st.not_done = timed_out ? (s.code == DeviceWaitCode::timeout_done ? s.late : 0) : s.not_done;
+  st.missed_call = timed_out ? e : s.missed_call;
   dw_store(st.code, static_cast<std::uint64_t>(s.code));
 }
 
@@ -370,6 +399,25 @@ inline void device_window_views(const DeviceWindowRecord& rec, const PeerInputs&
   }
 }
 
+/// The ranks of a mask of at most 64 (bit p: rank p), ascending.
+/// @param mask the mask
+inline std::vector<int> ranks_of_mask(std::uint64_t mask) {
+  std::vector<int> r;
+  for (int p = 0; p < 64; ++p)
+    if (mask >> p & 1) r.push_back(p);
+  return r;
+}
+
+/// The late ranks a status names ("ranks {2} did not arrive in call 5"; both phases, "; "
+/// between), or "" when it names none.
+/// @param st the status
+inline std::string device_window_missing(const DeviceWindowStatus& st) {
+  std::string s;
+  if (st.not_arrived) s = missing_ranks(ranks_of_mask(st.not_arrived), true, st.missed_call);
+  if (st.not_done) s += (s.empty() ? "" : "; ") + missing_ranks(ranks_of_mask(st.not_done), false, st.missed_call);
+  return s;
+}
+
 /// The message of a device wait's verdict (DeviceWindowStatus), and its code.
 /// @param st      the status (code != 0)
 /// @param rank    this rank
@@ -380,14 +428,20 @@ inline std::string device_window_failure(const DeviceWindowStatus& st, int rank,
   const std::string peer = std::to_string(st.peer);
   switch (static_cast<DeviceWaitCode>(st.code)) {
     case DeviceWaitCode::timeout_arrive:
-    case DeviceWaitCode::timeout_done:
+    case DeviceWaitCode::timeout_done: {
       code = Errc::timeout;
-      return me + " waited " + std::to_string(timeout) + " ms on the device for the peers to " +
-             (st.code == static_cast<std::uint64_t>(DeviceWaitCode::timeout_arrive) ? "arrive" : "finish reading") + "; rank " + peer +
-             " did not (a rank skipped the call, failed outside it, or is stuck); the group is broken";
-    case DeviceWaitCode::aborted:
+      const bool arrival = st.code == static_cast<std::uint64_t>(DeviceWaitCode::timeout_arrive);
+      const std::uint64_t late = arrival ? st.not_arrived : st.not_done;
+      return me + " waited " + std::to_string(timeout) + " ms on the device for the peers to " + (arrival ? "arrive" : "finish reading") +
+             "; " + missing_ranks(late ? ranks_of_mask(late) : std::vector<int>{static_cast<int>(st.peer)}, arrival, st.epoch) +
+             " (a rank skipped the call, failed outside it, or is stuck); the group is broken";
+    }
+    case DeviceWaitCode::aborted: {
       code = Errc::aborted;
-      return me + ": the device window's group is broken (rank " + peer + " timed out or failed in with_peers); make a new MpiDeviceWindow";
+      const std::string missing = device_window_missing(st);
+      return me + ": the device window's group is broken (rank " + peer +
+             (missing.empty() ? " timed out or failed in with_peers" : " broke it: " + missing) + "); make a new MpiDeviceWindow";
+    }
     case DeviceWaitCode::record_mismatch:
       code = Errc::plan_mismatch;
       return me + ": rank " + peer + " published " +

@@ -21,7 +21,8 @@
 /// communicator (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) of the group, which must be all of
 /// it); every rank opens its peers' with cudaIpcOpenMemHandle. Collective, and a failure of any
 /// rank (out of memory, a handle that does not open) is an Error(backend) on every rank. Freed
-/// collectively by the destructor. Registration (allocate()), the digests and
+/// collectively by the destructor after a bounded rendezvous in host shared memory, or leaked
+/// when the group is broken or a peer does not come (as ~MpiWindow). Registration (allocate()), the digests and
 /// check_registrations() are MpiWindow's: same sizes in the same order, or Error(plan_mismatch)
 /// on every rank. CUDA IPC works between processes on one GPU (then every rank reads and
 /// writes the same device memory) and between GPUs of a node with peer access (NVLink, PCIe).
@@ -39,7 +40,8 @@
 /// GPU's timer): a wait that passes it sets this rank's status and breaks the group, the peers'
 /// waits then end with `aborted`. The host reads the status (mapped pinned memory) at every call
 /// and in synchronize() and check(), and throws the coded error there (Error(timeout) naming
-/// the rank that did not arrive, Error(aborted), Error(plan_mismatch)); the outputs of the call
+/// the ranks that did not arrive or finish, Error(aborted) naming the rank that broke the group
+/// and those ranks, Error(plan_mismatch)); the outputs of the call
 /// that failed are unspecified, never memory outside the window. A broken communicator stays
 /// broken (make a new window).
 ///
@@ -61,6 +63,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -143,6 +146,7 @@ class MpiDeviceWindow {
                                                                      std::to_string(detail::kMaxDeviceWindowRanks)));
     }
     try {
+      host_ = std::make_unique<detail::SharedRendezvous>(node_);  // the destructor's rendezvous and the group's broken word
       bases_.assign(static_cast<std::size_t>(size_), nullptr);
       std::string err = detail::cuda_error(cudaGetDevice(&device_), "cudaGetDevice");
       void* mine = nullptr;
@@ -174,22 +178,36 @@ class MpiDeviceWindow {
   MpiDeviceWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiDeviceWindow(comm.get(), bytes_per_rank) {}
   MpiDeviceWindow(const MpiDeviceWindow&) = delete;
   MpiDeviceWindow& operator=(const MpiDeviceWindow&) = delete;
-  /// Frees the window, or leaks it when it is broken. Waits for the device
-  /// (cudaDeviceSynchronize; the window's kernels are bounded). Unless broken(): collective, once
-  /// no rank reads any more (MPI_Barrier) closes the peers' mappings and, after a second barrier,
-  /// frees its segment. When broken() (an MpiDeviceWindowComm over it failed or saw a peer fail,
-  /// or mark_broken()), no collective call is made, so a rank whose peer died or stopped does not
-  /// hang in the barriers: the peers' mappings stay open and the segment allocated (device memory
-  /// held until the process ends), and only the window's communicator is freed (MPI_Comm_free:
-  /// local in practice). Errors are ignored.
+  /// Frees the window, or leaks it; never waits for the peers longer than timeout(). Waits for
+  /// the device (cudaDeviceSynchronize; the window's kernels are bounded). The ranks first meet
+  /// as ~MpiWindow's do, in a few words of host shared memory allocated with the window
+  /// (detail::SharedRendezvous: each marks that it is leaving and waits, bounded by timeout(),
+  /// then one verdict claimed for all): when every rank came, all of them, once no rank reads
+  /// any more (MPI_Barrier), close the peers' mappings and, after a second barrier, free their
+  /// segments. When the group is broken (broken(): an MpiDeviceWindowComm over it failed or saw
+  /// a peer fail, or mark_broken() on any rank), or a rank does not come within timeout() (a
+  /// peer died, or skipped the destructor), the verdict is to leak: no collective call is made,
+  /// the peers' mappings stay open and the segment allocated (device memory held until the
+  /// process ends), and only the window's communicator is freed (MPI_Comm_free: local in
+  /// practice). Errors are ignored.
   ~MpiDeviceWindow() { release(); }
 
-  /// True after mark_broken(): the destructor then leaks the window instead of its collective free.
-  bool broken() const noexcept { return broken_; }
-  /// Marks this rank's window broken (local, never blocks): its destructor will skip the
-  /// collective free. MpiDeviceWindowComm calls it when it fails or sees a peer's failure; call it
-  /// after a failure the window cannot see (a peer died, the MpiComm broke).
-  void mark_broken() noexcept { broken_ = true; }
+  /// True once the window's group is broken (mark_broken() on this rank or any peer): the
+  /// destructor then leaks the window on every rank instead of its collective free.
+  bool broken() const noexcept { return broken_ || (host_ && host_->broken()); }
+  /// Marks the group broken for every rank (a word of host shared memory; local, never blocks):
+  /// every rank's destructor then leaks the window at once instead of waiting for the peers.
+  /// MpiDeviceWindowComm calls it when it fails or sees a peer's failure; call it after a
+  /// failure the window cannot see (a peer died, the MpiComm broke).
+  void mark_broken() noexcept {
+    broken_ = true;
+    if (host_) host_->mark_broken();
+  }
+  /// The destructor's bound on the wait for the peers (kDefaultCommTimeout unless set_timeout() said otherwise).
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Sets the destructor's wait bound. Local. @param timeout how long ~MpiDeviceWindow waits for
+  /// the peers before it leaks the window
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
 
   int size() const noexcept { return size_; }                          ///< ranks of the group
   int rank() const noexcept { return rank_; }                          ///< this rank
@@ -224,16 +242,17 @@ class MpiDeviceWindow {
   void release() noexcept {
     if (node_ == MPI_COMM_NULL) return;
     cudaDeviceSynchronize();
-    if (broken_) {  // leak: no collective with peers that may never come
+    if (!host_ || broken_ || !host_->leave(timeout_)) {  // leak: no collective with peers that may never come
       MPI_Comm_free(&node_);
       return;
     }
-    MPI_Barrier(node_);
+    MPI_Barrier(node_);  // every rank is here (the rendezvous met)
     for (int p = 0; p < size_ && p < static_cast<int>(bases_.size()); ++p)
       if (p != rank_ && bases_[static_cast<std::size_t>(p)]) cudaIpcCloseMemHandle(bases_[static_cast<std::size_t>(p)]);
     MPI_Barrier(node_);
     if (own_) cudaFree(own_);
     own_ = nullptr;
+    host_.reset();  // MPI_Win_free, collective (every rank is here)
     MPI_Comm_free(&node_);
   }
 
@@ -241,6 +260,8 @@ class MpiDeviceWindow {
   int size_ = 0, rank_ = 0, device_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
   bool broken_ = false;            // mark_broken(): the destructor leaks
+  std::chrono::milliseconds timeout_ = kDefaultCommTimeout;  // the destructor's wait bound
+  std::unique_ptr<detail::SharedRendezvous> host_;  // the rendezvous' and broken words in host shared memory (null before construction got there)
   std::byte* own_ = nullptr;       // this rank's segment
   std::vector<std::byte*> bases_;  // every rank's segment (control block, then data) in this process
 };
@@ -263,7 +284,7 @@ ULYSSES_CUDA_NAMESPACE_BEGIN
 /// The communicator concept (comm/concepts.hpp) over an MpiComm and an MpiDeviceWindow of the
 /// same group, on a stream: with_peers() is the peer copy across processes on the GPU (see the
 /// file comment). Non-owning (the MpiComm, the window and the stream must outlive it); not
-/// copyable. Holds 32 bytes of mapped pinned host memory (its status).
+/// copyable. Holds 56 bytes of mapped pinned host memory (its status).
 class MpiDeviceWindowComm {
  public:
   /// Buffers are device memory.
@@ -417,6 +438,7 @@ class MpiDeviceWindowComm {
     if (detail::dw_load(status_->code) == 0) return;
     detail::DeviceWindowStatus st{};
     st.peer = status_->peer, st.epoch = status_->epoch, st.field = status_->field, st.code = status_->code;
+    st.not_arrived = status_->not_arrived, st.not_done = status_->not_done, st.missed_call = status_->missed_call;
     Errc code = Errc::aborted;
     const std::string m = detail::device_window_failure(st, rank(), static_cast<long long>(timeout_.count()), code);
     failure_.fail(code, m);

@@ -51,9 +51,9 @@
 /// shared memory (seq_cst `__atomic` builtins): a rank publishes its record, then its arrival
 /// epoch; no rank reads an input before its owner's arrival; every rank then marks its reads done
 /// and returns only when every peer's are. Every wait is bounded by the comm's timeout: a rank
-/// that waits longer throws Error(timeout) naming the ranks that did not arrive (or finish), and
-/// breaks the group (a shared abort word): every rank's later call (and peers still waiting)
-/// throws Error(aborted). alltoallv(), allgather() and exchange_messages() go through the
+/// that waits longer throws Error(timeout) naming the ranks that did not arrive (or finish), marks
+/// them in their control blocks, and breaks the group (a shared abort word): every rank's later
+/// call (and peers still waiting) throws Error(aborted), naming the same missing ranks. alltoallv(), allgather() and exchange_messages() go through the
 /// wrapped MpiComm, so every other path can still be forced (PlanOptions::path).
 ///
 /// Host memory only: device buffers across processes (CUDA IPC, NCCL windows) are not handled
@@ -105,6 +105,8 @@ struct WindowControl {
   alignas(64) std::uint64_t abort;   ///< rank 0's only: 0, or 1 + the rank that broke the group
   alignas(64) std::uint64_t leaving;  ///< 1 once this rank is in ~MpiWindow (the rendezvous before MPI_Win_free)
   alignas(64) std::uint64_t verdict;  ///< rank 0's only: how ~MpiWindow ends, 0 undecided, kFree or kLeak (decided once, by a claim)
+  alignas(64) std::uint64_t missed;   ///< 0, or 2e (arrival) or 2e + 1 (reads): a peer's deadline passed in call e while this rank had not
+                                      ///< arrived (finished reading); set once (a claim) by a rank that timed out, before it breaks the group
   alignas(64) std::uint64_t status;  ///< record: 0 published, 1 this rank failed to publish (it throws its own error)
   std::uint64_t pid;                 ///< this rank's process id (written once, at construction)
   std::uint64_t probe;               ///< the address of a word of this rank's private memory (the construction's probe)
@@ -123,6 +125,40 @@ struct WindowControl {
   static constexpr std::uint64_t kFree = 1;  ///< verdict: every rank is in ~MpiWindow, all call MPI_Win_free
   static constexpr std::uint64_t kLeak = 2;  ///< verdict: the group is broken or a rank did not come, none calls it
 };
+
+/// The bounded rendezvous of a window's destructors in shared host memory, before their
+/// collective free (MPI_Win_free, MPI_Barrier: unbounded, a rank that never calls them hangs the
+/// others): unless the group is broken (`abort` != 0), this rank sets its `leaving` word and
+/// waits, at most `timeout`, until every rank's is set (verdict WindowControl::kFree) or the group
+/// breaks (kLeak); a rank whose wait times out claims kLeak. The verdict is claimed once, so every
+/// rank takes the same way: true (kFree) means every rank is in its destructor and will free.
+/// Lock-free on process-shared words (shared_load, shared_claim); never throws.
+/// @param size    ranks of the group
+/// @param rank    this rank
+/// @param leaving callable as std::uint64_t&(int p): rank p's leaving word (0 until it leaves)
+/// @param verdict the group's verdict word (0 undecided)
+/// @param abort   the group's abort word (0 while not broken)
+/// @param timeout how long to wait for the peers
+template <class Leaving>
+bool window_rendezvous(int size, int rank, Leaving&& leaving, std::uint64_t& verdict, const std::uint64_t& abort,
+                       std::chrono::milliseconds timeout) noexcept {
+  if (!shared_load(abort)) {
+    shared_store(leaving(rank), 1);
+    poll_until(std::chrono::steady_clock::now() + timeout, [&] {
+      if (shared_load(verdict) != 0) return true;
+      if (shared_load(abort)) {
+        shared_claim(verdict, WindowControl::kLeak);
+        return true;
+      }
+      for (int p = 0; p < size; ++p)
+        if (!shared_load(leaving(p))) return false;
+      shared_claim(verdict, WindowControl::kFree);
+      return true;
+    }, PollPace::relaxed);
+  }
+  shared_claim(verdict, WindowControl::kLeak);  // broken, or timed out (no-op once decided)
+  return shared_load(verdict) == WindowControl::kFree;
+}
 
 inline void mpi_check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -178,6 +214,68 @@ inline void check_window_registrations(MPI_Comm node, const WindowDigest& mine, 
   const std::string m = registration_mismatch(all.data(), size);
   if (!m.empty()) fail(Errc::plan_mismatch, std::string(window) + ": " + m);
 }
+
+/// A few process-shared words per rank in host memory over a window's node communicator (one
+/// small MPI-3 shared window), for a window whose own memory the host cannot read (the device
+/// window, comm/mpi_device_window.cuh): the group's broken word and its destructors' bounded
+/// rendezvous (window_rendezvous, as ~MpiWindow's). Not copyable or movable.
+class SharedRendezvous {
+ public:
+  /// Allocates the words (zeroed). Collective over `node` (MPI_Win_allocate_shared, then a barrier).
+  /// @param node the window's communicator (all its ranks on one node; not owned, it must outlive this)
+  /// @throws Error(backend) an MPI call failed.
+  explicit SharedRendezvous(MPI_Comm node) {
+    mpi_check(MPI_Comm_size(node, &size_), "MPI_Comm_size");
+    mpi_check(MPI_Comm_rank(node, &rank_), "MPI_Comm_rank");
+    void* base = nullptr;  // a segment need not be 64-byte aligned: each is a line longer, every process aligns every base up
+    mpi_check(MPI_Win_allocate_shared(static_cast<MPI_Aint>(sizeof(Words) + 64), 1, MPI_INFO_NULL, node, &base, &win_),
+              "MPI_Win_allocate_shared (the window's rendezvous)");
+    words_.resize(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) {
+      MPI_Aint sz = 0;
+      int disp = 0;
+      void* b = nullptr;
+      MPI_Win_shared_query(win_, p, &sz, &disp, &b);
+      const auto a = reinterpret_cast<std::uintptr_t>(b);
+      words_[static_cast<std::size_t>(p)] = reinterpret_cast<Words*>(static_cast<std::byte*>(b) + (round_up<std::uintptr_t>(a, 64) - a));
+    }
+    std::memset(static_cast<void*>(words_[static_cast<std::size_t>(rank_)]), 0, sizeof(Words));
+    mpi_check(MPI_Barrier(node), "MPI_Barrier");  // every rank's words are zero before anyone uses them
+  }
+  SharedRendezvous(const SharedRendezvous&) = delete;
+  SharedRendezvous& operator=(const SharedRendezvous&) = delete;
+  /// Frees the words (MPI_Win_free, collective) when leave() returned true; else leaks them (the
+  /// OS frees them at exit), as a broken or deserted window must.
+  ~SharedRendezvous() {
+    if (free_) MPI_Win_free(&win_);
+  }
+
+  /// True once a rank called mark_broken().
+  bool broken() const noexcept { return shared_load(words_[0]->abort) != 0; }
+  /// Marks the group broken for every rank (local, never blocks; a no-op when it already is):
+  /// every rank's leave() then returns false at once.
+  void mark_broken() noexcept { shared_claim(words_[0]->abort, static_cast<std::uint64_t>(rank_) + 1); }
+  /// The destructor's rendezvous (window_rendezvous): true when every rank is leaving and the
+  /// group is not broken, so that all of them may make their collective frees (this object's
+  /// included); false (leak) when it is broken or a rank did not come within `timeout`. Never
+  /// throws; call it once. @param timeout how long to wait for the peers
+  bool leave(std::chrono::milliseconds timeout) noexcept {
+    free_ = window_rendezvous(size_, rank_, [this](int p) -> std::uint64_t& { return words_[static_cast<std::size_t>(p)]->leaving; },
+                              words_[0]->verdict, words_[0]->abort, timeout);
+    return free_;
+  }
+
+ private:
+  struct Words {
+    alignas(64) std::uint64_t leaving;  // 1 once this rank is in leave()
+    alignas(64) std::uint64_t abort;    // rank 0's only: 0, or 1 + the rank that broke the group
+    alignas(64) std::uint64_t verdict;  // rank 0's only: 0, WindowControl::kFree or kLeak
+  };
+  int size_ = 0, rank_ = 0;
+  bool free_ = false;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<Words*> words_;  // every rank's words in this process
+};
 
 }  // namespace detail
 
@@ -316,6 +414,30 @@ class MpiWindow {
   /// or failed on some rank, or a rank called mark_broken()): the destructor then leaks the window
   /// on every rank instead of its collective free.
   bool broken() const noexcept { return detail::shared_load(control(0).abort) != 0; }
+  /// Why the group is broken, as the control words say, for the aborted ranks' messages: the
+  /// rank that broke it and the ranks a timed-out rank found missing ("rank 1 broke it: ranks {0}
+  /// did not arrive in call 2"; the missing ranks as seen by every rank whose deadline passed), or
+  /// "rank 1 timed out or failed in with_peers, or marked the window broken" when no rank's
+  /// deadline passed. "" while not broken(). Local, lock-free.
+  std::string why_broken() const {
+    const std::uint64_t who = detail::shared_load(control(0).abort);
+    if (!who) return {};
+    std::vector<std::uint64_t> seen;  // the distinct missed words (phase and call), ascending
+    for (int p = 0; p < size_; ++p)
+      if (const std::uint64_t m = detail::shared_load(control(p).missed)) seen.push_back(m);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    std::string s = "rank " + std::to_string(who - 1);
+    if (seen.empty()) return s + " timed out or failed in with_peers, or marked the window broken";
+    s += " broke it: ";
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      std::vector<int> ranks;
+      for (int p = 0; p < size_; ++p)
+        if (detail::shared_load(control(p).missed) == seen[i]) ranks.push_back(p);
+      s += (i ? "; " : "") + detail::missing_ranks(ranks, (seen[i] & 1) == 0, seen[i] >> 1);
+    }
+    return s;
+  }
   /// Marks the group broken for every rank (the shared abort word; a no-op when it already is),
   /// after a failure the window cannot see (a peer died, the MpiComm broke): every
   /// MpiWindowComm's call then throws Error(aborted), and every rank's destructor leaks the window
@@ -339,24 +461,8 @@ class MpiWindow {
   const detail::WindowDigest& digest() const noexcept { return reg_.digest(); }
   /// The destructor's rendezvous: true when every rank is to call MPI_Win_free (see ~MpiWindow).
   bool leave() const noexcept {
-    using W = detail::WindowControl;
-    std::uint64_t& verdict = control(0).verdict;
-    if (!broken()) {
-      detail::shared_store(control(rank_).leaving, 1);
-      detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
-        if (detail::shared_load(verdict) != 0) return true;
-        if (broken()) {
-          detail::shared_claim(verdict, W::kLeak);
-          return true;
-        }
-        for (int p = 0; p < size_; ++p)
-          if (!detail::shared_load(control(p).leaving)) return false;
-        detail::shared_claim(verdict, W::kFree);
-        return true;
-      }, detail::PollPace::relaxed);
-    }
-    detail::shared_claim(verdict, W::kLeak);  // broken, or timed out (no-op once decided)
-    return detail::shared_load(verdict) == W::kFree;
+    return detail::window_rendezvous(size_, rank_, [this](int p) -> std::uint64_t& { return control(p).leaving; }, control(0).verdict,
+                                     control(0).abort, timeout_);
   }
 
   detail::WindowRegistry reg_;  // this rank's registrations
@@ -483,8 +589,10 @@ class MpiWindowComm {
   ///         slot's free bytes, or an input starts in the slot and runs past its end (allocate the
   ///         inputs from the window, or make it larger); the peers throw Error(aborted);
   ///         Error(timeout) on a rank that waited longer than timeout() (the message names the
-  ///         ranks that did not arrive, or did not finish reading); Error(aborted) when the group
-  ///         is broken (before or during the call); what `work` throws (the group is then broken:
+  ///         ranks that did not arrive, or did not finish reading: "ranks {0} did not arrive in
+  ///         call 2"); Error(aborted) when the group is broken (before or during the call; the
+  ///         message names the rank that broke it and, after a timeout, the same missing ranks as
+  ///         the timed-out ranks' messages: MpiWindow::why_broken()); what `work` throws (the group is then broken:
   ///         Error(backend) when a read with Cross Memory Attach fails).
   ///         After any error but plan_mismatch the group is broken.
   void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
@@ -581,8 +689,7 @@ class MpiWindowComm {
     if (!who && !failure_.broken()) return;
     const std::string where = std::string("rank ") + std::to_string(rank()) + ": MpiWindowComm::" + what;
     failure_.check(where.c_str());  // this rank's own first failure
-    detail::fail(Errc::aborted, where + ": the window's group is broken (rank " + std::to_string(who - 1) +
-                                    " timed out or failed in with_peers); make a new MpiWindow");
+    detail::fail(Errc::aborted, where + ": the window's group is broken (" + win_->why_broken() + "); make a new MpiWindow");
   }
   /// Runs a call of the MpiComm; when it breaks the MpiComm (a timeout, a failed peer), breaks
   /// the window's group too (then no rank's ~MpiWindow waits for the peers) before rethrowing.
@@ -735,10 +842,13 @@ class MpiWindowComm {
     if (ok) return;
     std::vector<int> late;
     for (int q = 0; q < P; ++q)
-      if (detail::shared_load(win_->control(q).*field) < e) late.push_back(q);
+      if (detail::shared_load(win_->control(q).*field) < e) {
+        late.push_back(q);
+        detail::shared_claim(win_->control(q).missed, 2 * e + (arrival ? 0u : 1u));  // before the abort word: the peers name them
+      }
     const Error x(Errc::timeout, "rank " + std::to_string(rank()) + " waited " + std::to_string(timeout_.count()) +
-                                     " ms in MpiWindowComm::with_peers for the peers to " + what + "; ranks " + detail::rank_set(late) +
-                                     " did not (a rank skipped the call, failed outside it, or is stuck)");
+                                     " ms in MpiWindowComm::with_peers for the peers to " + what + "; " +
+                                     detail::missing_ranks(late, arrival, e) + " (a rank skipped the call, failed outside it, or is stuck)");
     break_group(Errc::timeout, x.what());
     throw x;
   }

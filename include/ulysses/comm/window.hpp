@@ -83,6 +83,16 @@ inline std::string rank_set(const std::vector<int>& r) {
   return s + "}";
 }
 
+/// The clause of a failed wait's message naming the ranks it found missing: "ranks {0, 2} did
+/// not arrive in call 5" (`arrival`), or "... did not finish reading in call 5"; the timeout's and
+/// the aborted peers' messages of the windows use it alike.
+/// @param ranks   the ranks missing (ascending)
+/// @param arrival true: they had not arrived; false: they had not finished reading
+/// @param call    the call (epoch) of the wait, 1 = the first
+inline std::string missing_ranks(const std::vector<int>& ranks, bool arrival, std::uint64_t call) {
+  return "ranks " + rank_set(ranks) + (arrival ? " did not arrive" : " did not finish reading") + " in call " + std::to_string(call);
+}
+
 /// x rounded up to a multiple of a (a > 0).
 template <class U>
 U round_up(U x, U a) {
