@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // comm/cross_memory.hpp: reading a process's memory with process_vm_readv, batched (contiguous
-// ranges merged on each side, at most 1024 ranges per side and call), and a block's rows read
-// straight or packed — here from this process itself (a process may always read its own memory),
+// ranges merged on each side, at most 1024 ranges per side and call), a block's rows read
+// straight or packed, and written with process_vm_writev (short local ranges through the pack
+// buffer) — here from this process itself (a process may always read and write its own memory),
 // bit for bit against the rows the block names.
 #include <doctest/doctest.h>
 
 #include <ulysses/comm/cross_memory.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -59,6 +61,49 @@ TEST_CASE("cross memory: a block's rows, straight and packed, over more than 102
   CHECK(got == want);
   CHECK(packed == want_packed);
   CHECK(r.bytes_read() == 2 * 3 * 700 * 12);
+}
+
+TEST_CASE("cross memory: written rows, short ones through the pack buffer, across its end and over 1024 ranges") {
+  if (!detail::kCrossMemoryAttach) return;
+  using R = detail::CrossMemoryReader;
+  // 30000 rows of 12 bytes (packed: 360000 bytes, more than one pack buffer), then one row of
+  // kPackBelow bytes (not packed), then 1500 rows of 700 bytes with gaps on both sides (packed,
+  // 1500 remote ranges): every byte where the rows say, the gaps untouched.
+  struct Row {
+    std::size_t src, dst, n;
+  };
+  std::vector<Row> rows;
+  std::size_t s_at = 8, d_at = 4;
+  for (int i = 0; i < 30000; ++i, s_at += 20, d_at += 12) rows.push_back({s_at, d_at, 12});
+  rows.push_back({s_at, d_at, R::kPackBelow});
+  s_at += R::kPackBelow + 4, d_at += R::kPackBelow;
+  for (int i = 0; i < 1500; ++i, s_at += 720, d_at += 703) rows.push_back({s_at, d_at, 700});
+  std::vector<std::byte> src(s_at), dst(d_at, std::byte{0x5a});
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 1);
+  std::vector<std::byte> want = dst;
+  std::size_t packed = 0;
+  for (const Row& w : rows) {
+    std::copy(src.begin() + static_cast<std::ptrdiff_t>(w.src), src.begin() + static_cast<std::ptrdiff_t>(w.src + w.n),
+              want.begin() + static_cast<std::ptrdiff_t>(w.dst));
+    if (w.n < R::kPackBelow) packed += w.n;
+  }
+  CHECK(packed > R::kPackBytes);
+  R r;
+  r.begin(detail::process_id(), 1, true);
+  for (const Row& w : rows) r.add(src.data() + w.src, addr(dst.data() + w.dst), w.n);
+  r.flush();
+  CHECK(dst == want);
+  CHECK(r.bytes_packed() == packed);
+  std::size_t all = 0;
+  for (const Row& w : rows) all += w.n;
+  CHECK(r.bytes_read() == all);
+  // Reads never pack.
+  std::vector<std::byte> back(rows.size() * 12);
+  r.begin(detail::process_id(), 1);
+  for (std::size_t i = 0; i < 100; ++i) r.add(back.data() + i * 12, addr(src.data() + rows[i].src), 12);
+  r.flush();
+  CHECK(r.bytes_packed() == packed);
+  for (std::size_t i = 0; i < 100; ++i) CHECK(std::equal(back.begin() + static_cast<std::ptrdiff_t>(i * 12), back.begin() + static_cast<std::ptrdiff_t>(i * 12 + 12), src.begin() + static_cast<std::ptrdiff_t>(rows[i].src)));
 }
 
 TEST_CASE("cross memory: contiguous rows merge into one range; a bad address is Error(backend)") {

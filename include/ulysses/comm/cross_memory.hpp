@@ -88,14 +88,24 @@ inline bool cross_memory_readable(std::int64_t pid, std::uint64_t address, std::
 
 /// Reads ranges of one peer process's memory into this process's memory, batched: consecutive
 /// ranges that are contiguous are merged (on each side independently), and a call of
-/// process_vm_readv reads up to kMaxRanges ranges of each side. Not thread-safe; keeps its range
-/// lists between uses (no allocation once they are grown).
+/// process_vm_readv reads up to kMaxRanges ranges of each side. When writing, local ranges
+/// shorter than kPackBelow are first copied one after the other into a pack buffer of kPackBytes
+/// (it stays in cache), which the kernel then reads as one range: process_vm_writev pays about
+/// 170 ns per local range on top of the bytes (48 MiB in 512-byte ranges, one 2-core VM: 28.3 ms
+/// against 11.8 ms contiguous; packed first 19.5 ms; at 2 KiB ranges packing no longer pays:
+/// 18.2 ms packed against 15.1 ms). Those bytes are copied twice, once of them in cache
+/// (bytes_packed()). Not thread-safe; keeps its range lists and the pack buffer between uses (no
+/// allocation once they are grown).
 class CrossMemoryReader {
  public:
   /// Ranges per side and call (Linux's IOV_MAX, UIO_MAXIOV).
   static constexpr std::size_t kMaxRanges = 1024;
   /// Bytes per call at most (a read's count is capped by the kernel near 2 GiB).
   static constexpr std::size_t kMaxBytes = std::size_t{1} << 30;
+  /// Local ranges shorter than this are packed before a write (see the class comment).
+  static constexpr std::size_t kPackBelow = 1024;
+  /// Bytes of the pack buffer (a write call carries at most this many packed bytes).
+  static constexpr std::size_t kPackBytes = std::size_t{256} << 10;
 
   /// Transfers what was added before, then reads from process `pid` (rank `rank`, for the
   /// messages), or with `write` writes into it.
@@ -115,17 +125,26 @@ class CrossMemoryReader {
   void add(std::byte* dst, std::uint64_t src, std::size_t n) {
     for (; n > kMaxBytes; dst += kMaxBytes, src += kMaxBytes, n -= kMaxBytes) add(dst, src, kMaxBytes);
     if (n == 0) return;
-    if (pending_ + n > kMaxBytes) flush();
-    bool local = !local_.empty() && static_cast<std::byte*>(local_.back().iov_base) + local_.back().iov_len == dst;
+    const bool pack = write_ && n < kPackBelow;  // (the local side is the source: copied into the pack buffer now)
+    if (pending_ + n > kMaxBytes || (pack && packed_ + n > kPackBytes)) flush();
+    if (pack && pack_.size() < kPackBytes) pack_.resize(kPackBytes);
+    std::byte* here = pack ? pack_.data() + packed_ : dst;
+    bool local = !local_.empty() && static_cast<std::byte*>(local_.back().iov_base) + local_.back().iov_len == here;
     bool remote = !remote_.empty() && reinterpret_cast<std::uintptr_t>(remote_.back().iov_base) + remote_.back().iov_len == src;
     if ((!local && local_.size() == kMaxRanges) || (!remote && remote_.size() == kMaxRanges)) {
       flush();
       local = remote = false;
+      here = pack ? pack_.data() : dst;
+    }
+    if (pack) {
+      std::memcpy(here, dst, n);
+      packed_ += n;
+      packed_total_ += n;
     }
     if (local)
       local_.back().iov_len += n;
     else
-      local_.push_back(IoRange{dst, n});
+      local_.push_back(IoRange{here, n});
     if (remote)
       remote_.back().iov_len += n;
     else
@@ -140,21 +159,24 @@ class CrossMemoryReader {
     const int e = transfer_process_memory(pid_, local_.data(), local_.size(), remote_.data(), remote_.size(), n, write_);
     local_.clear();
     remote_.clear();
-    pending_ = 0;
+    pending_ = packed_ = 0;
     if (e)
       fail(Errc::backend, std::string(write_ ? "process_vm_writev" : "process_vm_readv") + " of " + std::to_string(n) + " bytes of rank " +
                               std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") failed: " + std::strerror(e));
     read_ += n;
   }
-  /// Bytes read since construction.
+  /// Bytes read or written since construction.
   std::size_t bytes_read() const noexcept { return read_; }
+  /// Bytes written through the pack buffer since construction (copied twice: into it, in cache, then by the kernel).
+  std::size_t bytes_packed() const noexcept { return packed_total_; }
 
  private:
   std::int64_t pid_ = 0;
   int rank_ = 0;
   bool write_ = false;
   std::vector<IoRange> local_, remote_;
-  std::size_t pending_ = 0, read_ = 0;
+  std::vector<std::byte> pack_;  // the short local ranges of a write, one after the other
+  std::size_t pending_ = 0, read_ = 0, packed_ = 0, packed_total_ = 0;
 };
 
 /// Adds the rows of block `b` to `r`: the source rows at `src` + b.src_offset (+ the strides) in
