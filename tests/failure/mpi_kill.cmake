@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-# ctest -P script: runs MPIEXEC -n 3 EXE (mpi_kill.cpp: rank 2 is killed before the exchange) and
-# judges it. What is honest to assert: the library cannot keep Open MPI's runtime from ending the
+# ctest -P script: runs MPIEXEC -n 3 EXE [ARGS] (mpi_kill.cpp: rank 2 is killed before the exchange;
+# ARGS "window": on the window path) and judges it. What is honest to assert: the library cannot keep Open MPI's runtime from ending the
 # job when a process dies, so the test passes when
 #   (a) both survivors printed "OK" (a coded error within the deadline: the library's property), or
 #   (b) mpiexec ended by itself, within TIMEOUT_S, reporting the killed process, and no survivor
 #       printed "WRONG" (the runtime ended the job before the survivors reached their deadline);
 # and fails when a survivor printed WRONG (no error, a wrong code, or too late) or mpiexec had to
 # be killed here (a hang) without both survivors having reported. Which of (a) and (b) held is printed.
-# Arguments: MPIEXEC, NP_FLAG, EXE, FLAGS (a list), TIMEOUT_S.
-execute_process(COMMAND ${MPIEXEC} ${NP_FLAG} 3 ${FLAGS} ${EXE}
+# Arguments: MPIEXEC, NP_FLAG, EXE, FLAGS (a list), ARGS (the program's, optional), TIMEOUT_S.
+execute_process(COMMAND ${MPIEXEC} ${NP_FLAG} 3 ${FLAGS} ${EXE} ${ARGS}
   TIMEOUT ${TIMEOUT_S} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}\n${err}")
 message(STATUS "mpiexec result: ${rc}\n${all}")

@@ -1,52 +1,112 @@
 // SPDX-License-Identifier: Apache-2.0
-// A process killed mid-run under MPI (ctest: `mpiexec -n 3` through mpi_kill.cmake). Rank 2
-// raises SIGKILL before the exchange; ranks 0 and 1 enter MpiComm::exchange_messages with every
-// rank (2 included) under a 500 ms deadline and must leave it with a coded error within the
-// deadline plus a margin: Error(timeout) naming rank 2 (Open MPI's shared-memory transport does
-// not notice a dead peer, so the deadline does), or Error(backend) if MPI noticed the death and
-// returned an error (the communicator returns errors: MPI_ERRORS_RETURN). Each survivor prints
-// one line, "mpi_kill: rank R: OK ..." or "mpi_kill: rank R: WRONG ...", for mpi_kill.cmake to
-// judge; Open MPI's runtime may end the job before the survivors get that far (see there).
+// A process killed mid-run under MPI (ctest: `mpiexec -n 3` through mpi_kill.cmake), on the two
+// ways between processes. Rank 2 raises SIGKILL; ranks 0 and 1 then call with every rank (2
+// included) under a 500 ms deadline and must leave with a coded error within the deadline plus a
+// margin:
+//   (no argument) MpiComm::exchange_messages: Error(timeout) naming rank 2 (Open MPI's
+//       shared-memory transport does not notice a dead peer, so the deadline does), or
+//       Error(backend) if MPI noticed the death and returned an error (MPI_ERRORS_RETURN);
+//   `window`: seq_to_head over MpiWindowComm, the inputs in an MpiWindow, after one exchange of all
+//       three (the agreement check and the peer lists done): Error(timeout) naming rank 2, which
+//       did not arrive in the window; then the survivors' window destructors return within the
+//       window's timeout (they leak the window: the dead rank never frees it).
+// Each survivor prints one line, "mpi_kill: rank R: OK ..." or "mpi_kill: rank R: WRONG ...", for
+// mpi_kill.cmake to judge; Open MPI's runtime may end the job before the survivors get that far
+// (see there).
 #include <ulysses/comm/mpi.hpp>
+#include <ulysses/ulysses.hpp>
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "messages.hpp"
 
+namespace {
+using namespace ulysses;
+using clock_type = std::chrono::steady_clock;
+const std::chrono::milliseconds kDeadline(500);
+constexpr double kMarginMs = 1500;
+
+double ms_since(clock_type::time_point t0) { return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(); }
+
+/// Runs `f` and returns {code, message} of the Error it throws ({Errc{}, "no error"} without one).
+template <class F>
+std::pair<Errc, std::string> error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {Errc{}, "no error"};
+}
+
+/// The message path: rank `dead` is killed before exchange_messages with every rank.
+bool messages_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank is up; from here on, no collective on the world
+  if (r == dead) std::raise(SIGKILL);
+  ut::MessagePattern m(n, r);  // messages to and from every rank, the dead one included
+  const auto t0 = clock_type::now();
+  const auto [code, what] = error_of([&] { mc.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size()); });
+  const double ms = ms_since(t0);
+  const bool ok = ((code == Errc::timeout && what.find("ranks {" + std::to_string(dead) + "}") != std::string::npos) || code == Errc::backend) &&
+                  ms < static_cast<double>(kDeadline.count()) + kMarginMs;
+  report = std::string(to_string(code)) + " after " + std::to_string(ms) + " ms: " + what;
+  return ok;
+}
+
+/// The window path: one exchange of all ranks, then rank `dead` is killed before the second.
+bool window_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
+  const auto heads = HeadPartition::even(2 * n, n);
+  const Plan plan({n, r}, 1, SeqPartition::even(2 * n, n), {TensorSpec::of<float>(heads, 4)});
+  auto win = std::make_unique<MpiWindow>(mc, plan.seq_bytes(0) + 4096);
+  win->set_timeout(kDeadline);
+  const WindowSpan in = win->allocate(plan.seq_bytes(0));
+  std::memset(in.data(), 0, in.size());
+  std::vector<float> out(plan.head_bytes(0) / sizeof(float));
+  auto wc = std::make_unique<MpiWindowComm>(mc, *win, kDeadline);
+  HostExecutor ex;
+  auto run = [&] { seq_to_head(plan, *wc, ex, {in}, {ByteSpan(out)}, {}); };
+  const auto [first, first_what] = error_of(run);  // all ranks: the agreement check and the peer lists
+  if (first != Errc{}) {
+    report = "the first exchange (every rank alive) failed: " + first_what;
+    return false;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // from here on, no collective on the world
+  if (r == dead) std::raise(SIGKILL);
+  const auto t0 = clock_type::now();
+  const auto [code, what] = error_of(run);
+  const double ms = ms_since(t0);
+  const auto t1 = clock_type::now();
+  wc.reset();
+  win.reset();  // leaks the window after at most the window's timeout (the dead rank never frees it)
+  const double free_ms = ms_since(t1);
+  const bool ok = code == Errc::timeout && what.find("ranks {" + std::to_string(dead) + "} did not arrive") != std::string::npos &&
+                  ms < static_cast<double>(kDeadline.count()) + kMarginMs && free_ms < static_cast<double>(kDeadline.count()) + kMarginMs;
+  report = std::string(to_string(code)) + " after " + std::to_string(ms) + " ms, the window destroyed in " + std::to_string(free_ms) +
+           " ms: " + what;
+  return ok;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace ulysses;
   MPI_Init(&argc, &argv);
+  const bool window = argc > 1 && std::string(argv[1]) == "window";
   int r = 0, n = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  const std::chrono::milliseconds deadline(500);
-  const double margin_ms = 1500;
-  MpiComm mc(comm, MpiComm::kIntMaxBytes, deadline);
-  MPI_Barrier(MPI_COMM_WORLD);  // every rank is up; from here on, no collective on the world
-  if (r == n - 1) std::raise(SIGKILL);
-
-  ut::MessagePattern m(n, r);  // messages to and from every rank, the dead one included
-  const auto t0 = std::chrono::steady_clock::now();
-  Errc code{};
-  std::string what = "no error";
-  try {
-    mc.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size());
-  } catch (const Error& e) {
-    code = e.code();
-    what = e.what();
-  }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const std::string dead = "ranks {" + std::to_string(n - 1) + "}";
-  const bool ok = ((code == Errc::timeout && what.find(dead) != std::string::npos) || code == Errc::backend) &&
-                  ms < static_cast<double>(deadline.count()) + margin_ms;
-  std::printf("mpi_kill: rank %d: %s %s after %.1f ms (deadline %lld ms): %s\n", r, ok ? "OK" : "WRONG", to_string(code), ms,
-              static_cast<long long>(deadline.count()), what.c_str());
+  MpiComm mc(comm, MpiComm::kIntMaxBytes, kDeadline);
+  std::string report;
+  const bool ok = window ? window_case(mc, r, n, n - 1, report) : messages_case(mc, r, n, n - 1, report);
+  std::printf("mpi_kill: rank %d: %s (%s path, deadline %lld ms): %s\n", r, ok ? "OK" : "WRONG", window ? "window" : "message",
+              static_cast<long long>(kDeadline.count()), report.c_str());
   std::fflush(stdout);
   MPI_Finalize();
   return ok ? 0 : 1;
