@@ -15,7 +15,10 @@
 //                 process_vm_writev by the owner; 1 copy) where the window's probe allows it,
 //                 else staged once into the window (2 copies) (target: <= 1.3x MPI_Alltoall).
 //                 CMA_MIN_RANGE=<bytes> sets MpiWindowComm::set_cross_memory_min_range()
-//   window_staged_copy  the same, staging forced (MpiWindowComm::set_cross_memory_attach(false)):
+//   window_staged_outputs the inputs outside the window, the outputs in it: seq→head pushes from
+//                 each rank's own inputs, where they are, into its peers' outputs (loads and stores,
+//                 1 copy); head→seq as window_staged
+//   window_staged_copy  the same as window_staged, staging forced (MpiWindowComm::set_cross_memory_attach(false)):
 //                 2 copies, the way inputs outside the window went before Cross Memory Attach
 //   messages      redistribute() over MpiComm (the default path between processes until now)
 //   deepspeed     DeepSpeed-Ulysses' op sequence over the same MpiComm, per tensor: permute into a
@@ -118,7 +121,7 @@ WindowSetup& setup(std::int64_t S, int elem, std::int64_t B, Direction d) {
   return *cache;
 }
 
-enum class What { alltoall, window, window_outputs, window_staged, window_staged_copy, messages, deepspeed };
+enum class What { alltoall, window, window_outputs, window_staged, window_staged_outputs, window_staged_copy, messages, deepspeed };
 
 void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t B, Direction d) {
   WindowSetup& r = setup(S, elem, B, d);
@@ -141,6 +144,9 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
       break;
     case What::window_staged:
     case What::window_staged_copy: op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_host.data()), r.outputs(), {}); }; break;
+    case What::window_staged_outputs:
+      op = [&] { redistribute(*r.plan, d, *r.wc, ex, r.inputs(r.in_host.data()), r.outputs(r.out_win.data()), {}); };
+      break;
     case What::messages:
       op = [&] { redistribute(*r.plan_messages, d, r.comm, ex, r.inputs(r.in_host.data()), r.outputs(), {r.ws.data(), r.ws.size()}); };
       break;
@@ -156,15 +162,16 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
   mpi_timed_loop(st, op);
   r.wc->set_cross_memory_attach(true);
   set_counters(st, r.bytes, g_size);
-  if (what == What::window_staged || what == What::window_staged_copy) {
+  if (what == What::window_staged || what == What::window_staged_outputs || what == What::window_staged_copy) {
     st.counters["staged"] = static_cast<double>(r.wc->staged_bytes());
     st.counters["remote"] = static_cast<double>(r.wc->remote_bytes());
     st.counters["copies"] = r.wc->staged_bytes() ? 2 : 1;
+    st.counters["pushed"] = d == Direction::seq_to_head && r.wc->outputs_in_window() ? 1 : 0;  // (head→seq always pulls)
   }
   if (what == What::window || what == What::window_outputs) {
     st.counters["copies"] = r.plan->copies(d, choose_path<MpiWindowComm, HostExecutor>(*r.plan)).executor;
     st.counters["staged"] = static_cast<double>(r.wc->staged_bytes());
-    st.counters["pushed"] = r.wc->outputs_in_window() ? 1 : 0;
+    st.counters["pushed"] = d == Direction::seq_to_head && r.wc->outputs_in_window() ? 1 : 0;  // (head→seq always pulls)
   }
   if (what == What::deepspeed) st.counters["copies"] = B > 1 ? 2 : 1;
 }
@@ -172,6 +179,7 @@ void bm(benchmark::State& st, What what, std::int64_t S, int elem, std::int64_t 
 void register_all() {
   const std::pair<What, const char*> variants[] = {{What::alltoall, "MPI_Alltoall"}, {What::window, "window"},
                                                    {What::window_outputs, "window_outputs"}, {What::window_staged, "window_staged"},
+                                                   {What::window_staged_outputs, "window_staged_outputs"},
                                                    {What::window_staged_copy, "window_staged_copy"}, {What::messages, "messages"},
                                                    {What::deepspeed, "deepspeed"}};
   for (int elem : kElemBytes)

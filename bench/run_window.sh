@@ -9,7 +9,9 @@
 # Per case (Llama-3.1-8B q, k, v seq->head and o head->seq; S in {4096, 16384}, B in {1, 4}, fp32
 # and bf16): the time of each variant (fastest of REPS repetitions, the run least disturbed by other
 # load), window / MPI_Alltoall (target <= 1.0), deepspeed / window (target >= 1.5) and
-# window_staged / MPI_Alltoall (inputs outside the window, target <= 1.3).
+# window_staged / MPI_Alltoall (inputs outside the window, outputs private: Cross Memory Attach) and
+# window_staged_outputs / MPI_Alltoall (inputs outside the window, outputs in it: seq->head pushes)
+# (target <= 1.3).
 # Environment knobs: BUILD_DIR (default build-bench), JSON_DIR (default BUILD_DIR/bench_json),
 # MIN_TIME (default 0.2), REPS (default 5), FILTER (default: all), MPI_RANKS (default "4").
 # Needs: CMake, a C++17 compiler, Google Benchmark, MPI, python3.
