@@ -39,7 +39,7 @@ enum class Variant { ranges, reader, contiguous };
 
 void bm(benchmark::State& st, Variant v) {
   if (!detail::kCrossMemoryAttach || g_child <= 0) {
-    st.SkipWithError("no Cross Memory Attach here (Linux only, and a child process)");
+    st.SkipWithError("no Cross Memory Attach here (Linux only), or no child process (mmap, pipe or fork failed)");
     return;
   }
   const auto seg = static_cast<std::size_t>(st.range(0)), stride = 4 * seg, n = kTotal / seg;
@@ -54,7 +54,10 @@ void bm(benchmark::State& st, Variant v) {
           const std::size_t k = std::min(l.size(), n - i);
           for (std::size_t j = 0; j < k; ++j) l[j] = {local.data() + (i + j) * stride, seg};
           detail::IoRange r{g_remote + i * seg, k * seg};
-          if (detail::transfer_process_memory(g_child, l.data(), k, &r, 1, k * seg, true)) st.SkipWithError("process_vm_writev failed");
+          if (detail::transfer_process_memory(g_child, l.data(), k, &r, 1, k * seg, true)) {
+            st.SkipWithError("process_vm_writev failed");
+            return;
+          }
           i += k;
         }
         break;
@@ -66,7 +69,10 @@ void bm(benchmark::State& st, Variant v) {
       case Variant::contiguous:
         for (std::size_t off = 0; off < kTotal; off += std::size_t{4} << 20) {
           detail::IoRange lv{local.data() + off, std::size_t{4} << 20}, r{g_remote + off, std::size_t{4} << 20};
-          if (detail::transfer_process_memory(g_child, &lv, 1, &r, 1, lv.iov_len, true)) st.SkipWithError("process_vm_writev failed");
+          if (detail::transfer_process_memory(g_child, &lv, 1, &r, 1, lv.iov_len, true)) {
+            st.SkipWithError("process_vm_writev failed");
+            return;
+          }
         }
         break;
     }
@@ -94,7 +100,7 @@ int main(int argc, char** argv) {
       ::_exit(0);
     }
     ::close(pipe_fd[0]);
-    g_child = child;
+    if (child > 0) g_child = child;
   }
 #endif
   for (const auto& [v, name] : {std::pair{Variant::ranges, "ranges"}, {Variant::reader, "reader"}, {Variant::contiguous, "contiguous"}})

@@ -67,8 +67,10 @@ TEST_CASE("cross memory: written rows, short ones through the pack buffer, acros
   if (!detail::kCrossMemoryAttach) return;
   using R = detail::CrossMemoryReader;
   // 30000 rows of 12 bytes (packed: 360000 bytes, more than one pack buffer), then one row of
-  // kPackBelow bytes (not packed), then 1500 rows of 700 bytes with gaps on both sides (packed,
-  // 1500 remote ranges): every byte where the rows say, the gaps untouched.
+  // kPackBelow bytes (not packed), then 1500 rows of 700 bytes with gaps on both sides (packed;
+  // the pack buffer fills before the remote list), then 3000 rows of 16 bytes with gaps on both
+  // sides (packed; the remote list fills at 1024 ranges before the pack buffer, twice), then rows
+  // of 512 bytes that end the pack buffer exactly: every byte where the rows say, the gaps untouched.
   struct Row {
     std::size_t src, dst, n;
   };
@@ -78,6 +80,8 @@ TEST_CASE("cross memory: written rows, short ones through the pack buffer, acros
   rows.push_back({s_at, d_at, R::kPackBelow});
   s_at += R::kPackBelow + 4, d_at += R::kPackBelow;
   for (int i = 0; i < 1500; ++i, s_at += 720, d_at += 703) rows.push_back({s_at, d_at, 700});
+  for (int i = 0; i < 3000; ++i, s_at += 20, d_at += 17) rows.push_back({s_at, d_at, 16});
+  for (std::size_t i = 0; i < 2 * R::kPackBytes / 512; ++i, s_at += 520, d_at += 512) rows.push_back({s_at, d_at, 512});
   std::vector<std::byte> src(s_at), dst(d_at, std::byte{0x5a});
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 1);
   std::vector<std::byte> want = dst;
@@ -97,6 +101,26 @@ TEST_CASE("cross memory: written rows, short ones through the pack buffer, acros
   std::size_t all = 0;
   for (const Row& w : rows) all += w.n;
   CHECK(r.bytes_read() == all);
+  // A block whose short source rows continue one another is written as one range, not packed
+  // (write_block); one whose source rows are apart is packed.
+  std::vector<std::byte> rows64(64 * 80), out(64 * 64, std::byte{0}), out2 = out;
+  for (std::size_t i = 0; i < rows64.size(); ++i) rows64[i] = static_cast<std::byte>(i * 5 + 2);
+  BlockCopy b{};
+  for (int i = 0; i < 4; ++i) b.extent[i] = 1;
+  b.extent[3] = 64, b.row_bytes = 64, b.elem_bytes = 4, b.src_stride[3] = 64, b.dst_stride[3] = 64;
+  r.begin(detail::process_id(), 1, true);
+  detail::write_block(r, b, rows64.data(), addr(out.data()));
+  r.flush();
+  CHECK(std::equal(out.begin(), out.end(), rows64.begin()));
+  CHECK(r.bytes_packed() == packed);
+  b.src_stride[3] = 80;
+  r.begin(detail::process_id(), 1, true);
+  detail::write_block(r, b, rows64.data(), addr(out2.data()));
+  r.flush();
+  for (std::size_t i = 0; i < 64; ++i)
+    CHECK(std::equal(out2.begin() + static_cast<std::ptrdiff_t>(i * 64), out2.begin() + static_cast<std::ptrdiff_t>(i * 64 + 64), rows64.begin() + static_cast<std::ptrdiff_t>(i * 80)));
+  packed += 64 * 64;
+  CHECK(r.bytes_packed() == packed);
   // Reads never pack.
   std::vector<std::byte> back(rows.size() * 12);
   r.begin(detail::process_id(), 1);

@@ -119,13 +119,17 @@ class CrossMemoryReader {
     write_ = write;
   }
   /// Adds `n` bytes: read from `src` (the peer's address space) to `dst` (this process's), or
-  /// when writing, from `dst` (this process's) to `src` (the peer's).
+  /// when writing, from `dst` (this process's) to `src` (the peer's). A write of fewer than
+  /// kPackBelow bytes, with `may_pack`, copies them from `dst` into the pack buffer here, at add()
+  /// (later changes to them are not written); every other range is transferred at flush().
   /// @param dst the range in this process @param src the range in the peer @param n bytes
+  /// @param may_pack whether a short write may be packed (false where the caller's local ranges
+  ///        continue one another, so that they merge into one range instead: write_block())
   /// @throws Error(backend) as flush() (when the lists are full).
-  void add(std::byte* dst, std::uint64_t src, std::size_t n) {
+  void add(std::byte* dst, std::uint64_t src, std::size_t n, bool may_pack = true) {
     for (; n > kMaxBytes; dst += kMaxBytes, src += kMaxBytes, n -= kMaxBytes) add(dst, src, kMaxBytes);
     if (n == 0) return;
-    const bool pack = write_ && n < kPackBelow;  // (the local side is the source: copied into the pack buffer now)
+    const bool pack = write_ && may_pack && n < kPackBelow;  // (the local side is the source: copied into the pack buffer now)
     if (pending_ + n > kMaxBytes || (pack && packed_ + n > kPackBytes)) flush();
     if (pack && pack_.size() < kPackBytes) pack_.resize(kPackBytes);
     std::byte* here = pack ? pack_.data() + packed_ : dst;
@@ -167,7 +171,8 @@ class CrossMemoryReader {
   }
   /// Bytes read or written since construction.
   std::size_t bytes_read() const noexcept { return read_; }
-  /// Bytes written through the pack buffer since construction (copied twice: into it, in cache, then by the kernel).
+  /// Bytes written through the pack buffer since construction (copied twice: into it, in cache,
+  /// then by the kernel), counted at add(): bytes of a batch not yet flushed, or whose flush failed, included.
   std::size_t bytes_packed() const noexcept { return packed_total_; }
 
  private:
@@ -200,24 +205,6 @@ inline void read_block(CrossMemoryReader& r, const BlockCopy& b, std::uint64_t s
         }
 }
 
-/// Adds the rows of block `b` to `r` (begin() called with `write` for the block's reader): the
-/// source rows at `src` + b.src_offset (+ the strides) in this process, written to `dst` +
-/// b.dst_offset (+ the strides) in the peer's address space.
-/// @param r the writer @param b the block (a copy) @param src the source buffer's base here
-/// @param dst the destination buffer's base in the peer
-/// @throws Error(backend) as CrossMemoryReader::flush().
-inline void write_block(CrossMemoryReader& r, const BlockCopy& b, const std::byte* src, std::uint64_t dst) {
-  const auto rb = static_cast<std::size_t>(b.row_bytes);
-  for (std::int64_t i0 = 0; i0 < b.extent[0]; ++i0)
-    for (std::int64_t i1 = 0; i1 < b.extent[1]; ++i1)
-      for (std::int64_t i2 = 0; i2 < b.extent[2]; ++i2)
-        for (std::int64_t i3 = 0; i3 < b.extent[3]; ++i3) {
-          const std::int64_t so = b.src_offset + i0 * b.src_stride[0] + i1 * b.src_stride[1] + i2 * b.src_stride[2] + i3 * b.src_stride[3];
-          const std::int64_t d = b.dst_offset + i0 * b.dst_stride[0] + i1 * b.dst_stride[1] + i2 * b.dst_stride[2] + i3 * b.dst_stride[3];
-          r.add(const_cast<std::byte*>(src + so), dst + static_cast<std::uint64_t>(d), rb);
-        }
-}
-
 /// Bytes of the contiguous runs of block b's rows on the source side (`source`) or the
 /// destination side: the row, times every inner dimension that continues it.
 /// @param b the block @param source which side
@@ -226,6 +213,26 @@ inline std::int64_t contiguous_run(const BlockCopy& b, bool source) noexcept {
   std::int64_t run = b.row_bytes;
   for (int k = 3; k >= 0 && (b.extent[k] == 1 || stride[k] == run); --k) run *= b.extent[k];
   return run;
+}
+
+/// Adds the rows of block `b` to `r` (begin() called with `write` for the block's reader): the
+/// source rows at `src` + b.src_offset (+ the strides) in this process, written to `dst` +
+/// b.dst_offset (+ the strides) in the peer's address space; rows shorter than kPackBelow are
+/// packed (CrossMemoryReader) unless the block's source rows continue one another.
+/// @param r the writer @param b the block (a copy) @param src the source buffer's base here
+/// @param dst the destination buffer's base in the peer
+/// @throws Error(backend) as CrossMemoryReader::flush().
+inline void write_block(CrossMemoryReader& r, const BlockCopy& b, const std::byte* src, std::uint64_t dst) {
+  const auto rb = static_cast<std::size_t>(b.row_bytes);
+  const bool may_pack = contiguous_run(b, true) < static_cast<std::int64_t>(CrossMemoryReader::kPackBelow);  // (contiguous rows merge instead)
+  for (std::int64_t i0 = 0; i0 < b.extent[0]; ++i0)
+    for (std::int64_t i1 = 0; i1 < b.extent[1]; ++i1)
+      for (std::int64_t i2 = 0; i2 < b.extent[2]; ++i2)
+        for (std::int64_t i3 = 0; i3 < b.extent[3]; ++i3) {
+          const std::int64_t so = b.src_offset + i0 * b.src_stride[0] + i1 * b.src_stride[1] + i2 * b.src_stride[2] + i3 * b.src_stride[3];
+          const std::int64_t d = b.dst_offset + i0 * b.dst_stride[0] + i1 * b.dst_stride[1] + i2 * b.dst_stride[2] + i3 * b.dst_stride[3];
+          r.add(const_cast<std::byte*>(src + so), dst + static_cast<std::uint64_t>(d), rb, may_pack);
+        }
 }
 
 /// Whether the owner of a copy block's source pushes it into the reader's memory
