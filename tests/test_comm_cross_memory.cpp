@@ -139,6 +139,13 @@ TEST_CASE("cross memory: contiguous rows merge into one range; a bad address is 
   for (std::size_t i = 0; i < src.size(); ++i) r.add(reinterpret_cast<std::byte*>(&dst[i]), addr(&src[i]), 4);
   r.flush();
   CHECK(dst == src);
+  std::vector<std::uint32_t> untouched(4, 7);
+  r.begin(detail::process_id(), 3);
+  r.add(reinterpret_cast<std::byte*>(untouched.data()), addr(src.data()), 16);
+  r.discard();  // dropped: never read, not counted
+  r.flush();
+  CHECK(untouched == std::vector<std::uint32_t>(4, 7));
+  CHECK(r.bytes_read() == src.size() * 4);
   r.begin(detail::process_id(), 3);
   r.add(reinterpret_cast<std::byte*>(dst.data()), 16, 4);  // page 0 is never mapped
   try {

@@ -169,6 +169,14 @@ class CrossMemoryReader {
                               std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") failed: " + std::strerror(e));
     read_ += n;
   }
+  /// Drops what was added and not yet transferred (nothing is read or written): the start of a
+  /// new batch after a failure left ranges pending (they may name a peer or buffers of a call
+  /// that is over).
+  void discard() noexcept {
+    local_.clear();
+    remote_.clear();
+    pending_ = packed_ = 0;
+  }
   /// Bytes read or written since construction.
   std::size_t bytes_read() const noexcept { return read_; }
   /// Bytes written through the pack buffer since construction (copied twice: into it, in cache,

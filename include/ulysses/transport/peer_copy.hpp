@@ -121,6 +121,7 @@ struct PeerCopyWork {
   /// rank's work is done (with_peers()), so its outputs are complete.
   static void run_remote(const PeerCopyWork& w, const void* const* all, const BufferTable& t) {
     RemoteReadScratch& s = *w.remote;
+    s.reader.discard();  // (a failed earlier call may have left ranges pending: never replay them)
     auto remote_of = [&](const BlockCopy& b) -> const PeerInputs* {  // the source's owner when it is read remotely
       const int i = b.src_buffer - BufferIndex::count;
       if (i < 0) return nullptr;
@@ -166,6 +167,7 @@ struct PeerCopyWork {
   /// This rank's pushes into its peers' outputs (see run_remote()).
   static void push(const PeerCopyWork& w, const void* const* all) {
     RemoteReadScratch& s = *w.remote;
+    s.reader.discard();  // (as in run_remote)
     const auto& mine = *static_cast<const PeerInputs*>(all[w.rank]);
     bool any = false;
     for (int x = 0; x < kMaxTensors; ++x) any = any || mine.remote[x];
