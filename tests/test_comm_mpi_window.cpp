@@ -519,6 +519,51 @@ double ms_of(F&& f) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+TEST_CASE("MPI window: its timeout bounds the calls it makes through the MpiComm too (a rank skips an all-gather)") {
+  int W = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (W < 2) return;
+  MPI_Comm dup;  // (the others' MPI_Iallgather stays on it until the skipping rank completes it)
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  {
+    MpiComm comm(dup);  // its own timeout: the 5-minute default
+    const std::chrono::milliseconds deadline(300);
+    auto win = std::make_unique<MpiWindow>(comm, 4096);
+    auto wcp = std::make_unique<MpiWindowComm>(comm, *win, deadline);
+    MpiWindowComm& wc = *wcp;
+    const int skip = W - 1;
+    std::uint64_t mine = static_cast<std::uint64_t>(r);
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(W));
+    if (r != skip) {
+      const ut::TimedError e = ut::timed_error_of([&] { wc.allgather(&mine, sizeof mine, all.data()); });
+      CAPTURE(e.message);
+      CHECK(e.code == Errc::timeout);
+      CHECK(e.ms < 300 + 5000);  // the window's deadline (not the MpiComm's 5 minutes), and slack for a loaded machine
+      CHECK(comm.timeout() == kDefaultCommTimeout);  // the MpiComm's own timeout is back
+      CHECK(wc.broken());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // the skipping rank comes after the others gave up
+    if (r == skip) {
+      CHECK(ut::code_of([&] { wc.allgather(&mine, sizeof mine, all.data()); }) == Errc::aborted);  // the group is broken: at once
+      MPI_Request q;  // complete the others' MPI_Iallgather
+      MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, dup, &q);
+      MPI_Wait(&q, MPI_STATUS_IGNORE);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    wcp.reset();
+    CHECK(ms_of([&] { win.reset(); }) < 5000);  // broken: leaked at once
+    if (r != skip) {  // a new window over the broken MpiComm is refused at once, not a hang
+      const ut::TimedError e = ut::timed_error_of([&] { MpiWindow again(comm, 4096); });
+      CHECK(e.code == Errc::aborted);
+      CHECK(e.message.find("another MPI communicator") != std::string::npos);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm_free(&dup);
+}
+
+
 TEST_CASE("MPI window: a rank that stops participating: the others time out, then destroy their windows at once (no collective free)") {
   MpiComm world(MPI_COMM_WORLD);
   const int P = world.size(), r = world.rank();

@@ -349,8 +349,10 @@ class MpiWindow {
     detail::mpi_check(MPI_Allreduce(&readable, &all, 1, MPI_INT, MPI_MIN, node_), "MPI_Allreduce");  // also: no peer reads probe_ any more
     cma_ = all == 1;
   }
-  /// The same over MpiComm::get(). @throws as the constructor above.
-  MpiWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiWindow(comm.get(), bytes_per_rank) {}
+  /// The same over MpiComm::get(). @throws as the constructor above; Error(aborted) at once, on
+  ///         this rank, when `comm` is broken (a call of it timed out or failed: MPI cannot cancel
+  ///         the collective it left pending, so a new window over its communicator could hang).
+  MpiWindow(const MpiComm& comm, std::size_t bytes_per_rank) : MpiWindow(usable(comm), bytes_per_rank) {}
   MpiWindow(const MpiWindow&) = delete;
   MpiWindow& operator=(const MpiWindow&) = delete;
   /// Frees the window, or leaks it; never waits longer than timeout(). MPI_Win_free is
@@ -438,6 +440,15 @@ class MpiWindow {
     }
     return s;
   }
+  /// `comm`'s communicator, or Error(aborted) when `comm` is broken (the constructor over MpiComm).
+  static MPI_Comm usable(const MpiComm& comm) {
+    if (comm.broken())
+      detail::fail(Errc::aborted, "MpiWindow: rank " + std::to_string(comm.rank()) +
+                                      ": the MpiComm is broken (a call of it timed out or failed, on this rank or a peer): MPI cannot cancel "
+                                      "the collective it left pending, so a window over this communicator could hang; make the new window "
+                                      "over another MPI communicator (e.g. one duplicated beforehand), or end the job");
+    return comm.get();
+  }
   /// Marks the group broken for every rank (the shared abort word; a no-op when it already is),
   /// after a failure the window cannot see (a peer died, the MpiComm broke): every
   /// MpiWindowComm's call then throws Error(aborted), and every rank's destructor leaks the window
@@ -494,7 +505,10 @@ class MpiWindowComm {
   /// @param comm    the MpiComm of the group (alltoallv, allgather, exchange_messages go through it)
   /// @param window  an MpiWindow allocated over the same group
   /// @param timeout how long with_peers() waits for the peers (at each of its two
-  ///        synchronisations) before it throws Error(timeout) and breaks the group
+  ///        synchronisations) before it throws Error(timeout) and breaks the group; it also bounds
+  ///        the calls this communicator makes through the MpiComm (the exchange's agreement check,
+  ///        the peer lists' all-gather, alltoallv, exchange_messages), which wait at most the
+  ///        shorter of it and the MpiComm's own timeout()
   /// @throws Error(comm_mismatch) the window is not over comm's group (size, rank or members differ).
   MpiWindowComm(MpiComm& comm, MpiWindow& window, std::chrono::milliseconds timeout = kDefaultTimeout)
       : comm_(&comm), win_(&window), timeout_(timeout) {
@@ -518,8 +532,8 @@ class MpiWindowComm {
   int rank() const noexcept { return comm_->rank(); }  ///< this rank
   MpiComm& mpi() const noexcept { return *comm_; }     ///< the wrapped MpiComm
   MpiWindow& window() const noexcept { return *win_; }  ///< the window
-  std::chrono::milliseconds timeout() const noexcept { return timeout_; }  ///< with_peers()' wait bound
-  /// Sets with_peers()' wait bound (e.g. long for a first, slow step, then short). Local.
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }  ///< the wait bound of every call (see the constructor)
+  /// Sets the wait bound of every call (e.g. long for a first, slow step, then short). Local.
   void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
   /// True once a with_peers() of this group timed out or failed on any rank (or the MpiComm is
   /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
@@ -691,10 +705,17 @@ class MpiWindowComm {
     failure_.check(where.c_str());  // this rank's own first failure
     detail::fail(Errc::aborted, where + ": the window's group is broken (" + win_->why_broken() + "); make a new MpiWindow");
   }
-  /// Runs a call of the MpiComm; when it breaks the MpiComm (a timeout, a failed peer), breaks
-  /// the window's group too (then no rank's ~MpiWindow waits for the peers) before rethrowing.
+  /// Runs a call of the MpiComm, bounded by the shorter of timeout() and the MpiComm's own
+  /// timeout (restored after); when it breaks the MpiComm (a timeout, a failed peer), breaks the
+  /// window's group too (then no rank's ~MpiWindow waits for the peers) before rethrowing.
   template <class F>
   void on_comm(F&& f) {
+    struct Bound {  // the MpiComm's timeout for the call, restored on every way out
+      MpiComm& comm;
+      std::chrono::milliseconds saved;
+      ~Bound() { comm.set_timeout(saved); }
+    } bound{*comm_, comm_->timeout()};
+    comm_->set_timeout(std::min(bound.saved, timeout_));
     try {
       f();
     } catch (const Error& x) {
