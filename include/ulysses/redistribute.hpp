@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "comm/concepts.hpp"
+#include "comm/tell_peers.hpp"
 #include "error.hpp"
 #include "layout/algebra.hpp"
 #include "layout/blocks.hpp"
@@ -217,23 +218,17 @@ struct Bound {
   Path path;
   BufferTable table;
 };
-/// A communicator with abort() (comm_traits::abort) of a group of 2 or more ranks is aborted when
-/// the call refuses its arguments: the peers already in the call's collectives throw
-/// Error(aborted) at once rather than time out.
+/// Local: a refusal is told to the peers by the caller's tell_peers_on_failure() (comm/tell_peers.hpp).
 template <class Comm, class Exec>
 Bound bind(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
            const TensorList<ByteSpan>& out, Workspace ws) {
-  try {
-    check_comm(plan, comm);
-    check_streams(comm, exec);
-    const Path path = choose_path<Comm, Exec>(plan);
-    return {path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes())};
-  } catch (const Error& e) {
-    if constexpr (comm_traits<Comm>::abort)
-      if (plan.degree() > 1) comm.abort("rank " + std::to_string(plan.rank()) + " refused its call before the exchange: " + e.what());
-    throw;
-  }
+  check_comm(plan, comm);
+  check_streams(comm, exec);
+  const Path path = choose_path<Comm, Exec>(plan);
+  return {path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes())};
 }
+/// The name of direction d's call, for the peers' messages.
+constexpr const char* call_name(Direction d) { return d == Direction::seq_to_head ? "seq_to_head" : "head_to_seq"; }
 }  // namespace detail
 
 /// Checks one call's buffers against the plan and returns the buffer table the stages run on
@@ -366,20 +361,25 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
 /// when enqueued.
 /// @throws everything make_buffers() and exchange() throw, and Error(comm_mismatch) for a
 ///         stream-ordered executor on another stream than the communicator's; all argument errors
-///         are raised before the exchange, but they are local to this rank (what every rank must
-///         share is compared by check_agreement() at the first exchange).
+///         are raised before the exchange. An error of this rank alone (anything but aborted and
+///         plan_mismatch) breaks the group first where the communicator can carry it (its abort():
+///         LocalGroup, MpiComm, MpiWindowComm, NcclComm, the device groups), so that the peers throw
+///         Error(aborted) naming this rank and its code at once (comm/tell_peers.hpp).
 template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
                   const TensorList<ByteSpan>& out, Workspace ws) {
-  const detail::Bound b = detail::bind(plan, dir, comm, exec, in, out, ws);
-  if constexpr (PathSupport<Comm, Exec>::direct) {
-    if (b.path == Path::direct) return exchange_direct(plan, dir, comm, exec, b.table);
-  }
-  for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
-    detail::run_list(exec, pack_list(plan, dir, b.path, k), b.table);
-    stage_exchange(plan, dir, b.path, comm, b.table, k);
-    detail::run_list(exec, unpack_list(plan, dir, b.path, k), b.table);
-  }
+  detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
+  detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir), [&] {
+    const detail::Bound b = detail::bind(plan, dir, comm, exec, in, out, ws);
+    if constexpr (PathSupport<Comm, Exec>::direct) {
+      if (b.path == Path::direct) return exchange_direct(plan, dir, comm, exec, b.table);
+    }
+    for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
+      detail::run_list(exec, pack_list(plan, dir, b.path, k), b.table);
+      stage_exchange(plan, dir, b.path, comm, b.table, k);
+      detail::run_list(exec, unpack_list(plan, dir, b.path, k), b.table);
+    }
+  });
 }
 
 /// seq→head (forward, before attention): seq-sharded inputs [B, S_r, H, D] → head-sharded

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,21 @@ class ExchangeState {
  public:
   /// Plans remembered at most.
   static constexpr std::size_t kMaxPlans = 256;
+
+  /// Which library call a rank is in: its number on this communicator (1, 2, ...: every rank
+  /// numbers its calls alike) and what it is (a hash of the call's name and plan; its name for the
+  /// messages). What the shipped communicators compare across ranks in what they already exchange
+  /// (LocalGroup's rendezvous, MpiWindowComm's epoch records), so that a rank that skipped a call,
+  /// or runs another, gets Error(plan_mismatch) on every rank instead of pairing the wrong calls.
+  struct Call {
+    std::uint64_t number = 0;  ///< 0: no library call yet
+    std::uint64_t what = 0;    ///< the call's kind and plan
+    const char* name = "";     ///< e.g. "seq_to_head" (a string literal)
+  };
+  /// Starts the next library call on this communicator (comm/tell_peers.hpp does, once per call).
+  void begin_call(const char* name, std::uint64_t what) noexcept { call_ = {++calls_, what, name}; }
+  /// The library call in progress (or the last one).
+  const Call& call() const noexcept { return call_; }
 
   /// True once the cross-rank agreement check of plan `plan_id` (Plan::id()) passed on this communicator.
   bool agreed(std::uint64_t plan_id) const noexcept {
@@ -100,11 +116,44 @@ class ExchangeState {
   detail::RemoteReadScratch& remote_reads() noexcept { return remote_; }
 
  private:
+  Call call_;
+  std::uint64_t calls_ = 0;
   std::vector<std::uint64_t> agreed_;
   std::vector<std::pair<std::uint64_t, std::shared_ptr<const PeerCopyLists>>> peer_copy_;
   std::vector<Message> send_, recv_;
   std::vector<std::byte*> peers_;
   detail::RemoteReadScratch remote_;
 };
+
+namespace detail {
+/// "" when every rank's library call (ExchangeState::call(), P of them, read by every rank alike)
+/// is rank 0's; else the plan_mismatch message every rank gives: "rank 2 is at call 7
+/// (head_to_seq), ranks {0, 1, 3} at call 8 (seq_to_head): ...".
+/// @param number callable as std::uint64_t(int p), @param what as std::uint64_t(int p),
+/// @param name as const char*(int p): rank p's call
+template <class Number, class What, class Name>
+std::string call_mismatch(int P, Number&& number, What&& what, Name&& name) {
+  bool same = true;
+  for (int p = 1; p < P && same; ++p) same = number(p) == number(0) && what(p) == what(0);
+  if (same) return "";
+  std::string groups;
+  std::vector<bool> told(static_cast<std::size_t>(P), false);
+  for (int p = 0; p < P; ++p) {
+    if (told[static_cast<std::size_t>(p)]) continue;
+    std::vector<int> ranks;
+    for (int q = p; q < P; ++q)
+      if (!told[static_cast<std::size_t>(q)] && number(q) == number(p) && what(q) == what(p)) {
+        told[static_cast<std::size_t>(q)] = true;
+        ranks.push_back(q);
+      }
+    std::string who = ranks.size() == 1 ? "rank " + std::to_string(ranks[0]) + " is" : "ranks {";
+    for (std::size_t i = 0; ranks.size() > 1 && i < ranks.size(); ++i) who += (i ? ", " : "") + std::to_string(ranks[i]);
+    if (ranks.size() > 1) who += "} are";
+    const char* n = name(p);
+    groups += (groups.empty() ? "" : ", ") + who + " at call " + std::to_string(number(p)) + " (" + (n && *n ? n : "no library call") + ")";
+  }
+  return groups + " of this communicator: a rank skipped a call, or runs another (the calls are not paired; every rank reports this)";
+}
+}  // namespace detail
 
 ULYSSES_NAMESPACE_END

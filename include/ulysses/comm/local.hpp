@@ -90,6 +90,7 @@ class LocalGroup {
                         Done&& done) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
       mine.kind = kAlltoallv;
+      mine.call = state_.call();
       mine.send = send;
       mine.bytes = send_bytes;
       mine.offsets = send_offsets;
@@ -129,6 +130,7 @@ class LocalGroup {
                                 Done&& done) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
       mine.kind = kMessages;
+      mine.call = state_.call();
       mine.messages = send;
       mine.n_messages = n_send;
       g_->barrier(rank_, true);
@@ -172,6 +174,7 @@ class LocalGroup {
     void allgather(const void* send, std::size_t bytes, void* recv) {
       Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
       mine.kind = kAllgather;
+      mine.call = state_.call();
       mine.gather_bytes = bytes;
       mine.send = static_cast<const std::byte*>(send);
       g_->barrier(rank_, true);
@@ -192,6 +195,7 @@ class LocalGroup {
     void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
       Slot& me = g_->slots_[static_cast<std::size_t>(rank_)];
       me.kind = kPeers;
+      me.call = state_.call();
       me.send = static_cast<const std::byte*>(mine);
       g_->barrier(rank_, true);
       g_->copy_phase(rank_, [&] {
@@ -210,6 +214,7 @@ class LocalGroup {
     /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
     void barrier() {
       g_->slots_[static_cast<std::size_t>(rank_)].kind = kBarrier;
+      g_->slots_[static_cast<std::size_t>(rank_)].call = state_.call();
       g_->barrier(rank_);
     }
 
@@ -312,6 +317,7 @@ class LocalGroup {
 
   struct Slot {
     int kind = kNone;
+    ExchangeState::Call call;      // the library call the rank is in (compared: a skipped call is plan_mismatch)
     std::size_t gather_bytes = 0;  // allgather's block size
     const std::byte* send = nullptr;
     const std::size_t* bytes = nullptr;
@@ -386,7 +392,9 @@ class LocalGroup {
              "; an exchange's collectives are its agreement check's allgather, then its transport's): ranks must call the same "
              "collectives in the same order (did a rank skip an exchange, or run another plan or direction?)";
     }
-    return "";
+    return detail::call_mismatch(
+        size_, [&](int p) { return slots_[static_cast<std::size_t>(p)].call.number; },
+        [&](int p) { return slots_[static_cast<std::size_t>(p)].call.what; }, [&](int p) { return slots_[static_cast<std::size_t>(p)].call.name; });
   }
 
   /// Records the group's first failure (under m_).

@@ -78,8 +78,11 @@ ULYSSES_NAMESPACE_BEGIN
 
 /// Communicator over an MPI communicator (models the communicator concept of comm/concepts.hpp).
 /// Copies share the failure state (one MpiComm, or its copies, per MPI_Comm: the notices of a
-/// failure are read by whichever object probes first). Tags kTag and kNoticeTag of the MPI_Comm
-/// are this class's.
+/// failure are read by whichever object probes first). Tags kTag, kNoticeTag and [kCallTags,
+/// kCallTags + kCallTagCount) of the MPI_Comm are this class's: the messages of a library call
+/// (ExchangeState::call()) carry a tag of that call, so that a rank that skipped a call, or runs
+/// another, never pairs its messages with its peers' (they time out instead, naming it), and the
+/// all-to-all-v's path agreement also compares the calls (Error(plan_mismatch) on every rank).
 class MpiComm {
  public:
   /// Largest message MPI can describe with an `int` count of MPI_BYTE.
@@ -88,6 +91,10 @@ class MpiComm {
   static constexpr int kTag = 0x75a;  // "ulysses"
   /// The tag of the notice a rank sends its peers when it gives up (times out or fails).
   static constexpr int kNoticeTag = 0x75b;
+  /// The first of the tags that name a library call (within MPI's guaranteed MPI_TAG_UB, 32767).
+  static constexpr int kCallTags = 0x1000;
+  /// How many: a call's tag is kCallTags + its ExchangeState::Call::what modulo this.
+  static constexpr int kCallTagCount = 0x6000;
 
   /// Wraps `comm` (not owned, not duplicated: the caller keeps it alive and must not run other
   /// collectives on it concurrently).
@@ -132,17 +139,24 @@ class MpiComm {
     // MPI_Alltoallv takes int counts and displacements. Whether they fit differs between ranks
     // (offsets grow with the rank), so the ranks agree on the path first: one tiny allreduce.
     Collective& c = *sh_->coll;
-    c.fits = 1;
+    int fits = 1;
     for (int p = 0; p < size_; ++p)
-      c.fits = c.fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ &&
-               recv_offsets[p] <= max_msg_;
+      fits = fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ && recv_offsets[p] <= max_msg_;
+    // {fits, call, -call} under MPI_MIN: the path (every rank's fits), and whether every rank is in the same library call.
+    const int w = static_cast<int>(state_.call().what & 0x3fffffffu);
+    c.fits[0] = fits, c.fits[1] = w, c.fits[2] = -w;
     if (size_ > 1 && ULYSSES_MPI_BLOCKING_WAITS) {
-      check(call, MPI_Allreduce(MPI_IN_PLACE, &c.fits, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
+      check(call, MPI_Allreduce(MPI_IN_PLACE, c.fits, 3, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
     } else if (size_ > 1) {
-      check(call, MPI_Iallreduce(MPI_IN_PLACE, &c.fits, 1, MPI_INT, MPI_LAND, comm_, &c.req), "MPI_Iallreduce");
+      check(call, MPI_Iallreduce(MPI_IN_PLACE, c.fits, 3, MPI_INT, MPI_MIN, comm_, &c.req), "MPI_Iallreduce");
       wait_collective(call, "the MPI_Iallreduce that picks the all-to-all-v's path");
     }
-    if (c.fits) {
+    if (c.fits[1] != -c.fits[2])  // the same verdict on every rank: the group stays usable
+      throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank_) + " in " + call.who + " (" + state_.call().name + ", call " +
+                                           std::to_string(state_.call().number) +
+                                           "): the ranks are in different library calls of this communicator (a rank skipped a call, or "
+                                           "runs another; every rank reports this)");
+    if (c.fits[0]) {
       for (std::size_t p = 0; p < c.sc.size(); ++p) {
         c.sc[p] = static_cast<int>(send_bytes[p]);
         c.sd[p] = static_cast<int>(send_offsets[p]);
@@ -212,12 +226,26 @@ class MpiComm {
   /// scratch lists (comm/exchange_state.hpp).
   ExchangeState& exchange_state() noexcept { return state_; }
 
+  /// Breaks the group at once (the optional abort() of the communicator concept): this
+  /// communicator is broken (its later calls throw Error(aborted) with `why`), and every peer gets
+  /// the failure notice, so that its current call (polled) and its later calls throw
+  /// Error(aborted) with `why` within milliseconds instead of waiting out their deadline. What a
+  /// call that fails on this rank alone does before it throws (comm/tell_peers.hpp). Local, never
+  /// blocks (the notices are sent non-blocking); a no-op once broken (the first failure is kept).
+  /// @param why what failed, for the peers' messages ("rank 3 failed in seq_to_head with ...")
+  void abort(const std::string& why) {
+    if (sh_->failure.broken()) return;
+    const std::string what = Error(Errc::aborted, "rank " + std::to_string(rank_) + " broke the group: " + why).what();
+    sh_->failure.record(Errc::aborted, what);
+    if (!ULYSSES_MPI_BLOCKING_WAITS) notify(Call{"abort", sh_->calls, std::chrono::steady_clock::now()}, Errc::aborted, why);
+  }
+
  private:
   /// What MPI may still read or write after a collective times out (it can be neither cancelled
   /// nor freed): kept alive for MPI, on the heap, and leaked once its collective timed out.
   struct Collective {
     std::vector<int> sc, sd, rc, rd;  // int counts for MPI_Ialltoallv, sized once
-    int fits = 1;                     // the MPI_Iallreduce's operand
+    int fits[3] = {1, 0, 0};          // the MPI_Iallreduce's operand: {path fits, call, -call}
     std::vector<std::byte> gather_send, gather_recv;  // allgather's copies
     MPI_Request req = MPI_REQUEST_NULL;               // the collective in flight
   };
@@ -269,8 +297,9 @@ class MpiComm {
     for (std::size_t done = 0; done < bytes;) {
       const int n = static_cast<int>(std::min(max_msg_, bytes - done));
       MPI_Request r = MPI_REQUEST_NULL;
-      const int rc = is_send ? MPI_Isend(base + done, n, MPI_BYTE, peer, kTag, comm_, &r)
-                             : MPI_Irecv(base + done, n, MPI_BYTE, peer, kTag, comm_, &r);
+      const int tag = state_.call().number ? kCallTags + static_cast<int>(state_.call().what % kCallTagCount) : kTag;
+      const int rc = is_send ? MPI_Isend(base + done, n, MPI_BYTE, peer, tag, comm_, &r)
+                             : MPI_Irecv(base + done, n, MPI_BYTE, peer, tag, comm_, &r);
       reqs_.push_back(r);
       peers_.push_back(peer);
       if (!is_send) n_recv_ = reqs_.size();
@@ -293,7 +322,7 @@ class MpiComm {
       give_up(call, Errc::timeout,
               waited(call) + (late_recv.empty() ? "" : "; the messages of ranks " + detail::join(late_recv) + " did not arrive") +
                   (late_send.empty() ? "" : "; ranks " + detail::join(late_send) + " did not take this rank's messages") +
-                  " (a rank skipped the call, failed outside it, or died)");
+                  " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)");
     }
     reqs_.clear();
     peers_.clear();
@@ -354,10 +383,12 @@ class MpiComm {
     }
     if (from < 0) return;
     const bool same = head.seq == call.seq && head.code == static_cast<int>(Errc::timeout);
+    const bool broke = head.code == static_cast<int>(Errc::aborted);  // abort(): a failure of that rank alone
     const std::vector<int> late = incomplete(0, n_recv_);  // this rank's own view: whose messages it still waits for
     give_up(call, same ? Errc::timeout : Errc::aborted,
             "rank " + std::to_string(rank_) + " in " + call.who + " (call " + std::to_string(call.seq) + "): rank " +
-                std::to_string(from) + " gave up in call " + std::to_string(head.seq) + " of this communicator" +
+                std::to_string(from) + (broke ? " broke the group" : " gave up") + " in call " + std::to_string(head.seq) +
+                " of this communicator" +
                 (late.empty() ? "" : " (this rank still waited for the messages of ranks " + detail::join(late) + ")") + ": " +
                 first,
             false);

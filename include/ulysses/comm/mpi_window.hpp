@@ -18,9 +18,11 @@
 /// **The window** (MpiWindow) is one MPI-3 shared-memory window (MPI_Win_allocate_shared over
 /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), allocated collectively and freed collectively by
 /// its destructor after a bounded rendezvous in the shared memory, or leaked when the group is
-/// broken or a peer does not come (~MpiWindow: a destructor never hangs on a dead peer): per rank a
-/// control block (MpiWindow::kControlBytes: the process-shared words of the synchronisation) and
-/// `bytes_per_rank` bytes of data, zeroed, first touched by their owner. Registration is
+/// broken or a peer does not come (~MpiWindow: a destructor never hangs on a dead peer): per rank
+/// `bytes_per_rank` bytes of data, zeroed, first touched by their owner, followed by a guard page
+/// (a write past the slot's end is a coded error at the next with_peers()), and, in a second
+/// small shared window out of reach of the data, a control block (MpiWindow::kControlBytes: the
+/// process-shared words of the synchronisation). Registration is
 /// allocate(): the next bytes of the rank's own slot, as NCCL's symmetric windows
 /// (ncclCommWindowRegister) every rank registers the same sizes in the same order (with uneven
 /// sequence splits: the largest size any rank needs). What each rank registered (count, sizes,
@@ -96,7 +98,7 @@ inline bool shared_claim(std::uint64_t& w, std::uint64_t v) noexcept {
   std::uint64_t zero = 0;
   return __atomic_compare_exchange_n(&w, &zero, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
-/// One rank's control block at the start of its window segment. The epochs and the abort word
+/// One rank's control block, in the window's control segment (apart from the data slots). The epochs and the abort word
 /// are process-shared atomics (shared_load / shared_store), each on its own cache line; the record
 /// is plain memory, written before the arrival epoch and read after it.
 struct WindowControl {
@@ -108,6 +110,9 @@ struct WindowControl {
   alignas(64) std::uint64_t missed;   ///< 0, or 2e (arrival) or 2e + 1 (reads): a peer's deadline passed in call e while this rank had not
                                       ///< arrived (finished reading); set once (a claim) by a rank that timed out, before it breaks the group
   alignas(64) std::uint64_t status;  ///< record: 0 published, 1 this rank failed to publish (it throws its own error)
+  char reason[1024];                 ///< why this rank broke the group (set before it claims `abort`; NUL-terminated)
+  std::uint64_t call, call_what;     ///< record: the library call the rank is in (ExchangeState::call(): number, what)
+  char call_name[32];                ///< record: and its name (NUL-terminated, cut)
   std::uint64_t pid;                 ///< this rank's process id (written once, at construction)
   std::uint64_t probe;               ///< the address of a word of this rank's private memory (the construction's probe)
   std::uint64_t reads_remote;        ///< record: PeerInputs::reads_remote of this rank's work
@@ -306,7 +311,7 @@ class MpiWindow {
     // allocated a page longer and every process aligns every rank's base up to a page (the same
     // offset in every process, whose mappings are page-aligned).
     node_ = detail::window_node_comm(comm, bytes_per_rank, "MpiWindow");  // the same size on every rank: the checks below agree
-    const std::size_t data = detail::round_up(bytes_per_rank, kControlBytes), seg = 2 * kControlBytes + data;
+    const std::size_t data = detail::round_up(bytes_per_rank, kControlBytes), seg = 2 * kControlBytes + data;  // data, guard, alignment
     if (seg < bytes_per_rank || seg > static_cast<std::size_t>(PTRDIFF_MAX)) {
       MPI_Comm_free(&node_);
       detail::fail(Errc::size_overflow, "MpiWindow: bytes_per_rank=" + std::to_string(bytes_per_rank) + " is too large");
@@ -323,16 +328,18 @@ class MpiWindow {
       MPI_Comm_free(&node_);
       detail::mpi_check(rc, "MPI_Win_allocate_shared");
     }
-    bases_.resize(static_cast<std::size_t>(size_));
-    for (int p = 0; p < size_; ++p) {
-      MPI_Aint sz = 0;
-      int disp = 0;
-      void* b = nullptr;
-      MPI_Win_shared_query(win_, p, &sz, &disp, &b);
-      const auto a = reinterpret_cast<std::uintptr_t>(b);
-      bases_[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (detail::round_up<std::uintptr_t>(a, kControlBytes) - a);
+    const int crc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * kControlBytes), 1, MPI_INFO_NULL, node_, &base, &ctrl_win_);
+    if (crc != MPI_SUCCESS) {
+      MPI_Win_free(&win_);
+      MPI_Comm_free(&node_);
+      detail::mpi_check(crc, "MPI_Win_allocate_shared (the control blocks)");
     }
-    std::memset(bases_[static_cast<std::size_t>(rank_)], 0, kControlBytes + data);  // the control block and the data, by their owner
+    bases_ = page_bases(win_);
+    controls_ = page_bases(ctrl_win_);
+    guard_ = bytes_per_rank;
+    std::memset(bases_[static_cast<std::size_t>(rank_)], 0, data);  // the data, by its owner
+    std::memset(bases_[static_cast<std::size_t>(rank_)] + guard_, kGuardByte, kControlBytes);  // its guard: the page after the slot
+    std::memset(controls_[static_cast<std::size_t>(rank_)], 0, kControlBytes);
     detail::WindowControl& mine = control(rank_);
     mine.pid = static_cast<std::uint64_t>(detail::process_id());
     constexpr std::uint64_t kProbe = 0x756c7973736573;  // the probe word, xor the rank
@@ -370,6 +377,7 @@ class MpiWindow {
     if (win_ == MPI_WIN_NULL) return;
     if (leave()) {
       MPI_Win_free(&win_);
+      MPI_Win_free(&ctrl_win_);
       MPI_Comm_free(&node_);
     }
   }
@@ -382,7 +390,15 @@ class MpiWindow {
   /// The start of rank p's data slot in this process's mapping (bytes_per_rank() bytes). Reading
   /// it is only safe while its owner does not write it (MpiWindowComm::with_peers orders that).
   /// @pre 0 <= p < size().
-  std::byte* at(int p) const noexcept { return bases_[static_cast<std::size_t>(p)] + kControlBytes; }
+  std::byte* at(int p) const noexcept { return bases_[static_cast<std::size_t>(p)]; }
+  /// Whether the guard page after this rank's data slot is as the constructor wrote it: false once
+  /// something wrote past the slot's end (with_peers() then refuses the call: Error(buffer_too_small)).
+  bool guard_intact() const noexcept {
+    const std::byte* g = at(rank_) + guard_;
+    for (std::size_t i = 0; i < kControlBytes; ++i)
+      if (g[i] != static_cast<std::byte>(kGuardByte)) return false;
+    return true;
+  }
 
   /// Registers the next `bytes` of this rank's slot (aligned to kAlignment) and returns them.
   /// Local (no communication); every rank must register the same sizes in the same order, which
@@ -430,7 +446,12 @@ class MpiWindow {
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     std::string s = "rank " + std::to_string(who - 1);
-    if (seen.empty()) return s + " timed out or failed in with_peers, or marked the window broken";
+    if (seen.empty()) {
+      const detail::WindowControl& b = control(static_cast<int>(who - 1));
+      const auto n = static_cast<std::size_t>(std::find(b.reason, b.reason + sizeof b.reason, '\0') - b.reason);
+      if (n) return s + " broke it: " + std::string(b.reason, n);
+      return s + " timed out or failed in with_peers, or marked the window broken";
+    }
     s += " broke it: ";
     for (std::size_t i = 0; i < seen.size(); ++i) {
       std::vector<int> ranks;
@@ -454,6 +475,18 @@ class MpiWindow {
   /// MpiWindowComm's call then throws Error(aborted), and every rank's destructor leaks the window
   /// at once instead of waiting for the peers. Local, never blocks.
   void mark_broken() noexcept { detail::shared_claim(control(0).abort, static_cast<std::uint64_t>(rank_) + 1); }
+  /// mark_broken() with the reason every rank's Error(aborted) then gives (why_broken(): "rank 3
+  /// broke it: <why>"; cut to 1023 bytes). Local, never blocks; the first rank to break the group
+  /// keeps its reason. @param why what failed on this rank
+  void mark_broken(const std::string& why) noexcept {
+    detail::WindowControl& mine = control(rank_);
+    if (!broken() && !mine.reason[0]) {
+      const std::size_t n = std::min(why.size(), sizeof mine.reason - 1);
+      std::memcpy(mine.reason, why.data(), n);
+      mine.reason[n] = '\0';
+    }
+    mark_broken();  // (a seq_cst claim: the reason is visible to whoever sees the abort word)
+  }
 
   /// Whether every rank of the group can read every peer's private memory with Cross Memory
   /// Attach (comm/cross_memory.hpp: process_vm_readv), probed once by the constructor and agreed
@@ -467,8 +500,22 @@ class MpiWindow {
  private:
   friend class MpiWindowComm;
   detail::WindowControl& control(int p) const noexcept {
-    return *reinterpret_cast<detail::WindowControl*>(bases_[static_cast<std::size_t>(p)]);
+    return *reinterpret_cast<detail::WindowControl*>(controls_[static_cast<std::size_t>(p)]);
   }
+  /// Every rank's segment of shared window `w` in this process, each aligned up to a page.
+  std::vector<std::byte*> page_bases(MPI_Win w) const {
+    std::vector<std::byte*> bases(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) {
+      MPI_Aint sz = 0;
+      int disp = 0;
+      void* b = nullptr;
+      MPI_Win_shared_query(w, p, &sz, &disp, &b);
+      const auto a = reinterpret_cast<std::uintptr_t>(b);
+      bases[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (detail::round_up<std::uintptr_t>(a, kControlBytes) - a);
+    }
+    return bases;
+  }
+  static constexpr unsigned char kGuardByte = 0xa5;  // the guard page's bytes
   const detail::WindowDigest& digest() const noexcept { return reg_.digest(); }
   /// The destructor's rendezvous: true when every rank is to call MPI_Win_free (see ~MpiWindow).
   bool leave() const noexcept {
@@ -482,8 +529,11 @@ class MpiWindow {
   bool cma_ = false;         // cross_memory_attach()
   int size_ = 0, rank_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
-  MPI_Win win_ = MPI_WIN_NULL;
-  std::vector<std::byte*> bases_;  // every rank's segment (control block, then data) in this process
+  MPI_Win win_ = MPI_WIN_NULL;       // the data slots, each followed by its guard page
+  MPI_Win ctrl_win_ = MPI_WIN_NULL;  // the control blocks (apart: a write past a data slot cannot reach them)
+  std::size_t guard_ = 0;            // where the guard page starts in the data slot: bytes_per_rank
+  std::vector<std::byte*> bases_;    // every rank's data slot in this process
+  std::vector<std::byte*> controls_;  // every rank's control block in this process
 };
 
 /// The communicator concept (comm/concepts.hpp) over an MpiComm and an MpiWindow of the same
@@ -621,6 +671,7 @@ class MpiWindowComm {
     bool uniform = false;    // the error is a verdict every rank reaches alike (the group stays usable)
     bool timed_out = false;  // this rank already waited timeout() for the peers
     const std::string own = publish(in, c);  // "" or this rank's error (status = 1)
+    if (!own.empty()) break_group(Errc::buffer_too_small, Error(Errc::buffer_too_small, own).what());  // before the arrival: the peers name it
     detail::shared_store(c.arrive, e);
     try {
       if (!own.empty()) detail::fail(Errc::buffer_too_small, own);  // the peers see the status (or the abort word) and read nothing
@@ -695,6 +746,19 @@ class MpiWindowComm {
   /// lists (comm/exchange_state.hpp).
   ExchangeState& exchange_state() noexcept { return state_; }
 
+  /// Breaks the group at once (the optional abort() of the communicator concept): the window's
+  /// abort word with `why` and this rank (MpiWindow::mark_broken(why)), which every peer waiting
+  /// in with_peers() sees at its next poll, and MpiComm::abort(why), whose notice reaches the peers
+  /// waiting in the calls made through the MpiComm (the agreement check): every peer then throws
+  /// Error(aborted) naming this rank and `why` within milliseconds, and no rank's ~MpiWindow waits
+  /// for its peers. What a call that fails on this rank alone does before it throws
+  /// (comm/tell_peers.hpp). Local, never blocks; a no-op once broken.
+  /// @param why what failed, for the peers' messages ("rank 3 failed in seq_to_head with ...")
+  void abort(const std::string& why) {
+    break_group(Errc::aborted, why);
+    comm_->abort(why);
+  }
+
  private:
   /// Throws Error(aborted) when this rank failed before or the window's group is broken (cheap
   /// otherwise: the waits call it at every poll; a broken MpiComm throws from its own calls).
@@ -725,7 +789,7 @@ class MpiWindowComm {
   }
   /// Marks the group broken for every rank (the shared abort word) and this rank's failure.
   void break_group(Errc code, const std::string& what) noexcept {
-    win_->mark_broken();
+    win_->mark_broken(what);
     try {
       failure_.record(code, what);
     } catch (...) {  // (std::string's allocation: the shared word already breaks the group)
@@ -742,6 +806,10 @@ class MpiWindowComm {
     staged_ = remote_ = 0;
     outputs_in_window_ = false;
     const bool read_in_place = in.reads_remote && cross_memory_attach();
+    if (!w.guard_intact())
+      err = "MpiWindowComm: rank " + std::to_string(rank()) + " wrote past the end of its window slot of " +
+            std::to_string(w.bytes_per_rank()) + " bytes (the guard page after it changed): a buffer allocated from the window ran past "
+            "its end; the window's contents can no longer be trusted (make a new MpiWindow, with room for every buffer)";
     const int n = std::min(std::max(in.count, 0), kMaxTensors);
     for (int t = 0; t < n; ++t) {
       if (in.bytes[t] && w.contains(in.data[t], in.bytes[t]))
@@ -757,7 +825,7 @@ class MpiWindowComm {
       c.out_offset[t] = out ? static_cast<std::uint64_t>(in.outputs[t] - slot) : detail::WindowControl::kNone;
       c.out_bytes[t] = t < n && in.outputs[t] ? in.output_bytes[t] : 0;
     }
-    for (int t = 0; t < n && err.empty(); ++t) {
+    for (int t = 0; t < n && err.empty(); ++t) {  // (nothing staged once refused)
       const std::byte* p = in.data[t];
       const std::size_t b = in.bytes[t];
       if (!b || !p) continue;
@@ -796,6 +864,12 @@ class MpiWindowComm {
     c.list_blocks = in.list_blocks;
     c.table = in.table;
     c.registered = w.digest();
+    const ExchangeState::Call& call = state_.call();
+    c.call = call.number;
+    c.call_what = call.what;
+    const std::size_t nn = std::min(std::strlen(call.name), sizeof c.call_name - 1);
+    std::memcpy(c.call_name, call.name, nn);
+    c.call_name[nn] = '\0';
     c.status = err.empty() ? 0 : 1;
     return err;
   }
@@ -807,6 +881,10 @@ class MpiWindowComm {
     for (int p = 0; p < P; ++p) reg[static_cast<std::size_t>(p)] = win_->control(p).registered;
     const std::string m = detail::registration_mismatch(reg.data(), P);
     if (!m.empty()) detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: " + m);
+    const std::string calls = detail::call_mismatch(
+        P, [&](int p) { return win_->control(p).call; }, [&](int p) { return win_->control(p).call_what; },
+        [&](int p) -> const char* { return win_->control(p).call_name; });
+    if (!calls.empty()) detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: " + calls);
     std::vector<int> other;
     for (int p = 0; p < P; ++p)
       if (win_->control(p).count != win_->control(0).count) other.push_back(p);

@@ -37,6 +37,7 @@
 #pragma once
 
 #include "../comm/concepts.hpp"
+#include "../comm/tell_peers.hpp"
 #include "../plan/agreement.hpp"
 #include "../transport/common.hpp"
 #include "plan.hpp"
@@ -198,7 +199,8 @@ void decode_collective(Comm& comm, bool messages, const std::vector<std::size_t>
 /// for LocalGroup: Error(timeout) / Error(aborted)).
 /// Every error below is thrown before this rank enters a collective; those that depend on shared
 /// inputs only (the plan's) are thrown by every rank alike at planning, and plan_mismatch by every
-/// rank at the first call.
+/// rank at the first call. An error of this rank alone breaks the group first where the
+/// communicator can carry it (comm/tell_peers.hpp): the peers throw Error(aborted) naming it.
 /// @throws Error(comm_mismatch) the communicator's size or rank is not the plan's, or the executor
 ///         and the communicator run on different streams;
 ///         Error(buffer_too_small) a buffer shorter than its layout's span (the message names it);
@@ -212,8 +214,20 @@ void decode_collective(Comm& comm, bool messages, const std::vector<std::size_t>
 ///         the communicator's and executor's errors (Error(backend), timeout, aborted).
 /// Source: vLLM's decode context parallelism (`dcp_a2a_lse_reduce`), TensorRT-LLM's Helix
 /// parallelism; the merge of merge/lse.hpp.
+namespace detail {
+template <class Comm, class Exec>
+void run_decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const DecodeBuffers& b);
+}  // namespace detail
 template <class Comm, class Exec>
 void decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const DecodeBuffers& b) {
+  detail::begin_call(comm, "decode_exchange");
+  detail::tell_peers_on_failure(comm, plan.rank(), "decode_exchange", [&] { detail::run_decode_exchange(plan, comm, exec, b); });
+}
+
+namespace detail {
+/// decode_exchange() once its failures are told to the peers.
+template <class Comm, class Exec>
+void run_decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const DecodeBuffers& b) {
   detail::check_decode_comm(plan, comm);
   detail::check_streams(comm, exec);
   detail::check_decode_buffers(plan, b);
@@ -255,5 +269,6 @@ void decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, const
                             plan.gather_recv_offsets(), a.gather_recv, *sm, *rm);
   exec.unpack_gathered(a);
 }
+}  // namespace detail
 
 ULYSSES_NAMESPACE_END

@@ -51,6 +51,15 @@ class HostPipeline {
                     const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
     static_assert(executor_traits<PackExec>::runs_on_host == executor_traits<UnpackExec>::runs_on_host,
                   "the pack and unpack executors of a HostPipeline run in the same memory");
+    detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
+    detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir), [&] { run_stages(plan, dir, comm, pack_exec, unpack_exec, in, out, ws); });
+  }
+
+ private:
+  /// redistribute() once its failures are told to the peers.
+  template <class Comm, class PackExec, class UnpackExec>
+  void run_stages(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec, UnpackExec& unpack_exec,
+                  const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
     const detail::Bound b = detail::bind(plan, dir, comm, pack_exec, in, out, ws);
     const Path path = b.path;
     const BufferTable& t = b.table;
@@ -93,6 +102,8 @@ class HostPipeline {
     unpacker_.wait();
     if (error_) std::rethrow_exception(error_);
   }
+
+ public:
 
   /// Old name of redistribute() (0.1; removed in 0.3).
   template <class Comm, class PackExec, class UnpackExec>

@@ -51,6 +51,7 @@
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "../comm/concepts.hpp"
+#include "../comm/tell_peers.hpp"
 #include "../comm/local.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -115,6 +116,7 @@ class RingPoster {
     if (e) std::rethrow_exception(e);
   }
   bool posted() const { return posted_; }
+  Comm& comm() const { return comm_; }  ///< the ring communicator
 
  private:
   void loop() {
@@ -186,16 +188,18 @@ class RingRotation {
   RingRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::byte* buffer0, std::byte* buffer1, std::size_t buffer_bytes,
                RingProgress progress = RingProgress::automatic)
       : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
-    R_ = static_cast<int>(bytes_.size());
-    detail::check_ring_comm(ring, R_, "RingRotation");
-    r_ = ring.rank();
-    buf_[0] = buffer0;
-    buf_[1] = buffer1;
-    for (int j = 0; j < R_; ++j)
-      if (bytes_[static_cast<std::size_t>(j)] > buffer_bytes || (R_ > 1 && (!buffer0 || !buffer1)) || !buffer0)
-        detail::fail(Errc::buffer_too_small, "RingRotation: ring rank " + std::to_string(j) + "'s block has " +
-                                                 std::to_string(bytes_[static_cast<std::size_t>(j)]) + " bytes, the buffers " +
-                                                 std::to_string(buffer_bytes) + (buffer0 && (buffer1 || R_ == 1) ? "" : " (a null buffer)"));
+    detail::tell_peers_on_failure(ring, ring.rank(), "RingRotation's construction", [&] {  // (the peers may be in start(0))
+      R_ = static_cast<int>(bytes_.size());
+      detail::check_ring_comm(ring, R_, "RingRotation");
+      r_ = ring.rank();
+      buf_[0] = buffer0;
+      buf_[1] = buffer1;
+      for (int j = 0; j < R_; ++j)
+        if (bytes_[static_cast<std::size_t>(j)] > buffer_bytes || (R_ > 1 && (!buffer0 || !buffer1)) || !buffer0)
+          detail::fail(Errc::buffer_too_small, "RingRotation: ring rank " + std::to_string(j) + "'s block has " +
+                                                   std::to_string(bytes_[static_cast<std::size_t>(j)]) + " bytes, the buffers " +
+                                                   std::to_string(buffer_bytes) + (buffer0 && (buffer1 || R_ == 1) ? "" : " (a null buffer)"));
+    });
   }
 
   int steps() const { return R_; }        ///< R
@@ -218,21 +222,26 @@ class RingRotation {
   /// r − 1; nothing at the last step. Collective over the ring, steps in order.
   /// @throws Error(invalid_group) s outside [0, R) or out of order; the communicator's errors.
   void start(int s) {
-    check_step(s);
-    if (s != next_)
-      detail::fail(Errc::invalid_group, "RingRotation: start(" + std::to_string(s) + ") after step " + std::to_string(next_ - 1) +
-                                            "; steps run 0 .. R-1 in order, each start() followed by its finish()");
-    ++next_;
-    if (s + 1 >= R_) return;
-    const Message send{(r_ + 1) % R_, buf_[s % 2], block_bytes(s)};
-    const Message recv{(r_ + R_ - 1) % R_, buf_[(s + 1) % 2], bytes_[static_cast<std::size_t>(source(s + 1))]};
-    poster_.post(&send, 1, &recv, 1);
+    detail::begin_call(poster_.comm(), "a ring step", static_cast<std::uint64_t>(s));
+    detail::tell_peers_on_failure(poster_.comm(), r_, "a ring step", [&] {
+      check_step(s);
+      if (s != next_)
+        detail::fail(Errc::invalid_group, "RingRotation: start(" + std::to_string(s) + ") after step " + std::to_string(next_ - 1) +
+                                              "; steps run 0 .. R-1 in order, each start() followed by its finish()");
+      ++next_;
+      if (s + 1 >= R_) return;
+      const Message send{(r_ + 1) % R_, buf_[s % 2], block_bytes(s)};
+      const Message recv{(r_ + R_ - 1) % R_, buf_[(s + 1) % 2], bytes_[static_cast<std::size_t>(source(s + 1))]};
+      poster_.post(&send, 1, &recv, 1);
+    });
   }
   /// Completes step s's transfer: block(s + 1) holds its block on return (or in stream order).
   /// @throws the communicator's errors (Error(timeout), Error(aborted), Error(backend)).
   void finish(int s) {
-    check_step(s);
-    poster_.wait();
+    detail::tell_peers_on_failure(poster_.comm(), r_, "a ring step", [&] {
+      check_step(s);
+      poster_.wait();
+    });
     if (s + 1 == R_) next_ = 0;  // a rotation object can run the next layer's ring
   }
 
@@ -273,6 +282,13 @@ class RingGradRotation {
                    std::vector<std::size_t> grad_bytes, std::byte* grad0, std::byte* grad1, std::size_t grad_buffer_bytes,
                    RingProgress progress = RingProgress::automatic)
       : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
+    detail::tell_peers_on_failure(ring, ring.rank(), "RingGradRotation's construction", [&] { check(ring, kv0, kv1, kv_buffer_bytes, grad0, grad1, grad_buffer_bytes); });
+  }
+
+ private:
+  /// The constructor's checks. @throws as the constructor.
+  void check(Comm& ring, std::byte* kv0, std::byte* kv1, std::size_t kv_buffer_bytes, std::byte* grad0, std::byte* grad1,
+             std::size_t grad_buffer_bytes) {
     R_ = static_cast<int>(kv_.size());
     detail::check_ring_comm(ring, R_, "RingGradRotation");
     r_ = ring.rank();
@@ -292,6 +308,8 @@ class RingGradRotation {
                                                  " (or a buffer is null)");
     }
   }
+
+ public:
 
   int steps() const { return R_; }      ///< R
   int ring_rank() const { return r_; }  ///< this rank's ring rank
@@ -333,12 +351,13 @@ class RingGradRotation {
       send[n] = {next, gb_[(s - 1) % 2], gr_[static_cast<std::size_t>(source(s - 1))]};
       recv[n++] = {prev, gb_[s % 2], gr_[static_cast<std::size_t>(source(s))]};
     }
-    poster_.post(send, n, recv, n);
+    detail::begin_call(poster_.comm(), "a backward ring step", static_cast<std::uint64_t>(s));
+    detail::tell_peers_on_failure(poster_.comm(), r_, "a backward ring step", [&] { poster_.post(send, n, recv, n); });
   }
   /// Completes step s's exchange: block(s + 1) and grad(s) hold what came from ring rank r − 1.
   void finish(int s) {
     check_step(s, R_);
-    poster_.wait();
+    detail::tell_peers_on_failure(poster_.comm(), r_, "a backward ring step", [&] { poster_.wait(); });
   }
   /// After finish(R − 1) and the last contribution added to grad(R − 1): sends it home (to ring
   /// rank r + 1, whose block it is) and receives this rank's own accumulator; returns the buffer
@@ -350,8 +369,11 @@ class RingGradRotation {
     if (R_ == 1) return gb_[0];
     const Message send{(r_ + 1) % R_, gb_[(R_ - 1) % 2], gr_[static_cast<std::size_t>(source(R_ - 1))]};
     const Message recv{(r_ + R_ - 1) % R_, gb_[R_ % 2], gr_[static_cast<std::size_t>(r_)]};
-    poster_.post(&send, 1, &recv, 1);
-    poster_.wait();
+    detail::begin_call(poster_.comm(), "the backward ring's last step");
+    detail::tell_peers_on_failure(poster_.comm(), r_, "the backward ring's last step", [&] {
+      poster_.post(&send, 1, &recv, 1);
+      poster_.wait();
+    });
     return gb_[R_ % 2];
   }
 

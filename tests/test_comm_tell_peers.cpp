@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// comm/tell_peers.hpp in-process (LocalGroup, P = 2, 3, 4): bug case C19's matrix. One rank
+// makes one local mistake in a call (a short or overlapping buffer, a wrong communicator, an
+// exception in its own code, a skipped call); it throws its own code at once and its peers throw
+// Error(aborted) naming it and its code at once, not at their deadline (30 s here); a skipped call
+// is plan_mismatch on every rank, never a silent pairing. Forward, backward, a ring step, decode;
+// cold (the faulty call meets the agreement check) and warm (the transport).
+#include <ulysses/ulysses.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "faults.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+/// Runs the (op, fault) cell on a LocalGroup of P ranks with rank `bad` failing; returns the
+/// slowest rank's time, and CHECKs every rank's outcome.
+double run_cell(int P, ut::FaultOp op, ut::Fault f, bool warm) {
+  const int bad = P - 1;
+  LocalGroup g(P, std::chrono::seconds(30));
+  std::vector<ut::TimedError> got(static_cast<std::size_t>(P));
+  auto wrong_for_bad = g.comm(0);  // Fault::wrong_comm: another rank's handle of the same group
+  g.spawn([&](LocalGroup::Comm& c) {
+    got[static_cast<std::size_t>(c.rank())] = ut::run_fault(c, op, f, bad, c.rank() == bad ? wrong_for_bad : c, warm);
+  });
+  double slowest = 0;
+  for (int r = 0; r < P; ++r) {
+    const ut::TimedError& e = got[static_cast<std::size_t>(r)];
+    CAPTURE(P);
+    const std::string cell = std::string(ut::name_of(op)) + " / " + ut::name_of(f);
+    CAPTURE(cell);
+    CAPTURE(warm);
+    CHECK(ut::judge_fault(e, f, r, bad, 5000) == "");  // a message reached them: far below the 30 s deadline
+    if (f == ut::Fault::skipped_call) CHECK(e.code == Errc::plan_mismatch);  // every rank compares the calls
+    slowest = std::max(slowest, e.ms);
+  }
+  // The group is broken after a failure of one rank (not after a plan_mismatch, a verdict of all).
+  if (f != ut::Fault::skipped_call) CHECK(ut::code_of([&] { auto c = g.comm(0); c.barrier(); }) == Errc::aborted);
+  return slowest;
+}
+
+}  // namespace
+
+TEST_CASE("C19 in-process: one rank's mistake is every rank's coded error at once (seq_to_head, backward: every fault)") {
+  for (int P : {2, 3, 4})
+    for (ut::FaultOp op : {ut::FaultOp::seq_to_head, ut::FaultOp::backward})
+      for (ut::Fault f : {ut::Fault::short_buffer, ut::Fault::overlap, ut::Fault::wrong_comm, ut::Fault::engine_throw, ut::Fault::skipped_call})
+        for (bool warm : {false, true}) {
+          const double ms = run_cell(P, op, f, warm);
+          if (P == 4 && op == ut::FaultOp::seq_to_head && !warm) MESSAGE(ut::name_of(f) << ": slowest rank " << ms << " ms (deadline 30000)");
+        }
+}
+
+TEST_CASE("C19 in-process: a ring step and the decode exchange break the group the same way") {
+  for (int P : {2, 3, 4}) {
+    for (ut::Fault f : {ut::Fault::short_buffer, ut::Fault::engine_throw, ut::Fault::skipped_call})
+      for (bool warm : {false, true}) run_cell(P, ut::FaultOp::ring_step, f, warm);
+    for (ut::Fault f : {ut::Fault::short_buffer, ut::Fault::wrong_comm, ut::Fault::engine_throw})
+      for (bool warm : {false, true}) run_cell(P, ut::FaultOp::decode, f, warm);
+  }
+}
+
+TEST_CASE("call numbers: a rank at another call is named with its call on every rank") {
+  LocalGroup g(3, std::chrono::seconds(30));
+  std::vector<std::string> msg(3);
+  g.spawn([&](LocalGroup::Comm& c) {
+    const ut::FaultPlan fp(3, c.rank());
+    std::vector<float> q(fp.plan.seq_bytes(0) / 4), k(fp.plan.seq_bytes(1) / 4), q2(fp.plan.head_bytes(0) / 4), k2(fp.plan.head_bytes(1) / 4);
+    HostExecutor ex;
+    auto s2h = [&] { seq_to_head(fp.plan, c, ex, {ConstByteSpan(q), ConstByteSpan(k)}, {ByteSpan(q2), ByteSpan(k2)}, {}); };
+    s2h();
+    if (c.rank() == 2) detail::begin_call(c, "seq_to_head", 0);  // as if it had made (and not paired) one call more
+    msg[static_cast<std::size_t>(c.rank())] = ut::error_of(s2h).second;
+  });
+  for (const std::string& m : msg) {
+    CAPTURE(m);
+    CHECK(m.find("plan_mismatch") != std::string::npos);
+    CHECK(m.find("rank 2 is at call 3 (seq_to_head)") != std::string::npos);
+    CHECK(m.find("ranks {0, 1} are at call 2 (seq_to_head)") != std::string::npos);
+  }
+}
+
+TEST_CASE("break_group_on_failure: returns f's value, breaks nothing when f succeeds") {
+  LocalGroup g(2);
+  g.spawn([&](LocalGroup::Comm& c) {
+    CHECK(break_group_on_failure(c, "a step", [] { return 7; }) == 7);
+    c.barrier();  // still usable
+  });
+}
