@@ -25,6 +25,7 @@
 
 #include "cases.hpp"
 #include "expect_error.hpp"
+#include "faults.hpp"
 
 using namespace ulysses;
 using ut::on_groups_of;
@@ -725,6 +726,99 @@ TEST_CASE("MPI window: a window over another group than the MpiComm's is refused
     MpiWindow win(part, 4096);
     CHECK(ut::code_of([&] { MpiWindowComm wc(world, win); }) == Errc::comm_mismatch);
   });
+}
+
+TEST_CASE("MPI window: C19 rank P-1's output span 2 bytes short: it throws buffer_too_small at once, every peer aborted naming it") {
+  // bug case C19 as reported: MpiWindowComm wc(comm, win, 30s), inputs and outputs from the
+  // window, the exception caught outside the window's scope.
+  int W = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (W < 2) return;
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  MpiComm world(dup);
+  ut::TimedError e{};
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const ut::FaultPlan fp(W, r);
+    const Plan& plan = fp.plan;
+    MpiWindow win(world, 4 * 4096);
+    WindowSpan q = win.allocate(plan.seq_bytes(0)), k = win.allocate(plan.seq_bytes(1)), q2 = win.allocate(plan.head_bytes(0)),
+               k2 = win.allocate(plan.head_bytes(1));
+    MpiWindowComm wc(world, win, std::chrono::seconds(30));
+    HostExecutor ex;
+    const ByteSpan out0(q2.data(), r == W - 1 ? plan.head_bytes(0) - 2 : plan.head_bytes(0));
+    e = ut::timed_error_of([&] { seq_to_head(plan, wc, ex, {q, k}, {out0, k2}, {}); });
+  }  // ~MpiWindow: the group is broken, no rank waits for its peers
+  const double with_destructor = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(e.message);
+  CHECK(ut::judge_fault(e, ut::Fault::short_buffer, r, W - 1, 5000) == "");
+  CHECK(with_destructor < 5000);
+  MESSAGE("C19 on the window, rank " << r << ": " << std::string(ulysses::to_string(e.code)) << " after " << e.ms << " ms, " << with_destructor
+                                     << " ms with ~MpiWindow (deadline 30000 ms)");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("MPI window: C19's matrix on the window path (every local failure, forward, backward, ring step, decode; skipped calls)") {
+  int W = 0, me = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  if (W < 2) return;
+  double slowest = 0;
+  for (ut::FaultOp op : {ut::FaultOp::seq_to_head, ut::FaultOp::backward, ut::FaultOp::ring_step, ut::FaultOp::decode})
+    for (ut::Fault f : {ut::Fault::short_buffer, ut::Fault::engine_throw, ut::Fault::skipped_call})
+      for (bool warm : {false, true}) {
+        if (f == ut::Fault::skipped_call && op == ut::FaultOp::decode) continue;  // (a rank that never calls: the deadline)
+        MPI_Comm dup;
+        MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+        MpiComm comm(dup);
+        ut::TimedError e{};
+        {
+          MpiWindow win(comm, 1 << 20);  // inputs outside it: staged (or read in place)
+          MpiWindowComm wc(comm, win, f == ut::Fault::skipped_call ? std::chrono::seconds(2) : std::chrono::seconds(30));
+          e = ut::run_fault(wc, op, f, W - 1, wc, warm);
+        }
+        const std::string cell = std::string(ut::name_of(op)) + " / " + ut::name_of(f) + (warm ? " (warm)" : "");
+        CAPTURE(cell);
+        CHECK(ut::judge_fault(e, f, me, W - 1, 5000) == "");
+        if (f != ut::Fault::skipped_call) slowest = std::max(slowest, e.ms);
+        MPI_Barrier(MPI_COMM_WORLD);
+      }
+  MESSAGE("MpiWindowComm, -n " << W << ": slowest rank of every local failure " << slowest << " ms (deadline 30000 ms)");
+}
+
+TEST_CASE("MPI window: a write past the end of a slot is a coded error, and the control words stay intact") {
+  int W = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (W < 2) return;
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  MpiComm world(dup);
+  const ut::FaultPlan fp(W, r);
+  const Plan& plan = fp.plan;
+  ut::TimedError e{};
+  {
+    MpiWindow win(world, plan.seq_bytes(0) + plan.seq_bytes(1) + 2 * MpiWindow::kAlignment);
+    WindowSpan q = win.allocate(plan.seq_bytes(0)), k = win.allocate(plan.seq_bytes(1));
+    std::vector<float> q2(plan.head_bytes(0) / 4), k2(plan.head_bytes(1) / 4);
+    MpiWindowComm wc(world, win, std::chrono::seconds(30));
+    HostExecutor ex;
+    seq_to_head(plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {});
+    CHECK(win.guard_intact());
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r == 1) std::memset(win.local().data() + win.bytes_per_rank(), 0x3f, 64);  // the user's overrun of its slot
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(win.guard_intact() == (r != 1));
+    e = ut::timed_error_of([&] { seq_to_head(plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); });
+    CHECK(!wc.broken() == false);
+  }
+  CAPTURE(e.message);
+  CHECK(e.code == (r == 1 ? Errc::buffer_too_small : Errc::aborted));
+  CHECK(e.message.find(r == 1 ? "wrote past the end of its window slot" : "rank 1 broke it") != std::string::npos);
+  CHECK(e.message.find("did not arrive in call 2513369232471835648") == std::string::npos);  // (the garbled message of the report)
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }

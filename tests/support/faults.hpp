@@ -155,14 +155,15 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
 }
 
 /// Checks one rank's outcome of run_fault(): the failing rank its own code at once; its peers
-/// Error(aborted) naming it and its code within `fast_ms` (a message reached them); `skipped`:
-/// every rank plan_mismatch (or, where the transport cannot compare calls, a timeout), never a
-/// silent pairing. Returns "" or what is wrong.
+/// Error(aborted) naming it and its code within `fast_ms` (a message reached them); a skipped
+/// call: an error on every rank, plan_mismatch where the ranks compare their calls, a timeout
+/// where the messages of different calls only cannot pair (MPI's tags), never a silent pairing.
+/// Returns "" or what is wrong.
 inline std::string judge_fault(const TimedError& e, Fault f, int r, int bad, double fast_ms) {
   using ulysses::Errc;
   const std::string why = "rank " + std::to_string(r) + ": " + e.message + " (" + std::to_string(e.ms) + " ms)";
   if (f == Fault::skipped_call) {
-    if (e.code != Errc::plan_mismatch && e.code != Errc::aborted) return "a skipped call gave " + why;
+    if (e.code != Errc::plan_mismatch && e.code != Errc::aborted && e.code != Errc::timeout) return "a skipped call gave " + why;  // never paired
     return "";
   }
   if (r == bad) {

@@ -67,6 +67,9 @@ class ExchangeState {
   void begin_call(const char* name, std::uint64_t what) noexcept { call_ = {++calls_, what, name}; }
   /// The library call in progress (or the last one).
   const Call& call() const noexcept { return call_; }
+  /// Takes `c` as the call in progress: what a communicator that makes its calls through another
+  /// (MpiWindowComm through its MpiComm) hands that one, so that its messages carry the call too.
+  void set_call(const Call& c) noexcept { call_ = c; }
 
   /// True once the cross-rank agreement check of plan `plan_id` (Plan::id()) passed on this communicator.
   bool agreed(std::uint64_t plan_id) const noexcept {

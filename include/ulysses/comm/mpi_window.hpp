@@ -780,6 +780,7 @@ class MpiWindowComm {
       ~Bound() { comm.set_timeout(saved); }
     } bound{*comm_, comm_->timeout()};
     comm_->set_timeout(std::min(bound.saved, timeout_));
+    comm_->exchange_state().set_call(state_.call());  // its messages' tags and the path's agreement name this call
     try {
       f();
     } catch (const Error& x) {
