@@ -226,6 +226,16 @@ class MpiComm {
   /// scratch lists (comm/exchange_state.hpp).
   ExchangeState& exchange_state() noexcept { return state_; }
 
+  /// A failure another object can see and this one cannot (MpiWindowComm: its window's abort
+  /// word), polled with the peers' notices while a call waits: `why(ctx)` returns "" while there
+  /// is none, else the reason, and the call then gives up with Error(aborted) and that reason.
+  struct AbortWatch {
+    const void* ctx = nullptr;                     ///< handed to why
+    std::string (*why)(const void* ctx) = nullptr;  ///< null: nothing to watch
+  };
+  /// Sets (or, with a default AbortWatch, clears) the watch of the calls that follow. Local.
+  void watch_for_abort(AbortWatch w) noexcept { watch_ = w; }
+
   /// Breaks the group at once (the optional abort() of the communicator concept): this
   /// communicator is broken (its later calls throw Error(aborted) with `why`), and every peer gets
   /// the failure notice, so that its current call (polled) and its later calls throw
@@ -351,7 +361,13 @@ class MpiComm {
     unsigned n = 0;
     return detail::poll_until(call.deadline, [&] {
       if (ready()) return true;
-      if (++n % 32 == 0) take_notices(call);
+      if (++n % 32 == 0) {
+        take_notices(call);
+        if (watch_.why) {
+          const std::string why = watch_.why(watch_.ctx);
+          if (!why.empty()) give_up(call, Errc::aborted, "rank " + std::to_string(rank_) + " in " + call.who + ": " + why, false);
+        }
+      }
       return false;
     });
   }
@@ -469,6 +485,7 @@ class MpiComm {
   }
 
   ExchangeState state_;  // see exchange_state()
+  AbortWatch watch_;     // see watch_for_abort()
   MPI_Comm comm_;
   std::size_t max_msg_;
   std::chrono::milliseconds timeout_;

@@ -747,17 +747,15 @@ class MpiWindowComm {
   ExchangeState& exchange_state() noexcept { return state_; }
 
   /// Breaks the group at once (the optional abort() of the communicator concept): the window's
-  /// abort word with `why` and this rank (MpiWindow::mark_broken(why)), which every peer waiting
-  /// in with_peers() sees at its next poll, and MpiComm::abort(why), whose notice reaches the peers
-  /// waiting in the calls made through the MpiComm (the agreement check): every peer then throws
-  /// Error(aborted) naming this rank and `why` within milliseconds, and no rank's ~MpiWindow waits
-  /// for its peers. What a call that fails on this rank alone does before it throws
-  /// (comm/tell_peers.hpp). Local, never blocks; a no-op once broken.
+  /// abort word with `why` and this rank (MpiWindow::mark_broken(why)), which every peer sees at
+  /// its next poll, in with_peers() and in the calls made through the MpiComm (the agreement
+  /// check; MpiComm::watch_for_abort()): every peer then throws Error(aborted) naming this rank
+  /// and `why` within milliseconds, and no rank's ~MpiWindow waits for its peers. The MpiComm
+  /// itself is broken only on the peers that were waiting in one of its calls (MPI cannot cancel
+  /// it). What a call that fails on this rank alone does before it throws (comm/tell_peers.hpp).
+  /// Local, never blocks; a no-op once broken.
   /// @param why what failed, for the peers' messages ("rank 3 failed in seq_to_head with ...")
-  void abort(const std::string& why) {
-    break_group(Errc::aborted, why);
-    comm_->abort(why);
-  }
+  void abort(const std::string& why) { break_group(Errc::aborted, why); }
 
  private:
   /// Throws Error(aborted) when this rank failed before or the window's group is broken (cheap
@@ -774,12 +772,19 @@ class MpiWindowComm {
   /// window's group too (then no rank's ~MpiWindow waits for the peers) before rethrowing.
   template <class F>
   void on_comm(F&& f) {
-    struct Bound {  // the MpiComm's timeout for the call, restored on every way out
+    struct Bound {  // the MpiComm's timeout and abort watch for the call, restored on every way out
       MpiComm& comm;
       std::chrono::milliseconds saved;
-      ~Bound() { comm.set_timeout(saved); }
+      ~Bound() {
+        comm.set_timeout(saved);
+        comm.watch_for_abort({});
+      }
     } bound{*comm_, comm_->timeout()};
     comm_->set_timeout(std::min(bound.saved, timeout_));
+    comm_->watch_for_abort({win_, [](const void* w) {  // a peer that broke the window's group while this rank waits in the MpiComm
+                              const auto& win = *static_cast<const MpiWindow*>(w);
+                              return win.broken() ? "the window's group is broken (" + win.why_broken() + ")" : std::string();
+                            }});
     comm_->exchange_state().set_call(state_.call());  // its messages' tags and the path's agreement name this call
     try {
       f();
