@@ -312,10 +312,10 @@ TEST_CASE("MPI failure model: a timed-out all-to-all-v (MPI_Iallreduce, then MPI
         std::vector<std::byte> s(4 * P), rv(4 * P);
         comm.alltoallv(s.data(), b.data(), o.data(), rv.data(), b.data(), o.data());
       },
-      false, [](MPI_Comm dup) {  // the others' MPI_Iallreduce (which path) is still in flight: complete it
-        int fits = 1;
+      false, [](MPI_Comm dup) {  // the others' MPI_Iallreduce (which path, which call) is still in flight: complete it
+        int fits[3] = {1, 0, 0};
         MPI_Request q;
-        MPI_Iallreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_LAND, dup, &q);
+        MPI_Iallreduce(MPI_IN_PLACE, fits, 3, MPI_INT, MPI_MIN, dup, &q);
         MPI_Wait(&q, MPI_STATUS_IGNORE);
       });
 }
