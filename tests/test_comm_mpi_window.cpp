@@ -466,12 +466,21 @@ TEST_CASE("MPI window: registrations in another order or size on one rank throw 
   CHECK(ut::code_of([&] { seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); }) == Errc{});
 }
 
-TEST_CASE("MPI window: ranks asking for windows of different sizes throw plan_mismatch on every rank") {
+TEST_CASE("MPI window: ranks asking for windows of different sizes throw plan_mismatch on every rank, naming each offender's size") {
   MpiComm world(MPI_COMM_WORLD);
   if (world.size() < 2) return;
   auto [code, msg] = ut::error_of([&] { MpiWindow win(world, world.rank() == 1 ? 8192 : 4096); });
+  CAPTURE(msg);
   CHECK(code == Errc::plan_mismatch);
-  CHECK(msg.find("ranks {1}") != std::string::npos);
+  // The same message on every rank: the offender's size, never the innocent rank's own.
+  CHECK(msg == "ulysses: plan_mismatch: MpiWindow: ranks {1} asked for another bytes_per_rank than rank 0's 4096 (rank 1: 8192); every rank must pass the same size");
+  if (world.size() < 3) return;
+  const int last = world.size() - 1;  // two offenders, two sizes
+  std::tie(code, msg) = ut::error_of([&] { MpiWindow win(world, world.rank() == 1 ? 8192 : world.rank() == last ? 0 : 4096); });
+  CAPTURE(msg);
+  CHECK(code == Errc::plan_mismatch);
+  CHECK(msg == "ulysses: plan_mismatch: MpiWindow: ranks {1, " + std::to_string(last) + "} asked for another bytes_per_rank than rank 0's 4096 (rank 1: 8192, rank " +
+                   std::to_string(last) + ": 0); every rank must pass the same size");
 }
 
 TEST_CASE("MPI window: a rank that never enters makes its peers time out within the deadline; the group is broken after") {

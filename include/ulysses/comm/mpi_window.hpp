@@ -184,10 +184,12 @@ inline MPI_Comm window_node_comm(MPI_Comm comm, std::size_t bytes_per_rank, cons
   unsigned long long mine = bytes_per_rank;
   mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, comm), "MPI_Allgather");
   const std::vector<int> other = differing_ranks(all.data(), size);
-  if (!other.empty())
+  if (!other.empty()) {  // the offenders' sizes, the same message on every rank
+    std::string sizes;
+    for (int p : other) sizes += (sizes.empty() ? "" : ", ") + std::string("rank ") + std::to_string(p) + ": " + std::to_string(all[static_cast<std::size_t>(p)]);
     fail(Errc::plan_mismatch, std::string(window) + ": ranks " + rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
-                                  std::to_string(all[0]) + " (rank " + std::to_string(rank) + ": " + std::to_string(mine) +
-                                  "); every rank must pass the same size");
+                                  std::to_string(all[0]) + " (" + sizes + "); every rank must pass the same size");
+  }
   MPI_Comm node = MPI_COMM_NULL;
   mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int node_size = 0;
