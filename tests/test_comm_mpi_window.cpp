@@ -429,6 +429,58 @@ TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory
   CHECK(q3 == q);
 }
 
+TEST_CASE("MPI window: C17 a rank with no tokens, window of 0 bytes and 1 MiB, tensors in host memory: seq->head then head->seq exact on every rank, the empty rank stages nothing") {
+  for (int P : {2, 4})
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{1} << 20})
+      for (bool cma : {true, false}) {
+        const ut::Case c = ut::c17_case(P);
+        CAPTURE(c.name);
+        CAPTURE(bytes);
+        CAPTURE(cma);
+        on_groups_of(P, [&](MPI_Comm sub) {
+          MpiComm comm(sub);
+          const int r = comm.rank();
+          MpiWindow win(comm, bytes);
+          MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+          wc.set_cross_memory_attach(cma);
+          const bool in_place = wc.cross_memory_attach();  // the peers read inputs outside the window where they are
+          if (!in_place && bytes == 0) return;  // nothing can be staged, and inputs the peers read must be: not this case's point
+          const Plan plan = ut::plan_of<float>(c, r);
+          CHECK(choose_path<MpiWindowComm, HostExecutor>(plan) == Path::direct);
+          CHECK(ut::run_case<float>(wc, c) == "");  // seq->head then head->seq, bit for bit against the reference
+          // Again, call by call, for what each stages: the empty rank nothing in either direction.
+          TensorList<ConstByteSpan> in, mid_c;
+          TensorList<ByteSpan> mid, back;
+          std::vector<std::vector<float>> x(3), y(3), z(3);
+          for (int t = 0; t < 3; ++t) {
+            x[static_cast<std::size_t>(t)].assign(plan.seq_bytes(t) / 4, 1.0f + static_cast<float>(r));
+            y[static_cast<std::size_t>(t)].assign(plan.head_bytes(t) / 4, 0.0f);
+            z[static_cast<std::size_t>(t)].assign(plan.seq_bytes(t) / 4, 0.0f);
+            in.push_back(x[static_cast<std::size_t>(t)]);
+            mid.push_back(y[static_cast<std::size_t>(t)]);
+            mid_c.push_back(y[static_cast<std::size_t>(t)]);
+            back.push_back(z[static_cast<std::size_t>(t)]);
+          }
+          HostExecutor ex;
+          const bool empty = r == P - 1;
+          redistribute(plan, Direction::seq_to_head, wc, ex, in, mid, {});
+          if (empty) CHECK(wc.staged_bytes() == 0);
+          if (in_place) CHECK(wc.staged_bytes() == 0);  // every input the peers read is read in place
+          const std::size_t s2h_remote = wc.remote_bytes();
+          if (empty) CHECK(s2h_remote == 0);  // (its input has no byte)
+          redistribute(plan, Direction::head_to_seq, wc, ex, mid_c, back, {});
+          if (empty) CHECK(wc.staged_bytes() == (in_place ? 0u : plan.head_bytes(0) + plan.head_bytes(1) + plan.head_bytes(2)));
+          if (in_place) CHECK(wc.staged_bytes() == 0);
+          // P=2: no peer reads rank 0's head-sharded input (rank 1 has no tokens): not staged even without Cross Memory Attach.
+          if (P == 2 && r == 0) CHECK(wc.staged_bytes() == 0);
+          for (int t = 0; t < 3; ++t)  // kv heads are replicated at P=4 (Hkv=2): the sum of their copies
+            for (float v : z[static_cast<std::size_t>(t)])
+              REQUIRE(v == (t > 0 && P == 4 ? 2.0f : 1.0f) * (1.0f + static_cast<float>(r)));
+          CHECK(!wc.broken());
+        });
+      }
+}
+
 TEST_CASE("MPI window: registrations in another order or size on one rank throw plan_mismatch on every rank") {
   MpiComm world(MPI_COMM_WORLD);
   const int P = world.size(), r = world.rank();

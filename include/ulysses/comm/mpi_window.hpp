@@ -122,6 +122,7 @@ struct WindowControl {
   WindowDigest registered;            ///< record: what the rank registered
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   static constexpr std::uint64_t kRemote = kNone - 1;  ///< offset: input t is outside the window, read at address[t] with Cross Memory Attach
+  static constexpr std::uint64_t kOwn = kNone - 2;     ///< offset: input t is outside the window and no peer reads it (PeerInputs::unread)
   static constexpr std::uint64_t kFree = 1;  ///< verdict: every rank is in ~MpiWindow, all call MPI_Win_free
   static constexpr std::uint64_t kLeak = 2;  ///< verdict: the group is broken or a rank did not come, none calls it
 };
@@ -541,7 +542,7 @@ class MpiWindowComm {
   /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
   bool broken() const noexcept { return failure_.broken() || win_->broken() || comm_->broken(); }
   /// Bytes of inputs the last with_peers() staged into the window (2 copies per element; 0 when
-  /// all were in it or read in place).
+  /// all were in it, read in place, or read by no peer).
   std::size_t staged_bytes() const noexcept { return staged_; }
   /// Whether the last with_peers() handed the peer copy every rank's outputs (they were published,
   /// PeerInputs::outputs, and every non-empty one lies in its rank's window slot): a seq→head then
@@ -596,8 +597,9 @@ class MpiWindowComm {
   /// published for the peers to read in place with Cross Memory Attach when
   /// cross_memory_attach() and `mine` says its work reads so (PeerInputs::reads_remote; the
   /// views then carry the owner's pid and addresses), else copied first into the slot's bytes
-  /// after its registrations (and after any input of this call in the slot). Returns when every
-  /// rank's work has returned.
+  /// after its registrations (and after any input of this call in the slot); an input outside the
+  /// window that no peer reads (PeerInputs::unread) is neither staged nor published, and needs no
+  /// room (C17). Returns when every rank's work has returned.
   /// @pre `mine` points to a PeerInputs; host memory.
   /// @throws Error(plan_mismatch) on every rank: the ranks registered different window buffers,
   ///         or publish different numbers of inputs (the group stays usable);
@@ -651,7 +653,8 @@ class MpiWindowComm {
         for (int t = 0; t < kMaxTensors; ++t) {
           const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
           const bool remote = used && r.offset[t] == detail::WindowControl::kRemote;
-          v.data[t] = !used ? nullptr : !remote ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
+          const bool own = used && r.offset[t] == detail::WindowControl::kOwn;  // read by its owner only
+          v.data[t] = !used ? nullptr : !remote && !own ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
           v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
           v.remote[t] = remote ? r.address[t] : 0;
           if (remote && p != me) v.pid = static_cast<std::int64_t>(r.pid);
@@ -773,6 +776,10 @@ class MpiWindowComm {
               std::to_string(b - static_cast<std::size_t>(slot + w.bytes_per_rank() - p)) + " bytes past its end";
         break;
       }
+      if (in.unread[t]) {  // no peer reads it (e.g. they have no tokens: C17): neither staged nor published, no room needed
+        c.offset[t] = detail::WindowControl::kOwn;
+        continue;
+      }
       if (read_in_place && in.range_bytes[t] >= min_range_) {  // the peers read it where it is (Cross Memory Attach): one copy
         c.offset[t] = detail::WindowControl::kRemote;
         c.address[t] = reinterpret_cast<std::uintptr_t>(p);
@@ -830,7 +837,7 @@ class MpiWindowComm {
     for (int p = 0; p < P; ++p) {
       const detail::WindowControl& r = win_->control(p);
       for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
-        if (r.offset[t] != detail::WindowControl::kNone && r.offset[t] != detail::WindowControl::kRemote &&
+        if (r.offset[t] != detail::WindowControl::kNone && r.offset[t] != detail::WindowControl::kRemote && r.offset[t] != detail::WindowControl::kOwn &&
             (r.offset[t] > win_->bytes_per_rank() || r.bytes[t] > win_->bytes_per_rank() - r.offset[t]))
           detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes input " + std::to_string(t) +
                                                 " outside its window slot (the ranks' windows differ)");
