@@ -416,8 +416,9 @@ TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory
   CHECK(wc.staged_bytes() == in_bytes);  // the peers read rows of 16 and 32 bytes: staged
   wc.set_cross_memory_min_range(16);
   seq_to_head(s.plan, wc, ex, {ConstByteSpan(q), ConstByteSpan(k)}, {ByteSpan(q2), ByteSpan(k2)}, {});
-  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? in_bytes : 0));
-  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? in_bytes : 0));
+  // The rows the peers read: each reads its 2 q heads of this rank's 2P (q: (P-1)/P of it) and all of k (one kv head on every rank).
+  const std::size_t read = static_cast<std::size_t>(P - 1) * (s.plan.seq_bytes(0) / static_cast<std::size_t>(P) + s.plan.seq_bytes(1));
+  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? read : 0));
   CHECK(wc.staged_bytes() == (win.cross_memory_attach() ? 0 : in_bytes));
   head_to_seq(s.plan, wc, ex, {ConstByteSpan(q2), ConstByteSpan(k2)}, {ByteSpan(q3), ByteSpan(k3)}, {});
   CHECK(q3 == q);  // (k's one kv head is on every rank: its inverse is their sum)
@@ -479,6 +480,44 @@ TEST_CASE("MPI window: C17 a rank with no tokens, window of 0 bytes and 1 MiB, t
           CHECK(!wc.broken());
         });
       }
+}
+
+TEST_CASE("MPI window: remote_bytes() counts the rows the peers read of fused q, k, v views (not each view's span of the fused buffer)") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  // q: 2P heads, k and v: P heads (one a rank, no replica), D=8, fp32, views into one fused [B, S_r, 4P, D] buffer.
+  const std::int64_t B = 2, Sr = 3, H = 2 * P, Hkv = P, D = 8, W = H + 2 * Hkv;
+  auto view = [&](std::int64_t h) { return Layout::strided({B, Sr, h, D}, {Sr * W * D, W * D, D, 1}); };
+  const auto qh = HeadPartition::even(H, P), kvh = HeadPartition::even(Hkv, P);
+  const Plan plan({P, r}, B, SeqPartition::even(Sr * P, P),
+                  {TensorSpec::of<float>(qh, D).with_seq_layout(view(H)), TensorSpec::of<float>(kvh, D).with_seq_layout(view(Hkv)),
+                   TensorSpec::of<float>(kvh, D).with_seq_layout(view(Hkv))});
+  std::vector<float> fused(static_cast<std::size_t>(B * Sr * W * D)), back(fused.size(), -1.0f);
+  for (std::size_t i = 0; i < fused.size(); ++i) fused[i] = static_cast<float>(100000 * r + static_cast<int>(i));
+  const std::int64_t off[3] = {0, H * D, (H + Hkv) * D};  // elements
+  TensorList<ConstByteSpan> in, mid_c;
+  TensorList<ByteSpan> mid, out;
+  std::vector<std::vector<float>> y(3);
+  std::size_t spans = 0;
+  for (int t = 0; t < 3; ++t) {
+    in.push_back(ConstByteSpan(reinterpret_cast<const std::byte*>(fused.data() + off[t]), plan.seq_bytes(t)));
+    out.push_back(ByteSpan(reinterpret_cast<std::byte*>(back.data() + off[t]), plan.seq_bytes(t)));
+    y[static_cast<std::size_t>(t)].assign(plan.head_bytes(t) / 4, 0.0f);
+    mid.push_back(y[static_cast<std::size_t>(t)]);
+    mid_c.push_back(y[static_cast<std::size_t>(t)]);
+    spans += plan.seq_bytes(t);
+  }
+  MpiWindow win(world, 4096);
+  MpiWindowComm wc(world, win);
+  wc.set_cross_memory_min_range(0);  // rows of 32 bytes: read in place all the same
+  HostExecutor ex;
+  redistribute(plan, Direction::seq_to_head, wc, ex, in, mid, {});
+  const std::size_t fused_bytes = fused.size() * 4, read = fused_bytes / static_cast<std::size_t>(P) * static_cast<std::size_t>(P - 1);
+  CHECK(spans > 2 * fused_bytes);  // what the old count summed: every view spans nearly the whole buffer
+  CHECK(wc.remote_bytes() == (wc.cross_memory_attach() ? read : 0));  // each peer reads its heads of every tensor: (P-1)/P of the buffer
+  CHECK(wc.staged_bytes() == (wc.cross_memory_attach() ? 0 : spans));
+  redistribute(plan, Direction::head_to_seq, wc, ex, mid_c, out, {});
+  CHECK(back == fused);  // q, k and v back into their places of the fused buffer
 }
 
 TEST_CASE("MPI window: registrations in another order or size on one rank throw plan_mismatch on every rank") {

@@ -118,6 +118,11 @@ struct PeerInputs {
   /// Cross Memory Attach costs about a microsecond a range on top of the bytes, so a
   /// communicator may stage an input whose ranges are short rather than publish it.
   std::uint64_t range_bytes[kMaxTensors] = {};
+  /// Set by the publisher where known (PeerCopyLists::peer_read_bytes): the bytes of input t its
+  /// peers' works read, each read counted (0: unknown), e.g. for a communicator's count of the
+  /// bytes read in place (MpiWindowComm::remote_bytes(): a view's gaps, such as the other tensors
+  /// of a fused q/k/v buffer, are not read).
+  std::uint64_t read_bytes[kMaxTensors] = {};
   /// Set by the publisher: no peer's work reads input t, only this rank's own (e.g. every peer
   /// that would read it has no tokens, C17). A communicator across processes need neither stage
   /// nor publish it (the peers get a null data[t]).

@@ -549,8 +549,11 @@ class MpiWindowComm {
   /// pushed (each rank wrote its peers' outputs from its own rows, in order) rather than pulled;
   /// head→seq always pulls.
   bool outputs_in_window() const noexcept { return outputs_in_window_; }
-  /// Bytes of inputs outside the window the last with_peers() published for Cross Memory Attach
-  /// (their rows pulled by the peers or pushed by this rank: 1 copy per element, as in the window).
+  /// Bytes of this rank's inputs outside the window that the peers read with Cross Memory Attach
+  /// in the last with_peers() (their rows pulled by the peers or pushed by this rank: 1 copy per
+  /// element, as in the window): the rows read, each read counted (PeerInputs::read_bytes), not
+  /// the spans of the views (fused q, k and v views each span nearly the whole buffer); a work
+  /// that does not say what its peers read counts the spans of the inputs it publishes.
   std::size_t remote_bytes() const noexcept { return remote_; }
   /// Whether inputs outside the window are read in place by the peers (Cross Memory Attach: the
   /// window's agreed probe, MpiWindow::cross_memory_attach(), and not turned off here), rather
@@ -783,7 +786,7 @@ class MpiWindowComm {
       if (read_in_place && in.range_bytes[t] >= min_range_) {  // the peers read it where it is (Cross Memory Attach): one copy
         c.offset[t] = detail::WindowControl::kRemote;
         c.address[t] = reinterpret_cast<std::uintptr_t>(p);
-        remote_ += b;
+        remote_ += in.read_bytes[t] ? static_cast<std::size_t>(in.read_bytes[t]) : b;  // what the peers read (not a view's span)
         continue;
       }
       const std::size_t off = detail::round_up(cursor, MpiWindow::kAlignment);

@@ -285,7 +285,10 @@ struct PeerCopyTransport {
     }
     inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
     if (l.peer_reads)  // an input no peer reads needs neither staging nor publishing (C17)
-      for (int x = 0; x < plan.num_tensors(); ++x) inputs.unread[x] = inputs.bytes[x] && !l.peer_read_bytes[static_cast<int>(d)][x];
+      for (int x = 0; x < plan.num_tensors(); ++x) {
+        inputs.read_bytes[x] = l.peer_read_bytes[static_cast<int>(d)][x];
+        inputs.unread[x] = inputs.bytes[x] && !inputs.read_bytes[x];
+      }
     if (inputs.reads_remote) {
       if (l.peer_reads)
         for (int x = 0; x < kMaxTensors; ++x) inputs.range_bytes[x] = l.peer_range_bytes[static_cast<int>(d)][x];
