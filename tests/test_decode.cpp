@@ -253,6 +253,21 @@ TEST_CASE("the plan: sizes and offsets of the wire format (O then LSE, each part
   const DecodePlan one(DecodeSpec(2, 1, HeadPartition::even(4, 1), 8), 0);
   CHECK(one.workspace_bytes() == 0);
   CHECK(one.sent_bytes() == 0);
+  CHECK(p.peer_read_bytes() == 0);
+  // DecodePath::direct: the peers read the partials in place, nothing is sent or received in the first exchange;
+  // the all-gather variant still sends and receives its merged chunks.
+  DecodeSpec d = s;
+  d.with_path(DecodePath::direct);
+  const DecodePlan pd(d, 1);
+  CHECK(pd.sent_bytes() == 0);
+  CHECK(pd.received_bytes() == 0);
+  CHECK(pd.peer_read_bytes() == 3 * chunk(2));
+  d.with_output(DecodeOutput::all_heads);
+  const DecodePlan pdg(d, 1);
+  CHECK(pdg.sent_bytes() == 3 * merged(2));
+  CHECK(pdg.received_bytes() == 2 * merged(2) + merged(1));
+  CHECK(pdg.peer_read_bytes() == 3 * chunk(2));
+  CHECK(pg.sent_bytes() == 2 * chunk(2) + chunk(1) + 3 * merged(2));  // (not direct: both exchanges)
 }
 
 TEST_CASE("planning errors are coded, the same on every rank, before any collective") {
