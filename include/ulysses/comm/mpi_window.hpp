@@ -656,8 +656,8 @@ class MpiWindowComm {
         for (int t = 0; t < kMaxTensors; ++t) {
           const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
           const bool remote = used && r.offset[t] == detail::WindowControl::kRemote;
-          const bool own = used && r.offset[t] == detail::WindowControl::kOwn;  // read by its owner only
-          v.data[t] = !used ? nullptr : !remote && !own ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
+          const bool owner_only = used && r.offset[t] == detail::WindowControl::kOwn;  // read by its owner only
+          v.data[t] = !used ? nullptr : !remote && !owner_only ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
           v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
           v.remote[t] = remote ? r.address[t] : 0;
           if (remote && p != me) v.pid = static_cast<std::int64_t>(r.pid);
