@@ -430,7 +430,8 @@ TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory
   CHECK(q3 == q);
 }
 
-TEST_CASE("MPI window: C17 a rank with no tokens, window of 0 bytes and 1 MiB, tensors in host memory: seq->head then head->seq exact on every rank, the empty rank stages nothing") {
+TEST_CASE("MPI window: C17 a rank with no tokens, window of 0 bytes and 1 MiB, tensors in host memory: seq->head then head->seq exact on every rank, the empty rank stages nothing" *
+          doctest::test_suite("cases")) {
   for (int P : {2, 4})
     for (std::size_t bytes : {std::size_t{0}, std::size_t{1} << 20})
       for (bool cma : {true, false}) {
