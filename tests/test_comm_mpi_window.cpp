@@ -483,6 +483,26 @@ TEST_CASE("MPI window: C17 a rank with no tokens, window of 0 bytes and 1 MiB, t
       }
 }
 
+TEST_CASE("MPI window: C17's kind, a rank with no heads (H=3 over P=4, D=1024): a 0-byte window serves it, nothing staged where Cross Memory Attach is permitted" *
+          doctest::test_suite("cases")) {
+  const ut::Case c{"C17 zero heads P=4", 4, 2, SeqPartition::even(8, 4), {{HeadPartition::balanced(3, 4), 1024}}, Format::bshd};
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1} << 20})
+    for (bool cma : {true, false}) {
+      CAPTURE(bytes);
+      CAPTURE(cma);
+      on_groups_of(4, [&](MPI_Comm sub) {
+        MpiComm comm(sub);
+        MpiWindow win(comm, bytes);
+        MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+        wc.set_cross_memory_attach(cma);
+        if (!wc.cross_memory_attach() && bytes == 0) return;  // inputs the peers read must be staged then
+        CHECK(ut::run_case<float>(wc, c) == "");
+        if (wc.cross_memory_attach()) CHECK(wc.staged_bytes() == 0);  // (head->seq, the last call; rank 3's input has no byte)
+        CHECK(!wc.broken());
+      });
+    }
+}
+
 TEST_CASE("MPI window: remote_bytes() counts the rows the peers read of fused q, k, v views (not each view's span of the fused buffer)") {
   MpiComm world(MPI_COMM_WORLD);
   const int P = world.size(), r = world.rank();
