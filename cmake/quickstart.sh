@@ -50,4 +50,17 @@ fi
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-exec cmake --workflow --preset "$preset"
+# ctest's summary names skipped tests without their reasons ("***Skipped"): after the run, print
+# each one's reason from the test preset's JUnit file (CMakePresets.json: outputJUnitFile).
+case "$preset" in
+test) build=build ;;
+sanitize | tsan) build="build-$preset" ;;
+*) build="" ;;
+esac
+[ -z "$build" ] || rm -f "$build/ctest-junit.xml"  # (not a previous run's)
+status=0
+cmake --workflow --preset "$preset" || status=$?
+if [ -n "$build" ] && [ -f "$build/ctest-junit.xml" ]; then
+  cmake -DJUNIT="$build/ctest-junit.xml" -P cmake/ctest_skips.cmake 2>&1 || true
+fi
+exit "$status"

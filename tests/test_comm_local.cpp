@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// comm/local.hpp: the in-process group's all-to-all-v, zero-byte pairs, timeouts and aborts.
+// comm/local.hpp: the in-process group's all-to-all-v, zero-byte pairs, timeouts and aborts; C17
+// (a rank with no tokens) in-process on every transport, the peer copy pushed and pulled.
 #include <doctest/doctest.h>
 #include <ulysses/comm/local.hpp>
 
+#include "cases.hpp"
 #include "expect_error.hpp"
 #include "messages.hpp"
 
@@ -250,4 +252,98 @@ TEST_CASE("failure model: a rank that throws aborts the others, whose errors say
   auto [code, msg] = ut::error_of([&] { c0.barrier(); });
   CHECK(code == Errc::aborted);
   CHECK(msg.find("root cause") != std::string::npos);
+}
+
+TEST_CASE("C17 in-process: a rank with no tokens ({2,0} at P=2, {2,2,2,0} at P=4, D=1024): seq->head then head->seq exact on every transport, the peer copy pushed and pulled") {
+  for (int P : {2, 4}) {
+    ut::Case c = ut::c17_case(P);
+    for (Path path : ut::host_paths<LocalGroup::Comm>())
+      for (bool pull : {false, true}) {
+        c.path = path;
+        CAPTURE(c.name);
+        CAPTURE(to_string(path));
+        CAPTURE(pull);
+        LocalGroup g(P, std::chrono::seconds(60));
+        std::vector<std::string> res(static_cast<std::size_t>(P));
+        g.run([&](LocalGroup::Comm& comm) {
+          res[static_cast<std::size_t>(comm.rank())] = ut::with_direct_form(comm, pull, [&](auto& cm) { return ut::run_case<float>(cm, c); });
+        });
+        for (const std::string& r : res) CHECK(r == "");
+      }
+  }
+}
+
+namespace {
+
+/// Runs seq->head then head->seq of case c (forced Path::direct) on `comm` with its own plan and
+/// buffers, and returns the peer copy's lists kept in the communicator's ExchangeState (or none).
+template <class Comm>
+std::pair<bool, PeerCopyLists> c17_lists(Comm& comm, ut::Case c) {
+  c.path = Path::direct;
+  const Plan plan = ut::plan_of<float>(c, comm.rank());
+  std::vector<std::vector<float>> x(3), y(3), z(3);
+  TensorList<ConstByteSpan> in, mid_c;
+  TensorList<ByteSpan> mid, back;
+  for (std::size_t t = 0; t < 3; ++t) {
+    x[t].assign(plan.seq_bytes(static_cast<int>(t)) / 4, 1.0f);
+    y[t].assign(plan.head_bytes(static_cast<int>(t)) / 4, 0.0f);
+    z[t].assign(plan.seq_bytes(static_cast<int>(t)) / 4, 0.0f);
+    in.push_back(x[t]), mid.push_back(y[t]), mid_c.push_back(y[t]), back.push_back(z[t]);
+  }
+  HostExecutor ex;
+  redistribute(plan, Direction::seq_to_head, comm, ex, in, mid, {});
+  redistribute(plan, Direction::head_to_seq, comm, ex, mid_c, back, {});
+  for (std::size_t t = 0; t < 3; ++t) CHECK(z[t] == x[t]);  // (no replicated head at P=2)
+  const PeerCopyLists* l = comm.exchange_state().peer_copy(plan.id());
+  std::pair<bool, PeerCopyLists> found;
+  found.first = l != nullptr;
+  if (l) found.second = *l;
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("C17: the pulled peer copy knows what its peers read of each rank's input (PeerCopyLists::peer_read_bytes, peer_range_bytes): none of rank 0's head-sharded input at {2,0}, all of the empty rank's") {
+  const ut::Case c = ut::c17_case(2);
+  LocalGroup g(2, std::chrono::seconds(60));
+  std::vector<std::pair<bool, PeerCopyLists>> lists(2);
+  g.run([&](LocalGroup::Comm& comm) {
+    ut::PullingComm pc(comm);
+    lists[static_cast<std::size_t>(comm.rank())] = c17_lists(pc, c);
+  });
+  REQUIRE(lists[0].first);
+  REQUIRE(lists[1].first);
+  const PeerCopyLists &l0 = lists[0].second, &l1 = lists[1].second;
+  CHECK(l0.peer_reads);
+  CHECK(l1.peer_reads);
+  // B=2, D=1024 fp32; q: 2 heads a rank, k and v: 1. Rank 0 holds both tokens, rank 1 none.
+  const std::uint64_t q = 2 * 2 * 2 * 1024 * 4, kv = 2 * 2 * 1 * 1024 * 4;  // [B, S=2, H_r, D] of rank 1's heads
+  // seq->head: rank 1 reads its heads of rank 0's tokens; nobody reads rank 1's empty input.
+  CHECK(l0.peer_read_bytes[0][0] == q);
+  CHECK(l0.peer_read_bytes[0][1] == kv);
+  CHECK(l0.peer_read_bytes[0][2] == kv);
+  for (int t = 0; t < 3; ++t) CHECK(l1.peer_read_bytes[0][t] == 0);
+  // head->seq: rank 0 reads all of rank 1's input (its heads of both tokens); nobody reads rank 0's (rank 1 has no token).
+  CHECK(l1.peer_read_bytes[1][0] == q);
+  CHECK(l1.peer_read_bytes[1][1] == kv);
+  CHECK(l1.peer_read_bytes[1][2] == kv);
+  for (int t = 0; t < 3; ++t) CHECK(l0.peer_read_bytes[1][t] == 0);
+  for (int t = 0; t < 3; ++t) CHECK(l0.peer_range_bytes[1][t] == 0);
+  // The ranges: seq->head reads rows of rank 1's heads from rank 0's [B, 2, 4, D] (q: 2 heads, 8 KiB; k, v: 1 head, 4 KiB)
+  // into rank 1's [B, S=2, H_1, D], contiguous and longer (q 32 KiB, k, v 16 KiB): the owner pushes them at that length.
+  // head->seq reads rank 1's whole [B, 2, H_1, D] input, contiguous.
+  CHECK(l0.peer_range_bytes[0][0] == q);
+  CHECK(l0.peer_range_bytes[0][1] == kv);
+  CHECK(l0.peer_range_bytes[0][2] == kv);
+  CHECK(l1.peer_range_bytes[1][0] == q);
+  CHECK(l1.peer_range_bytes[1][1] == kv);
+  CHECK(l1.peer_range_bytes[1][2] == kv);
+  // The pushing (one address space) group does not compute them: nothing is staged there.
+  LocalGroup g2(2, std::chrono::seconds(60));
+  std::vector<int> computed(2, -1);
+  g2.run([&](LocalGroup::Comm& comm) {
+    const auto l = c17_lists(comm, c);
+    computed[static_cast<std::size_t>(comm.rank())] = l.first ? (l.second.peer_reads ? 1 : 0) : -1;
+  });
+  CHECK(computed == std::vector<int>{0, 0});
 }

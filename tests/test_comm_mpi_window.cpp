@@ -417,8 +417,9 @@ TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory
   CHECK(wc.staged_bytes() == in_bytes);  // the peers read rows of 16 and 32 bytes: staged
   wc.set_cross_memory_min_range(16);
   seq_to_head(s.plan, wc, ex, {ConstByteSpan(q), ConstByteSpan(k)}, {ByteSpan(q2), ByteSpan(k2)}, {});
-  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? in_bytes : 0));
-  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? in_bytes : 0));
+  // The rows the peers read: each reads its 2 q heads of this rank's 2P (q: (P-1)/P of it) and all of k (one kv head on every rank).
+  const std::size_t read = static_cast<std::size_t>(P - 1) * (s.plan.seq_bytes(0) / static_cast<std::size_t>(P) + s.plan.seq_bytes(1));
+  CHECK(wc.remote_bytes() == (win.cross_memory_attach() ? read : 0));
   CHECK(wc.staged_bytes() == (win.cross_memory_attach() ? 0 : in_bytes));
   head_to_seq(s.plan, wc, ex, {ConstByteSpan(q2), ConstByteSpan(k2)}, {ByteSpan(q3), ByteSpan(k3)}, {});
   CHECK(q3 == q);  // (k's one kv head is on every rank: its inverse is their sum)
@@ -428,6 +429,117 @@ TEST_CASE("MPI window: inputs outside the window are read in place (Cross Memory
   CHECK(wc.staged_bytes() == (r == 0 || !win.cross_memory_attach() ? in_bytes : 0));
   head_to_seq(s.plan, wc, ex, {ConstByteSpan(q2), ConstByteSpan(k2)}, {ByteSpan(q3), ByteSpan(k3)}, {});
   CHECK(q3 == q);
+}
+
+TEST_CASE("MPI window: C17 a rank with no tokens, window of 0 bytes and 1 MiB, tensors in host memory: seq->head then head->seq exact on every rank, the empty rank stages nothing" *
+          doctest::test_suite("cases")) {
+  for (int P : {2, 4})
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{1} << 20})
+      for (bool cma : {true, false}) {
+        const ut::Case c = ut::c17_case(P);
+        CAPTURE(c.name);
+        CAPTURE(bytes);
+        CAPTURE(cma);
+        on_groups_of(P, [&](MPI_Comm sub) {
+          MpiComm comm(sub);
+          const int r = comm.rank();
+          MpiWindow win(comm, bytes);
+          MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+          wc.set_cross_memory_attach(cma);
+          const bool in_place = wc.cross_memory_attach();  // the peers read inputs outside the window where they are
+          if (!in_place && bytes == 0) return;  // nothing can be staged, and inputs the peers read must be: not this case's point
+          const Plan plan = ut::plan_of<float>(c, r);
+          CHECK(choose_path<MpiWindowComm, HostExecutor>(plan) == Path::direct);
+          CHECK(ut::run_case<float>(wc, c) == "");  // seq->head then head->seq, bit for bit against the reference
+          // Again, call by call, for what each stages: the empty rank nothing in either direction.
+          TensorList<ConstByteSpan> in, mid_c;
+          TensorList<ByteSpan> mid, back;
+          std::vector<std::vector<float>> x(3), y(3), z(3);
+          for (int t = 0; t < 3; ++t) {
+            x[static_cast<std::size_t>(t)].assign(plan.seq_bytes(t) / 4, 1.0f + static_cast<float>(r));
+            y[static_cast<std::size_t>(t)].assign(plan.head_bytes(t) / 4, 0.0f);
+            z[static_cast<std::size_t>(t)].assign(plan.seq_bytes(t) / 4, 0.0f);
+            in.push_back(x[static_cast<std::size_t>(t)]);
+            mid.push_back(y[static_cast<std::size_t>(t)]);
+            mid_c.push_back(y[static_cast<std::size_t>(t)]);
+            back.push_back(z[static_cast<std::size_t>(t)]);
+          }
+          HostExecutor ex;
+          const bool empty = r == P - 1;
+          redistribute(plan, Direction::seq_to_head, wc, ex, in, mid, {});
+          if (empty) CHECK(wc.staged_bytes() == 0);
+          if (in_place) CHECK(wc.staged_bytes() == 0);  // every input the peers read is read in place
+          const std::size_t s2h_remote = wc.remote_bytes();
+          if (empty) CHECK(s2h_remote == 0);  // (its input has no byte)
+          redistribute(plan, Direction::head_to_seq, wc, ex, mid_c, back, {});
+          if (empty) CHECK(wc.staged_bytes() == (in_place ? 0u : plan.head_bytes(0) + plan.head_bytes(1) + plan.head_bytes(2)));
+          if (in_place) CHECK(wc.staged_bytes() == 0);
+          // P=2: no peer reads rank 0's head-sharded input (rank 1 has no tokens): not staged even without Cross Memory Attach.
+          if (P == 2 && r == 0) CHECK(wc.staged_bytes() == 0);
+          for (int t = 0; t < 3; ++t)  // kv heads are replicated at P=4 (Hkv=2): the sum of their copies
+            for (float v : z[static_cast<std::size_t>(t)])
+              REQUIRE(v == (t > 0 && P == 4 ? 2.0f : 1.0f) * (1.0f + static_cast<float>(r)));
+          CHECK(!wc.broken());
+        });
+      }
+}
+
+TEST_CASE("MPI window: C17's kind, a rank with no heads (H=3 over P=4, D=1024): a 0-byte window serves it, nothing staged where Cross Memory Attach is permitted" *
+          doctest::test_suite("cases")) {
+  const ut::Case c{"C17 zero heads P=4", 4, 2, SeqPartition::even(8, 4), {{HeadPartition::balanced(3, 4), 1024}}, Format::bshd};
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1} << 20})
+    for (bool cma : {true, false}) {
+      CAPTURE(bytes);
+      CAPTURE(cma);
+      on_groups_of(4, [&](MPI_Comm sub) {
+        MpiComm comm(sub);
+        MpiWindow win(comm, bytes);
+        MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+        wc.set_cross_memory_attach(cma);
+        if (!wc.cross_memory_attach() && bytes == 0) return;  // inputs the peers read must be staged then
+        CHECK(ut::run_case<float>(wc, c) == "");
+        if (wc.cross_memory_attach()) CHECK(wc.staged_bytes() == 0);  // (head->seq, the last call; rank 3's input has no byte)
+        CHECK(!wc.broken());
+      });
+    }
+}
+
+TEST_CASE("MPI window: remote_bytes() counts the rows the peers read of fused q, k, v views (not each view's span of the fused buffer)") {
+  MpiComm world(MPI_COMM_WORLD);
+  const int P = world.size(), r = world.rank();
+  // q: 2P heads, k and v: P heads (one a rank, no replica), D=8, fp32, views into one fused [B, S_r, 4P, D] buffer.
+  const std::int64_t B = 2, Sr = 3, H = 2 * P, Hkv = P, D = 8, W = H + 2 * Hkv;
+  auto view = [&](std::int64_t h) { return Layout::strided({B, Sr, h, D}, {Sr * W * D, W * D, D, 1}); };
+  const auto qh = HeadPartition::even(H, P), kvh = HeadPartition::even(Hkv, P);
+  const Plan plan({P, r}, B, SeqPartition::even(Sr * P, P),
+                  {TensorSpec::of<float>(qh, D).with_seq_layout(view(H)), TensorSpec::of<float>(kvh, D).with_seq_layout(view(Hkv)),
+                   TensorSpec::of<float>(kvh, D).with_seq_layout(view(Hkv))});
+  std::vector<float> fused(static_cast<std::size_t>(B * Sr * W * D)), back(fused.size(), -1.0f);
+  for (std::size_t i = 0; i < fused.size(); ++i) fused[i] = static_cast<float>(100000 * r + static_cast<int>(i));
+  const std::int64_t off[3] = {0, H * D, (H + Hkv) * D};  // elements
+  TensorList<ConstByteSpan> in, mid_c;
+  TensorList<ByteSpan> mid, out;
+  std::vector<std::vector<float>> y(3);
+  std::size_t spans = 0;
+  for (int t = 0; t < 3; ++t) {
+    in.push_back(ConstByteSpan(reinterpret_cast<const std::byte*>(fused.data() + off[t]), plan.seq_bytes(t)));
+    out.push_back(ByteSpan(reinterpret_cast<std::byte*>(back.data() + off[t]), plan.seq_bytes(t)));
+    y[static_cast<std::size_t>(t)].assign(plan.head_bytes(t) / 4, 0.0f);
+    mid.push_back(y[static_cast<std::size_t>(t)]);
+    mid_c.push_back(y[static_cast<std::size_t>(t)]);
+    spans += plan.seq_bytes(t);
+  }
+  MpiWindow win(world, 4096);
+  MpiWindowComm wc(world, win);
+  wc.set_cross_memory_min_range(0);  // rows of 32 bytes: read in place all the same
+  HostExecutor ex;
+  redistribute(plan, Direction::seq_to_head, wc, ex, in, mid, {});
+  const std::size_t fused_bytes = fused.size() * 4, read = fused_bytes / static_cast<std::size_t>(P) * static_cast<std::size_t>(P - 1);
+  CHECK(spans > 2 * fused_bytes);  // what the old count summed: every view spans nearly the whole buffer
+  CHECK(wc.remote_bytes() == (wc.cross_memory_attach() ? read : 0));  // each peer reads its heads of every tensor: (P-1)/P of the buffer
+  CHECK(wc.staged_bytes() == (wc.cross_memory_attach() ? 0 : spans));
+  redistribute(plan, Direction::head_to_seq, wc, ex, mid_c, out, {});
+  CHECK(back == fused);  // q, k and v back into their places of the fused buffer
 }
 
 TEST_CASE("MPI window: registrations in another order or size on one rank throw plan_mismatch on every rank") {
@@ -467,12 +579,21 @@ TEST_CASE("MPI window: registrations in another order or size on one rank throw 
   CHECK(ut::code_of([&] { seq_to_head(s.plan, wc, ex, {q, k}, {ByteSpan(q2), ByteSpan(k2)}, {}); }) == Errc{});
 }
 
-TEST_CASE("MPI window: ranks asking for windows of different sizes throw plan_mismatch on every rank") {
+TEST_CASE("MPI window: ranks asking for windows of different sizes throw plan_mismatch on every rank, naming each offender's size") {
   MpiComm world(MPI_COMM_WORLD);
   if (world.size() < 2) return;
   auto [code, msg] = ut::error_of([&] { MpiWindow win(world, world.rank() == 1 ? 8192 : 4096); });
+  CAPTURE(msg);
   CHECK(code == Errc::plan_mismatch);
-  CHECK(msg.find("ranks {1}") != std::string::npos);
+  // The same message on every rank: the offender's size, never the innocent rank's own.
+  CHECK(msg == "ulysses: plan_mismatch: MpiWindow: ranks {1} asked for another bytes_per_rank than rank 0's 4096 (rank 1: 8192); every rank must pass the same size");
+  if (world.size() < 3) return;
+  const int last = world.size() - 1;  // two offenders, two sizes
+  std::tie(code, msg) = ut::error_of([&] { MpiWindow win(world, world.rank() == 1 ? 8192 : world.rank() == last ? 0 : 4096); });
+  CAPTURE(msg);
+  CHECK(code == Errc::plan_mismatch);
+  CHECK(msg == "ulysses: plan_mismatch: MpiWindow: ranks {1, " + std::to_string(last) + "} asked for another bytes_per_rank than rank 0's 4096 (rank 1: 8192, rank " +
+                   std::to_string(last) + ": 0); every rank must pass the same size");
 }
 
 TEST_CASE("MPI window: a rank that never enters makes its peers time out within the deadline; the group is broken after") {

@@ -138,7 +138,7 @@ TEST_SUITE("host") {
   }
 }
 
-TEST_CASE("the merge on the GPU gives the host's bits (lse_step, exp2, log1p and merge_rows in a kernel; every type in and out; base e and 2)") {
+TEST_CASE("the merge on the GPU gives the host's bits (lse_step, exp2, log1p and merge_rows in a kernel; every type in and out; base e and 2; LSEs -inf, +inf and NaN empty)") {
   std::mt19937 g(5);
   std::uniform_real_distribution<float> u(-3.f, 3.f), l(-30.f, 30.f);
   const ElementType types[] = {ElementType::float32, ElementType::float16, ElementType::bfloat16};
@@ -152,7 +152,10 @@ TEST_CASE("the merge on the GPU gives the host's bits (lse_step, exp2, log1p and
         std::vector<std::byte> rows(static_cast<std::size_t>(cases * n * dv * ein));
         std::vector<float> lses(static_cast<std::size_t>(cases * n));
         for (std::size_t i = 0; i < rows.size(); i += static_cast<std::size_t>(ein)) ud::store(rows.data() + i, in, u(g));
-        for (float& x : lses) x = g() % 6 == 0 ? -INFINITY : l(g);
+        for (float& x : lses) {  // empty partials: -inf, and +inf / NaN (C18: the same as -inf)
+          const unsigned k = static_cast<unsigned>(g() % 8);
+          x = k == 0 ? -INFINITY : k == 1 ? INFINITY : k == 2 ? NAN : l(g);
+        }
         std::vector<std::byte> want(static_cast<std::size_t>(cases * dv * eout));
         std::vector<float> want_lse(static_cast<std::size_t>(cases));
         for (int k = 0; k < cases; ++k) {
@@ -174,7 +177,7 @@ TEST_CASE("the merge on the GPU gives the host's bits (lse_step, exp2, log1p and
       }
 }
 
-TEST_CASE("DeviceLocalGroup + CudaDecodeExecutor: the decode exchange == the host exchange on LocalGroup, byte for byte (C16, bf16, all heads, both collectives)") {
+TEST_CASE("DeviceLocalGroup + CudaDecodeExecutor: the decode exchange == the host exchange on LocalGroup, byte for byte (C16, C18, bf16, all heads, both collectives)") {
   std::vector<DecodeCase> cases;
   for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages})
     for (DecodeOutput o : {DecodeOutput::heads, DecodeOutput::all_heads})
@@ -183,6 +186,7 @@ TEST_CASE("DeviceLocalGroup + CudaDecodeExecutor: the decode exchange == the hos
         c.path = path, c.output = o, c.layouts = lay, c.T = 4, c.H = 7, c.Hkv = 1, c.Dv = 24, c.partial_type = ElementType::bfloat16;
         cases.push_back(c);
       }
+  cases.push_back(ud::c18({INFINITY, NAN, -INFINITY}));  // C18: empty rows with LSE +inf / NaN, on one rank and on every rank
   for (const DecodeCase& c : cases) {
     const auto want = host_results(c);
     const ud::Problem pb(c);

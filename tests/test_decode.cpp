@@ -3,7 +3,8 @@
 // group (LocalGroup): the decode exchange of partial attention outputs and their LSE, merged on
 // arrival. Every case is checked bit for bit against the ascending-rank merge of the same
 // partials and against single-rank attention in double (tests/support/decode_case.hpp): the
-// shared fault case C16 (an empty KV shard; a row with no key on any rank), P in {1,2,3,4,8},
+// shared fault cases C16 (an empty KV shard; a row with no key on any rank) and C18 (empty rows
+// whose LSE is +inf or NaN: the bits of -inf), P in {1,2,3,4,8},
 // T in {1,4}, GQA/MQA, contiguous and round-robin KV splits, H % P != 0 (and a rank with no
 // heads), bf16/fp16 partials with fp32 LSE, base 2, strided and FlashAttention layouts, both
 // collectives, the all-gather variant, a communicator with nothing but alltoallv(); the wire
@@ -45,11 +46,16 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
-/// Runs case c on a LocalGroup of c.P ranks; "" or what differs (every rank's report).
-std::string run_local(const DecodeCase& c) {
+/// Runs case c on a LocalGroup of c.P ranks; "" or what differs (every rank's report). `results`,
+/// when given, receives every rank's output buffers (by rank).
+std::string run_local(const DecodeCase& c, std::vector<ud::DecodeResult>* results = nullptr) {
   LocalGroup g(c.P, std::chrono::seconds(60));
   std::vector<std::string> res(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) { res[static_cast<std::size_t>(comm.rank())] = ud::run_decode_case(comm, c); });
+  if (results) results->assign(static_cast<std::size_t>(c.P), {});
+  g.run([&](LocalGroup::Comm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    res[r] = ud::run_decode_case(comm, c, 2, results ? &(*results)[r] : nullptr);
+  });
   std::string all;
   for (auto& s : res) all += s;
   return all;
@@ -96,6 +102,36 @@ TEST_CASE("C16: an empty KV shard at decode time: merged output == single-rank a
     CAPTURE(rr);
     CHECK(run_local(c) == "");
   }
+}
+
+TEST_CASE("C18: P=4, empty rows with LSE +inf or NaN (on one rank, and on every rank): the same bits as with -inf there, every path and output; a row with no key anywhere is 0 and -inf") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  int cases = 0;
+  for (const std::vector<float>& empty : {std::vector<float>{inf}, std::vector<float>{nan}, std::vector<float>{inf, nan, -inf}})
+    for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::direct})
+      for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads})
+        for (ElementType in : {ElementType::float32, ElementType::bfloat16})
+          for (std::int64_t T : {1, 4}) {
+            DecodeCase c = ud::c18(empty);
+            c.path = path, c.output = out, c.partial_type = in, c.T = T;
+            DecodeCase ref = c;
+            ref.empty_lse = {-inf};
+            std::vector<ud::DecodeResult> got, want;
+            CAPTURE(empty.size());
+            CAPTURE(empty[0]);
+            CAPTURE(to_string(path));
+            CAPTURE(to_string(out));
+            CAPTURE(to_string(in));
+            CAPTURE(T);
+            REQUIRE(run_local(c, &got) == "");  // == merge_rows() with -inf, == attention in double, no-key row 0 / -inf
+            REQUIRE(run_local(ref, &want) == "");
+            for (int r = 0; r < c.P; ++r) {
+              CHECK(got[static_cast<std::size_t>(r)].out == want[static_cast<std::size_t>(r)].out);
+              CHECK(got[static_cast<std::size_t>(r)].out_lse == want[static_cast<std::size_t>(r)].out_lse);
+            }
+            ++cases;
+          }
+  CHECK(cases == 3 * 3 * 2 * 2 * 2);
 }
 
 TEST_CASE("C16: every rank empty for a row: that row's output is exactly 0 and its LSE -inf (the others exact)") {
@@ -217,6 +253,21 @@ TEST_CASE("the plan: sizes and offsets of the wire format (O then LSE, each part
   const DecodePlan one(DecodeSpec(2, 1, HeadPartition::even(4, 1), 8), 0);
   CHECK(one.workspace_bytes() == 0);
   CHECK(one.sent_bytes() == 0);
+  CHECK(p.peer_read_bytes() == 0);
+  // DecodePath::direct: the peers read the partials in place, nothing is sent or received in the first exchange;
+  // the all-gather variant still sends and receives its merged chunks.
+  DecodeSpec d = s;
+  d.with_path(DecodePath::direct);
+  const DecodePlan pd(d, 1);
+  CHECK(pd.sent_bytes() == 0);
+  CHECK(pd.received_bytes() == 0);
+  CHECK(pd.peer_read_bytes() == 3 * chunk(2));
+  d.with_output(DecodeOutput::all_heads);
+  const DecodePlan pdg(d, 1);
+  CHECK(pdg.sent_bytes() == 3 * merged(2));
+  CHECK(pdg.received_bytes() == 2 * merged(2) + merged(1));
+  CHECK(pdg.peer_read_bytes() == 3 * chunk(2));
+  CHECK(pg.sent_bytes() == 2 * chunk(2) + chunk(1) + 3 * merged(2));  // (not direct: both exchanges)
 }
 
 TEST_CASE("planning errors are coded, the same on every rank, before any collective") {
@@ -386,12 +437,13 @@ TEST_CASE("no allocation in a call after the first (both collectives, the direct
 namespace {
 
 /// A plan of case c on rank r with every buffer filled with random partials (and a receive region
-/// as peers would have sent: random O rows, LSEs finite or -inf), for the kernel-body checks.
+/// as peers would have sent: random O rows, LSEs finite or `empty`: -inf, or +inf / NaN for C18;
+/// the same seed gives the same bytes whatever `empty` is), for the kernel-body checks.
 struct BodyRig {
   DecodePlan plan;
   std::vector<std::byte> in, lse, out, olse, ws;
   DecodeBuffers b;
-  BodyRig(const DecodeCase& c, int r, std::uint64_t seed) : plan(ud::spec_of(c, r), r) {
+  BodyRig(const DecodeCase& c, int r, std::uint64_t seed, float empty = -INFINITY) : plan(ud::spec_of(c, r), r) {
     std::mt19937 g(static_cast<std::uint32_t>(seed));
     std::uniform_real_distribution<float> u(-3.f, 3.f);
     auto fill = [&](std::vector<std::byte>& v, std::size_t n) {
@@ -404,7 +456,7 @@ struct BodyRig {
     const auto e = static_cast<std::int64_t>(size_of(c.partial_type));
     for (std::size_t i = 0; i + e <= in.size(); i += static_cast<std::size_t>(e)) ud::store(in.data() + i, c.partial_type, u(g));
     for (std::size_t i = 0; i + 4 <= lse.size(); i += 4) {
-      const float v = (g() % 5 == 0) ? -INFINITY : u(g) * 5;
+      const float v = (g() % 5 == 0) ? empty : u(g) * 5;
       std::memcpy(lse.data() + i, &v, 4);
     }
     const std::size_t rr = plan.recv_region();
@@ -413,7 +465,7 @@ struct BodyRig {
       const std::size_t lse_at = at + (static_cast<std::size_t>(c.B * c.T * plan.local_heads() * c.Dv * e) + 15) / 16 * 16;
       for (std::size_t i = at; i + e <= lse_at; i += static_cast<std::size_t>(e)) ud::store(ws.data() + i, c.partial_type, u(g));
       for (std::size_t i = lse_at; i + 4 <= at + n; i += 4) {
-        const float v = (g() % 4 == 0) ? -INFINITY : u(g) * 5;
+        const float v = (g() % 4 == 0) ? empty : u(g) * 5;
         std::memcpy(ws.data() + i, &v, 4);
       }
     }
@@ -454,6 +506,36 @@ TEST_CASE("the kernel bodies run as the CUDA kernels run them (32 lanes per row;
           }
         }
       }
+}
+
+TEST_CASE("C18: the kernel bodies (as the CUDA kernels run them) and the host executor with LSEs +inf or NaN give the bytes of -inf there") {
+  for (ElementType in : {ElementType::float32, ElementType::bfloat16})
+    for (DecodeOutput o : {DecodeOutput::heads, DecodeOutput::all_heads}) {
+      DecodeCase c = c16();
+      c.P = 4, c.H = 12, c.Hkv = 4, c.T = 3, c.Dv = 19, c.partial_type = in, c.out_type = ElementType::float32, c.output = o;
+      for (int r = 0; r < c.P; ++r) {
+        const std::uint64_t seed = 180 + static_cast<std::uint64_t>(r);
+        BodyRig ref(c, r, seed);
+        const HostDecodeExecutor ex;
+        ex.merge(ref.args());
+        for (float empty : {INFINITY, NAN}) {
+          CAPTURE(to_string(in));
+          CAPTURE(r);
+          CAPTURE(empty);
+          BodyRig host(c, r, seed, empty), emu(c, r, seed, empty);
+          REQUIRE(host.in == ref.in);  // the same partials, only the empty LSEs differ
+          REQUIRE(host.lse != ref.lse);
+          ex.merge(host.args());
+          const DecodeArgs ea = emu.args();
+          for (std::int64_t row = 0; row < detail::decode_own_rows(ea); ++row)
+            for (std::int64_t d0 = 0; d0 < c.Dv; d0 += 8) detail::decode_merge_unit<8>(ea, row, d0);
+          CHECK(host.out == ref.out);
+          CHECK(host.olse == ref.olse);
+          CHECK(emu.out == ref.out);
+          CHECK(emu.olse == ref.olse);
+        }
+      }
+    }
 }
 
 TEST_CASE("every model of models.json, P in {1,2,4,8,16,32}: a balanced decode plan, or an even one / a clear error; a small exchange at P=4 exact") {

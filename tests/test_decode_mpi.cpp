@@ -2,9 +2,10 @@
 // decode/exchange.hpp over MpiComm under real processes (ctest runs this under mpiexec -n 2, 3, 4
 // and 8): the decode exchange on the whole world and on sub-communicators, each case checked bit
 // for bit against the ascending-rank merge of the same partials and against single-rank attention
-// in double (tests/support/decode_case.hpp); C16; both collectives (MPI_Alltoallv, and one
-// MPI_Isend/Irecv per peer); the direct path over MpiWindowComm (the peers' partials read in
-// place from the node's shared window); the all-gather variant; coded errors before any collective.
+// in double (tests/support/decode_case.hpp); C16; C18 (LSE +inf / NaN on empty rows: the bits of
+// -inf); both collectives (MPI_Alltoallv, and one MPI_Isend/Irecv per peer); the direct path over
+// MpiWindowComm (the peers' partials read in place from the node's shared window); the all-gather
+// variant; coded errors before any collective.
 #include <ulysses/comm/mpi.hpp>
 #include <ulysses/comm/mpi_window.hpp>
 
@@ -56,6 +57,51 @@ TEST_CASE("MPI C16: an empty KV shard (P=4): merged output == single-rank attent
       CAPTURE(no_keys);
       CHECK(r == "");
     }
+}
+
+TEST_CASE("MPI C18: P=4, empty rows with LSE +inf or NaN (on one rank, and on every rank): the same bits as with -inf there, both collectives and the window's direct path; a row with no key anywhere is 0 and -inf") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  if (world_size() < 4) return;  // P=4: one shard per rank
+  int wr = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, wr < 4 ? 0 : MPI_UNDEFINED, wr, &sub);
+  int cases = 0;
+  for (const std::vector<float>& empty : {std::vector<float>{inf}, std::vector<float>{nan}, std::vector<float>{inf, nan, -inf}})
+    for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::direct})
+      for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads})
+        for (std::int64_t T : {1, 4}) {
+          DecodeCase c = ud::c18(empty);
+          c.path = path, c.output = out, c.T = T, c.partial_type = ElementType::bfloat16;
+          DecodeCase ref = c;
+          ref.empty_lse = {-inf};
+          std::string mine;
+          if (sub != MPI_COMM_NULL) {
+            MpiComm comm(sub);
+            ud::DecodeResult got, want;
+            if (path == DecodePath::direct) {  // the peers' partials read in place from the node's shared window
+              MpiWindow win(comm, std::size_t{1} << 16);
+              MpiWindowComm wc(comm, win);
+              mine = ud::run_decode_case(wc, c, 2, &got) + ud::run_decode_case(wc, ref, 2, &want);
+            } else {
+              mine = ud::run_decode_case(comm, c, 2, &got) + ud::run_decode_case(comm, ref, 2, &want);
+            }
+            if (got.out != want.out) mine += "rank " + std::to_string(wr) + ": output differs from the run with -inf\n";
+            if (got.out_lse != want.out_lse) mine += "rank " + std::to_string(wr) + ": output LSE differs from the run with -inf\n";
+          }
+          int bad = mine.empty() ? 0 : 1, any = 0;
+          MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+          CAPTURE(empty.size());
+          CAPTURE(empty[0]);
+          CAPTURE(to_string(path));
+          CAPTURE(to_string(out));
+          CAPTURE(T);
+          CHECK(mine == "");
+          REQUIRE(any == 0);
+          ++cases;
+        }
+  if (sub != MPI_COMM_NULL) MPI_Comm_free(&sub);
+  CHECK(cases == 3 * 3 * 2 * 2);
 }
 
 TEST_CASE("MPI: every P that fits the world, T in {1,4}, contiguous and round-robin KV, GQA/MQA, H % P != 0, both collectives, both outputs") {

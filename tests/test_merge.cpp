@@ -179,8 +179,33 @@ TEST_CASE("lse_step: keep, take and blend, weights summing to one") {
   CHECK(b.w_state == doctest::Approx(std::exp(-1.0) / (1.0 + std::exp(-1.0))).epsilon(2e-7));
   CHECK(b.lse == doctest::Approx(1.0 + std::log1p(std::exp(-1.0))).epsilon(2e-7));
   CHECK(std::fabs(static_cast<double>(b.w_state) + b.w_block - 1.0) < 1.2e-7);
-  // NaN propagates (a broken partial is not hidden).
-  CHECK(std::isnan(lse_step(0.0f, std::nanf("")).lse));
+}
+
+TEST_CASE("C18 lse_step: an LSE of +inf or NaN is an empty partial, exactly as -inf (keep / take); an empty state's LSE becomes -inf") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (float empty : {kNegInf, inf, nan, -nan}) {
+    CAPTURE(empty);
+    const LseStep keep = lse_step(1.0f, empty);
+    CHECK(keep.kind == LseStepKind::keep);
+    CHECK(bits(keep.lse) == bits(1.0f));
+    CHECK(lse_apply(keep, 123.0f, nan) == 123.0f);  // the contribution's output is not read
+    const LseStep take = lse_step(empty, -3.0f);
+    CHECK(take.kind == LseStepKind::take);
+    CHECK(bits(take.lse) == bits(-3.0f));
+    CHECK(lse_apply(take, nan, 0.375f) == 0.375f);
+    for (float empty2 : {kNegInf, inf, nan}) {  // both empty: kept, and the LSE is -inf (never +inf or NaN)
+      const LseStep both = lse_step(empty, empty2);
+      CHECK(both.kind == LseStepKind::keep);
+      CHECK(bits(both.lse) == bits(kNegInf));
+    }
+  }
+  CHECK(detail::lse_empty(kNegInf));
+  CHECK(detail::lse_empty(inf));
+  CHECK(detail::lse_empty(nan));
+  CHECK(!detail::lse_empty(std::numeric_limits<float>::max()));
+  CHECK(!detail::lse_empty(-std::numeric_limits<float>::max()));
+  CHECK(!detail::lse_empty(std::numeric_limits<float>::denorm_min()));
+  CHECK(!detail::lse_empty(0.0f));
 }
 
 TEST_CASE("streaming merge() over i = 0..n-1 == the n-way merge_rows() bit for bit (types in x out, rows across chunks, base e and 2)") {
@@ -301,4 +326,159 @@ TEST_CASE("types that cannot be merged: mergeable(), and merge() leaves the stat
   CHECK(st[0] == 1.0f);
   CHECK(l == 0.0f);
   CHECK(std::string(to_string(LseBase::two)) == "two");
+}
+
+namespace {
+
+/// Copies of r whose -inf LSEs are +inf, NaN, and a mix of the three in turn (C18).
+std::vector<Rows> with_empty_lse_variants(const Rows& r) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  std::vector<Rows> v;
+  for (int kind = 0; kind < 3; ++kind) {
+    Rows x = r;
+    int k = 0;
+    for (float& l : x.lse)
+      if (l == kNegInf) {
+        const int pick = kind == 2 ? k++ % 3 : kind;
+        l = pick == 0 ? inf : pick == 1 ? nan : kNegInf;
+      }
+    v.push_back(x);
+  }
+  return v;
+}
+
+/// merge_rows_batch() of g copies of r (row k's contributions: r's rows rotated by k), into out_type:
+/// the merged rows' bytes and LSEs.
+std::pair<std::vector<std::vector<std::byte>>, std::vector<float>> batched(const Rows& r, int g, ElementType out_type) {
+  const int n = static_cast<int>(r.lse.size());
+  std::vector<const void*> rows;
+  std::vector<float> lses;
+  const auto p = r.ptrs();
+  for (int k = 0; k < g; ++k)
+    for (int i = 0; i < n; ++i) {
+      rows.push_back(p[static_cast<std::size_t>((i + k) % n)]);
+      lses.push_back(r.lse[static_cast<std::size_t>((i + k) % n)]);
+    }
+  std::vector<std::vector<std::byte>> outs(static_cast<std::size_t>(g), std::vector<std::byte>(static_cast<std::size_t>(r.dv) * size_of(out_type), std::byte{0x5a}));
+  std::vector<void*> op;
+  for (auto& o : outs) op.push_back(o.data());
+  std::vector<float> ol(static_cast<std::size_t>(g), 7.0f);
+  merge_rows_batch(g, n, rows.data(), lses.data(), r.type, r.dv, op.data(), out_type, ol.data());
+  return {outs, ol};
+}
+
+/// detail::merge_chunk() (what the decode merge unit, host and CUDA kernel, runs) in chunks of 8.
+std::pair<std::vector<std::byte>, float> chunked(const Rows& r, ElementType out_type) {
+  std::vector<std::byte> out(static_cast<std::size_t>(r.dv) * size_of(out_type), std::byte{0x5a});
+  const auto p = r.ptrs();
+  float l = kNegInf;
+  detail::with_merge_arith(r.type, [&](auto in) {
+    detail::with_merge_arith(out_type, [&](auto o) {
+      for (std::int64_t d0 = 0; d0 < r.dv; d0 += 8)
+        l = detail::merge_chunk<8, decltype(in), decltype(o)>(
+            static_cast<int>(r.lse.size()), [&](int i) { return static_cast<const std::byte*>(p[static_cast<std::size_t>(i)]); },
+            [&](int i) { return r.lse[static_cast<std::size_t>(i)]; }, d0, r.dv - d0 < 8 ? static_cast<int>(r.dv - d0) : 8, out.data(),
+            LseBase::natural);
+    });
+  });
+  return {out, l};
+}
+
+bool has_nan(const std::vector<std::byte>& out, ElementType t, std::int64_t dv) {
+  for (std::int64_t k = 0; k < dv; ++k)
+    if (std::isnan(out_at(out, t, k))) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("C18: partials with LSE +inf or NaN merge to the same bits as with -inf in those places, in every merge (merge_rows with and beyond the step tables, merge_rows_batch, merge_chunk, streaming merge()); no NaN") {
+  std::mt19937 g(18);
+  const ElementType types[] = {ElementType::float32, ElementType::float16, ElementType::bfloat16};
+  int cases = 0, empties = 0;
+  for (ElementType in : types)
+    for (ElementType out_t : types)
+      for (int n : {1, 2, 4, 7, 70})  // 70 > detail::kMergeStepsMax: the chunked fold
+        for (std::int64_t dv : {1, 33, 300}) {  // 300 > the host's 256-element chunk
+          const Rows r = random_rows(g, in, n, dv, 0.35);  // -inf LSEs, their outputs NaN
+          for (const float l : r.lse) empties += l == kNegInf;
+          const auto a = nway(r, out_t);
+          const auto s = streamed(r, out_t);
+          const auto b = batched(r, 5, out_t);
+          const auto c = chunked(r, out_t);
+          const bool any = [&] {
+            for (const float l : r.lse)
+              if (l != kNegInf) return true;
+            return false;
+          }();
+          for (const Rows& x : with_empty_lse_variants(r)) {
+            CAPTURE(to_string(in));
+            CAPTURE(to_string(out_t));
+            CAPTURE(n);
+            CAPTURE(dv);
+            const auto a2 = nway(x, out_t);
+            REQUIRE(a2.first == a.first);
+            REQUIRE(bits(a2.second) == bits(a.second));
+            const auto s2 = streamed(x, out_t);
+            REQUIRE(s2.first == s.first);
+            REQUIRE(bits(s2.second) == bits(s.second));
+            const auto b2 = batched(x, 5, out_t);
+            REQUIRE(b2.first == b.first);
+            for (int k = 0; k < 5; ++k) REQUIRE(bits(b2.second[static_cast<std::size_t>(k)]) == bits(b.second[static_cast<std::size_t>(k)]));
+            const auto c2 = chunked(x, out_t);
+            REQUIRE(c2.first == c.first);
+            REQUIRE(bits(c2.second) == bits(c.second));
+            REQUIRE(!has_nan(a2.first, out_t, dv));
+            REQUIRE(!std::isnan(a2.second));
+            REQUIRE(!(a2.second == std::numeric_limits<float>::infinity()));
+            if (!any) {  // every contribution empty: 0 and -inf
+              REQUIRE(a2.first == std::vector<std::byte>(a2.first.size(), std::byte{0}));
+              REQUIRE(bits(a2.second) == bits(kNegInf));
+            }
+          }
+          // the -inf reference itself against the other forms (the same bits, as before)
+          REQUIRE(s.first == a.first);
+          REQUIRE(c.first == a.first);
+          REQUIRE(bits(c.second) == bits(a.second));
+          ++cases;
+        }
+  CHECK(cases == 3 * 3 * 5 * 3);
+  CHECK(empties > 100);
+}
+
+TEST_CASE("C18: a row whose every partial has LSE +inf or NaN (a fully masked row on every rank): output 0 (all bits clear) and LSE -inf, in every form and output type") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const Rows r = fp32_rows({{nan, 1.0f, 2.0f}, {nan, nan, nan}, {4.0f, inf, 6.0f}}, {inf, nan, inf});
+  for (ElementType t : {ElementType::float32, ElementType::bfloat16, ElementType::float16}) {
+    const auto [out, l] = nway(r, t);
+    CHECK(out == std::vector<std::byte>(out.size(), std::byte{0}));
+    CHECK(bits(l) == bits(kNegInf));
+    const auto [s, sl] = streamed(r, t);
+    CHECK(s == out);
+    CHECK(bits(sl) == bits(kNegInf));
+    const auto [b, bl] = batched(r, 3, t);
+    for (int k = 0; k < 3; ++k) {
+      CHECK(b[static_cast<std::size_t>(k)] == out);
+      CHECK(bits(bl[static_cast<std::size_t>(k)]) == bits(kNegInf));
+    }
+    const auto [c, cl] = chunked(r, t);
+    CHECK(c == out);
+    CHECK(bits(cl) == bits(kNegInf));
+  }
+  // One finite partial among them is taken exactly.
+  const Rows one = fp32_rows({{nan, nan}, {1.5f, -7.25f}, {nan, inf}}, {inf, 3.0f, nan});
+  const auto [o1, l1] = nway(one, ElementType::float32);
+  CHECK(out_at(o1, ElementType::float32, 0) == 1.5f);
+  CHECK(out_at(o1, ElementType::float32, 1) == -7.25f);
+  CHECK(bits(l1) == bits(3.0f));
+  // The streaming state started from a +inf (or NaN) block is empty: it takes the next finite block, and a state left empty ends -inf.
+  for (float start : {inf, nan}) {
+    std::vector<float> st{nan, nan};
+    float sl = start;
+    merge(st.data(), sl, one.data[0].data(), ElementType::float32, inf, 2);
+    CHECK(bits(sl) == bits(kNegInf));
+    merge(st.data(), sl, one.data[1].data(), ElementType::float32, 3.0f, 2);
+    CHECK(st == std::vector<float>{1.5f, -7.25f});
+    CHECK(bits(sl) == bits(3.0f));
+  }
 }

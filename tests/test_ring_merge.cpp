@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The ring merge executor (ring/merge.hpp): bitwise against merge/lse.hpp's merge_rows() of the same
-// contributions in the same (step) order; empty blocks and −inf rows; 16-bit output rounded once.
+// contributions in the same (step) order; empty blocks and −inf rows; rows with LSE +inf or NaN
+// (C18) the same bits as −inf; 16-bit output rounded once.
 #include <doctest/doctest.h>
 #include <ulysses/ring/merge.hpp>
 
@@ -54,6 +55,61 @@ TEST_CASE("ring_merge_block over steps == merge_rows in step order, bit for bit;
         CHECK(std::memcmp(want.data(), &out[static_cast<std::size_t>(((b * s.S_q + q) * s.H + h) * s.Dv)], want.size() * sizeof(float)) == 0);
         for (std::int64_t d = 0; d < s.Dv; ++d) CHECK(!std::isnan(out[static_cast<std::size_t>(((b * s.S_q + q) * s.H + h) * s.Dv + d)]));
       }
+}
+
+TEST_CASE("C18: ring steps whose rows have LSE +inf or NaN (FlashAttention-2's fully masked rows) merge to the bits of -inf there; no NaN; a row empty at every step is 0 and -inf") {
+  const RingMergeShape s{2, 5, 3, 6};
+  const int n = 4;  // steps, each over all S_q rows
+  const float inf = INFINITY, nan = NAN;
+  // Row (b, h, q) is empty at step i when empty_at(i, e) (e its LSE index); rows with q == 4 are empty at every step.
+  auto empty_at = [&](int i, std::size_t e) { return e % 5 == 4 || (e + static_cast<std::size_t>(i)) % 4 == 1; };
+  std::vector<std::vector<float>> ob(n), lb(n);
+  for (int i = 0; i < n; ++i) {
+    ob[i].resize(static_cast<std::size_t>(s.out_elems()));
+    lb[i].resize(static_cast<std::size_t>(s.lse_elems()));
+    for (std::size_t e = 0; e < ob[i].size(); ++e) ob[i][e] = ulysses_ring_demo::rand_value(20 + i, static_cast<std::int64_t>(e)) * 3.0f;
+    for (std::size_t e = 0; e < lb[i].size(); ++e) {
+      lb[i][e] = empty_at(i, e) ? -INFINITY : ulysses_ring_demo::rand_value(30 + i, static_cast<std::int64_t>(e)) * 4.0f;
+      if (!empty_at(i, e)) continue;
+      const std::int64_t b = static_cast<std::int64_t>(e) / (s.H * s.S_q), h = (static_cast<std::int64_t>(e) / s.S_q) % s.H,
+                         q = static_cast<std::int64_t>(e) % s.S_q;
+      for (std::int64_t d = 0; d < s.Dv; ++d) ob[i][static_cast<std::size_t>(((b * s.S_q + q) * s.H + h) * s.Dv + d)] = NAN;
+    }
+  }
+  auto run = [&](const std::vector<std::vector<float>>& lses, std::vector<float>& lse) {
+    std::vector<float> out(static_cast<std::size_t>(s.out_elems()));
+    lse.assign(static_cast<std::size_t>(s.lse_elems()), 0.0f);
+    ring_merge_init(s, out.data(), lse.data());
+    for (int i = 0; i < n; ++i) ring_merge_block(s, out.data(), lse.data(), ob[i].data(), ElementType::float32, lses[i].data(), 0, s.S_q);
+    return out;
+  };
+  std::vector<float> ref_lse;
+  const std::vector<float> ref = run(lb, ref_lse);
+  int variant = 0;
+  for (float empty : {inf, nan, -nan}) {
+    auto lb2 = lb;
+    int k = 0;
+    for (int i = 0; i < n; ++i)
+      for (float& l : lb2[static_cast<std::size_t>(i)])
+        if (l == -INFINITY) l = variant == 2 ? (k++ % 2 ? inf : nan) : empty;  // the last variant mixes +inf and NaN
+    ++variant;
+    std::vector<float> got_lse;
+    const std::vector<float> got = run(lb2, got_lse);
+    CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(got_lse.data(), ref_lse.data(), got_lse.size() * sizeof(float)) == 0);
+    for (float x : got) REQUIRE(!std::isnan(x));
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t h = 0; h < s.H; ++h) {
+        const std::int64_t q = 4;  // empty at every step: 0 and -inf
+        CHECK(got_lse[static_cast<std::size_t>((b * s.H + h) * s.S_q + q)] == -INFINITY);
+        for (std::int64_t d = 0; d < s.Dv; ++d) CHECK(got[static_cast<std::size_t>(((b * s.S_q + q) * s.H + h) * s.Dv + d)] == 0.0f);
+        for (std::int64_t qq = 0; qq < 4; ++qq) CHECK(std::isfinite(got_lse[static_cast<std::size_t>((b * s.H + h) * s.S_q + qq)]));
+      }
+    std::uint16_t bf[2 * 5 * 3 * 6], bf_ref[2 * 5 * 3 * 6];
+    ring_merge_finish(s, got.data(), bf, ElementType::bfloat16);
+    ring_merge_finish(s, ref.data(), bf_ref, ElementType::bfloat16);
+    CHECK(std::memcmp(bf, bf_ref, sizeof bf) == 0);
+  }
 }
 
 TEST_CASE("ring_merge_finish: a row that saw no key is 0; bf16 rounded once from the fp32 state") {

@@ -115,6 +115,28 @@ TEST_CASE("MPI ring configuration: a rank with another S throws plan_mismatch on
   m.free();
 }
 
+TEST_CASE("MPI split_ring: a mesh that does not tile the world names ranks_per_node as passed (0: the nodes MPI finds), not 1") {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int U = W + 1;  // U*R = W + 1 ranks never tile the world
+  auto [code, msg] = ut::error_of([&] { split_ring(MPI_COMM_WORLD, U, 1); });
+  CHECK(code == Errc::invalid_mesh);
+  CHECK(msg == "ulysses: invalid_mesh: split_ring: world=" + std::to_string(W) + ", U=" + std::to_string(U) +
+                   ", R=1, ranks_per_node=0 (the nodes MPI finds): R x U = " + std::to_string(U) + " ranks do not tile the world of " +
+                   std::to_string(W) + "; choose U and R with U*R dividing " + std::to_string(W));
+  std::tie(code, msg) = ut::error_of([&] { split_ring(MPI_COMM_WORLD, U, 1, 2); });
+  CHECK(code == Errc::invalid_mesh);
+  CHECK(msg.find(", ranks_per_node=2: R x U") != std::string::npos);
+  std::tie(code, msg) = ut::error_of([&] { split_ring(MPI_COMM_WORLD, 0, 1); });
+  CHECK(code == Errc::invalid_mesh);
+  CHECK(msg == "ulysses: invalid_mesh: split_ring: world=" + std::to_string(W) +
+                   ", U=0, R=1, ranks_per_node=0 (the nodes MPI finds): U and R must be >= 1, ranks_per_node >= 0");
+  CHECK(ut::code_of([&] { split_ring(MPI_COMM_WORLD, 1, 1, -1); }) == Errc::invalid_mesh);
+  MpiRingMesh ok = split_ring(MPI_COMM_WORLD, 1, W);  // (the nodes MPI finds: one here)
+  CHECK(ok.mesh.ranks_per_node() == W);
+  ok.free();
+}
+
 TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigzag and not, GQA, uneven S; bit-identical to in-process") {
   namespace rd = ulysses_ring_demo;
   int W = 0, w = 0;

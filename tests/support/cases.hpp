@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fault cases of the project's shared case list (C1–C9, C11) and the models sweep, written once
+// The fault cases of the project's shared case list (C1–C9, C11, C17) and the models sweep, written once
 // and run on every backend (in-process group, MPI, CUDA). Each returns the cases for group size P.
 #pragma once
 
@@ -66,6 +66,16 @@ inline std::vector<Case> c6_cases() {
       {"C6 zero heads", 4, 2, SeqPartition::even(8, 4), {{h3, 4}}, Format::sbhd},
       {"C6 both, qkv", 4, 1, seq0, {{h3, 4}, {HeadPartition::gqa(h3, 1), 4}, {HeadPartition::gqa(h3, 1), 2}}, Format::bhsd},
   };
+}
+
+/// C17: a rank with no tokens on the window path: B=2, H=4, Hkv=2, D=1024 (fp32: rows of 4 KiB),
+/// q, k, v in one exchange, the last rank empty: lengths {2, 0} at P=2, {2, 2, 2, 0} at P=4.
+inline Case c17_case(int P) {
+  std::vector<std::int64_t> len(static_cast<std::size_t>(P), 2);
+  len.back() = 0;
+  const auto q = HeadPartition::even(4, P);
+  const auto kv = HeadPartition::gqa(q, 2);
+  return {"C17 P=" + std::to_string(P), P, 2, SeqPartition::lengths(len), {{q, 1024}, {kv, 1024}, {kv, 1024}}, Format::bshd};
 }
 
 /// C8: B=2, S=8, P=2: the gathered sequence must be in (B, P, S_local) order, not (P, B, S_local).

@@ -3,7 +3,8 @@
 // problem (random q, K, V; GQA; T new tokens, causal among them), its KV cache split over the P
 // ranks (contiguous ranges, or blocks dealt round-robin; chosen ranks empty for chosen sequences,
 // or a sequence with no keys at all), every rank's partial output and LSE computed in double and
-// stored (an empty shard's output is NaN, as some attention kernels return), and two references:
+// stored (an empty shard's output is NaN, as some attention kernels return, and its LSE -inf, or
+// +inf / NaN as FlashAttention-2 and others give: C18), and two references:
 // the merge of the same stored partials in ascending rank order (merge_rows(): the exchange must
 // match it bit for bit) and single-rank attention in double (within a tolerance).
 #pragma once
@@ -40,8 +41,24 @@ struct DecodeCase {
   int layouts = 0;  ///< 0 dense (O bshd, LSE [B,T,H]); 1 O bhsd, LSE [B,H,T] (FlashAttention's); 2 padded strided views
   std::vector<std::pair<int, std::int64_t>> empty;  ///< (rank, b): the rank holds no keys of sequence b
   std::int64_t no_keys = -1;  ///< a sequence with no keys at all (every rank empty for it), or -1
+  /// The LSEs stored for rows where a rank sees no key, cycled over those rows in order (rank,
+  /// b, t, h): -inf (the default), or +inf / NaN as FlashAttention-2 and other kernels give (C18).
+  std::vector<float> empty_lse = {-std::numeric_limits<float>::infinity()};
   std::uint64_t seed = 1;
 };
+
+/// C18 (bug_cases.md): P=4, one KV shard per rank (contiguous), rank 2 holds no key of sequence 0
+/// (rows +inf on one rank) and sequence 2 has no key anywhere (rows +inf on every rank); the
+/// empty rows' LSE is `empty` (+inf, NaN, or a mix).
+inline DecodeCase c18(std::vector<float> empty) {
+  DecodeCase c;
+  c.name = "C18";
+  c.P = 4, c.T = 1, c.H = 8, c.Hkv = 2, c.B = 3, c.S = 16, c.D = 8, c.Dv = 8;
+  c.empty = {{2, 0}};
+  c.no_keys = 2;
+  c.empty_lse = std::move(empty);
+  return c;
+}
 
 /// C16 (bug_cases.md): P=4, decode T=1, H=8, Hkv=2, B=3, rank 3 holds no KV token of sequence 1.
 inline DecodeCase c16() {
@@ -168,6 +185,7 @@ struct Partials {
 };
 inline Partials partials_of(const DecodeCase& c, const Problem& pb) {
   Partials x;
+  std::size_t k_empty = 0;  // the empty rows so far (cycling c.empty_lse)
   const auto e = static_cast<std::int64_t>(size_of(c.partial_type));
   std::vector<double> row(static_cast<std::size_t>(c.Dv));
   for (int r = 0; r < c.P; ++r) {
@@ -179,7 +197,7 @@ inline Partials partials_of(const DecodeCase& c, const Problem& pb) {
           const double l = attend(c, pb, b, t, h, r, row.data());
           const std::int64_t i = (b * c.T + t) * c.H + h;
           x.lse.back()[static_cast<std::size_t>(i)] =
-              std::isinf(l) ? -std::numeric_limits<float>::infinity() : static_cast<float>(c.base == LseBase::two ? l / std::log(2.0) : l);
+              std::isinf(l) ? c.empty_lse[k_empty++ % c.empty_lse.size()] : static_cast<float>(c.base == LseBase::two ? l / std::log(2.0) : l);
           for (std::int64_t d = 0; d < c.Dv; ++d)
             store(x.o.back().data() + (i * c.Dv + d) * e, c.partial_type, std::isinf(l) ? std::nanf("") : static_cast<float>(row[static_cast<std::size_t>(d)]));
         }
@@ -192,12 +210,19 @@ inline std::vector<std::byte> buffer(const Layout& l, std::size_t e, unsigned ch
   return std::vector<std::byte>(static_cast<std::size_t>(l.span_elems()) * e + 16, std::byte{fill});
 }
 
+/// What a rank's call wrote: its output and output LSE buffers, bytes as they are.
+struct DecodeResult {
+  std::vector<std::byte> out, out_lse;
+};
+
 /// Runs case c on this rank of `comm` (host memory, HostDecodeExecutor) `calls` times and checks
 /// the merged output and LSE: bit for bit against merge_rows() of the stored partials in
-/// ascending rank order, and against single-rank attention in double (tolerance: 2e-6 for fp32
-/// partials and output, 1.6e-2 when either is 16-bit; LSE 1e-5). Returns "" or what differs.
+/// ascending rank order with -inf where a rank saw no key (so a case whose empty rows store +inf
+/// or NaN must give the bits of -inf there: C18), and against single-rank attention in double
+/// (tolerance: 2e-6 for fp32 partials and output, 1.6e-2 when either is 16-bit; LSE 1e-5).
+/// Returns "" or what differs; `result`, when given, receives the output buffers.
 template <class Comm>
-std::string run_decode_case(Comm& comm, const DecodeCase& c, int calls = 2) {
+std::string run_decode_case(Comm& comm, const DecodeCase& c, int calls = 2, DecodeResult* result = nullptr) {
   const int r = comm.rank();
   const Problem pb(c);
   const Partials parts = partials_of(c, pb);
@@ -223,6 +248,7 @@ std::string run_decode_case(Comm& comm, const DecodeCase& c, int calls = 2) {
   bufs.workspace = ws.data(), bufs.workspace_bytes = ws.size();
   const HostDecodeExecutor exec;
   for (int k = 0; k < calls; ++k) decode_exchange(plan, comm, exec, bufs);
+  if (result) *result = DecodeResult{out, out_lse};
 
   std::ostringstream err;
   int bad = 0;
@@ -240,7 +266,8 @@ std::string run_decode_case(Comm& comm, const DecodeCase& c, int calls = 2) {
         std::vector<float> lses;
         for (int p = 0; p < c.P; ++p) {
           rows.push_back(parts.o[static_cast<std::size_t>(p)].data() + i * c.Dv * static_cast<std::int64_t>(ein));
-          lses.push_back(parts.lse[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)]);
+          const float l = parts.lse[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)];
+          lses.push_back(std::isfinite(l) ? l : -std::numeric_limits<float>::infinity());  // the reference: -inf where empty
         }
         const float want_lse = merge_rows(rows.data(), c.partial_type, lses.data(), c.P, c.Dv, want.data(), c.out_type, c.base);
         const std::byte* got = out.data() + l.out.offset(b, t, j, 0) * static_cast<std::int64_t>(eout);

@@ -113,10 +113,20 @@ struct PeerInputs {
   /// inputs outside registered memory that way instead of staging them (MpiWindowComm).
   bool reads_remote = false;
   /// Set by the publisher with reads_remote: the mean contiguous bytes per range its peers read
-  /// of input t (estimated from this rank's own reads of its peers' inputs, which mirror theirs;
-  /// 0: unknown). Cross Memory Attach costs about a microsecond a range on top of the bytes, so a
+  /// of input t (from the peers' lists where known, PeerCopyLists::peer_range_bytes, else
+  /// estimated from this rank's own reads of its peers' inputs, which mirror theirs; 0: unknown).
+  /// Cross Memory Attach costs about a microsecond a range on top of the bytes, so a
   /// communicator may stage an input whose ranges are short rather than publish it.
   std::uint64_t range_bytes[kMaxTensors] = {};
+  /// Set by the publisher where known (PeerCopyLists::peer_read_bytes): the bytes of input t its
+  /// peers' works read, each read counted (0: unknown), e.g. for a communicator's count of the
+  /// bytes read in place (MpiWindowComm::remote_bytes(): a view's gaps, such as the other tensors
+  /// of a fused q/k/v buffer, are not read).
+  std::uint64_t read_bytes[kMaxTensors] = {};
+  /// Set by the publisher: no peer's work reads input t, only this rank's own (e.g. every peer
+  /// that would read it has no tokens, C17). A communicator across processes need neither stage
+  /// nor publish it (the peers get a null data[t]).
+  bool unread[kMaxTensors] = {};
   /// In what work() gets: 0 when every input is loadable at data[t]; else the owner's process id,
   /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
   std::int64_t pid = 0;

@@ -41,6 +41,13 @@ struct PeerCopyLists {
   /// A hash of every rank's layouts (its LayoutRecord) the lists were built from, in rank order
   /// (empty when not known): every exchange checks that the peers still hold these layouts.
   std::vector<std::uint64_t> layouts;
+  /// Per direction and tensor t: the bytes of this rank's input t its peers' lists read (rank q's
+  /// list for every q but this rank, built from the same records), and the mean contiguous bytes
+  /// of their ranges (as PeerInputs::range_bytes; 0 when they read none). Filled only where
+  /// `peer_reads` (for communicators across processes: what they stage or publish).
+  std::uint64_t peer_read_bytes[2][kMaxTensors] = {};
+  std::uint64_t peer_range_bytes[2][kMaxTensors] = {};  ///< see peer_read_bytes
+  bool peer_reads = false;                              ///< whether peer_read_bytes and peer_range_bytes are filled
 };
 
 /// What the transports learn per communicator (see the file comment). Not thread-safe: a

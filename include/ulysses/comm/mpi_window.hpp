@@ -127,6 +127,7 @@ struct WindowControl {
   WindowDigest registered;            ///< record: what the rank registered
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   static constexpr std::uint64_t kRemote = kNone - 1;  ///< offset: input t is outside the window, read at address[t] with Cross Memory Attach
+  static constexpr std::uint64_t kOwn = kNone - 2;     ///< offset: input t is outside the window and no peer reads it (PeerInputs::unread)
   static constexpr std::uint64_t kFree = 1;  ///< verdict: every rank is in ~MpiWindow, all call MPI_Win_free
   static constexpr std::uint64_t kLeak = 2;  ///< verdict: the group is broken or a rank did not come, none calls it
 };
@@ -189,10 +190,12 @@ inline MPI_Comm window_node_comm(MPI_Comm comm, std::size_t bytes_per_rank, cons
   unsigned long long mine = bytes_per_rank;
   mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, comm), "MPI_Allgather");
   const std::vector<int> other = differing_ranks(all.data(), size);
-  if (!other.empty())
+  if (!other.empty()) {  // the offenders' sizes, the same message on every rank
+    std::string sizes;
+    for (int p : other) sizes += (sizes.empty() ? "" : ", ") + std::string("rank ") + std::to_string(p) + ": " + std::to_string(all[static_cast<std::size_t>(p)]);
     fail(Errc::plan_mismatch, std::string(window) + ": ranks " + rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
-                                  std::to_string(all[0]) + " (rank " + std::to_string(rank) + ": " + std::to_string(mine) +
-                                  "); every rank must pass the same size");
+                                  std::to_string(all[0]) + " (" + sizes + "); every rank must pass the same size");
+  }
   MPI_Comm node = MPI_COMM_NULL;
   mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int node_size = 0;
@@ -589,15 +592,18 @@ class MpiWindowComm {
   /// broken): every call then throws Error(aborted). A broken group stays broken (make a new window).
   bool broken() const noexcept { return failure_.broken() || win_->broken() || comm_->broken(); }
   /// Bytes of inputs the last with_peers() staged into the window (2 copies per element; 0 when
-  /// all were in it or read in place).
+  /// all were in it, read in place, or read by no peer).
   std::size_t staged_bytes() const noexcept { return staged_; }
   /// Whether the last with_peers() handed the peer copy every rank's outputs (they were published,
   /// PeerInputs::outputs, and every non-empty one lies in its rank's window slot): a seq→head then
   /// pushed (each rank wrote its peers' outputs from its own rows, in order) rather than pulled;
   /// head→seq always pulls.
   bool outputs_in_window() const noexcept { return outputs_in_window_; }
-  /// Bytes of inputs outside the window the last with_peers() published for Cross Memory Attach
-  /// (their rows pulled by the peers or pushed by this rank: 1 copy per element, as in the window).
+  /// Bytes of this rank's inputs outside the window that the peers read with Cross Memory Attach
+  /// in the last with_peers() (their rows pulled by the peers or pushed by this rank: 1 copy per
+  /// element, as in the window): the rows read, each read counted (PeerInputs::read_bytes), not
+  /// the spans of the views (fused q, k and v views each span nearly the whole buffer); a work
+  /// that does not say what its peers read counts the spans of the inputs it publishes.
   std::size_t remote_bytes() const noexcept { return remote_; }
   /// Whether inputs outside the window are read in place by the peers (Cross Memory Attach: the
   /// window's agreed probe, MpiWindow::cross_memory_attach(), and not turned off here), rather
@@ -644,8 +650,9 @@ class MpiWindowComm {
   /// published for the peers to read in place with Cross Memory Attach when
   /// cross_memory_attach() and `mine` says its work reads so (PeerInputs::reads_remote; the
   /// views then carry the owner's pid and addresses), else copied first into the slot's bytes
-  /// after its registrations (and after any input of this call in the slot). Returns when every
-  /// rank's work has returned.
+  /// after its registrations (and after any input of this call in the slot); an input outside the
+  /// window that no peer reads (PeerInputs::unread) is neither staged nor published, and needs no
+  /// room (C17). Returns when every rank's work has returned.
   /// @pre `mine` points to a PeerInputs; host memory.
   /// @throws Error(plan_mismatch) on every rank: the ranks registered different window buffers,
   ///         or publish different numbers of inputs (the group stays usable);
@@ -700,7 +707,8 @@ class MpiWindowComm {
         for (int t = 0; t < kMaxTensors; ++t) {
           const bool used = t < v.count && r.offset[t] != detail::WindowControl::kNone;
           const bool remote = used && r.offset[t] == detail::WindowControl::kRemote;
-          v.data[t] = !used ? nullptr : !remote ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
+          const bool owner_only = used && r.offset[t] == detail::WindowControl::kOwn;  // read by its owner only
+          v.data[t] = !used ? nullptr : !remote && !owner_only ? win_->at(p) + r.offset[t] : p == me ? in.data[t] : nullptr;  // own inputs: loaded here
           v.bytes[t] = used ? static_cast<std::size_t>(r.bytes[t]) : 0;
           v.remote[t] = remote ? r.address[t] : 0;
           if (remote && p != me) v.pid = static_cast<std::int64_t>(r.pid);
@@ -845,10 +853,14 @@ class MpiWindowComm {
               std::to_string(b - static_cast<std::size_t>(slot + w.bytes_per_rank() - p)) + " bytes past its end";
         break;
       }
+      if (in.unread[t]) {  // no peer reads it (e.g. they have no tokens: C17): neither staged nor published, no room needed
+        c.offset[t] = detail::WindowControl::kOwn;
+        continue;
+      }
       if (read_in_place && in.range_bytes[t] >= min_range_) {  // the peers read it where it is (Cross Memory Attach): one copy
         c.offset[t] = detail::WindowControl::kRemote;
         c.address[t] = reinterpret_cast<std::uintptr_t>(p);
-        remote_ += b;
+        remote_ += in.read_bytes[t] ? static_cast<std::size_t>(in.read_bytes[t]) : b;  // what the peers read (not a view's span)
         continue;
       }
       const std::size_t off = detail::round_up(cursor, MpiWindow::kAlignment);
@@ -912,7 +924,7 @@ class MpiWindowComm {
     for (int p = 0; p < P; ++p) {
       const detail::WindowControl& r = win_->control(p);
       for (std::uint64_t t = 0; t < r.count && t < static_cast<std::uint64_t>(kMaxTensors); ++t)
-        if (r.offset[t] != detail::WindowControl::kNone && r.offset[t] != detail::WindowControl::kRemote &&
+        if (r.offset[t] != detail::WindowControl::kNone && r.offset[t] != detail::WindowControl::kRemote && r.offset[t] != detail::WindowControl::kOwn &&
             (r.offset[t] > win_->bytes_per_rank() || r.bytes[t] > win_->bytes_per_rank() - r.offset[t]))
           detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: rank " + std::to_string(p) + " publishes input " + std::to_string(t) +
                                                 " outside its window slot (the ranks' windows differ)");

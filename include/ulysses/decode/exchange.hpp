@@ -12,8 +12,8 @@
 ///      own share never goes through the transport (zero bytes to itself: no self-send, nothing
 ///      to deadlock under CUDA graph replay);
 ///   3. unpack + merge: each row of this rank's heads merges the P partials in ascending rank
-///      order, its own read in place (merge/lse.hpp: fp32, fixed order, −inf contributions add
-///      nothing, 16-bit outputs rounded once);
+///      order, its own read in place (merge/lse.hpp: fp32, fixed order, empty contributions —
+///      LSE −inf, +inf or NaN — add nothing, 16-bit outputs rounded once);
 ///   4. DecodeOutput::all_heads only: a second exchange of the merged head groups (the same chunk
 ///      to every peer) and their unpack, so that every rank holds all H heads merged.
 /// DecodePath::direct (ranks sharing memory: a communicator with with_peers(), a host executor)

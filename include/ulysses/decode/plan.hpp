@@ -261,17 +261,31 @@ class DecodePlan {
   std::size_t gather_recv_region() const { return grecv_at_; }  ///< see recv_region()
 
   /// Bytes this rank sends to other ranks per call (both exchanges; the own share is never sent).
+  /// DecodePath::direct sends nothing in the first exchange (the peers read O_r and LSE_r in
+  /// place): only the all-gather's bytes (DecodeOutput::all_heads; 0 for DecodeOutput::heads).
   std::size_t sent_bytes() const {
     std::size_t n = 0;
-    for (std::size_t v : sb_) n += v;
+    if (spec_.path != DecodePath::direct)
+      for (std::size_t v : sb_) n += v;
     for (std::size_t v : gsb_) n += v;
     return n;
   }
-  /// Bytes this rank receives from other ranks per call (both exchanges).
+  /// Bytes this rank receives from other ranks per call (both exchanges); on DecodePath::direct
+  /// the all-gather's only (the merge reads the peers' partials in place: peer_read_bytes()).
   std::size_t received_bytes() const {
     std::size_t n = 0;
-    for (std::size_t v : rb_) n += v;
+    if (spec_.path != DecodePath::direct)
+      for (std::size_t v : rb_) n += v;
     for (std::size_t v : grb_) n += v;
+    return n;
+  }
+  /// Bytes of the peers' partials (O and LSE rows of this rank's heads) this rank's merge reads in
+  /// place per call on DecodePath::direct, the bytes the first exchange would have received
+  /// (recv_bytes(), padding included); 0 on the other paths.
+  std::size_t peer_read_bytes() const {
+    std::size_t n = 0;
+    if (spec_.path == DecodePath::direct)
+      for (std::size_t v : rb_) n += v;
     return n;
   }
 

@@ -24,9 +24,9 @@
 ///   starts empty (0, −inf), and each step merges one (out_i, lse_i) into it (lse_step()). So a
 ///   ring that streams i = 0..n−1 through merge() and the n-way merge_rows() give the same bits,
 ///   and so does every backend, transport and executor;
-/// - one step, state (o, l) and contribution (x, li): if li = −inf the state is kept (x is not
-///   read: an empty KV shard's output may be NaN or garbage and still adds nothing); else if l =
-///   −inf the state becomes (x, li) exactly; else with hi = max(l, li), lo = min(l, li) (hi = l on
+/// - one step, state (o, l) and contribution (x, li): if li is empty (−inf; also +inf or NaN, see
+///   below) the state is kept (x is not read: an empty KV shard's output may be NaN or garbage and
+///   still adds nothing); else if l is empty the state becomes (x, li) exactly; else with hi = max(l, li), lo = min(l, li) (hi = l on
 ///   a tie), e = exp(lo − hi) ∈ (0, 1], s = 1 + e:
 ///       l' = hi + log1p(e),  o' = o·w_l + x·w_li,  w_hi = 1/s, w_lo = e/s
 ///   (w_l is w_hi when l is the larger, else w_lo). Each product and sum is rounded separately
@@ -37,12 +37,17 @@
 ///   about 2 ulp) made of correctly rounded fp32 operations only, so the host and every GPU give
 ///   the same bits (libm's and CUDA's expf/logf differ in their last bits). exp(lo − hi) is
 ///   flushed to 0 below 2^−126 (a weight that small changes no fp32 output of a finite partial);
-/// - with every contribution −inf (no key anywhere, e.g. every rank's KV shard empty for that
-///   row) the output is 0 and the LSE −inf: documented, never NaN;
+/// - an EMPTY partial is one whose LSE is not finite: −inf, +inf (what FlashAttention-2's forward
+///   returns for a fully masked row) or NaN (some kernels' value there); FlashInfer's rule, and
+///   vLLM's mapping of +inf to −inf before it merges (C18). An empty contribution is kept out of
+///   the fold exactly as −inf is (its output row is not read), so a partial with +inf or NaN gives
+///   the same bits as the same partial with −inf, and every finite input the bits it gave before.
+///   A state whose LSE is not finite is empty too (it takes the next finite contribution);
+/// - with every contribution empty (no key anywhere, e.g. every rank's KV shard empty for that
+///   row) the output is 0 and the LSE −inf (never +inf or NaN): documented, never NaN;
 /// - LseBase::two (FlashInfer's convention, lse = log2 Σ 2^lse_i) uses 2^x and log2 in place of
 ///   exp and log; nothing else changes.
-/// Preconditions: LSE values are finite or −inf (a NaN propagates to the output; +inf is not
-/// meaningful); partial outputs of finite-LSE contributions are finite.
+/// Preconditions: partial outputs of finite-LSE contributions are finite (any LSE is accepted).
 /// Build ulysses code without -ffast-math / --use_fast_math, and for the host's bits to equal the
 /// GPU's also without FMA contraction across statements (GCC's -ffp-contract=fast with -mfma or
 /// -march=native contracts o·w + x·w'; add -ffp-contract=off there). Host and device.
@@ -103,6 +108,13 @@ ULYSSES_HOST_DEVICE inline float f_div(float a, float b) {
 /// −infinity as a float (host and device, no <cmath> or <limits> needed).
 ULYSSES_HOST_DEVICE inline float neg_inf() { return bits_float(0xff800000u); }
 
+/// +infinity as a float (host and device).
+ULYSSES_HOST_DEVICE inline float pos_inf() { return bits_float(0x7f800000u); }
+
+/// True when `lse` marks an empty partial (no key): −inf, +inf or NaN, i.e. not finite (see the
+/// file comment; FlashAttention-2 returns +inf for a fully masked row). Host and device.
+ULYSSES_HOST_DEVICE inline bool lse_empty(float lse) { return !(lse > neg_inf() && lse < pos_inf()); }
+
 /// 2^x for x <= 0, within about 2 ulp; 0 for x <= −126 (flushed); NaN for NaN.
 /// x = n + f with n = round(x) (an integer ≥ −126) and |f| ≤ 1/2 exactly (Sterbenz), 2^f by its
 /// Taylor polynomial of degree 7 in Horner form (truncation below 6e−9), times 2^n by exponent bits.
@@ -142,8 +154,8 @@ ULYSSES_HOST_DEVICE inline float log1p_unit(float e, LseBase base) {
 
 /// What one merge step does to the state.
 enum class LseStepKind : std::int32_t {
-  keep = 0,   ///< the contribution's LSE is −inf: the state is kept (its output is not read)
-  take = 1,   ///< the state is empty (LSE −inf): it becomes the contribution, exactly
+  keep = 0,   ///< the contribution is empty (LSE −inf, +inf or NaN): the state is kept (its output is not read)
+  take = 1,   ///< the state is empty (LSE not finite): it becomes the contribution, exactly
   blend = 2,  ///< out' = out·w_state + out_block·w_block
 };
 
@@ -158,21 +170,23 @@ struct LseStep {
 /// The merge step of a row's state LSE `lse` with a contribution's LSE `lse_block`, in base `base`
 /// (the scalar part of merge(); the same for every element of the row). Host and device.
 /// Formula and sources: the file comment (online softmax; FlashAttention-2 / ring attention's
-/// rescaling; vLLM's merge_attn_states). @pre LSEs finite or −inf (NaN propagates).
+/// rescaling; vLLM's merge_attn_states). Any LSE is accepted: a non-finite one (−inf, +inf, NaN)
+/// is an empty partial (detail::lse_empty()): a non-finite `lse_block` gives keep with the state's
+/// LSE (−inf when the state is empty too, never +inf or NaN), a non-finite state LSE with a finite
+/// `lse_block` gives take. Finite inputs: the blend of the file comment.
 ULYSSES_HOST_DEVICE inline LseStep lse_step(float lse, float lse_block, LseBase base = LseBase::natural) {
-  const float ninf = detail::neg_inf();
   LseStep s;
-  if (lse_block == ninf) {
-    s.lse = lse;
+  if (detail::lse_empty(lse_block)) {
+    s.lse = detail::lse_empty(lse) ? detail::neg_inf() : lse;
     s.kind = LseStepKind::keep;
     return s;
   }
-  if (lse == ninf) {
+  if (detail::lse_empty(lse)) {
     s.lse = lse_block;
     s.kind = LseStepKind::take;
     return s;
   }
-  const bool state_hi = !(lse < lse_block);  // ties: the state is "hi"; NaN flows through below
+  const bool state_hi = !(lse < lse_block);  // ties: the state is "hi" (both finite here)
   const float hi = state_hi ? lse : lse_block, lo = state_hi ? lse_block : lse;
   float d = detail::f_sub(lo, hi);
   if (base == LseBase::natural) d = detail::f_mul(d, 1.44269504088896341f);  // e^d = 2^(d·log2 e)
@@ -327,7 +341,8 @@ inline constexpr int kMergeStepsMax = 64;
 /// and writes the merged row (dv elements of out_type, contiguous) to `out`; returns the merged
 /// LSE. `row` and `lse` are callables (int i → const std::byte*, int i → float), so that a kernel
 /// can read contributions from anywhere. The same bits as streaming i = 0..n−1 through merge().
-/// All contributions −inf: the output row is 0, the returned LSE −inf. Host and device.
+/// All contributions empty (LSE −inf, +inf or NaN): the output row is 0, the returned LSE −inf.
+/// Host and device.
 /// @pre mergeable(in_type) and mergeable(out_type) (else nothing is written and −inf returned);
 ///      n >= 0, dv >= 0; out does not overlap a contribution.
 template <class RowAt, class LseAt>
@@ -444,14 +459,18 @@ inline void merge_rows_batch(int g, int n, const void* const* rows, const float*
 /// The pairwise (streaming) merge of a ring attention step, in place: the state row `out` (dv fp32
 /// elements) with LSE `lse` absorbs the block's partial output row `out_block` (dv elements of
 /// `type`, contiguous) with LSE `lse_block`. Start a row with out = 0, lse = −inf (or with the
-/// first block's values); after blocks 0..n−1 the state holds the same bits as merge_rows() of
-/// them (then round it to 16 bits once, if needed). Host and device.
+/// first block's values when its LSE is finite); after blocks 0..n−1 the state holds the same bits
+/// as merge_rows() of them (then round it to 16 bits once, if needed). A block whose LSE is not
+/// finite (−inf, +inf, NaN) is empty: out is not changed and out_block not read; a state LSE that
+/// is not finite is empty as well and becomes −inf (so a row that saw no key ends with 0 and −inf
+/// from the empty start, never +inf or NaN). Host and device.
 /// @pre mergeable(type) (else the state is left unchanged); out does not overlap out_block.
 ULYSSES_HOST_DEVICE inline void merge(float* out, float& lse, const void* out_block, ElementType type, float lse_block, std::int64_t dv,
                                       LseBase base = LseBase::natural) {
+  if (!mergeable(type)) return;
   const LseStep s = lse_step(lse, lse_block, base);
-  if (s.kind == LseStepKind::keep || !mergeable(type)) return;
-  lse = s.lse;
+  lse = s.lse;  // unchanged by a keep unless the state's LSE was +inf or NaN (then −inf)
+  if (s.kind == LseStepKind::keep) return;
   detail::with_merge_arith(type, [&](auto a) {
     using A = decltype(a);
     const auto* x = static_cast<const std::byte*>(out_block);

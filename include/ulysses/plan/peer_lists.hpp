@@ -36,17 +36,28 @@ inline Layout peer_layout(const Plan& plan, const LayoutRecord* all, int p, int 
   return l;
 }
 
+/// Rank q's layout of tensor t (seq-sharded side or head-sharded side): this rank's own for q ==
+/// plan.rank(), else from its record (peer_layout()). @throws Error(plan_mismatch).
+inline Layout rank_layout(const Plan& plan, const LayoutRecord* all, int q, int t, bool seq_side) {
+  if (q == plan.rank()) return seq_side ? *plan.tensor(t).seq_layout : *plan.tensor(t).head_layout;
+  return peer_layout(plan, all, q, t, seq_side);
+}
+
 /// seq→head of tensor t: this rank's heads of every rank's tokens, from that rank's seq-sharded input.
 /// The peers in rotated order, this rank first (rank r reads r, r+1, ..., r-1): at any moment
 /// the ranks read different peers' inputs rather than all the same one (the copies are disjoint,
 /// so the order changes no bit).
-inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
+/// @param reader whose list (-1: this rank's; another rank's list is built from its record, the
+///        same blocks that rank builds) @param source only the blocks reading rank source's input (-1: all)
+inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out, int reader = -1,
+                                  int source = -1) {
   const TensorSpec& x = plan.tensor(t);
-  const Layout& hl = *x.head_layout;
-  const int me = plan.rank();
+  const int me = reader < 0 ? plan.rank() : reader;
+  const Layout hl = rank_layout(plan, all, me, t, false);
   const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), hb = x.heads.begin(me), n = x.heads.count(me);
   for (int i = 0; i < plan.degree(); ++i) {
     const int p = (me + i) % plan.degree();
+    if (source >= 0 && p != source) continue;
     const Layout lp = peer_layout(plan, all, p, t, true);
     for (const SeqChunk& c : plan.seq().chunks_of(p)) {
       const std::int64_t ext[4] = {plan.batch(), c.length, n, x.head_dim};
@@ -94,10 +105,14 @@ inline void peer_push_seq_to_head(const Plan& plan, const LayoutRecord* all, int
 
 /// head→seq of tensor t: every head of this rank's tokens from its owner, or (Replicas::sum)
 /// summed over its holders in ascending rank order; one run of heads with the same holders at a time.
-inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out) {
+/// @param reader, source as peer_copy_seq_to_head() (with `source`, a sum keeps only its terms
+///        reading that rank's input: for measuring reads, not for running)
+inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out, int reader = -1,
+                                  int source = -1) {
   const TensorSpec& x = plan.tensor(t);
   const HeadPartition& hp = x.heads;
-  const Layout& sl = *x.seq_layout;
+  const int me = reader < 0 ? plan.rank() : reader;
+  const Layout sl = rank_layout(plan, all, me, t, true);
   const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes);
   for (std::int64_t a = 0; a < hp.num_heads();) {
     const HeadRun run = same_holders(hp, a, hp.num_heads());
@@ -105,11 +120,15 @@ inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int
     const int n = plan.sums_replicas(t) ? last - first : 1;
     std::vector<Layout> lq;
     std::vector<int> bufs;
+    if (source >= 0 && (source < first || source >= first + n)) {  // no term reads rank source's input
+      a = run.hi;
+      continue;
+    }
     for (int j = 0; j < n; ++j) {
       lq.push_back(peer_layout(plan, all, first + j, t, false));
       bufs.push_back(BufferIndex::peer_input(first + j, t));
     }
-    for (const SeqChunk& c : plan.seq().chunks_of(plan.rank())) {
+    for (const SeqChunk& c : plan.seq().chunks_of(me)) {
       const std::int64_t ext[4] = {plan.batch(), c.length, run.size(), x.head_dim};
       std::vector<const std::int64_t*> strides;
       std::vector<std::int64_t> offsets;
@@ -120,7 +139,8 @@ inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int
       std::vector<BlockCopy> g(at(n));
       if (make_blocks(ext, n, strides.data(), sl.stride, e, offsets.data(), sl.offset(0, c.local_offset, a, 0) * e, bufs.data(),
                       BufferIndex::output(t), x.type, g.data()))
-        out.insert(out.end(), g.begin(), g.end());
+        for (const BlockCopy& b : g)
+          if (source < 0 || b.src_buffer == BufferIndex::peer_input(source, t)) out.push_back(b);
     }
     a = run.hi;
   }

@@ -5,8 +5,9 @@
 ///        ring_merge_init(), ring_merge_block(), ring_merge_finish()), and the layout of the kv
 ///        block that travels the ring (RingKvBlock).
 ///
-/// The arithmetic is merge/lse.hpp's merge() (fp32, the pairwise step, −inf contributions add
-/// nothing and are not read, 16-bit results rounded once by ring_merge_finish()); merging the
+/// The arithmetic is merge/lse.hpp's merge() (fp32, the pairwise step, empty contributions — LSE
+/// −inf, +inf or NaN — add nothing and are not read, 16-bit results rounded once by
+/// ring_merge_finish()); merging the
 /// steps in step order 0 .. R−1 gives the same bits on every run and as merge_rows() of the same
 /// contributions in that order. merge/lse.hpp has the per-row merge only: this adds the loop over
 /// a tensor and the row offset of a step's query range (ring/schedule.hpp's RingWork::q_begin).
@@ -60,8 +61,9 @@ inline void ring_merge_init(const RingMergeShape& s, float* out, float* lse) {
 /// @param s          the state's shape (RingMergeShape)
 /// @param out, lse    the state (see RingMergeShape)
 /// @param out_block   the step's partial output [B, q_len, H, Dv], bshd contiguous, of `type`
-/// @param lse_block   its LSE, fp32 [B, H, q_len] (−inf: the row saw no key at this step; its
-///                    output row is not read)
+/// @param lse_block   its LSE, fp32 [B, H, q_len] (−inf, or +inf / NaN as FlashAttention-2 gives
+///                    for a fully masked row: the row saw no key at this step; its output row is
+///                    not read, and the bits are those of −inf)
 /// @param type        the element type of out_block (float32, float16, bfloat16)
 /// @param q_begin, q_len the query rows of the state the block covers
 /// @param base        the LSE's base (natural: FlashAttention; two: FlashInfer)
@@ -89,7 +91,8 @@ inline void ring_merge_block(const RingMergeShape& s, float* out, float* lse, co
 }
 
 /// Writes the merged output, rounded once to `type` (float32: copied; 16-bit: to nearest, ties to
-/// even), as [B, S_q, H, Dv] bshd contiguous at dst. Rows that saw no key are 0 (their LSE −inf). Host.
+/// even), as [B, S_q, H, Dv] bshd contiguous at dst. Rows that saw no key (every step's LSE −inf,
+/// +inf or NaN) are 0 (their LSE −inf). Host.
 /// @throws Error(invalid_shape) a negative extent; Error(tensor_mismatch) `type` not mergeable.
 inline void ring_merge_finish(const RingMergeShape& s, const float* out, void* dst, ElementType type) {
   detail::check_merge_shape(s, "ring_merge_finish");

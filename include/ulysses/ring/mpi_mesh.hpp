@@ -38,14 +38,23 @@ struct MpiRingMesh {
 /// Cuts `world` into U × R × outer laid out on the nodes (RingMesh, ulysses_inner by default).
 /// `ranks_per_node` > 0 simulates nodes of that many consecutive world ranks (tests); 0 asks MPI
 /// for the shared-memory nodes. Collective over `world`.
-/// @throws Error(invalid_mesh) what RingMesh or split_by_node() throw (every rank alike: the checks
-///         use all-gathered values only); Error(backend) an MPI call failed.
+/// @throws Error(invalid_mesh) U or R < 1, ranks_per_node < 0, or U·R not dividing the world
+///         (before any communication: the message gives ranks_per_node as passed, "0 (the nodes
+///         MPI finds)" for 0), and what RingMesh or split_by_node() throw for the nodes found
+///         (every rank alike: the checks use all-gathered values only); Error(backend) an MPI call failed.
 inline MpiRingMesh split_ring(MPI_Comm world, int ulysses_degree, int ring_degree, int ranks_per_node = 0,
                               RingOrder order = RingOrder::ulysses_inner) {
   int W = 0;
   if (MPI_Comm_size(world, &W) != MPI_SUCCESS) throw Error(Errc::backend, "MPI_Comm_size failed");
-  if (ulysses_degree < 1 || ring_degree < 1 || W % ulysses_degree != 0 || W % (ulysses_degree * ring_degree) != 0)
-    RingMesh(W, ulysses_degree, ring_degree, ranks_per_node > 0 ? ranks_per_node : 1, order);  // throws, naming what does not fit
+  const std::string what = "split_ring: world=" + std::to_string(W) + ", U=" + std::to_string(ulysses_degree) + ", R=" +
+                           std::to_string(ring_degree) + ", ranks_per_node=" + std::to_string(ranks_per_node) +
+                           (ranks_per_node == 0 ? " (the nodes MPI finds)" : "") + ": ";
+  if (ulysses_degree < 1 || ring_degree < 1 || ranks_per_node < 0)
+    detail::fail(Errc::invalid_mesh, what + "U and R must be >= 1, ranks_per_node >= 0");
+  const long long block = static_cast<long long>(ulysses_degree) * ring_degree;
+  if (block > W || W % block != 0)
+    detail::fail(Errc::invalid_mesh, what + "R x U = " + std::to_string(block) + " ranks do not tile the world of " + std::to_string(W) +
+                                         "; choose U and R with U*R dividing " + std::to_string(W));
   MpiMesh m = split_by_node(world, ulysses_degree * ring_degree, ranks_per_node);
   MpiRingMesh r;
   r.mesh = RingMesh(W, ulysses_degree, ring_degree, m.mesh.ranks_per_node(), order);

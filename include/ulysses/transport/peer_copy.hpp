@@ -41,8 +41,9 @@ inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprin
 
 /// PeerInputs::range_bytes from this rank's list: per input t, the mean contiguous bytes of the
 /// ranges of its reads of its peers' input t (rows merged where the source is contiguous, or for
-/// a copy the destination where that is longer: such blocks the owner pushes).
-inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t* out) {
+/// a copy the destination where that is longer: such blocks the owner pushes); with `total`,
+/// also the bytes read of each input t.
+inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t* out, std::uint64_t* total = nullptr) {
   double bytes[kMaxTensors] = {}, ranges[kMaxTensors] = {};
   for (const BlockCopy& b : list) {
     const int i = b.src_buffer - BufferIndex::count;
@@ -52,6 +53,27 @@ inline void remote_range_bytes(const std::vector<BlockCopy>& list, std::uint64_t
     ranges[i % kMaxTensors] += static_cast<double>(b.bytes()) / static_cast<double>(run);
   }
   for (int t = 0; t < kMaxTensors; ++t) out[t] = ranges[t] > 0 ? static_cast<std::uint64_t>(bytes[t] / ranges[t]) : 0;
+  if (total)
+    for (int t = 0; t < kMaxTensors; ++t) total[t] = static_cast<std::uint64_t>(bytes[t]);
+}
+
+/// Fills PeerCopyLists::peer_read_bytes and peer_range_bytes: what the peers' lists (built here
+/// from every rank's record, the blocks each peer builds) read of this rank's inputs, per
+/// direction. A rank whose peers have no tokens (or no heads) then knows that they read none of
+/// its input, and a rank with no tokens of its own what its peers read of its head-sharded input,
+/// where its own (empty) list says nothing (bug case C17).
+inline void peer_reads(const Plan& plan, const LayoutRecord* all, PeerCopyLists& l) {
+  const int me = plan.rank();
+  std::vector<BlockCopy> reads[2];
+  for (int q = 0; q < plan.degree(); ++q) {
+    if (q == me) continue;
+    for (int t = 0; t < plan.num_tensors(); ++t) {
+      peer_copy_seq_to_head(plan, all, t, reads[0], q, me);
+      peer_copy_head_to_seq(plan, all, t, reads[1], q, me);
+    }
+  }
+  for (int d = 0; d < 2; ++d) remote_range_bytes(reads[d], l.peer_range_bytes[d], l.peer_read_bytes[d]);
+  l.peer_reads = true;
 }
 
 /// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
@@ -215,6 +237,7 @@ struct PeerCopyTransport {
     std::vector<LayoutRecord> all(static_cast<std::size_t>(plan.degree()));
     comm.allgather(&mine, sizeof mine, all.data());
     PeerCopyLists built = peer_copy_lists(plan, all.data());
+    if constexpr (!comm_traits<Comm>::one_address_space) detail::peer_reads(plan, all.data(), built);  // what a window stages or publishes
     const std::uint64_t wire = plan.fingerprint();  // every rank's, once the agreement check passed
     for (const LayoutRecord& r : all) built.layouts.push_back(detail::layout_hash(r, wire));
     if constexpr (comm_traits<Comm>::exchange_state) {
@@ -261,8 +284,16 @@ struct PeerCopyTransport {
       }
     }
     inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
+    if (l.peer_reads)  // an input no peer reads needs neither staging nor publishing (C17)
+      for (int x = 0; x < plan.num_tensors(); ++x) {
+        inputs.read_bytes[x] = l.peer_read_bytes[static_cast<int>(d)][x];
+        inputs.unread[x] = inputs.bytes[x] && !inputs.read_bytes[x];
+      }
     if (inputs.reads_remote) {
-      detail::remote_range_bytes(list, inputs.range_bytes);
+      if (l.peer_reads)
+        for (int x = 0; x < kMaxTensors; ++x) inputs.range_bytes[x] = l.peer_range_bytes[static_cast<int>(d)][x];
+      else
+        detail::remote_range_bytes(list, inputs.range_bytes);
       inputs.list = reinterpret_cast<std::uintptr_t>(list.data());  // for the owners that push (PeerCopyWork::push)
       inputs.list_blocks = list.size();
       inputs.table = reinterpret_cast<std::uintptr_t>(&t);
