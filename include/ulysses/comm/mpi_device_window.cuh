@@ -428,7 +428,7 @@ class MpiDeviceWindowComm {
   ExchangeState& exchange_state() noexcept { return state_; }
 
  private:
-  std::uint64_t timeout_ns() const noexcept { return static_cast<std::uint64_t>(timeout_.count()) * 1000000ull; }
+  std::uint64_t timeout_ns() const noexcept { return detail::wait_ns(timeout_); }
 
   /// Throws Error(aborted) after an earlier failure of this rank, or the error a device wait
   /// reported (recorded as this rank's failure first).
@@ -467,7 +467,7 @@ class MpiDeviceWindowComm {
   }
   /// Waits (bounded) for the stream.
   void drain(const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + 2 * timeout_;
+    const auto deadline = detail::deadline_after(detail::scaled_wait(timeout_, 2));
     cudaError_t e = cudaSuccess;
     const bool ok = detail::poll_until(deadline, [&] {
       e = cudaStreamQuery(stream_);
@@ -475,7 +475,7 @@ class MpiDeviceWindowComm {
     }, detail::PollPace::relaxed);
     if (!ok) {
       const std::string m = "rank " + std::to_string(rank()) + ": MpiDeviceWindowComm::" + what + ": the stream did not drain within " +
-                            std::to_string(2 * timeout_.count()) + " ms (a kernel before the exchange is stuck)";
+                            std::to_string(detail::scaled_wait(timeout_, 2).count()) + " ms (a kernel before the exchange is stuck)";
       break_group(Errc::timeout, m);
       throw Error(Errc::timeout, m);
     }

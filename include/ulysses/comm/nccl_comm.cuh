@@ -281,7 +281,7 @@ class NcclComm {
   /// gives up (Error(backend)); one still in progress is waited out (bounded).
   Call enter(const char* who) {
     sh_->failure.check(who);
-    const Call call{who, std::chrono::steady_clock::now() + timeout_};
+    const Call call{who, detail::deadline_after(timeout_)};
     finish(call, async_state(call), "an earlier operation (ncclCommGetAsyncError)");
     return call;
   }
