@@ -205,6 +205,12 @@ class GroupTimer {
     }
     BENCH_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
     BENCH_CUDA(cudaHostGetDevicePointer(&dflag_, flag_, 0));
+    // Lazy loading (CUDA >= 12.2's default) may load a kernel at its first launch with a context
+    // synchronisation, which would wait for the spinning hold kernel: load it (and the copy
+    // kernel the ranks launch behind it; CudaExecutor's occupancy query also loads that one) now.
+    cudaFuncAttributes a{};
+    BENCH_CUDA(cudaFuncGetAttributes(&a, hold));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ulysses::detail::block_copy_kernel<ulysses::detail::kCopyThreads>));
   }
   GroupTimer(const GroupTimer&) = delete;
   GroupTimer& operator=(const GroupTimer&) = delete;
@@ -223,6 +229,12 @@ class GroupTimer {
   double step(DeviceLocalGroup& group, F&& per_rank) {
     const cudaStream_t s0 = streams[0];
     *reinterpret_cast<volatile int*>(flag_) = 0;
+    // However step() ends (a rank throws: a comm error, a timeout, a plan mismatch), the hold
+    // kernel is released, so that ~GroupTimer's cudaDeviceSynchronize returns and the error is seen.
+    struct Release {
+      int* flag;
+      ~Release() { *reinterpret_cast<volatile int*>(flag) = 1; }
+    } const release{flag_};
     flush(s0);
     hold<<<1, 1, 0, s0>>>(dflag_);
     BENCH_CUDA(cudaGetLastError());
@@ -235,7 +247,7 @@ class GroupTimer {
     });
     for (std::size_t r = 1; r < streams.size(); ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done_[r], 0));
     BENCH_CUDA(cudaEventRecord(ev.b, s0));
-    *reinterpret_cast<volatile int*>(flag_) = 1;  // release: the GPU runs everything now
+    *reinterpret_cast<volatile int*>(flag_) = 1;  // release: the GPU runs everything now (release's destructor again, harmless)
     BENCH_CUDA(cudaEventSynchronize(ev.b));
     return Events::seconds(ev.a, ev.b);
   }

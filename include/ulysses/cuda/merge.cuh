@@ -128,14 +128,16 @@ class CudaDecodeExecutor {
   void pack(const DecodeArgs& a) const {
     const std::int64_t rows = detail::decode_other_rows(a);
     if (rows == 0) return;
+    detail::check_pending(cudaPeekAtLastError(), "decode_pack_kernel");
     detail::decode_pack_kernel<<<grid(rows * detail::kDecodeLanes), detail::kDecodeThreads, 0, stream_>>>(a, rows);
-    detail::cuda_check(cudaGetLastError(), "decode_pack_kernel launch");
+    detail::check_launch("decode_pack_kernel");
   }
 
   /// Unpack + merge (one launch for every row and contribution). @throws Error(backend) the launch failed.
   void merge(const DecodeArgs& a) const {
     const std::int64_t chunks = (a.Dv + detail::kDecodeMergeChunk - 1) / detail::kDecodeMergeChunk, units = detail::decode_own_rows(a) * chunks;
     if (units == 0) return;
+    detail::check_pending(cudaPeekAtLastError(), "decode_merge_kernel");
     bool launched = false;
     detail::with_merge_arith(a.partial_type, [&](auto in) {
       detail::with_merge_arith(a.out_type, [&](auto o) {
@@ -144,15 +146,16 @@ class CudaDecodeExecutor {
       });
     });
     if (!launched) detail::fail(Errc::not_summable, "CudaDecodeExecutor::merge: element types that cannot be merged");
-    detail::cuda_check(cudaGetLastError(), "decode_merge_kernel launch");
+    detail::check_launch("decode_merge_kernel");
   }
 
   /// Gather unpack (all_heads; one launch). @throws Error(backend) the launch failed.
   void unpack_gathered(const DecodeArgs& a) const {
     const std::int64_t rows = detail::decode_other_rows(a);
     if (rows == 0) return;
+    detail::check_pending(cudaPeekAtLastError(), "decode_gather_kernel");
     detail::decode_gather_kernel<<<grid(rows * detail::kDecodeLanes), detail::kDecodeThreads, 0, stream_>>>(a, rows);
-    detail::cuda_check(cudaGetLastError(), "decode_gather_kernel launch");
+    detail::check_launch("decode_gather_kernel");
   }
 
   cudaStream_t stream() const { return stream_; }  ///< the stream the passes launch on

@@ -105,5 +105,21 @@ inline void cuda_check(cudaError_t e, const char* what) {
   throw Error(Errc::backend, std::string(what) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
+/// Before launching `kernel`: `pending` is cudaPeekAtLastError(). An error already pending on
+/// this thread comes from an earlier call (someone else's launch, or a sticky error of the
+/// context): Error(backend) names it as such, not as this launch's failure, and leaves it
+/// pending for its owner (peek does not clear it); the caller then launches nothing. After the
+/// launch, check_launch() reads the launch's own error.
+/// @throws Error(backend) when `pending` is not cudaSuccess.
+inline void check_pending(cudaError_t pending, const char* kernel) {
+  if (pending == cudaSuccess) return;
+  throw Error(Errc::backend, std::string(kernel) + " not launched: a CUDA error from an earlier call is pending on this thread (" +
+                                 cudaGetErrorName(pending) + ": " + cudaGetErrorString(pending) +
+                                 "; not this launch's: read and clear it with cudaGetLastError where it was made)");
+}
+/// Right after a launch of `kernel` that check_pending() preceded: cudaGetLastError() is this
+/// launch's error. @throws Error(backend) the launch failed.
+inline void check_launch(const char* kernel) { cuda_check(cudaGetLastError(), (std::string(kernel) + " launch").c_str()); }
+
 }  // namespace detail
 ULYSSES_NAMESPACE_END
