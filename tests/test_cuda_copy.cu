@@ -14,6 +14,7 @@
 #include <ulysses/cuda/pipeline.cuh>
 
 #include "device_harness.cuh"
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
@@ -349,6 +350,48 @@ TEST_CASE("CudaExecutor rejects block lists of another plan; empty lists launch 
   ex.run(nullptr, 0, t);  // nothing to do, nothing launched
   CudaExecutor moved(std::move(ex));
   CHECK(moved.units(sa.pack.data(), sa.pack.size()) > 0);
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+}
+
+TEST_SUITE("host") {
+  TEST_CASE("DeviceLocalGroup's direct path over several devices: peer access to each other device once, or path_unsupported naming the pair") {
+    std::vector<std::pair<int, int>> asked;
+    auto can = [&](bool yes) {
+      return [&asked, yes](int d, int peer) { return asked.emplace_back(d, peer), yes; };
+    };
+    std::string err;
+    CHECK(detail::peer_devices_to_enable(1, {0, 1, 0, 2, 1}, can(true), err) == std::vector<int>{0, 2});
+    CHECK(err == "");
+    CHECK(asked == std::vector<std::pair<int, int>>{{1, 0}, {1, 2}});
+    CHECK(detail::peer_devices_to_enable(0, {0, 0, 0, 0}, can(false), err).empty());  // one GPU: nothing to enable
+    CHECK(err == "");
+    CHECK(detail::peer_devices_to_enable(0, {0, 3}, can(false), err).empty());
+    CHECK(err.find("reads rank 1's memory on device 3 from device 0, which has no peer access to it") != std::string::npos);
+    CHECK(err.find("Path::messages") != std::string::npos);
+  }
+
+  TEST_CASE("a CUDA error pending before a launch is named as an earlier call's, not the launch's") {
+    detail::check_pending(cudaSuccess, "block_copy_kernel");  // nothing pending: no throw
+    const auto [code, message] = ut::error_of([] { detail::check_pending(cudaErrorMemoryAllocation, "block_copy_kernel"); });
+    CHECK(code == Errc::backend);
+    CHECK(message == std::string("ulysses: backend: block_copy_kernel not launched: a CUDA error from an earlier call is pending on this thread (cudaErrorMemoryAllocation: ") +
+                         cudaGetErrorString(cudaErrorMemoryAllocation) + "; not this launch's: read and clear it with cudaGetLastError where it was made)");
+  }
+}
+
+TEST_CASE("CudaExecutor: a stale error of an earlier call is reported as such, left pending for its owner, and nothing is launched") {
+  ut::Stream s;
+  const Plan a = ut::plan_of<float>(ut::c1_cases()[0], 0);
+  CudaExecutor ex(a, s.get());
+  const Schedule& sa = a.schedule(Direction::seq_to_head);
+  BufferTable t;
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, std::size_t{1} << 62) == cudaErrorMemoryAllocation);  // someone else's failed call: a non-sticky pending error
+  const auto [code, message] = ut::error_of([&] { ex.run(sa.pack.data(), sa.pack.size(), t); });
+  CHECK(code == Errc::backend);
+  CHECK(message.find("not launched: a CUDA error from an earlier call is pending") != std::string::npos);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);  // still there for its owner; now cleared
+  CHECK(cudaGetLastError() == cudaSuccess);
   UT_CUDA(cudaStreamSynchronize(s.get()));
 }
 
