@@ -302,3 +302,18 @@ TEST_CASE("types that cannot be merged: mergeable(), and merge() leaves the stat
   CHECK(l == 0.0f);
   CHECK(std::string(to_string(LseBase::two)) == "two");
 }
+
+TEST_CASE("host f_mul / f_add round twice, never fused: a*b + c where one rounding (FMA) differs in the last bit") {
+  // a = b = 1 + 2^-12: a·b = 1 + 2^-11 + 2^-24 rounds (tie to even) to 1 + 2^-11; with
+  // c = -(1 + 2^-11) the two-rounding sum is 0, the fused one 2^-24. The build's -ffp-contract=off
+  // (the ulysses target's compile options) keeps GCC/Clang from contracting on aarch64 (always FMA)
+  // or x86-64 with -mfma; volatile keeps the values from being folded at compile time.
+  volatile float va = 1.0f + 0x1p-12f, vc = -(1.0f + 0x1p-11f);
+  const float a = va, c = vc;
+  const float two_roundings = ulysses::detail::f_add(ulysses::detail::f_mul(a, a), c);
+  CHECK(std::fma(a, a, c) == 0x1p-24f);  // the inputs do tell fused from unfused
+  CHECK(two_roundings == 0.0f);
+  float p = a;  // a Horner step as exp2_nonpos runs it, across statements
+  p = ulysses::detail::f_add(ulysses::detail::f_mul(p, a), c);
+  CHECK(p == 0.0f);
+}

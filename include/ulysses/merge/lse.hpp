@@ -44,8 +44,9 @@
 /// Preconditions: LSE values are finite or −inf (a NaN propagates to the output; +inf is not
 /// meaningful); partial outputs of finite-LSE contributions are finite.
 /// Build ulysses code without -ffast-math / --use_fast_math, and for the host's bits to equal the
-/// GPU's also without FMA contraction across statements (GCC's -ffp-contract=fast with -mfma or
-/// -march=native contracts o·w + x·w'; add -ffp-contract=off there). Host and device.
+/// GPU's also without FMA contraction across statements (GCC's default -ffp-contract=fast
+/// contracts o·w + x·w' on aarch64, e.g. GH200, and on x86-64 with -mfma / -march=native): the
+/// ulysses CMake target and ulysses.pc add -ffp-contract=off. Host and device.
 #pragma once
 
 #include <cstddef>
