@@ -57,13 +57,20 @@ ULYSSES_KERNEL_ATTRIBUTES void __launch_bounds__(kDecodeThreads) decode_gather_k
     decode_gather_unit(a, r, lane, kDecodeLanes);
 }
 
-/// Unpack + merge: unit u = (row u / chunks, elements [8·(u % chunks), +8)), units grid-stride.
+/// Unpack + merge: unit u = (row u / chunks, elements [8·(u % chunks), +8)), units grid-stride;
+/// (row, chunk) advanced by the stride's quotient and remainder (two divisions per thread, not one
+/// 64-bit division per unit).
 template <class In, class Out>
 ULYSSES_KERNEL_ATTRIBUTES void __launch_bounds__(kDecodeThreads) decode_merge_kernel(DecodeArgs a, std::int64_t units, std::int64_t chunks) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kDecodeThreads;
-  for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x; u < units; u += stride) {
-    const std::int64_t r = u / chunks, c = u - r * chunks;
+  const std::int64_t u0 = static_cast<std::int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x;
+  if (u0 >= units) return;
+  const std::int64_t dr = stride / chunks, dc = stride - dr * chunks;
+  std::int64_t r = u0 / chunks, c = u0 - r * chunks;
+  for (std::int64_t u = u0; u < units; u += stride) {
     decode_merge_unit_typed<kDecodeMergeChunk, In, Out>(a, r, c * kDecodeMergeChunk);
+    r += dr, c += dc;
+    if (c >= chunks) c -= chunks, ++r;
   }
 }
 
