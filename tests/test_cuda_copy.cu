@@ -370,6 +370,23 @@ TEST_SUITE("host") {
     CHECK(err.find("Path::messages") != std::string::npos);
   }
 
+  TEST_CASE("the CUDA verdict: insufficient driver with a driver is a build mismatch, without one no GPU; the report says which") {
+    using detail::CudaVerdict;
+    CHECK(detail::cuda_verdict(13000, 13000, cudaSuccess, 1) == CudaVerdict::ok);
+    CHECK(detail::cuda_verdict(0, 13000, cudaErrorInsufficientDriver, 0) == CudaVerdict::no_driver);  // this machine: no libcuda
+    CHECK(detail::cuda_verdict(12040, 13000, cudaErrorInsufficientDriver, 0) == CudaVerdict::build_mismatch);
+    CHECK(detail::cuda_verdict(13000, 13000, cudaErrorNoDevice, 0) == CudaVerdict::no_device);
+    CHECK(detail::cuda_verdict(13000, 13000, cudaSuccess, 0) == CudaVerdict::no_device);
+    CHECK(detail::cuda_version_string(13000) == "13.0");
+    CHECK(detail::cuda_version_string(12040) == "12.4");
+    CHECK(detail::cuda_version_string(0) == "none");
+    CHECK(detail::cuda_report(12040, 13000, cudaErrorInsufficientDriver, 0) ==
+          "CUDA runtime 13.0 (this build's), driver 12.4: build mismatch: the driver runs CUDA <= 12.4, older than this build's runtime 13.0 "
+          "(cudaErrorInsufficientDriver): rebuild with a CUDA toolkit <= 12.4 (not a missing device)");
+    CHECK(detail::cuda_report(0, 13000, cudaErrorInsufficientDriver, 0) == "CUDA runtime 13.0 (this build's), driver none: no CUDA driver: no GPU here");
+    CHECK(detail::cuda_report(13000, 13000, cudaSuccess, 2) == "CUDA runtime 13.0 (this build's), driver 13.0: ok: 2 device(s)");
+  }
+
   TEST_CASE("a CUDA error pending before a launch is named as an earlier call's, not the launch's") {
     detail::check_pending(cudaSuccess, "block_copy_kernel");  // nothing pending: no throw
     const auto [code, message] = ut::error_of([] { detail::check_pending(cudaErrorMemoryAllocation, "block_copy_kernel"); });
