@@ -192,7 +192,7 @@ class MpiDeviceWindow {
       detail::mpi_check(MPI_Allgather(bus_id, static_cast<int>(sizeof bus_id), MPI_CHAR, all_bus.data(), static_cast<int>(sizeof bus_id), MPI_CHAR, node_),
                         "MPI_Allgather");
       std::vector<std::string> bus(static_cast<std::size_t>(size_));
-      for (int p = 0; p < size_; ++p) bus[static_cast<std::size_t>(p)] = std::string(all_bus.data() + p * sizeof bus_id);
+      for (int p = 0; p < size_; ++p) bus[static_cast<std::size_t>(p)] = std::string(all_bus.data() + static_cast<std::size_t>(p) * sizeof bus_id);
       if (err.empty())
         err = detail::peer_atomics_error(rank_, bus, [&](const std::string& id) {
           detail::PeerLink l;

@@ -230,14 +230,14 @@ struct SumArithBytes {
   /// out[k] = load(p + k * sizeof(Bits)), k < len (len <= N).
   template <int N>
   ULYSSES_HOST_DEVICE static void load_n(const std::byte* p, int len, Acc* out) {
-    constexpr int kBytes = N * static_cast<int>(sizeof(Bits));
+    constexpr std::size_t kBytes = static_cast<std::size_t>(N) * sizeof(Bits);
     if constexpr (kBytes % 16 == 0) {
       if (len == N && aligned_to(p, 16)) {
         Bytes16 v[kBytes / 16];
-        Bits b[N];
-        for (int i = 0; i < kBytes / 16; ++i) v[i] = load_bits<Bytes16>(p + 16 * i);
+        Bits b[static_cast<std::size_t>(N)];
+        for (std::size_t i = 0; i < kBytes / 16; ++i) v[i] = load_bits<Bytes16>(p + 16 * i);
         std::memcpy(b, v, kBytes);  // registers: no memory access
-        for (int k = 0; k < N; ++k) out[k] = Derived::widen(b[k]);
+        for (std::size_t k = 0; k < static_cast<std::size_t>(N); ++k) out[k] = Derived::widen(b[k]);
         return;
       }
     }
@@ -246,14 +246,14 @@ struct SumArithBytes {
   /// store(p + k * sizeof(Bits), x[k]), k < len (len <= N).
   template <int N>
   ULYSSES_HOST_DEVICE static void store_n(std::byte* p, int len, const Acc* x) {
-    constexpr int kBytes = N * static_cast<int>(sizeof(Bits));
+    constexpr std::size_t kBytes = static_cast<std::size_t>(N) * sizeof(Bits);
     if constexpr (kBytes % 16 == 0) {
       if (len == N && aligned_to(p, 16)) {
         Bytes16 v[kBytes / 16];
-        Bits b[N];
-        for (int k = 0; k < N; ++k) b[k] = Derived::narrow(x[k]);
+        Bits b[static_cast<std::size_t>(N)];
+        for (std::size_t k = 0; k < static_cast<std::size_t>(N); ++k) b[k] = Derived::narrow(x[k]);
         std::memcpy(v, b, kBytes);
-        for (int i = 0; i < kBytes / 16; ++i) store_bits(p + 16 * i, v[i]);
+        for (std::size_t i = 0; i < kBytes / 16; ++i) store_bits(p + 16 * i, v[i]);
         return;
       }
     }
