@@ -412,6 +412,36 @@ TEST_CASE("CudaExecutor: a stale error of an earlier call is reported as such, l
   UT_CUDA(cudaStreamSynchronize(s.get()));
 }
 
+TEST_CASE("CudaExecutor: a foreign list with a peer table is refused before the table is uploaded (nothing enqueued, even inside a capture)") {
+  ut::Stream s;
+  const Plan a = ut::plan_of<float>(ut::c1_cases()[0], 0);
+  const Plan b = a;  // same content, other lists: foreign to the executor
+  CudaExecutor ex(a, s.get());
+  BlockCopy one{};
+  one.extent[0] = one.extent[1] = one.extent[2] = one.extent[3] = 1;
+  one.row_bytes = 16;
+  one.elem_bytes = 1;
+  ex.prepare_direct(BlockList{&one, 1}, BlockList{&one, 1}, 1);
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+  const Schedule& sb = b.schedule(Direction::seq_to_head);
+  std::vector<std::byte*> tables(static_cast<std::size_t>(CudaExecutor::kPeerTables + 1) * kMaxTensors);
+  for (std::size_t i = 0; i < tables.size(); ++i) tables[i] = reinterpret_cast<std::byte*>(std::uintptr_t{4096} * (i + 1));  // never read
+  cudaGraph_t graph = nullptr;
+  UT_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  int refused = 0;
+  for (int k = 0; k <= CudaExecutor::kPeerTables; ++k) {  // 17 distinct tables: the 17th would synchronise the device
+    BufferTable t;
+    t.peers = tables.data() + static_cast<std::size_t>(k) * kMaxTensors;
+    refused += ut::code_of([&] { ex.run(sb.pack.data(), sb.pack.size(), t); }) == Errc::plan_mismatch;
+  }
+  UT_CUDA(cudaStreamEndCapture(s.get(), &graph));
+  std::size_t nodes = 99;
+  UT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  UT_CUDA(cudaGraphDestroy(graph));
+  CHECK(refused == CudaExecutor::kPeerTables + 1);
+  CHECK(nodes == 0);  // no peer-table upload was captured
+}
+
 TEST_CASE("DeviceLocalGroup: mismatched byte counts are reported and abort the group, no hang") {
   const std::string err = ut::on_device_group(2, [](DeviceLocalGroup::Comm& c) -> std::string {
     ut::DeviceBuffer buf(16);
