@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <chrono>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -455,6 +457,29 @@ void bm_summed_inverse(benchmark::State& state, bool sum, int P) {
   }
 }
 
+/// The group benchmarks' error path (gpu_check's ladder runs it under a timeout): a rank that
+/// throws inside GroupTimer::step() must release the hold kernel, so that the error reaches the
+/// caller and ~GroupTimer's cudaDeviceSynchronize returns (before the fix: a hang). 0 when so.
+int check_throwing_rank() {
+  int code = 1;
+  {
+    DeviceLocalGroup group(2, std::chrono::seconds(10));
+    GroupTimer timer(2);
+    try {
+      timer.step(group, [](DeviceLocalGroup::Comm& comm) {
+        if (comm.rank() == 1) throw std::runtime_error("rank 1 fails inside a group benchmark");
+        comm.barrier();  // rank 0 then gets aborted
+      });
+      std::printf("check_throwing_rank FAIL: no error reached the caller\n");
+    } catch (const std::exception& x) {
+      std::printf("check_throwing_rank: the error reached the caller (%s)\n", x.what());
+      code = 0;
+    }
+  }  // ~GroupTimer: cudaDeviceSynchronize, which needs the hold kernel released
+  std::printf("check_throwing_rank %s: ~GroupTimer returned\n", code == 0 ? "ok" : "FAIL");
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -465,6 +490,7 @@ int main(int argc, char** argv) {
                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--check-throwing-rank") return check_throwing_rank();
   for (std::int64_t D : {64, 128})
     for (int P : {2, 4, 8}) {
       const std::string shape = "/D:" + std::to_string(D) + "/P:" + std::to_string(P);

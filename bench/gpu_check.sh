@@ -262,6 +262,7 @@ run_half() {
   rung 6b tests_merge 60 1 test_cuda_merge.log "$bin/test_cuda_merge"
   rung 6c demo 40 1 demo.log "$bin/ulysses_attention" --device cuda --seq 1024
   rung 6d demo_backward 40 1 demo_backward.log "$bin/ulysses_attention" --device cuda --backward
+  rung 6e0 bench_throwing_rank 20 1 bench_throwing_rank.log "$bin/bench_cuda" --check-throwing-rank
   rung 6e bench_cuda 120 1 bench.log "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json --benchmark_min_time=0.05
   local perf=(--model llama-3.1-8b -b 1024 -e 4096 -f 2 -n 10 -w 2 -c 1 --backward)
   rung 6f perf_cuda_local 60 1 perf_cuda_local.log "$bin/ulysses_perf" --backend cuda-local --ranks 4 "${perf[@]}" --json "$out/perf_cuda_local.json"
