@@ -26,10 +26,10 @@
 #include <ulysses/cuda/executor.cuh>
 #include <ulysses/cuda/pipeline.cuh>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
-#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
