@@ -62,6 +62,9 @@ struct NcclMesh {
 /// Ulysses group for PlanOptions::nodes.
 /// A non-blocking world (ncclConfig_t::blocking = 0, which the children inherit) works: each
 /// split's ncclInProgress is waited out, both splits together at most `timeout`.
+/// @param world   the world communicator, mesh.world() ranks
+/// @param mesh    the layout
+/// @param index   this rank's node-first index, 0 .. W−1
 /// @param timeout how long the splits may take (milliseconds::max(): no bound)
 /// @param calls   the NCCL functions to call (detail::nccl_calls(); a test's fakes)
 /// @throws Error(invalid_mesh) the world is not mesh.world() ranks or index is outside it;
