@@ -26,9 +26,11 @@
 #include <ulysses/cuda/executor.cuh>
 #include <ulysses/cuda/pipeline.cuh>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -205,6 +207,12 @@ class GroupTimer {
     }
     BENCH_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
     BENCH_CUDA(cudaHostGetDevicePointer(&dflag_, flag_, 0));
+    // Lazy loading (CUDA >= 12.2's default) may load a kernel at its first launch with a context
+    // synchronisation, which would wait for the spinning hold kernel: load it (and the copy
+    // kernel the ranks launch behind it; CudaExecutor's occupancy query also loads that one) now.
+    cudaFuncAttributes a{};
+    BENCH_CUDA(cudaFuncGetAttributes(&a, hold));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ulysses::detail::block_copy_kernel<ulysses::detail::kCopyThreads>));
   }
   GroupTimer(const GroupTimer&) = delete;
   GroupTimer& operator=(const GroupTimer&) = delete;
@@ -223,6 +231,12 @@ class GroupTimer {
   double step(DeviceLocalGroup& group, F&& per_rank) {
     const cudaStream_t s0 = streams[0];
     *reinterpret_cast<volatile int*>(flag_) = 0;
+    // However step() ends (a rank throws: a comm error, a timeout, a plan mismatch), the hold
+    // kernel is released, so that ~GroupTimer's cudaDeviceSynchronize returns and the error is seen.
+    struct Release {
+      int* flag;
+      ~Release() { *reinterpret_cast<volatile int*>(flag) = 1; }
+    } const release{flag_};
     flush(s0);
     hold<<<1, 1, 0, s0>>>(dflag_);
     BENCH_CUDA(cudaGetLastError());
@@ -235,7 +249,7 @@ class GroupTimer {
     });
     for (std::size_t r = 1; r < streams.size(); ++r) BENCH_CUDA(cudaStreamWaitEvent(s0, done_[r], 0));
     BENCH_CUDA(cudaEventRecord(ev.b, s0));
-    *reinterpret_cast<volatile int*>(flag_) = 1;  // release: the GPU runs everything now
+    *reinterpret_cast<volatile int*>(flag_) = 1;  // release: the GPU runs everything now (release's destructor again, harmless)
     BENCH_CUDA(cudaEventSynchronize(ev.b));
     return Events::seconds(ev.a, ev.b);
   }
@@ -443,6 +457,29 @@ void bm_summed_inverse(benchmark::State& state, bool sum, int P) {
   }
 }
 
+/// The group benchmarks' error path (gpu_check's ladder runs it under a timeout): a rank that
+/// throws inside GroupTimer::step() must release the hold kernel, so that the error reaches the
+/// caller and ~GroupTimer's cudaDeviceSynchronize returns (before the fix: a hang). 0 when so.
+int check_throwing_rank() {
+  int code = 1;
+  {
+    DeviceLocalGroup group(2, std::chrono::seconds(10));
+    GroupTimer timer(2);
+    try {
+      timer.step(group, [](DeviceLocalGroup::Comm& comm) {
+        if (comm.rank() == 1) throw std::runtime_error("rank 1 fails inside a group benchmark");
+        comm.barrier();  // rank 0 then gets aborted
+      });
+      std::printf("check_throwing_rank FAIL: no error reached the caller\n");
+    } catch (const std::exception& x) {
+      std::printf("check_throwing_rank: the error reached the caller (%s)\n", x.what());
+      code = 0;
+    }
+  }  // ~GroupTimer: cudaDeviceSynchronize, which needs the hold kernel released
+  std::printf("check_throwing_rank %s: ~GroupTimer returned\n", code == 0 ? "ok" : "FAIL");
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -453,6 +490,7 @@ int main(int argc, char** argv) {
                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--check-throwing-rank") return check_throwing_rank();
   for (std::int64_t D : {64, 128})
     for (int P : {2, 4, 8}) {
       const std::string shape = "/D:" + std::to_string(D) + "/P:" + std::to_string(P);

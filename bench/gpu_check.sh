@@ -9,47 +9,38 @@
 #                                      binaries, the shared libraries the GPU machine lacks
 #                                      (Google Benchmark, the CUDA runtime) and doctest's headers
 #                                      (for the fallback below). Carry DIR to the GPU machine.
-#   bench/gpu_check.sh run DIR OUT     there: runs everything from DIR and writes into OUT:
-#                                      summary.txt (each step: exit status and seconds),
-#                                      nvidia-smi.txt, test_cuda_copy.log, test_comm_nccl.log,
-#                                      demo.log, demo_backward.log, bench.log + bench_cuda.json,
-#                                      perf_cuda_local.log + .json (ulysses_perf --backend
-#                                      cuda-local: 4 virtual ranks, forward and backward, -c 1),
-#                                      perf_nccl.log + .json (--backend nccl: one process, P = 1,
-#                                      as the build has no MPI and the machine one GPU),
-#                                      ds_baseline.log + ds_baseline.json (DeepSpeed's op sequence
-#                                      with the machine's PyTorch, bench/ds_baseline.py);
-#                                      the device window across processes (CUDA IPC on the ONE
-#                                      GPU, under the Open MPI carried in DIR/mpi): ipc_test.log
-#                                      (test_comm_mpi_device_window, mpiexec -n 2), perf_ipc_2 and
-#                                      perf_ipc_4 .log + .json (ulysses_perf --backend cuda-ipc,
-#                                      2 and 4 processes, Llama-3.1-8B, S = 4096 and 16384, -c 1;
-#                                      its bare column: one cudaMemcpyAsync of the same bytes) and
-#                                      perf_nccl_ipc_sizes .log + .json (NCCL, P = 1, the same
-#                                      sizes).
-#                                      Without a CUDA device it stops at once: "no CUDA device",
-#                                      exit 3. If the carried binaries cannot load (other system
-#                                      libraries there), it rebuilds the tests, the demo and
-#                                      ulysses_perf there (nvcc, CMake, ninja, the carried doctest;
-#                                      no Google Benchmark, so no bench_cuda).
+#   bench/gpu_check.sh run DIR [OUT]  there: the ladder below, from DIR, into OUT (default $OUT,
+#                                      else ./gpu_check_out): summary.txt (one line per rung:
+#                                      "ok", "FAIL exit N: ...", "TIMEOUT ...", "skipped: why")
+#                                      and each rung's log. If the carried binaries cannot load or
+#                                      the driver is older than their CUDA runtime (a build
+#                                      mismatch), it rebuilds them there when nvcc is there.
 #
-# Budget of the run half on one H200: about 2-3 minutes (tests ~1 min, demo ~20 s, benchmarks
-# ~1 min, ulysses_perf ~30 s at small sizes, PyTorch baseline ~20 s) plus the IPC steps (each
-# bounded by its timeout, 150 s; expected well under a minute each), so that a rerun fits in
-# 15 minutes of device time. Every step has its own timeout and the script goes on after a
-# failing one.
+# The ladder, each rung with its own timeout, one failure costing only its rung, the whole bounded
+# by LADDER_BUDGET (560 s: one 10-minute device call):
+#   0 versions: the CUDA runtime carried, the driver and the NCCL loaded (ulysses_gpu_probe), and
+#     whether this machine can run the build: "no CUDA driver", "build mismatch" (driver older
+#     than the runtime: cudaErrorInsufficientDriver with a driver), "no device", or ok
+#   1 one tiny kernel; 2 the copy kernel against cudaMemcpyAsync, then bit for bit against the host
+#     executor; 3 DeviceLocalGroup (P = 2, 4, 8 virtual ranks); 4 NCCL at P = 1; 5 two processes
+#     over CUDA IPC (mpiexec -n 2, the Open MPI carried in DIR/mpi); 6 the CUDA tests in full, the
+#     demo, bench_cuda, ulysses_perf (cuda-local, nccl, cuda-ipc at 2 and 4 processes), DeepSpeed's
+#     op sequence with the machine's PyTorch (bench/ds_baseline.py); 7 compute-sanitizer memcheck,
+#     racecheck and synccheck over the CUDA tests, when compute-sanitizer is there.
+# Rungs 0-2 answer within a minute. Without a device every device rung says "skipped: no device"
+# at once, and the exit status is 3; else it is the number of failed rungs (4: DIR incomplete).
 # NCCL: the binaries need libnccl.so.2, which the GPU machine has in PyTorch's wheel
-# (nvidia/nccl/lib); the run half finds it (or NCCL_LIB_DIR). Exit status of the run half: the
-# number of failed steps (0: all passed), 3 without a device, 4 when DIR is incomplete.
+# (nvidia/nccl/lib); the run half finds it (or NCCL_LIB_DIR). Optional NCCL functions
+# (ncclCommRevoke, the window API) are looked up at run time, so an older NCCL still loads.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$here/.." && pwd)
-BINARIES=(test_cuda_copy test_comm_nccl ulysses_attention bench_cuda ulysses_perf)
+BINARIES=(ulysses_gpu_probe test_cuda_copy test_cuda_merge test_comm_nccl ulysses_attention bench_cuda ulysses_perf)
 # Built with MPI (a second build dir), optional: the IPC steps say "not available" without them.
 IPC_BINARIES=(test_comm_mpi_device_window ulysses_perf_mpi)
 
 usage() {
-  echo "usage: $0 build DIR | $0 run DIR OUT" >&2
+  echo "usage: $0 build DIR | $0 run DIR [OUT]   (OUT: default \$OUT, else ./gpu_check_out)" >&2
   exit 2
 }
 
@@ -161,94 +152,172 @@ mpi_env() {
     OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none
 }
 
+# The ladder (run half): rungs from the smallest to the largest, each with its own timeout and a
+# one-line verdict in OUT/summary.txt ("ok", "FAIL ...", "TIMEOUT ...", "skipped: ..."), so that
+# one failure costs only its rung; the whole ladder is bounded by LADDER_BUDGET seconds (default
+# 560: one 10-minute device call), a rung that would not fit is skipped saying so, and the
+# sanitizer rungs keep SANITIZER_RESERVE seconds (default 140) of it. Without a device every
+# device rung says "skipped: no device" at once. CUDA_MODULE_LOADING=EAGER: no lazy loading of a
+# kernel behind a spinning one (docs/gpu.md). LADDER_REHEARSE=1 (a rehearsal without a device):
+# the device rungs run anyway, to show that each binary ends cleanly, saying it has no device.
 run_half() {
-  local dir out failed=0
+  local dir out
   dir=$(cd "$1" && pwd) || exit 4
-  mkdir -p "$2" && out=$(cd "$2" && pwd)
-  : >"$out/summary.txt"
-  note() { echo "$*" | tee -a "$out/summary.txt"; }
-  for b in "${BINARIES[@]}"; do
-    [ -x "$dir/bin/$b" ] || { note "gpu_check run: $dir/bin/$b is missing: run '$0 build $1' first"; exit 4; }
-  done
+  out=${2:-${OUT:-$PWD/gpu_check_out}}
+  mkdir -p "$out" && out=$(cd "$out" && pwd)
+  local summary=$out/summary.txt budget=${LADDER_BUDGET:-560} reserve=0 t_start=$SECONDS
+  local failed=0 skipped=0 device=0 why="not probed"
+  : >"$summary"
+  note() { echo "$*" | tee -a "$summary"; }
+  export CUDA_MODULE_LOADING=EAGER
   # NCCL from PyTorch's wheel (or NCCL_LIB_DIR), the CUDA runtime carried in DIR/lib.
   local nccl=${NCCL_LIB_DIR:-}
   if [ -z "$nccl" ]; then
-    nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null ||
-      dirname "$(find /opt /usr /root -name 'libnccl.so.2' 2>/dev/null | head -n 1)" 2>/dev/null)
+    nccl=$(timeout 20 python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null ||
+      dirname "$(timeout 20 find /opt /usr /root -name 'libnccl.so.2' 2>/dev/null | head -n 1)" 2>/dev/null)
   fi
   export LD_LIBRARY_PATH="$dir/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local bin=$dir/bin
-  # A device at all? The demo's CUDA path says so with exit 77.
-  "$bin/ulysses_attention" --device cuda --ranks 2 --seq 64 >"$out/probe.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 77 ]; then
-    note "no CUDA device: nothing to check here ($(tail -n 1 "$out/probe.log"))"
-    exit 3
-  fi
-  if [ $rc -ne 0 ] && grep -qE "error while loading shared libraries|not found|GLIBC" "$out/probe.log"; then
-    note "the carried binaries cannot load here ($(head -n 1 "$out/probe.log")); rebuilding the tests, the demo and ulysses_perf here"
-    local build=$out/build
-    cmake -S "$SRC" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DULYSSES_ENABLE_MPI=OFF \
-      -DULYSSES_BUILD_BENCHMARKS=ON -Ddoctest_DIR="$dir/doctest/cmake" \
-      ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")} >"$out/rebuild.log" 2>&1 &&
-      cmake --build "$build" -j 16 --target test_cuda_copy test_comm_nccl ulysses_attention ulysses_perf >>"$out/rebuild.log" 2>&1 ||
-      { note "rebuild failed: see rebuild.log"; tail -n 20 "$out/rebuild.log"; exit 4; }
-    bin=$out/bin && mkdir -p "$bin"
-    for b in test_cuda_copy test_comm_nccl ulysses_attention ulysses_perf; do
-      cp "$(find "$build" -type f -name "$b" -perm -u+x | head -n 1)" "$bin/" 2>/dev/null || note "$b: not rebuilt"
-    done
-  fi
-  (nvidia-smi || echo "nvidia-smi not available") >"$out/nvidia-smi.txt" 2>&1
+  [ -x "$bin/ulysses_gpu_probe" ] || { note "gpu_check run: $bin/ulysses_gpu_probe is missing: run '$0 build DIR' first"; exit 4; }
   [ -f "$dir/commit.txt" ] && note "commit $(cat "$dir/commit.txt")"
-  step() {  # step NAME TIMEOUT_S LOG COMMAND...
-    local name=$1 limit=$2 log=$3 t0=$SECONDS
-    shift 3
-    if [ ! -x "$1" ] && ! command -v "$1" >/dev/null; then
-      note "$name: not available ($1)"
-      failed=$((failed + 1))
-      return
+  note "gpu_check ladder: budget ${budget} s, NCCL library folder: ${nccl:-none found}, CUDA_MODULE_LOADING=EAGER"
+
+  # rung NUMBER NAME LIMIT_S NEEDS_DEVICE(1/0) LOG COMMAND...: one rung, its verdict on one line.
+  rung() {
+    local num=$1 name=$2 limit=$3 needs=$4 log=$5 t0=$SECONDS verdict
+    shift 5
+    local left=$((budget - (SECONDS - t_start) - reserve))
+    if [ "$needs" = 1 ] && [ "$device" != 1 ] && [ "${LADDER_REHEARSE:-0}" != 1 ]; then
+      verdict="skipped: no device ($why)"
+      skipped=$((skipped + 1))
+    elif [ ! -x "$1" ] && ! command -v "$1" >/dev/null 2>&1; then
+      verdict="skipped: not available ($1)"
+      skipped=$((skipped + 1))
+    elif [ "$left" -lt 15 ]; then
+      verdict="skipped: ladder budget spent (${left} s left of ${budget} s)"
+      skipped=$((skipped + 1))
+    else
+      [ "$limit" -gt $((left - 5)) ] && limit=$((left - 5))
+      timeout --kill-after=5 "$limit" "$@" >"$out/$log" 2>&1
+      local rc=$? s=$((SECONDS - t0)) said
+      # What a binary says when it finds no device (the tests then run their host suite only).
+      said=$(grep -m1 -iE 'no CUDA device|no usable device|needs a CUDA device|no CUDA driver|skipping the' "$out/$log" | cut -c1-160)
+      if [ $rc -eq 0 ]; then
+        verdict="ok (${s} s)$(grep -m1 -E '^(versions|kernel|copy) ok' "$out/$log" | sed 's/^[a-z]* ok/:/')${said:+; said: $said}"
+      elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        verdict="TIMEOUT after ${s} s (limit ${limit} s; $log)"
+        failed=$((failed + 1))
+      elif [ "$device" != 1 ] && [ -n "$said" ]; then
+        verdict="skipped by the binary (exit $rc, ${s} s): $said"
+        skipped=$((skipped + 1))
+      else
+        local why_failed
+        why_failed=$(grep -m1 -iE 'FAIL|ERROR|mismatch|what\(\)|not installed' "$out/$log" || grep -v '^[[:space:]]*$' "$out/$log" | tail -n 1)
+        verdict="FAIL exit $rc (${s} s): $(echo "$why_failed" | cut -c1-200) ($log)"
+        failed=$((failed + 1))
+      fi
     fi
-    timeout --kill-after=10 "$limit" "$@" >"$out/$log" 2>&1
-    local rc=$?
-    note "$name: exit $rc, $((SECONDS - t0)) s"
-    [ $rc -eq 0 ] || { failed=$((failed + 1)); tail -n 25 "$out/$log"; }
+    printf '%-3s %-22s %s\n' "$num" "$name" "$verdict" | tee -a "$summary"
   }
-  step test_cuda_copy 150 test_cuda_copy.log "$bin/test_cuda_copy"
-  step test_comm_nccl 90 test_comm_nccl.log "$bin/test_comm_nccl"
-  step demo 60 demo.log "$bin/ulysses_attention" --device cuda --seq 1024
-  step demo_backward 60 demo_backward.log "$bin/ulysses_attention" --device cuda --backward
-  step bench_cuda 150 bench.log "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json \
-    --benchmark_min_time=0.05
-  # ulysses_perf on the device backends, small sizes, checked bit for bit (the oracle on the host).
-  local perf=(--model llama-3.1-8b -b 1024 -e 4096 -f 2 -n 10 -w 2 -c 1 --backward)
-  step perf_cuda_local 90 perf_cuda_local.log "$bin/ulysses_perf" --backend cuda-local --ranks 4 "${perf[@]}" \
-    --json "$out/perf_cuda_local.json"
-  step perf_nccl 60 perf_nccl.log "$bin/ulysses_perf" --backend nccl "${perf[@]}" --json "$out/perf_nccl.json"
-  step ds_baseline 90 ds_baseline.log python3 "$here/ds_baseline.py" --out "$out/ds_baseline.json"
-  # The device window across processes: CUDA IPC between 2 and 4 processes on the one GPU, next to
-  # NCCL (P = 1: NCCL takes one process per GPU) and one cudaMemcpyAsync of the same bytes (the bare
-  # column of cuda-ipc) at the same sizes.
-  local ipc=(--model llama-3.1-8b -b 4096 -e 16384 -f 4 -n 10 -w 2 -c 1)
-  if mpi_env "$dir" && [ -x "$bin/test_comm_mpi_device_window" ] && [ -x "$bin/ulysses_perf_mpi" ]; then
-    step ipc_test 150 ipc_test.log env LD_LIBRARY_PATH="$MPI_LD:$LD_LIBRARY_PATH" "$MPIEXEC" -n 2 "$bin/test_comm_mpi_device_window"
-    for n in 2 4; do
-      step "perf_ipc_$n" 150 "perf_ipc_$n.log" env LD_LIBRARY_PATH="$MPI_LD:$LD_LIBRARY_PATH" "$MPIEXEC" -n "$n" "$bin/ulysses_perf_mpi" \
-        --backend cuda-ipc "${ipc[@]}" --json "$out/perf_ipc_$n.json"
-    done
-  else
-    note "ipc: not available (DIR has no carried Open MPI or no IPC binaries: see the build half's output)"
-    failed=$((failed + 1))
+
+  # 0. The versions this machine loads (the CUDA runtime carried, the driver, NCCL), the verdict.
+  "$bin/ulysses_gpu_probe" versions >"$out/versions.log" 2>&1
+  local vrc=$?
+  if [ $vrc -ne 0 ] && [ $vrc -ne 3 ] && [ -x "$(command -v nvcc)" ] &&
+    { [ $vrc -eq 5 ] || grep -qE "error while loading shared libraries|not found|GLIBC" "$out/versions.log"; }; then
+    note "the carried binaries cannot run here ($(head -n 1 "$out/versions.log")); rebuilding them here (nvcc $(nvcc --version | tail -n 1))"
+    rebuild_here "$dir" "$out" "$nccl" && bin=$out/bin
+    "$bin/ulysses_gpu_probe" versions >"$out/versions.log" 2>&1
+    vrc=$?
   fi
-  step perf_nccl_ipc_sizes 90 perf_nccl_ipc_sizes.log "$bin/ulysses_perf" --backend nccl "${ipc[@]}" --json "$out/perf_nccl_ipc_sizes.json"
-  grep -hE "^(pack|unpack|seq_to_head|pipeline|summed|path)" "$out/bench.log" >>"$out/summary.txt" 2>/dev/null
-  for f in perf_cuda_local perf_nccl perf_ipc_2 perf_ipc_4 perf_nccl_ipc_sizes; do grep -hE "^ +[0-9]|wrong elements" "$out/$f.log" | sed "s/^/$f: /" >>"$out/summary.txt" 2>/dev/null; done
-  cat "$out/ds_baseline.log" >>"$out/summary.txt" 2>/dev/null
-  note "gpu_check: $failed step(s) failed; logs in $out"
+  note "0   versions               $(cat "$out/versions.log")"
+  case $vrc in
+    0) device=1 why="" ;;
+    5) why="build mismatch: see versions.log" ;;
+    3) why=$(head -n 1 "$out/versions.log" | sed 's/^versions FAIL: //; s/; NCCL.*//; s/^CUDA runtime [^:]*: //') ;;
+    *) why="the probe did not run (exit $vrc): see versions.log" ;;
+  esac
+  (timeout 20 nvidia-smi || echo "nvidia-smi not available") >"$out/nvidia-smi.txt" 2>&1
+
+  # 1-2. One tiny kernel; the copy kernel against cudaMemcpy (bytes and GB/s), then bit for bit
+  # against the host executor on every list and alignment.
+  rung 1 kernel 30 1 kernel.log "$bin/ulysses_gpu_probe" kernel
+  rung 2 copy_vs_memcpy 45 1 copy.log "$bin/ulysses_gpu_probe" copy
+  rung 2b copy_exact 60 1 copy_exact.log "$bin/test_cuda_copy" -tc='CudaExecutor == HostExecutor*'
+  # 3. DeviceLocalGroup, P = 2, 4, 8 virtual ranks on the GPU (the shared cases).
+  rung 3 device_local_P4 90 1 device_local.log "$bin/test_cuda_copy" -tc='DeviceLocalGroup end to end: C1*'
+  # 4. NCCL at P = 1 (the host fakes run too).
+  rung 4 nccl_P1 90 1 nccl.log "$bin/test_comm_nccl"
+  # 5. Two processes over CUDA IPC on the one GPU (the carried Open MPI).
+  if mpi_env "$dir" && [ -x "$bin/test_comm_mpi_device_window" ]; then
+    rung 5 ipc_2_processes 120 1 ipc_test.log env LD_LIBRARY_PATH="$MPI_LD:$LD_LIBRARY_PATH" "$MPIEXEC" -n 2 "$bin/test_comm_mpi_device_window"
+  else
+    rung 5 ipc_2_processes 120 1 ipc_test.log "$dir/mpi/root/usr/bin/orterun (no carried Open MPI)"
+  fi
+  # 6. The rest: the CUDA tests in full, the demo, the benchmarks (bit for bit where they check).
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+  [ -n "$sanitizer" ] && reserve=${SANITIZER_RESERVE:-140}
+  rung 6a tests_copy 120 1 test_cuda_copy.log "$bin/test_cuda_copy"
+  rung 6b tests_merge 60 1 test_cuda_merge.log "$bin/test_cuda_merge"
+  rung 6c demo 40 1 demo.log "$bin/ulysses_attention" --device cuda --seq 1024
+  rung 6d demo_backward 40 1 demo_backward.log "$bin/ulysses_attention" --device cuda --backward
+  rung 6e0 bench_throwing_rank 20 1 bench_throwing_rank.log "$bin/bench_cuda" --check-throwing-rank
+  rung 6e bench_cuda 120 1 bench.log "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json --benchmark_min_time=0.05
+  local perf=(--model llama-3.1-8b -b 1024 -e 4096 -f 2 -n 10 -w 2 -c 1 --backward)
+  rung 6f perf_cuda_local 60 1 perf_cuda_local.log "$bin/ulysses_perf" --backend cuda-local --ranks 4 "${perf[@]}" --json "$out/perf_cuda_local.json"
+  rung 6g perf_nccl 45 1 perf_nccl.log "$bin/ulysses_perf" --backend nccl "${perf[@]}" --json "$out/perf_nccl.json"
+  local ipc=(--model llama-3.1-8b -b 4096 -e 16384 -f 4 -n 10 -w 2 -c 1)
+  for n in 2 4; do
+    if [ -n "${MPIEXEC:-}" ] && [ -x "$bin/ulysses_perf_mpi" ]; then
+      rung "6h$n" "perf_ipc_$n" 60 1 "perf_ipc_$n.log" env LD_LIBRARY_PATH="$MPI_LD:$LD_LIBRARY_PATH" "$MPIEXEC" -n "$n" "$bin/ulysses_perf_mpi" \
+        --backend cuda-ipc "${ipc[@]}" --json "$out/perf_ipc_$n.json"
+    else
+      rung "6h$n" "perf_ipc_$n" 60 1 "perf_ipc_$n.log" "$bin/ulysses_perf_mpi (or no carried Open MPI)"
+    fi
+  done
+  rung 6i perf_nccl_ipc_sizes 45 1 perf_nccl_ipc_sizes.log "$bin/ulysses_perf" --backend nccl "${ipc[@]}" --json "$out/perf_nccl_ipc_sizes.json"
+  rung 6j ds_baseline 60 1 ds_baseline.log python3 "$here/ds_baseline.py" --out "$out/ds_baseline.json"
+  # 7. compute-sanitizer over the CUDA tests (memcheck on the copy and merge suites' device cases,
+  # racecheck and synccheck on the copy kernel's exact comparison, the kernels with shared memory).
+  reserve=0
+  local cs=(--error-exitcode 99 --print-limit 20)
+  if [ -n "$sanitizer" ]; then
+    rung 7a memcheck_copy 50 1 memcheck_copy.log "$sanitizer" --tool memcheck "${cs[@]}" "$bin/test_cuda_copy" -tc='CudaExecutor*,pack and unpack capture*'
+    rung 7b memcheck_merge 40 1 memcheck_merge.log "$sanitizer" --tool memcheck "${cs[@]}" "$bin/test_cuda_merge"
+    rung 7c racecheck_copy 50 1 racecheck_copy.log "$sanitizer" --tool racecheck "${cs[@]}" "$bin/test_cuda_copy" -tc='CudaExecutor == HostExecutor*'
+    rung 7d synccheck_copy 50 1 synccheck_copy.log "$sanitizer" --tool synccheck "${cs[@]}" "$bin/test_cuda_copy" -tc='CudaExecutor == HostExecutor*'
+  else
+    for r in "7a memcheck_copy" "7b memcheck_merge" "7c racecheck_copy" "7d synccheck_copy"; do
+      set -- $r
+      rung "$1" "$2" 50 1 "$2.log" "compute-sanitizer (not found on PATH or in /usr/local/cuda*/bin)"
+    done
+  fi
+  grep -hE "^(pack|unpack|seq_to_head|pipeline|summed|path)" "$out/bench.log" >>"$summary" 2>/dev/null
+  for f in perf_cuda_local perf_nccl perf_ipc_2 perf_ipc_4 perf_nccl_ipc_sizes; do
+    grep -hE "^ +[0-9]|wrong elements" "$out/$f.log" 2>/dev/null | sed "s/^/$f: /" >>"$summary"
+  done
+  note "gpu_check: $failed rung(s) failed, $skipped skipped, $((SECONDS - t_start)) s; logs in $out"
+  [ "$device" = 1 ] || exit 3
   exit "$failed"
+}
+
+# rebuild_here DIR OUT NCCL_DIR: the tests, the demo, ulysses_perf and the probe rebuilt with this
+# machine's nvcc (the carried doctest; no Google Benchmark, so no bench_cuda), into OUT/bin.
+rebuild_here() {
+  local dir=$1 out=$2 nccl=$3 build=$2/build
+  timeout 300 cmake -S "$SRC" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DULYSSES_ENABLE_MPI=OFF \
+    -DULYSSES_BUILD_BENCHMARKS=ON -Ddoctest_DIR="$dir/doctest/cmake" ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")} >"$out/rebuild.log" 2>&1 &&
+    timeout 300 cmake --build "$build" -j 16 --target ulysses_gpu_probe test_cuda_copy test_cuda_merge test_comm_nccl ulysses_attention ulysses_perf \
+      >>"$out/rebuild.log" 2>&1 || { note "rebuild failed: see rebuild.log"; return 1; }
+  mkdir -p "$out/bin"
+  for b in ulysses_gpu_probe test_cuda_copy test_cuda_merge test_comm_nccl ulysses_attention ulysses_perf; do
+    cp "$(find "$build" -type f -name "$b" -perm -u+x | head -n 1)" "$out/bin/" 2>/dev/null || note "$b: not rebuilt"
+  done
 }
 
 case "${1:-}" in
   build) [ $# -eq 2 ] || usage; build_half "$2" ;;
-  run) [ $# -eq 3 ] || usage; run_half "$2" "$3" ;;
+  run) [ $# -ge 2 ] && [ $# -le 3 ] || usage; run_half "$2" "${3:-}" ;;
   *) usage ;;
 esac

@@ -17,6 +17,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -304,15 +305,16 @@ void with_nccl(int rank, int P, int device, const std::vector<char>& id_bytes, c
   ncclComm_t nc = nullptr;
   nccl_check(ncclCommInitRank(&nc, P, id, rank), "ncclCommInitRank");
   cudaStream_t s = nullptr;
+  std::optional<NcclComm> comm;  // outside the try: the catch must know whether a failure already aborted nc
   try {
     cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-    NcclComm comm(nc, s);
-    ImplOf<NcclComm> impl(comm, s);
+    comm.emplace(nc, s);
+    ImplOf<NcclComm> impl(*comm, s);
     Rank r(&impl);
     fn(r);
   } catch (...) {
     if (s) cudaStreamDestroy(s);
-    ncclCommAbort(nc);
+    if (!(comm && comm->handle_freed())) ncclCommAbort(nc);  // after ncclCommAbort in give_up: nc is freed (no double abort)
     throw;
   }
   cudaStreamDestroy(s);

@@ -347,3 +347,36 @@ TEST_CASE("C17: the pulled peer copy knows what its peers read of each rank's in
   });
   CHECK(computed == std::vector<int>{0, 0});
 }
+
+TEST_CASE("failure model: milliseconds::max() means no bound: a late rank is waited for, no overflow into an instant timeout") {
+  // The deadline arithmetic clamps (detail::deadline_after): max() + now() would overflow
+  // steady_clock's int64 nanoseconds into a deadline in the past.
+  using std::chrono::milliseconds;
+  const auto now = std::chrono::steady_clock::now();
+  CHECK(detail::clamp_wait(milliseconds::max()) == detail::kLongestWait);
+  CHECK(detail::clamp_wait(milliseconds(-5)) == milliseconds(0));
+  CHECK(detail::clamp_wait(milliseconds(250)) == milliseconds(250));
+  CHECK(detail::deadline_after(milliseconds::max(), now) == now + detail::kLongestWait);
+  CHECK(detail::deadline_after(milliseconds(250), now) == now + milliseconds(250));
+  CHECK(detail::deadline_after(milliseconds(1), std::chrono::steady_clock::time_point::max()) == std::chrono::steady_clock::time_point::max());
+  CHECK(detail::wait_ns(milliseconds::max()) == 3153600000000000000ull);  // 100 years of 365 days
+  CHECK(detail::wait_ns(milliseconds(7)) == 7000000ull);
+  CHECK(detail::scaled_wait(milliseconds::max(), 2) == detail::kLongestWait);
+  CHECK(detail::scaled_wait(milliseconds(300), 2) == milliseconds(600));
+
+  LocalGroup g(2, milliseconds::max());
+  std::vector<ut::TimedError> got(2);
+  g.spawn([&](LocalGroup::Comm& c) {
+    const int r = c.rank();
+    if (r == 1) std::this_thread::sleep_for(milliseconds(200));  // late, but it comes
+    ut::MessagePattern m(2, r);
+    got[static_cast<std::size_t>(r)] = ut::timed_error_of([&] { c.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size()); });
+    got[static_cast<std::size_t>(r)].message += ut::timed_error_of([&] { c.barrier(); }).message;
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(got[static_cast<std::size_t>(r)].message == "");
+    CHECK(got[static_cast<std::size_t>(r)].code == Errc{});
+  }
+  CHECK(got[0].ms >= 150);  // rank 0 waited for the late rank
+}

@@ -271,6 +271,27 @@ TEST_SUITE("host") {
     CHECK(detail::device_window_record(reg, slot0.data(), in, 256, 0, rec, stage).find("holds 768") != std::string::npos);
   }
 
+  TEST_CASE("peer atomics: a visible peer GPU without native atomics over the link is refused; same GPU, NVLink, invisible peers pass") {
+    const std::vector<std::string> bus = {"0000:19:00.0", "0000:3b:00.0", "0000:19:00.0", "0000:5d:00.0"};
+    std::vector<std::string> asked;
+    auto link = [&](bool visible, bool native) {
+      return [&asked, visible, native](const std::string& id) {
+        asked.push_back(id);
+        detail::PeerLink l;
+        l.visible = visible;
+        l.native_atomics = native;
+        return l;
+      };
+    };
+    CHECK(detail::peer_atomics_error(0, bus, link(true, true)) == "");  // NVLink: native atomics
+    CHECK(asked == std::vector<std::string>{"0000:3b:00.0", "0000:5d:00.0"});  // rank 2 shares rank 0's GPU: not asked
+    CHECK(detail::peer_atomics_error(0, bus, link(false, false)) == "");  // CUDA_VISIBLE_DEVICES hides the peers: assumed
+    const std::string e = detail::peer_atomics_error(2, bus, link(true, false));
+    CHECK(e.find("the GPUs of rank 2 (0000:19:00.0) and rank 1 (0000:3b:00.0) have no native atomics") != std::string::npos);
+    CHECK(e.find("PlanOptions::path = Path::alltoallv") != std::string::npos);
+    CHECK(detail::peer_atomics_error(0, {"0000:19:00.0", "0000:19:00.0"}, link(true, false)) == "");  // one GPU, two processes
+  }
+
   TEST_CASE("the device status as the host's coded errors") {
     struct Row {
       DeviceWaitCode code;

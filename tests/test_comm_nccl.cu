@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <thread>
@@ -122,9 +125,13 @@ struct FakeNccl {
   ncclResult_t async_after_end = ncclSuccess;   // ... once ncclGroupEnd has run
   cudaError_t query = cudaSuccess;              // what cudaStreamQuery returns
   int error_at_query = 0;                       // > 0: at that cudaStreamQuery, ncclCommGetAsyncError turns to ncclRemoteError
-  int posted = 0, stops = 0, queries = 0;
+  int not_ready_queries = 0;                    // the first n cudaStreamQuery calls return cudaErrorNotReady (then `query`)
+  int in_progress_polls = 0;                    // the next n ncclCommGetAsyncError calls report ncclInProgress (then `async`)
+  ncclResult_t split = ncclSuccess;             // what ncclCommSplit returns (it sets the child)
+  int posted = 0, stops = 0, queries = 0, polls = 0, aborts = 0, splits = 0;
 };
 FakeNccl fake;
+ncclComm_t fake_handle(std::uintptr_t n) { return reinterpret_cast<ncclComm_t>(n); }  // never dereferenced
 
 detail::NcclCalls fake_calls() {
   detail::NcclCalls c = detail::nccl_calls();  // stop_frees as the real build
@@ -134,15 +141,46 @@ detail::NcclCalls fake_calls() {
   c.group_end = [] { return fake.async = fake.async_after_end, fake.group_end; };
   c.send = [](const void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ++fake.posted, ncclSuccess; };
   c.recv = [](void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ++fake.posted, ncclSuccess; };
-  c.all_gather = [](const void*, void*, std::size_t, ncclDataType_t, ncclComm_t, cudaStream_t) { return ncclInternalError; };
-  c.async_error = [](ncclComm_t, ncclResult_t* s) { return *s = fake.async, ncclSuccess; };
+  c.all_gather = [](const void* mine, void* all, std::size_t n, ncclDataType_t, ncclComm_t, cudaStream_t) {  // rank 1 sent the same
+    for (int r = 0; r < 2; ++r) std::memmove(static_cast<char*>(all) + r * n, mine, n);
+    return ncclSuccess;
+  };
+  c.async_error = [](ncclComm_t, ncclResult_t* s) {
+    ++fake.polls;
+    if (fake.in_progress_polls > 0) return --fake.in_progress_polls, *s = ncclInProgress, ncclSuccess;
+    return *s = fake.async, ncclSuccess;
+  };
   c.last_error = [](ncclComm_t) { return "fake: peer 1 closed its connection"; };
   c.stop = [](ncclComm_t) { return ++fake.stops, ncclSuccess; };
   c.stream_query = [](cudaStream_t) {
     if (++fake.queries == fake.error_at_query) fake.async = ncclRemoteError;
-    return fake.query;
+    return fake.queries <= fake.not_ready_queries ? cudaErrorNotReady : fake.query;
   };
+  c.abort = [](ncclComm_t) { return ++fake.aborts, ncclSuccess; };
+  c.split = [](ncclComm_t, int color, int, ncclComm_t* out, ncclConfig_t*) {
+    *out = fake_handle(0x100 + static_cast<std::uintptr_t>(color));
+    return ++fake.splits, fake.split;
+  };
+  // allgather's CUDA calls on host memory (the fake communicator's "device" is the host)
+  c.is_capturing = [](cudaStream_t, cudaStreamCaptureStatus* st) { return *st = cudaStreamCaptureStatusNone, cudaSuccess; };
+  c.malloc_async = [](void** p, std::size_t n, cudaStream_t) { return *p = std::malloc(n), cudaSuccess; };
+  c.free_async = [](void* p, cudaStream_t) { return std::free(p), cudaSuccess; };
+  c.memcpy_async = [](void* d, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t) { return std::memcpy(d, src, n), cudaSuccess; };
   return c;
+}
+/// The fake table with the stop of the other kind: abort (handle freed) or revoke (handle valid).
+const detail::NcclCalls& fake_table_stopping(bool frees) {
+  static const detail::NcclCalls aborting = [] {
+    detail::NcclCalls c = fake_calls();
+    c.stop_frees = true;
+    return c;
+  }();
+  static const detail::NcclCalls revoking = [] {
+    detail::NcclCalls c = fake_calls();
+    c.stop_frees = false;
+    return c;
+  }();
+  return frees ? aborting : revoking;
 }
 const detail::NcclCalls& fake_table() {
   static const detail::NcclCalls c = fake_calls();
@@ -175,7 +213,7 @@ void check_broken(NcclComm& comm, const std::string& why) {
     CHECK(e.message.find(why) != std::string::npos);
   }
   CHECK(comm.broken());
-  CHECK(comm.handle_freed() == !NcclComm::revokes);
+  CHECK(comm.handle_freed() == !NcclComm::revokes());
   CHECK(fake.posted == posted);
   CHECK(fake.stops == stops);
   CHECK(fake.queries == queries);
@@ -217,12 +255,12 @@ TEST_SUITE("host") {
     CHECK(e.ms >= kDeadline.count() * 0.95);
     CHECK(e.ms < kDeadline.count() + kMarginMs);
     CHECK(e.message.find("ncclGroupEnd still in progress after 100 ms") != std::string::npos);
-    CHECK(e.message.find(NcclComm::revokes ? "ncclCommRevoke" : "ncclCommAbort") != std::string::npos);
+    CHECK(e.message.find(NcclComm::revokes() ? "ncclCommRevoke" : "ncclCommAbort") != std::string::npos);
     CHECK(fake.posted == 2);
     CHECK(fake.stops == 1);
     check_broken(comm, "still in progress");
     MESSAGE("in-progress timeout after " << e.ms << " ms (deadline " << kDeadline.count() << " ms); a failed communicator is "
-                                         << (NcclComm::revokes ? "revoked (ncclCommRevoke)" : "aborted (ncclCommAbort)"));
+                                         << (NcclComm::revokes() ? "revoked (ncclCommRevoke)" : "aborted (ncclCommAbort)"));
   }
 
   TEST_CASE("failure model (fake NCCL): an asynchronous error of an earlier operation (a dead peer) is backend at the next call, with NCCL's last error") {
@@ -283,6 +321,178 @@ TEST_SUITE("host") {
     CHECK(fake.stops == 1);
     check_broken(copy, "ncclGroupEnd failed");
   }
+}
+
+namespace {
+/// A fake of NcclWindow's NCCL calls (detail::NcclWindowCalls): host memory, counted, with the
+/// number of stream queries seen at the deregistration and the free (the teardown's order).
+struct FakeWindow {
+  ncclResult_t reg = ncclSuccess;  // what ncclCommWindowRegister returns
+  bool stuck = false;              // the registration never completes: ncclCommGetAsyncError reports ncclInProgress from then on
+  int allocs = 0, frees = 0, registers = 0, deregisters = 0;
+  int queries_at_deregister = -1, queries_at_free = -1;
+  void* buffer = nullptr;  // the last allocation (a leaked one is freed by the test)
+};
+FakeWindow fwin;
+detail::NcclWindowCalls fake_window_calls() {
+  detail::NcclWindowCalls c{};
+  c.mem_alloc = [](void** p, std::size_t n) { return ++fwin.allocs, *p = fwin.buffer = std::malloc(n), ncclSuccess; };
+  c.mem_free = [](void* p) { return ++fwin.frees, fwin.queries_at_free = fake.queries, std::free(p), ncclSuccess; };
+  c.window_register = [](ncclComm_t, void*, std::size_t, ncclWindow_t* w, int) {
+    *w = reinterpret_cast<ncclWindow_t>(std::uintptr_t{0x200});
+    if (fwin.stuck) fake.async = ncclInProgress;
+    return ++fwin.registers, fwin.reg;
+  };
+  c.window_deregister = [](ncclComm_t, ncclWindow_t) { return ++fwin.deregisters, fwin.queries_at_deregister = fake.queries, ncclSuccess; };
+  return c;
+}
+const detail::NcclWindowCalls& fake_window_table() {
+  static const detail::NcclWindowCalls c = fake_window_calls();
+  return c;
+}
+}  // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("versions: ncclCommRevoke is resolved at run time in the loaded libnccl (no link-time reference), else abort") {
+    const int v = detail::nccl_loaded_version();
+    MESSAGE("loaded libnccl " << v << " (headers " << NCCL_VERSION_CODE << "); a failed communicator is "
+                              << (NcclComm::revokes() ? "revoked" : "aborted"));
+    CHECK(v > 0);
+    CHECK(NcclComm::revokes() == static_cast<bool>(detail::nccl_revoke()));
+    CHECK(detail::nccl_calls().stop_frees == !NcclComm::revokes());
+    if (v < 22800) CHECK(!detail::nccl_revoke());
+    CHECK(static_cast<bool>(detail::nccl_symbol("ncclGetVersion")));
+    CHECK(!detail::nccl_symbol("ncclNoSuchFunction"));
+  }
+
+  TEST_CASE("failure model (fake NCCL): timeout milliseconds::max() is no bound (no overflow into an instant timeout)") {
+    fake = FakeNccl{};
+    fake.group_end = ncclInProgress;
+    fake.in_progress_polls = 2000;  // the exchange is enqueued after 2000 polls (> 1 ms)
+    NcclComm comm(nullptr, nullptr, std::chrono::milliseconds::max(), fake_table());
+    const ut::TimedError e = ut::timed_error_of([&] { fake_exchange(comm); });
+    CAPTURE(e.message);
+    CHECK(e.code == Errc{});
+    CHECK(fake.in_progress_polls == 0);
+    CHECK(fake.stops == 0);
+    CHECK(!comm.broken());
+  }
+
+  TEST_CASE("split_by_node / split_ring (fake NCCL): a non-blocking split's ncclInProgress is polled on the child until success, bounded") {
+    fake = FakeNccl{};
+    const detail::NcclCalls& calls = fake_table();
+    const Mesh mesh(2, 1, 1);  // two nodes of one rank: Ulysses groups of 1, an outer group of 2
+    fake.split = ncclInProgress;
+    fake.in_progress_polls = 50;  // the first split finishes after 50 polls, the second at once
+    const NcclMesh m = split_by_node(fake_handle(1), mesh, 0, kDeadline, calls);
+    CHECK(m.ulysses == fake_handle(0x100 + static_cast<std::uintptr_t>(mesh.ulysses_group(0))));
+    CHECK(m.outer == fake_handle(0x100 + static_cast<std::uintptr_t>(mesh.outer_group(0))));
+    CHECK(fake.splits == 2);
+    CHECK(fake.polls == 52);  // 50 in progress + the success that ends each wait
+    CHECK(fake.aborts == 0);
+    // A split that never finishes: timeout within the deadline, the children aborted.
+    fake = FakeNccl{};
+    fake.split = ncclInProgress;
+    fake.async = ncclInProgress;
+    const ut::TimedError e = ut::timed_error_of([&] { split_by_node(fake_handle(1), mesh, 0, kDeadline, calls); });
+    CAPTURE(e.message);
+    CHECK(e.code == Errc::timeout);
+    CHECK(e.ms >= kDeadline.count() * 0.95);
+    CHECK(e.ms < kDeadline.count() + kMarginMs);
+    CHECK(e.message.find("ncclCommSplit (non-blocking) still in progress after 100 ms") != std::string::npos);
+    CHECK(fake.splits == 1);
+    CHECK(fake.aborts == 1);
+    // An error: backend, child aborted; split_ring the same.
+    fake = FakeNccl{};
+    fake.split = ncclInProgress;
+    fake.async = ncclRemoteError;
+    CHECK(ut::code_of([&] { split_ring(fake_handle(1), RingMesh(2, 1, 2, 2), 0, kDeadline, calls); }) == Errc::backend);
+    CHECK(fake.aborts == 1);
+    fake = FakeNccl{};
+    fake.split = ncclInProgress;
+    fake.in_progress_polls = 10;
+    const NcclRingMesh rm = split_ring(fake_handle(1), RingMesh(2, 1, 2, 2), 0, kDeadline, calls);
+    CHECK(fake.splits == 4);
+    CHECK(rm.ulysses != nullptr);
+    CHECK(rm.outer != nullptr);
+  }
+
+#if ULYSSES_NCCL_HAS_WINDOWS
+  TEST_CASE("NcclWindow (fake NCCL): a non-blocking registration is waited out; teardown waits for the stream, then deregisters, then frees") {
+    fake = FakeNccl{};
+    fwin = FakeWindow{};
+    fwin.reg = ncclInProgress;
+    NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+    {
+      fake.in_progress_polls = 30;  // the registration completes after 30 polls of ncclCommGetAsyncError
+      NcclWindow win(comm, 1000, fake_window_table());
+      CHECK(win.get() == reinterpret_cast<ncclWindow_t>(std::uintptr_t{0x200}));
+      CHECK(fake.in_progress_polls == 0);
+      CHECK(fwin.registers == 1);
+      CHECK(fwin.frees == 0);
+      CHECK(!comm.broken());
+      fake.not_ready_queries = fake.queries + 20;  // an ncclSend still reads the window: 20 more queries until the stream drains
+    }
+    CHECK(fwin.deregisters == 1);
+    CHECK(fwin.frees == 1);
+    CHECK(fwin.queries_at_deregister >= fake.not_ready_queries + 1);  // after the stream drained
+    CHECK(fwin.queries_at_free == fwin.queries_at_deregister);
+    CHECK(fake.stops == 0);
+  }
+
+  TEST_CASE("NcclWindow (fake NCCL): a registration still in progress at the deadline is a timeout; the buffer is not freed under NCCL") {
+    for (bool aborts : {true, false}) {
+      CAPTURE(aborts);
+      fake = FakeNccl{};
+      fwin = FakeWindow{};
+      fwin.reg = ncclInProgress;
+      fwin.stuck = true;  // never completes, never quiescent
+      NcclComm comm(nullptr, nullptr, kDeadline, fake_table_stopping(aborts));
+      const ut::TimedError e = ut::timed_error_of([&] { NcclWindow win(comm, 1000, fake_window_table()); });
+      CAPTURE(e.message);
+      CHECK(e.code == Errc::timeout);
+      CHECK(e.message.find("ncclCommWindowRegister still in progress") != std::string::npos);
+      CHECK(comm.broken());
+      CHECK(comm.handle_freed() == aborts);
+      CHECK(fake.stops == 1);
+      CHECK(fwin.deregisters == 0);
+      CHECK(fwin.frees == 0);  // leaked: NCCL may still be registering it
+      std::free(fwin.buffer);
+    }
+  }
+
+  TEST_CASE("NcclWindow (fake NCCL): destroyed after its communicator failed: no deregistration; aborted leaks, revoked frees once quiescent") {
+    for (bool aborts : {true, false}) {
+      CAPTURE(aborts);
+      fake = FakeNccl{};
+      fwin = FakeWindow{};
+      NcclComm comm(nullptr, nullptr, kDeadline, fake_table_stopping(aborts));
+      {
+        NcclWindow win(comm, 1000, fake_window_table());
+        CHECK(fwin.registers == 1);
+        fake.async = ncclRemoteError;  // a peer died
+        CHECK(ut::code_of([&] { fake_exchange(comm); }) == Errc::backend);
+        CHECK(comm.broken());
+        fake.async = ncclSuccess;  // after the revoke: quiescent
+      }
+      CHECK(fwin.deregisters == 0);  // no collective call on a broken (freed or revoked) communicator
+      CHECK(fwin.frees == (aborts ? 0 : 1));
+      if (aborts) std::free(fwin.buffer);
+    }
+  }
+
+  TEST_CASE("NcclWindow (fake NCCL): a loaded libnccl without windows is a clear backend error, before any collective") {
+    fake = FakeNccl{};
+    detail::NcclWindowCalls none = fake_window_calls();
+    none.window_register = nullptr;
+    none.window_deregister = nullptr;
+    NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+    const auto [code, message] = ut::error_of([&] { NcclWindow win(comm, 1000, none); });
+    CHECK(code == Errc::backend);
+    CHECK(message.find("has no ncclCommWindowRegister") != std::string::npos);
+    CHECK(fake.queries == 0);
+  }
+#endif
 }
 
 TEST_CASE("NCCL P=1: raw all-to-all-v, grouped send/recv to self") {

@@ -14,6 +14,7 @@
 #include <ulysses/cuda/pipeline.cuh>
 
 #include "device_harness.cuh"
+#include "expect_error.hpp"
 
 using namespace ulysses;
 
@@ -350,6 +351,95 @@ TEST_CASE("CudaExecutor rejects block lists of another plan; empty lists launch 
   CudaExecutor moved(std::move(ex));
   CHECK(moved.units(sa.pack.data(), sa.pack.size()) > 0);
   UT_CUDA(cudaStreamSynchronize(s.get()));
+}
+
+TEST_SUITE("host") {
+  TEST_CASE("DeviceLocalGroup's direct path over several devices: peer access to each other device once, or path_unsupported naming the pair") {
+    std::vector<std::pair<int, int>> asked;
+    auto can = [&](bool yes) {
+      return [&asked, yes](int d, int peer) { return asked.emplace_back(d, peer), yes; };
+    };
+    std::string err;
+    CHECK(detail::peer_devices_to_enable(1, {0, 1, 0, 2, 1}, can(true), err) == std::vector<int>{0, 2});
+    CHECK(err == "");
+    CHECK(asked == std::vector<std::pair<int, int>>{{1, 0}, {1, 2}});
+    CHECK(detail::peer_devices_to_enable(0, {0, 0, 0, 0}, can(false), err).empty());  // one GPU: nothing to enable
+    CHECK(err == "");
+    CHECK(detail::peer_devices_to_enable(0, {0, 3}, can(false), err).empty());
+    CHECK(err.find("reads rank 1's memory on device 3 from device 0, which has no peer access to it") != std::string::npos);
+    CHECK(err.find("Path::messages") != std::string::npos);
+  }
+
+  TEST_CASE("the CUDA verdict: insufficient driver with a driver is a build mismatch, without one no GPU; the report says which") {
+    using detail::CudaVerdict;
+    CHECK(detail::cuda_verdict(13000, 13000, cudaSuccess, 1) == CudaVerdict::ok);
+    CHECK(detail::cuda_verdict(0, 13000, cudaErrorInsufficientDriver, 0) == CudaVerdict::no_driver);  // this machine: no libcuda
+    CHECK(detail::cuda_verdict(12040, 13000, cudaErrorInsufficientDriver, 0) == CudaVerdict::build_mismatch);
+    CHECK(detail::cuda_verdict(13000, 13000, cudaErrorNoDevice, 0) == CudaVerdict::no_device);
+    CHECK(detail::cuda_verdict(13000, 13000, cudaSuccess, 0) == CudaVerdict::no_device);
+    CHECK(detail::cuda_version_string(13000) == "13.0");
+    CHECK(detail::cuda_version_string(12040) == "12.4");
+    CHECK(detail::cuda_version_string(0) == "none");
+    CHECK(detail::cuda_report(12040, 13000, cudaErrorInsufficientDriver, 0) ==
+          "CUDA runtime 13.0 (this build's), driver 12.4: build mismatch: the driver runs CUDA <= 12.4, older than this build's runtime 13.0 "
+          "(cudaErrorInsufficientDriver): rebuild with a CUDA toolkit <= 12.4 (not a missing device)");
+    CHECK(detail::cuda_report(0, 13000, cudaErrorInsufficientDriver, 0) == "CUDA runtime 13.0 (this build's), driver none: no CUDA driver: no GPU here");
+    CHECK(detail::cuda_report(13000, 13000, cudaSuccess, 2) == "CUDA runtime 13.0 (this build's), driver 13.0: ok: 2 device(s)");
+  }
+
+  TEST_CASE("a CUDA error pending before a launch is named as an earlier call's, not the launch's") {
+    detail::check_pending(cudaSuccess, "block_copy_kernel");  // nothing pending: no throw
+    const auto [code, message] = ut::error_of([] { detail::check_pending(cudaErrorMemoryAllocation, "block_copy_kernel"); });
+    CHECK(code == Errc::backend);
+    CHECK(message == std::string("ulysses: backend: block_copy_kernel not launched: a CUDA error from an earlier call is pending on this thread (cudaErrorMemoryAllocation: ") +
+                         cudaGetErrorString(cudaErrorMemoryAllocation) + "; not this launch's: read and clear it with cudaGetLastError where it was made)");
+  }
+}
+
+TEST_CASE("CudaExecutor: a stale error of an earlier call is reported as such, left pending for its owner, and nothing is launched") {
+  ut::Stream s;
+  const Plan a = ut::plan_of<float>(ut::c1_cases()[0], 0);
+  CudaExecutor ex(a, s.get());
+  const Schedule& sa = a.schedule(Direction::seq_to_head);
+  BufferTable t;
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, std::size_t{1} << 62) == cudaErrorMemoryAllocation);  // someone else's failed call: a non-sticky pending error
+  const auto [code, message] = ut::error_of([&] { ex.run(sa.pack.data(), sa.pack.size(), t); });
+  CHECK(code == Errc::backend);
+  CHECK(message.find("not launched: a CUDA error from an earlier call is pending") != std::string::npos);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);  // still there for its owner; now cleared
+  CHECK(cudaGetLastError() == cudaSuccess);
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+}
+
+TEST_CASE("CudaExecutor: a foreign list with a peer table is refused before the table is uploaded (nothing enqueued, even inside a capture)") {
+  ut::Stream s;
+  const Plan a = ut::plan_of<float>(ut::c1_cases()[0], 0);
+  const Plan b = a;  // same content, other lists: foreign to the executor
+  CudaExecutor ex(a, s.get());
+  BlockCopy one{};
+  one.extent[0] = one.extent[1] = one.extent[2] = one.extent[3] = 1;
+  one.row_bytes = 16;
+  one.elem_bytes = 1;
+  ex.prepare_direct(BlockList{&one, 1}, BlockList{&one, 1}, 1);
+  UT_CUDA(cudaStreamSynchronize(s.get()));
+  const Schedule& sb = b.schedule(Direction::seq_to_head);
+  std::vector<std::byte*> tables(static_cast<std::size_t>(CudaExecutor::kPeerTables + 1) * kMaxTensors);
+  for (std::size_t i = 0; i < tables.size(); ++i) tables[i] = reinterpret_cast<std::byte*>(std::uintptr_t{4096} * (i + 1));  // never read
+  cudaGraph_t graph = nullptr;
+  UT_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  int refused = 0;
+  for (int k = 0; k <= CudaExecutor::kPeerTables; ++k) {  // 17 distinct tables: the 17th would synchronise the device
+    BufferTable t;
+    t.peers = tables.data() + static_cast<std::size_t>(k) * kMaxTensors;
+    refused += ut::code_of([&] { ex.run(sb.pack.data(), sb.pack.size(), t); }) == Errc::plan_mismatch;
+  }
+  UT_CUDA(cudaStreamEndCapture(s.get(), &graph));
+  std::size_t nodes = 99;
+  UT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  UT_CUDA(cudaGraphDestroy(graph));
+  CHECK(refused == CudaExecutor::kPeerTables + 1);
+  CHECK(nodes == 0);  // no peer-table upload was captured
 }
 
 TEST_CASE("DeviceLocalGroup: mismatched byte counts are reported and abort the group, no hang") {

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <ulysses/merge/lse.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -481,4 +482,77 @@ TEST_CASE("C18: a row whose every partial has LSE +inf or NaN (a fully masked ro
     CHECK(st == std::vector<float>{1.5f, -7.25f});
     CHECK(bits(sl) == bits(3.0f));
   }
+}
+
+TEST_CASE("host f_mul / f_add round twice, never fused: a*b + c where one rounding (FMA) differs in the last bit") {
+  // a = b = 1 + 2^-12: a·b = 1 + 2^-11 + 2^-24 rounds (tie to even) to 1 + 2^-11; with
+  // c = -(1 + 2^-11) the two-rounding sum is 0, the fused one 2^-24. The build's -ffp-contract=off
+  // (the ulysses target's compile options) keeps GCC/Clang from contracting on aarch64 (always FMA)
+  // or x86-64 with -mfma; volatile keeps the values from being folded at compile time.
+  volatile float va = 1.0f + 0x1p-12f, vc = -(1.0f + 0x1p-11f);
+  const float a = va, c = vc;
+  const float two_roundings = ulysses::detail::f_add(ulysses::detail::f_mul(a, a), c);
+  CHECK(std::fma(a, a, c) == 0x1p-24f);  // the inputs do tell fused from unfused
+  CHECK(two_roundings == 0.0f);
+  float p = a;  // a Horner step as exp2_nonpos runs it, across statements
+  p = ulysses::detail::f_add(ulysses::detail::f_mul(p, a), c);
+  CHECK(p == 0.0f);
+}
+
+TEST_CASE("merge_chunk (the device merge's unit): 16-byte vector loads and stores where aligned, the same bits as merge_rows, aligned or not") {
+  // Contributions and outputs placed at a 16-byte-aligned address and at +2 / +4 bytes (the
+  // element path): every placement and type pair gives merge_rows()'s bits.
+  std::mt19937 g(35);
+  const ElementType types[3] = {ElementType::float32, ElementType::bfloat16, ElementType::float16};
+  for (ElementType tin : types)
+    for (ElementType tout : types)
+      for (std::size_t shift : {std::size_t{0}, std::size_t{2}, std::size_t{4}})
+        for (std::int64_t dv : {std::int64_t{16}, std::int64_t{13}}) {
+          CAPTURE(to_string(tin));
+          CAPTURE(to_string(tout));
+          CAPTURE(shift);
+          CAPTURE(dv);
+          const int n = 5;
+          const Rows r = random_rows(g, tin, n, dv, 0.2);
+          const std::size_t ein = size_of(tin), eout = size_of(tout);
+          std::vector<detail::Bytes16> in_store(static_cast<std::size_t>(n) * (static_cast<std::size_t>(dv) * ein / 16 + 2));
+          std::vector<const std::byte*> rows(static_cast<std::size_t>(n));
+          const std::size_t pitch = (static_cast<std::size_t>(dv) * ein / 16 + 2) * 16;
+          for (int i = 0; i < n; ++i) {
+            std::byte* p = reinterpret_cast<std::byte*>(in_store.data()) + static_cast<std::size_t>(i) * pitch + shift;
+            std::memcpy(p, r.data[static_cast<std::size_t>(i)].data(), r.data[static_cast<std::size_t>(i)].size());
+            rows[static_cast<std::size_t>(i)] = p;
+          }
+          std::vector<detail::Bytes16> out_store(static_cast<std::size_t>(dv) * eout / 16 + 2);
+          std::byte* out = reinterpret_cast<std::byte*>(out_store.data()) + shift;
+          std::vector<std::byte> want(static_cast<std::size_t>(dv) * eout);
+          const auto p = r.ptrs();
+          const float want_lse = merge_rows(p.data(), tin, r.lse.data(), n, dv, want.data(), tout);
+          float got_lse = 0;
+          detail::with_merge_arith(tin, [&](auto in) {
+            detail::with_merge_arith(tout, [&](auto o) {
+              for (std::int64_t d0 = 0; d0 < dv; d0 += 8)
+                got_lse = detail::merge_chunk<8, decltype(in), decltype(o)>(
+                    n, [&](int i) { return rows[static_cast<std::size_t>(i)]; }, [&](int i) { return r.lse[static_cast<std::size_t>(i)]; }, d0,
+                    static_cast<int>(std::min<std::int64_t>(8, dv - d0)), out, LseBase::natural);
+            });
+          });
+          CHECK(bits(got_lse) == bits(want_lse));
+          CHECK(std::memcmp(out, want.data(), want.size()) == 0);
+        }
+}
+
+TEST_CASE("copy_bytes / load_bits / store_bits: the widest access the addresses allow, every byte as memcpy") {
+  alignas(16) std::byte src[64], dst[64];
+  for (int i = 0; i < 64; ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+  for (std::size_t so : {0, 1, 2, 4, 8})
+    for (std::size_t n : {0, 3, 4, 8, 16, 32, 40}) {
+      std::memset(dst, 0, sizeof dst);
+      detail::copy_bytes(dst + so, src + so, n);
+      for (std::size_t i = 0; i < 64; ++i) CHECK(dst[i] == (i >= so && i < so + n ? src[i] : std::byte{0}));
+    }
+  CHECK(detail::aligned_to(src, 16));
+  CHECK(!detail::aligned_to(src + 2, 4));
+  detail::store_bits(dst + 1, 0x01020304u);  // misaligned: memcpy
+  CHECK(detail::load_bits<std::uint32_t>(dst + 1) == 0x01020304u);
 }

@@ -63,6 +63,39 @@ class CommFailure {
   std::string message_;
 };
 
+/// The longest wait a deadline stands for: 100 years. A longer timeout, such as
+/// std::chrono::milliseconds::max() ("no bound"), is clamped to it, so that adding it to a time
+/// point or converting it to nanoseconds cannot overflow (signed overflow: a deadline in the past).
+inline constexpr std::chrono::milliseconds kLongestWait = std::chrono::hours(24 * 365 * 100);
+
+/// `timeout` clamped to [0, kLongestWait] (negative: 0), in milliseconds.
+constexpr std::chrono::milliseconds clamp_wait(std::chrono::milliseconds timeout) noexcept {
+  return timeout < std::chrono::milliseconds::zero() ? std::chrono::milliseconds::zero() : timeout > kLongestWait ? kLongestWait : timeout;
+}
+
+/// The steady_clock time point `timeout` after `now` (default: the current time), `timeout`
+/// clamped by clamp_wait() and the sum saturated at time_point::max(): never overflows.
+/// @param timeout how long from now; any value, milliseconds::max() included
+/// @param now     the start (std::chrono::steady_clock)
+inline std::chrono::steady_clock::time_point deadline_after(
+    std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto wait = std::chrono::duration_cast<clock::duration>(clamp_wait(timeout));  // <= 100 years: fits int64 ns
+  return now > clock::time_point::max() - wait ? clock::time_point::max() : now + wait;
+}
+
+/// `timeout` in nanoseconds, clamped by clamp_wait() (what a device-side wait compares its
+/// %globaltimer delta with): never overflows.
+constexpr std::uint64_t wait_ns(std::chrono::milliseconds timeout) noexcept {
+  return static_cast<std::uint64_t>(clamp_wait(timeout).count()) * 1000000ull;
+}
+
+/// `factor` × `timeout`, clamped by clamp_wait() first and after (a deadline that allows for
+/// several waits in a row): never overflows. @param factor 0 .. 1000
+constexpr std::chrono::milliseconds scaled_wait(std::chrono::milliseconds timeout, int factor) noexcept {
+  return clamp_wait(clamp_wait(timeout) * factor);
+}
+
 /// How a bounded wait spends the time between two polls.
 enum class PollPace {
   yield,    ///< poll back to back for the first 10 ms, then yield the thread between polls: for a

@@ -355,7 +355,7 @@ class LocalGroup {
       cv_.notify_all();
       return;
     }
-    const bool ok = cv_.wait_for(l, timeout_, [&] { return generation_ != gen || failed_; });
+    const bool ok = cv_.wait_until(l, detail::deadline_after(timeout_), [&] { return generation_ != gen || failed_; });
     if (generation_ != gen) {  // completed, even if a rank failed since
       if (mismatched_ == gen) throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank) + ": " + mismatch_what_);
       return;
@@ -426,7 +426,7 @@ class LocalGroup {
       --in_copy_;
       fail_locked("rank " + std::to_string(rank) + " failed in a collective: " + what_of(std::current_exception()));
       cv_.notify_all();
-      cv_.wait_for(l, timeout_, [&] { return in_copy_ == 0; });
+      cv_.wait_until(l, detail::deadline_after(timeout_), [&] { return in_copy_ == 0; });
       throw;
     }
     std::lock_guard<std::mutex> l(m_);

@@ -13,8 +13,12 @@
 ///  4. stream j waits for `read[p]` of every peer p, so that nothing j enqueues later (its next
 ///     pack into its send region) can overwrite data a peer is still copying.
 /// No host synchronisation with the device: the host threads only meet at barriers, the GPU
-/// orders the rest. The streams may belong to one device or, with unified addressing and peer
-/// access, several (the copies then go over NVLink/PCIe).
+/// orders the rest. The streams may belong to one device or several (the copies then go over
+/// NVLink/PCIe). The direct path (with_peers(): the copy kernel reads the peers' inputs) needs
+/// peer access between the ranks' devices (each rank's device: the one current on its thread when
+/// its communicator is made): its first call enables it (cudaDeviceEnablePeerAccess) where
+/// cudaDeviceCanAccessPeer allows, and throws Error(path_unsupported) where it does not (force
+/// PlanOptions::path = Path::messages: cudaMemcpyAsync stages the copies between devices).
 ///
 /// Failure model: LocalGroup's (comm/local.hpp). Every host wait is one of its barriers, bounded by
 /// the group's timeout: a rank that does not arrive makes the others throw Error(timeout) naming
@@ -36,6 +40,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <string>
@@ -50,6 +55,32 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+
+/// The peer devices `mine` must enable access to for the direct path over ranks on `devices`
+/// (rank p's device), or the reason it cannot: every other device of the list, once, in order;
+/// `can_access(mine, peer)` answers cudaDeviceCanAccessPeer. Sets `error` ("" when all can).
+/// @param can_access callable as bool(int device, int peer_device)
+template <class CanAccess>
+std::vector<int> peer_devices_to_enable(int mine, const std::vector<int>& devices, CanAccess&& can_access, std::string& error) {
+  std::vector<int> out;
+  error.clear();
+  for (std::size_t p = 0; p < devices.size(); ++p) {
+    const int d = devices[p];
+    if (d == mine || std::find(out.begin(), out.end(), d) != out.end()) continue;
+    if (!can_access(mine, d)) {
+      error = "DeviceLocalGroup: the direct path reads rank " + std::to_string(p) + "'s memory on device " + std::to_string(d) +
+              " from device " + std::to_string(mine) + ", which has no peer access to it (cudaDeviceCanAccessPeer = 0): force the "
+              "message path (PlanOptions::path = Path::messages), whose cudaMemcpyAsync stages copies between devices";
+      return {};
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// An in-process group of `size` ranks whose buffers are device memory; each rank is a thread
 /// with its own stream (the caller's). A group serves one collective at a time.
 class DeviceLocalGroup {
@@ -59,7 +90,7 @@ class DeviceLocalGroup {
   /// @throws Error(invalid_group) size < 1; Error(backend) when cudaGetDevice fails.
   /// The device current on the constructing thread becomes current on spawn()'s threads.
   explicit DeviceLocalGroup(int size, std::chrono::milliseconds timeout = kDefaultCommTimeout)
-      : host_(size, timeout), events_(static_cast<std::size_t>(size)) {
+      : host_(size, timeout), events_(static_cast<std::size_t>(size)), devices_(static_cast<std::size_t>(size > 0 ? size : 0), -1) {
     detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
   }
   DeviceLocalGroup(const DeviceLocalGroup&) = delete;
@@ -125,14 +156,16 @@ class DeviceLocalGroup {
           int rank, size;
           void (*work)(void*, const void* const*);
           void* ctx;
+          Comm* comm;
           static void run(void* self, const void* const* all) {
             auto& s = *static_cast<Step*>(self);
+            s.comm->enable_peers();  // after the barrier: every rank's device is published
             for (int p = 0; p < s.size; ++p)
               if (p != s.rank) s.wait_for(p, nullptr, nullptr, 0);
             s.work(s.ctx, all);
             s.finish();
           }
-        } step{copy, done, rank(), size(), work, ctx};
+        } step{copy, done, rank(), size(), work, ctx, this};
         host_.with_peers(mine, &Step::run, &step);
       });
     }
@@ -179,7 +212,30 @@ class DeviceLocalGroup {
       for (int p = 0; p < size(); ++p)
         if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].read, 0), "cudaStreamWaitEvent");
     }
+    /// The direct path's peer access (file comment), once per communicator: enables access to
+    /// every other device of the group's ranks. @throws Error(path_unsupported) a device pair
+    /// without peer access; Error(backend) cudaDeviceEnablePeerAccess failed.
+    void enable_peers() {
+      if (peers_enabled_) return;
+      const int mine = g_->devices_[static_cast<std::size_t>(rank())];
+      std::string err;
+      const std::vector<int> peers = detail::peer_devices_to_enable(mine, g_->devices_, [](int d, int peer) {
+        int can = 0;
+        return cudaDeviceCanAccessPeer(&can, d, peer) == cudaSuccess && can != 0;
+      }, err);
+      if (!err.empty()) throw Error(Errc::path_unsupported, err);
+      for (int d : peers) {
+        const cudaError_t e = cudaDeviceEnablePeerAccess(d, 0);  // for the current device (this rank's)
+        if (e == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();  // not an error: another rank of this device enabled it; clear it
+          continue;
+        }
+        detail::cuda_check(e, "cudaDeviceEnablePeerAccess (DeviceLocalGroup, direct path)");
+      }
+      peers_enabled_ = true;
+    }
     Comm(DeviceLocalGroup* g, LocalGroup::Comm host, cudaStream_t s) : g_(g), host_(host), stream_(s) {
+      detail::cuda_check(cudaGetDevice(&g_->devices_[static_cast<std::size_t>(rank())]), "cudaGetDevice");
       Events& mine = g_->events_[static_cast<std::size_t>(rank())];
       if (!mine.sent) detail::cuda_check(cudaEventCreateWithFlags(&mine.sent, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       if (!mine.read) detail::cuda_check(cudaEventCreateWithFlags(&mine.read, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -189,6 +245,7 @@ class DeviceLocalGroup {
     LocalGroup::Comm host_;
     cudaStream_t stream_;
     Events ev_;
+    bool peers_enabled_ = false;
   };
 
   /// Makes the communicator of `rank` on `stream` (the rank's first call creates its two events on
@@ -227,6 +284,7 @@ class DeviceLocalGroup {
   using Events = Comm::Events;
   LocalGroup host_;
   std::vector<Events> events_;  // per rank, created by its first comm(); read by peers after a barrier; freed by ~DeviceLocalGroup
+  std::vector<int> devices_;    // per rank, its device (current at its comm()); read by peers after a barrier
   int device_ = 0;
 };
 

@@ -297,7 +297,7 @@ class MpiComm {
   /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
   Call enter(const char* who) {
     sh_->failure.check(who);
-    const Call call{who, sh_->calls++, std::chrono::steady_clock::now() + timeout_};
+    const Call call{who, sh_->calls++, detail::deadline_after(timeout_)};
     if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
     return call;
   }
@@ -439,7 +439,7 @@ class MpiComm {
       else
         MPI_Request_free(&reqs_[i]);  // sends cannot be cancelled reliably; MPI may still read them
     }
-    const auto cancelled = std::chrono::steady_clock::now() + timeout_;
+    const auto cancelled = detail::deadline_after(timeout_);
     const bool quiet = detail::poll_until(cancelled, [&] {
       int done = 0;
       MPI_Testall(static_cast<int>(n_recv_), reqs_.data(), &done, MPI_STATUSES_IGNORE);

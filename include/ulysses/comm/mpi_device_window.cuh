@@ -81,6 +81,34 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+/// What a rank learns about the link between its GPU and a peer's (cudaDeviceGetP2PAttribute).
+struct PeerLink {
+  bool visible = false;         ///< the peer's GPU is a device of this process (cudaDeviceGetByPCIBusId found it)
+  bool native_atomics = false;  ///< cudaDevP2PAttrNativeAtomicSupported between the two (meaningful when visible)
+};
+
+/// The device window's control words (rank 0's abort word and masks) take system-scope atomics
+/// from every rank's GPU (dw_or / dw_claim); across a link without native atomics (PCIe, per
+/// cudaDevP2PAttrNativeAtomicSupported) they are not atomic. "" when every peer's GPU is this
+/// rank's own (several processes on one GPU), or is linked with native atomics, or is not
+/// visible to this process (CUDA_VISIBLE_DEVICES: the link cannot be queried, and is assumed: the
+/// window's setting is NVLink/NVSwitch); else the refusal, naming both GPUs.
+/// @param rank this rank; @param bus every rank's PCI bus id (cudaDeviceGetPCIBusId)
+/// @param link callable as PeerLink(const std::string& peer_bus_id)
+template <class Link>
+std::string peer_atomics_error(int rank, const std::vector<std::string>& bus, Link&& link) {
+  const std::string& mine = bus[static_cast<std::size_t>(rank)];
+  for (std::size_t p = 0; p < bus.size(); ++p) {
+    if (static_cast<int>(p) == rank || bus[p] == mine) continue;
+    const PeerLink l = link(bus[p]);
+    if (l.visible && !l.native_atomics)
+      return "MpiDeviceWindow: the GPUs of rank " + std::to_string(rank) + " (" + mine + ") and rank " + std::to_string(p) + " (" + bus[p] +
+             ") have no native atomics over their link (cudaDevP2PAttrNativeAtomicSupported = 0, e.g. PCIe): the device window's "
+             "control words need them; take the message path (PlanOptions::path = Path::alltoallv, or NcclComm)";
+  }
+  return "";
+}
+
 /// Agrees on a step that may fail on some ranks: "" everywhere, or throws Error(backend) on every
 /// rank (its own message where it failed, else naming the ranks that did). Collective over node.
 /// @param node the window's communicator
@@ -132,7 +160,8 @@ class MpiDeviceWindow {
   /// @throws Error(plan_mismatch) ranks passed different sizes (every rank, naming them);
   ///         Error(invalid_group) the group spans several nodes or has more than 64 ranks (every
   ///         rank); Error(size_overflow); Error(backend) a CUDA or MPI call failed on some rank
-  ///         (every rank: out of device memory, IPC unsupported, a handle that did not open).
+  ///         (every rank: out of device memory, IPC unsupported, a handle that did not open), or two
+  ///         ranks' GPUs lack native atomics over their link (detail::peer_atomics_error()).
   MpiDeviceWindow(MPI_Comm comm, std::size_t bytes_per_rank) : reg_(bytes_per_rank, kAlignment) {
     node_ = detail::window_node_comm(comm, bytes_per_rank, "MpiDeviceWindow");
     MPI_Comm_size(node_, &size_);
@@ -157,6 +186,24 @@ class MpiDeviceWindow {
       cudaIpcMemHandle_t handle{};
       if (err.empty()) err = detail::cuda_error(cudaIpcGetMemHandle(&handle, own_), "cudaIpcGetMemHandle");
       detail::agree_on_step(node_, err, "MpiDeviceWindow: allocating and exporting the segments");
+      char bus_id[32] = {};
+      err = detail::cuda_error(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_), "cudaDeviceGetPCIBusId");
+      std::vector<char> all_bus(static_cast<std::size_t>(size_) * sizeof bus_id);
+      detail::mpi_check(MPI_Allgather(bus_id, static_cast<int>(sizeof bus_id), MPI_CHAR, all_bus.data(), static_cast<int>(sizeof bus_id), MPI_CHAR, node_),
+                        "MPI_Allgather");
+      std::vector<std::string> bus(static_cast<std::size_t>(size_));
+      for (int p = 0; p < size_; ++p) bus[static_cast<std::size_t>(p)] = std::string(all_bus.data() + static_cast<std::size_t>(p) * sizeof bus_id);
+      if (err.empty())
+        err = detail::peer_atomics_error(rank_, bus, [&](const std::string& id) {
+          detail::PeerLink l;
+          int peer = -1, native = 0;
+          l.visible = cudaDeviceGetByPCIBusId(&peer, id.c_str()) == cudaSuccess;
+          if (!l.visible) cudaGetLastError();  // not a device of this process: clear the error, it is not one
+          l.native_atomics = l.visible && cudaDeviceGetP2PAttribute(&native, cudaDevP2PAttrNativeAtomicSupported, device_, peer) == cudaSuccess && native;
+          cudaGetLastError();
+          return l;
+        });
+      detail::agree_on_step(node_, err, "MpiDeviceWindow: system-scope atomics between the GPUs");
       std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(size_));
       detail::mpi_check(MPI_Allgather(&handle, static_cast<int>(sizeof handle), MPI_BYTE, all.data(), static_cast<int>(sizeof handle), MPI_BYTE,
                                       node_),
@@ -296,13 +343,21 @@ class MpiDeviceWindowComm {
   /// @param window  an MpiDeviceWindow allocated over the same group
   /// @param stream  the stream every call is enqueued on (the executor's), of the window's device
   /// @param timeout bound of each device wait (and of the host waits of synchronize() and alltoallv())
-  /// @throws Error(comm_mismatch) the window is not over comm's group; Error(backend) cudaHostAlloc failed.
+  /// @throws Error(comm_mismatch) the window is not over comm's group; Error(backend) loading the protocol
+  ///         kernels (cudaFuncGetAttributes, against lazy loading) or cudaHostAlloc failed.
   MpiDeviceWindowComm(MpiComm& comm, MpiDeviceWindow& window, cudaStream_t stream, std::chrono::milliseconds timeout = kDefaultCommTimeout)
       : comm_(&comm), win_(&window), stream_(stream), timeout_(timeout) {
     int cmp = MPI_UNEQUAL;
     MPI_Comm_compare(comm.get(), window.node_comm(), &cmp);
     if (comm.size() != window.size() || comm.rank() != window.rank() || (cmp != MPI_IDENT && cmp != MPI_CONGRUENT))
       detail::fail(Errc::comm_mismatch, "MpiDeviceWindowComm: the window was allocated over another group than the MpiComm's");
+    // Lazy loading (the default since CUDA 12.2) loads a kernel at its first launch, which may
+    // synchronise the context: behind a spinning dw_arrive_kernel (or, for dw_break_kernel, on the
+    // error path, while a peer never comes) that would wait out the device timeout. Load them now.
+    cudaFuncAttributes a{};
+    detail::cuda_check(cudaFuncGetAttributes(&a, detail::dw_arrive_kernel), "cudaFuncGetAttributes (dw_arrive_kernel)");
+    detail::cuda_check(cudaFuncGetAttributes(&a, detail::dw_done_kernel), "cudaFuncGetAttributes (dw_done_kernel)");
+    detail::cuda_check(cudaFuncGetAttributes(&a, detail::dw_break_kernel), "cudaFuncGetAttributes (dw_break_kernel)");
     detail::cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&status_), sizeof(detail::DeviceWindowStatus), cudaHostAllocMapped | cudaHostAllocPortable),
                        "cudaHostAlloc (MpiDeviceWindowComm status)");
     *status_ = detail::DeviceWindowStatus{};
@@ -411,15 +466,17 @@ class MpiDeviceWindowComm {
       }
       group_.check_layouts = in.peer_layouts ? 1 : 0;
       for (int p = 0; p < P; ++p) group_.expect_layouts[p] = in.peer_layouts ? in.peer_layouts[p] : 0;
+      detail::check_pending(cudaPeekAtLastError(), "MpiDeviceWindowComm arrive kernel");
       detail::dw_arrive_kernel<<<1, 1, 0, stream_>>>(group_, record_, timeout_ns(), status_dev_);
-      detail::cuda_check(cudaGetLastError(), "MpiDeviceWindowComm arrive kernel launch");
+      detail::check_launch("MpiDeviceWindowComm arrive kernel");
       views_.resize(static_cast<std::size_t>(P));
       all_.resize(static_cast<std::size_t>(P));
       detail::device_window_views(record_, in, slots_.data(), P, views_.data());
       for (int p = 0; p < P; ++p) all_[static_cast<std::size_t>(p)] = &views_[static_cast<std::size_t>(p)];
       work(ctx, all_.data());
+      detail::check_pending(cudaPeekAtLastError(), "MpiDeviceWindowComm done kernel");
       detail::dw_done_kernel<<<1, 1, 0, stream_>>>(group_, timeout_ns(), status_dev_);
-      detail::cuda_check(cudaGetLastError(), "MpiDeviceWindowComm done kernel launch");
+      detail::check_launch("MpiDeviceWindowComm done kernel");
     });
   }
 
@@ -428,7 +485,7 @@ class MpiDeviceWindowComm {
   ExchangeState& exchange_state() noexcept { return state_; }
 
  private:
-  std::uint64_t timeout_ns() const noexcept { return static_cast<std::uint64_t>(timeout_.count()) * 1000000ull; }
+  std::uint64_t timeout_ns() const noexcept { return detail::wait_ns(timeout_); }
 
   /// Throws Error(aborted) after an earlier failure of this rank, or the error a device wait
   /// reported (recorded as this rank's failure first).
@@ -467,7 +524,7 @@ class MpiDeviceWindowComm {
   }
   /// Waits (bounded) for the stream.
   void drain(const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + 2 * timeout_;
+    const auto deadline = detail::deadline_after(detail::scaled_wait(timeout_, 2));
     cudaError_t e = cudaSuccess;
     const bool ok = detail::poll_until(deadline, [&] {
       e = cudaStreamQuery(stream_);
@@ -475,7 +532,7 @@ class MpiDeviceWindowComm {
     }, detail::PollPace::relaxed);
     if (!ok) {
       const std::string m = "rank " + std::to_string(rank()) + ": MpiDeviceWindowComm::" + what + ": the stream did not drain within " +
-                            std::to_string(2 * timeout_.count()) + " ms (a kernel before the exchange is stuck)";
+                            std::to_string(detail::scaled_wait(timeout_, 2).count()) + " ms (a kernel before the exchange is stuck)";
       break_group(Errc::timeout, m);
       throw Error(Errc::timeout, m);
     }

@@ -150,7 +150,7 @@ bool window_rendezvous(int size, int rank, Leaving&& leaving, std::uint64_t& ver
                        std::chrono::milliseconds timeout) noexcept {
   if (!shared_load(abort)) {
     shared_store(leaving(rank), 1);
-    poll_until(std::chrono::steady_clock::now() + timeout, [&] {
+    poll_until(deadline_after(timeout), [&] {
       if (shared_load(verdict) != 0) return true;
       if (shared_load(abort)) {
         shared_claim(verdict, WindowControl::kLeak);
@@ -950,7 +950,7 @@ class MpiWindowComm {
       while (p < P && detail::shared_load(win_->control(p).*field) >= e) ++p;
       return p == P;
     };
-    const bool ok = detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+    const bool ok = detail::poll_until(detail::deadline_after(timeout_), [&] {
       if (arrival) require_alive("with_peers");
       if (reached()) return true;
       if (!arrival) require_alive("with_peers");
@@ -974,7 +974,7 @@ class MpiWindowComm {
   /// has finished reading (a peer that did not arrive sees the abort word and reads nothing).
   void wait_for_readers(std::uint64_t e) const noexcept {
     const int P = size();
-    detail::poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+    detail::poll_until(detail::deadline_after(timeout_), [&] {
       for (int p = 0; p < P; ++p) {
         const detail::WindowControl& r = win_->control(p);
         if (detail::shared_load(r.arrive) >= e && detail::shared_load(r.done) < e) return false;

@@ -36,10 +36,12 @@
 /// the stream, not the call). Every call first polls ncclCommGetAsyncError, so an asynchronous
 /// error of an earlier operation (ncclRemoteError: a peer died or closed its connections) is
 /// reported at the next call. On a timeout (Error(timeout)) or an error (Error(backend)) the
-/// communicator is stopped: ncclCommRevoke where the NCCL headers have it (NCCL >= 2.28: the
-/// in-flight kernels end, the handle stays valid: wait until ncclCommGetAsyncError no longer
-/// reports ncclInProgress, then ncclCommDestroy or ncclCommAbort it), else ncclCommAbort (the
-/// handle is freed: do not destroy it; handle_freed()). From then on the NcclComm is broken:
+/// communicator is stopped: ncclCommRevoke where the LOADED libnccl has it (ncclGetVersion >=
+/// 2.28 and the symbol resolved at run time, so a binary built against 2.28 headers still loads
+/// and stops with an older NCCL: the in-flight kernels end, the handle stays valid: wait until
+/// ncclCommGetAsyncError no longer reports ncclInProgress, then ncclCommDestroy or ncclCommAbort
+/// it), else ncclCommAbort (the handle is freed: do not destroy it; handle_freed()). From then
+/// on the NcclComm is broken:
 /// every call throws Error(aborted) at once with the first failure's message, without calling
 /// NCCL. What NCCL cannot do: say which rank is missing (no NCCL call names it), and bound a
 /// *blocking* communicator's calls, which may wait inside NCCL (ncclGroupEnd connecting to a
@@ -49,6 +51,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -62,20 +65,42 @@
 #include "exchange_state.hpp"
 #include "failure.hpp"
 
-/// 1 when the NCCL headers have ncclCommRevoke (NCCL >= 2.28): NcclComm then revokes a failed
-/// communicator instead of aborting it.
-#if defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0) && defined(NCCL_REVOKE_DEFAULT)
-#define ULYSSES_NCCL_HAS_REVOKE 1
-#endif
-#endif
-#ifndef ULYSSES_NCCL_HAS_REVOKE
-#define ULYSSES_NCCL_HAS_REVOKE 0
-#endif
-
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+
+/// The address of the NCCL function `name` in the libnccl this process loaded, or nullptr:
+/// dlsym(RTLD_DEFAULT), then the library that holds ncclGetVersion (dladdr + dlopen(RTLD_NOLOAD),
+/// for a libnccl loaded RTLD_LOCAL, as PyTorch's). What lets a binary built against newer NCCL
+/// headers call an optional function only where the loaded NCCL has it, with no link-time
+/// reference that would keep it from loading.
+inline void* nccl_symbol(const char* name) noexcept {
+  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+  Dl_info info{};
+  void* p = nullptr;
+  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) && info.dli_fname)
+    if (void* h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD)) {
+      p = dlsym(h, name);
+      dlclose(h);
+    }
+  return p;
+}
+
+/// The loaded libnccl's version (ncclGetVersion: major * 10000 + minor * 100 + patch, e.g. 22809
+/// for 2.28.9), or 0 when the call fails. May differ from NCCL_VERSION_CODE, the headers' at build time.
+inline int nccl_loaded_version() noexcept {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
+/// ncclCommRevoke(comm, flags), resolved at run time: non-null only when the loaded libnccl is
+/// >= 2.28 (nccl_loaded_version() >= 22800) and exports the symbol (nccl.h 2.28.9).
+using NcclRevokeFn = ncclResult_t (*)(ncclComm_t, int);
+inline NcclRevokeFn nccl_revoke() noexcept {
+  static const NcclRevokeFn f =
+      nccl_loaded_version() >= 22800 ? reinterpret_cast<NcclRevokeFn>(nccl_symbol("ncclCommRevoke")) : nullptr;
+  return f;
+}
 
 /// The NCCL and CUDA runtime calls NcclComm makes, as a table of functions: NCCL's own
 /// (nccl_calls()), or fakes: the seam through which the host tests drive the deadline and abort
@@ -90,22 +115,65 @@ struct NcclCalls {
   ncclResult_t (*all_gather)(const void*, void*, std::size_t, ncclDataType_t, ncclComm_t, cudaStream_t);  ///< ncclAllGather
   ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*);  ///< ncclCommGetAsyncError
   const char* (*last_error)(ncclComm_t);                   ///< ncclGetLastError
-  ncclResult_t (*stop)(ncclComm_t);  ///< stops a failed communicator: ncclCommRevoke (NCCL >= 2.28), else ncclCommAbort
+  ncclResult_t (*stop)(ncclComm_t);  ///< stops a failed communicator: ncclCommRevoke (loaded NCCL >= 2.28), else ncclCommAbort
   bool stop_frees;                   ///< whether stop frees the handle (ncclCommAbort)
   cudaError_t (*stream_query)(cudaStream_t);  ///< cudaStreamQuery
+  ncclResult_t (*abort)(ncclComm_t);          ///< ncclCommAbort (a child communicator a split could not finish)
+  ncclResult_t (*split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);  ///< ncclCommSplit
+  cudaError_t (*is_capturing)(cudaStream_t, cudaStreamCaptureStatus*);    ///< cudaStreamIsCapturing
+  cudaError_t (*malloc_async)(void**, std::size_t, cudaStream_t);         ///< cudaMallocAsync
+  cudaError_t (*free_async)(void*, cudaStream_t);                         ///< cudaFreeAsync
+  cudaError_t (*memcpy_async)(void*, const void*, std::size_t, cudaMemcpyKind, cudaStream_t);  ///< cudaMemcpyAsync
 };
 
-/// NCCL's and the CUDA runtime's own functions.
+/// NCCL's and the CUDA runtime's own functions; `stop` is ncclCommRevoke where the loaded
+/// libnccl has it (nccl_revoke()), else ncclCommAbort.
 inline const NcclCalls& nccl_calls() noexcept {
-  static const NcclCalls calls{&ncclCommCount, &ncclCommUserRank, &ncclGroupStart, &ncclGroupEnd, &ncclSend, &ncclRecv,
-                               &ncclAllGather, &ncclCommGetAsyncError, &ncclGetLastError,
-#if ULYSSES_NCCL_HAS_REVOKE
-                               [](ncclComm_t c) { return ncclCommRevoke(c, NCCL_REVOKE_DEFAULT); }, false,
-#else
-                               &ncclCommAbort, true,
-#endif
-                               &cudaStreamQuery};
+  static const NcclCalls calls = [] {
+    NcclCalls c{};
+    c.comm_count = &ncclCommCount;
+    c.user_rank = &ncclCommUserRank;
+    c.group_start = &ncclGroupStart;
+    c.group_end = &ncclGroupEnd;
+    c.send = &ncclSend;
+    c.recv = &ncclRecv;
+    c.all_gather = &ncclAllGather;
+    c.async_error = &ncclCommGetAsyncError;
+    c.last_error = &ncclGetLastError;
+    if (nccl_revoke()) {
+      c.stop = [](ncclComm_t comm) { return nccl_revoke()(comm, 0); };  // NCCL_REVOKE_DEFAULT (0), nccl.h 2.28.9
+      c.stop_frees = false;
+    } else {
+      c.stop = &ncclCommAbort;
+      c.stop_frees = true;
+    }
+    c.stream_query = &cudaStreamQuery;
+    c.abort = &ncclCommAbort;
+    c.split = &ncclCommSplit;
+    c.is_capturing = &cudaStreamIsCapturing;
+    c.malloc_async = [](void** p, std::size_t n, cudaStream_t s) { return cudaMallocAsync(p, n, s); };
+    c.free_async = &cudaFreeAsync;
+    c.memcpy_async = [](void* d, const void* src, std::size_t n, cudaMemcpyKind k, cudaStream_t s) { return cudaMemcpyAsync(d, src, n, k, s); };
+    return c;
+  }();
   return calls;
+}
+
+/// Waits out a non-blocking NCCL call's ncclInProgress: while `r` is ncclInProgress, polls
+/// calls.async_error(comm) (ncclCommGetAsyncError of the communicator the call works on: the
+/// new one for a split) until it reports something else or `deadline` passes. Returns the final
+/// state: ncclSuccess, an error, or ncclInProgress when the deadline passed (or the poll's own
+/// error). Never throws.
+inline ncclResult_t nccl_wait_in_progress(const NcclCalls& calls, ncclComm_t comm, ncclResult_t r,
+                                          std::chrono::steady_clock::time_point deadline) noexcept {
+  if (r != ncclInProgress) return r;
+  poll_until(deadline, [&] {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t q = calls.async_error(comm, &state);
+    r = q != ncclSuccess ? q : state;
+    return r != ncclInProgress;
+  }, PollPace::relaxed);
+  return r;
 }
 
 }  // namespace detail
@@ -119,8 +187,9 @@ class NcclComm {
   /// Buffers of alltoallv() are device memory.
   static constexpr bool device_memory = true;
   /// How a failed communicator is stopped: true, ncclCommRevoke (the handle stays valid: destroy
-  /// it); false, ncclCommAbort (the handle is freed). Decided by the NCCL headers (>= 2.28: revoke).
-  static constexpr bool revokes = ULYSSES_NCCL_HAS_REVOKE != 0;
+  /// it); false, ncclCommAbort (the handle is freed). Decided at run time by the loaded libnccl
+  /// (>= 2.28 with the symbol: revoke), not by the headers of the build.
+  static bool revokes() noexcept { return !detail::nccl_calls().stop_frees; }
 
   /// Wraps `comm` and `stream`.
   /// @param comm    an initialised NCCL communicator (blocking or non-blocking; non-blocking for
@@ -150,6 +219,9 @@ class NcclComm {
   int size() const { return size_; }               ///< ncclCommCount
   int rank() const { return rank_; }               ///< ncclCommUserRank
   ncclComm_t get() const { return comm_; }         ///< the wrapped communicator
+  /// The table of functions this communicator calls (NCCL's, or a test's fakes): what the window
+  /// and the split over it call too.
+  const detail::NcclCalls& calls() const noexcept { return *calls_; }
   cudaStream_t stream() const { return stream_; }  ///< the stream exchanges are enqueued on
   /// How long one call waits before it throws Error(timeout).
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -220,20 +292,20 @@ class NcclComm {
   void allgather(const void* send, std::size_t bytes, void* recv) {
     const Call call = enter("NcclComm::allgather");
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    detail::cuda_check(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+    detail::cuda_check(calls_->is_capturing(stream_, &capturing), "cudaStreamIsCapturing");
     if (capturing != cudaStreamCaptureStatusNone)
       throw Error(Errc::backend, "NcclComm::allgather (the cross-rank plan check) cannot run while the stream is captured: "
                                  "call check_agreement(plan, comm) before capturing a plan's first exchange");
     const std::size_t total = bytes * static_cast<std::size_t>(size_);
     void* dev = nullptr;
-    cuda(call, cudaMallocAsync(&dev, total ? total : 1, stream_), "cudaMallocAsync");
-    const DeviceScratch scratch{dev, stream_};  // freed in stream order however the call ends
+    cuda(call, calls_->malloc_async(&dev, total ? total : 1, stream_), "cudaMallocAsync");
+    const DeviceScratch scratch{dev, stream_, calls_->free_async};  // freed in stream order however the call ends
     auto* d = static_cast<std::byte*>(dev);
     std::byte* mine = d + bytes * static_cast<std::size_t>(rank_);
-    cuda(call, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    cuda(call, calls_->memcpy_async(mine, send, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
     finish(call, calls_->all_gather(mine, d, bytes, ncclUint8, comm_, stream_), "ncclAllGather");
     drain(call);  // bounded: the copy out below to pageable memory would wait for the stream unbounded
-    cuda(call, cudaMemcpyAsync(recv, d, total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    cuda(call, calls_->memcpy_async(recv, d, total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
     drain(call);
   }
 
@@ -244,6 +316,16 @@ class NcclComm {
   ///         then stopped, which ends its stalled kernels); Error(backend) a CUDA error on the
   ///         stream or an asynchronous NCCL error; Error(aborted) the communicator is broken.
   void synchronize() { drain(enter("NcclComm::synchronize")); }
+
+  /// Treats `r` as the result of an NCCL call `what` that the caller made on get() (a window
+  /// registration): ncclInProgress is waited out (ncclCommGetAsyncError, at most timeout()), as
+  /// for the communicator's own calls; a failure or timeout stops the communicator as theirs do.
+  /// @throws Error(backend) `r` or the asynchronous state is an error; Error(timeout) still in
+  ///         progress after timeout(); Error(aborted) the communicator is broken.
+  void complete(ncclResult_t r, const char* what) {
+    sh_->failure.check(what);
+    finish(Call{what, detail::deadline_after(timeout_)}, r, what);
+  }
 
   /// What the transports learn on this communicator about the plans run on it, and their
   /// scratch lists (comm/exchange_state.hpp).
@@ -271,17 +353,18 @@ class NcclComm {
   struct DeviceScratch {
     void* p;
     cudaStream_t s;
-    DeviceScratch(void* ptr, cudaStream_t stream) : p(ptr), s(stream) {}
+    cudaError_t (*free_async)(void*, cudaStream_t);
+    DeviceScratch(void* ptr, cudaStream_t stream, cudaError_t (*f)(void*, cudaStream_t)) : p(ptr), s(stream), free_async(f) {}
     DeviceScratch(const DeviceScratch&) = delete;
     DeviceScratch& operator=(const DeviceScratch&) = delete;
-    ~DeviceScratch() { cudaFreeAsync(p, s); }
+    ~DeviceScratch() { free_async(p, s); }
   };
 
   /// Starts a call: Error(aborted) when broken; an asynchronous error of an earlier operation
   /// gives up (Error(backend)); one still in progress is waited out (bounded).
   Call enter(const char* who) {
     sh_->failure.check(who);
-    const Call call{who, std::chrono::steady_clock::now() + timeout_};
+    const Call call{who, detail::deadline_after(timeout_)};
     finish(call, async_state(call), "an earlier operation (ncclCommGetAsyncError)");
     return call;
   }
@@ -296,8 +379,8 @@ class NcclComm {
   /// enqueueing) and ncclCommGetAsyncError reports success before the deadline; gives up
   /// otherwise: Error(timeout) still in progress, Error(backend) an error.
   void finish(const Call& call, ncclResult_t r, const char* what) {
-    if (r == ncclInProgress && !detail::poll_until(call.deadline, [&] { return (r = async_state(call)) != ncclInProgress; },
-                                                   detail::PollPace::relaxed))
+    r = detail::nccl_wait_in_progress(*calls_, comm_, r, call.deadline);
+    if (r == ncclInProgress)
       give_up(Errc::timeout,
               std::string(call.who) + ": " + what + " still in progress after " + std::to_string(timeout_.count()) +
                   " ms (a peer did not enter the call, or died; NCCL does not say which)");

@@ -19,7 +19,18 @@
 ///
 /// Without the window API (NCCL < 2.27): ULYSSES_NCCL_HAS_WINDOWS is 0 and NcclWindow is not
 /// declared; allocate the exchange buffers with cudaMalloc and use NcclComm as before, or the
-/// device window over MPI.
+/// device window over MPI. Built against newer headers but run with an older libnccl: the
+/// registration functions are resolved at run time (detail::nccl_symbol), so the binary loads,
+/// and NcclWindow's constructor throws Error(backend) naming the loaded version.
+///
+/// Non-blocking communicators: the registration and the deregistration may return
+/// ncclInProgress, waited out as NcclComm's own calls (NcclComm::complete(), bounded by its
+/// timeout). Teardown: a healthy window waits for the stream (NcclComm::synchronize(): an
+/// ncclSend still reading the buffer), then deregisters collectively and frees. A window whose
+/// communicator is broken makes no collective call (the peers may never come): it leaks the
+/// buffer when the communicator was aborted (the handle, and the allocator state behind the
+/// memory, are gone) or did not become quiescent within its timeout after a revoke, and frees it
+/// otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,6 +57,35 @@
 #if ULYSSES_NCCL_HAS_WINDOWS
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+
+/// The NCCL calls NcclWindow makes, as a table (NCCL's own: nccl_window_calls(); or a test's
+/// fakes). window_register / window_deregister are null when the loaded libnccl has no windows.
+struct NcclWindowCalls {
+  ncclResult_t (*mem_alloc)(void**, std::size_t);                                    ///< ncclMemAlloc
+  ncclResult_t (*mem_free)(void*);                                                   ///< ncclMemFree
+  ncclResult_t (*window_register)(ncclComm_t, void*, std::size_t, ncclWindow_t*, int);  ///< ncclCommWindowRegister
+  ncclResult_t (*window_deregister)(ncclComm_t, ncclWindow_t);                       ///< ncclCommWindowDeregister
+};
+
+/// NCCL's own: the window functions resolved at run time in the loaded libnccl (>= 2.27).
+inline const NcclWindowCalls& nccl_window_calls() noexcept {
+  static const NcclWindowCalls calls = [] {
+    NcclWindowCalls c{};
+    c.mem_alloc = &ncclMemAlloc;
+    c.mem_free = &ncclMemFree;
+    if (nccl_loaded_version() >= 22700) {
+      c.window_register = reinterpret_cast<decltype(c.window_register)>(nccl_symbol("ncclCommWindowRegister"));
+      c.window_deregister = reinterpret_cast<decltype(c.window_deregister)>(nccl_symbol("ncclCommWindowDeregister"));
+    }
+    if (!c.window_register || !c.window_deregister) c.window_register = nullptr, c.window_deregister = nullptr;
+    return c;
+  }();
+  return calls;
+}
+
+}  // namespace detail
+
 /// An NCCL symmetric window over the ranks of an NcclComm (see the file comment). Not copyable
 /// or movable; freed collectively by the destructor.
 class NcclWindow {
@@ -58,10 +98,16 @@ class NcclWindow {
   /// @param comm           the communicator (not owned; it must outlive the window)
   /// @param bytes_per_rank device bytes of every rank's window (rounded up to
   ///        NCCL_WIN_REQUIRED_ALIGNMENT)
+  /// @param calls          the NCCL functions to call (detail::nccl_window_calls(); a test's fakes)
   /// @throws Error(plan_mismatch) ranks passed different sizes (every rank, naming them);
-  ///         Error(backend) ncclMemAlloc or ncclCommWindowRegister failed; NcclComm's errors.
-  NcclWindow(NcclComm& comm, std::size_t bytes_per_rank)
-      : comm_(&comm), reg_(detail::round_up<std::size_t>(bytes_per_rank, NCCL_WIN_REQUIRED_ALIGNMENT), kAlignment) {
+  ///         Error(backend) the loaded libnccl has no windows, ncclMemAlloc or
+  ///         ncclCommWindowRegister failed; Error(timeout) a non-blocking registration still in
+  ///         progress after comm.timeout() (the communicator is then stopped); NcclComm's errors.
+  NcclWindow(NcclComm& comm, std::size_t bytes_per_rank, const detail::NcclWindowCalls& calls = detail::nccl_window_calls())
+      : comm_(&comm), calls_(&calls), reg_(detail::round_up<std::size_t>(bytes_per_rank, NCCL_WIN_REQUIRED_ALIGNMENT), kAlignment) {
+    if (!calls.window_register)
+      throw Error(Errc::backend, "NcclWindow: the loaded libnccl (ncclGetVersion " + std::to_string(detail::nccl_loaded_version()) +
+                                     ") has no ncclCommWindowRegister (NCCL >= 2.27): allocate the buffers with cudaMalloc instead");
     std::vector<unsigned long long> all(static_cast<std::size_t>(comm.size()));
     const unsigned long long mine = reg_.bytes();
     comm.allgather(&mine, sizeof mine, all.data());
@@ -70,21 +116,22 @@ class NcclWindow {
       detail::fail(Errc::plan_mismatch, "NcclWindow: ranks " + detail::rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
                                             std::to_string(all[0]) + " (rank " + std::to_string(comm.rank()) + ": " + std::to_string(mine) +
                                             "); every rank must pass the same size");
-    ok(ncclMemAlloc(&base_, reg_.bytes() ? reg_.bytes() : NCCL_WIN_REQUIRED_ALIGNMENT), "ncclMemAlloc");
-    const ncclResult_t r = ncclCommWindowRegister(comm.get(), base_, reg_.bytes(), &win_, NCCL_WIN_COLL_SYMMETRIC);
-    if (r != ncclSuccess) {
-      ncclMemFree(base_);
-      base_ = nullptr;
-      ok(r, "ncclCommWindowRegister");
+    ok(calls.mem_alloc(&base_, reg_.bytes() ? reg_.bytes() : NCCL_WIN_REQUIRED_ALIGNMENT), "ncclMemAlloc");
+    const ncclResult_t r = calls.window_register(comm.get(), base_, reg_.bytes(), &win_, NCCL_WIN_COLL_SYMMETRIC);
+    try {
+      comm.complete(r, "ncclCommWindowRegister");  // non-blocking: ncclInProgress waited out; a failure stops comm
+    } catch (...) {
+      win_ = nullptr;  // not registered: nothing to deregister
+      release();       // the comm is broken now: the buffer is freed only where that is safe
+      throw;
     }
   }
   NcclWindow(const NcclWindow&) = delete;
   NcclWindow& operator=(const NcclWindow&) = delete;
-  /// Deregisters (collective: every rank destroys its window) and frees. Errors are ignored.
-  ~NcclWindow() {
-    if (win_) ncclCommWindowDeregister(comm_->get(), win_);
-    if (base_) ncclMemFree(base_);
-  }
+  /// Healthy communicator: waits for its stream (bounded), deregisters (collective: every rank
+  /// destroys its window) and frees. Broken: no collective call; frees or leaks the buffer (file
+  /// comment). Errors are ignored.
+  ~NcclWindow() { release(); }
 
   std::size_t bytes_per_rank() const noexcept { return reg_.bytes(); }  ///< device bytes of every rank's window
   ncclWindow_t get() const noexcept { return win_; }                    ///< the NCCL window
@@ -112,7 +159,27 @@ class NcclWindow {
   static void ok(ncclResult_t r, const char* what) {
     if (r != ncclSuccess) throw Error(Errc::backend, std::string(what) + " failed: " + ncclGetErrorString(r));
   }
+  /// The teardown of the file comment; leaves base_ and win_ null.
+  void release() noexcept {
+    if (!base_) return;
+    void* const base = base_;
+    const ncclWindow_t win = win_;
+    base_ = nullptr, win_ = nullptr;
+    if (!comm_->broken()) {
+      try {
+        comm_->synchronize();  // no ncclSend / kernel still reads the buffer; a timeout stops comm
+        if (win) comm_->complete(calls_->window_deregister(comm_->get(), win), "ncclCommWindowDeregister");
+        calls_->mem_free(base);
+        return;
+      } catch (...) {  // comm is broken now: as below
+      }
+    }
+    if (comm_->handle_freed()) return;  // aborted: leak
+    const auto quiet = detail::nccl_wait_in_progress(comm_->calls(), comm_->get(), ncclInProgress, detail::deadline_after(comm_->timeout()));
+    if (quiet != ncclInProgress) calls_->mem_free(base);  // revoked and quiescent: no kernel of it runs
+  }
   NcclComm* comm_;
+  const detail::NcclWindowCalls* calls_;
   detail::WindowRegistry reg_;
   void* base_ = nullptr;
   ncclWindow_t win_ = nullptr;

@@ -162,8 +162,8 @@ class CudaExecutor {
   /// @throws Error(plan_mismatch) when `blocks`/`n` is not one of the lists the executor uploaded
   ///         (e.g. a list of a copy of its plan, or of another plan), or when `t.peers` is set and
   ///         prepare_direct() was not called;
-  ///         Error(backend) when the launch fails (cudaGetLastError; this may also report an
-  ///         earlier asynchronous error of the context).
+  ///         Error(backend) when the launch fails, or when a CUDA error of an earlier call is
+  ///         pending on the thread (named as such, left pending; nothing is launched).
   void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t) const { run(blocks, n, t, stream_); }
 
   /// As run(blocks, n, t), but launches on `stream` instead of the executor's stream (what
@@ -181,13 +181,7 @@ class CudaExecutor {
   /// Same bytes whatever the grid. @throws as run(blocks, n, t).
   void run(const BlockCopy* blocks, std::size_t n, const BufferTable& t, cudaStream_t stream, std::int64_t max_ctas) const {
     if (n == 0) return;
-    BufferTable table = t;
-    if (t.peers) {  // the direct path: the peers' pointers (host memory) as a resident device table
-      if (!peers_dev_)
-        throw Error(Errc::plan_mismatch, "CudaExecutor::run: a table with peers' buffers, but prepare_direct() was not called");
-      table.peers = resident_peers(t.peers, stream);
-    }
-    const List* l = nullptr;
+    const List* l = nullptr;  // first: a foreign list must not consume a resident peer-table slot (or synchronise)
     for (const List& x : lists_)
       if (x.host == blocks && x.n == n) l = &x;
     if (!l)
@@ -195,11 +189,16 @@ class CudaExecutor {
                                            " blocks given is not one of the block lists this executor uploaded (from "
                                            "the plan it was made from, or prepare_direct()); make the executor from the "
                                            "Plan whose schedule you run");
+    if (t.peers && !peers_dev_)
+      throw Error(Errc::plan_mismatch, "CudaExecutor::run: a table with peers' buffers, but prepare_direct() was not called");
+    detail::check_pending(cudaPeekAtLastError(), "block_copy_kernel");
+    BufferTable table = t;
+    if (t.peers) table.peers = resident_peers(t.peers, stream);  // the direct path: the peers' pointers as a resident device table
     std::int64_t grid = l->units < max_grid_ ? l->units : max_grid_;
     if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
     detail::block_copy_kernel<detail::kCopyThreads><<<static_cast<unsigned>(grid), detail::kCopyThreads, 0, stream>>>(
         l->dev_blocks, l->dev_units, static_cast<int>(l->n), l->units, table);
-    detail::cuda_check(cudaGetLastError(), "block_copy_kernel launch");
+    detail::check_launch("block_copy_kernel");
   }
 
   cudaStream_t stream() const { return stream_; }  ///< the stream run() launches on

@@ -57,13 +57,20 @@ ULYSSES_KERNEL_ATTRIBUTES void __launch_bounds__(kDecodeThreads) decode_gather_k
     decode_gather_unit(a, r, lane, kDecodeLanes);
 }
 
-/// Unpack + merge: unit u = (row u / chunks, elements [8·(u % chunks), +8)), units grid-stride.
+/// Unpack + merge: unit u = (row u / chunks, elements [8·(u % chunks), +8)), units grid-stride;
+/// (row, chunk) advanced by the stride's quotient and remainder (two divisions per thread, not one
+/// 64-bit division per unit).
 template <class In, class Out>
 ULYSSES_KERNEL_ATTRIBUTES void __launch_bounds__(kDecodeThreads) decode_merge_kernel(DecodeArgs a, std::int64_t units, std::int64_t chunks) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kDecodeThreads;
-  for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x; u < units; u += stride) {
-    const std::int64_t r = u / chunks, c = u - r * chunks;
+  const std::int64_t u0 = static_cast<std::int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x;
+  if (u0 >= units) return;
+  const std::int64_t dr = stride / chunks, dc = stride - dr * chunks;
+  std::int64_t r = u0 / chunks, c = u0 - r * chunks;
+  for (std::int64_t u = u0; u < units; u += stride) {
     decode_merge_unit_typed<kDecodeMergeChunk, In, Out>(a, r, c * kDecodeMergeChunk);
+    r += dr, c += dc;
+    if (c >= chunks) c -= chunks, ++r;
   }
 }
 
@@ -128,14 +135,16 @@ class CudaDecodeExecutor {
   void pack(const DecodeArgs& a) const {
     const std::int64_t rows = detail::decode_other_rows(a);
     if (rows == 0) return;
+    detail::check_pending(cudaPeekAtLastError(), "decode_pack_kernel");
     detail::decode_pack_kernel<<<grid(rows * detail::kDecodeLanes), detail::kDecodeThreads, 0, stream_>>>(a, rows);
-    detail::cuda_check(cudaGetLastError(), "decode_pack_kernel launch");
+    detail::check_launch("decode_pack_kernel");
   }
 
   /// Unpack + merge (one launch for every row and contribution). @throws Error(backend) the launch failed.
   void merge(const DecodeArgs& a) const {
     const std::int64_t chunks = (a.Dv + detail::kDecodeMergeChunk - 1) / detail::kDecodeMergeChunk, units = detail::decode_own_rows(a) * chunks;
     if (units == 0) return;
+    detail::check_pending(cudaPeekAtLastError(), "decode_merge_kernel");
     bool launched = false;
     detail::with_merge_arith(a.partial_type, [&](auto in) {
       detail::with_merge_arith(a.out_type, [&](auto o) {
@@ -144,15 +153,16 @@ class CudaDecodeExecutor {
       });
     });
     if (!launched) detail::fail(Errc::not_summable, "CudaDecodeExecutor::merge: element types that cannot be merged");
-    detail::cuda_check(cudaGetLastError(), "decode_merge_kernel launch");
+    detail::check_launch("decode_merge_kernel");
   }
 
   /// Gather unpack (all_heads; one launch). @throws Error(backend) the launch failed.
   void unpack_gathered(const DecodeArgs& a) const {
     const std::int64_t rows = detail::decode_other_rows(a);
     if (rows == 0) return;
+    detail::check_pending(cudaPeekAtLastError(), "decode_gather_kernel");
     detail::decode_gather_kernel<<<grid(rows * detail::kDecodeLanes), detail::kDecodeThreads, 0, stream_>>>(a, rows);
-    detail::cuda_check(cudaGetLastError(), "decode_gather_kernel launch");
+    detail::check_launch("decode_gather_kernel");
   }
 
   cudaStream_t stream() const { return stream_; }  ///< the stream the passes launch on

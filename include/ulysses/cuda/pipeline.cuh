@@ -66,13 +66,20 @@ struct caps_grid<E, std::void_t<decltype(std::declval<const E&>().sm_count()), d
 /// SMs: a pack or unpack launched with the whole grid (SM count × occupancy) would fill every SM
 /// and the NCCL kernel of the stage being exchanged could not start until it ends. The pipeline
 /// launches its copies with at most (SM count − reserved_sms) × occupancy CTAs (an executor with
-/// `run(blocks, n, table, stream, max_ctas)`, as CudaExecutor), leaving reserved_sms SMs to the
-/// exchange (NCCL's point-to-point kernels use up to 32 channels, one CTA each, by default).
+/// `run(blocks, n, table, stream, max_ctas)`, as CudaExecutor). What this does and does not do:
+/// it leaves reserved_sms × occupancy copy-kernel CTA slots free across the GPU; it does NOT keep
+/// reserved_sms SMs idle, since the CTA scheduler spreads the capped grid over all SMs and the
+/// copy kernel is persistent (grid-stride: its CTAs live until the list is done). Whether an NCCL
+/// point-to-point CTA (up to 32 channels, one CTA each, with more registers and shared memory than a
+/// copy CTA) fits the slots left on an SM, and so whether exchange k overlaps pack k+1, has not been
+/// measured (it needs a profile on the device, nsys); the stream priorities cannot help, as the
+/// exchange runs on the user's stream. Real partitioning (green contexts, CUDA >= 12.4) is not used.
 class CudaPipeline {
  public:
   /// Most stages a plan may have (ulysses::kMaxStages, the limit of PlanOptions::stages).
   static constexpr int kMaxStages = ulysses::kMaxStages;
-  /// SMs left free for the exchange by default (see the class comment).
+  /// Copy-kernel CTA slots, in SMs' worth, left free for the exchange by default (see the class
+  /// comment: not SMs kept idle).
   static constexpr int kReservedSms = 32;
   CudaPipeline(const CudaPipeline&) = delete;             ///< owns its stream and events
   CudaPipeline& operator=(const CudaPipeline&) = delete;  ///< owns its stream and events

@@ -93,7 +93,7 @@ ULYSSES_HOST_DEVICE inline void decode_pack_unit(const DecodeArgs& a, std::int64
               a.partial + (x.b * a.partial_stride[0] + x.t * a.partial_stride[1] + x.h * a.partial_stride[2]) * ein, row_bytes, lane,
               lanes);
   if (lane == 0)
-    std::memcpy(a.send + q.send_lse_offset + k * 4, a.lse + (x.b * a.lse_stride[0] + x.t * a.lse_stride[1] + x.h * a.lse_stride[2]) * 4, 4);
+    copy_bytes(a.send + q.send_lse_offset + k * 4, a.lse + (x.b * a.lse_stride[0] + x.t * a.lse_stride[1] + x.h * a.lse_stride[2]) * 4, 4);
 }
 
 /// Gather unit r (DecodeOutput::all_heads; lane `lane` of `lanes`): copies the merged row and LSE
@@ -107,16 +107,12 @@ ULYSSES_HOST_DEVICE inline void decode_gather_unit(const DecodeArgs& a, std::int
   decode_copy(a.out + (x.b * a.out_stride[0] + x.t * a.out_stride[1] + x.h * a.out_stride[2]) * eout,
               a.gather_recv + q.gather_recv_offset + k * row_bytes, row_bytes, lane, lanes);
   if (lane == 0 && a.out_lse)
-    std::memcpy(a.out_lse + (x.b * a.out_lse_stride[0] + x.t * a.out_lse_stride[1] + x.h * a.out_lse_stride[2]) * 4,
-                a.gather_recv + q.gather_recv_lse_offset + k * 4, 4);
+    copy_bytes(a.out_lse + (x.b * a.out_lse_stride[0] + x.t * a.out_lse_stride[1] + x.h * a.out_lse_stride[2]) * 4,
+               a.gather_recv + q.gather_recv_lse_offset + k * 4, 4);
 }
 
-/// Reads the LSE at p (4 bytes, any alignment). Host and device.
-ULYSSES_HOST_DEVICE inline float decode_load_lse(const std::byte* p) {
-  float v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+/// Reads the LSE at p (4 bytes, any alignment; one 4-byte load where aligned). Host and device.
+ULYSSES_HOST_DEVICE inline float decode_load_lse(const std::byte* p) { return load_bits<float>(p); }
 
 /// Row r of this rank's heads in the merge: where its P contributions are — this rank's own in
 /// place in O_rank and LSE_rank, every other rank's in its chunk of the receive region — and
@@ -164,10 +160,10 @@ struct DecodeMergeRow {
   ULYSSES_HOST_DEVICE void finish(float l, std::int64_t d0, int len) const {
     const std::int64_t eout = merge_elem_bytes(a->out_type);
     const bool gather = a->output == DecodeOutput::all_heads && a->P > 1;
-    if (gather) std::memcpy(a->gather_send + (chunk_row * a->Dv + d0) * eout, out() + d0 * eout, static_cast<std::size_t>(len * eout));
+    if (gather) copy_bytes(a->gather_send + (chunk_row * a->Dv + d0) * eout, out() + d0 * eout, static_cast<std::size_t>(len * eout));
     if (d0 != 0) return;
-    if (a->out_lse) std::memcpy(a->out_lse + (b * a->out_lse_stride[0] + t * a->out_lse_stride[1] + (a->out_head0 + j) * a->out_lse_stride[2]) * 4, &l, 4);
-    if (gather) std::memcpy(a->gather_send + a->gather_lse_offset + chunk_row * 4, &l, 4);
+    if (a->out_lse) store_bits(a->out_lse + (b * a->out_lse_stride[0] + t * a->out_lse_stride[1] + (a->out_head0 + j) * a->out_lse_stride[2]) * 4, l);
+    if (gather) store_bits(a->gather_send + a->gather_lse_offset + chunk_row * 4, l);
   }
 };
 

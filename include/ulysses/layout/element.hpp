@@ -158,20 +158,106 @@ ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16(float f) {
 template <ElementType T>
 struct SumArith;
 
-/// load() / store() of a SumArith: the element's bits through memcpy (misaligned pointers are
-/// fine), widened to / narrowed from Acc by the derived type's widen() / narrow().
+/// True when p is a multiple of `align` (a power of two). Host and device.
+ULYSSES_HOST_DEVICE inline bool aligned_to(const void* p, std::size_t align) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (align - 1)) == 0;
+}
+
+/// Loads / stores one T at p: on the device a typed access when p is aligned for T (one
+/// ld/st of sizeof(T) bytes; through a std::byte* memcpy nvcc emits one byte access per byte),
+/// else memcpy (any alignment). The same bits either way. Host and device.
+/// (On the device the misaligned branch moves bytes one by one through a register array, not
+/// memcpy: the compiler would merge a memcpy's align-1 access with the typed one into a single
+/// align-1 access, i.e. byte accesses on both branches.)
+template <class T>
+ULYSSES_HOST_DEVICE inline T load_bits(const std::byte* p) {
+  T b;
+#if defined(__CUDA_ARCH__)
+  if (aligned_to(p, alignof(T))) return *reinterpret_cast<const T*>(p);
+  unsigned char c[sizeof(T)];
+  for (std::size_t i = 0; i < sizeof(T); ++i) c[i] = static_cast<unsigned char>(p[i]);
+  std::memcpy(&b, c, sizeof b);
+#else
+  std::memcpy(&b, p, sizeof b);
+#endif
+  return b;
+}
+template <class T>
+ULYSSES_HOST_DEVICE inline void store_bits(std::byte* p, const T& b) {
+#if defined(__CUDA_ARCH__)
+  if (aligned_to(p, alignof(T))) {
+    *reinterpret_cast<T*>(p) = b;
+    return;
+  }
+  unsigned char c[sizeof(T)];
+  std::memcpy(c, &b, sizeof b);
+  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>(c[i]);
+#else
+  std::memcpy(p, &b, sizeof b);
+#endif
+}
+
+/// 16 bytes, 16-aligned: one vector access on the device (ld/st.v4.u32).
+struct alignas(16) Bytes16 {
+  std::uint32_t w[4];
+};
+
+/// Copies n bytes from src to dst in the widest accesses both addresses and n allow (16, 8, 4, 2
+/// or 1 bytes each, the same on the host and the device). Host and device.
+ULYSSES_HOST_DEVICE inline void copy_bytes(std::byte* dst, const std::byte* src, std::size_t n) {
+  const std::uintptr_t m = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | n;
+  if ((m & 15) == 0) {
+    for (std::size_t i = 0; i < n; i += 16) store_bits(dst + i, load_bits<Bytes16>(src + i));
+  } else if ((m & 7) == 0) {
+    for (std::size_t i = 0; i < n; i += 8) store_bits(dst + i, load_bits<std::uint64_t>(src + i));
+  } else if ((m & 3) == 0) {
+    for (std::size_t i = 0; i < n; i += 4) store_bits(dst + i, load_bits<std::uint32_t>(src + i));
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
+/// load() / store() of a SumArith: the element's bits (load_bits / store_bits: typed where
+/// aligned on the device, misaligned pointers are fine), widened to / narrowed from Acc by the
+/// derived type's widen() / narrow(); load_n() / store_n(): N consecutive elements, in 16-byte
+/// vectors where the address is 16-aligned and the N elements are whole vectors.
 template <class Derived, class AccT, class BitsT>
 struct SumArithBytes {
   using Acc = AccT;
   using Bits = BitsT;
-  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) {
-    Bits b;
-    std::memcpy(&b, p, sizeof b);
-    return Derived::widen(b);
+  ULYSSES_HOST_DEVICE static Acc load(const std::byte* p) { return Derived::widen(load_bits<Bits>(p)); }
+  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) { store_bits<Bits>(p, Derived::narrow(x)); }
+  /// out[k] = load(p + k * sizeof(Bits)), k < len (len <= N).
+  template <int N>
+  ULYSSES_HOST_DEVICE static void load_n(const std::byte* p, int len, Acc* out) {
+    constexpr std::size_t kBytes = static_cast<std::size_t>(N) * sizeof(Bits);
+    if constexpr (kBytes % 16 == 0) {
+      if (len == N && aligned_to(p, 16)) {
+        Bytes16 v[kBytes / 16];
+        Bits b[static_cast<std::size_t>(N)];
+        for (std::size_t i = 0; i < kBytes / 16; ++i) v[i] = load_bits<Bytes16>(p + 16 * i);
+        std::memcpy(b, v, kBytes);  // registers: no memory access
+        for (std::size_t k = 0; k < static_cast<std::size_t>(N); ++k) out[k] = Derived::widen(b[k]);
+        return;
+      }
+    }
+    for (int k = 0; k < len; ++k) out[k] = load(p + k * static_cast<std::ptrdiff_t>(sizeof(Bits)));
   }
-  ULYSSES_HOST_DEVICE static void store(std::byte* p, Acc x) {
-    const Bits b = Derived::narrow(x);
-    std::memcpy(p, &b, sizeof b);
+  /// store(p + k * sizeof(Bits), x[k]), k < len (len <= N).
+  template <int N>
+  ULYSSES_HOST_DEVICE static void store_n(std::byte* p, int len, const Acc* x) {
+    constexpr std::size_t kBytes = static_cast<std::size_t>(N) * sizeof(Bits);
+    if constexpr (kBytes % 16 == 0) {
+      if (len == N && aligned_to(p, 16)) {
+        Bytes16 v[kBytes / 16];
+        Bits b[static_cast<std::size_t>(N)];
+        for (std::size_t k = 0; k < static_cast<std::size_t>(N); ++k) b[k] = Derived::narrow(x[k]);
+        std::memcpy(v, b, kBytes);
+        for (std::size_t i = 0; i < kBytes / 16; ++i) store_bits(p + 16 * i, v[i]);
+        return;
+      }
+    }
+    for (int k = 0; k < len; ++k) store(p + k * static_cast<std::ptrdiff_t>(sizeof(Bits)), x[k]);
   }
 };
 template <>

@@ -49,8 +49,9 @@
 ///   exp and log; nothing else changes.
 /// Preconditions: partial outputs of finite-LSE contributions are finite (any LSE is accepted).
 /// Build ulysses code without -ffast-math / --use_fast_math, and for the host's bits to equal the
-/// GPU's also without FMA contraction across statements (GCC's -ffp-contract=fast with -mfma or
-/// -march=native contracts o·w + x·w'; add -ffp-contract=off there). Host and device.
+/// GPU's also without FMA contraction across statements (GCC's default -ffp-contract=fast
+/// contracts o·w + x·w' on aarch64, e.g. GH200, and on x86-64 with -mfma / -march=native): the
+/// ulysses CMake target and ulysses.pc add -ffp-contract=off. Host and device.
 #pragma once
 
 #include <cstddef>
@@ -277,9 +278,16 @@ ULYSSES_HOST_DEVICE inline float merge_chunk(int n, const RowAt& row, const LseA
   for (int i = 0; i < n; ++i) {
     const LseStep s = lse_step(l, lse(i), base);
     l = s.lse;
-    if (s.kind != LseStepKind::keep) apply_step<In>(s, acc, row(i) + d0 * in_bytes, len);
+    if (s.kind == LseStepKind::keep) continue;
+    float x[static_cast<std::size_t>(N)];
+    In::template load_n<N>(row(i) + d0 * in_bytes, len, x);  // 16-byte loads where aligned (the same bits)
+    if (s.kind == LseStepKind::take) {
+      for (int k = 0; k < len; ++k) acc[k] = x[k];
+    } else {  // apply_step()'s operations, in its order
+      for (int k = 0; k < len; ++k) acc[k] = f_add(f_mul(acc[k], s.w_state), f_mul(x[k], s.w_block));
+    }
   }
-  for (int k = 0; k < len; ++k) Out::store(out + (d0 + k) * out_bytes, acc[k]);
+  Out::template store_n<N>(out + d0 * out_bytes, len, acc);
   return l;
 }
 

@@ -105,5 +105,65 @@ inline void cuda_check(cudaError_t e, const char* what) {
   throw Error(Errc::backend, std::string(what) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
+/// What a process can do with the CUDA it loaded (cuda_verdict()).
+enum class CudaVerdict {
+  ok,              ///< at least one device
+  no_driver,       ///< no CUDA driver (cudaDriverGetVersion 0: no libcuda): no GPU here
+  build_mismatch,  ///< a driver older than the build's runtime (cudaErrorInsufficientDriver with a driver): the build cannot run here
+  no_device,       ///< a driver but no device (cudaErrorNoDevice, 0 devices, or another error of cudaGetDeviceCount)
+};
+
+/// Classifies cudaGetDeviceCount's answer with the versions (CUDA's encoding, 1000 * major + 10 *
+/// minor: 13000 for 13.0): cudaErrorInsufficientDriver means "no device" only without a driver
+/// (driver 0); with one, the driver is older than the runtime the binary carries: a build for a
+/// newer CUDA than this machine runs, to be rebuilt, not a missing GPU. Host only, pure.
+/// @param driver  cudaDriverGetVersion (0: no driver)
+/// @param runtime cudaRuntimeGetVersion
+/// @param count_error cudaGetDeviceCount's result; @param count its device count
+inline CudaVerdict cuda_verdict(int driver, int runtime, cudaError_t count_error, int count) noexcept {
+  if (count_error == cudaSuccess && count > 0) return CudaVerdict::ok;
+  if (driver == 0) return CudaVerdict::no_driver;
+  if (count_error == cudaErrorInsufficientDriver || (driver > 0 && driver < runtime)) return CudaVerdict::build_mismatch;
+  return CudaVerdict::no_device;
+}
+
+/// The CUDA versions as "13.0" (CUDA's 1000 * major + 10 * minor encoding; 0: "none").
+inline std::string cuda_version_string(int v) {
+  if (v <= 0) return "none";
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+/// One line for people: the loaded runtime and driver, the device count, and what the verdict
+/// means ("ok: 1 device(s)", "no CUDA driver: no GPU here", "build mismatch: ...", "no device: ...").
+inline std::string cuda_report(int driver, int runtime, cudaError_t count_error, int count) {
+  const std::string v = "CUDA runtime " + cuda_version_string(runtime) + " (this build's), driver " + cuda_version_string(driver) + ": ";
+  switch (cuda_verdict(driver, runtime, count_error, count)) {
+    case CudaVerdict::ok: return v + "ok: " + std::to_string(count) + " device(s)";
+    case CudaVerdict::no_driver: return v + "no CUDA driver: no GPU here";
+    case CudaVerdict::build_mismatch:
+      return v + "build mismatch: the driver runs CUDA <= " + cuda_version_string(driver) + ", older than this build's runtime " +
+             cuda_version_string(runtime) + " (" + cudaGetErrorName(count_error) + "): rebuild with a CUDA toolkit <= " +
+             cuda_version_string(driver) + " (not a missing device)";
+    case CudaVerdict::no_device: break;
+  }
+  return v + "no device (" + std::string(count_error == cudaSuccess ? "0 devices" : cudaGetErrorName(count_error)) + ")";
+}
+
+/// Before launching `kernel`: `pending` is cudaPeekAtLastError(). An error already pending on
+/// this thread comes from an earlier call (someone else's launch, or a sticky error of the
+/// context): Error(backend) names it as such, not as this launch's failure, and leaves it
+/// pending for its owner (peek does not clear it); the caller then launches nothing. After the
+/// launch, check_launch() reads the launch's own error.
+/// @throws Error(backend) when `pending` is not cudaSuccess.
+inline void check_pending(cudaError_t pending, const char* kernel) {
+  if (pending == cudaSuccess) return;
+  throw Error(Errc::backend, std::string(kernel) + " not launched: a CUDA error from an earlier call is pending on this thread (" +
+                                 cudaGetErrorName(pending) + ": " + cudaGetErrorString(pending) +
+                                 "; not this launch's: read and clear it with cudaGetLastError where it was made)");
+}
+/// Right after a launch of `kernel` that check_pending() preceded: cudaGetLastError() is this
+/// launch's error. @throws Error(backend) the launch failed.
+inline void check_launch(const char* kernel) { cuda_check(cudaGetLastError(), (std::string(kernel) + " launch").c_str()); }
+
 }  // namespace detail
 ULYSSES_NAMESPACE_END
