@@ -79,6 +79,7 @@ struct Options {
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
   int mpi_window = -1;                  // --backend mpi: 1 MpiWindowComm, 0 MpiComm, -1 the window when all ranks share a node
+  bool call_numbers = true;             // --call-numbers 0: library calls not numbered (what numbering costs, bench/run_call_numbers.sh)
   bool window_outputs = true;           // --window-outputs 0: over MpiWindowComm, the outputs outside the window (seq->head pulls)
   double window_MiB = 1024;             // --backend cuda-ipc: the device window's bytes per rank
   int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
@@ -613,6 +614,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
               static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup,
               o.reps > 1 ? (", fastest of " + std::to_string(o.reps) + " repetitions").c_str() : "", o.check ? ", checked bit for bit" : "");
+  if (!o.call_numbers) std::printf("# library calls not numbered (--call-numbers 0)\n");
   if (o.ranks_per_node > 0)
     std::printf("# simulated nodes of %d ranks %s, lanes %d (the two-level exchange where the path column says two_level)\n",
                 o.ranks_per_node, NodeLayout::uniform(P, o.ranks_per_node).str().c_str(), o.lanes);
@@ -646,8 +648,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
                static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim));
   std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
                to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
-  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\",\n", o.balanced ? "true" : "false",
-               o.ranks_per_node, o.reps, json_escape(device).c_str());
+  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\", \"call_numbers\": %s,\n",
+               o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(device).c_str(), o.call_numbers ? "true" : "false");
   std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
@@ -668,7 +670,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
-      "                    [--mpi-window 0|1] [--window-outputs 1|0] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
       "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
@@ -701,6 +703,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "prints its table): one Ulysses group timed while the others load the shared links.\n"
       "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
       "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0);\n"
+      "--call-numbers 1|0: number the library calls (the default; 0 only to measure what numbering costs)\n"
       "--window-outputs 1|0: the outputs allocated from the window too (the default: seq->head then pushes into the\n"
       "peers' outputs) or left in private memory (0: each rank pulls its heads out of its peers' rows).\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
@@ -773,6 +776,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--groups") o.groups = small(i);
     else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
     else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
+    else if (a == "--call-numbers") o.call_numbers = number(i) != 0;
     else if (a == "--window-MiB") o.window_MiB = number(i);
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
@@ -975,6 +979,7 @@ int run_ipc(int& argc, char**& argv, const Options& o) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  set_call_numbering(o.call_numbers);
   if (o.mode == "sweep" && (o.backend == "local" || o.backend == "cuda-local") && under_mpiexec())
     std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend %s: each process runs its own in-process group; "
                          "give --backend mpi (or nccl) for one group over the MPI processes\n", o.backend.c_str());

@@ -94,3 +94,30 @@ TEST_CASE("break_group_on_failure: returns f's value, breaks nothing when f succ
     c.barrier();  // still usable
   });
 }
+
+TEST_CASE("a ring peer that leaves mid-rotation (mlx #4060): every survivor's error names it") {
+  const int W = 4, gone = 1;
+  LocalGroup g(W, std::chrono::milliseconds(300));
+  std::vector<ut::TimedError> got(W);
+  g.spawn([&](LocalGroup::Comm& c) {
+    const int r = c.rank();
+    const std::size_t block = 64;
+    std::vector<std::byte> b0(block, std::byte{1}), b1(block);
+    RingRotation<LocalGroup::Comm> rot(c, std::vector<std::size_t>(W, block), b0.data(), b1.data(), block, RingProgress::in_start);
+    got[static_cast<std::size_t>(r)] = ut::timed_error_of([&] {
+      for (int layer = 0; layer < 2; ++layer)
+        for (int s = 0; s < W; ++s) {
+          if (r == gone && (layer > 0 || s > 0)) return;  // it leaves
+          rot.start(s);
+          rot.finish(s);
+        }
+    });
+  });
+  for (int r = 0; r < W; ++r) {
+    if (r == gone) continue;
+    const ut::TimedError& e = got[static_cast<std::size_t>(r)];
+    CAPTURE(e.message);
+    CHECK((e.code == Errc::timeout || e.code == Errc::aborted));
+    CHECK(e.message.find("ranks {1} did not arrive") != std::string::npos);
+  }
+}

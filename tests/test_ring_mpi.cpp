@@ -200,6 +200,41 @@ TEST_CASE("MPI check_ring_config(plan): the ring configuration in the plan's rec
   m.free();
 }
 
+TEST_CASE("MPI ring: a peer that leaves mid-rotation (mlx #4060): every survivor's error names it, not whichever rank it waited on") {
+  // Ring rank 1 of W (W >= 3) runs step 0 of the first layer, then leaves. The others run two
+  // layers: the rank after it times out waiting for its block (naming it), the others hear that
+  // rank's notice before their own deadline, and its text names the rank that left.
+  int W = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (W < 3) return;
+  const int gone = 1;
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  {
+    MpiComm ring(dup, MpiComm::kIntMaxBytes, std::chrono::milliseconds(500));
+    const std::size_t block = 64;
+    std::vector<std::byte> b0(block, std::byte{1}), b1(block);
+    RingRotation<MpiComm> rot(ring, std::vector<std::size_t>(static_cast<std::size_t>(W), block), b0.data(), b1.data(), block,
+                              RingProgress::in_start);
+    const ut::TimedError e = ut::timed_error_of([&] {
+      for (int layer = 0; layer < 2; ++layer)
+        for (int s = 0; s < W; ++s) {
+          if (r == gone && (layer > 0 || s > 0)) return;  // it leaves
+          rot.start(s);
+          rot.finish(s);
+        }
+    });
+    if (r != gone) {
+      CAPTURE(e.message);
+      CHECK((e.code == Errc::timeout || e.code == Errc::aborted));
+      CHECK(e.message.find("ranks {" + std::to_string(gone) + "}") != std::string::npos);
+      CHECK(e.ms < 500 + 5000);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &thread_level);
   int rank = 0;

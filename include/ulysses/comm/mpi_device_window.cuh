@@ -484,6 +484,17 @@ class MpiDeviceWindowComm {
   /// lists (comm/exchange_state.hpp).
   ExchangeState& exchange_state() noexcept { return state_; }
 
+  /// Breaks the group at once (the optional abort() of the communicator concept, what a call that
+  /// fails on this rank alone does before it throws: comm/tell_peers.hpp): the abort word in
+  /// rank 0's segment, set in stream order (the peers' device waits end with Error(aborted) naming
+  /// this rank; the reason text stays on this rank: device memory carries no message), and the
+  /// host-shared broken word, so that no rank's ~MpiDeviceWindow waits for its peers. Local.
+  /// @param why what failed on this rank (this rank's later calls throw Error(aborted) with it)
+  void abort(const std::string& why) {
+    if (failure_.broken()) return;
+    break_group(Errc::aborted, why);
+  }
+
  private:
   std::uint64_t timeout_ns() const noexcept { return detail::wait_ns(timeout_); }
 

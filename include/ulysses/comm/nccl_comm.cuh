@@ -431,6 +431,23 @@ class NcclComm {
     if (first != ncclSuccess) finish(call, first, what);
     finish(call, end, "ncclGroupEnd");
   }
+ public:
+  /// Breaks the group at once (the optional abort() of the communicator concept, what a call that
+  /// fails on this rank alone does before it throws: comm/tell_peers.hpp): stops the communicator
+  /// as a failed call does (ncclCommRevoke where the loaded NCCL has it, else ncclCommAbort), so
+  /// that nothing of this rank stays enqueued, and breaks this NcclComm (its later calls throw
+  /// Error(aborted) with `why`). NCCL carries no message to the peers: their pending operations end
+  /// at their own deadline (a non-blocking communicator's ncclInProgress, a bounded stream wait) as
+  /// Error(timeout), naming nobody (NCCL does not say who). Local; a no-op once broken.
+  /// @param why what failed on this rank
+  void abort(const std::string& why) {
+    if (sh_->failure.broken()) return;
+    calls_->stop(comm_);
+    sh_->freed = calls_->stop_frees;
+    sh_->failure.record(Errc::aborted, Error(Errc::aborted, "rank " + std::to_string(rank_) + " broke the group: " + why).what());
+  }
+
+ private:
   /// Abandons the call: reads ncclGetLastError, stops the communicator (ncclCommRevoke or
   /// ncclCommAbort), breaks this NcclComm and throws Error(code) saying what to do next.
   [[noreturn]] void give_up(Errc code, const std::string& message) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include <atomic>
 #include <cstdint>
 
 #include "../detail/hash.hpp"
@@ -19,7 +20,20 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+/// Whether library calls are numbered (begin_call()): on by default. Off, no call is numbered and
+/// the ranks compare nothing (a skipped call may then pair with its peers' next): only for
+/// measuring what numbering costs (ulysses_perf --call-numbers 0, bench/run_call_numbers.sh).
+/// Process-wide; every rank must choose alike, between calls.
+/// @param on number the calls that follow
+inline void set_call_numbering(bool on) noexcept;
+/// Whether library calls are numbered (set_call_numbering()).
+inline bool call_numbering() noexcept;
+
 namespace detail {
+inline std::atomic<bool>& call_numbering_flag() noexcept {
+  static std::atomic<bool> on{true};
+  return on;
+}
 
 /// Whether a failure of one rank must be told to its peers: everything but Error(aborted) (the
 /// group told this rank) and Error(plan_mismatch) (a verdict every rank reaches alike: the
@@ -54,6 +68,7 @@ void break_group_for(Comm& comm, const std::string& why) noexcept {
 template <class Comm>
 void begin_call(Comm& comm, const char* name, std::uint64_t what = 0) noexcept {
   if constexpr (comm_traits<Comm>::exchange_state) {
+    if (!call_numbering_flag().load(std::memory_order_relaxed)) return;
     std::uint64_t h = kFnvBasis;
     for (const char* c = name; *c; ++c) h = fnv1a(h, static_cast<std::int64_t>(*c));
     comm.exchange_state().begin_call(name, fnv1a(h, what));
@@ -88,6 +103,9 @@ decltype(auto) tell_peers_on_failure(Comm& comm, int rank, const char* call, F&&
 }
 
 }  // namespace detail
+
+inline void set_call_numbering(bool on) noexcept { detail::call_numbering_flag().store(on, std::memory_order_relaxed); }
+inline bool call_numbering() noexcept { return detail::call_numbering_flag().load(std::memory_order_relaxed); }
 
 /// Runs `f()`, a step of the engine's own code between library calls on `comm` (the attention
 /// kernel, a projection), and returns what it returns; if it throws, breaks the group first, as a
