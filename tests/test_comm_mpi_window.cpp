@@ -25,7 +25,7 @@
 
 #include "cases.hpp"
 #include "expect_error.hpp"
-#include "faults.hpp"
+#include "faults_mpi.hpp"
 
 using namespace ulysses;
 using ut::on_groups_of;
@@ -886,26 +886,21 @@ TEST_CASE("MPI window: C19's matrix on the window path (every local failure, for
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   if (W < 2) return;
-  double slowest = 0;
-  for (ut::FaultOp op : {ut::FaultOp::seq_to_head, ut::FaultOp::backward, ut::FaultOp::ring_step, ut::FaultOp::decode})
-    for (ut::Fault f : {ut::Fault::short_buffer, ut::Fault::engine_throw, ut::Fault::skipped_call})
-      for (bool warm : {false, true}) {
-        if (f == ut::Fault::skipped_call && op == ut::FaultOp::decode) continue;  // (a rank that never calls: the deadline)
-        MPI_Comm dup;
-        MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-        MpiComm comm(dup);
-        ut::TimedError e{};
-        {
-          MpiWindow win(comm, 1 << 20);  // inputs outside it: staged (or read in place)
-          MpiWindowComm wc(comm, win, f == ut::Fault::skipped_call ? std::chrono::seconds(2) : std::chrono::seconds(30));
-          e = ut::run_fault(wc, op, f, W - 1, wc, warm);
-        }
-        const std::string cell = std::string(ut::name_of(op)) + " / " + ut::name_of(f) + (warm ? " (warm)" : "");
-        CAPTURE(cell);
-        CHECK(ut::judge_fault(e, f, me, W - 1, 5000) == "");
-        if (f != ut::Fault::skipped_call) slowest = std::max(slowest, e.ms);
-        MPI_Barrier(MPI_COMM_WORLD);
-      }
+  const double slowest = ut::run_mpi_fault_matrix(false, [&](ut::FaultOp op, ut::Fault f, bool warm) {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    MpiComm comm(dup);
+    ut::TimedError e{};
+    {
+      MpiWindow win(comm, 1 << 20);  // inputs outside it: staged (or read in place)
+      MpiWindowComm wc(comm, win, f == ut::Fault::skipped_call ? std::chrono::seconds(2) : std::chrono::seconds(30));
+      e = ut::run_fault(wc, op, f, W - 1, wc, warm);
+    }
+    const std::string cell = std::string(ut::name_of(op)) + " / " + ut::name_of(f) + (warm ? " (warm)" : "");
+    CAPTURE(cell);
+    CHECK(ut::judge_fault(e, f, me, W - 1, 5000) == "");
+    return e;
+  });
   MESSAGE("MpiWindowComm, -n " << W << ": slowest rank of every local failure " << slowest << " ms (deadline 30000 ms)");
 }
 

@@ -24,9 +24,10 @@ namespace {
 /// slowest rank's time, and CHECKs every rank's outcome.
 double run_cell(int P, ut::FaultOp op, ut::Fault f, bool warm) {
   const int bad = P - 1;
-  LocalGroup g(P, std::chrono::seconds(30));
+  LocalGroup g(P, f == ut::Fault::wrong_comm ? std::chrono::milliseconds(300) : std::chrono::milliseconds(30000));
   std::vector<ut::TimedError> got(static_cast<std::size_t>(P));
-  auto wrong_for_bad = g.comm(0);  // Fault::wrong_comm: another rank's handle of the same group
+  LocalGroup other(P);
+  auto wrong_for_bad = other.comm(0);  // Fault::wrong_comm: a handle of another group (rank 0 of it, not rank P-1)
   g.spawn([&](LocalGroup::Comm& c) {
     got[static_cast<std::size_t>(c.rank())] = ut::run_fault(c, op, f, bad, c.rank() == bad ? wrong_for_bad : c, warm);
   });
@@ -38,6 +39,7 @@ double run_cell(int P, ut::FaultOp op, ut::Fault f, bool warm) {
     CAPTURE(cell);
     CAPTURE(warm);
     CHECK(ut::judge_fault(e, f, r, bad, 5000) == "");  // a message reached them: far below the 30 s deadline
+    if (f == ut::Fault::wrong_comm && r != bad) CHECK(e.ms < 300 + 5000);  // at their deadline, not later
     if (f == ut::Fault::skipped_call) CHECK(e.code == Errc::plan_mismatch);  // every rank compares the calls
     slowest = std::max(slowest, e.ms);
   }

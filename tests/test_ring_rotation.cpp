@@ -4,6 +4,7 @@
 // uneven block sizes; the backward's accumulators come home with every ring rank's contribution in
 // step order; a misconfigured hybrid (bug case C14) is a coded error.
 #include <doctest/doctest.h>
+#include <ulysses/comm/local.hpp>
 #include <ulysses/ring/rotation.hpp>
 
 #include <cstring>
@@ -151,4 +152,44 @@ TEST_CASE("a ring rank that never arrives: the others throw the communicator's t
     });
   for (auto& t : th) t.join();
   for (int j = 0; j < 2; ++j) CHECK((got[static_cast<std::size_t>(j)] == Errc::timeout || got[static_cast<std::size_t>(j)] == Errc::aborted));
+}
+
+namespace {
+/// A user's threaded communicator (ThreadedComm: a wrapper of LocalGroup::Comm of its own type)
+/// declares the trait: the ring overlaps on a worker for it too, not only for LocalGroup::Comm by name.
+struct PlainComm {  // a communicator of its own type, without the trait
+  LocalGroup::Comm* c;
+  int size() const { return c->size(); }
+  int rank() const { return c->rank(); }
+  void alltoallv(const std::byte* s, const std::size_t* sb, const std::size_t* so, std::byte* r, const std::size_t* rb, const std::size_t* ro) {
+    c->alltoallv(s, sb, so, r, rb, ro);
+  }
+  void exchange_messages(const Message* s, std::size_t ns, const Message* r, std::size_t nr) { c->exchange_messages(s, ns, r, nr); }
+};
+struct ThreadedComm : PlainComm {
+  static constexpr bool progress_thread = true;
+};
+}  // namespace
+
+TEST_CASE("RingProgress::automatic follows comm_traits::progress_thread, not the communicator's type") {
+  CHECK(detail::resolve_progress<LocalGroup::Comm>(RingProgress::automatic) == RingProgress::thread);
+  CHECK(detail::resolve_progress<ThreadedComm>(RingProgress::automatic) == RingProgress::thread);
+  CHECK(detail::resolve_progress<PlainComm>(RingProgress::automatic) == RingProgress::in_start);
+  CHECK(detail::resolve_progress<ThreadedComm>(RingProgress::in_start) == RingProgress::in_start);
+  LocalGroup g(3);
+  std::vector<std::vector<std::byte>> got(3);
+  g.spawn([&](LocalGroup::Comm& lc) {  // the user's threaded communicator runs the rotation on a worker, bit-exact
+    ThreadedComm c{{&lc}};
+    const int r = c.rank();
+    std::vector<std::byte> b0(8, std::byte(static_cast<unsigned char>(r + 1))), b1(8);
+    RingRotation<ThreadedComm> rot(c, {8, 8, 8}, b0.data(), b1.data(), 8);
+    for (int s = 0; s < 3; ++s) {
+      rot.start(s);
+      if (s + 1 < 3) got[static_cast<std::size_t>(r)].push_back(rot.block(s)[0]);
+      rot.finish(s);
+    }
+    got[static_cast<std::size_t>(r)].push_back(rot.block(2)[0]);
+  });
+  for (int r = 0; r < 3; ++r)
+    for (int s = 0; s < 3; ++s) CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)] == std::byte(static_cast<unsigned char>((r - s + 3) % 3 + 1)));
 }

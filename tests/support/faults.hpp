@@ -9,6 +9,7 @@
 #include <ulysses/ulysses.hpp>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -155,7 +156,9 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
 }
 
 /// Checks one rank's outcome of run_fault(): the failing rank its own code at once; its peers
-/// Error(aborted) naming it and its code within `fast_ms` (a message reached them); a skipped
+/// Error(aborted) naming it and its code within `fast_ms` (a message reached them), but
+/// Error(timeout) (their deadline) for a wrong communicator, which the library does not break
+/// (it is another group: breaking it would break innocent ranks); a skipped
 /// call: an error on every rank, plan_mismatch where the ranks compare their calls, a timeout
 /// where the messages of different calls only cannot pair (MPI's tags), never a silent pairing.
 /// Returns "" or what is wrong.
@@ -171,11 +174,28 @@ inline std::string judge_fault(const TimedError& e, Fault f, int r, int bad, dou
     if (e.ms > fast_ms) return "the failing rank was slow: " + why;
     return "";
   }
+  if (f == Fault::wrong_comm) {  // the failing rank's communicator is not its peers' group: nothing reaches them
+    if (e.code != Errc::timeout) return "a peer of a rank with the wrong communicator threw " + why;
+    return "";
+  }
   if (e.code != Errc::aborted) return "a peer threw " + why;
   if (e.message.find("rank " + std::to_string(bad) + " failed") == std::string::npos) return "a peer does not name the failing rank: " + why;
   if (e.message.find(ulysses::to_string(own_code(f))) == std::string::npos) return "a peer does not name the code: " + why;
   if (e.ms > fast_ms) return "a peer waited: " + why;
   return "";
+}
+
+/// One line of the note's table: "seq_to_head / short buffer: 0 aborted 0.1 ms, 1 aborted 0.1 ms, ..."
+/// from every rank's outcome (code and time).
+inline std::string fault_row(const std::string& cell, const std::vector<TimedError>& all) {
+  std::string s = cell + ":";
+  char buf[96];
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    std::snprintf(buf, sizeof buf, "%s rank %zu %s %.2f ms", r ? "," : "", r, all[r].code == ulysses::Errc{} ? "ok" : ulysses::to_string(all[r].code),
+                  all[r].ms);
+    s += buf;
+  }
+  return s;
 }
 
 }  // namespace ut

@@ -47,6 +47,9 @@
 ///   published outputs that every rank can store to (PeerInputs::outputs; null where it cannot):
 ///   MpiWindowComm does for outputs allocated from its window, so seq→head pushes across
 ///   processes when every rank's outputs are there (implied by one_address_space);
+/// - `static constexpr bool progress_thread = true`: its exchange_messages() may run on a worker
+///   thread while the caller computes (RingProgress::automatic then overlaps the ring's exchanges
+///   on one: LocalGroup::Comm);
 /// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's);
 /// - `void abort(const std::string& why)`: breaks the group at once, so that every peer's current
 ///   and later calls throw Error(aborted) with `why` (LocalGroup::Comm). A call that refuses its
@@ -213,6 +216,10 @@ template <class C>
 struct has_abort<C, std::void_t<decltype(std::declval<C&>().abort(std::declval<const std::string&>()))>> : std::true_type {};
 
 template <class C, class = void>
+struct progress_thread : std::false_type {};
+template <class C>
+struct progress_thread<C, std::enable_if_t<C::progress_thread>> : std::true_type {};
+template <class C, class = void>
 struct one_address_space : std::false_type {};
 template <class C>
 struct one_address_space<C, std::enable_if_t<C::one_address_space>> : std::true_type {};
@@ -260,6 +267,10 @@ struct comm_traits {
   /// with_peers() hands work() the peers' outputs where this rank can store to them
   /// (one_address_space, or a communicator that declares peer_outputs: MpiWindowComm)
   static constexpr bool peer_outputs = one_address_space || detail::peer_outputs<Comm>::value;
+  /// exchange_messages() may run on a worker thread while the caller computes (it blocks its
+  /// thread until the peers' data is in: host threads): RingProgress::automatic overlaps the ring's
+  /// exchanges on a worker for such a communicator (LocalGroup::Comm declares it)
+  static constexpr bool progress_thread = detail::progress_thread<Comm>::value;
 };
 
 /// What an executor type can do, as the library reads it (see the file comment); specialise it

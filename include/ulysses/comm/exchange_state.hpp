@@ -71,7 +71,12 @@ class ExchangeState {
     const char* name = "";     ///< e.g. "seq_to_head" (a string literal)
   };
   /// Starts the next library call on this communicator (comm/tell_peers.hpp does, once per call).
-  void begin_call(const char* name, std::uint64_t what) noexcept { call_ = {++calls_, what, name}; }
+  void begin_call(const char* name, std::uint64_t what) noexcept { call_ = {++(counter_ ? *counter_ : calls_), what, name}; }
+  /// Numbers the calls from `counter` (not owned; it must outlive this state and its copies)
+  /// instead of a count of this object's own: what a communicator whose handles are copies (or
+  /// made anew per call) of one rank's passes, so that every handle of the rank counts alike
+  /// (LocalGroup: a word of the group per rank; MpiComm: its shared state; MpiWindowComm: its window).
+  void count_calls_in(std::uint64_t* counter) noexcept { counter_ = counter; }
   /// The library call in progress (or the last one).
   const Call& call() const noexcept { return call_; }
   /// Takes `c` as the call in progress: what a communicator that makes its calls through another
@@ -127,7 +132,8 @@ class ExchangeState {
 
  private:
   Call call_;
-  std::uint64_t calls_ = 0;
+  std::uint64_t calls_ = 0;               // the calls begun, unless counter_ says where they are counted
+  std::uint64_t* counter_ = nullptr;
   std::vector<std::uint64_t> agreed_;
   std::vector<std::pair<std::uint64_t, std::shared_ptr<const PeerCopyLists>>> peer_copy_;
   std::vector<Message> send_, recv_;

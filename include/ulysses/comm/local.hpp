@@ -46,7 +46,7 @@ class LocalGroup {
   ///                Error(timeout) (and marks the group failed, so the others throw too)
   /// @throws Error(invalid_group) size < 1
   explicit LocalGroup(int size, std::chrono::milliseconds timeout = kDefaultCommTimeout)
-      : size_(size), timeout_(timeout), slots_(size > 0 ? static_cast<std::size_t>(size) : 0),
+      : size_(size), timeout_(timeout), slots_(size > 0 ? static_cast<std::size_t>(size) : 0), calls_(slots_.size(), 0),
         passes_(slots_.size(), 0) {
     if (size < 1) throw Error(Errc::invalid_group, "LocalGroup size " + std::to_string(size) + " must be >= 1");
   }
@@ -64,6 +64,9 @@ class LocalGroup {
     /// The ranks are threads of one process: with_peers() hands every rank its peers' PeerInputs
     /// as published, so the peer copy may write the peers' outputs (comm_traits::one_address_space).
     static constexpr bool one_address_space = true;
+    /// exchange_messages() blocks its thread until every rank has copied: a worker may run it
+    /// while the caller computes (comm_traits::progress_thread: the ring's RingProgress::automatic).
+    static constexpr bool progress_thread = true;
 
     int size() const { return g_->size_; }
     int rank() const { return rank_; }
@@ -225,7 +228,7 @@ class LocalGroup {
    private:
     friend class LocalGroup;
     ExchangeState state_;  // see exchange_state()
-    Comm(LocalGroup* g, int r) : g_(g), rank_(r) {}
+    Comm(LocalGroup* g, int r) : g_(g), rank_(r) { state_.count_calls_in(&g->calls_[static_cast<std::size_t>(r)]); }
     LocalGroup* g_;
     int rank_;
   };
@@ -335,7 +338,10 @@ class LocalGroup {
   void barrier(int rank, bool enter_copy = false) {
     std::unique_lock<std::mutex> l(m_);
     const std::uint64_t index = passes_[static_cast<std::size_t>(rank)]++;  // the barrier this rank enters (0, 1, ...)
-    if (failed_) throw_failed(rank, index, " arrived after");
+    if (failed_) {
+      wait_for_readers(l);  // no peer still reads or writes this rank's buffers when it throws
+      throw_failed(rank, index, " arrived after");
+    }
     const std::uint64_t gen = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -373,6 +379,7 @@ class LocalGroup {
       cv_.notify_all();
       throw e;
     }
+    wait_for_readers(l);
     throw_failed(rank, index, " was in");
   }
 
@@ -395,6 +402,13 @@ class LocalGroup {
     return detail::call_mismatch(
         size_, [&](int p) { return slots_[static_cast<std::size_t>(p)].call.number; },
         [&](int p) { return slots_[static_cast<std::size_t>(p)].call.what; }, [&](int p) { return slots_[static_cast<std::size_t>(p)].call.name; });
+  }
+
+  /// Under m_ (held by `l`), in a failed group: waits, bounded by the timeout, until no rank is
+  /// still in a copy phase (reading or writing its peers' buffers), so that a rank that throws
+  /// (and whose caller frees its buffers) is no longer read or written by a slower peer.
+  void wait_for_readers(std::unique_lock<std::mutex>& l) {
+    cv_.wait_until(l, detail::deadline_after(timeout_), [&] { return in_copy_ == 0; });
   }
 
   /// Records the group's first failure (under m_).
@@ -437,6 +451,7 @@ class LocalGroup {
   int size_;
   std::chrono::milliseconds timeout_;
   std::vector<Slot> slots_;
+  std::vector<std::uint64_t> calls_;  // per rank: the library calls begun (every handle of the rank counts here)
   std::mutex m_;
   std::condition_variable cv_;
   int arrived_ = 0;

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "../detail/checked.hpp"
+#include "../detail/hash.hpp"
 #include "../layout/blocks.hpp"
 #include "../error.hpp"
 #include "exchange_state.hpp"
@@ -80,7 +81,7 @@ ULYSSES_NAMESPACE_BEGIN
 /// Copies share the failure state (one MpiComm, or its copies, per MPI_Comm: the notices of a
 /// failure are read by whichever object probes first). Tags kTag, kNoticeTag and [kCallTags,
 /// kCallTags + kCallTagCount) of the MPI_Comm are this class's: the messages of a library call
-/// (ExchangeState::call()) carry a tag of that call, so that a rank that skipped a call, or runs
+/// (ExchangeState::call(): its number and kind) carry a tag of that call, so that a rank that skipped a call, or runs
 /// another, never pairs its messages with its peers' (they time out instead, naming it), and the
 /// all-to-all-v's path agreement also compares the calls (Error(plan_mismatch) on every rank).
 class MpiComm {
@@ -93,7 +94,7 @@ class MpiComm {
   static constexpr int kNoticeTag = 0x75b;
   /// The first of the tags that name a library call (within MPI's guaranteed MPI_TAG_UB, 32767).
   static constexpr int kCallTags = 0x1000;
-  /// How many: a call's tag is kCallTags + its ExchangeState::Call::what modulo this.
+  /// How many: a call's tag is kCallTags + a hash of its ExchangeState::Call (number, what) modulo this.
   static constexpr int kCallTagCount = 0x6000;
 
   /// Wraps `comm` (not owned, not duplicated: the caller keeps it alive and must not run other
@@ -115,6 +116,8 @@ class MpiComm {
     ok(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     const auto n = static_cast<std::size_t>(size_);
     for (std::vector<int>* v : {&sh_->coll->sc, &sh_->coll->sd, &sh_->coll->rc, &sh_->coll->rd}) v->resize(n);
+    state_.count_calls_in(&sh_->library_calls);
+    drain_stale_notices();
   }
 
   int size() const { return size_; }    ///< MPI_Comm_size
@@ -127,6 +130,31 @@ class MpiComm {
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   /// True once a call timed out or failed (or a peer said it did): every call then throws Error(aborted).
   bool broken() const { return sh_->failure.broken(); }
+  /// Reads the failure notices the peers sent (their calls gave up, or they broke the group)
+  /// without making a call; returns broken(). What a caller checks before it makes collectives of
+  /// its own on the MPI communicator (MpiWindow's constructor does): a peer may have left one of
+  /// this communicator's collectives pending there. Local, never blocks, never throws.
+  bool poll_notices() const noexcept {
+    if (ULYSSES_MPI_BLOCKING_WAITS || sh_->failure.broken()) return sh_->failure.broken();
+    try {
+      for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) break;
+        int n = 0;
+        MPI_Get_count(&st, MPI_BYTE, &n);
+        std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
+        MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
+        if (sh_->failure.broken() || buf.size() < sizeof(NoticeHeader)) continue;
+        sh_->failure.record(Errc::aborted, Error(Errc::aborted, "rank " + std::to_string(rank_) + ": rank " + std::to_string(st.MPI_SOURCE) +
+                                                                  " gave up or broke the group: " +
+                                                                  std::string(buf.data() + sizeof(NoticeHeader), buf.size() - sizeof(NoticeHeader)))
+                                               .what());
+      }
+    } catch (...) {  // (an allocation: broken() stays what it was)
+    }
+    return sh_->failure.broken();
+  }
 
   /// All-to-all-v in bytes (see the communicator concept in comm/concepts.hpp). Collective.
   /// @throws Error(timeout) a peer did not arrive within timeout() (the split path names it);
@@ -143,8 +171,10 @@ class MpiComm {
     for (int p = 0; p < size_; ++p)
       fits = fits && send_bytes[p] <= max_msg_ && send_offsets[p] <= max_msg_ && recv_bytes[p] <= max_msg_ && recv_offsets[p] <= max_msg_;
     // {fits, call, -call} under MPI_MIN: the path (every rank's fits), and whether every rank is in the same library call.
-    const int w = static_cast<int>(state_.call().what & 0x3fffffffu);
-    c.fits[0] = fits, c.fits[1] = w, c.fits[2] = -w;
+    const int w = static_cast<int>(call_word() & 0x3fffffffu);
+    c.fits[0] = fits;
+    c.fits[1] = w;
+    c.fits[2] = -w;
     if (size_ > 1 && ULYSSES_MPI_BLOCKING_WAITS) {
       check(call, MPI_Allreduce(MPI_IN_PLACE, c.fits, 3, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
     } else if (size_ > 1) {
@@ -263,6 +293,7 @@ class MpiComm {
   struct Shared {
     detail::CommFailure failure;
     std::uint64_t calls = 0;  // calls entered: every rank numbers its calls alike
+    std::uint64_t library_calls = 0;  // the library calls begun on this MpiComm or its copies (ExchangeState::count_calls_in)
     std::unique_ptr<Collective> coll = std::make_unique<Collective>();
     std::unique_ptr<char[]> notice;  // the notice sent to the peers on giving up, and its sends
     std::vector<MPI_Request> notice_reqs;
@@ -292,7 +323,51 @@ class MpiComm {
   struct NoticeHeader {
     std::uint64_t seq;
     int code;
+    std::uint64_t missing = 0;  ///< a timeout's: the ranks (< 64) the sender waited for, as a mask
   };
+  /// The ranks of a mask, ascending.
+  static std::vector<int> ranks_of(std::uint64_t mask) {
+    std::vector<int> r;
+    for (int p = 0; p < 64; ++p)
+      if (mask >> p & 1u) r.push_back(p);
+    return r;
+  }
+  /// The mask of a list of ranks (those < 64).
+  static std::uint64_t mask_of(const std::vector<int>& ranks) {
+    std::uint64_t m = 0;
+    for (int p : ranks)
+      if (p >= 0 && p < 64) m |= std::uint64_t{1} << p;
+    return m;
+  }
+  /// One story on every rank after a timeout (a ring whose rank left: each rank waits on its own
+  /// neighbour): for a short while (a tenth of the timeout, at most 200 ms) reads the notices of
+  /// the peers that timed out too; a rank that sent one is alive, so the ranks named missing by
+  /// someone (`missing` and the notices' masks) that sent none are the ones that did not arrive.
+  /// Returns "; the ranks' reports together: ranks {1} did not arrive" or "" (nothing to add).
+  /// `senders` and `missing` start with what this rank already knows.
+  std::string joint_verdict(std::uint64_t senders, std::uint64_t missing) {
+    const auto until = detail::deadline_after(std::min<std::chrono::milliseconds>(timeout_ / 10, std::chrono::milliseconds(200)));
+    detail::poll_until(until, [&] {
+      for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return false;
+        int n = 0;
+        MPI_Get_count(&st, MPI_BYTE, &n);
+        std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
+        MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
+        NoticeHeader h{0, 0};
+        if (buf.size() >= sizeof h) std::memcpy(&h, buf.data(), sizeof h);
+        if (st.MPI_SOURCE < 64) senders |= std::uint64_t{1} << st.MPI_SOURCE;
+        missing |= h.missing;
+      }
+    }, detail::PollPace::relaxed);
+    if (rank_ < 64) senders |= std::uint64_t{1} << rank_;
+    const std::uint64_t root = missing & ~senders;
+    if (!root) return "";
+    return "; the ranks' reports together (ranks " + detail::join(ranks_of(senders)) + " gave up): ranks " + detail::join(ranks_of(root)) +
+           " did not arrive";
+  }
 
   /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
   Call enter(const char* who) {
@@ -302,12 +377,36 @@ class MpiComm {
     return call;
   }
 
+  /// Receives and drops the failure notices left on the MPI communicator by an earlier MpiComm
+  /// over it (whose calls gave up, or which was broken by a refusal of every rank: nothing of it
+  /// pending), so that they do not break this new one; a peer's notice that is still in flight
+  /// then is read by this one's first call. Never throws.
+  void drain_stale_notices() noexcept {
+    if (ULYSSES_MPI_BLOCKING_WAITS) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return;
+      int n = 0;
+      MPI_Get_count(&st, MPI_BYTE, &n);
+      std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)) + 1);
+      MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
+    }
+  }
+  /// The word of the library call in progress (ExchangeState::call(): its number and kind), as
+  /// the messages' tags and the all-to-all-v's path agreement carry it: 0 outside library calls.
+  std::uint64_t call_word() const noexcept {
+    const ExchangeState::Call& c = state_.call();
+    return c.number ? detail::fnv1a(c.what, c.number) : 0;
+  }
+
   /// Posts `bytes` at `base` to / from `peer` as MPI messages of at most max_msg_ bytes.
   void post(const Call& call, bool is_send, std::byte* base, std::size_t bytes, int peer) {
     for (std::size_t done = 0; done < bytes;) {
       const int n = static_cast<int>(std::min(max_msg_, bytes - done));
       MPI_Request r = MPI_REQUEST_NULL;
-      const int tag = state_.call().number ? kCallTags + static_cast<int>(state_.call().what % kCallTagCount) : kTag;
+      const std::uint64_t w = call_word();
+      const int tag = w ? kCallTags + static_cast<int>(w % kCallTagCount) : kTag;
       const int rc = is_send ? MPI_Isend(base + done, n, MPI_BYTE, peer, tag, comm_, &r)
                              : MPI_Irecv(base + done, n, MPI_BYTE, peer, tag, comm_, &r);
       reqs_.push_back(r);
@@ -332,7 +431,8 @@ class MpiComm {
       give_up(call, Errc::timeout,
               waited(call) + (late_recv.empty() ? "" : "; the messages of ranks " + detail::join(late_recv) + " did not arrive") +
                   (late_send.empty() ? "" : "; ranks " + detail::join(late_send) + " did not take this rank's messages") +
-                  " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)");
+                  " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)",
+              true, mask_of(late_recv) | mask_of(late_send));
     }
     reqs_.clear();
     peers_.clear();
@@ -365,7 +465,8 @@ class MpiComm {
         take_notices(call);
         if (watch_.why) {
           const std::string why = watch_.why(watch_.ctx);
-          if (!why.empty()) give_up(call, Errc::aborted, "rank " + std::to_string(rank_) + " in " + call.who + ": " + why, false);
+          if (!why.empty())  // it leaves this call pending: its peers must not use the MPI communicator as if it were healthy
+            give_up(call, Errc::aborted, "rank " + std::to_string(rank_) + " in " + call.who + ": " + why);
         }
       }
       return false;
@@ -384,6 +485,7 @@ class MpiComm {
     std::string first;
     int from = -1;
     NoticeHeader head{0, 0};
+    std::uint64_t senders = 0, missing = 0;  // the timed-out ranks that sent notices, and whom they named
     for (;;) {
       int flag = 0;
       MPI_Status st;
@@ -392,12 +494,18 @@ class MpiComm {
       MPI_Get_count(&st, MPI_BYTE, &n);
       std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
       MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
-      if (from >= 0 || buf.size() < sizeof head) continue;
+      if (buf.size() < sizeof head) continue;
+      NoticeHeader h{0, 0};
+      std::memcpy(&h, buf.data(), sizeof h);
+      if (h.missing && st.MPI_SOURCE < 64) senders |= std::uint64_t{1} << st.MPI_SOURCE;
+      missing |= h.missing;
+      if (from >= 0) continue;
       from = st.MPI_SOURCE;
-      std::memcpy(&head, buf.data(), sizeof head);
+      head = h;
       first.assign(buf.data() + sizeof head, buf.size() - sizeof head);
     }
     if (from < 0) return;
+    if (missing) first += joint_verdict(senders, missing);  // the same story as the timed-out ranks'
     const bool same = head.seq == call.seq && head.code == static_cast<int>(Errc::timeout);
     const bool broke = head.code == static_cast<int>(Errc::aborted);  // abort(): a failure of that rank alone
     const std::vector<int> late = incomplete(0, n_recv_);  // this rank's own view: whose messages it still waits for
@@ -431,7 +539,7 @@ class MpiComm {
   /// Abandons the call: cancels its pending receives (waiting for the cancellations at most
   /// timeout()), frees its pending sends, leaves a pending collective's scratch to MPI, breaks the
   /// communicator, tells the peers (unless `tell` is false), and throws Error(code).
-  [[noreturn]] void give_up(const Call& call, Errc code, const std::string& message, bool tell = true) {
+  [[noreturn]] void give_up(const Call& call, Errc code, const std::string& message, bool tell = true, std::uint64_t missing = 0) {
     for (std::size_t i = 0; i < reqs_.size(); ++i) {
       if (reqs_[i] == MPI_REQUEST_NULL) continue;
       if (i < n_recv_)
@@ -451,16 +559,20 @@ class MpiComm {
     peers_.clear();
     n_recv_ = 0;
     if (sh_->coll->req != MPI_REQUEST_NULL) (void)sh_->coll.release();  // MPI keeps using it: leaked on purpose
-    const Error e(code, message + "; an MPI communicator that timed out or failed cannot be repaired: end the job (MPI_Abort)");
-    sh_->failure.record(code, e.what());
-    if (tell) notify(call, code, e.what());
-    throw e;
+    const std::string end = "; an MPI communicator that timed out or failed cannot be repaired: end the job (MPI_Abort)";
+    sh_->failure.record(code, Error(code, message + end).what());
+    if (tell) notify(call, code, Error(code, message + end).what(), missing);
+    if (tell && missing) {  // a timeout naming ranks: add what the peers that timed out too found
+      const Error e(code, message + joint_verdict(0, missing) + end);
+      throw e;
+    }
+    throw Error(code, message + end);
   }
 
-  /// Sends every peer the notice {call's number, code, message} (best effort: errors ignored).
-  void notify(const Call& call, Errc code, const std::string& what) {
+  /// Sends every peer the notice {call's number, code, missing ranks, message} (best effort: errors ignored).
+  void notify(const Call& call, Errc code, const std::string& what, std::uint64_t missing = 0) {
     const std::size_t text = std::min<std::size_t>(what.size(), 4096);
-    const NoticeHeader head{call.seq, static_cast<int>(code)};
+    const NoticeHeader head{call.seq, static_cast<int>(code), missing};
     sh_->notice.reset(new char[sizeof head + text]);
     std::memcpy(sh_->notice.get(), &head, sizeof head);
     std::memcpy(sh_->notice.get() + sizeof head, what.data(), text);

@@ -223,6 +223,23 @@ inline void check_window_registrations(MPI_Comm node, const WindowDigest& mine, 
   if (!m.empty()) fail(Errc::plan_mismatch, std::string(window) + ": " + m);
 }
 
+/// Every rank's segment of the shared window `w` (MPI_Win_shared_query) in this process, each
+/// base aligned up to `align` bytes (MPI's segments need not be aligned; every process aligns
+/// every base alike, its mappings being page-aligned): what the windows allocate one `align`
+/// longer. @param size the window's ranks
+inline std::vector<std::byte*> segment_bases(MPI_Win w, int size, std::size_t align) {
+  std::vector<std::byte*> bases(static_cast<std::size_t>(size));
+  for (int p = 0; p < size; ++p) {
+    MPI_Aint sz = 0;
+    int disp = 0;
+    void* b = nullptr;
+    MPI_Win_shared_query(w, p, &sz, &disp, &b);
+    const auto a = reinterpret_cast<std::uintptr_t>(b);
+    bases[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (round_up<std::uintptr_t>(a, align) - a);
+  }
+  return bases;
+}
+
 /// A few process-shared words per rank in host memory over a window's node communicator (one
 /// small MPI-3 shared window), for a window whose own memory the host cannot read (the device
 /// window, comm/mpi_device_window.cuh): the group's broken word and its destructors' bounded
@@ -239,14 +256,8 @@ class SharedRendezvous {
     mpi_check(MPI_Win_allocate_shared(static_cast<MPI_Aint>(sizeof(Words) + 64), 1, MPI_INFO_NULL, node, &base, &win_),
               "MPI_Win_allocate_shared (the window's rendezvous)");
     words_.resize(static_cast<std::size_t>(size_));
-    for (int p = 0; p < size_; ++p) {
-      MPI_Aint sz = 0;
-      int disp = 0;
-      void* b = nullptr;
-      MPI_Win_shared_query(win_, p, &sz, &disp, &b);
-      const auto a = reinterpret_cast<std::uintptr_t>(b);
-      words_[static_cast<std::size_t>(p)] = reinterpret_cast<Words*>(static_cast<std::byte*>(b) + (round_up<std::uintptr_t>(a, 64) - a));
-    }
+    const std::vector<std::byte*> bases = segment_bases(win_, size_, 64);
+    for (int p = 0; p < size_; ++p) words_[static_cast<std::size_t>(p)] = reinterpret_cast<Words*>(bases[static_cast<std::size_t>(p)]);
     std::memset(static_cast<void*>(words_[static_cast<std::size_t>(rank_)]), 0, sizeof(Words));
     mpi_check(MPI_Barrier(node), "MPI_Barrier");  // every rank's words are zero before anyone uses them
   }
@@ -466,7 +477,7 @@ class MpiWindow {
   }
   /// `comm`'s communicator, or Error(aborted) when `comm` is broken (the constructor over MpiComm).
   static MPI_Comm usable(const MpiComm& comm) {
-    if (comm.broken())
+    if (comm.poll_notices())
       detail::fail(Errc::aborted, "MpiWindow: rank " + std::to_string(comm.rank()) +
                                       ": the MpiComm is broken (a call of it timed out or failed, on this rank or a peer): MPI cannot cancel "
                                       "the collective it left pending, so a window over this communicator could hang; make the new window "
@@ -506,18 +517,7 @@ class MpiWindow {
     return *reinterpret_cast<detail::WindowControl*>(controls_[static_cast<std::size_t>(p)]);
   }
   /// Every rank's segment of shared window `w` in this process, each aligned up to a page.
-  std::vector<std::byte*> page_bases(MPI_Win w) const {
-    std::vector<std::byte*> bases(static_cast<std::size_t>(size_));
-    for (int p = 0; p < size_; ++p) {
-      MPI_Aint sz = 0;
-      int disp = 0;
-      void* b = nullptr;
-      MPI_Win_shared_query(w, p, &sz, &disp, &b);
-      const auto a = reinterpret_cast<std::uintptr_t>(b);
-      bases[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b) + (detail::round_up<std::uintptr_t>(a, kControlBytes) - a);
-    }
-    return bases;
-  }
+  std::vector<std::byte*> page_bases(MPI_Win w) const { return detail::segment_bases(w, size_, kControlBytes); }
   static constexpr unsigned char kGuardByte = 0xa5;  // the guard page's bytes
   const detail::WindowDigest& digest() const noexcept { return reg_.digest(); }
   /// The destructor's rendezvous: true when every rank is to call MPI_Win_free (see ~MpiWindow).
@@ -527,6 +527,7 @@ class MpiWindow {
   }
 
   detail::WindowRegistry reg_;  // this rank's registrations
+  std::uint64_t calls_ = 0;     // the library calls begun on the MpiWindowComms over this window (ExchangeState::count_calls_in)
   std::chrono::milliseconds timeout_ = kDefaultCommTimeout;
   std::uint64_t probe_ = 0;  // the word the peers read in the constructor's probe
   bool cma_ = false;         // cross_memory_attach()
@@ -565,6 +566,7 @@ class MpiWindowComm {
   /// @throws Error(comm_mismatch) the window is not over comm's group (size, rank or members differ).
   MpiWindowComm(MpiComm& comm, MpiWindow& window, std::chrono::milliseconds timeout = kDefaultTimeout)
       : comm_(&comm), win_(&window), timeout_(timeout) {
+    state_.count_calls_in(&window.calls_);  // every MpiWindowComm over the window numbers alike
     int cmp = MPI_UNEQUAL;
     MPI_Comm_compare(comm.get(), window.node_comm(), &cmp);
     if (comm.size() != window.size() || comm.rank() != window.rank() || (cmp != MPI_IDENT && cmp != MPI_CONGRUENT))
@@ -758,9 +760,12 @@ class MpiWindowComm {
   /// abort word with `why` and this rank (MpiWindow::mark_broken(why)), which every peer sees at
   /// its next poll, in with_peers() and in the calls made through the MpiComm (the agreement
   /// check; MpiComm::watch_for_abort()): every peer then throws Error(aborted) naming this rank
-  /// and `why` within milliseconds, and no rank's ~MpiWindow waits for its peers. The MpiComm
-  /// itself is broken only on the peers that were waiting in one of its calls (MPI cannot cancel
-  /// it). What a call that fails on this rank alone does before it throws (comm/tell_peers.hpp).
+  /// and `why` within milliseconds, and no rank's ~MpiWindow waits for its peers. A peer that was
+  /// waiting in one of the MpiComm's calls leaves it pending there (MPI cannot cancel it), so it
+  /// breaks the MpiComm too and tells every rank (its failure notice): the MpiComm is then broken
+  /// on every rank, and a new window needs another MPI communicator (MpiComm::poll_notices()).
+  /// Where no peer was in such a call the MpiComm stays usable. What a call that fails on this
+  /// rank alone does before it throws (comm/tell_peers.hpp).
   /// Local, never blocks; a no-op once broken.
   /// @param why what failed, for the peers' messages ("rank 3 failed in seq_to_head with ...")
   void abort(const std::string& why) { break_group(Errc::aborted, why); }
@@ -773,7 +778,8 @@ class MpiWindowComm {
     if (!who && !failure_.broken()) return;
     const std::string where = std::string("rank ") + std::to_string(rank()) + ": MpiWindowComm::" + what;
     failure_.check(where.c_str());  // this rank's own first failure
-    detail::fail(Errc::aborted, where + ": the window's group is broken (" + win_->why_broken() + "); make a new MpiWindow");
+    detail::fail(Errc::aborted, where + ": the window's group is broken (" + win_->why_broken() +
+                                    "); make a new MpiWindow (over another MPI communicator if the MpiComm is broken too: MpiComm::broken())");
   }
   /// Runs a call of the MpiComm, bounded by the shorter of timeout() and the MpiComm's own
   /// timeout (restored after); when it breaks the MpiComm (a timeout, a failed peer), breaks the

@@ -35,10 +35,14 @@ inline std::atomic<bool>& call_numbering_flag() noexcept {
   return on;
 }
 
-/// Whether a failure of one rank must be told to its peers: everything but Error(aborted) (the
-/// group told this rank) and Error(plan_mismatch) (a verdict every rank reaches alike: the
-/// agreement check, the window's records; the group stays usable).
-inline bool peers_must_hear(const Error& e) noexcept { return e.code() != Errc::aborted && e.code() != Errc::plan_mismatch; }
+/// Whether a failure of one rank in a library call must be told to its peers: everything but
+/// Error(aborted) (the group told this rank), Error(plan_mismatch) (a verdict every rank reaches
+/// alike: the agreement check, the window's records) and Error(comm_mismatch) (the communicator
+/// is not the plan's group: breaking it would break an innocent group, and the plan's peers
+/// cannot be reached through it; they end at their deadline).
+inline bool peers_must_hear(const Error& e) noexcept {
+  return e.code() != Errc::aborted && e.code() != Errc::plan_mismatch && e.code() != Errc::comm_mismatch;
+}
 
 /// The text a failing rank hands its peers: "rank r failed in <call> with <code>: <message>".
 inline std::string failure_notice(int rank, const char* call, const std::string& what) {
@@ -86,12 +90,14 @@ void begin_call(Comm& comm, const char* name, std::uint64_t what = 0) noexcept {
 /// propagates unchanged. On a communicator without abort() the peers end at their deadline.
 /// @param comm the call's communicator @param rank this rank (for the peers' messages)
 /// @param call the call's name, e.g. "seq_to_head" @param f callable as R()
+/// @param every_error tell the peers of every error, peers_must_hear() or not (the engine's own
+///        code: an Error(aborted) of another communicator is news to this one's peers)
 template <class Comm, class F>
-decltype(auto) tell_peers_on_failure(Comm& comm, int rank, const char* call, F&& f) {
+decltype(auto) tell_peers_on_failure(Comm& comm, int rank, const char* call, F&& f, bool every_error = false) {
   try {
     return std::forward<F>(f)();
   } catch (const Error& e) {
-    if (peers_must_hear(e)) break_group_for(comm, failure_notice(rank, call, e.what()));
+    if (every_error || peers_must_hear(e)) break_group_for(comm, failure_notice(rank, call, e.what()));
     throw;
   } catch (const std::exception& e) {
     break_group_for(comm, failure_notice(rank, call, std::string("an exception: ") + e.what()));
@@ -108,18 +114,22 @@ inline void set_call_numbering(bool on) noexcept { detail::call_numbering_flag()
 inline bool call_numbering() noexcept { return detail::call_numbering_flag().load(std::memory_order_relaxed); }
 
 /// Runs `f()`, a step of the engine's own code between library calls on `comm` (the attention
-/// kernel, a projection), and returns what it returns; if it throws, breaks the group first, as a
+/// kernel, a projection, a call on another communicator), and returns what it returns; if it
+/// throws anything (an Error(aborted) of another group included), breaks the group first, as a
 /// failing library call does (its abort(): "rank 3 failed in <what> with <its what()>"), so that
 /// the peers, which are in or about to enter the next collective, throw Error(aborted) naming
 /// this rank at once instead of waiting out their deadline; then the exception propagates
 /// unchanged. On a communicator without abort() it only runs f.
+/// @pre no ring step of RingProgress::thread is in flight on `comm` when f may throw, for a
+///      communicator whose calls must come from one thread at a time (MpiComm: MPI would be entered
+///      from two threads); finish the step first.
 /// @param comm the step's communicator (its rank() names this rank)
 /// @param what the step's name for the peers' messages, e.g. "the attention of layer 7"
 /// @param f callable as R()
 /// Source: NCCL's ncclCommAbort from the application's error path.
 template <class Comm, class F>
 decltype(auto) break_group_on_failure(Comm& comm, const char* what, F&& f) {
-  return detail::tell_peers_on_failure(comm, comm.rank(), what, std::forward<F>(f));
+  return detail::tell_peers_on_failure(comm, comm.rank(), what, std::forward<F>(f), true);
 }
 
 ULYSSES_NAMESPACE_END

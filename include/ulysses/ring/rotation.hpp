@@ -27,7 +27,8 @@
 /// - `in_start`: start() runs the exchange, finish() does nothing: right for stream-ordered
 ///   communicators (NcclComm, DeviceLocalGroup::Comm enqueue and return, so the transfer overlaps
 ///   the attention kernels of another stream), and for any communicator when overlap is not wanted;
-/// - `automatic` (default): `thread` for LocalGroup::Comm, `in_start` otherwise.
+/// - `automatic` (default): `thread` for a communicator that declares `progress_thread`
+///   (comm_traits: LocalGroup::Comm, or a user's threaded type), `in_start` otherwise.
 /// Between start(s) and finish(s) the caller must not write block(s) (it is being sent) nor touch
 /// block(s + 1) (it is being received), and must make no other call on the ring communicator.
 ///
@@ -52,13 +53,12 @@
 #include "../layout/blocks.hpp"
 #include "../comm/concepts.hpp"
 #include "../comm/tell_peers.hpp"
-#include "../comm/local.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
 /// How a rotation's exchange progresses while the engine computes (see the file comment).
 enum class RingProgress : std::int32_t {
-  automatic = 0,  ///< thread for LocalGroup::Comm, in_start otherwise
+  automatic = 0,  ///< thread for a communicator that declares progress_thread (LocalGroup::Comm), in_start otherwise
   in_start = 1,   ///< start() runs the exchange (stream-ordered communicators: enqueued), finish() waits for nothing
   thread = 2,     ///< start() hands it to a worker thread, finish() waits for it (host communicators)
 };
@@ -152,7 +152,7 @@ class RingPoster {
 template <class Comm>
 RingProgress resolve_progress(RingProgress p) {
   if (p != RingProgress::automatic) return p;
-  return std::is_same_v<Comm, LocalGroup::Comm> ? RingProgress::thread : RingProgress::in_start;
+  return comm_traits<Comm>::progress_thread ? RingProgress::thread : RingProgress::in_start;
 }
 
 /// Checks a ring communicator against the ring degree R. @throws Error(comm_mismatch).
