@@ -79,7 +79,7 @@ struct Options {
   std::string json;
   int ranks_per_node = 0;               // > 0: simulated nodes of that many ranks (PlanOptions::nodes)
   int mpi_window = -1;                  // --backend mpi: 1 MpiWindowComm, 0 MpiComm, -1 the window when all ranks share a node
-  bool call_numbers = true;             // --call-numbers 0: library calls not numbered (what numbering costs, bench/run_call_numbers.sh)
+  int call_numbers = 1;                 // --call-numbers 0: library calls not numbered; 2 (both): numbered and not, alternately (what numbering costs)
   bool window_outputs = true;           // --window-outputs 0: over MpiWindowComm, the outputs outside the window (seq->head pulls)
   double window_MiB = 1024;             // --backend cuda-ipc: the device window's bytes per rank
   int lanes = 1;                        // PlanOptions::lanes of the two-level exchange
@@ -179,6 +179,15 @@ std::pair<double, double> interleaved_us(Comm& comm, int warmup, int iters, A&& 
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   };
   return {median(ta), median(tb)};
+}
+
+/// One exchange timed per call numbered and not (set_call_numbering(), on every rank alike),
+/// alternately (interleaved_us()): {numbered, not numbered} in microseconds. Collective.
+template <class Comm, class Once>
+std::pair<double, double> numbered_and_not(Comm& comm, const Options& o, Once&& once) {
+  const auto r = interleaved_us(comm, o.warmup, o.iters, [&] { set_call_numbering(true); once(); }, [&] { set_call_numbering(false); once(); });
+  set_call_numbering(true);
+  return r;
 }
 
 // ---- the oracle: every element's value is a function of where it is -------------------------
@@ -372,6 +381,8 @@ class HostRunner {
     Bare bare(comm_.size(), bytes);
     return interleaved_us(comm_, o.warmup, o.iters, [&] { once(); }, [&] { bare.run(comm_); });
   }
+  /// The exchange numbered and not, per call, alternately (--call-numbers both): {numbered, not}.
+  std::pair<double, double> numbering_us(const Options& o) { return numbered_and_not(comm_, o, [&] { once(); }); }
   void unload() noexcept {}
 
  private:
@@ -430,6 +441,8 @@ class WindowRunner {
       for (std::size_t t = 0; t < x_->out.size(); ++t) std::memcpy(x_->out[t].data(), out_.data[t].data, x_->out[t].size());
   }
   double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
+  /// As HostRunner::numbering_us().
+  std::pair<double, double> numbering_us(const Options& o) { return numbered_and_not(comm_, o, [&] { once(); }); }
   double bare_us(std::size_t bytes, const Options& o) {
     Bare bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
     return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
@@ -499,6 +512,11 @@ class DeviceRunner {
 };
 #endif
 
+/// Whether a runner times the exchange numbered and not alternately (numbering_us()).
+template <class R, class = void>
+struct numbers_pairs : std::false_type {};
+template <class R>
+struct numbers_pairs<R, std::void_t<decltype(&R::numbering_us)>> : std::true_type {};
 /// Whether a runner times the exchange and the bare all-to-all-v alternately (pair_us()).
 template <class R, class = void>
 struct interleaves : std::false_type {};
@@ -555,6 +573,13 @@ std::vector<Row> run(Runner& runner, const Options& o) {
         runner.once();
         runner.fetch();
         row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
+      }
+      if constexpr (numbers_pairs<Runner>::value) {
+        if (o.call_numbers == 2) {
+          std::tie(row.us, row.bare_us) = runner.numbering_us(o);
+          rows.push_back(row);
+          continue;
+        }
       }
       if constexpr (interleaves<Runner>::value) {
         if (o.bare && o.backend == "local") {  // in-process: per call, alternating with the bare all-to-all-v
@@ -614,7 +639,9 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
               static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup,
               o.reps > 1 ? (", fastest of " + std::to_string(o.reps) + " repetitions").c_str() : "", o.check ? ", checked bit for bit" : "");
-  if (!o.call_numbers) std::printf("# library calls not numbered (--call-numbers 0)\n");
+  if (o.call_numbers == 0) std::printf("# library calls not numbered (--call-numbers 0)\n");
+  if (o.call_numbers == 2)
+    std::printf("# --call-numbers both: time = each call numbered, bare = the same call not numbered, alternately (per call, the median); ratio = their ratio\n");
   if (o.ranks_per_node > 0)
     std::printf("# simulated nodes of %d ranks %s, lanes %d (the two-level exchange where the path column says two_level)\n",
                 o.ranks_per_node, NodeLayout::uniform(P, o.ranks_per_node).str().c_str(), o.lanes);
@@ -649,7 +676,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
   std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
                to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
   std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\", \"call_numbers\": %s,\n",
-               o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(device).c_str(), o.call_numbers ? "true" : "false");
+               o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(device).c_str(), o.call_numbers == 2 ? "\"both\"" : o.call_numbers ? "true" : "false");
   std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
@@ -670,7 +697,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
       "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
-      "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0|both] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
       "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
@@ -703,7 +730,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "prints its table): one Ulysses group timed while the others load the shared links.\n"
       "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
       "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0);\n"
-      "--call-numbers 1|0: number the library calls (the default; 0 only to measure what numbering costs)\n"
+      "--call-numbers 1|0|both: number the library calls (1, the default; 0 only to measure what numbering costs); both (host\n"
+      "                    backends): each call numbered and not, alternately, time = numbered, bare = not numbered, ratio = their ratio\n"
       "--window-outputs 1|0: the outputs allocated from the window too (the default: seq->head then pushes into the\n"
       "peers' outputs) or left in private memory (0: each rank pulls its heads out of its peers' rows).\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
@@ -776,7 +804,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--groups") o.groups = small(i);
     else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
     else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
-    else if (a == "--call-numbers") o.call_numbers = number(i) != 0;
+    else if (a == "--call-numbers") {
+      const std::string v = need(i);
+      o.call_numbers = v == "both" ? 2 : v == "0" ? 0 : 1;
+    }
     else if (a == "--window-MiB") o.window_MiB = number(i);
     else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
     else if (a == "--advise") o.mode = "advise";
@@ -979,7 +1010,7 @@ int run_ipc(int& argc, char**& argv, const Options& o) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  set_call_numbering(o.call_numbers);
+  set_call_numbering(o.call_numbers != 0);
   if (o.mode == "sweep" && (o.backend == "local" || o.backend == "cuda-local") && under_mpiexec())
     std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend %s: each process runs its own in-process group; "
                          "give --backend mpi (or nccl) for one group over the MPI processes\n", o.backend.c_str());

@@ -74,7 +74,10 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
     };
     const ByteSpan o0(reinterpret_cast<std::byte*>(q2.data()), plan.output_bytes(d, 0));
     const ByteSpan o1(k2);
-    if (warm) call(comm, o0, o1);
+    if (warm) {
+      const TimedError w = timed_error_of([&] { call(comm, o0, o1); });
+      if (w.code != Errc{}) return w;  // (see the ring's)
+    }
     return timed_error_of([&] {
       if (!me) return call(comm, o0, o1);
       switch (f) {
@@ -104,7 +107,10 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
         rot.finish(s);
       }
     };
-    if (warm) rotate(comm, block, 0);
+    if (warm) {  // a rank that finished its warm rotation may fail while a peer still waits for its last block
+      const TimedError w = timed_error_of([&] { rotate(comm, block, 0); });  // from another: that peer is then aborted there
+      if (w.code != Errc{}) return w;
+    }
     return timed_error_of([&] {
       if (!me) return rotate(comm, block, 0);
       switch (f) {
@@ -140,7 +146,10 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
   b.out_lse = reinterpret_cast<float*>(out_lse.data()), b.out_lse_bytes = out_lse.size();
   b.workspace = ws.data(), b.workspace_bytes = ws.size();
   const HostDecodeExecutor dx;
-  if (warm) decode_exchange(plan, comm, dx, b);
+  if (warm) {
+    const TimedError w = timed_error_of([&] { decode_exchange(plan, comm, dx, b); });
+    if (w.code != Errc{}) return w;
+  }
   return timed_error_of([&] {
     if (!me) return decode_exchange(plan, comm, dx, b);
     DecodeBuffers x = b;

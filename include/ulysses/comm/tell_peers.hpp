@@ -3,7 +3,7 @@
 /// @brief One rank's error is every rank's error: a library call that fails on one rank breaks
 ///        the group (the communicator's optional abort(), comm/concepts.hpp) before it throws, so
 ///        that its peers throw Error(aborted) naming the rank and its error code at once instead
-///        of waiting out their deadline (docs/guide.md#errors). Source of the pattern: NCCL's
+///        of waiting out their deadline (docs/guide.md, "Errors"). Source of the pattern: NCCL's
 ///        ncclCommAbort / revoke and MPI ULFM's MPIX_Comm_revoke.
 #pragma once
 
