@@ -137,20 +137,12 @@ class MpiComm {
   bool poll_notices() const noexcept {
     if (ULYSSES_MPI_BLOCKING_WAITS || sh_->failure.broken()) return sh_->failure.broken();
     try {
-      for (;;) {
-        int flag = 0;
-        MPI_Status st;
-        if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) break;
-        int n = 0;
-        MPI_Get_count(&st, MPI_BYTE, &n);
-        std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
-        MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
-        if (sh_->failure.broken() || buf.size() < sizeof(NoticeHeader)) continue;
-        sh_->failure.record(Errc::aborted, Error(Errc::aborted, "rank " + std::to_string(rank_) + ": rank " + std::to_string(st.MPI_SOURCE) +
-                                                                  " gave up or broke the group: " +
-                                                                  std::string(buf.data() + sizeof(NoticeHeader), buf.size() - sizeof(NoticeHeader)))
-                                               .what());
-      }
+      Notice n;
+      while (receive_notice(n))
+        if (!sh_->failure.broken())
+          sh_->failure.record(Errc::aborted, Error(Errc::aborted, "rank " + std::to_string(rank_) + ": rank " + std::to_string(n.from) +
+                                                                    " gave up or broke the group: " + n.text)
+                                                 .what());
     } catch (...) {  // (an allocation: broken() stays what it was)
     }
     return sh_->failure.broken();
@@ -348,19 +340,11 @@ class MpiComm {
   std::string joint_verdict(std::uint64_t senders, std::uint64_t missing) {
     const auto until = detail::deadline_after(std::min<std::chrono::milliseconds>(timeout_ / 10, std::chrono::milliseconds(200)));
     detail::poll_until(until, [&] {
-      for (;;) {
-        int flag = 0;
-        MPI_Status st;
-        if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return false;
-        int n = 0;
-        MPI_Get_count(&st, MPI_BYTE, &n);
-        std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
-        MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
-        NoticeHeader h{0, 0};
-        if (buf.size() >= sizeof h) std::memcpy(&h, buf.data(), sizeof h);
-        if (st.MPI_SOURCE < 64) senders |= std::uint64_t{1} << st.MPI_SOURCE;
-        missing |= h.missing;
+      for (Notice n; receive_notice(n);) {
+        if (n.from < 64) senders |= std::uint64_t{1} << n.from;
+        missing |= n.head.missing;
       }
+      return false;
     }, detail::PollPace::relaxed);
     if (rank_ < 64) senders |= std::uint64_t{1} << rank_;
     const std::uint64_t root = missing & ~senders;
@@ -383,15 +367,37 @@ class MpiComm {
   /// then is read by this one's first call. Never throws.
   void drain_stale_notices() noexcept {
     if (ULYSSES_MPI_BLOCKING_WAITS) return;
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return;
-      int n = 0;
-      MPI_Get_count(&st, MPI_BYTE, &n);
-      std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)) + 1);
-      MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
+    try {
+      for (Notice n; receive_notice(n);) {
+      }
+    } catch (...) {  // (an allocation)
     }
+  }
+  /// A failure notice as received: its sender, header and text.
+  struct Notice {
+    int from = -1;
+    NoticeHeader head{0, 0};
+    std::string text;
+  };
+  /// Receives the next failure notice a peer sent, if there is one (MPI_Iprobe, then MPI_Recv):
+  /// true and `n` filled, or false. A notice shorter than its header keeps a zero header.
+  bool receive_notice(Notice& n) const {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return false;
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
+    MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
+    const auto bytes = static_cast<std::size_t>(std::max(count, 0));
+    n.from = st.MPI_SOURCE;
+    n.head = NoticeHeader{0, 0};
+    n.text.clear();
+    if (bytes >= sizeof n.head) {
+      std::memcpy(&n.head, buf.data(), sizeof n.head);
+      n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
+    }
+    return true;
   }
   /// The word of the library call in progress (ExchangeState::call(): its number and kind), as
   /// the messages' tags and the all-to-all-v's path agreement carry it: 0 outside library calls.
@@ -486,23 +492,13 @@ class MpiComm {
     int from = -1;
     NoticeHeader head{0, 0};
     std::uint64_t senders = 0, missing = 0;  // the timed-out ranks that sent notices, and whom they named
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) break;
-      int n = 0;
-      MPI_Get_count(&st, MPI_BYTE, &n);
-      std::vector<char> buf(static_cast<std::size_t>(std::max(n, 0)));
-      MPI_Recv(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
-      if (buf.size() < sizeof head) continue;
-      NoticeHeader h{0, 0};
-      std::memcpy(&h, buf.data(), sizeof h);
-      if (h.missing && st.MPI_SOURCE < 64) senders |= std::uint64_t{1} << st.MPI_SOURCE;
-      missing |= h.missing;
+    for (Notice n; receive_notice(n);) {
+      if (n.head.missing && n.from < 64) senders |= std::uint64_t{1} << n.from;
+      missing |= n.head.missing;
       if (from >= 0) continue;
-      from = st.MPI_SOURCE;
-      head = h;
-      first.assign(buf.data() + sizeof head, buf.size() - sizeof head);
+      from = n.from;
+      head = n.head;
+      first = n.text;
     }
     if (from < 0) return;
     if (missing) first += joint_verdict(senders, missing);  // the same story as the timed-out ranks'
