@@ -263,6 +263,18 @@ TEST_SUITE("host") {
                                          << (NcclComm::revokes() ? "revoked (ncclCommRevoke)" : "aborted (ncclCommAbort)"));
   }
 
+  TEST_CASE("failure model (fake NCCL): abort() (what a call failing on this rank alone does) stops the communicator once, then every call is aborted with the reason") {
+    fake = FakeNccl{};
+    NcclComm comm(nullptr, nullptr, kDeadline, fake_table());
+    static_assert(comm_traits<NcclComm>::abort, "NcclComm has abort(): comm/tell_peers.hpp breaks its group");
+    comm.abort("rank 0 failed in seq_to_head with ulysses: buffer_too_small: output 0 holds 2 bytes too few");
+    CHECK(fake.stops == 1);  // revoked (or aborted): nothing of this rank stays enqueued; NCCL carries no message to the peers
+    CHECK(comm.broken());
+    comm.abort("a second failure");  // a no-op: the first reason is kept, the communicator is not stopped again
+    CHECK(fake.stops == 1);
+    check_broken(comm, "rank 0 failed in seq_to_head with ulysses: buffer_too_small");
+  }
+
   TEST_CASE("failure model (fake NCCL): an asynchronous error of an earlier operation (a dead peer) is backend at the next call, with NCCL's last error") {
     fake = FakeNccl{};
     fake.async = ncclRemoteError;

@@ -179,12 +179,12 @@ class DeviceLocalGroup {
     void barrier() { host_.barrier(); }
 
     /// What the transports learn on this communicator about the plans run on it, and their
-    /// scratch lists (comm/exchange_state.hpp).
-    ExchangeState& exchange_state() noexcept { return state_; }
+    /// scratch lists (comm/exchange_state.hpp): the host group's handle's, so that the library
+    /// call in progress (ExchangeState::call()) is what the host rendezvous compares across ranks.
+    ExchangeState& exchange_state() noexcept { return host_.exchange_state(); }
 
    private:
     friend class DeviceLocalGroup;
-    ExchangeState state_;  // see exchange_state()
     struct Events {
       cudaEvent_t sent = nullptr, read = nullptr;
     };
