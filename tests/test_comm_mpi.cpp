@@ -357,7 +357,7 @@ TEST_CASE("C19 under MPI (MpiComm): one rank's mistake is every rank's coded err
     const std::string cell = std::string(ut::name_of(op)) + " / " + ut::name_of(f) + (warm ? " (warm)" : "");
     CAPTURE(cell);
     CAPTURE(e.message);
-    CHECK(ut::judge_fault(e, f, me, W - 1, 5000) == "");
+    CHECK(ut::judge_fault(e, f, me, W - 1, ut::kToldWithinMs) == "");
     if (f == ut::Fault::wrong_comm && me != W - 1) CHECK(e.ms < 2000 + 5000);  // at their deadline, not later
     return e;
   });

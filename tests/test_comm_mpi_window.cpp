@@ -876,7 +876,7 @@ TEST_CASE("MPI window: C19 rank P-1's output span 2 bytes short: it throws buffe
   }  // ~MpiWindow: the group is broken, no rank waits for its peers
   const double with_destructor = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CAPTURE(e.message);
-  CHECK(ut::judge_fault(e, ut::Fault::short_buffer, r, W - 1, 5000) == "");
+  CHECK(ut::judge_fault(e, ut::Fault::short_buffer, r, W - 1, ut::kToldWithinMs) == "");
   CHECK(with_destructor < 5000);
   MESSAGE("C19 on the window, rank " << r << ": " << std::string(ulysses::to_string(e.code)) << " after " << e.ms << " ms, " << with_destructor
                                      << " ms with ~MpiWindow (deadline 30000 ms)");
@@ -900,7 +900,7 @@ TEST_CASE("MPI window: C19's matrix on the window path (every local failure, for
     }
     const std::string cell = std::string(ut::name_of(op)) + " / " + ut::name_of(f) + (warm ? " (warm)" : "");
     CAPTURE(cell);
-    CHECK(ut::judge_fault(e, f, me, W - 1, 5000) == "");
+    CHECK(ut::judge_fault(e, f, me, W - 1, ut::kToldWithinMs) == "");
     return e;
   });
   MESSAGE("MpiWindowComm, -n " << W << ": slowest rank of every local failure " << slowest << " ms (deadline 30000 ms)");
