@@ -383,7 +383,7 @@ TEST_CASE("cross-rank agreement (on by default, every build): a rank that planne
       CAPTURE(msg[r]);
       CHECK(code[r] == Errc::plan_mismatch);
       CHECK(msg[r].find("ranks {2}") != std::string::npos);
-      CHECK(msg[r].find("rank 2 in " + what) != std::string::npos);
+      CHECK(msg[r].find("rank 2 differs from rank 0 in " + what) != std::string::npos);
     }
   }
 }

@@ -141,35 +141,5 @@ class ExchangeState {
   detail::RemoteReadScratch remote_;
 };
 
-namespace detail {
-/// "" when every rank's library call (ExchangeState::call(), P of them, read by every rank alike)
-/// is rank 0's; else the plan_mismatch message every rank gives: "rank 2 is at call 7
-/// (head_to_seq), ranks {0, 1, 3} at call 8 (seq_to_head): ...".
-/// @param number callable as std::uint64_t(int p), @param what as std::uint64_t(int p),
-/// @param name as const char*(int p): rank p's call
-template <class Number, class What, class Name>
-std::string call_mismatch(int P, Number&& number, What&& what, Name&& name) {
-  bool same = true;
-  for (int p = 1; p < P && same; ++p) same = number(p) == number(0) && what(p) == what(0);
-  if (same) return "";
-  std::string groups;
-  std::vector<bool> told(static_cast<std::size_t>(P), false);
-  for (int p = 0; p < P; ++p) {
-    if (told[static_cast<std::size_t>(p)]) continue;
-    std::vector<int> ranks;
-    for (int q = p; q < P; ++q)
-      if (!told[static_cast<std::size_t>(q)] && number(q) == number(p) && what(q) == what(p)) {
-        told[static_cast<std::size_t>(q)] = true;
-        ranks.push_back(q);
-      }
-    std::string who = ranks.size() == 1 ? "rank " + std::to_string(ranks[0]) + " is" : "ranks {";
-    for (std::size_t i = 0; ranks.size() > 1 && i < ranks.size(); ++i) who += (i ? ", " : "") + std::to_string(ranks[i]);
-    if (ranks.size() > 1) who += "} are";
-    const char* n = name(p);
-    groups += (groups.empty() ? "" : ", ") + who + " at call " + std::to_string(number(p)) + " (" + (n && *n ? n : "no library call") + ")";
-  }
-  return groups + " of this communicator: a rank skipped a call, or runs another (the calls are not paired; every rank reports this)";
-}
-}  // namespace detail
 
 ULYSSES_NAMESPACE_END

@@ -32,6 +32,7 @@
 #include "../layout/blocks.hpp"
 #include "../detail/checked.hpp"
 #include "../error.hpp"
+#include "agreement.hpp"
 #include "exchange_state.hpp"
 #include "failure.hpp"
 

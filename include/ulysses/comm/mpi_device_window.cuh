@@ -121,9 +121,7 @@ inline void agree_on_step(MPI_Comm node, const std::string& err, const char* wha
   std::vector<unsigned long long> all(static_cast<std::size_t>(size));
   unsigned long long mine = err.empty() ? 0 : 1;
   mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, node), "MPI_Allgather");
-  std::vector<int> failed;
-  for (int p = 0; p < size; ++p)
-    if (all[static_cast<std::size_t>(p)]) failed.push_back(p);
+  const std::vector<int> failed = ranks_where(size, [&](int p) { return all[static_cast<std::size_t>(p)] != 0; });
   if (failed.empty()) return;
   fail(Errc::backend, err.empty() ? std::string(what) + ": ranks " + rank_set(failed) + " failed (their own errors say why)"
                                   : std::string(what) + ": rank " + std::to_string(rank) + ": " + err);

@@ -74,6 +74,7 @@
 
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
+#include "agreement.hpp"
 #include "concepts.hpp"
 #include "cross_memory.hpp"
 #include "exchange_state.hpp"
@@ -189,13 +190,8 @@ inline MPI_Comm window_node_comm(MPI_Comm comm, std::size_t bytes_per_rank, cons
   std::vector<unsigned long long> all(static_cast<std::size_t>(size));
   unsigned long long mine = bytes_per_rank;
   mpi_check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, comm), "MPI_Allgather");
-  const std::vector<int> other = differing_ranks(all.data(), size);
-  if (!other.empty()) {  // the offenders' sizes, the same message on every rank
-    std::string sizes;
-    for (int p : other) sizes += (sizes.empty() ? "" : ", ") + std::string("rank ") + std::to_string(p) + ": " + std::to_string(all[static_cast<std::size_t>(p)]);
-    fail(Errc::plan_mismatch, std::string(window) + ": ranks " + rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
-                                  std::to_string(all[0]) + " (" + sizes + "); every rank must pass the same size");
-  }
+  const std::string diff = values_differ(all, "bytes_per_rank");
+  if (!diff.empty()) fail(Errc::plan_mismatch, std::string(window) + ": " + diff + "; every rank must pass the same size");
   MPI_Comm node = MPI_COMM_NULL;
   mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int node_size = 0;
@@ -909,13 +905,10 @@ class MpiWindowComm {
         P, [&](int p) { return win_->control(p).call; }, [&](int p) { return win_->control(p).call_what; },
         [&](int p) -> const char* { return win_->control(p).call_name; });
     if (!calls.empty()) detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: " + calls);
-    std::vector<int> other;
-    for (int p = 0; p < P; ++p)
-      if (win_->control(p).count != win_->control(0).count) other.push_back(p);
-    if (!other.empty())
-      detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: ranks " + detail::rank_set(other) + " publish another number of inputs than rank 0's " +
-                                            std::to_string(win_->control(0).count) + " (rank " + std::to_string(rank()) + ": " +
-                                            std::to_string(in.count) + "); the ranks' plans differ");
+    const std::string counts = detail::records_differ(
+        P, 1, [&](int p, int) { return win_->control(p).count; }, [](int) { return std::string("the number of inputs published"); },
+        [&](int p, int) { return std::to_string(win_->control(p).count); });
+    if (!counts.empty()) detail::fail(Errc::plan_mismatch, "MpiWindowComm::with_peers: " + counts + "; the ranks' plans differ");
     std::vector<int> remote, unread;  // ranks publishing inputs to read in place; ranks whose work cannot
     for (int p = 0; p < P; ++p) {
       const detail::WindowControl& r = win_->control(p);

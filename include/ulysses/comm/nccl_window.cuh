@@ -111,11 +111,8 @@ class NcclWindow {
     std::vector<unsigned long long> all(static_cast<std::size_t>(comm.size()));
     const unsigned long long mine = reg_.bytes();
     comm.allgather(&mine, sizeof mine, all.data());
-    const std::vector<int> other = detail::differing_ranks(all.data(), comm.size());
-    if (!other.empty())
-      detail::fail(Errc::plan_mismatch, "NcclWindow: ranks " + detail::rank_set(other) + " asked for another bytes_per_rank than rank 0's " +
-                                            std::to_string(all[0]) + " (rank " + std::to_string(comm.rank()) + ": " + std::to_string(mine) +
-                                            "); every rank must pass the same size");
+    const std::string diff = detail::values_differ(all, "bytes_per_rank");
+    if (!diff.empty()) detail::fail(Errc::plan_mismatch, "NcclWindow: " + diff + "; every rank must pass the same size");
     ok(calls.mem_alloc(&base_, reg_.bytes() ? reg_.bytes() : NCCL_WIN_REQUIRED_ALIGNMENT), "ncclMemAlloc");
     const ncclResult_t r = calls.window_register(comm.get(), base_, reg_.bytes(), &win_, NCCL_WIN_COLL_SYMMETRIC);
     try {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "agreement.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -68,19 +69,11 @@ struct WindowDigest {
 /// @param P      ranks
 /// @param window the window's type, for the message ("MpiWindow")
 inline std::string registration_mismatch(const WindowDigest* all, int P, const char* window = "MpiWindow") {
-  std::string m;
-  for (int p = 1; p < P; ++p)
-    if (!(all[p] == all[0])) m += (m.empty() ? "" : "; ") + std::string("rank ") + std::to_string(p) + " registered " + all[p].str();
+  const std::string m = records_differ(
+      P, 1, [&](int p, int) { return (all[p].hash * 0x9e3779b97f4a7c15ull ^ all[p].count) + all[p].total; },
+      [&](int) { return std::string("the ") + window + " buffers registered"; }, [&](int p, int) { return all[p].str(); });
   if (m.empty()) return m;
-  return std::string("the ranks registered different ") + window + " buffers: rank 0 registered " + all[0].str() + "; " + m +
-         ". Every rank must allocate() the same sizes in the same order (with uneven splits: the largest any rank needs)";
-}
-
-/// "{0, 2}".
-inline std::string rank_set(const std::vector<int>& r) {
-  std::string s = "{";
-  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + std::to_string(r[i]);
-  return s + "}";
+  return m + ". Every rank must allocate() the same sizes in the same order (with uneven splits: the largest any rank needs)";
 }
 
 /// The clause of a failed wait's message naming the ranks it found missing: "ranks {0, 2} did
@@ -97,14 +90,6 @@ inline std::string missing_ranks(const std::vector<int>& ranks, bool arrival, st
 template <class U>
 U round_up(U x, U a) {
   return (x + a - 1) / a * a;
-}
-
-/// The ranks whose value differs from rank 0's (values: P of them).
-inline std::vector<int> differing_ranks(const unsigned long long* values, int P) {
-  std::vector<int> other;
-  for (int p = 0; p < P; ++p)
-    if (values[p] != values[0]) other.push_back(p);
-  return other;
 }
 
 /// The registrations of one rank's slot of `bytes` bytes: aligned ranges taken in order from the

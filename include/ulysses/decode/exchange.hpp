@@ -130,10 +130,7 @@ inline void check_decode_buffers(const DecodePlan& plan, const DecodeBuffers& b)
 /// The communicator's size and rank against the plan's.
 template <class Comm>
 void check_decode_comm(const DecodePlan& plan, const Comm& comm) {
-  if (comm.size() != plan.degree() || comm.rank() != plan.rank())
-    fail(Errc::comm_mismatch, "the communicator is rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
-                                  ", the decode plan was made for rank " + std::to_string(plan.rank()) + " of " +
-                                  std::to_string(plan.degree()));
+  check_comm_size(comm, plan.degree(), plan.rank(), "the decode plan");
 }
 
 /// The cross-rank comparison of agreement_record() before a plan's first exchange: every rank
@@ -145,11 +142,7 @@ void check_decode_agreement(const DecodePlan& plan, Comm& comm) {
   static_assert(check_communicator<Comm>());
   if constexpr (can_check_agreement_v<Comm>) {
     const std::vector<DecodeRecord> all = allgather_record(comm, plan.degree(), plan.rank(), plan.agreement_record());
-    std::string why;
-    for (std::size_t p = 1; p < all.size(); ++p)
-      for (int w = 0; w < kDecodeAgreementWords; ++w)
-        if (all[p][static_cast<std::size_t>(w)] != all[0][static_cast<std::size_t>(w)] && why.size() < 600)
-          why += (why.empty() ? "" : "; ") + std::string("rank ") + std::to_string(p) + " differs from rank 0 in " + DecodePlan::agreement_field(w);
+    const std::string why = words_differ(all, [](int w) { return std::string(DecodePlan::agreement_field(w)); }, [](int w) { return DecodePlan::agreement_word_printed(w); });
     if (!why.empty())
       fail(Errc::plan_mismatch, "the ranks planned different decode exchanges (every rank reports this; this is rank " +
                                     std::to_string(plan.rank()) + "): " + why +

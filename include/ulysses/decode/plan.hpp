@@ -339,6 +339,8 @@ class DecodePlan {
         "the path (for DecodePath::direct also the partial and LSE layouts)", "the head split"};
     return i >= 0 && i < kDecodeAgreementWords ? names[i] : "?";
   }
+  /// Whether word i of agreement_record() is a count the mismatch message prints (P, B, T, H, Dv).
+  static bool agreement_word_printed(int i) { return i >= 1 && i <= 5; }
 
   /// Hash of this rank's partial and LSE layouts (extents and strides): what DecodePath::direct
   /// needs to be the same on every rank (in agreement_record() and in what with_peers() publishes).

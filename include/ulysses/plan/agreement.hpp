@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../comm/agreement.hpp"
 #include "../comm/concepts.hpp"
 #include "../detail/checked.hpp"
 #include "../detail/hash.hpp"
@@ -87,57 +88,7 @@ namespace detail {
 /// Throws Error(comm_mismatch) when the communicator's size or rank is not the plan's.
 template <class Comm>
 void check_comm(const Plan& plan, const Comm& comm) {
-  if (comm.size() != plan.degree() || comm.rank() != plan.rank())
-    fail(Errc::comm_mismatch, "communicator has size " + std::to_string(comm.size()) + " and rank " +
-                                  std::to_string(comm.rank()) + "; the plan was made for P=" + std::to_string(plan.degree()) +
-                                  ", rank " + std::to_string(plan.rank()));
-}
-
-/// Whether check_agreement() can run on this communicator: it has allgather() (host memory), or
-/// its alltoallv() takes host memory (it does not declare `device_memory = true`).
-template <class Comm>
-constexpr bool can_check_agreement_v = comm_traits<Comm>::allgather || !comm_traits<Comm>::device_memory;
-
-/// The words of `a` that differ from `b`, as "the head partition of tensor 0, ..." (at most 4).
-inline std::string differing_fields(const AgreementRecord& a, const AgreementRecord& b) {
-  std::string out;
-  int n = 0;
-  for (int i = 0; i < kAgreementWords; ++i) {
-    if (a[static_cast<std::size_t>(i)] == b[static_cast<std::size_t>(i)]) continue;
-    if (n++ < 4) out += (out.empty() ? "" : ", ") + Plan::agreement_field(i);
-  }
-  if (n > 4) out += " and " + std::to_string(n - 4) + " more";
-  return out;
-}
-
-/// Every rank's `mine` (a record of what determines the wire) in rank order: the communicator's
-/// allgather() of host memory, or an all-gather through its alltoallv() on host buffers.
-/// Collective. @pre can_check_agreement_v<Comm>.
-template <class Comm, class Record>
-std::vector<Record> allgather_record(Comm& comm, int P, int me, const Record& mine) {
-  std::vector<Record> all(static_cast<std::size_t>(P), mine);
-  struct CallNumberOnly {  // the ranks' records say how their plans differ: the call's plan hash is left out here (restored after)
-    ExchangeState* state = nullptr;
-    ExchangeState::Call saved;
-    ~CallNumberOnly() {
-      if (state) state->set_call(saved);
-    }
-  } only;
-  if constexpr (comm_traits<Comm>::exchange_state) {
-    only.state = &comm.exchange_state();
-    only.saved = only.state->call();
-    only.state->set_call({only.saved.number, 0, only.saved.name});
-  }
-  if constexpr (comm_traits<Comm>::allgather) {
-    comm.allgather(&mine, sizeof mine, all.data());
-  } else {  // every peer receives this rank's record; the own chunk stays empty
-    std::vector<std::size_t> sb(static_cast<std::size_t>(P), sizeof mine), so(static_cast<std::size_t>(P), 0), rb = sb, ro = so;
-    for (int p = 0; p < P; ++p) ro[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p) * sizeof mine;
-    sb[static_cast<std::size_t>(me)] = rb[static_cast<std::size_t>(me)] = 0;
-    comm.alltoallv(reinterpret_cast<const std::byte*>(&mine), sb.data(), so.data(), reinterpret_cast<std::byte*>(all.data()), rb.data(),
-                   ro.data());
-  }
-  return all;
+  check_comm_size(comm, plan.degree(), plan.rank(), "the plan");
 }
 
 /// Records a passed check of the plan with id `id` and AgreementCheck `check` on the communicator
@@ -166,17 +117,11 @@ template <class Comm>
 std::string agreement_mismatch(const Plan& plan, Comm& comm) {
   const int P = plan.degree(), me = plan.rank();
   const std::vector<AgreementRecord> all = allgather_record(comm, P, me, plan.agreement_record());
-  std::string diff;
-  std::vector<int> differ;
-  for (int r = 1; r < P; ++r) {
-    const std::string f = differing_fields(all[static_cast<std::size_t>(r)], all[0]);
-    if (f.empty()) continue;
-    differ.push_back(r);
-    if (diff.size() < 600) diff += (diff.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " in " + f;
-  }
-  if (differ.empty()) return "";
-  return "ranks " + join(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " + std::to_string(me) +
-         "): " + diff +
+  const auto counts = [](int i) { return i >= 1 && i <= 6 && i != 4; };  // P, B, S, tensors, stages: printed; the rest hashes
+  const std::string diff = words_differ(all, [](int i) { return Plan::agreement_field(i); }, counts);
+  if (diff.empty()) return "";
+  const std::vector<int> differ = ranks_where(P, [&](int p) { return all[static_cast<std::size_t>(p)] != all[0]; });
+  return "ranks " + rank_set(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " + std::to_string(me) + "): " + diff +
          ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
          "sizes, stages, path options, replica handling and ring configuration (local layouts may differ)";
 }

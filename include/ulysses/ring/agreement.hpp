@@ -35,13 +35,10 @@ inline const char* ring_field_name(int i) {
 }
 /// What differs between every rank's record and rank 0's ("" when nothing), naming ranks and fields.
 inline std::string compare_ring_records(const std::vector<RingRecord>& all, const char* group) {
-  std::string out;
-  for (std::size_t p = 1; p < all.size(); ++p)
-    for (int i = 0; i < 5; ++i)
-      if (all[p].field[i] != all[0].field[i] && out.size() < 400)
-        out += std::string(out.empty() ? "" : "; ") + "rank " + std::to_string(p) + " of the " + group + " has " + ring_field_name(i) + "=" +
-               std::to_string(all[p].field[i]) + ", rank 0 " + std::to_string(all[0].field[i]);
-  return out;
+  const std::string d = records_differ(
+      static_cast<int>(all.size()), 5, [&](int p, int i) { return static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)].field[i]); },
+      [](int i) { return std::string(ring_field_name(i)); }, [&](int p, int i) { return std::to_string(all[static_cast<std::size_t>(p)].field[i]); });
+  return d.empty() ? d : std::string("over the ") + group + ": " + d;
 }
 }  // namespace detail
 
@@ -51,11 +48,10 @@ template <class UlyssesComm, class RingComm>
 void check_ring_sizes(const RingConfig& c, const UlyssesComm& ulysses, const RingComm& ring) {
   if (c.ulysses_degree < 1 || c.ring_degree < 1)
     fail(Errc::invalid_group, "RingConfig: U=" + std::to_string(c.ulysses_degree) + " and R=" + std::to_string(c.ring_degree) + " must be >= 1");
-  if (ulysses.size() != c.ulysses_degree || ring.size() != c.ring_degree)
-    fail(Errc::comm_mismatch, "Ulysses x Ring asked for as U=" + std::to_string(c.ulysses_degree) + " x R=" + std::to_string(c.ring_degree) +
-                                  ", but the Ulysses communicator has " + std::to_string(ulysses.size()) + " ranks and the ring communicator " +
-                                  std::to_string(ring.size()) + (ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") +
-                                  "; hand in the mesh's groups (RingMesh, split_ring())");
+  const std::string hybrid = "Ulysses x Ring asked for as U=" + std::to_string(c.ulysses_degree) + " x R=" + std::to_string(c.ring_degree);
+  check_comm_size(ulysses, c.ulysses_degree, -1, hybrid + ": its Ulysses group", "; hand in the mesh's groups (RingMesh, split_ring())");
+  check_comm_size(ring, c.ring_degree, -1, hybrid + ": its ring group",
+                  std::string(ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") + "; hand in the mesh's groups (RingMesh, split_ring())");
 }
 
 /// The record of c all-gathered over the ring and compared with ring rank 0's ("" when equal). Collective over `ring`.

@@ -158,11 +158,9 @@ RingProgress resolve_progress(RingProgress p) {
 /// Checks a ring communicator against the ring degree R. @throws Error(comm_mismatch).
 template <class Comm>
 void check_ring_comm(const Comm& comm, int R, const char* who) {
-  if (comm.size() != R)
-    fail(Errc::comm_mismatch, std::string(who) + ": the ring communicator has " + std::to_string(comm.size()) +
-                                  " ranks, the ring degree is R=" + std::to_string(R) +
-                                  "; hand in the ring group of the mesh (R ranks holding the same Ulysses rank), not " +
-                                  (comm.size() == 1 ? "a group of one (a hybrid that would run as CP=1)" : "another group"));
+  check_comm_size(comm, R, -1, std::string(who) + " (the ring degree R)",
+                  std::string("; hand in the ring group of the mesh (R ranks holding the same Ulysses rank), not ") +
+                      (comm.size() == 1 ? "a group of one (a hybrid that would run as CP=1)" : "another group"));
 }
 
 }  // namespace detail
