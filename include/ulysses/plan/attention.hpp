@@ -36,7 +36,17 @@ enum class HeadPolicy : int {
   even,      ///< H / P query heads a rank (H % P == 0), kv heads split (Hkv % P == 0) or replicated
              ///< (P % Hkv == 0) evenly: DeepSpeed-Ulysses' rule
   balanced,  ///< the first H % P ranks one query head more; kv heads follow (any H, Hkv, P)
+  automatic, ///< `even` where its rule holds (H % P == 0, and Hkv % P == 0 or P % Hkv == 0), else
+             ///< `balanced`: never refuses a head count (resolve_head_policy() says which)
 };
+
+/// The policy HeadPolicy::automatic stands for on P ranks with H query and Hkv kv heads (`even`
+/// where its rule holds, else `balanced`); any other policy is returned as it is.
+inline HeadPolicy resolve_head_policy(HeadPolicy policy, int P, std::int64_t H, std::int64_t Hkv) noexcept {
+  if (policy != HeadPolicy::automatic) return policy;
+  const bool even = P >= 1 && H % P == 0 && Hkv >= 1 && (Hkv % P == 0 || P % Hkv == 0);
+  return even ? HeadPolicy::even : HeadPolicy::balanced;
+}
 
 /// The head shapes of an attention layer.
 struct AttentionShape {
@@ -81,7 +91,8 @@ AttentionSpecs attention_specs(int P, const AttentionShape& shape, ElementType t
   if (shape.head_dim < 1 || Dv < 1)
     detail::fail(Errc::invalid_shape, "head_dim=" + std::to_string(shape.head_dim) + " and v_head_dim=" + std::to_string(Dv) +
                                           " must be >= 1");
-  HeadPartition qh = policy == HeadPolicy::even ? HeadPartition::even(shape.num_heads, P) : HeadPartition::balanced(shape.num_heads, P);
+  const bool even = resolve_head_policy(policy, P, shape.num_heads, shape.num_kv_heads) == HeadPolicy::even;
+  HeadPartition qh = even ? HeadPartition::even(shape.num_heads, P) : HeadPartition::balanced(shape.num_heads, P);
   HeadPartition kvh = HeadPartition::gqa(qh, shape.num_kv_heads);
   AttentionSpecs a{qh, kvh, TensorSpec::of<T>(qh, shape.head_dim, type), TensorSpec::of<T>(kvh, shape.head_dim, type),
                    TensorSpec::of<T>(kvh, Dv, type), TensorSpec::of<T>(qh, Dv, type)};
