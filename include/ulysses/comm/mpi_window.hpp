@@ -895,7 +895,7 @@ class MpiWindowComm {
   }
 
   /// After every rank arrived: the same verdict on every rank (they read the same records).
-  void check_records(const PeerInputs& in) const {
+  void check_records(const PeerInputs& /*in*/) const {
     const int P = size();
     std::vector<detail::WindowDigest> reg(static_cast<std::size_t>(P));
     for (int p = 0; p < P; ++p) reg[static_cast<std::size_t>(p)] = win_->control(p).registered;
