@@ -19,6 +19,7 @@
 #include <new>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "decode_case.hpp"
 #include "expect_error.hpp"
@@ -214,6 +215,28 @@ TEST_CASE("a communicator with only alltoallv(): the automatic path takes it, th
     codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
   });
   for (Errc e : codes) CHECK(e == Errc::path_unsupported);
+}
+
+TEST_CASE("the decode exchange takes the Ulysses exchange's transports: choose_path() of a DecodePlan, through visit_transport()") {
+  const auto plan = [](Path p) { return DecodePlan(DecodeSpec(1, 1, HeadPartition::even(4, 2), 8).with_path(p), 0); };
+  // automatic: messages where the communicator has them in the executor's memory, else alltoallv; never direct.
+  CHECK(choose_path<LocalGroup::Comm, HostDecodeExecutor>(plan(Path::automatic)) == Path::messages);
+  CHECK(choose_path<BareComm, HostDecodeExecutor>(plan(Path::automatic)) == Path::alltoallv);
+  for (Path p : {Path::alltoallv, Path::messages, Path::direct}) CHECK(choose_path<LocalGroup::Comm, HostDecodeExecutor>(plan(p)) == p);
+  // Each transport says whether it serves the decode exchange (serves_decode); two_level never does (a flat wire).
+  CHECK(serves_decode<LocalGroup::Comm, HostDecodeExecutor>(Path::direct));
+  CHECK(!serves_decode<BareComm, HostDecodeExecutor>(Path::direct));
+  CHECK(!serves_decode<BareComm, HostDecodeExecutor>(Path::messages));
+  CHECK(!serves_decode<LocalGroup::Comm, HostDecodeExecutor>(Path::two_level));
+  CHECK(reads_in_place(Path::direct));
+  CHECK(!reads_in_place(Path::messages));
+  const auto [code, msg] = ut::error_of([&] { choose_path<LocalGroup::Comm, HostDecodeExecutor>(plan(Path::two_level)); });
+  CHECK(code == Errc::path_unsupported);
+  CHECK(msg.find("flat") != std::string::npos);
+  CHECK(ut::code_of([&] { choose_path<BareComm, HostDecodeExecutor>(plan(Path::direct)); }) == Errc::path_unsupported);
+  // DecodeSpec::path is the shared Path; the deprecated DecodePath is an alias of it.
+  static_assert(std::is_same_v<decltype(DecodeSpec::path), Path>, "DecodeSpec::path is a Path");
+  static_assert(std::is_same_v<DecodePath, Path>, "DecodePath is Path");
 }
 
 TEST_CASE("the plan: sizes and offsets of the wire format (O then LSE, each part padded to 16 bytes; chunks in peer order; no self chunk)") {
