@@ -68,9 +68,11 @@ struct DecodeStep {
   std::size_t partial_bytes, lse_bytes;  // the spans of O_r and LSE_r
   std::array<const std::byte*, kDecodeDirectMaxRanks> partial{}, lse{};
 
+  /// Before the wire moves: the pack of the partials (the all-gather's chunk the merge wrote).
   void before() const {
     if (!gather) exec->pack(args);
   }
+  /// After it arrived: the merge of the partials, or the unpack of the merged head groups.
   void after() const { gather ? exec->unpack_gathered(args) : exec->merge(args); }
   /// What the peers read in place: O_r and LSE_r (MpiWindowComm stages them when outside its window).
   PeerInputs peer_inputs() const {

@@ -28,6 +28,10 @@ enum class DecodeOutput : std::int32_t {
 /// (DecodeSpec::path): DecodePath::automatic, alltoallv, messages and direct are Path's.
 using DecodePath [[deprecated("use Path (DecodeSpec::path is a Path)")]] = Path;
 
+/// The largest group Path::direct takes for a decode exchange (the peers' pointers live in fixed
+/// tables).
+inline constexpr int kDecodeDirectMaxRanks = 64;
+
 /// Name of a decode output ("heads", "all_heads").
 inline const char* to_string(DecodeOutput o) noexcept { return o == DecodeOutput::all_heads ? "all_heads" : "heads"; }
 

@@ -24,13 +24,13 @@ ULYSSES_NAMESPACE_BEGIN
 /// the chunk to peer p is [send + send_offsets[p], + send_bytes[p]), the one from p lands at
 /// recv + recv_offsets[p] (recv_bytes[p] bytes); the own entries are 0.
 struct ChunkWire {
-  std::byte* send = nullptr;  // read only (Message holds a mutable pointer)
-  const std::size_t* send_bytes = nullptr;
-  const std::size_t* send_offsets = nullptr;
-  std::byte* recv = nullptr;
-  const std::size_t* recv_bytes = nullptr;
-  const std::size_t* recv_offsets = nullptr;
-  int peers = 0;
+  std::byte* send = nullptr;                 ///< the send region (read only; Message holds a mutable pointer)
+  const std::size_t* send_bytes = nullptr;   ///< [p]: bytes of the chunk to peer p
+  const std::size_t* send_offsets = nullptr; ///< [p]: its offset from `send`
+  std::byte* recv = nullptr;                 ///< the receive region
+  const std::size_t* recv_bytes = nullptr;   ///< [p]: bytes of the chunk from peer p
+  const std::size_t* recv_offsets = nullptr; ///< [p]: its offset from `recv`
+  int peers = 0;                             ///< P, the entries of each array
 };
 
 namespace detail {

@@ -30,10 +30,12 @@ struct DecodeWire {
 /// Builds the wire of `s` (validated, layouts resolved) on rank `me`.
 class DecodeWireBuilder {
  public:
+  /// A builder of the wire of `s` on rank `me` (`s` must outlive it).
   DecodeWireBuilder(const DecodeSpec& s, int me)
       : s_(s), me_(me), P_(s.heads.degree()), BT_(static_cast<std::uint64_t>(s.batch * s.tokens)),
         Dv_(static_cast<std::uint64_t>(s.head_dim_v)) {}
 
+  /// The wire: the peer table and the first exchange, then (all_heads, P > 1) the second.
   DecodeWire build() {
     DecodeWire w;
     const std::uint64_t used = partials(w);

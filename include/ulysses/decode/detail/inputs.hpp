@@ -16,10 +16,6 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// The largest group Path::direct takes for a decode exchange (the peers' pointers live in fixed
-/// tables).
-inline constexpr int kDecodeDirectMaxRanks = 64;
-
 namespace detail {
 
 /// The validated inputs of a DecodePlan. Made once by the DecodePlan constructor.
