@@ -15,7 +15,7 @@ set(ULYSSES_LAYERS
   "layout/.*|merge/.*"
   "partition/.*|topology/.*|ring/partition\\.hpp|ring/schedule\\.hpp|ring/merge\\.hpp|ring/mesh\\.hpp|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
   "comm/.*|ring/rotation\\.hpp|ring/mpi_mesh\\.hpp"
-  "plan/.*|ring/agreement\\.hpp|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "plan/.*|ring/agreement\\.hpp|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
   "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
