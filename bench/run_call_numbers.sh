@@ -12,7 +12,7 @@
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ub_paths "${1:-}" "$root/bench/results" "$root/build"
 ranks="${MPI_RANKS:-4}"
-args=(${ARGS:---model Llama-3.1-8B --dtype bf16 -b 4096 -e 16384 -f 4 -n 60 -w 10 --backward})
+args=(${ARGS:---direction both --model Llama-3.1-8B --dtype bf16 -b 4096 -e 16384 -f 4 -n 60 -w 10 --backward})
 tmp="$(mktemp -d)"
 ub_configure
 ub_build ulysses_perf

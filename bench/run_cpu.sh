@@ -49,7 +49,7 @@ echo "== bench_host -> $raw/host.json"
 if [ "$perf_local" = 1 ] && [ -x "$build/bench/ulysses_perf" ]; then
   for dt in fp32 bf16; do
     echo "== ulysses_perf --backend local --ranks 4 --dtype $dt -> $raw/perf_local_$dt.json"
-    "$build/bench/ulysses_perf" --backend local --ranks 4 --model llama-3.1-8b --dtype "$dt" -b 4096 -e 16384 -f 4 -n 15 -w 3 \
+    "$build/bench/ulysses_perf" --backend local --ranks 4 --direction both --model llama-3.1-8b --dtype "$dt" -b 4096 -e 16384 -f 4 -n 15 -w 3 \
       --json "$raw/perf_local_$dt.json"
     jsons+=("$raw/perf_local_$dt.json")
   done

@@ -16,7 +16,7 @@
 # 3. checks each against the measurements (ulysses_perf --check): OUTDIR/check.txt has the error
 #    distributions per backend (calibrated shapes; held-out shapes), the runs' own spread, every row.
 # About 30 minutes on 2 cores. Knobs: PERF (a built ulysses_perf), BUILD_DIR (default build), ITERS (5), WARMUP (2),
-# REPS (3: each time the fastest of 3 blocks of ITERS), RUNS (3),
+# REPS (3: each time the least median of 3 runs of ITERS), RUNS (3),
 # MAX_RANK_BYTES (268435456), RANKS (default: the number of cores), FIT_MODELS ("Llama-3.1-8B GPT-2"),
 # FRESH (measure again files already in OUTDIR/runs). Balanced head splits (any H, e.g. Falcon's 71).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -33,7 +33,7 @@ if [ -z "$perf" ]; then
 fi
 ub_mpi_env
 ub_load "$raw/model_load.txt" before
-common=(--dtype bf16 --balanced -b 1024 -e 65536 -f 2 -n "$iters" -w "$warmup" --reps "$reps" --bare 0 --max-rank-bytes "$cap")
+common=(--direction both --dtype bf16 --balanced -b 1024 -e 65536 -f 2 -n "$iters" -w "$warmup" --reps "$reps" --bare 0 --max-rank-bytes "$cap")
 fit_files=(); all_files=(); held_files=()
 for run in $(seq 1 "$runs"); do
 while IFS= read -r model; do
