@@ -714,6 +714,22 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& s
   return o.json.empty() || write_json(o, P, rows, setup);
 }
 
+/// The model modes' part of --help.
+void usage_model() {
+  std::printf(
+      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
+      "node share one inter-node NIC, their concurrent inter-node flows dividing its bandwidth; 1, a NIC per rank, by\n"
+      "default; written to PARAMS.json as ranks_per_nic, not fitted); --check: its error on\n"
+      "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
+      "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
+      "--budget-GiB (a rank's memory for one layer's attention tensors; default none: then every layout fits and the\n"
+      "least traffic, P=1, wins) by time, the others after by memory (defaults: S=131072, world 64, 8 ranks per node,\n"
+      "bf16, the NVLink/InfiniBand placeholders of CostModel, or --params); then the Ulysses x Ring x outer layouts\n"
+      "(advise_hybrid: the ring rotation overlapped with each step's attention at --attn-TFLOPS, default 500: H100/H200 bf16,\n"
+      "and the all-gather-kv alternative). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
+      "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
+}
+
 [[noreturn]] void usage(int code) {
   std::printf(
       "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring] [--backend local|mpi|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
@@ -766,17 +782,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& s
       "                    backends): each call numbered and not, alternately, time = numbered, bare = not numbered, ratio = their ratio\n"
       "--window-outputs 1|0: the outputs allocated from the window too (the default: seq->head then pushes into the\n"
       "peers' outputs) or left in private memory (0: each rank pulls its heads out of its peers' rows).\n"
-      "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
-      "node share one inter-node NIC, their concurrent inter-node flows dividing its bandwidth; 1, a NIC per rank, by\n"
-      "default; written to PARAMS.json as ranks_per_nic, not fitted); --check: its error on\n"
-      "measurements (per row with --rows; exits 1 when some row is off by more than 15%%); --advise: the feasible\n"
-      "(Ulysses degree, outer degree) layouts of --world ranks for --model at --seq, predicted, best first: within\n"
-      "--budget-GiB (a rank's memory for one layer's attention tensors; default none: then every layout fits and the\n"
-      "least traffic, P=1, wins) by time, the others after by memory (defaults: S=131072, world 64, 8 ranks per node,\n"
-      "bf16, the NVLink/InfiniBand placeholders of CostModel, or --params); then the Ulysses x Ring x outer layouts\n"
-      "(advise_hybrid: the ring rotation overlapped with each step's attention at --attn-TFLOPS, default 500: H100/H200 bf16,\n"
-      "and the all-gather-kv alternative). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
-      "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
+  );
+  usage_model();
   std::exit(code);
 }
 
@@ -796,6 +803,88 @@ void check_op(Options& o) {
     std::fprintf(stderr, "--op %s runs on --backend local or mpi (host memory), not %s\n", o.op.c_str(), o.backend.c_str());
     std::exit(2);
   }
+}
+
+/// Exits (2) on options that contradict each other; fixes the op's rows (check_op()).
+void validate(Options& o) {
+  check_op(o);
+  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
+    std::fprintf(stderr, "--backend must be local, mpi, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
+    std::exit(2);
+  }
+  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
+      o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
+    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
+                         "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
+    std::exit(2);
+  }
+  if (!o.copies && (o.check || o.backend != "mpi")) {
+    std::fprintf(stderr, "--copies 0 times the messages alone: it needs --backend mpi and -c 0\n");
+    std::exit(2);
+  }
+  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check" && o.mode != "check_ring") {
+    std::fprintf(stderr, "unknown argument '%s' (measurement files go with --fit or --check)\n", o.inputs.front().c_str());
+    std::exit(2);
+  }
+  if ((o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") && o.inputs.empty()) {
+    std::fprintf(stderr, "--%s needs ulysses_perf --json files to read\n", o.mode.c_str());
+    std::exit(2);
+  }
+}
+
+/// The flags of how a sweep runs (iterations, checks, JSON, nodes, MPI windows, call numbers):
+/// consumes argv[i] (and its value) into `o`. @returns whether it was one of them.
+bool parse_run_flag(int argc, char** argv, int& i, Options& o) {
+  auto number = [&](int& j) { return ulysses_cli::whole(argc, argv, j, LLONG_MIN, LLONG_MAX); };
+  auto small = [&](int& j) { return static_cast<int>(ulysses_cli::whole(argc, argv, j, INT_MIN, INT_MAX)); };
+  const std::string a = argv[i];
+  if (a == "-n") o.iters = small(i);
+  else if (a == "-w") o.warmup = small(i);
+  else if (a == "--reps") o.reps = small(i);
+  else if (a == "--bare") o.bare = number(i) != 0;
+  else if (a == "--copies") o.copies = number(i) != 0;
+  else if (a == "-c") o.check = number(i) != 0;
+  else if (a == "--json") o.json = ulysses_cli::value(argc, argv, i);
+  else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
+  else if (a == "--lanes") o.lanes = small(i);
+  else if (a == "--groups") o.groups = small(i);
+  else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
+  else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
+  else if (a == "--call-numbers") {
+    const std::string v = ulysses_cli::value(argc, argv, i);
+    o.call_numbers = v == "both" ? 2 : v == "0" ? 0 : 1;
+  }
+  else if (a == "--window-MiB") o.window_MiB = number(i);
+  else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
+  else return false;
+  return true;
+}
+
+/// The flags of the model modes (--advise, --fit, --check, --check-ring and their link
+/// parameters): consumes argv[i] (and its value) into `o`. @returns whether it was one of them.
+bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
+  const std::string a = argv[i];
+  if (a == "--advise") o.mode = "advise";
+  else if (a == "--fit") o.mode = "fit", o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--check") o.mode = "check", o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--check-ring") o.mode = "check_ring", o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
+  else if (a == "--rows") o.rows = true;
+  else if (a == "--params") o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--params-backend") o.params_backend = ulysses_cli::value(argc, argv, i);
+  else if (a == "--seq") o.seq = ulysses_cli::whole(argc, argv, i, LLONG_MIN, LLONG_MAX);
+  else if (a == "--world") o.world = static_cast<int>(ulysses_cli::whole(argc, argv, i, INT_MIN, INT_MAX));
+  else if (a == "--budget-GiB") o.budget_GiB = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-us") o.links.intra_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-GBps") o.links.intra_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-us") o.links.inter_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-latency-us") o.links.intra_latency_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
+  else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else return false;
+  return true;
 }
 
 Options parse(int argc, char** argv) {
@@ -848,43 +937,8 @@ Options parse(int argc, char** argv) {
       o.path = paths[ulysses_cli::one_of(argc, argv, i, {"auto", "alltoallv", "messages", "direct", "two_level"})];
     } else if (a == "--balanced") o.balanced = true;
     else if (a == "--backward") o.backward = true;
-    else if (a == "-n") o.iters = small(i);
-    else if (a == "-w") o.warmup = small(i);
-    else if (a == "--reps") o.reps = small(i);
-    else if (a == "--bare") o.bare = number(i) != 0;
-    else if (a == "--copies") o.copies = number(i) != 0;
-    else if (a == "-c") o.check = number(i) != 0;
-    else if (a == "--json") o.json = need(i);
-    else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
-    else if (a == "--lanes") o.lanes = small(i);
-    else if (a == "--groups") o.groups = small(i);
-    else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
-    else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
-    else if (a == "--call-numbers") {
-      const std::string v = need(i);
-      o.call_numbers = v == "both" ? 2 : v == "0" ? 0 : 1;
-    }
-    else if (a == "--window-MiB") o.window_MiB = number(i);
-    else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--advise") o.mode = "advise";
-    else if (a == "--fit") o.mode = "fit", o.params = need(i);
-    else if (a == "--check") o.mode = "check", o.params = need(i);
-    else if (a == "--check-ring") o.mode = "check_ring", o.params = need(i);
-    else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
-    else if (a == "--rows") o.rows = true;
-    else if (a == "--params") o.params = need(i);
-    else if (a == "--params-backend") o.params_backend = need(i);
-    else if (a == "--seq") o.seq = number(i);
-    else if (a == "--world") o.world = small(i);
-    else if (a == "--budget-GiB") o.budget_GiB = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--intra-us") o.links.intra_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--intra-GBps") o.links.intra_GBps = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--inter-us") o.links.inter_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--intra-latency-us") o.links.intra_latency_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
-    else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
+    else if (parse_run_flag(argc, argv, i, o)) continue;
+    else if (parse_model_flag(argc, argv, i, o)) continue;
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
     else if (a == "--list-models") {
       for (const auto& m : ulysses_models::kModels)
@@ -898,29 +952,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (custom) o.model = "custom";
-  check_op(o);
-  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
-    std::fprintf(stderr, "--backend must be local, mpi, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
-    std::exit(2);
-  }
-  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
-      o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
-    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
-                         "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
-    std::exit(2);
-  }
-  if (!o.copies && (o.check || o.backend != "mpi")) {
-    std::fprintf(stderr, "--copies 0 times the messages alone: it needs --backend mpi and -c 0\n");
-    std::exit(2);
-  }
-  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check" && o.mode != "check_ring") {
-    std::fprintf(stderr, "unknown argument '%s' (measurement files go with --fit or --check)\n", o.inputs.front().c_str());
-    std::exit(2);
-  }
-  if ((o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") && o.inputs.empty()) {
-    std::fprintf(stderr, "--%s needs ulysses_perf --json files to read\n", o.mode.c_str());
-    std::exit(2);
-  }
+  validate(o);
   return o;
 }
 
@@ -1085,6 +1117,62 @@ int run_ipc(int& argc, char**& argv, const Options& o) {
 }
 #endif
 
+/// --advise, --fit, --check, --check-ring (perf_model.hpp). @returns the exit status.
+int run_model_mode(const Options& o) {
+  if (o.mode == "advise") {
+    CostModel m = CostModel::nvlink_infiniband();
+#if ULYSSES_PERF_JSON
+    if (!o.params.empty()) m = perf_model::load_model(o.params, o.params_backend);
+#else
+    if (!o.params.empty()) throw Error(Errc::invalid_shape, "--params needs a build with nlohmann_json (apt-get install nlohmann-json3-dev)");
+#endif
+    const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
+    const ElementType t = o.type_given ? o.type : ElementType::bfloat16;
+    const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
+                                      o.balanced);
+    return rc ? rc
+              : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
+                                               o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
+  }
+  if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
+#if ULYSSES_PERF_JSON
+    if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
+    return o.mode == "fit" ? perf_model::fit(o.params, o.inputs, o.links.apply(CostModel{})) : perf_model::check(o.params, o.inputs, o.rows);
+#else
+    std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
+    return 2;
+#endif
+  }
+  return 2;
+}
+
+/// --backend mpi: MPI initialised and finalised here (an error thrown out of the sweep goes to
+/// main(), which aborts the job). @returns the exit status.
+int main_mpi(int& argc, char**& argv, const Options& o) {
+#if ULYSSES_PERF_MPI
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    MpiComm comm(world_group(o.groups));
+    if (o.ranks_given && o.ranks != comm.size()) {
+      if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
+      rc = 2;
+    } else {
+      Setup setup;
+      const std::vector<Row> rows = run_mpi(comm, o, setup);
+      if (comm.rank() == 0 && !print(o, comm.size(), rows, setup)) rc = 2;
+      rc |= status_of(rows);
+    }
+  }
+  MPI_Finalize();
+  return rc;
+#else
+  (void)argc, (void)argv, (void)o;
+  std::fprintf(stderr, "ulysses_perf: this build has no MPI (install libopenmpi-dev and reconfigure)\n");
+  return 2;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1094,53 +1182,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend %s: each process runs its own in-process group; "
                          "give --backend mpi (or nccl) for one group over the MPI processes\n", o.backend.c_str());
   try {
-    if (o.mode == "advise") {
-      CostModel m = CostModel::nvlink_infiniband();
-#if ULYSSES_PERF_JSON
-      if (!o.params.empty()) m = perf_model::load_model(o.params, o.params_backend);
-#else
-      if (!o.params.empty()) throw Error(Errc::invalid_shape, "--params needs a build with nlohmann_json (apt-get install nlohmann-json3-dev)");
-#endif
-      const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
-      const ElementType t = o.type_given ? o.type : ElementType::bfloat16;
-      const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
-                                        o.balanced);
-      return rc ? rc
-                : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
-                                                 o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
-    }
-    if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
-#if ULYSSES_PERF_JSON
-      if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
-      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs, o.links.apply(CostModel{})) : perf_model::check(o.params, o.inputs, o.rows);
-#else
-      std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
-      return 2;
-#endif
-    }
-    if (o.backend == "mpi") {
-#if ULYSSES_PERF_MPI
-      MPI_Init(&argc, &argv);
-      int rc = 0;
-      {
-        MpiComm comm(world_group(o.groups));
-        if (o.ranks_given && o.ranks != comm.size()) {
-          if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
-          rc = 2;
-        } else {
-          Setup setup;
-          const std::vector<Row> rows = run_mpi(comm, o, setup);
-          if (comm.rank() == 0 && !print(o, comm.size(), rows, setup)) rc = 2;
-          rc |= status_of(rows);
-        }
-      }
-      MPI_Finalize();
-      return rc;
-#else
-      std::fprintf(stderr, "ulysses_perf: this build has no MPI (install libopenmpi-dev and reconfigure)\n");
-      return 2;
-#endif
-    }
+    if (o.mode != "sweep") return run_model_mode(o);
+    if (o.backend == "mpi") return main_mpi(argc, argv, o);
     if (o.backend == "nccl" || o.backend == "cuda-local" || o.backend == "cuda-ipc") {
 #if ULYSSES_PERF_CUDA
       if (o.backend == "cuda-ipc") return run_ipc(argc, argv, o);
