@@ -56,3 +56,18 @@ ub_python() {
   done
   echo python3
 }
+
+# ub_perf_tables OP RANKS ARGS...: ulysses_perf --op OP (built in $build) in process and under
+# mpiexec -n N, for each N in RANKS, each table in a Markdown code block under its command.
+ub_perf_tables() {
+  local op="$1" ranks="$2" n perf="$build/bench/ulysses_perf"
+  shift 2
+  [ -x "$perf" ] || { echo "(ulysses_perf not built: no --op $op tables)"; return 0; }
+  for n in $ranks; do
+    printf '\n`ulysses_perf --op %s --backend local --ranks %s %s`:\n\n```\n' "$op" "$n" "$*"
+    "$perf" --op "$op" --backend local --ranks "$n" "$@"
+    printf '```\n\n`mpiexec -n %s ulysses_perf --op %s --backend mpi %s`:\n\n```\n' "$n" "$op" "$*"
+    mpiexec -n "$n" "${mpi_flags[@]}" "$perf" --op "$op" --backend mpi "$@"
+    printf '```\n'
+  done
+}

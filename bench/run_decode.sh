@@ -12,13 +12,14 @@
 # Environment knobs: BUILD_DIR (default build-bench), JSON_DIR (default BUILD_DIR/bench_json),
 # MIN_TIME (default 0.2), REPS (default 5), FILTER (default: all), MPI_RANKS (default "2 4";
 # empty: in process only), INTERLEAVE (default true: the in-process repetitions in random order).
+# decode.md ends with ulysses_perf --op decode's tables (P in MPI_RANKS, in process and under MPI).
 # Needs: CMake, a C++17 compiler, Google Benchmark, MPI for bench_mpi_decode, python3.
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ub_paths "${1:-}" "$root/bench/results" "$root/build-bench"
 ranks="${MPI_RANKS-2 4}"
 
 ub_configure
-targets=(bench_decode)
+targets=(bench_decode ulysses_perf)
 if [ -n "$ranks" ] && ub_has_target bench_mpi_decode; then
   targets+=(bench_mpi_decode)  # only when MPI was found
 fi
@@ -49,3 +50,7 @@ fi
 
 ub_load "$raw/decode_load.txt" after
 python3 "$here/report" "${jsons[@]}" -o "$out" --name decode
+{
+  printf '\n## The decode exchange as ulysses_perf --op decode times it\n\nThe call against the bare all-to-all-v of its bytes, alternating per iteration (docs/performance.md#ulysses_perf):\n'
+  ub_perf_tables decode "$ranks" --model llama-3.1-8b --dtype bf16 -b 1 -e 1024 -f 4 -c 1
+} >>"$out/decode.md"

@@ -13,6 +13,7 @@
 # not under MPI, where each process would draw its own order), FILTER,
 # PARAMS (the exchanges' fit for the out-of-sample check, default bench/results/cost/params.json),
 # REPORT_ONLY=1 (no benchmark: the tables again from the JSON of the last run in JSON_DIR).
+# ring.md ends with ulysses_perf --op ring's tables (R = 2 and 4, in process and under MPI).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ub_paths "${1:-}" "$root/bench/results" "$root/build-bench"
 cd "$root"
@@ -45,5 +46,9 @@ python3 "$here/report" "${jsons[@]}" -o "$out" --name ring
   echo "Load (uptime) before and after the run: $(paste -sd ';' "$raw/ring_load.txt")."
   echo
   "$build/bench/ulysses_perf" --check-ring "$params" "${jsons[@]}"
+  if [ "$skip" = 0 ]; then
+    printf '\n## The rotation as ulysses_perf --op ring times it\n\nA rotation against the bare exchanges of its blocks, alternating per iteration (docs/performance.md#ulysses_perf):\n'
+    ub_perf_tables ring "2 4" --model llama-3.1-8b --dtype bf16 --ring-u 4 -b 8192 -e 32768 -f 4 -c 1
+  fi
 } >>"$out/ring.md"
 echo "run_ring.sh: wrote $out/ring.md"
