@@ -6,7 +6,7 @@
 # They compile the same or run the same code as the suites under a sanitizer, so the sanitizer
 # builds leave them to the Release build (docs/testing.md).
 
-# The old header paths of 0.1 (forwarding headers kept for one minor version) still compile.
+# The 0.1 header paths are gone and compat/v0_1.hpp's deprecated names do what their replacements do.
 add_executable(compat_headers compat_headers.cpp)
 target_link_libraries(compat_headers PRIVATE ulysses::ulysses)
 add_test(NAME compat_headers COMMAND compat_headers)

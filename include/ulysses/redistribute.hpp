@@ -224,11 +224,6 @@ inline BufferTable bind_buffers(const Plan& plan, Direction dir, const TensorLis
                                 Workspace ws) {
   return detail::bind_table(plan, dir, in, out, ws, plan.workspace_bytes());
 }
-/// Old name of bind_buffers() (0.1; kept for one minor version, removed in 0.3). @throws as bind_buffers().
-inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
-                                const TensorList<ByteSpan>& out, Workspace ws) {
-  return bind_buffers(plan, dir, in, out, ws);
-}
 
 // ---- the stages one by one (engines that time or overlap them; redistribute() runs them) -----
 

@@ -19,6 +19,5 @@ set(ULYSSES_LAYERS
   "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
-# The old paths of 0.1, one-line forwarding headers kept for one minor version.
-set(ULYSSES_COMPAT_HEADERS layout.hpp element.hpp block.hpp partition.hpp topology.hpp mesh.hpp attention.hpp plan.hpp
-  transport.hpp copy.hpp pipeline.hpp cost.hpp torch.hpp cuda/copy.cuh)
+# The deprecated names of 0.1 (one header, for code that still uses them): no layer may include it.
+set(ULYSSES_COMPAT_HEADERS compat/v0_1.hpp)

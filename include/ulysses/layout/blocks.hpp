@@ -6,7 +6,7 @@
 /// tensor and a region of a wire buffer (or, for a rank's own chunk, between its input and output
 /// tensors). A block names its source and destination by index into a BufferTable, so one list
 /// serves every call of a plan whatever pointers the caller passes, and every executor (the host
-/// one in copy.hpp, the CUDA one in cuda/copy.cuh) runs the very same lists.
+/// one in host/executor.hpp, the CUDA one in cuda/executor.cuh) runs the very same lists.
 ///
 /// A block can also be one term of a *sum*: the backward of seq→head adds the copies of a
 /// replicated head (GQA/MQA with fewer kv heads than ranks) instead of taking one. A sum is a run

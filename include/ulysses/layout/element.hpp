@@ -63,7 +63,7 @@ constexpr bool summable(ElementType t) noexcept { return t != ElementType::opaqu
 /// The ElementType of a C++ type T: float32 for float, float64 for double, opaque otherwise.
 /// Specialise it for your 16-bit types so that TensorSpec::of<T> knows them, e.g.
 /// `template <> struct ulysses::element_type_of<at::BFloat16> : std::integral_constant<ulysses::ElementType, ulysses::ElementType::bfloat16> {};`
-/// (<ulysses/cuda/copy.cuh> does it for __half and __nv_bfloat16; GCC/Clang's _Float16 is known here).
+/// (<ulysses/cuda/element.cuh> does it for __half and __nv_bfloat16; GCC/Clang's _Float16 is known here).
 template <class T>
 struct element_type_of {
   static constexpr ElementType value = ElementType::opaque;
