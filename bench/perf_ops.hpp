@@ -51,7 +51,7 @@ class DecodeOp {
  public:
   DecodeOp(int P, int r, std::int64_t B, std::int64_t H, std::int64_t Dv, ElementType type, HeadPolicy policy)
       : P_(P), r_(r), type_(type),
-        plan_(DecodeSpec(B, 1, policy == HeadPolicy::balanced ? HeadPartition::balanced(H, P) : HeadPartition::even(H, P), Dv)
+        plan_(DecodeSpec(B, 1, policy == HeadPolicy::even ? HeadPartition::even(H, P) : HeadPartition::balanced(H, P), Dv)
                   .with_types(type, type),
               r),
         o_(static_cast<std::size_t>(B * H * Dv) * size_of(type)), lse_(static_cast<std::size_t>(B * H) * sizeof(float)),
@@ -63,9 +63,7 @@ class DecodeOp {
   /// The library call: one decode_exchange() on the default path.
   template <class Comm>
   void run(Comm& comm) {
-    const DecodeBuffers b{o_.data(), o_.size(), reinterpret_cast<const float*>(lse_.data()), lse_.size(), out_.data(), out_.size(),
-                          nullptr, 0, ws_.data(), ws_.size()};
-    decode_exchange(plan_, comm, HostDecodeExecutor{}, b);
+    decode_exchange(plan_, comm, HostDecodeExecutor{}, DecodeBuffers().partial(o_).lse(lse_).out(out_).workspace(ws_));
   }
   /// The bare all-to-all-v of O_r's and LSE_r's bytes.
   template <class Comm>

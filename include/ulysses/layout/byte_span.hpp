@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <utility>
 
+#include "../error.hpp"
 #include "../version.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -44,5 +46,21 @@ struct ByteSpan {
   ByteSpan(C& c) : data(c.data()), bytes(c.size() * sizeof(*c.data())) {}  // NOLINT: implicit by design
   operator ConstByteSpan() const { return {data, bytes}; }  ///< the same bytes, read-only
 };
+
+/// The bytes of a contiguous range from its element `first` to its end: the buffer of one tensor
+/// inside a fused one (q, k and v of one projection, [B, S_r, H + 2 Hkv, D]), whose strided layout
+/// spans up to the end of the fused buffer. A ByteSpan for a non-const range, else a ConstByteSpan.
+/// @param c     a contiguous range (data() and size(): std::vector<T>, std::array, ...)
+/// @param first the element the tensor starts at (its element (0, 0, 0, 0)), in elements of c
+/// @throws Error(buffer_too_small) first > c.size().
+template <class C, class = std::enable_if_t<detail::is_byte_range<C, const void*>::value>>
+auto span_from(C& c, std::size_t first) {
+  if (first > c.size())
+    detail::fail(Errc::buffer_too_small, "span_from: element " + std::to_string(first) + " is past the end of a range of " +
+                                             std::to_string(c.size()) + " elements");
+  const std::size_t bytes = (c.size() - first) * sizeof(*c.data());
+  if constexpr (std::is_const_v<std::remove_pointer_t<decltype(c.data())>>) return ConstByteSpan(c.data() + first, bytes);
+  else return ByteSpan(c.data() + first, bytes);
+}
 
 ULYSSES_NAMESPACE_END
