@@ -125,7 +125,7 @@ def function_name(decl):
     """The name of the function declared by decl: the identifier (with its qualification) before
     the parameter list."""
     decl = strip_template_heads(decl)
-    decl = re.sub(r"__attribute__\s*\(\((?:[^()]|\([^()]*(?:\([^()]*\)[^()]*)*\))*\)\)|\[\[[^\]]*\]\]", " ", decl)
+    decl = re.sub(r"__attribute__\s*\(\((?:[^()]|\([^()]*(?:\([^()]*\)[^()]*)*\))*\)\)|\[\[[^\]]*\]\]|__launch_bounds__\s*\([^()]*\)|alignas\s*\([^()]*\)", " ", decl)
     m = re.search(r"(operator\s*(?:\(\)|\[\]|[^\s(]+)|~?[A-Za-z_]\w*(?:\s*<[^()]*>)?(?:\s*::\s*~?\w+)*)\s*\(", decl)
     if not m:
         return "?"
