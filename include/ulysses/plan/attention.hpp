@@ -3,19 +3,11 @@
 /// @brief attention_specs(): the q, k, v and o tensor specs of one attention layer, with the GQA
 ///        pairing right by construction.
 ///
-/// An attention layer under Ulysses sequence parallelism (DeepSpeed-Ulysses, arXiv:2309.14509)
-/// moves q, k, v seq→head in one exchange and the output o head→seq; in the backward pass do goes
-/// seq→head (head_to_seq_backward) and dq, dk, dv head→seq (seq_to_head_backward), where the
-/// partial gradients of a kv head held by several ranks are summed. attention_specs() splits the
-/// query heads by a policy, derives the kv split from it (HeadPartition::gqa: every rank gets the
-/// kv heads its query heads use), marks k and v as serving q (Plan checks the pairing) and as
-/// summing their replicas in head→seq (Replicas::sum), so that
-///
-///     Plan qkv(group, B, seq, specs.qkv());   // q, k, v: forward seq→head, backward its adjoint
-///     Plan out(group, B, seq, specs.out());   // o: forward head→seq, backward seq→head
-///
-/// are right for training and inference alike. check_heads() says whether a layer's heads split
-/// over the Ulysses groups of a Mesh.
+/// The query heads split by a policy, the kv split derived from it (HeadPartition::gqa), k and v
+/// marked as serving q and as summing their replicas in head→seq, so that `Plan(group, B, seq,
+/// specs.qkv())` and `specs.out()` are right for training and inference alike. check_heads():
+/// whether a layer's heads split over a Mesh's Ulysses groups. docs/guide.md; docs/headers.md,
+/// "plan/attention.hpp".
 #pragma once
 
 #include <cstdint>
@@ -56,7 +48,7 @@ struct AttentionShape {
   std::int64_t v_head_dim = 0;    ///< Dv of v and o; 0 means head_dim (differs under MLA)
 };
 
-/// The tensor specs of one attention layer on a group of P ranks (see the file comment).
+/// The tensor specs of one attention layer on a group of P ranks (see docs/headers.md, "plan/attention.hpp").
 struct AttentionSpecs {
   HeadPartition query_heads;  ///< the split of q and o (and dq, do)
   HeadPartition kv_heads;     ///< the split of k and v: HeadPartition::gqa(query_heads, Hkv)
