@@ -49,6 +49,17 @@ struct AnyMemoryOf {
   void run(const BlockCopy*, std::size_t, const BufferTable&) {}
 };
 
+/// What a transport that moves a decode wire's chunks (alltoallv, messages) declares for the
+/// decode exchange: it serves it wherever the transport is supported, and reads nothing in place.
+/// Base of the transport `T` (CRTP); its exchange_chunks() moves the chunks.
+template <class T>
+struct MovesChunks {
+  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: as supported.
+  template <class Comm, class Exec>
+  static constexpr bool serves_decode = T::template supported<Comm, Exec>;
+  static constexpr bool reads_in_place = false;  ///< it moves the chunks
+};
+
 /// One exchange_messages() call of the lists `fill(send, recv)` writes, in the communicator's
 /// scratch (ExchangeState::send_messages(), recv_messages(): no allocation once they have grown),
 /// or in two vectors of this call for a communicator without ExchangeState.
