@@ -124,7 +124,7 @@ TEST_CASE("C14: a hybrid asked for as R = 2 whose ring communicator has one rank
   std::vector<std::byte> b0(16), b1(16);
   const auto e = ut::error_of([&] { RingRotation<LocalGroup::Comm> rot(c, {16, 16}, b0.data(), b1.data(), 16); });
   CHECK(e.first == Errc::comm_mismatch);
-  CHECK(e.second.find("1 ranks, the ring degree is R=2") != std::string::npos);
+  CHECK(e.second.find("rank 0 of 1; RingRotation (the ring degree R) was made for P=2") != std::string::npos);
   CHECK(e.second.find("CP=1") != std::string::npos);
   CHECK(ut::code_of([&] {
           RingGradRotation<LocalGroup::Comm> rot(c, {16, 16}, b0.data(), b1.data(), 16, {16, 16}, b0.data(), b1.data(), 16);

@@ -639,7 +639,7 @@ ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
     throw Error(Errc::invalid_mesh, "--ring " + std::to_string(c.ring) + " does not divide P=" + std::to_string(P) + " ranks (P = U x R)");
   ulysses_ring_demo::RingCase rc;
   rc.U = P / c.ring, rc.R = c.ring;
-  RingMesh(P, rc.U, rc.R, P).check_heads(c.heads);
+  Mesh(P, rc.U, rc.R, P).check_heads(c.heads);
   rc.B = c.batch, rc.S = c.seq, rc.H = c.heads, rc.Hkv = c.kv_heads, rc.D = c.head_dim, rc.Dv = c.v_head_dim;
   rc.causal = c.causal;
   rc.layout = c.causal ? RingLayout::zigzag : RingLayout::contiguous;

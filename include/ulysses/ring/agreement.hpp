@@ -49,9 +49,9 @@ void check_ring_sizes(const RingConfig& c, const UlyssesComm& ulysses, const Rin
   if (c.ulysses_degree < 1 || c.ring_degree < 1)
     fail(Errc::invalid_group, "RingConfig: U=" + std::to_string(c.ulysses_degree) + " and R=" + std::to_string(c.ring_degree) + " must be >= 1");
   const std::string hybrid = "Ulysses x Ring asked for as U=" + std::to_string(c.ulysses_degree) + " x R=" + std::to_string(c.ring_degree);
-  check_comm_size(ulysses, c.ulysses_degree, -1, hybrid + ": its Ulysses group", "; hand in the mesh's groups (RingMesh, split_ring())");
+  check_comm_size(ulysses, c.ulysses_degree, -1, hybrid + ": its Ulysses group", "; hand in the mesh's groups (Mesh, split_ring())");
   check_comm_size(ring, c.ring_degree, -1, hybrid + ": its ring group",
-                  std::string(ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") + "; hand in the mesh's groups (RingMesh, split_ring())");
+                  std::string(ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") + "; hand in the mesh's groups (Mesh, split_ring())");
 }
 
 /// The record of c all-gathered over the ring and compared with ring rank 0's ("" when equal). Collective over `ring`.

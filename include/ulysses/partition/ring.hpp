@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The 2-D sequence partition of Ulysses × Ring: U Ulysses ranks × R ring ranks, zigzag
+///        (causal load balance) or contiguous (RingPartition), and what every rank of a hybrid
+///        agrees on (RingConfig, which a Plan's options carry).
+///
+/// World rank w = ring_rank · U + ulysses_rank; ring rank j holds chunks j and 2R−1−j of 2R
+/// (zigzag, yunchang's zigzag_extract_local with balanced cuts) or range j of R (contiguous), cut
+/// into U balanced pieces. After seq→head in ring group j every rank holds the L_j tokens of its
+/// ring rank in ascending global order ("ring-local" token i = ring_token(j, i)).
+/// See docs/ring.md ("Ranks, tokens and shapes").
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../detail/checked.hpp"
+#include "../error.hpp"
+#include "seq.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// How a ring cuts the sequence (see the file comment).
+enum class RingLayout : std::int32_t {
+  contiguous = 0,  ///< ring rank j: the j-th of R balanced ranges (non-causal attention)
+  zigzag = 1,      ///< ring rank j: chunks j and 2R−1−j of 2R (causal load balance)
+};
+
+/// Name of a ring layout ("contiguous", "zigzag").
+inline const char* to_string(RingLayout l) noexcept { return l == RingLayout::zigzag ? "zigzag" : "contiguous"; }
+
+/// The 2-D sequence partition of U Ulysses ranks × R ring ranks over S tokens (see the file
+/// comment). Immutable, integers only; every rank computes the same one from (S, U, R, layout).
+class RingPartition {
+ public:
+  /// @param S       global sequence length, tokens; S >= 2R for zigzag (each chunk a token), S >= R
+  ///                for contiguous (each ring rank a token); any S otherwise (uneven lengths work)
+  /// @param U       Ulysses degree, >= 1
+  /// @param R       ring degree, >= 1
+  /// @param layout  zigzag (causal) or contiguous
+  /// @throws Error(invalid_group) U or R outside [1, 2^20], or U·R above it;
+  ///         Error(invalid_shape) S < 2R (zigzag) or S < R (contiguous): a ring rank without a
+  ///         token (the message says the smallest S).
+  RingPartition(std::int64_t S, int U, int R, RingLayout layout) : S_(S), U_(U), R_(R), layout_(layout) {
+    detail::check_group_size(U);
+    detail::check_group_size(R);
+    if (static_cast<std::int64_t>(U) * R > detail::kMaxDegree)
+      detail::fail(Errc::invalid_group, "U x R = " + std::to_string(static_cast<std::int64_t>(U) * R) + " ranks exceeds " +
+                                            std::to_string(detail::kMaxDegree));
+    const std::int64_t n = layout == RingLayout::zigzag ? 2 * static_cast<std::int64_t>(R) : R;
+    if (S < n)
+      detail::fail(Errc::invalid_shape, "ring partition of S=" + std::to_string(S) + " tokens over R=" + std::to_string(R) +
+                                            " ring ranks (" + to_string(layout) + "): needs S >= " + std::to_string(n) +
+                                            " so that every " + (layout == RingLayout::zigzag ? "chunk" : "ring rank") +
+                                            " holds a token");
+    std::vector<std::int64_t> off(static_cast<std::size_t>(n + 1), 0);
+    for (std::size_t i = 0; i + 1 < off.size(); ++i) off[i + 1] = off[i] + S / n + (static_cast<std::int64_t>(i) < S % n ? 1 : 0);
+    for (int j = 0; j < R; ++j) {
+      std::vector<SeqChunk> c;
+      std::int64_t local = 0;  // the chunk's first ring-local token
+      const auto add = [&](std::int64_t i) {
+        const std::int64_t len = off[static_cast<std::size_t>(i + 1)] - off[static_cast<std::size_t>(i)];
+        c.push_back({j, off[static_cast<std::size_t>(i)], len, local});
+        local += len;
+      };
+      add(j);
+      if (layout == RingLayout::zigzag) add(n - 1 - j);
+      chunks_.push_back(std::move(c));
+    }
+  }
+
+  std::int64_t seq_len() const { return S_; }       ///< S, global tokens
+  int ulysses_degree() const { return U_; }          ///< U
+  int ring_degree() const { return R_; }             ///< R
+  int degree() const { return U_ * R_; }             ///< P = U·R, the world of one partition
+  RingLayout layout() const { return layout_; }      ///< zigzag or contiguous
+  /// World rank of (ring rank j, Ulysses rank u): j·U + u. @throws Error(invalid_group) out of range.
+  int world_rank(int j, int u) const {
+    detail::check_rank(j, R_);
+    detail::check_rank(u, U_);
+    return j * U_ + u;
+  }
+  /// Ring rank of world rank w (w / U). @throws Error(invalid_group) w outside [0, U·R).
+  int ring_rank(int w) const {
+    detail::check_rank(w, degree());
+    return w / U_;
+  }
+  /// Ulysses rank of world rank w (w % U). @throws Error(invalid_group) w outside [0, U·R).
+  int ulysses_rank(int w) const {
+    detail::check_rank(w, degree());
+    return w % U_;
+  }
+
+  /// Ring rank j's global token ranges, ascending: {chunk j, chunk 2R−1−j} (zigzag) or {range j},
+  /// as SeqChunks (rank: j; offset, length: global tokens; local_offset: the chunk's first
+  /// ring-local token). @throws Error(invalid_group) j outside [0, R).
+  const std::vector<SeqChunk>& ring_chunks(int j) const {
+    detail::check_rank(j, R_);
+    return chunks_[static_cast<std::size_t>(j)];
+  }
+  /// L_j: the tokens of ring rank j (its kv block and its queries after seq→head).
+  /// @throws Error(invalid_group) j outside [0, R).
+  std::int64_t ring_length(int j) const {
+    std::int64_t n = 0;
+    for (const SeqChunk& c : ring_chunks(j)) n += c.length;
+    return n;
+  }
+  /// The longest L_j (what a ring buffer must hold).
+  std::int64_t max_ring_length() const {
+    std::int64_t m = 0;
+    for (int j = 0; j < R_; ++j) m = std::max(m, ring_length(j));
+    return m;
+  }
+  /// The global token of ring-local token i (0 .. L_j − 1) of ring rank j.
+  /// @throws Error(invalid_group) j outside [0, R); Error(invalid_shape) i outside [0, L_j).
+  std::int64_t ring_token(int j, std::int64_t i) const {
+    std::int64_t at = i;
+    for (const SeqChunk& c : ring_chunks(j)) {
+      if (at >= 0 && at < c.length) return c.offset + at;
+      at -= c.length;
+    }
+    detail::fail(Errc::invalid_shape, "ring-local token " + std::to_string(i) + " is outside ring rank " + std::to_string(j) +
+                                          "'s tokens [0, " + std::to_string(ring_length(j)) + ")");
+  }
+
+  /// The sequence partition of ring group j's Ulysses exchange: P = U ranks over the L_j
+  /// ring-local tokens, Ulysses rank u holding the u-th balanced piece (one contiguous ring-local
+  /// range). Give it to the Plan of the group (q, k, v, o: Plan({U, u}, B, ulysses_partition(j),
+  /// specs, ...)): seq→head then gives every rank all L_j tokens in ring-local (= ascending
+  /// global) order. @throws Error(invalid_group) j outside [0, R).
+  SeqPartition ulysses_partition(int j) const { return SeqPartition::balanced(ring_length(j), U_); }
+
+  /// The whole world's seq-sharded partition: P = U·R ranks over [0, S), world rank j·U + u
+  /// holding the global tokens of its piece (one or two SeqChunks: a piece straddling the pair's
+  /// chunks is two), in ring-local order. How a rank fills its shard of a global [B, S, H, D]
+  /// tensor x: local token i of world rank w is x[:, seq_partition().global_token(w, i)].
+  SeqPartition seq_partition() const {
+    std::vector<SeqChunk> c;
+    for (int j = 0; j < R_; ++j) {
+      const SeqPartition up = ulysses_partition(j);
+      for (int u = 0; u < U_; ++u) {
+        std::int64_t a = up.first_token(u), left = up.local_length(u);  // ring-local [a, a + left)
+        std::int64_t base = 0;
+        for (const SeqChunk& k : ring_chunks(j)) {
+          const std::int64_t lo = std::max(a, base), hi = std::min(a + left, base + k.length);
+          if (hi > lo) c.push_back({j * U_ + u, k.offset + (lo - base), hi - lo, 0});
+          base += k.length;
+        }
+        if (left == 0) c.push_back({j * U_ + u, ring_chunks(j).front().offset, 0, 0});
+      }
+    }
+    return SeqPartition::chunks(S_, degree(), std::move(c));
+  }
+
+ private:
+  std::int64_t S_;
+  int U_, R_;
+  RingLayout layout_;
+  std::vector<std::vector<SeqChunk>> chunks_;
+};
+
+/// What every rank of a Ulysses × Ring hybrid must agree on: check_ring_config()
+/// (ring/agreement.hpp) checks it across ranks, and a Ulysses group's Plan made with
+/// PlanOptions::ring carries it in its agreement record (plan/agreement.hpp).
+struct RingConfig {
+  int ulysses_degree = 1;                    ///< U
+  int ring_degree = 1;                       ///< R
+  RingLayout layout = RingLayout::zigzag;    ///< zigzag or contiguous
+  bool causal = true;                        ///< causal attention
+  std::int64_t seq_len = 0;                  ///< S, global tokens
+  /// The configuration of a partition and a causal flag.
+  static RingConfig of(const RingPartition& p, bool causal) {
+    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len()};
+  }
+};
+
+ULYSSES_NAMESPACE_END
