@@ -11,9 +11,8 @@
 
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
-#include <ulysses/ring/partition.hpp>
+#include <ulysses/ring/plan.hpp>
 #include <ulysses/ring/rotation.hpp>
-#include <ulysses/ring/schedule.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <algorithm>
@@ -238,11 +237,8 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   const int j = part.ring_rank(w), u = part.ulysses_rank(w);
   HostExecutor exec;
   const AttentionSpecs specs = attention_specs<float>(c.U, shape, policy);
-  const SeqPartition up = part.ulysses_partition(j);
-  PlanOptions opt;
-  opt.ring = RingConfig::of(part, c.causal);  // the plans' agreement records carry the ring configuration
-  const Plan qkv({c.U, u}, c.B, up, specs.qkv(), Format::bshd, opt);
-  const Plan op({c.U, u}, c.B, up, specs.out(), Format::bshd, opt);
+  const RingPlan rp(part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
+  const Plan qkv = rp.qkv_plan(), op = rp.out_plan();  // the plans' agreement records carry the ring configuration
   check_ring_config(qkv, uc, rc);  // U, R, layout, causal, S on every rank of the block, in qkv's own all-gather
   const std::int64_t Sw = world.local_length(w), L = part.ring_length(j);
   RankHeads rh;
@@ -265,29 +261,23 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), op.workspace_bytes()) + 16);
   seq_to_head(qkv, uc, exec, {q, k, v}, {qh, kh, vh}, ws);
   // The ring: blocks k|v of every ring rank (the same kv heads around a ring: the same Ulysses rank).
-  std::vector<std::size_t> bytes;
-  for (int jj = 0; jj < c.R; ++jj) bytes.push_back(RingKvBlock{c.B, part.ring_length(jj), rh.Hk, c.D, c.Dv, sizeof(float)}.bytes());
-  const std::size_t cap = RingKvBlock{c.B, part.max_ring_length(), rh.Hk, c.D, c.Dv, sizeof(float)}.bytes();
-  std::vector<float> kv0(cap / sizeof(float)), kv1(cap / sizeof(float));
+  std::vector<float> kv0(rp.kv_buffer_bytes() / sizeof(float)), kv1(kv0.size());
   auto pack_own = [&] {
     std::memcpy(kv0.data(), kh.data(), kh.size() * sizeof(float));
     std::memcpy(kv0.data() + kh.size(), vh.data(), vh.size() * sizeof(float));
   };
   pack_own();
-  auto* b0 = reinterpret_cast<std::byte*>(kv0.data());
-  auto* b1 = reinterpret_cast<std::byte*>(kv1.data());
-  const RingMergeShape ms{c.B, L, rh.Hq, c.Dv};
+  const RingMergeShape ms = rp.merge_shape();
   std::vector<float> acc(static_cast<std::size_t>(ms.out_elems())), lse(static_cast<std::size_t>(ms.lse_elems())), ob, lb;
   ring_merge_init(ms, acc.data(), lse.data());
   {
-    RingRotation<RingComm> rot(rc, bytes, b0, b1, cap, progress);
+    RingRotation<RingComm> rot(rc, rp, RingBuffers().kv(kv0, kv1), progress);
     for (int s = 0; s < c.R; ++s) {
       rot.start(s);
-      const RingWork wk = ring_work(part, j, s, c.causal);
-      const auto* blk = reinterpret_cast<const float*>(rot.block(s));
-      const RingKvBlock kb{c.B, wk.L_kv, rh.Hk, c.D, c.Dv, sizeof(float)};
+      const RingWork& wk = rp.work(s);
+      const RingKvView<float> kv = rot.template kv<float>(s);
       if (!wk.empty()) {
-        step_attention(c, rh, wk, qh.data(), blk, blk + kb.k_elems(), ob, lb);
+        step_attention(c, rh, wk, qh.data(), kv.k, kv.v, ob, lb);
         ring_merge_block(ms, acc.data(), lse.data(), ob.data(), ElementType::float32, lb.data(), wk.q_begin, wk.q_len);
       }
       rot.finish(s);
@@ -319,24 +309,20 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
         Dsum[static_cast<std::size_t>((b * rh.Hq + h) * L + i)] = sum;
       }
   pack_own();
-  std::vector<std::size_t> gbytes;
-  for (int jj = 0; jj < c.R; ++jj) gbytes.push_back(RingKvBlock{c.B, part.ring_length(jj), rh.Hk, c.D, c.Dv, sizeof(float)}.bytes());
-  std::vector<float> g0(cap / sizeof(float)), g1(cap / sizeof(float));
+  std::vector<float> g0(rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size());
   std::vector<float> dkh(kh.size()), dvh(vh.size());
   {
-    RingGradRotation<RingComm> rot(rc, bytes, b0, b1, cap, gbytes, reinterpret_cast<std::byte*>(g0.data()),
-                                           reinterpret_cast<std::byte*>(g1.data()), cap, progress);
+    RingGradRotation<RingComm> rot(rc, rp, RingBuffers().kv(kv0, kv1).grad(g0, g1), progress);
     for (int s = 0; s < c.R; ++s) {
       rot.start(s);
-      const RingWork wk = ring_work(part, j, s, c.causal);
-      const auto* blk = reinterpret_cast<const float*>(rot.block(s));
-      const RingKvBlock kb{c.B, wk.L_kv, rh.Hk, c.D, c.Dv, sizeof(float)};
-      step_backward(c, rh, wk, qh.data(), blk, blk + kb.k_elems(), doh.data(), lse.data(), Dsum.data(), dq.data(), dkv);
+      const RingWork& wk = rp.work(s);
+      const RingKvView<float> kv = rot.template kv<float>(s);
+      step_backward(c, rh, wk, qh.data(), kv.k, kv.v, doh.data(), lse.data(), Dsum.data(), dq.data(), dkv);
       rot.finish(s);
-      auto* gacc = reinterpret_cast<float*>(rot.grad(s));
+      float* gacc = rot.template grad<float>(s);
       for (std::size_t e = 0; e < dkv.size(); ++e) gacc[e] = s == 0 ? dkv[e] : gacc[e] + dkv[e];
     }
-    const auto* home = reinterpret_cast<const float*>(rot.home());
+    const float* home = rot.template home<float>();
     std::memcpy(dkh.data(), home, dkh.size() * sizeof(float));
     std::memcpy(dvh.data(), home + dkh.size(), dvh.size() * sizeof(float));
   }

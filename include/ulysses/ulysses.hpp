@@ -31,8 +31,10 @@
 #include "decode/plan.hpp"
 #include "decode/host.hpp"
 #include "decode/exchange.hpp"
-// Ulysses x Ring: the 2-D sequence partition, the ring schedule, rotation and merge (ring/).
+// Ulysses x Ring: the 2-D sequence partition, RingPlan, the ring schedule, rotation and merge (ring/).
 #include "ring/partition.hpp"
+#include "ring/plan.hpp"
+#include "ring/buffers.hpp"
 #include "ring/schedule.hpp"
 #include "ring/merge.hpp"
 #include "ring/mesh.hpp"
