@@ -45,6 +45,7 @@
 
 #include "../detail/checked.hpp"
 #include "../detail/hash.hpp"
+#include "../detail/limits.hpp"
 #include "../error.hpp"
 #include "../layout/element.hpp"
 #include "../layout/layout.hpp"
@@ -191,7 +192,7 @@ inline constexpr std::uint64_t pad16(std::uint64_t n) { return (n + 15) / 16 * 1
 }  // namespace detail
 
 /// The largest group DecodePath::direct takes (the peers' pointers live in fixed tables).
-inline constexpr int kDecodeDirectMaxRanks = 64;
+inline constexpr int kDecodeDirectMaxRanks = kMaxTableRanks;  // the one limit (detail/limits.hpp)
 
 /// The fixed-size record of what determines a decode exchange's wire, compared across ranks by
 /// the first call (decode/exchange.hpp). Words: record version, P, B, T, H, Dv, element types,
