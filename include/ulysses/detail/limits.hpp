@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief kMaxTableRanks: the one limit of the library's fixed-size per-rank tables and 64-bit
-///        rank masks. See docs/design.md.
+///        rank masks. See docs/design.md ("Layers").
 #pragma once
 
 #include "../version.hpp"

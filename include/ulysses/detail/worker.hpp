@@ -3,7 +3,7 @@
 /// @brief detail::Worker: one persistent thread that runs one job at a time and hands back what
 ///        it threw. The one worker-thread type of the library: HostPool (host/executor.hpp),
 ///        HostPipeline's packer and unpacker (host/pipeline.hpp) and the ring rotation's progress
-///        thread (ring/rotation.hpp) are made of it. See docs/design.md.
+///        thread (ring/rotation.hpp) are made of it. See docs/design.md ("Layers").
 #pragma once
 
 #include <condition_variable>
