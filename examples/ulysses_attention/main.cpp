@@ -657,7 +657,8 @@ int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ul
               c.model.c_str(), (long long)rc.H, (long long)rc.Hkv, (long long)rc.D, (long long)rc.Dv, (long long)rc.B, (long long)rc.S,
               rc.U * rc.R, rc.U, rc.R, rc.causal ? "causal" : "non-causal", to_string(rc.layout),
               c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
-  const std::size_t step = RingKvBlock{rc.B, part.max_ring_length(), a.kv_heads.count(0), rc.D, rc.Dv, sizeof(float)}.bytes();
+  const RingPlan rank0(part, Mesh(rc.U * rc.R, rc.U, rc.R, rc.U * rc.R), 0, rc.B, a, rc.causal);
+  const std::size_t step = rank0.kv_buffer_bytes();  // the rotation's largest message (Ulysses rank 0's kv heads)
   std::printf("  ring: %d steps, one k|v message a step of up to %.3f MiB (%lld tokens)%s\n", rc.R, step / double(1 << 20),
               (long long)part.max_ring_length(), c.backward ? ", the backward adds its fp32 dk|dv" : "");
   if (holders > 1)
