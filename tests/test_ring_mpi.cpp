@@ -34,6 +34,33 @@ std::vector<std::byte> block_of(int j, int u, std::size_t n) {
 }
 }  // namespace
 
+/// The backward over the ring: accumulators travel with their block and come home, summed in step order.
+static void check_backward_rotation(MpiComm& ring, const RingPlan& rp, int j, int u) {
+  const int R = rp.steps();
+  const std::vector<std::size_t> bytes = rp.block_bytes();
+  auto floats = [&](int src) { return rp.grad_bytes()[static_cast<std::size_t>(src)] / sizeof(float); };  // block src's accumulator
+  std::vector<std::byte> k0(rp.kv_buffer_bytes()), k1(k0.size());
+  std::vector<float> g0(rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size());
+  const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
+  std::memcpy(k0.data(), own.data(), own.size());
+  auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e % 7) * 1e6f; };
+  RingGradRotation<MpiComm> rot(ring, rp, RingBuffers().kv(k0, k1).grad(g0, g1));
+  for (int s = 0; s < R; ++s) {
+    rot.start(s);
+    rot.finish(s);
+    float* g = rot.grad<float>(s);
+    for (std::size_t e = 0; e < floats(rot.source(s)); ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
+  }
+  const float* home = rot.home<float>();
+  int bad = 0;
+  for (std::size_t e = 0; e < floats(j); ++e) {
+    float want = contrib(j, j, e);
+    for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
+    if (std::memcmp(&want, &home[e], sizeof(float)) != 0) ++bad;
+  }
+  CHECK(bad == 0);
+}
+
 TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact, in order, both progress modes") {
   int W = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -70,30 +97,7 @@ TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact,
       }
       CHECK(bad == 0);
     }
-    // The backward: accumulators travel with their block and come home.
-    {
-      auto floats = [&](int src) { return rp.grad_bytes()[static_cast<std::size_t>(src)] / sizeof(float); };  // block src's accumulator
-      std::vector<std::byte> k0(rp.kv_buffer_bytes()), k1(k0.size());
-      std::vector<float> g0(rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size());
-      const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
-      std::memcpy(k0.data(), own.data(), own.size());
-      auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e % 7) * 1e6f; };
-      RingGradRotation<MpiComm> rot(ring, rp, RingBuffers().kv(k0, k1).grad(g0, g1));
-      for (int s = 0; s < R; ++s) {
-        rot.start(s);
-        rot.finish(s);
-        float* g = rot.grad<float>(s);
-        for (std::size_t e = 0; e < floats(rot.source(s)); ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
-      }
-      const float* home = rot.home<float>();
-      int bad = 0;
-      for (std::size_t e = 0; e < floats(j); ++e) {
-        float want = contrib(j, j, e);
-        for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
-        if (std::memcmp(&want, &home[e], sizeof(float)) != 0) ++bad;
-      }
-      CHECK(bad == 0);
-    }
+    check_backward_rotation(ring, rp, j, u);
     m.free();
   }
 }
