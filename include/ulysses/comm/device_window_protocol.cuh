@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "../cuda/detail/config.cuh"
+#include "../detail/limits.hpp"
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "concepts.hpp"
@@ -55,7 +56,7 @@ namespace detail {
 
 /// Most ranks of a device window's group (the kernels take the peers' control blocks as a
 /// parameter).
-inline constexpr int kMaxDeviceWindowRanks = 64;
+inline constexpr int kMaxDeviceWindowRanks = kMaxTableRanks;  // the one limit (detail/limits.hpp)
 static_assert(kMaxDeviceWindowRanks <= 64, "the late ranks are a 64-bit mask (DeviceWindowControl::not_arrived)");
 
 /// What a rank publishes for one call; its peers compare it with their own before reading.
