@@ -40,4 +40,7 @@ TEST_CASE("span_from: the bytes from element `first` to the end; ByteSpan for a 
   std::array<double, 4> a{};
   CHECK(span_from(a, 1).bytes == 24);
   CHECK(ut::code_of([&] { (void)span_from(qkv, 49); }) == Errc::buffer_too_small);
+  std::vector<float> none;  // a rank with no tokens: every view into its empty fused buffer is empty
+  CHECK(span_from(none, 8).bytes == 0);
+  CHECK(span_from(none, 8).data == none.data());
 }

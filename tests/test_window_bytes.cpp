@@ -21,41 +21,41 @@ Plan plan_of(int r) {
 std::size_t up(std::size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
-TEST_CASE("window_bytes: each buffer the slot holds rounded up to 256 bytes, in allocate() order, plus staging room") {
-  const Plan p = plan_of(1);  // 33 tokens; 3 query heads, kv heads 0..1 (replicated over ranks)
-  std::size_t in = 0, out = 0;
-  for (int t = 0; t < 3; ++t) in += up(p.seq_bytes(t)), out += up(p.head_bytes(t));
-  CHECK(p.seq_bytes(0) == 2u * 33 * 8 * 16 * 4);
-  CHECK(window_bytes(p) == in + out);
-  CHECK(window_bytes(p, {Direction::seq_to_head, WindowHolds::inputs}) == in);
-  CHECK(window_bytes(p, {Direction::seq_to_head, WindowHolds::outputs, false}) == out);
-  CHECK(window_bytes(p, {Direction::seq_to_head, WindowHolds::outputs, true}) == out + in);  // the inputs staged after the outputs
-  CHECK(window_bytes(p, {Direction::head_to_seq, WindowHolds::inputs}) == out);              // head→seq reads the head-sharded side
-  CHECK(window_bytes(p, {}, 1) == [&] {
-    std::size_t n = 0;
-    for (int t = 0; t < 3; ++t) n += p.seq_bytes(t) + p.head_bytes(t);
-    return n;
-  }());
-  CHECK(ut::code_of([&] { (void)window_bytes(p, {}, 96); }) == Errc::misaligned);
+TEST_CASE("window_sizes: per buffer the largest any rank needs, in allocate() order; the slot is their aligned sum plus staging room") {
+  // The largest buffers come from different ranks: rank 0 holds the most tokens (34), rank 1's
+  // query heads 3..5 use both kv heads. Every rank allocates the same sizes: these.
+  const WindowSizes w = window_sizes(3, plan_of);
+  CHECK(w.buffers == std::vector<std::size_t>{2u * 34 * 8 * 16 * 4, 2u * 34 * 2 * 16 * 4, 2u * 34 * 2 * 16 * 4,  // q, k, v of rank 0
+                                              2u * 100 * 3 * 16 * 4, 2u * 100 * 2 * 16 * 4, 2u * 100 * 2 * 16 * 4});  // rank 1's heads
+  CHECK(w.bytes_per_rank == 141824);  // 34816 + 2 * 8704 + 38400 + 2 * 25600: every size a multiple of 256 already
+  CHECK(window_bytes_per_rank(3, plan_of) == 141824);
+  std::size_t own1 = 0;  // the largest rank's own total is not enough: 140288
+  for (int t = 0; t < 3; ++t) own1 += up(plan_of(1).seq_bytes(t)) + up(plan_of(1).head_bytes(t));
+  CHECK(own1 == 140288);
+  CHECK(w.bytes_per_rank > own1);
+  // Outputs in the window, inputs outside: the outputs, then room to stage the largest rank's inputs.
+  const WindowSizes o = window_sizes(3, plan_of, {Direction::seq_to_head, WindowHolds::outputs, true});
+  CHECK(o.buffers == std::vector<std::size_t>{38400, 25600, 25600});
+  CHECK(o.bytes_per_rank == 38400 + 2 * 25600 + (34816 + 2 * 8704));
+  CHECK(window_sizes(3, plan_of, {Direction::seq_to_head, WindowHolds::outputs, false}).bytes_per_rank == 38400 + 2 * 25600);
+  // head→seq holding its inputs: the head-sharded side.
+  CHECK(window_sizes(3, plan_of, {Direction::head_to_seq, WindowHolds::inputs}).buffers == std::vector<std::size_t>{38400, 25600, 25600});
+  // Alignment 4096: each buffer rounded up on its own.
+  std::size_t up4k = 0;
+  for (std::size_t n : w.buffers) up4k += (n + 4095) / 4096 * 4096;
+  CHECK(window_sizes(3, plan_of, {}, 4096).bytes_per_rank == up4k);
+  for (int r = 0; r < 3; ++r) {  // what every rank registers fits exactly, in a slot of that size
+    detail::WindowRegistry reg(w.bytes_per_rank, kWindowAlignment);
+    for (std::size_t n : w.buffers) CHECK(ut::code_of([&] { reg.allocate(n, r, "MpiWindow"); }) == Errc{});
+    CHECK(reg.used() == w.bytes_per_rank);
+    CHECK(ut::code_of([&] { reg.allocate(1, r, "MpiWindow"); }) == Errc::buffer_too_small);
+  }
 }
 
-TEST_CASE("window_bytes_per_rank: the largest rank's size, and every rank's registrations fit in a slot of it") {
-  std::size_t most = 0;
-  for (int r = 0; r < 3; ++r) most = std::max(most, window_bytes(plan_of(r)));
-  const std::size_t n = window_bytes_per_rank(3, plan_of);
-  CHECK(n == most);
-  // Not the rank with the most tokens (rank 0: 34): rank 1's query heads 3..5 use both kv heads.
-  CHECK(window_bytes(plan_of(0)) == 116224);
-  CHECK(window_bytes(plan_of(1)) == 140288);
-  CHECK(window_bytes(plan_of(2)) == 101888);
-  CHECK(n == 140288);
-  for (int r = 0; r < 3; ++r) {  // what an engine allocate()s: inputs, then outputs, then staging
-    const Plan p = plan_of(r);
-    detail::WindowRegistry reg(n, kWindowAlignment);
-    for (int t = 0; t < 3; ++t) CHECK(reg.allocate(p.seq_bytes(t), r, "MpiWindow") % kWindowAlignment == 0);
-    for (int t = 0; t < 3; ++t) CHECK(ut::code_of([&] { reg.allocate(p.head_bytes(t), r, "MpiWindow"); }) == Errc{});
-    CHECK(reg.used() <= n);
-    CHECK(ut::code_of([&] { reg.allocate(n - detail::round_up(reg.used(), kWindowAlignment) + 1, r, "MpiWindow"); }) == Errc::buffer_too_small);
-  }
+TEST_CASE("window_sizes: refused inputs") {
   CHECK(ut::code_of([] { (void)window_bytes_per_rank(0, plan_of); }) == Errc::invalid_group);
+  CHECK(ut::code_of([] { (void)window_sizes(3, plan_of, {}, 96); }) == Errc::misaligned);
+  // A callback that does not make rank r's plan of this group.
+  CHECK(ut::code_of([] { (void)window_sizes(3, [](int) { return plan_of(0); }); }) == Errc::invalid_group);
+  CHECK(ut::code_of([] { (void)window_sizes(2, plan_of); }) == Errc::invalid_group);  // plans of P=3
 }

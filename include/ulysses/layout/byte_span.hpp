@@ -52,9 +52,12 @@ struct ByteSpan {
 /// spans up to the end of the fused buffer. A ByteSpan for a non-const range, else a ConstByteSpan.
 /// @param c     a contiguous range (data() and size(): std::vector<T>, std::array, ...)
 /// @param first the element the tensor starts at (its element (0, 0, 0, 0)), in elements of c
-/// @throws Error(buffer_too_small) first > c.size().
+/// An empty range gives an empty view at any `first` (a rank that holds no tokens: its fused buffer
+/// is empty, and so is every view into it).
+/// @throws Error(buffer_too_small) first > c.size() of a non-empty range.
 template <class C, class = std::enable_if_t<detail::is_byte_range<C, const void*>::value>>
 auto span_from(C& c, std::size_t first) {
+  if (c.size() == 0) first = 0;
   if (first > c.size())
     detail::fail(Errc::buffer_too_small, "span_from: element " + std::to_string(first) + " is past the end of a range of " +
                                              std::to_string(c.size()) + " elements");
