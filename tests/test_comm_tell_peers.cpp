@@ -104,7 +104,7 @@ TEST_CASE("a ring peer that leaves mid-rotation (mlx #4060): every survivor's er
     const int r = c.rank();
     const std::size_t block = 64;
     std::vector<std::byte> b0(block, std::byte{1}), b1(block);
-    RingRotation<LocalGroup::Comm> rot(c, std::vector<std::size_t>(W, block), b0.data(), b1.data(), block, RingProgress::in_start);
+    RingRotation<LocalGroup::Comm> rot(c, std::vector<std::size_t>(W, block), RingBuffers().kv(b0.data(), block, b1.data(), block), RingProgress::in_start);
     got[static_cast<std::size_t>(r)] = ut::timed_error_of([&] {
       for (int layer = 0; layer < 2; ++layer)
         for (int s = 0; s < W; ++s) {

@@ -15,8 +15,6 @@ TEST_CASE("Mesh: groups of consecutive node-first ranks, outer groups across the
   CHECK(m.num_nodes() == 8);
   CHECK(m.ulysses_group_nodes() == 2);
   CHECK(m.ulysses_spans_nodes());
-  CHECK(m.nodes_per_group() == 2);  // the deprecated names of the two above
-  CHECK(m.group_spans_nodes());
   CHECK(m.ring_degree() == 1);
   CHECK(m.ulysses_group(37) == 2);
   CHECK(m.ulysses_rank(37) == 5);
@@ -52,13 +50,13 @@ TEST_CASE("Mesh: degrees that do not tile the world or the nodes are invalid_mes
   CHECK(Mesh::degrees(2147483647, 1) == std::vector<int>{1, 2147483647});
 }
 
-TEST_CASE("Mesh::check_heads: P <= H, and attention_specs' rules") {
+TEST_CASE("check_heads(mesh, shape): P <= H, and attention_specs' rules") {
   const AttentionShape llama70b{64, 8, 128, 128};
-  CHECK(ut::code_of([&] { Mesh(256, 128, 8).check_heads(llama70b); }) == Errc::invalid_mesh);
-  CHECK(ut::code_of([&] { Mesh(256, 16, 8).check_heads(llama70b); }) == Errc{});  // kv heads on 2 ranks each
-  CHECK(ut::code_of([&] { Mesh(240, 3, 1).check_heads(llama70b); }) == Errc::heads_not_divisible);
-  CHECK(ut::code_of([&] { Mesh(240, 3, 1).check_heads(llama70b, HeadPolicy::balanced); }) == Errc{});
-  CHECK(ut::code_of([&] { Mesh(8, 8, 8).check_heads(AttentionShape{0, 0, 64, 64}); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { check_heads(Mesh(256, 128, 8), llama70b); }) == Errc::invalid_mesh);
+  CHECK(ut::code_of([&] { check_heads(Mesh(256, 16, 8), llama70b); }) == Errc{});  // kv heads on 2 ranks each
+  CHECK(ut::code_of([&] { check_heads(Mesh(240, 3, 1), llama70b); }) == Errc::heads_not_divisible);
+  CHECK(ut::code_of([&] { check_heads(Mesh(240, 3, 1), llama70b, HeadPolicy::balanced); }) == Errc{});
+  CHECK(ut::code_of([&] { check_heads(Mesh(8, 8, 8), AttentionShape{0, 0, 64, 64}); }) == Errc::invalid_shape);
   const AttentionShape falcon{71, 1, 64, 64};
-  CHECK(ut::code_of([&] { Mesh(8, 8, 8).check_heads(falcon); }) == Errc::heads_not_divisible);
+  CHECK(ut::code_of([&] { check_heads(Mesh(8, 8, 8), falcon); }) == Errc::heads_not_divisible);
 }

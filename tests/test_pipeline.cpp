@@ -75,11 +75,11 @@ TEST_CASE("a HostPipeline is reusable and reports errors from the exchange") {
   std::vector<std::byte> ws(plan.workspace_bytes());
   HostExecutor a, b;
   for (int rep = 0; rep < 3; ++rep) {
-    pipe.run(plan, Direction::seq_to_head, comm, a, b, {in}, {out}, ws);
-    pipe.run(plan, Direction::head_to_seq, comm, a, b, {out}, {back}, ws);
+    pipe.redistribute(plan, Direction::seq_to_head, comm, a, b, {in}, {out}, ws);
+    pipe.redistribute(plan, Direction::head_to_seq, comm, a, b, {out}, {back}, ws);
     CHECK(back == in);
   }
   LocalGroup g2(2);
   auto wrong = g2.comm(0);
-  CHECK_THROWS_AS(pipe.run(plan, Direction::seq_to_head, wrong, a, b, {in}, {out}, ws), Error);
+  CHECK_THROWS_AS(pipe.redistribute(plan, Direction::seq_to_head, wrong, a, b, {in}, {out}, ws), Error);
 }

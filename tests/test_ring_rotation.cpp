@@ -61,7 +61,7 @@ TEST_CASE("forward rotation: every block once, in order, bit-exact; P = U x R up
           std::vector<std::byte> b0(cap), b1(cap);
           const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
           std::memcpy(b0.data(), own.data(), own.size());
-          RingRotation<LocalGroup::Comm> rot(c, bytes, b0.data(), b1.data(), cap, pr);
+          RingRotation<LocalGroup::Comm> rot(c, bytes, RingBuffers().kv(b0, b1), pr);
           std::vector<int> seen(static_cast<std::size_t>(R), 0);
           for (int layer = 0; layer < 2; ++layer) {  // the same object runs a second ring (own block back in buffer 0)
             std::memcpy(b0.data(), own.data(), own.size());
@@ -98,8 +98,7 @@ TEST_CASE("backward rotation: dk|dv accumulators travel with their block and com
         std::vector<float> g0(n), g1(n);
         const auto own = block_of(j, u, 16);
         std::memcpy(k0.data(), own.data(), 16);
-        RingGradRotation<LocalGroup::Comm> rot(c, kvb, k0.data(), k1.data(), 16, gb, reinterpret_cast<std::byte*>(g0.data()),
-                                               reinterpret_cast<std::byte*>(g1.data()), n * sizeof(float), pr);
+        RingGradRotation<LocalGroup::Comm> rot(c, kvb, gb, RingBuffers().kv(k0, k1).grad(g0, g1), pr);
         for (int s = 0; s < R; ++s) {
           rot.start(s);
           const int src = rot.source(s);
@@ -124,15 +123,15 @@ TEST_CASE("C14: a hybrid asked for as R = 2 whose ring communicator has one rank
   LocalGroup one(1);
   LocalGroup::Comm c = one.comm(0);
   std::vector<std::byte> b0(16), b1(16);
-  const auto e = ut::error_of([&] { RingRotation<LocalGroup::Comm> rot(c, {16, 16}, b0.data(), b1.data(), 16); });
+  const auto e = ut::error_of([&] { RingRotation<LocalGroup::Comm> rot(c, {16, 16}, RingBuffers().kv(b0.data(), 16, b1.data(), 16)); });
   CHECK(e.first == Errc::comm_mismatch);
   CHECK(e.second.find("rank 0 of 1; RingRotation (the ring degree R) was made for P=2") != std::string::npos);
   CHECK(e.second.find("CP=1") != std::string::npos);
   CHECK(ut::code_of([&] {
-          RingGradRotation<LocalGroup::Comm> rot(c, {16, 16}, b0.data(), b1.data(), 16, {16, 16}, b0.data(), b1.data(), 16);
+          RingGradRotation<LocalGroup::Comm> rot(c, {16, 16}, {16, 16}, RingBuffers().kv(b0.data(), 16, b1.data(), 16).grad(b0.data(), 16, b1.data(), 16));
         }) == Errc::comm_mismatch);
-  CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> rot(c, {32}, b0.data(), b1.data(), 16); }) == Errc::buffer_too_small);
-  RingRotation<LocalGroup::Comm> rot(c, {16}, b0.data(), nullptr, 16);  // R = 1: one buffer suffices
+  CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> rot(c, {32}, RingBuffers().kv(b0.data(), 16, b1.data(), 16)); }) == Errc::buffer_too_small);
+  RingRotation<LocalGroup::Comm> rot(c, {16}, RingBuffers().kv(b0.data(), 16, nullptr, 16));  // R = 1: one buffer suffices
   CHECK(ut::code_of([&] { rot.start(1); }) == Errc::invalid_group);
   rot.start(0);
   rot.finish(0);
@@ -147,7 +146,7 @@ TEST_CASE("a ring rank that never arrives: the others throw the communicator's t
       LocalGroup::Comm c = g.comm(j);
       std::vector<std::byte> b0(8), b1(8);
       got[static_cast<std::size_t>(j)] = ut::code_of([&] {
-        RingRotation<LocalGroup::Comm> rot(c, {8, 8, 8}, b0.data(), b1.data(), 8);
+        RingRotation<LocalGroup::Comm> rot(c, {8, 8, 8}, RingBuffers().kv(b0.data(), 8, b1.data(), 8));
         rot.start(0);
         rot.finish(0);
       });
@@ -184,7 +183,7 @@ TEST_CASE("RingProgress::automatic follows comm_traits::progress_thread, not the
     ThreadedComm c{{&lc}};
     const int r = c.rank();
     std::vector<std::byte> b0(8, std::byte(static_cast<unsigned char>(r + 1))), b1(8);
-    RingRotation<ThreadedComm> rot(c, {8, 8, 8}, b0.data(), b1.data(), 8);
+    RingRotation<ThreadedComm> rot(c, {8, 8, 8}, RingBuffers().kv(b0.data(), 8, b1.data(), 8));
     for (int s = 0; s < 3; ++s) {
       rot.start(s);
       if (s + 1 < 3) got[static_cast<std::size_t>(r)].push_back(rot.block(s)[0]);

@@ -104,7 +104,7 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
     const std::size_t block = 64;
     std::vector<std::byte> b0(block, std::byte{1}), b1(block);
     auto rotate = [&](Comm& c, std::size_t cap, int first) {  // (first: the first step this rank runs)
-      RingRotation<Comm> rot(c, std::vector<std::size_t>(static_cast<std::size_t>(P), block), b0.data(), b1.data(), cap,
+      RingRotation<Comm> rot(c, std::vector<std::size_t>(static_cast<std::size_t>(P), block), RingBuffers().kv(b0.data(), cap, b1.data(), cap),
                              RingProgress::in_start);
       for (int s = first; s < P; ++s) {
         rot.start(s);
@@ -124,9 +124,8 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
           return break_group_on_failure(comm, "its attention", [] { throw Error(Errc::backend, "the engine's attention kernel failed"); });
         case Fault::skipped_call: {  // runs the backward's rotation where its peers run the forward's: never paired
           std::vector<std::byte> g0(block), g1(block);
-          RingGradRotation<Comm> back(comm, std::vector<std::size_t>(static_cast<std::size_t>(P), block), b0.data(), b1.data(), block,
-                                      std::vector<std::size_t>(static_cast<std::size_t>(P), block), g0.data(), g1.data(), block,
-                                      RingProgress::in_start);
+          const std::vector<std::size_t> sizes(static_cast<std::size_t>(P), block);
+          RingGradRotation<Comm> back(comm, sizes, sizes, RingBuffers().kv(b0, b1).grad(g0, g1), RingProgress::in_start);
           back.start(0);
           back.finish(0);
           return;

@@ -221,7 +221,7 @@ std::string run_case(Comm& comm, const Case& c, Exec exec = Exec{}, T (*gen)(std
   Exec exec2 = exec;  // the pipeline's unpacker runs its own executor
   auto move = [&](Direction dir, const TensorList<ConstByteSpan>& src, const TensorList<ByteSpan>& dst) {
     if (c.pipelined)
-      pipe.run(plan, dir, comm, exec, exec2, src, dst, ws);
+      pipe.redistribute(plan, dir, comm, exec, exec2, src, dst, ws);
     else
       redistribute(plan, dir, comm, exec, src, dst, ws);
   };

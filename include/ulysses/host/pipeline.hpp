@@ -104,17 +104,6 @@ class HostPipeline {
     if (error_) std::rethrow_exception(error_);
   }
 
- public:
-
-  /// Old name of redistribute() (0.1; removed in 0.3).
-  template <class Comm, class PackExec, class UnpackExec>
-  [[deprecated("use HostPipeline::redistribute()")]] void run(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec,
-                                                                UnpackExec& unpack_exec, const TensorList<ConstByteSpan>& in,
-                                                                const TensorList<ByteSpan>& out, Workspace ws) {
-    redistribute(plan, dir, comm, pack_exec, unpack_exec, in, out, ws);
-  }
-
- private:
   void advance(int& counter) {
     std::lock_guard<std::mutex> l(m_);
     ++counter;

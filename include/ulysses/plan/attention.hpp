@@ -120,8 +120,5 @@ inline void check_heads(const Mesh& mesh, const AttentionShape& shape, HeadPolic
   (void)attention_specs<float>(P, shape, ElementType::float32, policy);
 }
 
-// The deprecated members declared in topology/mesh.hpp (a Mesh holds integers only).
-inline void Mesh::check_heads(const AttentionShape& shape) const { ulysses::check_heads(*this, shape); }
-inline void Mesh::check_heads(const AttentionShape& shape, HeadPolicy policy) const { ulysses::check_heads(*this, shape, policy); }
 
 ULYSSES_NAMESPACE_END

@@ -140,12 +140,14 @@ class RingRotation {
     for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
     init(ring, buffers.kv_buffers());
   }
-  /// Deprecated (removed in 0.3): the sizes from a RingPlan and the buffers by name, as above.
-  [[deprecated("use RingRotation(ring, plan, RingBuffers().kv(kv0, kv1), progress)")]] RingRotation(
-      Comm& ring, std::vector<std::size_t> block_bytes, std::byte* buffer0, std::byte* buffer1, std::size_t buffer_bytes,
-      RingProgress progress = RingProgress::automatic)
+  /// A rotation of blocks of any sizes (not an attention's: no RingPlan), e.g. an engine's own
+  /// ring payload; kv<T>() needs a RingPlan's shapes, block(s) serves this form.
+  /// @param block_bytes ring rank j's block size at index j (R entries, the same on every ring rank)
+  /// @param buffers     `RingBuffers().kv(b0, b1)`: two buffers of at least the largest block each
+  /// @throws as above.
+  RingRotation(Comm& ring, std::vector<std::size_t> block_bytes, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
       : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
-    init(ring, {buffer0, buffer_bytes, buffer1, buffer_bytes});
+    init(ring, buffers.kv_buffers());
   }
 
   int steps() const { return R_; }        ///< R
@@ -250,13 +252,14 @@ class RingGradRotation {
     for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
     init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
-  /// Deprecated (removed in 0.3): the sizes from a RingPlan and the buffers by name, as above.
-  [[deprecated("use RingGradRotation(ring, plan, RingBuffers().kv(kv0, kv1).grad(g0, g1), progress)")]] RingGradRotation(
-      Comm& ring, std::vector<std::size_t> block_bytes, std::byte* kv0, std::byte* kv1, std::size_t kv_buffer_bytes,
-      std::vector<std::size_t> grad_bytes, std::byte* grad0, std::byte* grad1, std::size_t grad_buffer_bytes,
-      RingProgress progress = RingProgress::automatic)
+  /// A rotation of blocks and accumulators of any sizes (no RingPlan), as RingRotation's.
+  /// @param block_bytes ring rank j's block size at index j; @param grad_bytes its accumulator's
+  /// @param buffers     `RingBuffers().kv(b0, b1).grad(g0, g1)`
+  /// @throws as above.
+  RingGradRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::vector<std::size_t> grad_bytes, const RingBuffers& buffers,
+                   RingProgress progress = RingProgress::automatic)
       : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
-    init(ring, {kv0, kv_buffer_bytes, kv1, kv_buffer_bytes}, {grad0, grad_buffer_bytes, grad1, grad_buffer_bytes});
+    init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
 
   int steps() const { return R_; }      ///< R

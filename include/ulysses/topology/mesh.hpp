@@ -20,8 +20,6 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
-struct AttentionShape;         // plan/attention.hpp
-enum class HeadPolicy : int;   // plan/attention.hpp
 
 /// Which dimension of a Ulysses × Ring block is inner (consecutive ranks, inside a node first).
 enum class RingOrder : int {
@@ -88,8 +86,6 @@ class Mesh {
   int node(int world_rank) const { return world_rank / N_; }  ///< w's node
   /// Nodes one Ulysses group spans (ulysses_inner: U / N when U > N, else 1).
   int ulysses_group_nodes() const { return U_ > N_ ? U_ / N_ : 1; }
-  [[deprecated("use ulysses_group_nodes()")]] int nodes_per_group() const { return ulysses_group_nodes(); }
-  [[deprecated("use ulysses_spans_nodes()")]] bool group_spans_nodes() const { return ulysses_spans_nodes(); }
 
   /// w's ring rank (0 .. R−1). @throws Error(invalid_group) w outside [0, W).
   int ring_rank(int w) const {
@@ -188,11 +184,6 @@ class Mesh {
                                            std::to_string(num_heads) + " and a ring degree R = " + std::to_string(U_ * R_) + " / U");
   }
 
-  /// Deprecated (removed in 0.3): use the free function check_heads(mesh, shape), which this
-  /// calls. Defined in plan/attention.hpp, which a caller has included to build `shape`.
-  [[deprecated("use check_heads(mesh, shape)")]] void check_heads(const AttentionShape& shape) const;
-  /// Deprecated (removed in 0.3): use the free function check_heads(mesh, shape, policy).
-  [[deprecated("use check_heads(mesh, shape, policy)")]] void check_heads(const AttentionShape& shape, HeadPolicy policy) const;
 
  private:
   void check_plain() const {
