@@ -73,12 +73,12 @@ struct DecodeDirectWork {
   std::uint64_t layouts;  // this rank's direct_layouts_hash()
   std::array<const std::byte*, kDecodeDirectMaxRanks> partial{}, lse{};
 
-  /// with_peers()' callback: the peers' O_p and LSE_p (PeerInputs data[0], data[1]) into the
+  /// with_peers()' callback: the peers' O_p and LSE_p (PeerRecord data[0], data[1]) into the
   /// tables, then this rank's merge reading them in place.
   static void run(void* ctx, const void* const* all) {
     auto& w = *static_cast<DecodeDirectWork*>(ctx);
     for (int p = 0; p < w.args.P; ++p) {
-      const auto& in = *static_cast<const PeerInputs*>(all[p]);
+      const auto& in = *static_cast<const PeerRecord*>(all[p]);
       if (in.layouts != w.layouts)
         fail(Errc::plan_mismatch, "DecodePath::direct: rank " + std::to_string(p) + " has other partial or LSE layouts than rank " +
                                       std::to_string(w.args.rank) + "; the direct path reads every rank's O_r at the same offsets");
@@ -241,9 +241,9 @@ void run_decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, c
   }
   if (path == DecodePath::direct) {
     if constexpr (detail::decode_can_direct_v<Comm, Exec>) {
-      PeerInputs in;  // what the peers read: O_r and LSE_r, in place (MpiWindowComm: staged when outside its window)
+      PeerRecord in;  // what the peers read: O_r and LSE_r, in place (MpiWindowComm: staged when outside its window)
       in.count = 2;
-      in.data[0] = const_cast<std::byte*>(a.partial);  // read only (PeerInputs is the peer copy's type)
+      in.data[0] = const_cast<std::byte*>(a.partial);  // read only (PeerRecord is the peer copy's type)
       in.data[1] = const_cast<std::byte*>(a.lse);
       in.bytes[0] = plan.partial_span_bytes();
       in.bytes[1] = plan.lse_span_bytes();
