@@ -139,7 +139,8 @@ struct ProtocolValueCheck {
     s.finished = true;
     for (std::size_t p = 0; p < values->size(); ++p)
       if ((*values)[p] != (*values)[0]) {
-        s.code = ulysses::detail::EpochCode::record_mismatch, s.peer = static_cast<int>(p);
+        s.code = ulysses::detail::EpochCode::record_mismatch;
+        s.peer = static_cast<int>(p);
         break;
       }
     return s;

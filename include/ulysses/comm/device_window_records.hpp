@@ -99,11 +99,14 @@ ULYSSES_HOST_DEVICE inline EpochPoll dw_check_records(const DeviceWindowGroup& g
         }
     }
     if (field != ~std::uint64_t{0}) {
-      s.code = EpochCode::record_mismatch, s.peer = p, s.field = field;
+      s.code = EpochCode::record_mismatch;
+      s.peer = p;
+      s.field = field;
       return s;
     }
     if (g.check_layouts && r.layouts != g.expect_layouts[p]) {
-      s.code = EpochCode::layouts_mismatch, s.peer = p;
+      s.code = EpochCode::layouts_mismatch;
+      s.peer = p;
       return s;
     }
   }
@@ -138,7 +141,9 @@ inline std::string device_window_record(const WindowRegistry& reg, const std::by
   const int n = in.count < 0 ? 0 : (in.count > kMaxTensors ? kMaxTensors : in.count);
   rec.count = static_cast<std::uint64_t>(in.count);
   rec.layouts = in.layouts;
-  rec.reg_count = reg.digest().count, rec.reg_total = reg.digest().total, rec.reg_hash = reg.digest().hash;
+  rec.reg_count = reg.digest().count;
+  rec.reg_total = reg.digest().total;
+  rec.reg_hash = reg.digest().hash;
   for (int t = 0; t < kMaxTensors; ++t) rec.offset[t] = DeviceWindowRecord::kNone;
   const std::size_t start = round_up(reg.used(), alignment);
   const std::size_t share = n == 0 || start >= reg.bytes() ? 0 : (reg.bytes() - start) / static_cast<std::size_t>(n) / alignment * alignment;

@@ -36,8 +36,8 @@
 ULYSSES_CUDA_NAMESPACE_BEGIN
 
 /// The communicator concept (comm/concepts.hpp) over an MpiComm and an MpiDeviceWindow of the
-/// same group, on a stream: with_peers() is the peer copy across processes on the GPU (see the
-/// file comment). Non-owning (the MpiComm, the window and the stream must outlive it); not
+/// same group, on a stream: with_peers() is the peer copy across processes on the GPU
+/// (docs/gpu.md). Non-owning (the MpiComm, the window and the stream must outlive it); not
 /// copyable. Holds 56 bytes of mapped pinned host memory (its status).
 class MpiDeviceWindowComm {
  public:
@@ -105,7 +105,7 @@ class MpiDeviceWindowComm {
   bool broken() const noexcept { return failure_.broken() || detail::dw_load(status_->code) != 0 || comm_->broken(); }
 
   /// Throws the error a device wait reported (without waiting for the stream): Error(timeout),
-  /// Error(aborted) or Error(plan_mismatch) as the file comment says; returns when none did.
+  /// Error(aborted) or Error(plan_mismatch) (docs/gpu.md: Failures); returns when none did.
   /// @throws as said; Error(aborted) after an earlier failure.
   void check() { require_alive("check"); }
 
@@ -118,7 +118,8 @@ class MpiDeviceWindowComm {
     require_alive("synchronize");
   }
 
-  /// All-to-all-v of device memory through host memory and the MpiComm (see the file comment).
+  /// All-to-all-v of device memory through host memory and the MpiComm: a bounded stream wait,
+  /// device-to-host copy, MPI's all-to-all-v, host-to-device copy (any MPI, CUDA-aware or not).
   /// Collective. @throws Error(aborted) when broken; Error(timeout) the stream did not drain;
   /// Error(backend); the MpiComm's errors.
   void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets, std::byte* recv,

@@ -86,7 +86,7 @@ template <class>
 struct DeviceWindowAccess;
 }  // namespace detail
 
-/// A registered device-memory arena over the ranks of one node (see the file comment): per rank
+/// A registered device-memory arena over the ranks of one node (docs/gpu.md): per rank
 /// one cudaMalloc segment (a control block and `bytes_per_rank()` bytes of data) that every rank
 /// of the group maps through CUDA IPC. Not copyable or movable; one thread per rank uses it, as a
 /// communicator; one MpiDeviceWindowComm at a time uses its control blocks.

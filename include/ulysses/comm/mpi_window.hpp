@@ -39,7 +39,7 @@ ULYSSES_NAMESPACE_BEGIN
 
 /// The communicator concept (comm/concepts.hpp) over an MpiComm and an MpiWindow of the same
 /// group, with with_peers() across processes: Path::direct, the peer copy, between the MPI
-/// processes of one node (see the file comment). alltoallv(), allgather() and
+/// processes of one node (docs/guide.md). alltoallv(), allgather() and
 /// exchange_messages() are the MpiComm's. Non-owning (the MpiComm and the window must outlive it);
 /// a copy shares the window's synchronisation (use one at a time).
 class MpiWindowComm {

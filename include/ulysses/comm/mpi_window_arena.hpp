@@ -69,7 +69,7 @@ struct WindowControl {
 
 }  // namespace detail
 
-/// A registered shared-memory arena over the ranks of one node (see the file comment): one MPI-3
+/// A registered shared-memory arena over the ranks of one node (docs/guide.md): one MPI-3
 /// shared window, per rank a control block and `bytes_per_rank()` bytes of data that every rank of
 /// the group maps. Not copyable or movable (hold it by value or in a unique_ptr); one thread per
 /// rank uses it at a time, as a communicator. One MpiWindowComm at a time uses its control blocks.
@@ -184,7 +184,9 @@ class MpiWindow : public detail::WindowSlots {
   /// after a failure the window cannot see (a peer died, the MpiComm broke): every
   /// MpiWindowComm's call then throws Error(aborted), and every rank's destructor leaks the window
   /// at once instead of waiting for the peers. Local, never blocks.
-  void mark_broken() noexcept { detail::shared_claim(control(0).abort, static_cast<std::uint64_t>(rank_) + 1); }
+  void mark_broken() noexcept {
+    detail::epoch_break<detail::HostWords>([this](int p) -> detail::WindowControl& { return control(p); }, rank_);
+  }
   /// mark_broken() with the reason every rank's Error(aborted) then gives (why_broken(): "rank 3
   /// broke it: <why>"; cut to 1023 bytes). Local, never blocks; the first rank to break the group
   /// keeps its reason. @param why what failed on this rank

@@ -140,7 +140,9 @@ inline bool window_view(const MpiWindow& w, int p, int me, const WindowControl& 
   v.count = static_cast<int>(r.count);
   v.layouts = r.layouts;
   x.pid = p != me && w.cross_memory_attach() ? static_cast<std::int64_t>(r.pid) : 0;  // (its inputs may be remote, or it may be pushed to)
-  x.list = r.list, x.list_blocks = r.list_blocks, x.table = r.table;
+  x.list = r.list;
+  x.list_blocks = r.list_blocks;
+  x.table = r.table;
   bool outputs = true;
   for (int t = 0; t < kMaxTensors; ++t) {
     const bool used = t < v.count && r.offset[t] != WindowControl::kNone;

@@ -115,7 +115,9 @@ ULYSSES_HOST_DEVICE EpochPoll epoch_poll(At at, int size, std::uint64_t e, bool 
     if (s.code != EpochCode::ok) return s;
   }
   if (const std::uint64_t who = Words::load(at(0).abort)) {  // (the breaker's missed words, claimed before it, are seen)
-    s.code = EpochCode::aborted, s.peer = static_cast<int>(who - 1), s.finished = true;
+    s.code = EpochCode::aborted;
+    s.peer = static_cast<int>(who - 1);
+    s.finished = true;
     epoch_missed<Words>(at, size, s);
   }
   return s;
