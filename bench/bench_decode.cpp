@@ -4,10 +4,10 @@
 // rank holds the partial output O_r [B, 1, H, Dv] (bf16) and LSE_r [B, 1, H] (fp32) of one decode
 // step over its KV shard; every variant leaves every rank with the merged output of its heads
 // [B, 1, H/P, Dv] (bf16), the same bits (checked once per shape before timing):
-//   exchange — decode_exchange() on the default path (DecodePath::automatic: messages): one pack,
+//   exchange — decode_exchange() on the default path (Path::automatic: messages): one pack,
 //              ONE exchange of O and LSE together (one message per peer, the own share never
 //              sent), one unpack + merge;
-//   direct   — decode_exchange() on DecodePath::direct: every rank merges its heads reading its
+//   direct   — decode_exchange() on Path::direct: every rank merges its heads reading its
 //              peers' O_r and LSE_r in place (LocalGroup's with_peers()): no pack, no transport;
 //   ag       — the baseline (DecodeRank::baseline, common.hpp): LocalGroup's all-gather of O, then
 //              of LSE (every rank receives every rank's full partials), then the local merge of

@@ -6,7 +6,7 @@
 // (checked once per shape before timing):
 //   exchange — decode_exchange() over MpiComm, the default path (one MPI_Isend/Irecv per peer
 //              carrying O and LSE together; the own share never sent);
-//   direct   — decode_exchange() on DecodePath::direct over MpiWindowComm, O_r and LSE_r allocated
+//   direct   — decode_exchange() on Path::direct over MpiWindowComm, O_r and LSE_r allocated
 //              in the node's shared window: every rank merges its heads reading its peers'
 //              partials in place (no pack, no MPI message);
 //   ag       — the baseline (DecodeRank::baseline): MPI_Allgather of O, MPI_Allgather of LSE
@@ -55,9 +55,7 @@ struct MpiDecodeSetup {
     MPI_Barrier(MPI_COMM_WORLD);
   }
   DecodeBuffers window_buffers() const {
-    DecodeBuffers b = rank.buffers();
-    b.partial = o.data(), b.partial_bytes = o.size(), b.lse = lse.as<const float>(), b.lse_bytes = lse.size();
-    return b;
+    return rank.buffers().partial({o.data(), o.size()}).lse({lse.data(), lse.size()});
   }
   /// One step of variant v.
   void step(Variant v) {

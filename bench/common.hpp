@@ -273,7 +273,7 @@ inline std::string decode_name(const std::string& family, const std::string& var
 
 /// One rank of a decode step: its partial output O_r [B, 1, H, Dv] (bf16, random) and LSE_r
 /// [B, 1, H] (fp32, random in [-4, 4]), its plans (even head split, bf16 out; the default path,
-/// and DecodePath::direct), the merged output of its heads [B, 1, H/P, Dv] from decode_exchange()
+/// and Path::direct), the merged output of its heads [B, 1, H/P, Dv] from decode_exchange()
 /// (`out`) and from the baseline (`out_base`), and the baseline's gathered partials.
 struct DecodeRank {
   DecodePlan plan, direct_plan;
@@ -281,7 +281,7 @@ struct DecodeRank {
 
   DecodeRank(int P, int r, std::int64_t B)
       : plan(DecodeSpec(B, kDecodeT, HeadPartition::even(kH, P), kDecodeDv).with_types(ElementType::bfloat16, ElementType::bfloat16), r),
-        direct_plan(DecodeSpec(plan.spec()).with_path(DecodePath::direct), r) {
+        direct_plan(DecodeSpec(plan.spec()).with_path(Path::direct), r) {
     const std::int64_t rows = B * kDecodeT * kH;
     o = Buf(static_cast<std::size_t>(rows * kDecodeDv * 2));
     lse = Buf(static_cast<std::size_t>(rows * 4));
@@ -302,8 +302,7 @@ struct DecodeRank {
     ag_lse = Buf(lse.size() * static_cast<std::size_t>(P), 0);
   }
   DecodeBuffers buffers() const {
-    return DecodeBuffers{o.data(), o.size(), reinterpret_cast<const float*>(lse.data()), lse.size(), out.data(), out.size(), nullptr, 0,
-                         ws.data(), ws.size()};
+    return DecodeBuffers().partial(o).lse(lse).out({out.data(), out.size()}).workspace({ws.data(), ws.size()});
   }
   /// The two-collective baseline engines run today (vLLM's all-gather path): an all-gather of O
   /// and one of LSE — `allgather(send, bytes, recv)`, every rank's block at recv + p·bytes, the

@@ -9,25 +9,19 @@
 #
 # Environment knobs: BUILD_DIR (default build), MPI_RANKS (default 4),
 # ARGS (default: Llama-3.1-8B, bf16, S 4096 and 16384, -n 60 -w 10, both directions and their backward).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-out="${1:-$root/bench/results}"
-build="${BUILD_DIR:-$root/build}"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ub_paths "${1:-}" "$root/bench/results" "$root/build"
 ranks="${MPI_RANKS:-4}"
-args=(${ARGS:---model Llama-3.1-8B --dtype bf16 -b 4096 -e 16384 -f 4 -n 60 -w 10 --backward})
+args=(${ARGS:---direction both --model Llama-3.1-8B --dtype bf16 -b 4096 -e 16384 -f 4 -n 60 -w 10 --backward})
 tmp="$(mktemp -d)"
-mkdir -p "$out"
-[ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$build" --target ulysses_perf -j "${JOBS:-2}"
+ub_configure
+ub_build ulysses_perf
 perf="$build/bench/ulysses_perf"
-flags=()
-if grep -qi "open mpi\|openrte" <<<"$(mpiexec --version 2>&1 || true)"; then
-  flags+=(--oversubscribe)
-  if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-fi
+ub_mpi_env
+ub_load "$raw/call_numbers_load.txt" before
 "$perf" --backend local --ranks "$ranks" "${args[@]}" --call-numbers both --json "$tmp/local.json"
-mpiexec -n "$ranks" "${flags[@]}" "$perf" --backend mpi "${args[@]}" --call-numbers both --json "$tmp/mpi.json"
+mpiexec -n "$ranks" "${mpi_flags[@]}" "$perf" --backend mpi "${args[@]}" --call-numbers both --json "$tmp/mpi.json"
+ub_load "$raw/call_numbers_load.txt" after
 python3 - "$tmp" "$out/call_numbers.md" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "${args[*]}" <<'PY'
 import json, sys
 tmp, dst, cores, load, args = sys.argv[1:6]

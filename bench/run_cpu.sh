@@ -6,7 +6,8 @@
 #
 # Writes OUTDIR/cpu.md + OUTDIR/cpu.png (bench/report) from the Google Benchmark JSON it keeps in
 # JSON_DIR (host.json, mpi_p2.json, mpi_p4.json). Environment knobs:
-#   BUILD_DIR  build directory (default build-bench; configured with CMAKE_BUILD_TYPE=Release)
+#   BUILD_DIR  build directory (default build-bench; configured with CMAKE_BUILD_TYPE=Release);
+#              JOBS parallel build jobs (default 1); the load before and after: JSON_DIR/cpu_load.txt
 #   JSON_DIR   where the raw JSON goes (default BUILD_DIR/bench_json, outside the source tree)
 #   MIN_TIME   --benchmark_min_time per repetition, seconds (default 0.2)
 #   REPS       --benchmark_repetitions (default 5; the report takes the fastest: the run least
@@ -19,29 +20,21 @@
 #              0: skip
 # Needs: CMake >= 3.25, a C++17 compiler, Google Benchmark (libbenchmark-dev), MPI for bench_mpi
 # (e.g. openmpi-bin libopenmpi-dev), python3 (+ python3-matplotlib for the chart).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-out="${1:-$root/bench/results}"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ub_paths "${1:-}" "$root/bench/results" "$root/build-bench"
 min_time="${MIN_TIME:-0.2}"
 reps="${REPS:-5}"
 filter="${FILTER:-.}"
 ranks="${MPI_RANKS-2 4}"
-raw="${JSON_DIR:-$build/bench_json}"
-mkdir -p "$out" "$raw"
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
-fi
+ub_configure
 perf_local="${PERF_LOCAL:-1}"
 targets=(bench_host)
 [ "$perf_local" = 1 ] && targets+=(ulysses_perf)
-available=$(cmake --build "$build" --target help 2>/dev/null || true)  # (no grep -q in a pipe: SIGPIPE + pipefail)
-if [ -n "$ranks" ] && grep -q 'bench_mpi' <<<"$available"; then
+if [ -n "$ranks" ] && ub_has_target bench_mpi; then
   targets+=(bench_mpi)  # only when MPI was found and MPI runs are asked for
 fi
-cmake --build "$build" --target "${targets[@]}" -j "$(nproc 2>/dev/null || echo 2)"
+ub_build "${targets[@]}"
 [ -x "$build/bench/bench_host" ] || { echo "run_cpu.sh: bench_host was not built (is Google Benchmark installed? apt-get install libbenchmark-dev)" >&2; exit 1; }
 
 common=(--benchmark_min_time="$min_time" --benchmark_repetitions="$reps" --benchmark_filter="$filter"
@@ -49,37 +42,30 @@ common=(--benchmark_min_time="$min_time" --benchmark_repetitions="$reps" --bench
 [ "$reps" -gt 1 ] && common+=(--benchmark_display_aggregates_only=true)  # JSON keeps every repetition
 
 jsons=("$raw/host.json")
+ub_load "$raw/cpu_load.txt" before
 echo "== bench_host -> $raw/host.json"
 "$build/bench/bench_host" "${common[@]}" --benchmark_out="$raw/host.json"
 
 if [ "$perf_local" = 1 ] && [ -x "$build/bench/ulysses_perf" ]; then
   for dt in fp32 bf16; do
     echo "== ulysses_perf --backend local --ranks 4 --dtype $dt -> $raw/perf_local_$dt.json"
-    "$build/bench/ulysses_perf" --backend local --ranks 4 --model llama-3.1-8b --dtype "$dt" -b 4096 -e 16384 -f 4 -n 15 -w 3 \
+    "$build/bench/ulysses_perf" --backend local --ranks 4 --direction both --model llama-3.1-8b --dtype "$dt" -b 4096 -e 16384 -f 4 -n 15 -w 3 \
       --json "$raw/perf_local_$dt.json"
     jsons+=("$raw/perf_local_$dt.json")
   done
 fi
 
 if [ -n "$ranks" ] && [ -x "$build/bench/bench_mpi" ]; then
-  mpiexec_flags=()
-  mpi_version=$(mpiexec --version 2>&1 || true)
-  if grep -qi "open mpi\|openrte" <<<"$mpi_version"; then
-    mpiexec_flags+=(--oversubscribe)  # more ranks than cores on small machines
-    if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-  fi
+  ub_mpi_env
   for n in $ranks; do
     echo "== mpiexec -n $n bench_mpi -> $raw/mpi_p$n.json"
-    mpiexec -n "$n" "${mpiexec_flags[@]}" "$build/bench/bench_mpi" "${common[@]}" --benchmark_out="$raw/mpi_p$n.json"
+    mpiexec -n "$n" "${mpi_flags[@]}" "$build/bench/bench_mpi" "${common[@]}" --benchmark_out="$raw/mpi_p$n.json"
     jsons+=("$raw/mpi_p$n.json")
   done
 else
   echo "== bench_mpi skipped (not built or MPI_RANKS empty)"
 fi
 
-# The report needs python3; the chart needs matplotlib: take the first python3 that has it.
-py=python3
-for c in python3 /usr/bin/python3; do
-  if command -v "$c" >/dev/null && "$c" -c 'import matplotlib' 2>/dev/null; then py="$c"; break; fi
-done
-"$py" "$here/report" "${jsons[@]}" -o "$out"
+ub_load "$raw/cpu_load.txt" after
+# The report needs python3; the chart needs matplotlib.
+"$(ub_python)" "$here/report" "${jsons[@]}" -o "$out"

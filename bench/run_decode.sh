@@ -12,25 +12,19 @@
 # Environment knobs: BUILD_DIR (default build-bench), JSON_DIR (default BUILD_DIR/bench_json),
 # MIN_TIME (default 0.2), REPS (default 5), FILTER (default: all), MPI_RANKS (default "2 4";
 # empty: in process only), INTERLEAVE (default true: the in-process repetitions in random order).
+# decode.md ends with ulysses_perf --op decode's tables (P in MPI_RANKS, in process and under MPI).
 # Needs: CMake, a C++17 compiler, Google Benchmark, MPI for bench_mpi_decode, python3.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-out="${1:-$root/bench/results}"
-build="${BUILD_DIR:-$root/build-bench}"
-raw="${JSON_DIR:-$build/bench_json}"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ub_paths "${1:-}" "$root/bench/results" "$root/build-bench"
 ranks="${MPI_RANKS-2 4}"
-mkdir -p "$out" "$raw"
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
-fi
-targets=(bench_decode)
-available=$(cmake --build "$build" --target help 2>/dev/null || true)  # (no grep -q in a pipe: SIGPIPE + pipefail)
-if [ -n "$ranks" ] && grep -q 'bench_mpi_decode' <<<"$available"; then
+ub_configure
+targets=(bench_decode ulysses_perf)
+if [ -n "$ranks" ] && ub_has_target bench_mpi_decode; then
   targets+=(bench_mpi_decode)  # only when MPI was found
 fi
-cmake --build "$build" --target "${targets[@]}" -j "${JOBS:-1}"
+ub_build "${targets[@]}"
+ub_load "$raw/decode_load.txt" before
 
 common=(--benchmark_min_time="${MIN_TIME:-0.2}" --benchmark_repetitions="${REPS:-5}" --benchmark_filter="${FILTER:-.}"
         --benchmark_out_format=json)
@@ -44,18 +38,19 @@ echo "== bench_decode -> $raw/decode.json"
 jsons=("$raw/decode.json")
 
 if [ -n "$ranks" ] && [ -x "$build/bench/bench_mpi_decode" ]; then
-  flags=()
-  if grep -qi "open mpi\|openrte" <<<"$(mpiexec --version 2>&1 || true)"; then
-    flags+=(--oversubscribe)  # more ranks than cores on small machines
-    if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-  fi
+  ub_mpi_env
   for n in $ranks; do
     echo "== mpiexec -n $n bench_mpi_decode -> $raw/decode_mpi_p$n.json"
-    mpiexec -n "$n" "${flags[@]}" "$build/bench/bench_mpi_decode" "${common[@]}" --benchmark_out="$raw/decode_mpi_p$n.json"
+    mpiexec -n "$n" "${mpi_flags[@]}" "$build/bench/bench_mpi_decode" "${common[@]}" --benchmark_out="$raw/decode_mpi_p$n.json"
     jsons+=("$raw/decode_mpi_p$n.json")
   done
 else
   echo "== bench_mpi_decode skipped (not built or MPI_RANKS empty)"
 fi
 
+ub_load "$raw/decode_load.txt" after
 python3 "$here/report" "${jsons[@]}" -o "$out" --name decode
+{
+  printf '\n## The decode exchange as ulysses_perf --op decode times it\n\nThe call against the bare all-to-all-v of its bytes, alternating per iteration (docs/performance.md#ulysses_perf):\n'
+  ub_perf_tables decode "$ranks" --model llama-3.1-8b --dtype bf16 -b 1 -e 1024 -f 4 -c 1
+} >>"$out/decode.md"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Calibrates the alpha-beta cost model (include/ulysses/cost.hpp) on this machine and measures its
+# Calibrates the alpha-beta cost model (include/ulysses/tune/cost.hpp) on this machine and measures its
 # error, with ulysses_perf only:
 #
 #   bench/run_model.sh [OUTDIR]        (default OUTDIR: bench/results/cost)
@@ -16,30 +16,24 @@
 # 3. checks each against the measurements (ulysses_perf --check): OUTDIR/check.txt has the error
 #    distributions per backend (calibrated shapes; held-out shapes), the runs' own spread, every row.
 # About 30 minutes on 2 cores. Knobs: PERF (a built ulysses_perf), BUILD_DIR (default build), ITERS (5), WARMUP (2),
-# REPS (3: each time the fastest of 3 blocks of ITERS), RUNS (3),
+# REPS (3: each time the least median of 3 runs of ITERS), RUNS (3),
 # MAX_RANK_BYTES (268435456), RANKS (default: the number of cores), FIT_MODELS ("Llama-3.1-8B GPT-2"),
 # FRESH (measure again files already in OUTDIR/runs). Balanced head splits (any H, e.g. Falcon's 71).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-out="${1:-$root/bench/results/cost}"
-build="${BUILD_DIR:-$root/build}"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ub_paths "${1:-}" "$root/bench/results/cost" "$root/build"
 iters="${ITERS:-5}"; warmup="${WARMUP:-2}"; reps="${REPS:-3}"; runs="${RUNS:-3}"; cap="${MAX_RANK_BYTES:-268435456}"
 P="${RANKS:-$(nproc)}"
 fit_models="${FIT_MODELS:-Llama-3.1-8B GPT-2}"
 mkdir -p "$out/runs"
 perf="${PERF:-}"  # a ulysses_perf binary to use as is; else built in BUILD_DIR
 if [ -z "$perf" ]; then
-  [ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
-  cmake --build "$build" --target ulysses_perf
+  ub_configure
+  ub_build ulysses_perf
   perf="$build/bench/ulysses_perf"
 fi
-mpi_flags=()
-if mpiexec --version 2>&1 | grep -qi "open mpi\|openrte"; then
-  mpi_flags+=(--oversubscribe)
-  if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-fi
-common=(--dtype bf16 --balanced -b 1024 -e 65536 -f 2 -n "$iters" -w "$warmup" --reps "$reps" --bare 0 --max-rank-bytes "$cap")
+ub_mpi_env
+ub_load "$raw/model_load.txt" before
+common=(--direction both --dtype bf16 --balanced -b 1024 -e 65536 -f 2 -n "$iters" -w "$warmup" --reps "$reps" --bare 0 --max-rank-bytes "$cap")
 fit_files=(); all_files=(); held_files=()
 for run in $(seq 1 "$runs"); do
 while IFS= read -r model; do
@@ -73,3 +67,4 @@ done
   echo "## every row (params.json)"
   "$perf" --check "$out/params.json" --rows "${all_files[@]}" || true
 } | tee "$out/check.txt"
+ub_load "$raw/model_load.txt" after

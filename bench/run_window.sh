@@ -15,32 +15,22 @@
 # Environment knobs: BUILD_DIR (default build-bench), JSON_DIR (default BUILD_DIR/bench_json),
 # MIN_TIME (default 0.2), REPS (default 5), FILTER (default: all), MPI_RANKS (default "4").
 # Needs: CMake, a C++17 compiler, Google Benchmark, MPI, python3.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-out="${1:-$root/bench/results}"
-build="${BUILD_DIR:-$root/build-bench}"
-raw="${JSON_DIR:-$build/bench_json}"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ub_paths "${1:-}" "$root/bench/results" "$root/build-bench"
 ranks="${MPI_RANKS-4}"
-mkdir -p "$out" "$raw"
 
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
-fi
-cmake --build "$build" --target bench_mpi_window -j "${JOBS:-1}"
-
-flags=()
-if grep -qi "open mpi\|openrte" <<<"$(mpiexec --version 2>&1 || true)"; then
-  flags+=(--oversubscribe)  # more ranks than cores on small machines
-  if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-fi
+ub_configure
+ub_build bench_mpi_window
+ub_mpi_env
+ub_load "$raw/window_load.txt" before
 jsons=()
 for n in $ranks; do
   echo "== mpiexec -n $n bench_mpi_window -> $raw/window_p$n.json"
-  mpiexec -n "$n" "${flags[@]}" "$build/bench/bench_mpi_window" --benchmark_min_time="${MIN_TIME:-0.2}" \
+  mpiexec -n "$n" "${mpi_flags[@]}" "$build/bench/bench_mpi_window" --benchmark_min_time="${MIN_TIME:-0.2}" \
     --benchmark_repetitions="${REPS:-5}" --benchmark_display_aggregates_only=true --benchmark_filter="${FILTER:-.}" \
     --benchmark_out_format=json --benchmark_out="$raw/window_p$n.json"
   jsons+=("$raw/window_p$n.json")
 done
 
+ub_load "$raw/window_load.txt" after
 python3 "$here/report" "${jsons[@]}" -o "$out" --name window

@@ -1,30 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// ulysses_perf: the Ulysses exchanges of a real model shape, measured the way nccl-tests'
-// alltoall_perf measures a collective (a sweep of sizes; per size: warm-up, then n back-to-back
-// iterations between two barriers, the time per iteration taken as the slowest rank's; algbw =
-// bytes / time, busbw = algbw * (P-1)/P as nccl-tests defines it for all-to-all), next to the bare
-// all-to-all-v of the same bytes on the same communicator, with an optional bit-exact check
-// against an oracle computed from the partitions alone (#wrong).
-//
-//   ulysses_perf --backend local --ranks 4 --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
-//   mpiexec -n 4 ulysses_perf --backend mpi --model llama-3.1-8b -b 1024 -e 16384 -f 2 -c 1
-//   mpiexec -n 8 ulysses_perf --backend mpi --ranks-per-node 4 ...   (simulated nodes: two-level)
-//   mpiexec -n 8 ulysses_perf --backend nccl ...        (one process per GPU; device memory, CUDA events)
-//   ulysses_perf --backend cuda-local --ranks 4 ...     (4 virtual ranks on one GPU, DeviceLocalGroup)
-//
-// The device backends (perf_device.hpp / .cu, built where CUDA is) run the same sweep, flags,
-// columns, JSON and -c 1 oracle (checked on the host from the copied-back outputs); without a CUDA
-// device they refuse to start (exit 3).
-// The α-β model of cost.hpp (perf_model.hpp): --fit PARAMS.json RUN.json... calibrates it from
-// this tool's --json files, --check PARAMS.json RUN.json... reports its error, and
-// --advise --model NAME --seq S --world N --ranks-per-node R lists the Ulysses degrees.
-//
-// The exchanges: --direction seq_to_head is q, k, v in one exchange (the plan of
-// attention_specs().qkv()); head_to_seq is the attention output o. --backward adds the backward
-// pass to the forward, as the demo's --backward does: head_to_seq_backward (seq->head of do) and
-// seq_to_head_backward (head->seq of dq, dk, dv, summing the partial gradients of replicated kv
-// heads). Bytes per rank are this rank's input tensor bytes (its own chunk included, as nccl-tests
-// counts an all-to-all's size), the largest over ranks for uneven splits; the demo counts them so.
+// ulysses_perf: one driver with an operation table, as nccl-tests (--op seq_to_head | head_to_seq |
+// decode | ring; perf_ops.hpp has decode and ring): a sweep of sizes, each the library call against
+// the bare transport of the same bytes on the same communicator, alternating per iteration; each
+// time the median over iterations of the slowest rank's (kTimeDefinition); algbw, busbw, ratio;
+// -c 1 a bit-exact check against an oracle (#wrong); --json. Backends local, mpi, and the device
+// ones (perf_device.hpp / .cu: nccl, cuda-local, cuda-ipc; exit 3 without a device). The α-β model
+// (perf_model.hpp): --fit, --check, --check-ring, --advise. `ulysses_perf --help` has the flags.
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_PERF_MPI
 #include <ulysses/comm/mpi.hpp>
@@ -55,6 +36,7 @@
 #include "models.hpp"
 #include "perf_model.hpp"
 #include "host_buffer.hpp"
+#include "perf_ops.hpp"
 
 namespace {
 
@@ -63,6 +45,9 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string backend = "local";
+  std::string op = "seq_to_head";      // --op: seq_to_head | head_to_seq | decode | ring (the operation table)
+  bool direction_given = false;        // --direction: the seq ops' rows (both: seq_to_head and head_to_seq)
+  int ring_u = 1;                      // --op ring: the Ulysses degree U of the ring's partition (kv heads a rank: Hkv / U)
   int ranks = 4;
   bool ranks_given = false;
   std::string model = "Llama-3.1-8B";
@@ -71,7 +56,7 @@ struct Options {
   bool type_given = false;  // --advise defaults to bf16
   std::int64_t begin = 1024, end = 16384, factor = 2, increment = 0, batch = 1;
   Format layout = Format::bshd;
-  bool seq_to_head = true, head_to_seq = true, backward = false, check = false, balanced = false;
+  bool seq_to_head = true, head_to_seq = false, backward = false, check = false, balanced = false;
   Path path = Path::automatic;
   int iters = 20, warmup = 5, reps = 1;
   bool bare = true;  // --bare 0: skip the bare all-to-all-v (its columns print 0)
@@ -140,55 +125,52 @@ MPI_Comm world_group(int groups) {
 }
 #endif
 
-/// Microseconds per iteration of fn(), the slowest rank's: `warmup` untimed iterations, then
-/// `reps` times: a barrier, `iters` back-to-back iterations, a barrier; the fastest repetition
-/// (the least disturbed by other load: what a model is calibrated on; nccl-tests' one block is reps = 1).
+// ---- the one definition of time(us), every backend and op ----------------------------------
+/// One call of fn() timed on every rank after a barrier: the slowest rank's microseconds
+/// (max-reduced). Collective.
 template <class Comm, class F>
-double time_us(Comm& comm, int warmup, int iters, int reps, F&& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  double best = 0;
-  for (int k = 0; k < reps; ++k) {
-    barrier(comm);
-    const double t0 = seconds_now(comm);
-    for (int i = 0; i < iters; ++i) fn();
-    barrier(comm);
-    const double us = max_over_ranks(comm, (seconds_now(comm) - t0) * 1e6 / iters);
-    best = k == 0 ? us : std::min(best, us);
+double slowest_us(Comm& comm, F&& fn) {
+  barrier(comm);
+  const double t0 = seconds_now(comm);
+  fn();
+  return max_over_ranks(comm, (seconds_now(comm) - t0) * 1e6);
+}
+
+/// The median of v (not empty).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// time(us) and bare(us) of a row: `warmup` untimed pairs, then `iters` iterations, each the
+/// library call then (with `bare`) the bare transport of the same bytes, each call's time the
+/// slowest rank's (one(false) / one(true) return it); {median(ours), median(bare)}, so that ratio =
+/// median(ours) / median(bare) comes from the same run. --reps R: R such runs, the one with the
+/// least median(ours) (and its own bare). Collective.
+template <class One>
+std::pair<double, double> alternate_us(const Options& o, bool bare, One&& one) {
+  for (int i = 0; i < o.warmup; ++i) {
+    one(false);
+    if (bare) one(true);
+  }
+  std::pair<double, double> best{0, 0};
+  for (int k = 0; k < o.reps; ++k) {
+    std::vector<double> ours, theirs;
+    for (int i = 0; i < o.iters; ++i) {
+      ours.push_back(one(false));
+      if (bare) theirs.push_back(one(true));
+    }
+    const std::pair<double, double> m{median(ours), bare ? median(theirs) : 0};
+    if (k == 0 || m.first < best.first) best = m;
   }
   return best;
 }
 
-/// Per-call times of two operations run alternately (what one user's call costs, each against
-/// the other in the same moments of machine load): `warmup` untimed pairs, then `iters` times: a
-/// barrier, a() timed on each rank, the slowest rank's time; a barrier, b() the same. Returns the
-/// medians (microseconds) of a's and of b's times. Collective.
-template <class Comm, class A, class B>
-std::pair<double, double> interleaved_us(Comm& comm, int warmup, int iters, A&& a, B&& b) {
-  for (int i = 0; i < warmup; ++i) a(), b();
-  std::vector<double> ta, tb;
-  auto call = [&](auto&& f, std::vector<double>& out) {
-    barrier(comm);
-    const double t0 = seconds_now(comm);
-    f();
-    out.push_back(max_over_ranks(comm, (seconds_now(comm) - t0) * 1e6));
-  };
-  for (int i = 0; i < iters; ++i) call(a, ta), call(b, tb);
-  auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
-  return {median(ta), median(tb)};
-}
-
-/// One exchange timed per call numbered and not (set_call_numbering(), on every rank alike),
-/// alternately (interleaved_us()): {numbered, not numbered} in microseconds. Collective.
-template <class Comm, class Once>
-std::pair<double, double> numbered_and_not(Comm& comm, const Options& o, Once&& once) {
-  const auto r = interleaved_us(comm, o.warmup, o.iters, [&] { set_call_numbering(true); once(); }, [&] { set_call_numbering(false); once(); });
-  set_call_numbering(true);
-  return r;
-}
+/// The definition, as the table's header and --help print it.
+const char* kTimeDefinition =
+    "iterations alternate the library call and the bare transport of the same bytes; each time is the median over "
+    "iterations of the slowest rank's time (max-reduced per iteration); ratio = median(ours)/median(bare), same run";
 
 // ---- the oracle: every element's value is a function of where it is -------------------------
 /// A small whole number (exact in every element type, so that sums are exact until the one
@@ -354,9 +336,18 @@ struct SkipCopies {
   void run(const BlockCopy*, std::size_t, const BufferTable&) const {}
 };
 
+/// What ran, for the table's header and the JSON: the communicator, how seq->head moves its
+/// bytes (push, pull or messages), and whether copying the inputs into a window is timed.
+struct Setup {
+  std::string comm;         // LocalGroup::Comm, MpiComm, MpiWindowComm, ...
+  std::string transfer;     // seq->head: "push" (into the peers' outputs), "pull" (out of the peers' inputs), "messages"
+  bool window = false;      // inputs staged in a shared window
+  std::string device;       // the device backends: the GPU ("" for the host ones)
+};
+
 /// How the host backends (local, mpi) run an exchange: redistribute() with a HostExecutor (or
-/// SkipCopies) on the host buffers of the Exchange; wall-clock time between barriers (time_us());
-/// the bare all-to-all-v of the same bytes on the same communicator.
+/// SkipCopies) on the host buffers of the Exchange; the bare all-to-all-v of the same bytes on the
+/// same communicator; one_us() times one call of either (slowest_us()).
 template <class Comm, class Exec = HostExecutor>
 class HostRunner {
  public:
@@ -368,22 +359,13 @@ class HostRunner {
     in_ = x.ins();
     out_ = x.outs();
   }
+  void load_bare(std::size_t bytes) { bare_ = std::make_unique<Bare>(comm_.size(), bytes); }  // the same bytes, contiguous
   void once() { redistribute(x_->plan, x_->dir, comm_, exec_, in_, out_, x_->ws); }
   void fetch() {}  // the outputs are the Exchange's
-  double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
-  double bare_us(std::size_t bytes, const Options& o) {
-    Bare bare(comm_.size(), bytes);  // the same bytes, contiguous
-    return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
+  double one_us(bool bare) {
+    return bare ? slowest_us(comm_, [&] { bare_->run(comm_); }) : slowest_us(comm_, [&] { once(); });
   }
-  /// The exchange and the bare all-to-all-v of `bytes` timed per call, alternately
-  /// (interleaved_us()): {exchange, bare} in microseconds.
-  std::pair<double, double> pair_us(std::size_t bytes, const Options& o) {
-    Bare bare(comm_.size(), bytes);
-    return interleaved_us(comm_, o.warmup, o.iters, [&] { once(); }, [&] { bare.run(comm_); });
-  }
-  /// The exchange numbered and not, per call, alternately (--call-numbers both): {numbered, not}.
-  std::pair<double, double> numbering_us(const Options& o) { return numbered_and_not(comm_, o, [&] { once(); }); }
-  void unload() noexcept {}
+  void unload() noexcept { bare_.reset(); }
 
  private:
   Comm& comm_;
@@ -391,63 +373,32 @@ class HostRunner {
   Exchange* x_ = nullptr;
   TensorList<ConstByteSpan> in_;
   TensorList<ByteSpan> out_;
+  std::unique_ptr<Bare> bare_;
 };
 
 #if ULYSSES_PERF_MPI
 /// How --backend mpi runs an exchange on one node (the default there; --mpi-window 0: HostRunner
-/// on the MpiComm): the inputs copied into an MpiWindow (one registration a tensor, of the largest
-/// size over ranks, so every rank registers alike), redistribute() over MpiWindowComm (Path::direct:
-/// the peer copy between processes, unless --path forces another); time and bare columns as
-/// HostRunner's, on the MpiComm. With `outputs` (--window-outputs 1, the default) the outputs are
-/// allocated from the window too, so seq→head pushes (MpiWindowComm::outputs_in_window()); fetch()
-/// copies them back for the oracle. The window of a step lives until the next load() (collective).
+/// on the MpiComm): the inputs copied into an MpiWindow in load(), untimed (one registration a
+/// tensor, of the largest size over ranks, so every rank registers alike), redistribute() over
+/// MpiWindowComm (Path::direct unless --path forces another). With `outputs` (--window-outputs 1)
+/// the outputs are in the window too, so seq->head pushes; else it pulls. fetch() copies the
+/// outputs back for the oracle. Bare: the all-to-all-v on the MpiComm. Collective load().
 class WindowRunner {
  public:
   WindowRunner(MpiComm& comm, bool outputs) : comm_(comm), outputs_(outputs) {}
   MpiComm& group() { return comm_; }  ///< the host collectives
   std::string path(const Plan& plan) const { return to_string(choose_path<MpiWindowComm, HostExecutor>(plan)); }
-  void load(Exchange& x) {
-    x_ = &x;
-    std::vector<std::size_t> sizes;  // every registration: the inputs, then (with outputs_) the outputs
-    std::size_t total = 0;
-    for (const auto* l : {&x.in, &x.out}) {
-      if (l == &x.out && !outputs_) break;
-      for (const auto& b : *l) {
-        sizes.push_back(static_cast<std::size_t>(max_over_ranks(comm_, static_cast<double>(b.size()))));
-        total += (sizes.back() + MpiWindow::kAlignment - 1) / MpiWindow::kAlignment * MpiWindow::kAlignment;
-      }
-    }
-    wc_.reset();
-    win_.reset();  // every rank frees the previous step's window first
-    win_ = std::make_unique<MpiWindow>(comm_, total);
-    wc_ = std::make_unique<MpiWindowComm>(comm_, *win_);
-    in_ = {};
-    for (std::size_t t = 0; t < x.in.size(); ++t) {
-      const WindowSpan w = win_->allocate(sizes[t]);
-      std::memcpy(w.data(), x.in[t].data(), x.in[t].size());
-      in_.push_back(ConstByteSpan{w.data(), x.in[t].size()});
-    }
-    out_ = x.outs();
-    if (outputs_)
-      for (std::size_t t = 0; t < x.out.size(); ++t) {
-        const WindowSpan w = win_->allocate(sizes[x.in.size() + t]);
-        std::memcpy(w.data(), x.out[t].data(), x.out[t].size());  // (written: every page mapped)
-        out_.data[t] = ByteSpan{w.data(), x.out[t].size()};
-      }
-  }
+  void load(Exchange& x);
+  void load_bare(std::size_t bytes) { bare_ = std::make_unique<Bare>(comm_.size(), bytes); }
   void once() { redistribute(x_->plan, x_->dir, *wc_, exec_, in_, out_, x_->ws); }
   void fetch() {  // the outputs back into the Exchange's for the oracle
     if (outputs_)
       for (std::size_t t = 0; t < x_->out.size(); ++t) std::memcpy(x_->out[t].data(), out_.data[t].data, x_->out[t].size());
   }
-  double exchange_us(const Options& o) { return time_us(comm_, o.warmup, o.iters, o.reps, [&] { once(); }); }
-  /// As HostRunner::numbering_us().
-  std::pair<double, double> numbering_us(const Options& o) { return numbered_and_not(comm_, o, [&] { once(); }); }
-  double bare_us(std::size_t bytes, const Options& o) {
-    Bare bare(comm_.size(), bytes);  // the same bytes, contiguous, on the MpiComm
-    return time_us(comm_, o.warmup, o.iters, o.reps, [&] { bare.run(comm_); });
+  double one_us(bool bare) {
+    return bare ? slowest_us(comm_, [&] { bare_->run(comm_); }) : slowest_us(comm_, [&] { once(); });
   }
-  void unload() noexcept {}
+  void unload() noexcept { bare_.reset(); }
 
  private:
   MpiComm& comm_;
@@ -458,7 +409,38 @@ class WindowRunner {
   Exchange* x_ = nullptr;
   TensorList<ConstByteSpan> in_;
   TensorList<ByteSpan> out_;
+  std::unique_ptr<Bare> bare_;
 };
+
+void WindowRunner::load(Exchange& x) {
+  x_ = &x;
+  std::vector<std::size_t> sizes;  // every registration: the inputs, then (with outputs_) the outputs
+  std::size_t total = 0;
+  for (const auto* l : {&x.in, &x.out}) {
+    if (l == &x.out && !outputs_) break;
+    for (const auto& b : *l) {
+      sizes.push_back(static_cast<std::size_t>(max_over_ranks(comm_, static_cast<double>(b.size()))));
+      total += (sizes.back() + MpiWindow::kAlignment - 1) / MpiWindow::kAlignment * MpiWindow::kAlignment;
+    }
+  }
+  wc_.reset();
+  win_.reset();  // every rank frees the previous step's window first
+  win_ = std::make_unique<MpiWindow>(comm_, total);
+  wc_ = std::make_unique<MpiWindowComm>(comm_, *win_);
+  in_ = {};
+  for (std::size_t t = 0; t < x.in.size(); ++t) {
+    const WindowSpan w = win_->allocate(sizes[t]);
+    std::memcpy(w.data(), x.in[t].data(), x.in[t].size());
+    in_.push_back(ConstByteSpan{w.data(), x.in[t].size()});
+  }
+  out_ = x.outs();
+  if (outputs_)
+    for (std::size_t t = 0; t < x.out.size(); ++t) {
+      const WindowSpan w = win_->allocate(sizes[x.in.size() + t]);
+      std::memcpy(w.data(), x.out[t].data(), x.out[t].size());  // (written: every page mapped)
+      out_.data[t] = ByteSpan{w.data(), x.out[t].size()};
+    }
+}
 
 /// Whether every process of `comm` shares one node (MPI_COMM_TYPE_SHARED). Collective.
 bool one_node(const MpiComm& comm) {
@@ -472,11 +454,11 @@ bool one_node(const MpiComm& comm) {
 #endif
 
 #if ULYSSES_PERF_CUDA
-/// How the device backends (nccl, cuda-local) run an exchange: perf_device::Rank (the host
-/// inputs copied to device buffers, redistribute() with a CudaExecutor on the rank's stream, the
-/// outputs copied back for the oracle); CUDA events on that stream, the slowest rank's, the
-/// fastest of --reps blocks (each after a stream sync and a barrier); the bare all-to-all-v of
-/// the same bytes on the same communicator.
+/// How the device backends (nccl, cuda-local, cuda-ipc) run an exchange: perf_device::Rank (the
+/// host inputs copied to device buffers, redistribute() with a CudaExecutor on the rank's stream,
+/// the outputs copied back for the oracle); one_us(): one call timed with CUDA events on that
+/// stream after a stream sync and a barrier, the slowest rank's; the bare all-to-all-v of the same
+/// bytes on the same communicator.
 class DeviceRunner {
  public:
   explicit DeviceRunner(perf_device::Rank& dev) : dev_(dev) {}
@@ -486,80 +468,91 @@ class DeviceRunner {
     x_ = &x;
     dev_.load(x.plan, x.dir, x.ins());
   }
+  void load_bare(std::size_t bytes) { dev_.load_bare(bytes); }
   void once() { dev_.run(perf_device::Op::exchange, 1); }
   void fetch() { dev_.fetch(x_->outs()); }
-  double exchange_us(const Options& o) { return timed(perf_device::Op::exchange, o); }
-  double bare_us(std::size_t bytes, const Options& o) {
-    dev_.load_bare(bytes);
-    return timed(perf_device::Op::bare, o);
+  double one_us(bool bare) {
+    dev_.sync();
+    barrier(dev_);
+    return max_over_ranks(dev_, dev_.time_us(bare ? perf_device::Op::bare : perf_device::Op::exchange, 1));
   }
   void unload() noexcept { dev_.unload(); }
 
  private:
-  double timed(perf_device::Op op, const Options& o) {
-    dev_.run(op, o.warmup);
-    double best = 0;
-    for (int k = 0; k < o.reps; ++k) {
-      dev_.sync();
-      barrier(dev_);
-      const double us = max_over_ranks(dev_, dev_.time_us(op, o.iters));
-      best = k == 0 ? us : std::min(best, us);
-    }
-    return best;
-  }
   perf_device::Rank& dev_;
   Exchange* x_ = nullptr;
 };
 #endif
 
-/// Whether a runner times the exchange numbered and not alternately (numbering_us()).
-template <class R, class = void>
-struct numbers_pairs : std::false_type {};
-template <class R>
-struct numbers_pairs<R, std::void_t<decltype(&R::numbering_us)>> : std::true_type {};
-/// Whether a runner times the exchange and the bare all-to-all-v alternately (pair_us()).
-template <class R, class = void>
-struct interleaves : std::false_type {};
-template <class R>
-struct interleaves<R, std::void_t<decltype(&R::pair_us)>> : std::true_type {};
+/// The plan and buffers of one step at S, or none (nullptr) when --max-rank-bytes skips it (the
+/// same verdict on every rank: the largest input over ranks). With -c 1 the inputs hold the
+/// oracle's values; every page is written unless --copies 0 (touch_buffers()). Collective.
+template <class Comm>
+std::unique_ptr<Exchange> make_exchange(Comm& comm, const Options& o, const AttentionSpecs& a, const Step& step, std::int64_t S) {
+  const int P = comm.size(), r = comm.rank();
+  PlanOptions po;
+  po.path = o.path;
+  if (o.ranks_per_node > 0) po.nodes = NodeLayout::uniform(P, o.ranks_per_node);
+  po.lanes = o.lanes;
+  const SeqPartition seq = SeqPartition::balanced(S, P);
+  auto x = std::make_unique<Exchange>(Exchange{Plan({P, r}, o.batch, seq, step.qkv ? a.qkv() : a.out(), o.layout, po), step.dir, {}, {}, {}, 0});
+  double in = 0;
+  for (int t = 0; t < x->plan.num_tensors(); ++t) in += static_cast<double>(x->plan.input_bytes(x->dir, t));
+  if (o.max_rank_bytes > 0 && max_over_ranks(comm, in) > o.max_rank_bytes) {
+    if (r == 0) std::fprintf(stderr, "# S=%lld skipped: %.0f bytes a rank > --max-rank-bytes\n", static_cast<long long>(S), in);
+    return nullptr;
+  }
+  for (int t = 0; t < x->plan.num_tensors(); ++t) {
+    x->in.emplace_back(x->plan.input_bytes(x->dir, t));
+    x->out.emplace_back(x->plan.output_bytes(x->dir, t));
+    x->in_bytes += x->plan.input_bytes(x->dir, t);
+  }
+  x->ws.resize(x->plan.workspace_bytes());
+  if (o.check || o.copies) {  // every page written before timing (see touch_buffers())
+    touch_buffers(*x, o.check ? std::byte{0} : std::byte{0x5a});
+    if (o.check) fill_inputs(*x, seq, r);
+  }
+  return x;
+}
 
-/// The sweep on one rank of `runner`'s group (HostRunner or DeviceRunner): per S, per step(), the
-/// plan, with -c 1 its buffers filled from the oracle and one checked run, then the timed runs and
-/// the bare all-to-all-v. Collective. @returns the rows (every rank's same ones).
+/// The row's times (alternate_us()): the exchange against the bare all-to-all-v of its bytes, or
+/// with --call-numbers both the exchange numbered (time) against not numbered (bare). Collective.
+template <class Runner>
+void time_row(Runner& runner, const Options& o, Row& row) {
+  if (o.call_numbers == 2) {
+    std::tie(row.us, row.bare_us) = alternate_us(o, true, [&](bool plain) {
+      set_call_numbering(!plain);
+      return runner.one_us(false);
+    });
+    set_call_numbering(true);
+    return;
+  }
+  if (o.bare) runner.load_bare(static_cast<std::size_t>(row.bytes));
+  std::tie(row.us, row.bare_us) = alternate_us(o, o.bare, [&](bool bare) { return runner.one_us(bare); });
+}
+
+/// The next size of the sweep after S (-f or -i), or 0 at the end (one size when neither grows;
+/// it stops before an overflow).
+std::int64_t next_size(std::int64_t S, const Options& o) {
+  if (o.increment > 0) return S > o.end - o.increment ? 0 : S + o.increment;
+  return o.factor == 1 || S > o.end / o.factor ? 0 : S * o.factor;
+}
+
+/// --op seq_to_head / head_to_seq on one rank of `runner`'s group (HostRunner, WindowRunner or
+/// DeviceRunner): per S, per step(), the plan, with -c 1 one checked run against the oracle, then
+/// the timed ones. Collective. @returns the rows (every rank's same ones).
 template <class Runner>
 std::vector<Row> run(Runner& runner, const Options& o) {
   auto& comm = runner.group();
   const int P = comm.size(), r = comm.rank();
   std::vector<Row> rows;
-  PlanOptions po;
-  po.path = o.path;
-  if (o.ranks_per_node > 0) po.nodes = NodeLayout::uniform(P, o.ranks_per_node);
-  po.lanes = o.lanes;
   const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
   const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
-  for (std::int64_t S = o.begin; S <= o.end;) {
-    const SeqPartition seq = SeqPartition::balanced(S, P);
+  for (std::int64_t S = o.begin; S > 0; S = next_size(S, o)) {
     for (const Step& step : steps(o)) {
-      Exchange x{Plan({P, r}, o.batch, seq, step.qkv ? a.qkv() : a.out(), o.layout, po), step.dir, {}, {}, {}, 0};
-      if (o.max_rank_bytes > 0) {  // the same verdict on every rank: the largest input over ranks
-        double in = 0;
-        for (int t = 0; t < x.plan.num_tensors(); ++t) in += static_cast<double>(x.plan.input_bytes(x.dir, t));
-        if (max_over_ranks(comm, in) > o.max_rank_bytes) {
-          if (r == 0) std::fprintf(stderr, "# S=%lld skipped: %.0f bytes a rank > --max-rank-bytes\n", static_cast<long long>(S), in);
-          continue;
-        }
-      }
-      for (int t = 0; t < x.plan.num_tensors(); ++t) {
-        x.in.emplace_back(x.plan.input_bytes(x.dir, t));
-        x.out.emplace_back(x.plan.output_bytes(x.dir, t));
-        x.in_bytes += x.plan.input_bytes(x.dir, t);
-      }
-      x.ws.resize(x.plan.workspace_bytes());
-      if (o.check || o.copies) {  // every page written before timing (see touch_buffers())
-        touch_buffers(x, o.check ? std::byte{0} : std::byte{0x5a});
-        if (o.check) fill_inputs(x, seq, r);
-      }
-      runner.load(x);
+      const std::unique_ptr<Exchange> x = make_exchange(comm, o, a, step, S);
+      if (!x) continue;
+      runner.load(*x);
       struct Unload {
         Runner& r;
         ~Unload() { r.unload(); }
@@ -567,38 +560,50 @@ std::vector<Row> run(Runner& runner, const Options& o) {
       Row row;
       row.S = S;
       row.direction = step.name;
-      row.path = runner.path(x.plan);
-      row.bytes = max_over_ranks(comm, static_cast<double>(x.in_bytes));
+      row.path = runner.path(x->plan);
+      row.bytes = max_over_ranks(comm, static_cast<double>(x->in_bytes));
       if (o.check) {
         runner.once();
         runner.fetch();
-        row.wrong = sum_over_ranks(comm, count_wrong(x, seq, r));
+        row.wrong = sum_over_ranks(comm, count_wrong(*x, SeqPartition::balanced(S, P), r));
       }
-      if constexpr (numbers_pairs<Runner>::value) {
-        if (o.call_numbers == 2) {
-          std::tie(row.us, row.bare_us) = runner.numbering_us(o);
-          rows.push_back(row);
-          continue;
-        }
-      }
-      if constexpr (interleaves<Runner>::value) {
-        if (o.bare && o.backend == "local") {  // in-process: per call, alternating with the bare all-to-all-v
-          std::tie(row.us, row.bare_us) = runner.pair_us(static_cast<std::size_t>(row.bytes), o);
-          rows.push_back(row);
-          continue;
-        }
-      }
-      row.us = runner.exchange_us(o);
-      if (o.bare) row.bare_us = runner.bare_us(static_cast<std::size_t>(row.bytes), o);
+      time_row(runner, o, row);
       rows.push_back(row);
     }
-    // The next size (stop at the end, at one size when neither grows, and before an overflow).
-    if (o.increment > 0) {
-      if (S > o.end - o.increment) break;
-      S += o.increment;
+  }
+  return rows;
+}
+
+/// --op decode (B = the sizes of the sweep) or --op ring (S = the sizes) on one rank of `comm`:
+/// per size the op (perf_ops.hpp), with -c 1 one checked call, then the call against the bare
+/// transport of its bytes (alternate_us()). Collective. @returns the rows.
+template <class Comm>
+std::vector<Row> run_op(Comm& comm, const Options& o) {
+  std::vector<Row> rows;
+  const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
+  for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) {
+    auto row_of = [&](auto& op, const char* path) {
+      Row row;
+      row.S = n;
+      row.direction = o.op;
+      row.path = path;
+      row.bytes = max_over_ranks(comm, static_cast<double>(op.input_bytes()));
+      if (o.check) {
+        op.fill();
+        if (o.op == "decode") op.run(comm);
+        row.wrong = sum_over_ranks(comm, op.wrong());
+      }
+      std::tie(row.us, row.bare_us) = alternate_us(o, o.bare, [&](bool bare) {
+        return bare ? slowest_us(comm, [&] { op.bare(comm); }) : slowest_us(comm, [&] { op.run(comm); });
+      });
+      rows.push_back(row);
+    };
+    if (o.op == "decode") {
+      perf_ops::DecodeOp op(comm.size(), comm.rank(), n, o.shape.num_heads, o.shape.v_head_dim, o.type, policy);
+      row_of(op, "decode");
     } else {
-      if (o.factor == 1 || S > o.end / o.factor) break;
-      S *= o.factor;
+      perf_ops::RingOp<Comm> op(comm, n, o.ring_u, o.shape, o.type, o.batch);
+      row_of(op, "ring");
     }
   }
   return rows;
@@ -613,46 +618,88 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-/// What the time and bare columns measure on `backend`, for the table's header.
-struct Measures {
-  const char* time;
-  const char* bare;
-};
-Measures measures(const std::string& backend) {
-  if (backend == "nccl")
-    return {"CUDA events on each rank's stream", "NcclComm's all-to-all-v (grouped ncclSend/ncclRecv, as nccl-tests' alltoall_perf) of the same bytes between contiguous device buffers, same communicator and stream"};
-  if (backend == "cuda-ipc")
-    return {"CUDA events on each rank's stream", "one cudaMemcpyAsync of the same bytes on each rank's stream (no exchange: the copy floor)"};
-  if (backend == "cuda-local")
-    return {"CUDA events on each rank's stream", "DeviceLocalGroup's all-to-all-v (one cudaMemcpyAsync a chunk) of the same bytes between contiguous device buffers, same group and streams"};
-  if (backend == "local")
-    return {"per call, each after a barrier, the slowest rank's wall clock; the median of the iterations, the exchange and the bare all-to-all-v alternating",
-            "the all-to-all-v of the same bytes between contiguous buffers on the same communicator (LocalGroup::Comm::alltoallv)"};
-  return {"wall clock between two barriers", "the all-to-all-v of the same bytes between contiguous buffers on the same communicator"};
+/// What the bare column measures on `backend` for `op`, for the table's header.
+std::string bare_of(const std::string& backend, const std::string& op) {
+  if (op == "ring") return backend == "mpi" ? "R-1 MPI_Sendrecv of the same blocks to rank r+1 from r-1, same communicator"
+                                            : "R-1 exchange_messages() of one message each way, the same blocks, same communicator";
+  const std::string what = op == "decode" ? "the all-to-all-v of O_r's and LSE_r's bytes" : "the all-to-all-v of the same bytes";
+  if (backend == "nccl") return what + ": NcclComm's (grouped ncclSend/ncclRecv, as nccl-tests' alltoall_perf), device buffers, same stream";
+  if (backend == "cuda-ipc") return "one cudaMemcpyAsync of the same bytes on each rank's stream (no exchange: the copy floor)";
+  if (backend == "cuda-local") return what + ": DeviceLocalGroup's (one cudaMemcpyAsync a chunk), device buffers, same streams";
+  return what + " between contiguous buffers on the same communicator";
 }
 
-/// Prints the table (and writes --json); `device` names the GPU of the device backends ("" for
-/// the host ones). @returns false when the JSON file cannot be written.
-bool print(const Options& o, int P, const std::vector<Row>& rows, const std::string& device = "") {
-  std::printf("# ulysses_perf: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s%s\n",
-              o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
+/// The header's line on what ran: the communicator, push or pull, the window copy (untimed).
+void print_setup(const Options& o, const Setup& setup) {
+  if (o.op == "decode" || o.op == "ring") {
+    std::printf("# communicator: %s; no window (the inputs stay in private memory)\n", setup.comm.c_str());
+    return;
+  }
+  const char* how = setup.transfer == "push"       ? "pushes (outputs in the window: each rank writes into its peers' outputs)"
+                    : setup.transfer == "pull"     ? "pulls (outputs in private memory: each rank reads its heads out of its peers' inputs)"
+                    : setup.transfer == "messages" ? "moves messages (neither push nor pull)"
+                                                   : "as the path column says";
+  std::printf("# communicator: %s; seq->head %s; copying the inputs into the window: %s\n", setup.comm.c_str(), how,
+              setup.window ? "not timed (once per size, before the iterations)" : "none (no window)");
+}
+
+/// The header of the table: the shape, the run, what ran (`setup`), and the columns' definitions.
+void print_header(const Options& o, int P, const Setup& setup) {
+  std::printf("# ulysses_perf --op %s: %s (H=%lld Hkv=%lld D=%lld Dv=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s%s\n",
+              o.op.c_str(), o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim), to_string(o.type), to_string(o.layout),
               static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup,
-              o.reps > 1 ? (", fastest of " + std::to_string(o.reps) + " repetitions").c_str() : "", o.check ? ", checked bit for bit" : "");
+              o.reps > 1 ? (", the least median of " + std::to_string(o.reps) + " runs").c_str() : "", o.check ? ", checked bit for bit" : "");
+  print_setup(o, setup);
   if (o.call_numbers == 0) std::printf("# library calls not numbered (--call-numbers 0)\n");
-  if (o.call_numbers == 2)
-    std::printf("# --call-numbers both: time = each call numbered, bare = the same call not numbered, alternately (per call, the median); ratio = their ratio\n");
+  if (o.call_numbers == 2) std::printf("# --call-numbers both: time = each call numbered, bare = the same call not numbered; ratio = their ratio\n");
   if (o.ranks_per_node > 0)
     std::printf("# simulated nodes of %d ranks %s, lanes %d (the two-level exchange where the path column says two_level)\n",
                 o.ranks_per_node, NodeLayout::uniform(P, o.ranks_per_node).str().c_str(), o.lanes);
-  if (!device.empty()) std::printf("# device: %s, buffers in device memory, the oracle's check on the host from copied-back outputs\n", device.c_str());
-  const Measures m = measures(o.backend);
-  std::printf("# bytes: a rank's input tensors (own chunk included, as nccl-tests counts an all-to-all; the largest rank's)\n"
-              "# algbw = bytes/time; busbw = algbw*(P-1)/P; ratio = time/bare; time: %s, the slowest rank's\n# bare: %s\n",
-              m.time, m.bare);
+  if (!setup.device.empty()) std::printf("# device: %s, buffers in device memory, CUDA events, the oracle's check on the host\n", setup.device.c_str());
+  if (o.op == "decode") std::printf("# decode: S = the batch B (T=1 token each); bytes: a rank's O_r and LSE_r\n");
+  else if (o.op == "ring") std::printf("# ring: R=P, U=%d, zigzag; bytes: the R-1 k|v blocks a rank sends in a rotation; #wrong counts bytes\n", o.ring_u);
+  else std::printf("# bytes: a rank's input tensors (own chunk included, as nccl-tests counts an all-to-all; the largest rank's)\n");
+  std::printf("# time(us): %s\n# algbw = bytes/time; busbw = algbw*(P-1)/P; bare: %s\n", kTimeDefinition, bare_of(o.backend, o.op).c_str());
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "S", "bytes", "direction", "path", "time(us)", "algbw",
               "busbw", "#wrong", "bare(us)", "algbw", "ratio");
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
+}
+
+/// Writes --json: the run's parameters, what ran (`setup`), the time definition, the rows.
+/// @returns false when the file cannot be written.
+bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Setup& setup) {
+  FILE* f = std::fopen(o.json.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "ulysses_perf: cannot write %s: %s\n", o.json.c_str(), std::strerror(errno));
+    return false;
+  }
+  std::fprintf(f, "{\"tool\": \"ulysses_perf\", \"op\": \"%s\", \"model\": \"%s\", \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"v_head_dim\": %lld,\n",
+               o.op.c_str(), json_escape(o.model).c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
+               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim));
+  std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
+               to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
+  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\", \"call_numbers\": %s,\n",
+               o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(setup.device).c_str(), o.call_numbers == 2 ? "\"both\"" : o.call_numbers ? "true" : "false");
+  std::fprintf(f, " \"communicator\": \"%s\", \"seq_to_head_transfer\": \"%s\", \"window_copy_timed\": false, \"inputs_in_window\": %s, \"ring_u\": %d,\n",
+               setup.comm.c_str(), setup.transfer.c_str(), setup.window ? "true" : "false", o.ring_u);
+  std::fprintf(f, " \"time_definition\": \"%s\",\n \"rows\": [\n", kTimeDefinition);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& w = rows[i];
+    const double alg = w.bytes / w.us * 1e-3;
+    std::fprintf(f,
+                 "  {\"S\": %lld, \"bytes\": %.0f, \"op\": \"%s\", \"direction\": \"%s\", \"path\": \"%s\", \"time_us\": %.3f, \"algbw_GBps\": %.4f, "
+                 "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f}%s\n",
+                 static_cast<long long>(w.S), w.bytes, o.op.c_str(), w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
+                 w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0, i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, " ],\n \"lanes\": %d}\n", o.lanes);  // PlanOptions::lanes of the two-level rows (perf_model.hpp re-plans with it)
+  return std::fclose(f) == 0;
+}
+
+/// Prints the table (and writes --json). @returns false when the JSON file cannot be written.
+bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& setup) {
+  print_header(o, P, setup);
   for (const Row& w : rows) {
     const double alg = w.bytes / w.us * 1e-3, bare = w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0;
     char wrong[24];
@@ -664,76 +711,12 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
   long long wrong = 0;
   for (const Row& w : rows) wrong += std::max(0LL, w.wrong);
   if (o.check) std::printf("# wrong elements (all sizes, all ranks): %lld %s\n", wrong, wrong ? "FAILED" : "OK");
-  if (o.json.empty()) return true;
-  FILE* f = std::fopen(o.json.c_str(), "w");
-  if (!f) {
-    std::fprintf(stderr, "ulysses_perf: cannot write %s: %s\n", o.json.c_str(), std::strerror(errno));
-    return false;
-  }
-  std::fprintf(f, "{\"tool\": \"ulysses_perf\", \"model\": \"%s\", \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"v_head_dim\": %lld,\n",
-               json_escape(o.model).c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
-               static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.shape.v_head_dim));
-  std::fprintf(f, " \"dtype\": \"%s\", \"layout\": \"%s\", \"batch\": %lld, \"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"warmup\": %d,\n",
-               to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
-  std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\", \"call_numbers\": %s,\n",
-               o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(device).c_str(), o.call_numbers == 2 ? "\"both\"" : o.call_numbers ? "true" : "false");
-  std::fprintf(f, " \"rows\": [\n");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& w = rows[i];
-    const double alg = w.bytes / w.us * 1e-3;
-    std::fprintf(f,
-                 "  {\"S\": %lld, \"bytes\": %.0f, \"direction\": \"%s\", \"path\": \"%s\", \"time_us\": %.3f, \"algbw_GBps\": %.4f, "
-                 "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f}%s\n",
-                 static_cast<long long>(w.S), w.bytes, w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
-                 w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0, i + 1 < rows.size() ? "," : "");
-  }
-  std::fprintf(f, " ],\n \"lanes\": %d}\n", o.lanes);  // PlanOptions::lanes of the two-level rows (perf_model.hpp re-plans with it)
-  return std::fclose(f) == 0;
+  return o.json.empty() || write_json(o, P, rows, setup);
 }
 
-[[noreturn]] void usage(int code) {
+/// The model modes' part of --help.
+void usage_model() {
   std::printf(
-      "usage: ulysses_perf [--backend local|mpi|nccl|cuda-local|cuda-ipc] [--ranks P] [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
-      "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
-      "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
-      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward]\n"
-      "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0|both] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
-      "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
-      "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
-      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
-      "                    [--attn-TFLOPS T]\n"
-      "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] RUN.json [RUN.json ...]\n"
-      "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
-      "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
-      "The Ulysses exchanges of one attention layer (q,k,v seq->head in one exchange; o head->seq), for\n"
-      "S = S0, S0*F, ... <= S1 (or S0, S0+INC, ...; balanced sequence split; uneven S welcome), timed like nccl-tests'\n"
-      "alltoall_perf next to the bare all-to-all-v of the same bytes. Bytes: a rank's input tensors, own chunk included\n"
-      "(as nccl-tests counts an all-to-all). -c 1 checks every output element bit for bit against an oracle (#wrong);\n"
-      "-c 0 only times (every buffer written once with a constant instead of the oracle's values). --copies 0 (--backend mpi,\n"
-      "with -c 0): the executor skips the host copies and the buffers stay unwritten, the messages stay the same: for simulated time only (SMPI).\n"
-      "--backend local times what one call costs: each call after a barrier, the slowest rank's time, the exchange and\n"
-      "the bare all-to-all-v alternating, the median of -n of each after -w warm-up pairs (--reps ignored there).\n"
-      "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
-      "and seq_to_head_backward of dq, dk, dv (which sums the partial gradients of replicated kv heads).\n"
-      "Backends: local (P threads, host memory), mpi (run under mpiexec -n P), nccl (one process per GPU, under\n"
-      "mpiexec -n P when built with MPI, which passes the NCCL unique id; P=1 without), cuda-local (P virtual ranks on\n"
-      "one GPU, DeviceLocalGroup), cuda-ipc (mpiexec -n P on one node, several processes may share a GPU: the peer\n"
-      "copy across processes through CUDA IPC, inputs in a device window of --window-MiB M per rank, default 1024;\n"
-      "its bare column is one cudaMemcpyAsync of the same bytes); the device backends time with CUDA events and check on the host. Without a CUDA\n"
-      "device they refuse to start (exit 3).\n"
-      "Defaults: Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, both directions, -n 20 -w 5, local P=4.\n"
-      "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
-      "two-level exchange (intra-node gather, one message per node pair, intra-node delivery) under MPI; in-process\n"
-      "ranks share memory and take the direct path unless --path two_level. The last node may hold fewer ranks.\n"
-      "--lanes L: inter-node messages per node pair (1: one forwarder per pair; 0: rail-aligned, one per rank).\n"
-      "--groups G (--backend mpi): G groups of N/G consecutive ranks (of the N processes) run the sweep at the same time (each group's rank 0\n"
-      "prints its table): one Ulysses group timed while the others load the shared links.\n"
-      "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
-      "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0);\n"
-      "--call-numbers 1|0|both: number the library calls (1, the default; 0 only to measure what numbering costs); both (host\n"
-      "                    backends): each call numbered and not, alternately, time = numbered, bare = not numbered, ratio = their ratio\n"
-      "--window-outputs 1|0: the outputs allocated from the window too (the default: seq->head then pushes into the\n"
-      "peers' outputs) or left in private memory (0: each rank pulls its heads out of its peers' rows).\n"
       "--fit: calibrates the alpha-beta model (cost.hpp) per backend from --json files (--ranks-per-nic N: N ranks of a\n"
       "node share one inter-node NIC, their concurrent inter-node flows dividing its bandwidth; 1, a NIC per rank, by\n"
       "default; written to PARAMS.json as ranks_per_nic, not fitted); --check: its error on\n"
@@ -745,7 +728,163 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const std::str
       "(advise_hybrid: the ring rotation overlapped with each step's attention at --attn-TFLOPS, default 500: H100/H200 bf16,\n"
       "and the all-gather-kv alternative). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
+}
+
+[[noreturn]] void usage(int code) {
+  std::printf(
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring] [--backend local|mpi|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
+      "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
+      "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
+      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward] [--ring-u U]\n"
+      "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0|both] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
+      "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
+      "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
+      "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
+      "                    [--attn-TFLOPS T]\n"
+      "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] RUN.json [RUN.json ...]\n"
+      "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
+      "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
+      "One operation (--op, as nccl-tests' one binary a collective) for sizes S0, S0*F, ... <= S1 (or S0, S0+INC, ...), next\n"
+      "to the bare transport of the same bytes, the same columns, -c 1 and --json for each:\n"
+      "  seq_to_head (default): q, k, v seq->head in one exchange; head_to_seq: o head->seq (S: the sequence, balanced split,\n"
+      "    uneven S welcome; bytes: a rank's input tensors, own chunk included, as nccl-tests counts an all-to-all;\n"
+      "    --direction both: both tables in one run); decode: decode_exchange() of O and LSE (S: the batch B, T=1;\n"
+      "    bare: the all-to-all-v of their bytes); ring: one RingRotation rotation (S: the sequence, R = P, U = --ring-u,\n"
+      "    default 1; bare: R-1 one-message exchanges of the same blocks). decode and ring: --backend local or mpi.\n"
+      "time(us), every backend and op: iterations alternate the library call and the bare transport of the same bytes;\n"
+      "each time is the median over iterations of the slowest rank's time (max-reduced per iteration, each call after\n"
+      "a barrier); ratio = median(ours)/median(bare) of the same run; -w warm-up pairs first; --reps R: R such runs, the\n"
+      "one with the least median(ours). The device backends time each call with CUDA events. -c 1 checks every output\n"
+      "element bit for bit against an oracle (#wrong);\n"
+      "-c 0 only times (every buffer written once with a constant instead of the oracle's values). --copies 0 (--backend mpi,\n"
+      "with -c 0): the executor skips the host copies and the buffers stay unwritten, the messages stay the same: for simulated time only (SMPI).\n"
+
+      "--backward adds the backward pass to the forward (as the demo's --backward does): head_to_seq_backward of do\n"
+      "and seq_to_head_backward of dq, dk, dv (which sums the partial gradients of replicated kv heads).\n"
+      "Backends: local (P threads, host memory), mpi (run under mpiexec -n P), nccl (one process per GPU, under\n"
+      "mpiexec -n P when built with MPI, which passes the NCCL unique id; P=1 without), cuda-local (P virtual ranks on\n"
+      "one GPU, DeviceLocalGroup), cuda-ipc (mpiexec -n P on one node, several processes may share a GPU: the peer\n"
+      "copy across processes through CUDA IPC, inputs in a device window of --window-MiB M per rank, default 1024;\n"
+      "its bare column is one cudaMemcpyAsync of the same bytes); the device backends time with CUDA events and check on the host. Without a CUDA\n"
+      "device they refuse to start (exit 3).\n"
+      "Defaults: --op seq_to_head, Llama-3.1-8B, fp32, bshd, B=1, -b 1024 -e 16384 -f 2, -n 20 -w 5, local P=4.\n"
+      "--ranks-per-node R: the group's ranks sit on simulated nodes of R (PlanOptions::nodes), so the plan takes the\n"
+      "two-level exchange (intra-node gather, one message per node pair, intra-node delivery) under MPI; in-process\n"
+      "ranks share memory and take the direct path unless --path two_level. The last node may hold fewer ranks.\n"
+      "--lanes L: inter-node messages per node pair (1: one forwarder per pair; 0: rail-aligned, one per rank).\n"
+      "--groups G (--backend mpi): G groups of N/G consecutive ranks (of the N processes) run the sweep at the same time (each group's rank 0\n"
+      "prints its table): one Ulysses group timed while the others load the shared links.\n"
+      "--mpi-window 0|1: --backend mpi over MpiWindowComm (inputs in an MPI-3 shared window, the peer copy between\n"
+      "processes: the default when every process is on one node and no --ranks-per-node) or over MpiComm (0); the\n"
+      "header says which ran, whether seq->head pushes or pulls, and that copying the inputs into the window is not timed;\n"
+      "--call-numbers 1|0|both: number the library calls (1, the default; 0 only to measure what numbering costs); both (host\n"
+      "                    backends): each call numbered and not, alternately, time = numbered, bare = not numbered, ratio = their ratio\n"
+      "--window-outputs 1|0: the outputs allocated from the window too (the default: seq->head then pushes into the\n"
+      "peers' outputs) or left in private memory (0: each rank pulls its heads out of its peers' rows).\n"
+  );
+  usage_model();
   std::exit(code);
+}
+
+/// The op's rows from --op and --direction (which wins for the seq ops, and gives both in one
+/// run); exits (2) on flags the op cannot honour.
+void check_op(Options& o) {
+  const bool seq_op = o.op == "seq_to_head" || o.op == "head_to_seq";
+  if (seq_op && !o.direction_given) o.seq_to_head = o.op == "seq_to_head", o.head_to_seq = o.op == "head_to_seq";
+  if (seq_op && o.direction_given) o.op = o.seq_to_head ? "seq_to_head" : "head_to_seq";
+  if (seq_op) return;
+  if (o.direction_given || o.backward || o.call_numbers == 2 || !o.copies || o.ranks_per_node > 0 || o.groups != 1 || o.ring_u < 1) {
+    std::fprintf(stderr, "--op %s takes none of --direction, --backward, --call-numbers both, --copies 0, --ranks-per-node, --groups; --ring-u >= 1\n",
+                 o.op.c_str());
+    std::exit(2);
+  }
+  if (o.backend != "local" && o.backend != "mpi") {
+    std::fprintf(stderr, "--op %s runs on --backend local or mpi (host memory), not %s\n", o.op.c_str(), o.backend.c_str());
+    std::exit(2);
+  }
+}
+
+/// Exits (2) on options that contradict each other; fixes the op's rows (check_op()).
+void validate(Options& o) {
+  check_op(o);
+  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
+    std::fprintf(stderr, "--backend must be local, mpi, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
+    std::exit(2);
+  }
+  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
+      o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
+    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
+                         "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
+    std::exit(2);
+  }
+  if (!o.copies && (o.check || o.backend != "mpi")) {
+    std::fprintf(stderr, "--copies 0 times the messages alone: it needs --backend mpi and -c 0\n");
+    std::exit(2);
+  }
+  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check" && o.mode != "check_ring") {
+    std::fprintf(stderr, "unknown argument '%s' (measurement files go with --fit or --check)\n", o.inputs.front().c_str());
+    std::exit(2);
+  }
+  if ((o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") && o.inputs.empty()) {
+    std::fprintf(stderr, "--%s needs ulysses_perf --json files to read\n", o.mode.c_str());
+    std::exit(2);
+  }
+}
+
+/// The flags of how a sweep runs (iterations, checks, JSON, nodes, MPI windows, call numbers):
+/// consumes argv[i] (and its value) into `o`. @returns whether it was one of them.
+bool parse_run_flag(int argc, char** argv, int& i, Options& o) {
+  auto number = [&](int& j) { return ulysses_cli::whole(argc, argv, j, LLONG_MIN, LLONG_MAX); };
+  auto small = [&](int& j) { return static_cast<int>(ulysses_cli::whole(argc, argv, j, INT_MIN, INT_MAX)); };
+  const std::string a = argv[i];
+  if (a == "-n") o.iters = small(i);
+  else if (a == "-w") o.warmup = small(i);
+  else if (a == "--reps") o.reps = small(i);
+  else if (a == "--bare") o.bare = number(i) != 0;
+  else if (a == "--copies") o.copies = number(i) != 0;
+  else if (a == "-c") o.check = number(i) != 0;
+  else if (a == "--json") o.json = ulysses_cli::value(argc, argv, i);
+  else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
+  else if (a == "--lanes") o.lanes = small(i);
+  else if (a == "--groups") o.groups = small(i);
+  else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
+  else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
+  else if (a == "--call-numbers") {
+    const std::string v = ulysses_cli::value(argc, argv, i);
+    o.call_numbers = v == "both" ? 2 : v == "0" ? 0 : 1;
+  }
+  else if (a == "--window-MiB") o.window_MiB = number(i);
+  else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
+  else return false;
+  return true;
+}
+
+/// The flags of the model modes (--advise, --fit, --check, --check-ring and their link
+/// parameters): consumes argv[i] (and its value) into `o`. @returns whether it was one of them.
+bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
+  const std::string a = argv[i];
+  if (a == "--advise") o.mode = "advise";
+  else if (a == "--fit") o.mode = "fit", o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--check") o.mode = "check", o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--check-ring") o.mode = "check_ring", o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
+  else if (a == "--rows") o.rows = true;
+  else if (a == "--params") o.params = ulysses_cli::value(argc, argv, i);
+  else if (a == "--params-backend") o.params_backend = ulysses_cli::value(argc, argv, i);
+  else if (a == "--seq") o.seq = ulysses_cli::whole(argc, argv, i, LLONG_MIN, LLONG_MAX);
+  else if (a == "--world") o.world = static_cast<int>(ulysses_cli::whole(argc, argv, i, INT_MIN, INT_MAX));
+  else if (a == "--budget-GiB") o.budget_GiB = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-us") o.links.intra_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-GBps") o.links.intra_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-us") o.links.inter_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-latency-us") o.links.intra_latency_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
+  else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else return false;
+  return true;
 }
 
 Options parse(int argc, char** argv) {
@@ -787,48 +926,19 @@ Options parse(int argc, char** argv) {
       const std::size_t d = ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "both"});
       o.seq_to_head = d != 1;
       o.head_to_seq = d != 0;
+      o.direction_given = true;
+    } else if (a == "--op") {
+      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring"};
+      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring"})];
+    } else if (a == "--ring-u") {
+      o.ring_u = small(i);
     } else if (a == "--path") {
       const Path paths[] = {Path::automatic, Path::alltoallv, Path::messages, Path::direct, Path::two_level};
       o.path = paths[ulysses_cli::one_of(argc, argv, i, {"auto", "alltoallv", "messages", "direct", "two_level"})];
     } else if (a == "--balanced") o.balanced = true;
     else if (a == "--backward") o.backward = true;
-    else if (a == "-n") o.iters = small(i);
-    else if (a == "-w") o.warmup = small(i);
-    else if (a == "--reps") o.reps = small(i);
-    else if (a == "--bare") o.bare = number(i) != 0;
-    else if (a == "--copies") o.copies = number(i) != 0;
-    else if (a == "-c") o.check = number(i) != 0;
-    else if (a == "--json") o.json = need(i);
-    else if (a == "--ranks-per-node") o.ranks_per_node = small(i);
-    else if (a == "--lanes") o.lanes = small(i);
-    else if (a == "--groups") o.groups = small(i);
-    else if (a == "--mpi-window") o.mpi_window = number(i) != 0;
-    else if (a == "--window-outputs") o.window_outputs = number(i) != 0;
-    else if (a == "--call-numbers") {
-      const std::string v = need(i);
-      o.call_numbers = v == "both" ? 2 : v == "0" ? 0 : 1;
-    }
-    else if (a == "--window-MiB") o.window_MiB = number(i);
-    else if (a == "--max-rank-bytes") o.max_rank_bytes = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--advise") o.mode = "advise";
-    else if (a == "--fit") o.mode = "fit", o.params = need(i);
-    else if (a == "--check") o.mode = "check", o.params = need(i);
-    else if (a == "--check-ring") o.mode = "check_ring", o.params = need(i);
-    else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
-    else if (a == "--rows") o.rows = true;
-    else if (a == "--params") o.params = need(i);
-    else if (a == "--params-backend") o.params_backend = need(i);
-    else if (a == "--seq") o.seq = number(i);
-    else if (a == "--world") o.world = small(i);
-    else if (a == "--budget-GiB") o.budget_GiB = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--intra-us") o.links.intra_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--intra-GBps") o.links.intra_GBps = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--inter-us") o.links.inter_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--inter-GBps") o.links.inter_GBps = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--intra-latency-us") o.links.intra_latency_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
-    else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
-    else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
+    else if (parse_run_flag(argc, argv, i, o)) continue;
+    else if (parse_model_flag(argc, argv, i, o)) continue;
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
     else if (a == "--list-models") {
       for (const auto& m : ulysses_models::kModels)
@@ -842,28 +952,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (custom) o.model = "custom";
-  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
-    std::fprintf(stderr, "--backend must be local, mpi, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
-    std::exit(2);
-  }
-  if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
-      o.ranks_per_node < 0 || o.seq < 1 || o.world < 1) {
-    std::fprintf(stderr, "need 1 <= -b <= -e, -f >= 1, -i >= 0, -n >= 1, -w >= 0, --reps >= 1, --batch >= 1, --ranks >= 1, "
-                         "--ranks-per-node >= 0, --lanes >= 0, --seq >= 1, --world >= 1\n");
-    std::exit(2);
-  }
-  if (!o.copies && (o.check || o.backend != "mpi")) {
-    std::fprintf(stderr, "--copies 0 times the messages alone: it needs --backend mpi and -c 0\n");
-    std::exit(2);
-  }
-  if (!o.inputs.empty() && o.mode != "fit" && o.mode != "check" && o.mode != "check_ring") {
-    std::fprintf(stderr, "unknown argument '%s' (measurement files go with --fit or --check)\n", o.inputs.front().c_str());
-    std::exit(2);
-  }
-  if ((o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") && o.inputs.empty()) {
-    std::fprintf(stderr, "--%s needs ulysses_perf --json files to read\n", o.mode.c_str());
-    std::exit(2);
-  }
+  validate(o);
   return o;
 }
 
@@ -873,6 +962,28 @@ int status_of(const std::vector<Row>& rows) {
     if (w.wrong > 0) return 1;
   return 0;
 }
+
+#if ULYSSES_PERF_MPI
+/// --backend mpi: the sweep over MpiWindowComm (--mpi-window 1, or by default when every process
+/// is on one node and no --ranks-per-node) or MpiComm; the decode and ring ops over MpiComm.
+/// Fills `setup` with what ran. Collective.
+std::vector<Row> run_mpi(MpiComm& comm, const Options& o, Setup& setup) {
+  setup = Setup{"MpiComm", "messages", false, ""};
+  if (o.op == "decode" || o.op == "ring") return run_op(comm, o);
+  if (o.mpi_window == 1 || (o.mpi_window < 0 && o.ranks_per_node == 0 && one_node(comm))) {
+    const bool peer_copy = o.path == Path::automatic || o.path == Path::direct;  // (forced paths move messages over the window)
+    setup = Setup{"MpiWindowComm", !peer_copy ? "messages" : o.window_outputs ? "push" : "pull", true, ""};
+    WindowRunner runner(comm, o.window_outputs);  // the peer copy between the processes of the node
+    return run(runner, o);
+  }
+  if (o.copies) {
+    HostRunner<MpiComm> runner(comm);
+    return run(runner, o);
+  }
+  HostRunner<MpiComm, SkipCopies> runner(comm);
+  return run(runner, o);
+}
+#endif
 
 /// Whether an MPI launcher started this process (Open MPI, MPICH / PMI).
 bool under_mpiexec() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE"); }
@@ -893,7 +1004,7 @@ int run_cuda_local(const Options& o) {
     std::vector<Row> mine = run(runner, o);
     if (dev.rank() == 0) rows = std::move(mine);
   });
-  if (!print(o, o.ranks, rows, perf_device::device_name(0) + ", " + std::to_string(o.ranks) + " virtual ranks")) return 2;
+  if (!print(o, o.ranks, rows, Setup{"DeviceLocalGroup::Comm", "", false, perf_device::device_name(0) + ", " + std::to_string(o.ranks) + " virtual ranks"})) return 2;
   return status_of(rows);
 }
 
@@ -953,7 +1064,7 @@ int run_nccl(int& argc, char**& argv, const Options& o) {
     perf_device::with_nccl(rank, P, local, id, [&](perf_device::Rank& dev) {
       DeviceRunner runner(dev);
       const std::vector<Row> rows = run(runner, o);
-      if (rank == 0 && !print(o, P, rows, perf_device::device_name(local) + " per process")) rc = 2;
+      if (rank == 0 && !print(o, P, rows, Setup{"NcclComm", "messages", false, perf_device::device_name(local) + " per process"})) rc = 2;
       rc |= status_of(rows);
     });
   }
@@ -992,7 +1103,7 @@ int run_ipc(int& argc, char**& argv, const Options& o) {
     perf_device::with_ipc(local, static_cast<std::size_t>(o.window_MiB * 1024 * 1024), [&](perf_device::Rank& dev) {
       DeviceRunner runner(dev);
       const std::vector<Row> rows = run(runner, o);
-      if (rank == 0 && !print(o, P, rows, perf_device::device_name(local) + ", " + std::to_string(P) + " processes, CUDA IPC")) rc = 2;
+      if (rank == 0 && !print(o, P, rows, Setup{"MpiDeviceWindowComm", "", true, perf_device::device_name(local) + ", " + std::to_string(P) + " processes, CUDA IPC"})) rc = 2;
       rc |= status_of(rows);
     });
   }
@@ -1006,6 +1117,62 @@ int run_ipc(int& argc, char**& argv, const Options& o) {
 }
 #endif
 
+/// --advise, --fit, --check, --check-ring (perf_model.hpp). @returns the exit status.
+int run_model_mode(const Options& o) {
+  if (o.mode == "advise") {
+    CostModel m = CostModel::nvlink_infiniband();
+#if ULYSSES_PERF_JSON
+    if (!o.params.empty()) m = perf_model::load_model(o.params, o.params_backend);
+#else
+    if (!o.params.empty()) throw Error(Errc::invalid_shape, "--params needs a build with nlohmann_json (apt-get install nlohmann-json3-dev)");
+#endif
+    const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
+    const ElementType t = o.type_given ? o.type : ElementType::bfloat16;
+    const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
+                                      o.balanced);
+    return rc ? rc
+              : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
+                                               o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
+  }
+  if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
+#if ULYSSES_PERF_JSON
+    if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
+    return o.mode == "fit" ? perf_model::fit(o.params, o.inputs, o.links.apply(CostModel{})) : perf_model::check(o.params, o.inputs, o.rows);
+#else
+    std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
+    return 2;
+#endif
+  }
+  return 2;
+}
+
+/// --backend mpi: MPI initialised and finalised here (an error thrown out of the sweep goes to
+/// main(), which aborts the job). @returns the exit status.
+int main_mpi(int& argc, char**& argv, const Options& o) {
+#if ULYSSES_PERF_MPI
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    MpiComm comm(world_group(o.groups));
+    if (o.ranks_given && o.ranks != comm.size()) {
+      if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
+      rc = 2;
+    } else {
+      Setup setup;
+      const std::vector<Row> rows = run_mpi(comm, o, setup);
+      if (comm.rank() == 0 && !print(o, comm.size(), rows, setup)) rc = 2;
+      rc |= status_of(rows);
+    }
+  }
+  MPI_Finalize();
+  return rc;
+#else
+  (void)argc, (void)argv, (void)o;
+  std::fprintf(stderr, "ulysses_perf: this build has no MPI (install libopenmpi-dev and reconfigure)\n");
+  return 2;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1015,64 +1182,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ulysses_perf: started by mpiexec with --backend %s: each process runs its own in-process group; "
                          "give --backend mpi (or nccl) for one group over the MPI processes\n", o.backend.c_str());
   try {
-    if (o.mode == "advise") {
-      CostModel m = CostModel::nvlink_infiniband();
-#if ULYSSES_PERF_JSON
-      if (!o.params.empty()) m = perf_model::load_model(o.params, o.params_backend);
-#else
-      if (!o.params.empty()) throw Error(Errc::invalid_shape, "--params needs a build with nlohmann_json (apt-get install nlohmann-json3-dev)");
-#endif
-      const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
-      const ElementType t = o.type_given ? o.type : ElementType::bfloat16;
-      const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
-                                        o.balanced);
-      return rc ? rc
-                : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
-                                                 o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
-    }
-    if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
-#if ULYSSES_PERF_JSON
-      if (o.mode == "check_ring") return perf_model::check_ring(o.params, o.inputs);
-      return o.mode == "fit" ? perf_model::fit(o.params, o.inputs, o.links.apply(CostModel{})) : perf_model::check(o.params, o.inputs, o.rows);
-#else
-      std::fprintf(stderr, "ulysses_perf: --%s reads JSON: this build has no nlohmann_json (apt-get install nlohmann-json3-dev)\n", o.mode.c_str());
-      return 2;
-#endif
-    }
-    if (o.backend == "mpi") {
-#if ULYSSES_PERF_MPI
-      MPI_Init(&argc, &argv);
-      int rc = 0;
-      {
-        MpiComm comm(world_group(o.groups));
-        if (o.ranks_given && o.ranks != comm.size()) {
-          if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
-          rc = 2;
-        } else {
-          std::vector<Row> rows;
-          if (o.mpi_window == 1 || (o.mpi_window < 0 && o.ranks_per_node == 0 && one_node(comm))) {
-            WindowRunner runner(comm, o.window_outputs);  // the peer copy between the processes of the node
-            rows = run(runner, o);
-          } else {
-            if (o.copies) {
-              HostRunner<MpiComm> runner(comm);
-              rows = run(runner, o);
-            } else {
-              HostRunner<MpiComm, SkipCopies> runner(comm);
-              rows = run(runner, o);
-            }
-          }
-          if (comm.rank() == 0 && !print(o, comm.size(), rows)) rc = 2;
-          rc |= status_of(rows);
-        }
-      }
-      MPI_Finalize();
-      return rc;
-#else
-      std::fprintf(stderr, "ulysses_perf: this build has no MPI (install libopenmpi-dev and reconfigure)\n");
-      return 2;
-#endif
-    }
+    if (o.mode != "sweep") return run_model_mode(o);
+    if (o.backend == "mpi") return main_mpi(argc, argv, o);
     if (o.backend == "nccl" || o.backend == "cuda-local" || o.backend == "cuda-ipc") {
 #if ULYSSES_PERF_CUDA
       if (o.backend == "cuda-ipc") return run_ipc(argc, argv, o);
@@ -1087,10 +1198,10 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     group.spawn([&](LocalGroup::Comm& comm) {
       HostRunner<LocalGroup::Comm> runner(comm);
-      std::vector<Row> mine = run(runner, o);
+      std::vector<Row> mine = o.op == "decode" || o.op == "ring" ? run_op(comm, o) : run(runner, o);
       if (comm.rank() == 0) rows = std::move(mine);
     });
-    if (!print(o, o.ranks, rows)) return 2;
+    if (!print(o, o.ranks, rows, Setup{"LocalGroup::Comm", "", false, ""})) return 2;
     return status_of(rows);
   } catch (const std::exception& e) {  // ulysses::Error, and std::bad_alloc for sizes this machine cannot hold
     std::fprintf(stderr, "ulysses_perf: %s\n", e.what());

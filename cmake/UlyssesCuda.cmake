@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # CUDA and NCCL parts of ulysses, included by the top-level CMakeLists.txt. Optional: whatever is
 # missing is skipped with one STATUS line, configure never fails.
-#   ulysses::cuda  (ulysses_cuda, INTERFACE): ulysses + CUDA::cudart; cuda/copy.cuh,
+#   ulysses::cuda  (ulysses_cuda, INTERFACE): ulysses + CUDA::cudart; cuda/executor.cuh,
 #                  comm/local_device.cuh. Consumers compile .cu sources with their CUDA compiler.
 #   ulysses::nccl  (ulysses_nccl, INTERFACE): ulysses::cuda + NCCL::NCCL; comm/nccl.cuh.
 # Sets ULYSSES_HAS_CUDA / ULYSSES_HAS_NCCL (used by ulyssesConfig.cmake).

@@ -1,35 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
-// The header paths of ulysses 0.1 (before the folders of 0.2) still compile: each is a forwarding
-// header kept for one minor version. This file includes every one of them and uses a name from each.
-#include <ulysses/attention.hpp>
-#include <ulysses/block.hpp>
-#include <ulysses/copy.hpp>
-#include <ulysses/cost.hpp>
-#include <ulysses/element.hpp>
-#include <ulysses/layout.hpp>
-#include <ulysses/mesh.hpp>
-#include <ulysses/partition.hpp>
-#include <ulysses/pipeline.hpp>
-#include <ulysses/plan.hpp>
-#include <ulysses/topology.hpp>
-#include <ulysses/transport.hpp>
-#include <ulysses/comm/local.hpp>  // (not an old path: LocalGroup for choose_path)
+// The 0.2 release's removals: no 0.1 header path is left (each one's replacement is in CHANGELOG.md),
+// and the deprecated names of <ulysses/compat/v0_1.hpp> give what their replacements give.
+#include <ulysses/compat/v0_1.hpp>
+#include <ulysses/ulysses.hpp>
 
 #include <cstdio>
+#include <vector>
+
+#if __has_include(<ulysses/plan.hpp>) || __has_include(<ulysses/copy.hpp>) || __has_include(<ulysses/layout.hpp>) || \
+    __has_include(<ulysses/element.hpp>) || __has_include(<ulysses/block.hpp>) || __has_include(<ulysses/partition.hpp>) ||  \
+    __has_include(<ulysses/topology.hpp>) || __has_include(<ulysses/mesh.hpp>) || __has_include(<ulysses/attention.hpp>) ||  \
+    __has_include(<ulysses/transport.hpp>) || __has_include(<ulysses/pipeline.hpp>) || __has_include(<ulysses/cost.hpp>) ||  \
+    __has_include(<ulysses/torch.hpp>) || __has_include(<ulysses/cuda/copy.cuh>)
+#error "a 0.1 forwarding header is still there (removed in 0.2: see CHANGELOG.md)"
+#endif
 
 int main() {
   using namespace ulysses;
-  const AttentionSpecs a = attention_specs<float>(2, {4, 2, 8});       // attention.hpp
-  const Plan plan({2, 0}, 1, SeqPartition::even(8, 2), a.qkv());        // plan.hpp, partition.hpp
-  const Layout l = Layout::dense(Format::bshd, 1, 4, 4, 8);              // layout.hpp
-  const BufferTable table{};                                             // block.hpp
-  HostExecutor exec;                                                     // copy.hpp
-  const Mesh mesh(4, 2, 2);                                              // mesh.hpp
-  const NodeLayout nodes = NodeLayout::uniform(4, 2);                    // topology.hpp
-  const Path path = choose_path<LocalGroup::Comm, HostExecutor>(plan);   // transport.hpp
-  const bool ok = plan.degree() == 2 && l.extent[1] == 4 && table.base[0] == nullptr && mesh.outer_degree() == 2 &&
-                  nodes.num_nodes() == 2 && path == Path::direct && element_type_of_v<float> == ElementType::float32 &&
-                  sizeof(HostPipeline) > 0 && sizeof(CostModel) > 0 && sizeof(exec) > 0;
+  const Plan plan({2, 0}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 1)});
+  std::vector<float> in(plan.input_bytes(Direction::seq_to_head, 0) / sizeof(float), 1.f);
+  std::vector<float> out(plan.output_bytes(Direction::seq_to_head, 0) / sizeof(float), 0.f);
+  std::vector<std::byte> ws(plan.workspace_bytes());
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  const BufferTable old_name = make_buffers(plan, Direction::seq_to_head, {in}, {out}, ws);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  const BufferTable new_name = bind_buffers(plan, Direction::seq_to_head, {in}, {out}, ws);
+  bool ok = old_name.peers == new_name.peers;
+  for (int i = 0; i < BufferIndex::count; ++i) ok = ok && old_name.base[i] == new_name.base[i];
+  ok = ok && new_name.base[BufferIndex::input(0)] != nullptr;
   std::printf("compat headers: %s\n", ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }

@@ -6,6 +6,7 @@
 // path, the pipeline, the summed backward and (with ULYSSES_STRICT_MPI) MpiComm, and runs the
 // in-process ones: each round trip must give back its input bit for bit.
 #include <ulysses/ulysses.hpp>
+#include <ulysses/compat/v0_1.hpp>  // (the deprecated names compile under the strict flags; none is used)
 #include <ulysses/tune/cost.hpp>
 #include <ulysses/tune/fit.hpp>
 #include <ulysses/tune/advise.hpp>

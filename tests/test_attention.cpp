@@ -44,6 +44,34 @@ TEST_CASE("attention_specs: every model, P in {1,2,4,8,16,32}, both policies: th
       }
 }
 
+TEST_CASE("HeadPolicy::automatic: even's partition wherever even's rule holds, balanced's elsewhere; it refuses no head count") {
+  for (const auto& m : ulysses_models::kModels)
+    for (int P : {1, 2, 3, 4, 6, 8, 16, 32}) {
+      const std::string name = m.name;
+      CAPTURE(name);
+      CAPTURE(P);
+      const AttentionShape shape{m.num_heads, m.num_kv_heads, m.head_dim, m.v_head_dim};
+      const bool even_holds = ut::expected_even_error(m, P) == Errc{};
+      CHECK(resolve_head_policy(HeadPolicy::automatic, P, m.num_heads, m.num_kv_heads) == (even_holds ? HeadPolicy::even : HeadPolicy::balanced));
+      CHECK(resolve_head_policy(HeadPolicy::even, P, m.num_heads, m.num_kv_heads) == HeadPolicy::even);
+      if (m.num_heads % m.num_kv_heads != 0) continue;  // gqa_invalid under every policy
+      const AttentionSpecs a = attention_specs<float>(P, shape, HeadPolicy::automatic);
+      const AttentionSpecs b = attention_specs<float>(P, shape, even_holds ? HeadPolicy::even : HeadPolicy::balanced);
+      for (int r = 0; r < P; ++r) {
+        CHECK(a.query_heads.begin(r) == b.query_heads.begin(r));
+        CHECK(a.query_heads.end(r) == b.query_heads.end(r));
+        CHECK(a.kv_heads.begin(r) == b.kv_heads.begin(r));
+        CHECK(a.kv_heads.end(r) == b.kv_heads.end(r));
+      }
+    }
+  // H = 30 on P = 4 (the guide's heads_not_divisible example): 8, 8, 7, 7 query heads.
+  const AttentionSpecs a = attention_specs<float>(4, {30, 5, 64}, HeadPolicy::automatic);
+  CHECK(a.query_heads.count(0) == 8);
+  CHECK(a.query_heads.count(3) == 7);
+  CHECK(resolve_head_policy(HeadPolicy::automatic, 4, 32, 8) == HeadPolicy::even);
+  CHECK(resolve_head_policy(HeadPolicy::automatic, 4, 12, 6) == HeadPolicy::balanced);  // even: gqa_group_mismatch
+}
+
 TEST_CASE("attention_specs: errors with their codes") {
   CHECK(ut::code_of([] { attention_specs<float>(4, {30, 5, 64}); }) == Errc::heads_not_divisible);
   CHECK(ut::code_of([] { attention_specs<float>(4, {12, 5, 64}, HeadPolicy::balanced); }) == Errc::gqa_invalid);

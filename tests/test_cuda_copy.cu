@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// cuda/copy.cuh and comm/local_device.cuh: the CUDA executor runs every block list of the shared
+// cuda/executor.cuh and comm/local_device.cuh: the CUDA executor runs every block list of the shared
 // cases (C1–C8, zigzag, the models) byte for byte like the host executor, at every alignment; the
 // shared cases end to end on P virtual ranks on one GPU (DeviceLocalGroup); graph capture; errors.
 // Without a CUDA device only the suite "host" runs (see support/device_main.cpp).

@@ -76,7 +76,7 @@ struct RankBufs {
         }
   }
   DecodeBuffers buffers(std::byte* i, std::byte* l, std::byte* o, std::byte* ol, std::byte* w) const {
-    return DecodeBuffers{i, in.size(), reinterpret_cast<const float*>(l), lse.size(), o, out.size(), reinterpret_cast<float*>(ol), olse.size(), w, ws.size()};
+    return DecodeBuffers().partial({i, in.size()}).lse({l, lse.size()}).out({o, out.size()}).out_lse({ol, olse.size()}).workspace({w, ws.size()});
   }
 };
 
@@ -111,10 +111,12 @@ __global__ void merge_rows_kernel(const std::byte* rows, ElementType in, const f
 TEST_SUITE("host") {
   TEST_CASE("CudaDecodeExecutor: device memory; the decode exchange takes messages only with a device communicator") {
     static_assert(CudaDecodeExecutor::device_memory, "device executor");
-    CHECK(detail::decode_can_message_v<DeviceLocalGroup::Comm, CudaDecodeExecutor>);
-    CHECK(!detail::decode_can_message_v<LocalGroup::Comm, CudaDecodeExecutor>);
-    CHECK(!detail::decode_can_message_v<DeviceLocalGroup::Comm, HostDecodeExecutor>);
-    CHECK(detail::decode_can_message_v<LocalGroup::Comm, HostDecodeExecutor>);
+    CHECK(serves_decode<DeviceLocalGroup::Comm, CudaDecodeExecutor>(Path::messages));
+    CHECK(!serves_decode<LocalGroup::Comm, CudaDecodeExecutor>(Path::messages));
+    CHECK(!serves_decode<DeviceLocalGroup::Comm, HostDecodeExecutor>(Path::messages));
+    CHECK(serves_decode<LocalGroup::Comm, HostDecodeExecutor>(Path::messages));
+    CHECK(choose_path<DeviceLocalGroup::Comm, CudaDecodeExecutor>(DecodePlan(DecodeSpec(1, 1, HeadPartition::even(4, 2), 8), 0)) == Path::messages);
+    CHECK(choose_path<LocalGroup::Comm, CudaDecodeExecutor>(DecodePlan(DecodeSpec(1, 1, HeadPartition::even(4, 2), 8), 0)) == Path::alltoallv);
   }
   TEST_CASE("the merge compiled by nvcc's host compiler: exact values (ties, -inf, all -inf) and the streaming == n-way bits") {
     const float rows[2][3] = {{1.0f, -2.0f, 3.5f}, {3.0f, 2.0f, 0.5f}};
@@ -179,7 +181,7 @@ TEST_CASE("the merge on the GPU gives the host's bits (lse_step, exp2, log1p and
 
 TEST_CASE("DeviceLocalGroup + CudaDecodeExecutor: the decode exchange == the host exchange on LocalGroup, byte for byte (C16, C18, bf16, all heads, both collectives)") {
   std::vector<DecodeCase> cases;
-  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages})
+  for (Path path : {Path::alltoallv, Path::messages})
     for (DecodeOutput o : {DecodeOutput::heads, DecodeOutput::all_heads})
       for (int lay : {0, 2}) {
         DecodeCase c = c16();

@@ -19,6 +19,7 @@
 #include <new>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "decode_case.hpp"
 #include "expect_error.hpp"
@@ -108,7 +109,7 @@ TEST_CASE("C18: P=4, empty rows with LSE +inf or NaN (on one rank, and on every 
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
   int cases = 0;
   for (const std::vector<float>& empty : {std::vector<float>{inf}, std::vector<float>{nan}, std::vector<float>{inf, nan, -inf}})
-    for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::direct})
+    for (Path path : {Path::alltoallv, Path::messages, Path::direct})
       for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads})
         for (ElementType in : {ElementType::float32, ElementType::bfloat16})
           for (std::int64_t T : {1, 4}) {
@@ -179,7 +180,7 @@ TEST_CASE("layouts: FlashAttention's (O bhsd, LSE [B,H,T]) and padded strided vi
 }
 
 TEST_CASE("both collectives (alltoallv, one message per peer), the direct path (peers' partials read in place) and the all-gather variant give the same bits") {
-  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::automatic, DecodePath::direct})
+  for (Path path : {Path::alltoallv, Path::messages, Path::automatic, Path::direct})
     for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads})
       for (int P : {1, 2, 4, 8}) {
         DecodeCase c = c16();
@@ -204,9 +205,9 @@ TEST_CASE("a communicator with only alltoallv(): the automatic path takes it, th
     });
     for (auto& s : res) CHECK(s == "");
   }
-  // DecodePath::messages cannot be served by it: a coded error, before any collective.
+  // Path::messages cannot be served by it: a coded error, before any collective.
   DecodeCase c = c16();
-  c.path = DecodePath::messages;
+  c.path = Path::messages;
   LocalGroup g(c.P, std::chrono::seconds(60));
   std::vector<Errc> codes(4);
   g.run([&](LocalGroup::Comm& comm) {
@@ -214,6 +215,28 @@ TEST_CASE("a communicator with only alltoallv(): the automatic path takes it, th
     codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
   });
   for (Errc e : codes) CHECK(e == Errc::path_unsupported);
+}
+
+TEST_CASE("the decode exchange takes the Ulysses exchange's transports: choose_path() of a DecodePlan, through visit_transport()") {
+  const auto plan = [](Path p) { return DecodePlan(DecodeSpec(1, 1, HeadPartition::even(4, 2), 8).with_path(p), 0); };
+  // automatic: messages where the communicator has them in the executor's memory, else alltoallv; never direct.
+  CHECK(choose_path<LocalGroup::Comm, HostDecodeExecutor>(plan(Path::automatic)) == Path::messages);
+  CHECK(choose_path<BareComm, HostDecodeExecutor>(plan(Path::automatic)) == Path::alltoallv);
+  for (Path p : {Path::alltoallv, Path::messages, Path::direct}) CHECK(choose_path<LocalGroup::Comm, HostDecodeExecutor>(plan(p)) == p);
+  // Each transport says whether it serves the decode exchange (serves_decode); two_level never does (a flat wire).
+  CHECK(serves_decode<LocalGroup::Comm, HostDecodeExecutor>(Path::direct));
+  CHECK(!serves_decode<BareComm, HostDecodeExecutor>(Path::direct));
+  CHECK(!serves_decode<BareComm, HostDecodeExecutor>(Path::messages));
+  CHECK(!serves_decode<LocalGroup::Comm, HostDecodeExecutor>(Path::two_level));
+  CHECK(reads_in_place(Path::direct));
+  CHECK(!reads_in_place(Path::messages));
+  const auto [code, msg] = ut::error_of([&] { choose_path<LocalGroup::Comm, HostDecodeExecutor>(plan(Path::two_level)); });
+  CHECK(code == Errc::path_unsupported);
+  CHECK(msg.find("flat") != std::string::npos);
+  CHECK(ut::code_of([&] { choose_path<BareComm, HostDecodeExecutor>(plan(Path::direct)); }) == Errc::path_unsupported);
+  // DecodeSpec::path is the shared Path; the deprecated DecodePath is an alias of it.
+  static_assert(std::is_same_v<decltype(DecodeSpec::path), Path>, "DecodeSpec::path is a Path");
+  static_assert(std::is_same_v<DecodePath, Path>, "DecodePath is Path");
 }
 
 TEST_CASE("the plan: sizes and offsets of the wire format (O then LSE, each part padded to 16 bytes; chunks in peer order; no self chunk)") {
@@ -254,10 +277,10 @@ TEST_CASE("the plan: sizes and offsets of the wire format (O then LSE, each part
   CHECK(one.workspace_bytes() == 0);
   CHECK(one.sent_bytes() == 0);
   CHECK(p.peer_read_bytes() == 0);
-  // DecodePath::direct: the peers read the partials in place, nothing is sent or received in the first exchange;
+  // Path::direct: the peers read the partials in place, nothing is sent or received in the first exchange;
   // the all-gather variant still sends and receives its merged chunks.
   DecodeSpec d = s;
-  d.with_path(DecodePath::direct);
+  d.with_path(Path::direct);
   const DecodePlan pd(d, 1);
   CHECK(pd.sent_bytes() == 0);
   CHECK(pd.received_bytes() == 0);
@@ -315,19 +338,14 @@ TEST_CASE("call errors are coded and thrown by every rank before any collective 
       const DecodePlan plan(ud::spec_of(c, f == wrong_comm ? (r + 1) % c.P : r), f == wrong_comm ? (r + 1) % c.P : r);
       std::vector<std::byte> in(plan.partial_span_bytes()), lse(plan.lse_span_bytes() + 4), out(plan.out_span_bytes()),
           olse(plan.out_lse_span_bytes()), ws(plan.workspace_bytes());
-      DecodeBuffers b;
-      b.partial = in.data(), b.partial_bytes = in.size();
-      b.lse = reinterpret_cast<const float*>(lse.data()), b.lse_bytes = plan.lse_span_bytes();
-      b.out = out.data(), b.out_bytes = out.size();
-      b.out_lse = reinterpret_cast<float*>(olse.data()), b.out_lse_bytes = olse.size();
-      b.workspace = ws.data(), b.workspace_bytes = ws.size();
-      if (f == small_out) b.out_bytes -= 1;
-      if (f == small_lse) b.lse_bytes -= 4;
-      if (f == small_ws) b.workspace_bytes -= 16;
-      if (f == no_ws) b.workspace = nullptr;
-      if (f == misaligned_lse) b.lse = reinterpret_cast<const float*>(lse.data() + 2);
-      if (f == overlap_out) b.out = const_cast<void*>(b.partial), b.out_bytes = b.partial_bytes;
-      if (f == overlap_ws) b.workspace = b.out, b.workspace_bytes = std::max(ws.size(), out.size());
+      DecodeBuffers b = DecodeBuffers().partial(in).lse({lse.data(), plan.lse_span_bytes()}).out(out).out_lse(olse).workspace(ws);
+      if (f == small_out) b = b.out({out.data(), out.size() - 1});
+      if (f == small_lse) b = b.lse({lse.data(), plan.lse_span_bytes() - 4});
+      if (f == small_ws) b = b.workspace({ws.data(), ws.size() - 16});
+      if (f == no_ws) b = b.workspace({nullptr, ws.size()});
+      if (f == misaligned_lse) b = b.lse({lse.data() + 2, plan.lse_span_bytes()});
+      if (f == overlap_out) b = b.out({in.data(), in.size()});
+      if (f == overlap_ws) b = b.workspace({out.data(), std::max(ws.size(), out.size())});
       errs[static_cast<std::size_t>(r)] = ut::error_of([&] { decode_exchange(plan, comm, HostDecodeExecutor{}, b); });
     });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -343,8 +361,7 @@ TEST_CASE("call errors are coded and thrown by every rank before any collective 
   // The message names the buffer and the numbers.
   const DecodePlan plan(ud::spec_of(c, 0), 0);
   std::vector<std::byte> big(1 << 16);
-  DecodeBuffers b;
-  b.partial = big.data(), b.partial_bytes = 10;
+  const DecodeBuffers b = DecodeBuffers().partial({big.data(), 10});
   LocalGroup g1(4);
   LocalGroup::Comm comm0 = g1.comm(0);
   const auto [code, msg] = ut::error_of([&] { decode_exchange(plan, comm0, HostDecodeExecutor{}, b); });
@@ -371,13 +388,13 @@ TEST_CASE("ranks that planned different exchanges: every rank throws plan_mismat
 TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exact; layouts that differ, a communicator without with_peers(), P > 64: coded errors on every rank") {
   for (int lay : {0, 1}) {
     DecodeCase c = c16();
-    c.path = DecodePath::direct, c.layouts = lay, c.partial_type = ElementType::bfloat16, c.out_type = ElementType::bfloat16, c.T = 4;
+    c.path = Path::direct, c.layouts = lay, c.partial_type = ElementType::bfloat16, c.out_type = ElementType::bfloat16, c.T = 4;
     CAPTURE(lay);
     CHECK(run_local(c) == "");
   }
   {  // rank-dependent padded layouts: the ranks' records differ in the path word, every rank throws at the first call
     DecodeCase c = c16();
-    c.path = DecodePath::direct, c.layouts = 2;
+    c.path = Path::direct, c.layouts = 2;
     LocalGroup g(c.P, std::chrono::seconds(60));
     std::vector<std::string> msgs(4);
     std::vector<Errc> codes(4);
@@ -392,7 +409,7 @@ TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exac
   }
   {  // no with_peers(): path_unsupported before any collective
     DecodeCase c = c16();
-    c.path = DecodePath::direct;
+    c.path = Path::direct;
     LocalGroup g(c.P, std::chrono::seconds(60));
     std::vector<Errc> codes(4);
     g.run([&](LocalGroup::Comm& comm) {
@@ -401,12 +418,12 @@ TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exac
     });
     for (Errc e : codes) CHECK(e == Errc::path_unsupported);
   }
-  const DecodeSpec big = DecodeSpec(1, 1, HeadPartition::balanced(65, 65), 8).with_path(DecodePath::direct);
+  const DecodeSpec big = DecodeSpec(1, 1, HeadPartition::balanced(65, 65), 8).with_path(Path::direct);
   CHECK(ut::code_of([&] { DecodePlan(big, 0); }) == Errc::path_unsupported);
 }
 
 TEST_CASE("no allocation in a call after the first (both collectives, the direct path, both outputs)") {
-  for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::direct})
+  for (Path path : {Path::alltoallv, Path::messages, Path::direct})
     for (DecodeOutput o : {DecodeOutput::heads, DecodeOutput::all_heads}) {
       DecodeCase c = c16();
       c.path = path, c.output = o;
@@ -417,8 +434,7 @@ TEST_CASE("no allocation in a call after the first (both collectives, the direct
         const DecodePlan plan(ud::spec_of(c, r), r);
         std::vector<std::byte> in(plan.partial_span_bytes()), lse(plan.lse_span_bytes()), out(plan.out_span_bytes()),
             olse(plan.out_lse_span_bytes()), ws(plan.workspace_bytes());
-        DecodeBuffers b{in.data(), in.size(), reinterpret_cast<const float*>(lse.data()), lse.size(), out.data(), out.size(),
-                        reinterpret_cast<float*>(olse.data()), olse.size(), ws.data(), ws.size()};
+        const DecodeBuffers b = DecodeBuffers().partial(in).lse(lse).out(out).out_lse(olse).workspace(ws);
         const HostDecodeExecutor ex;
         decode_exchange(plan, comm, ex, b);  // the first call checks agreement, sizes the message lists
         g_allocs = 0;
@@ -469,8 +485,7 @@ struct BodyRig {
         std::memcpy(ws.data() + i, &v, 4);
       }
     }
-    b = DecodeBuffers{in.data(), in.size(), reinterpret_cast<const float*>(lse.data()), lse.size(), out.data(), out.size(),
-                      reinterpret_cast<float*>(olse.data()), olse.size(), ws.data(), ws.size()};
+    b = DecodeBuffers().partial(in).lse(lse).out(out).out_lse(olse).workspace(ws);
   }
   DecodeArgs args() const { return plan.args(b, plan.peers().data()); }
 };

@@ -68,7 +68,7 @@ TEST_CASE("MPI C18: P=4, empty rows with LSE +inf or NaN (on one rank, and on ev
   MPI_Comm_split(MPI_COMM_WORLD, wr < 4 ? 0 : MPI_UNDEFINED, wr, &sub);
   int cases = 0;
   for (const std::vector<float>& empty : {std::vector<float>{inf}, std::vector<float>{nan}, std::vector<float>{inf, nan, -inf}})
-    for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages, DecodePath::direct})
+    for (Path path : {Path::alltoallv, Path::messages, Path::direct})
       for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads})
         for (std::int64_t T : {1, 4}) {
           DecodeCase c = ud::c18(empty);
@@ -79,7 +79,7 @@ TEST_CASE("MPI C18: P=4, empty rows with LSE +inf or NaN (on one rank, and on ev
           if (sub != MPI_COMM_NULL) {
             MpiComm comm(sub);
             ud::DecodeResult got, want;
-            if (path == DecodePath::direct) {  // the peers' partials read in place from the node's shared window
+            if (path == Path::direct) {  // the peers' partials read in place from the node's shared window
               MpiWindow win(comm, std::size_t{1} << 16);
               MpiWindowComm wc(comm, win);
               mine = ud::run_decode_case(wc, c, 2, &got) + ud::run_decode_case(wc, ref, 2, &want);
@@ -113,7 +113,7 @@ TEST_CASE("MPI: every P that fits the world, T in {1,4}, contiguous and round-ro
     for (std::int64_t T : {1, 4})
       for (bool rr : {false, true})
         for (Heads hh : {Heads{8, 2}, Heads{7, 1}, Heads{3, 3}})
-          for (DecodePath path : {DecodePath::alltoallv, DecodePath::messages})
+          for (Path path : {Path::alltoallv, Path::messages})
             for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads}) {
               DecodeCase c;
               c.P = P, c.T = T, c.round_robin = rr, c.H = hh.H, c.Hkv = hh.Hkv, c.B = 2, c.S = 4 * P + 1, c.path = path, c.output = out;
@@ -147,7 +147,7 @@ TEST_CASE("MPI: bf16 partials with fp32 LSE, bf16 and fp32 outputs, base 2, stri
 TEST_CASE("MPI: the direct path over MpiWindowComm (partials staged into the shared window, read in place by the peers): both outputs, bf16, exact") {
   for (DecodeOutput out : {DecodeOutput::heads, DecodeOutput::all_heads}) {
     DecodeCase c = c16();
-    c.P = world_size(), c.H = 12, c.Hkv = 4, c.T = 4, c.S = 5 * c.P, c.path = DecodePath::direct, c.output = out;
+    c.P = world_size(), c.H = 12, c.Hkv = 4, c.T = 4, c.S = 5 * c.P, c.path = Path::direct, c.output = out;
     c.partial_type = ElementType::bfloat16, c.empty = {{0, 2}};
     MpiComm comm(MPI_COMM_WORLD);
     MpiWindow win(comm, std::size_t{1} << 16);  // room to stage O_r and LSE_r (they lie outside the window)
@@ -175,8 +175,7 @@ TEST_CASE("MPI: ranks that planned different exchanges all throw plan_mismatch a
   c.B = 3;
   const DecodePlan plan(ud::spec_of(c, wr), wr);
   std::vector<std::byte> in(plan.partial_span_bytes()), lse(plan.lse_span_bytes()), out(plan.out_span_bytes()), ws(plan.workspace_bytes());
-  DecodeBuffers b{in.data(), in.size(), reinterpret_cast<const float*>(lse.data()), lse.size(), out.data(), out.size(), nullptr, 0,
-                  ws.data(), ws.size() / 2};
+  const DecodeBuffers b = DecodeBuffers().partial(in).lse(lse).out(out).workspace({ws.data(), ws.size() / 2});
   CHECK(ut::code_of([&] { decode_exchange(plan, comm, HostDecodeExecutor{}, b); }) == Errc::workspace_too_small);
   MPI_Barrier(MPI_COMM_WORLD);
 }

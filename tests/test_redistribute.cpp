@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <doctest/doctest.h>
+#include <ulysses/compat/v0_1.hpp>  // make_buffers: the deprecated name is tested too
 
 #include "cases.hpp"
 #include "expect_error.hpp"

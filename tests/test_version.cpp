@@ -7,7 +7,7 @@
 
 TEST_CASE("version macros agree with each other and with the project version") {
   CHECK(ULYSSES_VERSION == ULYSSES_VERSION_MAJOR * 10000 + ULYSSES_VERSION_MINOR * 100 + ULYSSES_VERSION_PATCH);
-  CHECK(ULYSSES_VERSION == 100);  // 0.1.0, as in CMakeLists.txt's project(VERSION)
+  CHECK(ULYSSES_VERSION == 200);  // 0.2.0, as in CMakeLists.txt's project(VERSION)
 }
 
 TEST_CASE("public names live in the versioned inline namespace") {

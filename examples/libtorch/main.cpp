@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A GQA attention layer trained with Ulysses sequence parallelism in libtorch: P processes on
 // this machine, one c10d::ProcessGroupGloo over a FileStore, the exchanges through
-// <ulysses/torch.hpp> (ProcessGroupComm, seq_to_head_autograd / head_to_seq_autograd, whose
+// <ulysses/torch/torch.hpp> (ProcessGroupComm, seq_to_head_autograd / head_to_seq_autograd, whose
 // backward sums the partial gradients of replicated kv heads).
 //
 // Every step checks the distributed run against the same layer run in one process over the whole

@@ -156,8 +156,7 @@ RankResult rank_step(Comm& comm, const Problem& pb) {
       detail::with_merge_arith(type, [&](auto a) { decltype(a)::store(part.data() + (i * D + d) * e, x); });
     }
   }
-  const DecodeBuffers buf{part.data(), part.size(), lse.data(), lse.size() * 4, out.data(), out.size(), out_lse.data(), out_lse.size() * 4,
-                          ws.data(), ws.size()};
+  const DecodeBuffers buf = DecodeBuffers().partial(part).lse(lse).out(out).out_lse(out_lse).workspace(ws);
   const HostDecodeExecutor ex;
   decode_exchange(plan, comm, ex, buf);
   // Check this rank's heads against single-rank attention in double.

@@ -3,24 +3,10 @@
 /// @brief q, k, v by name: seq_to_head() and seq_to_head_backward() of an attention layer's
 ///        q, k, v plan with named buffers (Qkv, QkvGrad) instead of a positional list.
 ///
-/// A positional list `{q, k, v}` can only be checked against sizes: a list in the wrong order is
-/// refused when the swapped tensors differ in size (Errc::buffer_too_small), but k and v of one
-/// layer usually have the same size (Hkv heads of D = Dv elements), and `{q, v, k}` then moves v
-/// where k belongs without any error. Here each buffer is named where it is passed:
-///
-///     seq_to_head(qkv, comm, exec, QkvIn().q(q).k(k).v(v), QkvOut().q(q2).k(k2).v(v2), ws);
-///     // ... attention, its backward ...
-///     seq_to_head_backward(qkv, comm, exec, QkvGradIn().dq(dq2).dk(dk2).dv(dv2),
-///                          QkvGradOut().dq(dq).dk(dk).dv(dv), ws);
-///
-/// so a swap is written out as `.k(v)` at the call site, where a reviewer reads it. The setters
-/// may come in any order, each returns a new value ([[nodiscard]]: `in.q(q);` alone does nothing).
-/// Before anything moves, the calls check that the plan is the q, k, v plan of
-/// attention_specs(...).qkv() (three tensors, k and v serving q, k with q's head dim, k and v on
-/// one kv split) and that all three buffers were given; then they run the positional form
-/// (redistribute.hpp), with its checks. The positional form stays, for plans of other tensors.
-/// The attention output o and its gradient do are one tensor each: the one-tensor calls of
-/// redistribute.hpp take them (nothing to swap).
+/// `QkvIn().q(q).k(k).v(v)`: a swap of k and v (same size, so a positional list cannot catch it)
+/// is written out at the call site. The calls check that the plan is attention_specs(...).qkv()'s
+/// and that all three buffers are given, then run the positional form (redistribute.hpp). Why and
+/// how: docs/guide.md; docs/headers.md, "attention_call.hpp".
 #pragma once
 
 #include <string>

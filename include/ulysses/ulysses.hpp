@@ -21,6 +21,7 @@
 #include "plan/plan.hpp"
 #include "transport/dispatch.hpp"
 #include "plan/attention.hpp"
+#include "plan/window_bytes.hpp"
 #include "topology/mesh.hpp"
 #include "redistribute.hpp"
 #include "attention_call.hpp"

@@ -11,6 +11,21 @@ if(ULYSSES_BUILD_DIR)
     message(FATAL_ERROR "cmake --install failed (${rc})")
   endif()
   list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  # The install tree holds no forwarding header (0.2 removed them): no header of only
+  # preprocessor lines and comments, except the umbrellas, which include a whole module.
+  set(umbrellas ulysses.hpp torch/torch.hpp comm/mpi.hpp comm/nccl.cuh)
+  file(GLOB_RECURSE installed RELATIVE ${WORK_DIR}/prefix/include/ulysses
+    ${WORK_DIR}/prefix/include/ulysses/*.hpp ${WORK_DIR}/prefix/include/ulysses/*.cuh)
+  if(NOT installed)
+    message(FATAL_ERROR "cmake --install put no header under ${WORK_DIR}/prefix/include/ulysses")
+  endif()
+  foreach(h IN LISTS installed)
+    file(STRINGS ${WORK_DIR}/prefix/include/ulysses/${h} code REGEX "^[ \t]*[^ \t/#]")
+    list(FIND umbrellas "${h}" umbrella)
+    if(NOT code AND umbrella EQUAL -1)
+      message(FATAL_ERROR "the install tree has a forwarding header: include/ulysses/${h}")
+    endif()
+  endforeach()
 else()
   list(APPEND args -DULYSSES_SOURCE_DIR=${ULYSSES_SOURCE_DIR} -DULYSSES_BUILD_TESTS=OFF
     -DULYSSES_BUILD_EXAMPLES=OFF -DULYSSES_BUILD_BENCHMARKS=OFF -DULYSSES_ENABLE_CUDA=OFF)

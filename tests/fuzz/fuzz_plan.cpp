@@ -201,7 +201,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         ip.push_back(s2h ? seqbuf[r][t] : headbuf[r][t]);
         op.push_back(s2h ? headbuf[r][t] : back[r][t]);
       }
-      tabs[r] = make_buffers(p, dir, ip, op, ws[r]);
+      tabs[r] = bind_buffers(p, dir, ip, op, ws[r]);
     }
     if (direct) {  // every rank reads its peers' inputs into its outputs (one list, all stages)
       std::vector<LayoutRecord> layouts;

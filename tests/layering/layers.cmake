@@ -3,7 +3,7 @@
 # path regexes separated by '|'. A header may include its own layer and lower ones.
 set(ULYSSES_LAYER_NAMES
   "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
-  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message; the LSE merge
+  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message, the row walk; the LSE merge
   "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
   "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors
@@ -15,10 +15,9 @@ set(ULYSSES_LAYERS
   "layout/.*|merge/.*"
   "partition/.*|topology/.*|ring/partition\\.hpp|ring/schedule\\.hpp|ring/merge\\.hpp|ring/mesh\\.hpp|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
   "comm/.*|ring/rotation\\.hpp|ring/mpi_mesh\\.hpp"
-  "plan/.*|ring/agreement\\.hpp|decode/plan\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "plan/.*|ring/agreement\\.hpp|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
   "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
-# The old paths of 0.1, one-line forwarding headers kept for one minor version.
-set(ULYSSES_COMPAT_HEADERS layout.hpp element.hpp block.hpp partition.hpp topology.hpp mesh.hpp attention.hpp plan.hpp
-  transport.hpp copy.hpp pipeline.hpp cost.hpp torch.hpp cuda/copy.cuh)
+# The deprecated names of 0.1 (one header, for code that still uses them): no layer may include it.
+set(ULYSSES_COMPAT_HEADERS compat/v0_1.hpp)

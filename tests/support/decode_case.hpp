@@ -37,7 +37,7 @@ struct DecodeCase {
   ElementType partial_type = ElementType::float32, out_type = ElementType::float32;
   LseBase base = LseBase::natural;
   DecodeOutput output = DecodeOutput::heads;
-  DecodePath path = DecodePath::automatic;
+  Path path = Path::automatic;
   int layouts = 0;  ///< 0 dense (O bshd, LSE [B,T,H]); 1 O bhsd, LSE [B,H,T] (FlashAttention's); 2 padded strided views
   std::vector<std::pair<int, std::int64_t>> empty;  ///< (rank, b): the rank holds no keys of sequence b
   std::int64_t no_keys = -1;  ///< a sequence with no keys at all (every rank empty for it), or -1
@@ -240,12 +240,7 @@ std::string run_decode_case(Comm& comm, const DecodeCase& c, int calls = 2, Deco
         std::memcpy(lse_in.data() + l.lse.offset(b, t, h, 0) * 4, &parts.lse[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)], 4);
       }
   std::vector<std::byte> out = buffer(l.out, eout, 0x5a), out_lse = buffer(l.out_lse, 4, 0x5a), ws(plan.workspace_bytes() + 16);
-  DecodeBuffers bufs;
-  bufs.partial = in.data(), bufs.partial_bytes = in.size();
-  bufs.lse = reinterpret_cast<const float*>(lse_in.data()), bufs.lse_bytes = lse_in.size();
-  bufs.out = out.data(), bufs.out_bytes = out.size();
-  bufs.out_lse = reinterpret_cast<float*>(out_lse.data()), bufs.out_lse_bytes = out_lse.size();
-  bufs.workspace = ws.data(), bufs.workspace_bytes = ws.size();
+  const DecodeBuffers bufs = DecodeBuffers().partial(in).lse(lse_in).out(out).out_lse(out_lse).workspace(ws);
   const HostDecodeExecutor exec;
   for (int k = 0; k < calls; ++k) decode_exchange(plan, comm, exec, bufs);
   if (result) *result = DecodeResult{out, out_lse};

@@ -143,12 +143,7 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
   const ud::Layouts l = ud::layouts_of(dc, plan.spec().heads, r);
   std::vector<std::byte> in = ud::buffer(l.partial, 4, 0), lse = ud::buffer(l.lse, 4, 0), out = ud::buffer(l.out, 4, 0),
                          out_lse = ud::buffer(l.out_lse, 4, 0), ws(plan.workspace_bytes() + 16);
-  DecodeBuffers b;
-  b.partial = in.data(), b.partial_bytes = in.size();
-  b.lse = reinterpret_cast<const float*>(lse.data()), b.lse_bytes = lse.size();
-  b.out = out.data(), b.out_bytes = out.size();
-  b.out_lse = reinterpret_cast<float*>(out_lse.data()), b.out_lse_bytes = out_lse.size();
-  b.workspace = ws.data(), b.workspace_bytes = ws.size();
+  const DecodeBuffers b = DecodeBuffers().partial(in).lse(lse).out(out).out_lse(out_lse).workspace(ws);
   const HostDecodeExecutor dx;
   if (warm) {
     const TimedError w = timed_error_of([&] { decode_exchange(plan, comm, dx, b); });
@@ -156,10 +151,9 @@ TimedError run_fault(Comm& comm, FaultOp op, Fault f, int bad, Comm& wrong, bool
   }
   return timed_error_of([&] {
     if (!me) return decode_exchange(plan, comm, dx, b);
-    DecodeBuffers x = b;
     switch (f) {
-      case Fault::short_buffer: x.out_bytes = 2; return decode_exchange(plan, comm, dx, x);
-      case Fault::overlap: x.out = in.data(); return decode_exchange(plan, comm, dx, x);
+      case Fault::short_buffer: return decode_exchange(plan, comm, dx, b.out({out.data(), 2}));
+      case Fault::overlap: return decode_exchange(plan, comm, dx, b.out({in.data(), out.size()}));
       case Fault::wrong_comm: return decode_exchange(plan, wrong, dx, b);
       case Fault::engine_throw:
         return break_group_on_failure(comm, "its attention", [] { throw Error(Errc::backend, "the engine's attention kernel failed"); });

@@ -8,6 +8,7 @@
 ///        README.md (Communicators, executors, and the path each takes). Source of the pattern:
 ///        c10d's Backend (optional features queried, default false) and NCCL's
 ///        ncclCommQueryProperties (capabilities as data).
+///        Notes: docs/headers.md (comm/concepts.hpp).
 #pragma once
 
 #include <cstddef>

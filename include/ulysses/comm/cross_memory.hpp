@@ -8,6 +8,7 @@
 ///        pushed_by_owner()), the permission probe (cross_memory_readable()), and the mechanism's
 ///        own record and scratch (CrossMemoryRecord, RemoteReadScratch). Why, when, and what a
 ///        range costs: docs/guide.md (One copy between the MPI processes of a node).
+///        Notes: docs/headers.md (comm/cross_memory.hpp).
 #pragma once
 
 #include <cerrno>
@@ -25,6 +26,7 @@
 
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
+#include "../layout/rows.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -195,16 +197,11 @@ class CrossMemoryReader {
 /// @throws Error(backend) as CrossMemoryReader::flush().
 inline void read_block(CrossMemoryReader& r, const BlockCopy& b, std::uint64_t src, std::byte* dst, bool packed) {
   const auto rb = static_cast<std::size_t>(b.row_bytes);
-  std::byte* out = packed ? dst : dst + b.dst_offset;
-  for (std::int64_t i0 = 0; i0 < b.extent[0]; ++i0)
-    for (std::int64_t i1 = 0; i1 < b.extent[1]; ++i1)
-      for (std::int64_t i2 = 0; i2 < b.extent[2]; ++i2)
-        for (std::int64_t i3 = 0; i3 < b.extent[3]; ++i3) {
-          const std::int64_t so = b.src_offset + i0 * b.src_stride[0] + i1 * b.src_stride[1] + i2 * b.src_stride[2] + i3 * b.src_stride[3];
-          std::byte* d = packed ? out : out + i0 * b.dst_stride[0] + i1 * b.dst_stride[1] + i2 * b.dst_stride[2] + i3 * b.dst_stride[3];
-          r.add(d, src + static_cast<std::uint64_t>(so), rb);
-          if (packed) out += rb;
-        }
+  std::byte* out = dst;  // the next packed row
+  for_each_row(b, [&](std::int64_t so, std::int64_t dso) {
+    r.add(packed ? out : dst + dso, src + static_cast<std::uint64_t>(so), rb);
+    if (packed) out += rb;
+  });
 }
 
 /// Bytes of the contiguous runs of block b's rows on the source side (`source`) or the
@@ -227,14 +224,9 @@ inline std::int64_t contiguous_run(const BlockCopy& b, bool source) noexcept {
 inline void write_block(CrossMemoryReader& r, const BlockCopy& b, const std::byte* src, std::uint64_t dst) {
   const auto rb = static_cast<std::size_t>(b.row_bytes);
   const bool may_pack = contiguous_run(b, true) < static_cast<std::int64_t>(CrossMemoryReader::kPackBelow);  // (contiguous rows merge instead)
-  for (std::int64_t i0 = 0; i0 < b.extent[0]; ++i0)
-    for (std::int64_t i1 = 0; i1 < b.extent[1]; ++i1)
-      for (std::int64_t i2 = 0; i2 < b.extent[2]; ++i2)
-        for (std::int64_t i3 = 0; i3 < b.extent[3]; ++i3) {
-          const std::int64_t so = b.src_offset + i0 * b.src_stride[0] + i1 * b.src_stride[1] + i2 * b.src_stride[2] + i3 * b.src_stride[3];
-          const std::int64_t d = b.dst_offset + i0 * b.dst_stride[0] + i1 * b.dst_stride[1] + i2 * b.dst_stride[2] + i3 * b.dst_stride[3];
-          r.add(const_cast<std::byte*>(src + so), dst + static_cast<std::uint64_t>(d), rb, may_pack);
-        }
+  for_each_row(b, [&](std::int64_t so, std::int64_t dso) {
+    r.add(const_cast<std::byte*>(src + so), dst + static_cast<std::uint64_t>(dso), rb, may_pack);
+  });
 }
 
 /// Whether the owner of a copy block's source pushes it into the reader's memory

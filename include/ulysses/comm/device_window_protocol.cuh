@@ -7,6 +7,7 @@
 ///        bounded on the GPU's timer, its verdict written to the rank's status. The host tests
 ///        run the same functions with std::chrono and threads as ranks. The protocol: docs/gpu.md.
 ///        Needs nvcc.
+///        Notes: docs/headers.md (comm/device_window_protocol.cuh).
 #pragma once
 
 #include <cuda/atomic>

@@ -6,6 +6,7 @@
 ///        to call. Why it lives in the communicator and not the plan or thread_local storage:
 ///        docs/extending.md (state a transport learns) and docs/simulation.md (SMPI). A transport's
 ///        own mechanism keeps its own scratch (Cross Memory Attach: comm/cross_memory.hpp).
+///        Notes: docs/headers.md (comm/exchange_state.hpp).
 #pragma once
 
 #include <cstddef>

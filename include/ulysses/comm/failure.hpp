@@ -99,12 +99,9 @@ constexpr std::chrono::milliseconds scaled_wait(std::chrono::milliseconds timeou
 /// How a bounded wait spends the time between two polls.
 enum class PollPace {
   yield,    ///< poll back to back for the first 10 ms, then yield the thread between polls: for a
-            ///< progress-driven library such as MPI, which moves a large message only inside the poll
-            ///< (a rendezvous, then the copy, then its acknowledgement); yielding after every poll hands the
-            ///< core to any other runnable thread for a scheduler time slice per step (on a loaded 2-core
-            ///< machine a 2 MiB Isend/Irecv pair took 4-8 ms instead of MPI_Sendrecv's 0.3 ms; a 4 MiB one,
-            ///< which takes 1.4 ms, 12 ms after 1 ms of spinning), which is why MPI's own blocking calls spin
-            ///< too; a wait longer than that is for a late peer, and leaves the core to others
+            ///< progress-driven library such as MPI, which moves a large message only inside the poll;
+            ///< yielding after every poll would hand the core away for a time slice per protocol step
+            ///< (docs/design.md, "How a wait polls"); a longer wait is for a late peer
   relaxed,  ///< yield for the first millisecond, then sleep 20 µs between polls (work that progresses on its own: a GPU stream)
 };
 

@@ -2,19 +2,10 @@
 /// @file
 /// @brief LocalGroup: P ranks as threads of one process (the embedded default communicator).
 ///
-/// Each rank is a thread that calls the collectives of its own LocalGroup::Comm. An all-to-all-v
-/// is: every rank publishes its send buffer, a barrier, every rank copies what its peers send it
-/// straight from their send buffers into its receive buffer, a barrier (exchange_messages() the
-/// same with lists of messages; with_peers(), the direct transport's step, hands every rank its
-/// peers' published pointers between the two barriers). Memory is host memory
-/// (plain std::memcpy).
-///
-/// Failure model (comm/failure.hpp, docs/design.md "Failure model"): every wait of a rank is
-/// bounded by the group's timeout. When a barrier's deadline passes, every rank of that
-/// collective throws Error(timeout) naming the ranks that did not arrive (the waiting ranks at
-/// once, a rank that arrives later when it arrives); a rank that throws inside a collective, or
-/// abort(), makes the others throw Error(aborted). From then on the group is broken: every call of
-/// every rank throws Error(aborted) at once, with the first failure's message. Make a new group.
+/// Each rank is a thread that calls the collectives of its own LocalGroup::Comm: a rank publishes
+/// its buffers, a barrier, every rank copies from its peers' (host memory, std::memcpy), a barrier.
+/// Every wait is bounded by the group's timeout; a timeout or a rank's failure breaks the group for
+/// every rank (docs/design.md, "Failure model"; docs/headers.md, "comm/local.hpp").
 #pragma once
 
 #include <chrono>
@@ -33,6 +24,7 @@
 #include "../detail/checked.hpp"
 #include "../error.hpp"
 #include "agreement.hpp"
+#include "exception.hpp"
 #include "exchange_state.hpp"
 #include "failure.hpp"
 
@@ -58,6 +50,10 @@ class LocalGroup {
   /// How long a rank waits in one barrier of a collective before it throws Error(timeout).
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+ private:
+  struct Slot;  // what a rank publishes for one collective (below)
+
+ public:
   /// The communicator of one rank (a cheap handle; the group must outlive it). Models the
   /// communicator concept of comm/concepts.hpp.
   class Comm {
@@ -92,9 +88,7 @@ class LocalGroup {
     void alltoallv_with(const std::byte* send, const std::size_t* send_bytes, const std::size_t* send_offsets,
                         std::byte* recv, const std::size_t* recv_bytes, const std::size_t* recv_offsets, Copy&& copy,
                         Done&& done) {
-      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
-      mine.kind = kAlltoallv;
-      mine.call = state_.call();
+      Slot& mine = enter(kAlltoallv);
       mine.send = send;
       mine.bytes = send_bytes;
       mine.offsets = send_offsets;
@@ -132,9 +126,7 @@ class LocalGroup {
     template <class Copy, class Done>
     void exchange_messages_with(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv, Copy&& copy,
                                 Done&& done) {
-      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
-      mine.kind = kMessages;
-      mine.call = state_.call();
+      Slot& mine = enter(kMessages);
       mine.messages = send;
       mine.n_messages = n_send;
       g_->barrier(rank_, true);
@@ -176,9 +168,7 @@ class LocalGroup {
     /// All-gather of `bytes` bytes from every rank: rank p's block lands at recv + p*bytes.
     /// Used for the cross-rank plan check. @throws Error(timeout), Error(aborted).
     void allgather(const void* send, std::size_t bytes, void* recv) {
-      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
-      mine.kind = kAllgather;
-      mine.call = state_.call();
+      Slot& mine = enter(kAllgather);
       mine.gather_bytes = bytes;
       mine.send = static_cast<const std::byte*>(send);
       g_->barrier(rank_, true);
@@ -197,9 +187,7 @@ class LocalGroup {
     /// memory. If work throws on any rank, the group is aborted (peers get Error(aborted)).
     /// @throws Error(timeout), Error(aborted), what work throws.
     void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx) {
-      Slot& me = g_->slots_[static_cast<std::size_t>(rank_)];
-      me.kind = kPeers;
-      me.call = state_.call();
+      Slot& me = enter(kPeers);
       me.send = static_cast<const std::byte*>(mine);
       g_->barrier(rank_, true);
       g_->copy_phase(rank_, [&] {
@@ -217,8 +205,7 @@ class LocalGroup {
 
     /// Blocks until every rank has arrived. @throws Error(timeout), Error(aborted).
     void barrier() {
-      g_->slots_[static_cast<std::size_t>(rank_)].kind = kBarrier;
-      g_->slots_[static_cast<std::size_t>(rank_)].call = state_.call();
+      enter(kBarrier);
       g_->barrier(rank_);
     }
 
@@ -228,6 +215,14 @@ class LocalGroup {
 
    private:
     friend class LocalGroup;
+    /// This rank's slot, marked as in collective `kind` of the current library call (what the
+    /// barrier compares across ranks).
+    Slot& enter(int kind) {
+      Slot& mine = g_->slots_[static_cast<std::size_t>(rank_)];
+      mine.kind = kind;
+      mine.call = state_.call();
+      return mine;
+    }
     ExchangeState state_;  // see exchange_state()
     Comm(LocalGroup* g, int r) : g_(g), rank_(r) { state_.count_calls_in(&g->calls_[static_cast<std::size_t>(r)]); }
     LocalGroup* g_;
@@ -259,7 +254,7 @@ class LocalGroup {
           fn(c);
         } catch (...) {
           errs[static_cast<std::size_t>(r)] = std::current_exception();
-          abort("rank " + std::to_string(r) + " threw: " + what_of(errs[static_cast<std::size_t>(r)]));
+          abort("rank " + std::to_string(r) + " threw: " + detail::exception_message(errs[static_cast<std::size_t>(r)]));
         }
       });
     for (auto& t : th) t.join();
@@ -267,7 +262,7 @@ class LocalGroup {
     for (auto& e : errs) {
       if (!e) continue;
       if (!any) any = e;
-      if (!first && !is_abort(e)) first = e;
+      if (!first && !detail::is_aborted_error(e)) first = e;
     }
     if (!first) first = any;
     if (first) std::rethrow_exception(first);
@@ -291,26 +286,6 @@ class LocalGroup {
   }
 
  private:
-  static bool is_abort(const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      return x.code() == Errc::aborted;
-    } catch (...) {
-    }
-    return false;
-  }
-  /// The message of an exception, for the peers' Error(aborted).
-  static std::string what_of(const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      return x.what();
-    } catch (...) {
-    }
-    return "an exception that is not a std::exception";
-  }
-
   /// Which collective a rank entered: ranks that entered different ones fail instead of reading
   /// each other's slots.
   enum Kind : int { kNone = 0, kAlltoallv, kAllgather, kBarrier, kMessages, kPeers };
@@ -334,8 +309,8 @@ class LocalGroup {
 
   /// Waits for all ranks. With `enter_copy`, the ranks then read each other's buffers: in_copy_
   /// counts them until each has finished (see copy_phase()). Bounded by the timeout: the rank
-  /// whose deadline passes first marks the group failed and the barrier timed out (see the file
-  /// comment for what every rank then throws).
+  /// whose deadline passes first marks the group failed and the barrier timed out (docs/design.md,
+  /// "Failure model", says what every rank then throws).
   void barrier(int rank, bool enter_copy = false) {
     std::unique_lock<std::mutex> l(m_);
     const std::uint64_t index = passes_[static_cast<std::size_t>(rank)]++;  // the barrier this rank enters (0, 1, ...)
@@ -439,7 +414,7 @@ class LocalGroup {
     } catch (...) {
       std::unique_lock<std::mutex> l(m_);
       --in_copy_;
-      fail_locked("rank " + std::to_string(rank) + " failed in a collective: " + what_of(std::current_exception()));
+      fail_locked("rank " + std::to_string(rank) + " failed in a collective: " + detail::exception_message(std::current_exception()));
       cv_.notify_all();
       cv_.wait_until(l, detail::deadline_after(timeout_), [&] { return in_copy_ == 0; });
       throw;

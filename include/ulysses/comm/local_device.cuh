@@ -3,39 +3,11 @@
 /// @brief DeviceLocalGroup: P ranks as threads of one process over device memory (P virtual
 ///        ranks on one GPU), exchanging with cudaMemcpyAsync device-to-device on each rank's stream.
 ///
-/// The protocol, host barriers, timeouts and aborts are LocalGroup's (comm/local.hpp): this group
-/// plugs a stream-ordered copy into LocalGroup::Comm::alltoallv_with. An all-to-all-v of rank j:
-///  1. record event `sent[j]` on stream j (everything enqueued before — the pack — precedes it),
-///     publish the send buffer, host barrier;
-///  2. for each peer p with a chunk for j: stream j waits for `sent[p]`, then cudaMemcpyAsync
-///     (device to device) of the chunk from p's send region into j's receive region;
-///  3. record event `read[j]` on stream j (j has read everything it needs), host barrier;
-///  4. stream j waits for `read[p]` of every peer p, so that nothing j enqueues later (its next
-///     pack into its send region) can overwrite data a peer is still copying.
-/// No host synchronisation with the device: the host threads only meet at barriers, the GPU
-/// orders the rest. The streams may belong to one device or several (the copies then go over
-/// NVLink/PCIe). The direct path (with_peers(): the copy kernel reads the peers' inputs) needs
-/// peer access between the ranks' devices (each rank's device: the one current on its thread when
-/// its communicator is made): its first call enables it (cudaDeviceEnablePeerAccess) where
-/// cudaDeviceCanAccessPeer allows, and throws Error(path_unsupported) where it does not (force
-/// PlanOptions::path = Path::messages: cudaMemcpyAsync stages the copies between devices).
-///
-/// Failure model: LocalGroup's (comm/local.hpp). Every host wait is one of its barriers, bounded by
-/// the group's timeout: a rank that does not arrive makes the others throw Error(timeout) naming
-/// it, a CUDA call that fails on one rank (Error(backend)) aborts the group so that the others
-/// throw Error(aborted), and the broken group throws Error(aborted) from every later call. The
-/// device-side waits (a stream waiting for a peer's event) follow host barriers that all ranks
-/// passed, so they wait only for work already enqueued; a kernel that never ends on a peer's
-/// stream is not this group's to bound (the engine's own stream synchronisation is).
-///
-/// Not capturable in a CUDA graph across ranks (the ranks' streams are joined by events recorded
-/// by other threads); the CudaExecutor and NcclComm calls are.
-///
-/// Lifetime: the events belong to the group (created by a rank's first comm(), on its thread's
-/// current device; destroyed with the group, after every rank's thread is gone), so a rank that
-/// finishes early never destroys an event a slower peer is about to wait on.
-/// Needs the CUDA runtime (link ulysses::cuda); no kernels, so any C++ compiler that sees
-/// cuda_runtime_api.h will do.
+/// LocalGroup's protocol, barriers, timeouts and aborts (comm/local.hpp) with a stream-ordered
+/// copy: events order each rank's pack before its peers' reads, and their reads before its next
+/// pack. The direct path needs peer access between the ranks' devices. Not capturable across
+/// ranks. The steps, the failure model and the events' lifetime: docs/headers.md,
+/// "comm/local_device.cuh". Needs the CUDA runtime (link ulysses::cuda), no kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -120,7 +92,7 @@ class DeviceLocalGroup {
     cudaStream_t stream() const { return stream_; }  ///< the stream the exchange is ordered on
 
     /// All-to-all-v of device memory in bytes (see the communicator concept in
-    /// comm/concepts.hpp and the protocol in the file comment). Returns once the copies are
+    /// comm/concepts.hpp and the protocol in docs/headers.md, "comm/local_device.cuh"). Returns once the copies are
     /// enqueued on stream(); they are complete in stream order.
     /// @throws Error(plan_mismatch) a peer sends a different byte count than this rank expects;
     ///         Error(timeout) / Error(aborted) as LocalGroup; Error(backend) a CUDA call failed
@@ -188,7 +160,7 @@ class DeviceLocalGroup {
     struct Events {
       cudaEvent_t sent = nullptr, read = nullptr;
     };
-    /// The stream ordering of an exchange (see the file comment): record `sent`, run the host
+    /// The stream ordering of an exchange (see docs/headers.md, "comm/local_device.cuh"): record `sent`, run the host
     /// protocol `exchange(copy, done)` of LocalGroup with a copy that waits for the sender's `sent`
     /// and enqueues cudaMemcpyAsync, and a `done` that records `read`; after the closing barrier,
     /// wait for every peer's `read`.
@@ -212,7 +184,7 @@ class DeviceLocalGroup {
       for (int p = 0; p < size(); ++p)
         if (p != rank()) detail::cuda_check(cudaStreamWaitEvent(stream_, ev[static_cast<std::size_t>(p)].read, 0), "cudaStreamWaitEvent");
     }
-    /// The direct path's peer access (file comment), once per communicator: enables access to
+    /// The direct path's peer access (docs/headers.md, "comm/local_device.cuh"), once per communicator: enables access to
     /// every other device of the group's ranks. @throws Error(path_unsupported) a device pair
     /// without peer access; Error(backend) cudaDeviceEnablePeerAccess failed.
     void enable_peers() {

@@ -3,47 +3,11 @@
 /// @brief MpiComm: the communicator concept over the user's MPI_Comm (non-owning). Its mesh
 ///        split (split_by_node(), MpiMesh) is comm/mpi_mesh.hpp; comm/mpi.hpp includes both.
 ///
-/// Needs <mpi.h> (link ulysses::mpi). Buffers may be host memory or, with a CUDA-aware MPI,
-/// device memory. Byte counts are std::size_t end to end: MPI's `int` counts are never
-/// truncated. When every count and displacement fits the per-message limit the exchange is one
-/// MPI_Ialltoallv of MPI_BYTE (on every rank of the group, or on none: the ranks agree through an
-/// MPI_Iallreduce of one int); otherwise each chunk is sent as point-to-point messages of at
-/// most `max_message_bytes` (MPI_Isend / MPI_Irecv, one tag, MPI's non-overtaking order keeps
-/// the pieces in sequence), so chunks over 2 GiB work with any MPI-3 library. The message-level
-/// exchange (one message per (peer, tensor), see redistribute()) is MPI_Isend / MPI_Irecv with
-/// the same splitting.
-///
-/// Failure model (comm/failure.hpp, docs/design.md "Failure model"). MPI's blocking calls cannot
-/// be bounded, so every call is non-blocking and polled (MPI_Test*) against a deadline, timeout()
-/// after the call began:
-/// - point-to-point (exchange_messages(), the split all-to-all-v): on a timeout, Error(timeout)
-///   names the ranks whose messages did not arrive (this rank's receives from them are
-///   incomplete) and those that did not take this rank's messages; the pending receives are
-///   cancelled (MPI writes nothing into the buffers after the call), the pending sends freed;
-/// - collectives (MPI_Ialltoallv, the MPI_Iallreduce that picks the path, MPI_Iallgather):
-///   MPI does not say which ranks are missing, and a pending collective can be neither cancelled
-///   nor freed: its scratch (counts, the all-gather's copies) is kept alive for MPI, but MPI may
-///   still write the caller's receive buffer of an all-to-all-v if the missing ranks arrive later;
-/// - a rank that times out or fails tells its peers with a small message (tag kNoticeTag): a
-///   peer waiting in the same call throws Error(timeout) too (the same verdict), a peer in a later
-///   call, or entering one, throws Error(aborted) at once instead of waiting out its own deadline
-///   (a rank that skipped the call gets Error(timeout) when it enters it late);
-/// - the communicator is then broken: every later call throws Error(aborted) at once, with the
-///   first failure's message. An MPI communicator cannot be repaired (MPI has no revoke outside
-///   ULFM): end the job (MPI_Abort) after such an error.
-/// Under a simulator (SimGrid's SMPI, detected by its SMPI_SHARED_MALLOC macro; or with
-/// ULYSSES_MPI_BLOCKING_WAITS=1) the calls block instead: MPI_Wait on each message, the
-/// blocking collectives (MPI_Allreduce, MPI_Alltoallv, MPI_Allgather: SMPI 3.32 deadlocks in an
-/// MPI_Wait on its non-blocking ones, and runs the blocking ones with the algorithms its collective
-/// selector picks, Open MPI's under smpi.sh), and no notice is probed: a poll takes no simulated time, so SMPI injects some into every failed MPI_Test and
-/// MPI_Iprobe (smpi/test, smpi/iprobe: 100 µs, growing with each failure in a row), which made
-/// a 260 µs exchange read 22.9 ms of simulated time; and a wall-clock deadline means nothing in
-/// simulated time. The simulator bounds those waits itself: when every rank is blocked it reports
-/// the deadlock and ends the run.
-/// A process that dies is a peer that never arrives, as far as MPI lets the survivors run: Open
-/// MPI's runtime usually ends the whole job when a process is killed (test_comm_mpi_kill).
-/// Errors MPI itself reports (only when the communicator's error handler returns them; MPI's
-/// default aborts the job) are Error(backend) and break the communicator the same way.
+/// Host or (CUDA-aware MPI) device buffers; std::size_t counts end to end, chunks over the
+/// per-message limit split into point-to-point messages. Every call is non-blocking and polled
+/// against timeout(); a rank that gives up tells its peers (comm/mpi_notice.hpp), and the
+/// communicator is then broken. Details, and the blocking waits under a simulator:
+/// docs/headers.md, "comm/mpi_comm.hpp"; docs/design.md, "Failure model".
 #pragma once
 
 #include <mpi.h>
@@ -64,9 +28,11 @@
 #include "../error.hpp"
 #include "exchange_state.hpp"
 #include "failure.hpp"
+#include "mpi_notice.hpp"
+#include "mpi_requests.hpp"
 
-/// 1: MpiComm's waits block in MPI_Wait, use the blocking collectives and probe no notices (see the file
-/// comment); the default under SimGrid's SMPI. 0: polled against the deadline (the default).
+/// 1: MpiComm's waits block in MPI_Wait, use the blocking collectives and probe no notices (docs/headers.md,
+/// "comm/mpi_comm.hpp"); the default under SimGrid's SMPI. 0: polled against the deadline (the default).
 #ifndef ULYSSES_MPI_BLOCKING_WAITS
 #if defined(SMPI_SHARED_MALLOC)
 #define ULYSSES_MPI_BLOCKING_WAITS 1
@@ -273,64 +239,15 @@ class MpiComm {
   }
 
  private:
-  /// What MPI may still read or write after a collective times out (it can be neither cancelled
-  /// nor freed): kept alive for MPI, on the heap, and leaked once its collective timed out.
-  struct Collective {
-    std::vector<int> sc, sd, rc, rd;  // int counts for MPI_Ialltoallv, sized once
-    int fits[3] = {1, 0, 0};          // the MPI_Iallreduce's operand: {path fits, call, -call}
-    std::vector<std::byte> gather_send, gather_recv;  // allgather's copies
-    MPI_Request req = MPI_REQUEST_NULL;               // the collective in flight
-  };
-  /// The state the copies of one MpiComm share.
-  struct Shared {
-    detail::CommFailure failure;
-    std::uint64_t calls = 0;  // calls entered: every rank numbers its calls alike
-    std::uint64_t library_calls = 0;  // the library calls begun on this MpiComm or its copies (ExchangeState::count_calls_in)
-    std::unique_ptr<Collective> coll = std::make_unique<Collective>();
-    std::unique_ptr<char[]> notice;  // the notice sent to the peers on giving up, and its sends
-    std::vector<MPI_Request> notice_reqs;
-    Shared() = default;
-    Shared(const Shared&) = delete;
-    Shared& operator=(const Shared&) = delete;
-    /// Frees the notice once MPI has sent it; leaves it to MPI (leaked) while it has not.
-    ~Shared() {
-      int finalized = 1;
-      MPI_Finalized(&finalized);
-      if (finalized || notice_reqs.empty()) return;
-      int done = 0;
-      MPI_Testall(static_cast<int>(notice_reqs.size()), notice_reqs.data(), &done, MPI_STATUSES_IGNORE);
-      if (done) return;
-      for (MPI_Request& r : notice_reqs)
-        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-      (void)notice.release();  // MPI may still read it
-    }
-  };
+  using Collective = detail::MpiCollective;  // comm/mpi_notice.hpp
+  using Shared = detail::MpiShared;
   /// One call: its sequence number and when it gives up.
   struct Call {
     const char* who;
     std::uint64_t seq;
     std::chrono::steady_clock::time_point deadline;
   };
-  /// The notice's header (its text follows).
-  struct NoticeHeader {
-    std::uint64_t seq;
-    int code;
-    std::uint64_t missing = 0;  ///< a timeout's: the ranks (< 64) the sender waited for, as a mask
-  };
-  /// The ranks of a mask, ascending.
-  static std::vector<int> ranks_of(std::uint64_t mask) {
-    std::vector<int> r;
-    for (int p = 0; p < 64; ++p)
-      if (mask >> p & 1u) r.push_back(p);
-    return r;
-  }
-  /// The mask of a list of ranks (those < 64).
-  static std::uint64_t mask_of(const std::vector<int>& ranks) {
-    std::uint64_t m = 0;
-    for (int p : ranks)
-      if (p >= 0 && p < 64) m |= std::uint64_t{1} << p;
-    return m;
-  }
+  using NoticeHeader = detail::MpiNoticeHeader;
   /// One story on every rank after a timeout (a ring whose rank left: each rank waits on its own
   /// neighbour): for a short while (a tenth of the timeout, at most 200 ms) reads the notices of
   /// the peers that timed out too; a rank that sent one is alive, so the ranks named missing by
@@ -349,7 +266,7 @@ class MpiComm {
     if (rank_ < 64) senders |= std::uint64_t{1} << rank_;
     const std::uint64_t root = missing & ~senders;
     if (!root) return "";
-    return "; the ranks' reports together (ranks " + detail::join(ranks_of(senders)) + " gave up): ranks " + detail::join(ranks_of(root)) +
+    return "; the ranks' reports together (ranks " + detail::join(detail::ranks_in_mask(senders)) + " gave up): ranks " + detail::join(detail::ranks_in_mask(root)) +
            " did not arrive";
   }
 
@@ -373,32 +290,9 @@ class MpiComm {
     } catch (...) {  // (an allocation)
     }
   }
-  /// A failure notice as received: its sender, header and text.
-  struct Notice {
-    int from = -1;
-    NoticeHeader head{0, 0};
-    std::string text;
-  };
-  /// Receives the next failure notice a peer sent, if there is one (MPI_Iprobe, then MPI_Recv):
-  /// true and `n` filled, or false. A notice shorter than its header keeps a zero header.
-  bool receive_notice(Notice& n) const {
-    int flag = 0;
-    MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st) != MPI_SUCCESS || !flag) return false;
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
-    MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE);
-    const auto bytes = static_cast<std::size_t>(std::max(count, 0));
-    n.from = st.MPI_SOURCE;
-    n.head = NoticeHeader{0, 0};
-    n.text.clear();
-    if (bytes >= sizeof n.head) {
-      std::memcpy(&n.head, buf.data(), sizeof n.head);
-      n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
-    }
-    return true;
-  }
+  using Notice = detail::MpiNotice;
+  /// Receives the next failure notice a peer sent, if there is one: true and `n` filled, or false.
+  bool receive_notice(Notice& n) const { return detail::receive_mpi_notice(comm_, kNoticeTag, n); }
   /// The word of the library call in progress (ExchangeState::call(): its number and kind), as
   /// the messages' tags and the all-to-all-v's path agreement carry it: 0 outside library calls.
   std::uint64_t call_word() const noexcept {
@@ -415,9 +309,7 @@ class MpiComm {
       const int tag = w ? kCallTags + static_cast<int>(w % kCallTagCount) : kTag;
       const int rc = is_send ? MPI_Isend(base + done, n, MPI_BYTE, peer, tag, comm_, &r)
                              : MPI_Irecv(base + done, n, MPI_BYTE, peer, tag, comm_, &r);
-      reqs_.push_back(r);
-      peers_.push_back(peer);
-      if (!is_send) n_recv_ = reqs_.size();
+      msgs_.add(r, peer, is_send);
       check(call, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
       done += static_cast<std::size_t>(n);
     }
@@ -427,22 +319,20 @@ class MpiComm {
   /// a timeout names the peers of the incomplete ones (ULYSSES_MPI_BLOCKING_WAITS: MPI_Wait on each).
   void wait_messages(const Call& call) {
     if (ULYSSES_MPI_BLOCKING_WAITS) {  // one MPI_Wait each: SMPI's MPI_Waitall is one MPI_Waitany per request, O(n^2)
-      for (MPI_Request& r : reqs_) check(call, MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+      for (MPI_Request& r : msgs_.reqs) check(call, MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
     } else if (!poll(call, [&] {
           int done = 0;
-          check(call, MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+          check(call, MPI_Testall(static_cast<int>(msgs_.reqs.size()), msgs_.reqs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
           return done != 0;
         })) {
-      const std::vector<int> late_recv = incomplete(0, n_recv_), late_send = incomplete(n_recv_, reqs_.size());
+      const std::vector<int> late_recv = msgs_.incomplete(0, msgs_.n_recv), late_send = msgs_.incomplete(msgs_.n_recv, msgs_.reqs.size());
       give_up(call, Errc::timeout,
               waited(call) + (late_recv.empty() ? "" : "; the messages of ranks " + detail::join(late_recv) + " did not arrive") +
                   (late_send.empty() ? "" : "; ranks " + detail::join(late_send) + " did not take this rank's messages") +
                   " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)",
-              true, mask_of(late_recv) | mask_of(late_send));
+              true, detail::mask_of_ranks(late_recv) | detail::mask_of_ranks(late_send));
     }
-    reqs_.clear();
-    peers_.clear();
-    n_recv_ = 0;
+    msgs_.clear();
   }
 
   /// Polls the collective in flight (sh_->coll->req) to completion or to the deadline
@@ -504,7 +394,7 @@ class MpiComm {
     if (missing) first += joint_verdict(senders, missing);  // the same story as the timed-out ranks'
     const bool same = head.seq == call.seq && head.code == static_cast<int>(Errc::timeout);
     const bool broke = head.code == static_cast<int>(Errc::aborted);  // abort(): a failure of that rank alone
-    const std::vector<int> late = incomplete(0, n_recv_);  // this rank's own view: whose messages it still waits for
+    const std::vector<int> late = msgs_.incomplete(0, msgs_.n_recv);  // this rank's own view: whose messages it still waits for
     give_up(call, same ? Errc::timeout : Errc::aborted,
             "rank " + std::to_string(rank_) + " in " + call.who + " (call " + std::to_string(call.seq) + "): rank " +
                 std::to_string(from) + (broke ? " broke the group" : " gave up") + " in call " + std::to_string(head.seq) +
@@ -514,46 +404,16 @@ class MpiComm {
             false);
   }
 
-  /// The peers of the requests [begin, end) of reqs_ still incomplete, ascending, each once.
-  std::vector<int> incomplete(std::size_t begin, std::size_t end) {
-    std::vector<int> late;
-    for (std::size_t i = begin; i < end; ++i) {
-      int done = 0;
-      MPI_Test(&reqs_[i], &done, MPI_STATUS_IGNORE);
-      if (!done) late.push_back(peers_[i]);
-    }
-    std::sort(late.begin(), late.end());
-    late.erase(std::unique(late.begin(), late.end()), late.end());
-    return late;
-  }
-
   /// An MPI return code other than MPI_SUCCESS gives up with Error(backend).
   void check(const Call& call, int rc, const char* what) {
-    if (rc != MPI_SUCCESS) give_up(call, Errc::backend, std::string(what) + " failed in " + call.who + ": " + error_string(rc));
+    if (rc != MPI_SUCCESS) give_up(call, Errc::backend, std::string(what) + " failed in " + call.who + ": " + detail::mpi_error_string(rc));
   }
 
   /// Abandons the call: cancels its pending receives (waiting for the cancellations at most
   /// timeout()), frees its pending sends, leaves a pending collective's scratch to MPI, breaks the
   /// communicator, tells the peers (unless `tell` is false), and throws Error(code).
   [[noreturn]] void give_up(const Call& call, Errc code, const std::string& message, bool tell = true, std::uint64_t missing = 0) {
-    for (std::size_t i = 0; i < reqs_.size(); ++i) {
-      if (reqs_[i] == MPI_REQUEST_NULL) continue;
-      if (i < n_recv_)
-        MPI_Cancel(&reqs_[i]);
-      else
-        MPI_Request_free(&reqs_[i]);  // sends cannot be cancelled reliably; MPI may still read them
-    }
-    const auto cancelled = detail::deadline_after(timeout_);
-    const bool quiet = detail::poll_until(cancelled, [&] {
-      int done = 0;
-      MPI_Testall(static_cast<int>(n_recv_), reqs_.data(), &done, MPI_STATUSES_IGNORE);
-      return done != 0;
-    });
-    for (std::size_t i = 0; !quiet && i < n_recv_; ++i)
-      if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
-    reqs_.clear();
-    peers_.clear();
-    n_recv_ = 0;
+    msgs_.cancel(timeout_);
     if (sh_->coll->req != MPI_REQUEST_NULL) (void)sh_->coll.release();  // MPI keeps using it: leaked on purpose
     const std::string end = "; an MPI communicator that timed out or failed cannot be repaired: end the job (MPI_Abort)";
     sh_->failure.record(code, Error(code, message + end).what());
@@ -567,29 +427,12 @@ class MpiComm {
 
   /// Sends every peer the notice {call's number, code, missing ranks, message} (best effort: errors ignored).
   void notify(const Call& call, Errc code, const std::string& what, std::uint64_t missing = 0) {
-    const std::size_t text = std::min<std::size_t>(what.size(), 4096);
-    const NoticeHeader head{call.seq, static_cast<int>(code), missing};
-    sh_->notice.reset(new char[sizeof head + text]);
-    std::memcpy(sh_->notice.get(), &head, sizeof head);
-    std::memcpy(sh_->notice.get() + sizeof head, what.data(), text);
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      MPI_Request r = MPI_REQUEST_NULL;
-      if (MPI_Isend(sh_->notice.get(), static_cast<int>(sizeof head + text), MPI_BYTE, p, kNoticeTag, comm_, &r) == MPI_SUCCESS)
-        sh_->notice_reqs.push_back(r);
-    }
+    sh_->send_notice(comm_, rank_, size_, kNoticeTag, NoticeHeader{call.seq, static_cast<int>(code), missing}, what);
   }
 
   /// Throws Error(backend) when rc is not MPI_SUCCESS (before any call: nothing to give up).
   static void ok(int rc, const char* what) {
-    if (rc != MPI_SUCCESS) throw Error(Errc::backend, std::string(what) + " failed: " + error_string(rc));
-  }
-  /// MPI's text for an error code.
-  static std::string error_string(int rc) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    return std::string(msg, static_cast<std::size_t>(len));
+    if (rc != MPI_SUCCESS) throw Error(Errc::backend, std::string(what) + " failed: " + detail::mpi_error_string(rc));
   }
 
   ExchangeState state_;  // see exchange_state()
@@ -599,9 +442,7 @@ class MpiComm {
   std::chrono::milliseconds timeout_;
   int size_ = 0, rank_ = 0;
   std::shared_ptr<Shared> sh_;     // failure state, call numbers, collective scratch
-  std::vector<MPI_Request> reqs_;  // the point-to-point messages in flight: receives [0, n_recv_), then sends
-  std::vector<int> peers_;         // the peer of each
-  std::size_t n_recv_ = 0;
+  detail::MpiRequests msgs_;       // the point-to-point messages in flight (comm/mpi_requests.hpp)
 };
 
 ULYSSES_NAMESPACE_END

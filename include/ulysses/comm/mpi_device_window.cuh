@@ -8,6 +8,7 @@
 ///        barrier (comm/window_protocol.hpp) run by comm/device_window_protocol.cuh. Usage and
 ///        failures: docs/gpu.md (One copy between processes: the device window), docs/design.md
 ///        (failure model). Needs nvcc, <mpi.h> (link ulysses::mpi and ulysses::cuda).
+///        Notes: docs/headers.md (comm/mpi_device_window.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

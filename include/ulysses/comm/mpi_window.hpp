@@ -7,6 +7,7 @@
 ///        comm/window_protocol.hpp (comm/mpi_window_rendezvous.hpp); its other calls are the
 ///        MpiComm's. Usage, rules and the copies: docs/guide.md (One copy between the MPI
 ///        processes of a node); failures: docs/design.md (failure model) and docs/guide.md (Errors).
+///        Notes: docs/headers.md (comm/mpi_window.hpp).
 #pragma once
 
 #include <mpi.h>

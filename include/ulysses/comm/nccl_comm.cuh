@@ -4,50 +4,11 @@
 ///        (non-owning). Its mesh split (split_by_node() over ncclCommSplit, NcclMesh) is
 ///        comm/nccl_mesh.cuh; comm/nccl.cuh includes both.
 ///
-/// Needs <nccl.h> and the CUDA runtime (link ulysses::nccl). Buffers are device memory of the
-/// communicator's device. Everything is enqueued on the given stream (no host synchronisation;
-/// capturable in a CUDA graph like any NCCL call), which must be the stream the executor runs
-/// on so that pack → exchange → unpack are ordered.
-///
-/// Algorithm (NCCL's own recipe for all-to-all-v, "Point-to-point communication" in its user
-/// guide): inside one ncclGroupStart/ncclGroupEnd, a receive for every peer with a non-empty
-/// incoming chunk and a send for every peer with a non-empty outgoing chunk. Zero-byte pairs are
-/// skipped on BOTH sides: rank i posts a send to j iff send_bytes[j] > 0 and rank j posts the
-/// receive from i iff recv_bytes[i] > 0, and the two numbers are the same chunk in every rank's
-/// plan (the plan computes the global picture; check_agreement() verifies it), so every posted
-/// operation has its partner. ncclAlltoAll (NCCL >= 2.28) is not used: it needs equal chunks at
-/// p * c with the own one included, a property of this rank's arrays only, so ranks could choose
-/// different collectives and hang; and plans never have that layout (their own chunk is empty).
-///
-/// Contracts the caller keeps:
-/// - the executor runs on stream() (redistribute() checks it when the executor has stream());
-/// - do not call inside your own open ncclGroupStart(): NCCL would defer the exchange to your
-///   ncclGroupEnd(), after the unpack kernel was enqueued behind it on the stream (wrong data);
-/// - non-blocking communicators (ncclConfig_t::blocking = 0) work: ncclInProgress is waited out
-///   (ncclCommGetAsyncError) before a call returns, so the operations are enqueued when it does;
-/// - allgather() (the plan check) synchronises the stream and cannot be captured: run
-///   check_agreement(plan, comm) once before capturing a plan's first exchange in a CUDA graph.
-///
-/// Failure model (comm/failure.hpp, docs/design.md "Failure model"). Every wait of a call is
-/// bounded by timeout() (a constructor argument, set_timeout()): a non-blocking communicator's
-/// ncclInProgress, polled with ncclCommGetAsyncError; allgather()'s wait for the stream; and
-/// synchronize(), the bounded alternative to cudaStreamSynchronize for the engine's own waits on
-/// the stream (the exchanges themselves are only enqueued: a peer that never enters one stalls
-/// the stream, not the call). Every call first polls ncclCommGetAsyncError, so an asynchronous
-/// error of an earlier operation (ncclRemoteError: a peer died or closed its connections) is
-/// reported at the next call. On a timeout (Error(timeout)) or an error (Error(backend)) the
-/// communicator is stopped: ncclCommRevoke where the LOADED libnccl has it (ncclGetVersion >=
-/// 2.28 and the symbol resolved at run time, so a binary built against 2.28 headers still loads
-/// and stops with an older NCCL: the in-flight kernels end, the handle stays valid: wait until
-/// ncclCommGetAsyncError no longer reports ncclInProgress, then ncclCommDestroy or ncclCommAbort
-/// it), else ncclCommAbort (the handle is freed: do not destroy it; handle_freed()). From then
-/// on the NcclComm is broken:
-/// every call throws Error(aborted) at once with the first failure's message, without calling
-/// NCCL. What NCCL cannot do: say which rank is missing (no NCCL call names it), and bound a
-/// *blocking* communicator's calls, which may wait inside NCCL (ncclGroupEnd connecting to a
-/// peer that never comes): make the communicator non-blocking (ncclConfig_t::blocking = 0) for
-/// every wait to be bounded. After such an error end the job, or rebuild the group without the
-/// failed ranks (ncclCommShrink).
+/// Device buffers; everything is enqueued on the given stream, the executor's (capturable). An
+/// all-to-all-v is grouped point-to-point (zero-byte pairs skipped on both sides). Waits are
+/// bounded by timeout(); on a timeout or an error the communicator is stopped (ncclCommRevoke
+/// where the loaded libnccl has it, else ncclCommAbort) and broken. The algorithm, the caller's
+/// contracts and what NCCL cannot do: docs/headers.md, "comm/nccl_comm.cuh"; docs/gpu.md.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -181,7 +142,7 @@ inline ncclResult_t nccl_wait_in_progress(const NcclCalls& calls, ncclComm_t com
 /// Communicator over an NCCL communicator and a CUDA stream (models the communicator
 /// concept of comm/concepts.hpp). Not owning: the caller keeps both alive, and must not run other NCCL
 /// operations on the communicator concurrently from another thread. Copies share the failure
-/// state (a failure stops the one NCCL communicator they wrap). Failure model: the file comment.
+/// state (a failure stops the one NCCL communicator they wrap). Failure model: docs/headers.md, "comm/nccl_comm.cuh".
 class NcclComm {
  public:
   /// Buffers of alltoallv() are device memory.
@@ -193,7 +154,7 @@ class NcclComm {
 
   /// Wraps `comm` and `stream`.
   /// @param comm    an initialised NCCL communicator (blocking or non-blocking; non-blocking for
-  ///                every wait to be bounded, see the file comment)
+  ///                every wait to be bounded, docs/headers.md, "comm/nccl_comm.cuh")
   /// @param stream  the stream every exchange is enqueued on (device of `comm`)
   /// @param timeout how long one call waits before it throws Error(timeout) (set_timeout() changes it)
   /// @throws Error(backend) when ncclCommCount / ncclCommUserRank fail.

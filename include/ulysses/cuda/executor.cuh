@@ -3,25 +3,11 @@
 /// @brief CudaExecutor: runs block lists on the GPU, one kernel launch per list (all peers, all
 ///        tensors), on the caller's stream.
 ///
-/// The executor runs the very block lists the host executor runs (host/executor.hpp), so the CPU
-/// tests already check the index arithmetic the GPU uses. The lists live in device memory: they
-/// are uploaded once, when the executor is made (the only allocation, with prepare_direct()'s);
-/// run() then only launches one kernel, so pack → exchange → unpack on a stream has no host
-/// synchronisation and can be captured in a CUDA graph.
-///
-/// Executors take list views (BlockList, layout/blocks.hpp), not a Plan: this header includes
-/// nothing of plan/ or transport/. `CudaExecutor(plan, stream)` still works for any plan type
-/// with a free function `block_lists(plan)` found by argument-dependent lookup (Plan has one,
-/// plan/plan.hpp).
-///
-/// The pieces (CUB's split): the tuning constants in cuda/policy.cuh (CopyPolicy), the kernel
-/// and its device functions in cuda/detail/kernel.cuh, the host-side list preparation in
-/// cuda/detail/kernel_list.cuh, the element traits of __half and __nv_bfloat16 in
-/// cuda/element.cuh; this header is the facade and its memory management. The grid is the
-/// device's SM count times the kernel's occupancy (both queried at construction).
-///
-/// Needs nvcc (or another CUDA compiler); link ulysses::cuda. Everything here is in the inner
-/// inline namespace named after the target architectures (see cuda/detail/config.cuh).
+/// The same block lists as the host executor, uploaded once at construction (the only
+/// allocation); run() only launches, so a stream's pack → exchange → unpack is capturable. Takes
+/// list views (BlockList), not a Plan. The pieces (policy.cuh, detail/kernel.cuh,
+/// detail/kernel_list.cuh, element.cuh): docs/headers.md, "cuda/executor.cuh"; docs/gpu.md.
+/// Needs nvcc; link ulysses::cuda. Arch-keyed namespace: cuda/detail/config.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -313,19 +300,14 @@ class CudaExecutor {
     regions_.clear();
   }
 
+  /// Every member's reference, in declaration order (swap() exchanges them all).
+  auto members() noexcept {
+    return std::tie(lists_, regions_, peers_dev_, peers_count_, peers_host_, peers_mirror_, peers_resident_, stream_, device_,
+                    max_grid_, sms_, per_sm_);
+  }
   void swap(CudaExecutor& o) noexcept {
-    std::swap(lists_, o.lists_);
-    std::swap(regions_, o.regions_);
-    std::swap(peers_dev_, o.peers_dev_);
-    std::swap(peers_count_, o.peers_count_);
-    std::swap(peers_host_, o.peers_host_);
-    std::swap(peers_mirror_, o.peers_mirror_);
-    std::swap(peers_resident_, o.peers_resident_);
-    std::swap(stream_, o.stream_);
-    std::swap(device_, o.device_);
-    std::swap(max_grid_, o.max_grid_);
-    std::swap(sms_, o.sms_);
-    std::swap(per_sm_, o.per_sm_);
+    auto mine = members(), theirs = o.members();
+    mine.swap(theirs);
   }
 
   mutable std::vector<List> lists_;       // the uploaded lists (prepare_direct() adds the direct ones)

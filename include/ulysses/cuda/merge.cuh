@@ -1,20 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief CudaDecodeExecutor: the decode exchange's passes (decode/exchange.hpp) on the GPU, one
-///        kernel launch each, on the caller's stream — the pack of the partials' chunks, the
-///        unpack + merge of the received partials (ONE launch: every row of this rank's heads,
-///        all P contributions), and the unpack of the merged head groups (all-gather variant).
+///        kernel launch each, on the caller's stream: the pack of the partials' chunks, the unpack
+///        + merge of the received partials (one launch), and the unpack of the merged head groups.
 ///
-/// The kernels run the ULYSSES_HOST_DEVICE bodies of decode/kernels.hpp, which the host executor
-/// runs too (and the host tests run lane by lane as these kernels do), and merge by
-/// merge/lse.hpp's arithmetic of correctly rounded, never-contracted fp32 operations and its own
-/// exp2 / log1p: the GPU's bits are the host's. Pack and gather: a warp per row (16-byte vector
-/// copies where aligned), grid-stride; merge: a thread per 8 elements of a row, grid-stride.
-/// Allocation and the one upload (the plan's peer table, P entries) happen at construction;
-/// calls only launch: no allocation, no host synchronisation, capturable in a CUDA graph.
-///
-/// Needs nvcc (or another CUDA compiler); link ulysses::cuda. Everything here lives in the inner
-/// inline namespace named after the target architectures (cuda/detail/config.cuh).
+/// The kernels run decode/kernels.hpp's host-and-device bodies with merge/lse.hpp's arithmetic:
+/// the GPU's bits are the host's. No allocation or host synchronisation in a call (capturable).
+/// Details: docs/headers.md, "cuda/merge.cuh"; docs/decode.md. Needs nvcc; link ulysses::cuda.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -3,29 +3,11 @@
 /// @brief CudaPipeline: overlaps pack, exchange and unpack of a K-stage plan on the GPU, with a
 ///        second stream and events instead of HostPipeline's threads.
 ///
-/// A plan made with PlanOptions::stages = K splits every exchange into K stages along the heads
-/// (Plan::schedule(dir, k)); stage k's chunks follow stage k-1's in the send and receive regions
-/// of the workspace, so the stages' regions are disjoint. CudaPipeline follows HostPipeline
-/// (pipeline.hpp): packing stage k+1 and unpacking stage k-1 overlap the exchange of stage k. It
-/// enqueues, with no host synchronisation and no allocation:
-///
-///     user stream:  rec start ─────────── wait P[k] → exchange k → rec X[k] ─ … ─ wait done
-///     copy stream:  wait start → pack 0 → rec P[0] → pack 1 → rec P[1] → wait X[0] → unpack 0
-///                   → pack 2 → rec P[2] → wait X[1] → unpack 1 → … → unpack K-1 → rec done
-///
-/// The exchange runs on the communicator's stream, which must be the user's stream (NcclComm,
-/// DeviceLocalGroup::Comm); packs and unpacks run on the pipeline's own copy stream. The pipeline
-/// takes the path redistribute() takes (choose_path()): on the message path it packs and unpacks
-/// only the staged pieces; the direct path (DeviceLocalGroup) has nothing to overlap and runs on
-/// the user's stream alone. Because the
-/// copy stream first waits for everything enqueued on the user's stream before the call and the
-/// user's stream finally waits for the last unpack, the whole call is ordered on the user's
-/// stream like redistribute(): work enqueued after it sees the outputs, and the next call's packs
-/// cannot overwrite a send region a peer is still reading. The fork/join through events is the
-/// pattern CUDA graphs capture, so the call is capturable wherever the communicator's exchange
-/// is (NcclComm yes; DeviceLocalGroup no, see comm/local_device.cuh).
-///
-/// Needs nvcc (or another CUDA compiler); link ulysses::cuda.
+/// Packing stage k+1 and unpacking stage k-1 run on the pipeline's copy stream while stage k is
+/// exchanged on the user's (the communicator's) stream; a fork and a join through events order
+/// the whole call on the user's stream like redistribute(), and capturable where the exchange is.
+/// The schedule of events: docs/headers.md, "cuda/pipeline.cuh"; docs/gpu.md, "Overlapped
+/// stages". Needs nvcc; link ulysses::cuda.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -104,8 +86,8 @@ class CudaPipeline {
   /// ignored).
   ~CudaPipeline() { release(); }
 
-  /// Redistributes the plan's tensors in direction `dir` with the stages overlapped (see the
-  /// file comment for the order of operations); returns once everything is enqueued.
+  /// Redistributes the plan's tensors in direction `dir` with the stages overlapped (see docs/headers.md,
+  /// "cuda/pipeline.cuh" for the order of operations); returns once everything is enqueued.
   ///
   /// @param plan  a plan with 1 <= K <= 64 stages; for K = 1 nothing overlaps (as redistribute()
   ///              but on two streams)

@@ -2,17 +2,10 @@
 /// @file
 /// @brief CopyPolicy: the tuning constants of the copy kernel (threads per CTA, loads in flight,
 ///        vector and tile size), comparable and printable, and the policy this translation unit's
-///        kernel is compiled with.
+///        kernel is compiled with (one per TU; today kCopyPolicy serves every architecture).
 ///
-/// As in CUB's agent policies, the constants that shape the kernel sit in one value type instead
-/// of loose literals, so that tools can say what ran (CudaExecutor::policy(), to_string()) and a
-/// second backend (HIP) copies one file. The kernel is compiled with one policy per translation
-/// unit: the unit geometry is computed on the host at executor construction and the row table is
-/// a fixed-size shared array, so every architecture of one TU's `__CUDA_ARCH_LIST__` runs the same
-/// policy (TUs for other architectures live in another arch-keyed namespace, cuda/detail/config.cuh,
-/// and could take another). Today one policy serves every architecture (kCopyPolicy).
-///
-/// Needs nvcc (or another CUDA compiler).
+/// As CUB's agent policies: one value type instead of loose literals, so that tools say what ran
+/// (CudaExecutor::policy()). docs/headers.md, "cuda/policy.cuh". Needs nvcc.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +50,7 @@ ULYSSES_NAMESPACE_END
 ULYSSES_CUDA_DETAIL_BEGIN
 
 /// The policy the copy kernel of this translation unit is compiled with (every architecture of
-/// its `__CUDA_ARCH_LIST__`; see the file comment).
+/// its `__CUDA_ARCH_LIST__`; see docs/headers.md, "cuda/policy.cuh").
 inline constexpr CopyPolicy kCopyPolicy{};
 
 /// Threads per CTA of the copy kernel (kCopyPolicy.threads).

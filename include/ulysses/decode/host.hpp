@@ -5,6 +5,7 @@
 ///
 /// It runs the bodies of decode/kernels.hpp in loops, so it is also the reference the CUDA
 /// executor (cuda/merge.cuh) is compared with. Allocation-free; every call returns done.
+/// docs/decode.md.
 #pragma once
 
 #include <cstdint>

@@ -2,12 +2,9 @@
 /// @file
 /// @brief The bodies of the decode exchange's three passes, as ULYSSES_HOST_DEVICE functions over
 ///        DecodeArgs: the pack of the partials' chunks, the unpack + merge of the received
-///        partials, and (DecodeOutput::all_heads) the unpack of the merged head groups.
-///
-/// The host executor (decode/host.hpp) runs them in loops; the CUDA executor (cuda/merge.cuh)
-/// runs the very same functions in its kernels, one thread group per unit. So the host tests,
-/// which also call them lane by lane as a kernel would, check the index arithmetic the GPU runs,
-/// and the merge's bits are the same on both (merge/lse.hpp).
+///        partials, and (DecodeOutput::all_heads) the unpack of the merged head groups. The host
+///        executor (decode/host.hpp) runs them in loops, the CUDA executor (cuda/merge.cuh) the
+///        very same functions in its kernels: the same index arithmetic and bits (docs/decode.md).
 ///
 /// Units: a pack or gather unit is one row (Dv elements and one LSE) of a head another rank
 /// merges, rows numbered over (b, t, the other ranks' heads in increasing order); a merge unit is
@@ -20,7 +17,7 @@
 
 #include "../layout/element.hpp"
 #include "../merge/lse.hpp"
-#include "plan.hpp"
+#include "buffers.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 namespace detail {
@@ -122,7 +119,7 @@ struct DecodeMergeRow {
   std::int64_t b, t, j, chunk_row;  ///< chunk_row: the row's index within every received chunk
   const std::byte* own;
   float own_lse;
-  std::int64_t own_lse_at;  ///< byte offset of the row's LSE in LSE_rank (and, DecodePath::direct, in every LSE_p)
+  std::int64_t own_lse_at;  ///< byte offset of the row's LSE in LSE_rank (and, Path::direct, in every LSE_p)
   std::int64_t row_bytes;  ///< bytes of one partial row (Dv elements)
 
   ULYSSES_HOST_DEVICE DecodeMergeRow(const DecodeArgs& args, std::int64_t r) : a(&args) {
@@ -137,14 +134,14 @@ struct DecodeMergeRow {
     own_lse = decode_load_lse(args.lse + own_lse_at);
     row_bytes = args.Dv * ein;
   }
-  /// Contribution p's partial row: in its chunk of the receive region, or (DecodePath::direct, the
+  /// Contribution p's partial row: in its chunk of the receive region, or (Path::direct, the
   /// same layouts on every rank) at the own row's offset in rank p's O_p.
   ULYSSES_HOST_DEVICE const std::byte* row(int p) const {
     if (p == a->rank) return own;
     if (a->peer_partial) return a->peer_partial[p] + (own - a->partial);
     return a->recv + a->peers[p].recv_offset + chunk_row * row_bytes;
   }
-  /// Contribution p's LSE (from the receive region, or DecodePath::direct: rank p's LSE_p).
+  /// Contribution p's LSE (from the receive region, or Path::direct: rank p's LSE_p).
   ULYSSES_HOST_DEVICE float lse(int p) const {
     if (p == a->rank) return own_lse;
     if (a->peer_lse) return decode_load_lse(a->peer_lse[p] + own_lse_at);

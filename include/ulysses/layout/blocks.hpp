@@ -2,20 +2,11 @@
 /// @file
 /// @brief The plan's data types: numbered buffers, block copies and sums, point-to-point messages.
 ///
-/// Pack and unpack are the same operation: a list of strided 4-D block copies between a local
-/// tensor and a region of a wire buffer (or, for a rank's own chunk, between its input and output
-/// tensors). A block names its source and destination by index into a BufferTable, so one list
-/// serves every call of a plan whatever pointers the caller passes, and every executor (the host
-/// one in copy.hpp, the CUDA one in cuda/copy.cuh) runs the very same lists.
-///
-/// A block can also be one term of a *sum*: the backward of seq→head adds the copies of a
-/// replicated head (GQA/MQA with fewer kv heads than ranks) instead of taking one. A sum is a run
-/// of consecutive blocks with the same extents and destination: the first (BlockOp::sum) names
-/// the destination and the first term, the others (BlockOp::sum_term) one further term each, in
-/// ascending rank order; the executor reads every term of an element, adds them by the rules of
-/// element.hpp and writes the destination once.
-///
-/// Types only (no threads, no executor): communicators include this header for Message.
+/// Pack and unpack are one operation: a list of strided 4-D block copies that name their buffers
+/// by index into a BufferTable, so one list serves every call and every executor. A sum is a run
+/// of blocks with one destination (BlockOp::sum, then BlockOp::sum_term), added by the rules of
+/// element.hpp. Types only: communicators include this header for Message. docs/design.md,
+/// "Plan → pack → exchange → unpack"; docs/headers.md, "layout/blocks.hpp".
 #pragma once
 
 #include <algorithm>
@@ -159,6 +150,81 @@ ULYSSES_HOST_DEVICE inline void row_offsets(const BlockCopy& c, std::int64_t row
   dso = d + i0 * c.dst_stride[0];
 }
 
+/// The dimensions of a block being built by make_blocks(), in bytes: dims[k] = {extent,
+/// destination stride, where its n source strides start in ss}, k < 5; its three steps are
+/// gather(), merge() and shape().
+class BlockDims {
+ public:
+  /// Room for the strides of n sources (allocates for n > 4).
+  explicit BlockDims(int n) : n_(n) {
+    if (n > 4) {
+      big_.resize(static_cast<std::size_t>(5 * n));
+      ss_ = big_.data();
+    }
+  }
+  BlockDims(const BlockDims&) = delete;  // ss_ may point into small_
+  BlockDims& operator=(const BlockDims&) = delete;
+
+  /// Takes the dimensions of extent > 1 (strides in elements of elem_bytes); false for an empty block.
+  bool gather(const std::int64_t ext[4], const std::int64_t* const* src_stride_elems, const std::int64_t dst_stride_elems[4],
+              std::int64_t elem_bytes) {
+    for (int i = 0; i < 4; ++i) {
+      if (ext[i] == 0) return false;
+      if (ext[i] > 1) {
+        dims_[nd_] = {ext[i], dst_stride_elems[i] * elem_bytes, nd_ * n_};
+        for (int j = 0; j < n_; ++j) ss_[nd_ * n_ + j] = src_stride_elems[j][i] * elem_bytes;
+        ++nd_;
+      }
+    }
+    return true;
+  }
+  /// Orders the dimensions outermost first by destination stride (stable: ties keep the logical
+  /// order), appends the bytes of one element, and merges neighbours from the inside out where
+  /// the destination and every source are contiguous.
+  void merge(std::int64_t elem_bytes) {
+    std::stable_sort(dims_, dims_ + nd_, [](const Dim& a, const Dim& b) { return a.ds > b.ds; });
+    dims_[nd_] = {elem_bytes, 1, nd_ * n_};  // the bytes of one element, always contiguous
+    for (int j = 0; j < n_; ++j) ss_[nd_ * n_ + j] = 1;
+    ++nd_;
+    w_ = nd_ - 1;
+    for (int k = nd_ - 2; k >= 0; --k) {
+      Dim& in = dims_[w_];
+      const Dim& o = dims_[k];
+      bool joins = o.ds == in.n * in.ds;
+      for (int j = 0; j < n_ && joins; ++j) joins = ss_[o.at + j] == in.n * ss_[in.at + j];
+      if (joins) {
+        in.n *= o.n;
+      } else {
+        dims_[--w_] = o;
+      }
+    }
+  }
+  /// Writes the merged geometry of source j into b: the row, then the outer dimensions
+  /// right-aligned in extent[0..3] (dims_[w_..nd_): outer dims, then the innermost, of unit strides).
+  void shape(int j, BlockCopy& b) const {
+    const int outer = nd_ - 1 - w_;
+    b.row_bytes = dims_[nd_ - 1].n;
+    for (int i = 0; i < 4; ++i) {
+      const int k = i - (4 - outer);  // right-align the outer dims
+      b.extent[i] = k >= 0 ? dims_[w_ + k].n : 1;
+      b.src_stride[i] = k >= 0 ? ss_[dims_[w_ + k].at + j] : 0;
+      b.dst_stride[i] = k >= 0 ? dims_[w_ + k].ds : 0;
+    }
+  }
+
+ private:
+  struct Dim {
+    std::int64_t n, ds;
+    int at;  // index of this dim's first source stride in ss_
+  };
+  int n_;
+  Dim dims_[5];
+  std::int64_t small_[5 * 4];
+  std::vector<std::int64_t> big_;
+  std::int64_t* ss_ = small_;
+  int nd_ = 0, w_ = 0;
+};
+
 /// Builds the blocks of a (b, s, h, d) block of extents `ext` from `n` sources to one
 /// destination (n = 1: a copy; n >= 2: a sum of n terms in the given order). Strides are in
 /// elements of `elem_bytes` bytes. Dimensions are ordered by destination stride (any loop order
@@ -170,58 +236,13 @@ ULYSSES_HOST_DEVICE inline void row_offsets(const BlockCopy& c, std::int64_t row
 inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* const* src_stride_elems,
                         const std::int64_t dst_stride_elems[4], std::int64_t elem_bytes, const std::int64_t* src_offset_bytes,
                         std::int64_t dst_offset_bytes, const int* src_buffer, int dst_buffer, ElementType type, BlockCopy* out) {
-  // dims[k] = {extent, destination stride, source strides of the n sources} in bytes; k < 5.
-  struct Dim {
-    std::int64_t n, ds;
-    int at;  // index of this dim's first source stride in ss
-  };
-  Dim dims[5];
-  std::int64_t small[5 * 4];
-  std::vector<std::int64_t> big;
-  std::int64_t* ss = small;
-  if (n > 4) {
-    big.resize(static_cast<std::size_t>(5 * n));
-    ss = big.data();
-  }
-  int nd = 0;
-  for (int i = 0; i < 4; ++i) {
-    if (ext[i] == 0) return false;
-    if (ext[i] > 1) {
-      dims[nd] = {ext[i], dst_stride_elems[i] * elem_bytes, nd * n};
-      for (int j = 0; j < n; ++j) ss[nd * n + j] = src_stride_elems[j][i] * elem_bytes;
-      ++nd;
-    }
-  }
-  // Outermost first by destination stride (stable: ties keep the logical order).
-  std::stable_sort(dims, dims + nd, [](const Dim& a, const Dim& b) { return a.ds > b.ds; });
-  dims[nd] = {elem_bytes, 1, nd * n};  // the bytes of one element, always contiguous
-  for (int j = 0; j < n; ++j) ss[nd * n + j] = 1;
-  ++nd;
-  // Merge from the inside out.
-  int w = nd - 1;
-  for (int k = nd - 2; k >= 0; --k) {
-    Dim& in = dims[w];
-    const Dim& o = dims[k];
-    bool merge = o.ds == in.n * in.ds;
-    for (int j = 0; j < n && merge; ++j) merge = ss[o.at + j] == in.n * ss[in.at + j];
-    if (merge) {
-      in.n *= o.n;
-    } else {
-      dims[--w] = o;
-    }
-  }
-  // dims[w..nd) now: outer dims then the innermost; the innermost has unit strides.
-  const int outer = nd - 1 - w;
+  BlockDims dims(n);
+  if (!dims.gather(ext, src_stride_elems, dst_stride_elems, elem_bytes)) return false;
+  dims.merge(elem_bytes);
   for (int j = 0; j < n; ++j) {
     BlockCopy& b = out[j];
     b = BlockCopy{};
-    b.row_bytes = dims[nd - 1].n;
-    for (int i = 0; i < 4; ++i) {
-      const int k = i - (4 - outer);  // right-align the outer dims
-      b.extent[i] = k >= 0 ? dims[w + k].n : 1;
-      b.src_stride[i] = k >= 0 ? ss[dims[w + k].at + j] : 0;
-      b.dst_stride[i] = k >= 0 ? dims[w + k].ds : 0;
-    }
+    dims.shape(j, b);
     b.src_offset = src_offset_bytes[j];
     b.dst_offset = dst_offset_bytes;
     b.src_buffer = src_buffer[j];

@@ -3,16 +3,9 @@
 /// @brief Element types: what a tensor's bytes mean, where ulysses must know (summing the copies
 ///        of a replicated head in the backward of seq→head), and the exact arithmetic it uses.
 ///
-/// Data movement never looks at values: any trivially copyable element moves bit for bit. Only a
-/// sum needs the type. The rules (the same on the host and on the GPU, so every executor,
-/// backend, stage count and exchange path gives the same bits):
-/// - float32 sums in float32, float64 in float64; float16 and bfloat16 convert every term to
-///   float32 (exactly), add in float32 and round the result once to the 16-bit type, to nearest,
-///   ties to even (IEEE 754 roundTiesToEven), overflowing to infinity;
-/// - the terms are added one by one in ascending rank order: ((x_r0 + x_r1) + x_r2) + ...;
-/// - a NaN result is written as the type's canonical quiet NaN (0x7fc00000, 0x7ff8000000000000,
-///   0x7e00, 0x7fc0): NaN payloads are not kept (GPUs do not keep them, CPUs keep some).
-/// Do not build ulysses code with -ffast-math / --use_fast_math (they change float addition).
+/// Data movement never looks at values; only a sum needs the type. The rules (fp32 for 16-bit
+/// types, ascending rank order, canonical NaN; no -ffast-math): docs/design.md, "Sum rules";
+/// docs/headers.md, "layout/element.hpp".
 #pragma once
 
 #include <cstddef>
@@ -63,7 +56,7 @@ constexpr bool summable(ElementType t) noexcept { return t != ElementType::opaqu
 /// The ElementType of a C++ type T: float32 for float, float64 for double, opaque otherwise.
 /// Specialise it for your 16-bit types so that TensorSpec::of<T> knows them, e.g.
 /// `template <> struct ulysses::element_type_of<at::BFloat16> : std::integral_constant<ulysses::ElementType, ulysses::ElementType::bfloat16> {};`
-/// (<ulysses/cuda/copy.cuh> does it for __half and __nv_bfloat16; GCC/Clang's _Float16 is known here).
+/// (<ulysses/cuda/element.cuh> does it for __half and __nv_bfloat16; GCC/Clang's _Float16 is known here).
 template <class T>
 struct element_type_of {
   static constexpr ElementType value = ElementType::opaque;
@@ -103,7 +96,7 @@ ULYSSES_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 /// binary16 bits → float32, exactly (subnormals, infinities and NaN payloads included). Rebias
 /// the exponent; infinities and NaNs get the top exponent; subnormals are renormalised by one
 /// exact float32 subtraction (as in F. Giesen's well-known conversion). Needs denormals on
-/// (never -ffast-math / --use_fast_math: see the file comment).
+/// (never -ffast-math / --use_fast_math: see docs/headers.md, "layout/element.hpp").
 ULYSSES_HOST_DEVICE inline float half_to_float(std::uint16_t h) {
   constexpr std::uint32_t shifted_exp = 0x7c00u << 13;
   std::uint32_t o = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
@@ -150,7 +143,7 @@ ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16(float f) {
   return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
-/// The arithmetic of a sum of elements of type T (see the file comment): `Acc` the type terms
+/// The arithmetic of a sum of elements of type T (see docs/headers.md, "layout/element.hpp"): `Acc` the type terms
 /// are added in, `Bits` the stored element, widen() one term to Acc (exactly), narrow() the
 /// result back (rounded; a NaN becomes the canonical quiet NaN); load() / store() the same from /
 /// to bytes (which may be misaligned: read through memcpy). Branch-free where it matters, so that
@@ -307,7 +300,7 @@ ULYSSES_HOST_DEVICE inline void with_sum_arith(ElementType type, F&& f) {
 }
 
 /// Sums the n terms src[0..n) (ascending rank order) of type `type` and writes the rounded result
-/// to dst, by the rules in the file comment. Host and device; pointers may be misaligned.
+/// to dst, by the rules in docs/headers.md, "layout/element.hpp". Host and device; pointers may be misaligned.
 /// @pre summable(type), n >= 1
 ULYSSES_HOST_DEVICE inline void sum_element(ElementType type, const std::byte* const* src, int n, std::byte* dst) {
   with_sum_arith(type, [&](auto a) {

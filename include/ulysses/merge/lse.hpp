@@ -3,55 +3,10 @@
 /// @brief Merging partial attention outputs by their log-sum-exp (LSE): the pairwise (streaming)
 ///        step of a ring attention and the n-way merge of a decode exchange, with one arithmetic.
 ///
-/// Attention of a query row over a set of keys K = K_0 ∪ K_1 ∪ ... (disjoint) can be computed per
-/// part: part i gives the partial output out_i = Σ_{k∈K_i} softmax_i(k)·v_k (normalised over its
-/// own keys) and its log-sum-exp lse_i = log Σ_{k∈K_i} exp(q·k·scale). The whole is
-///
-///     lse = log(Σ_i exp(lse_i)),      out = Σ_i exp(lse_i − lse) · out_i
-///
-/// (the online softmax of Milakov & Gimelshein, "Online normalizer calculation for softmax",
-/// arXiv:1805.02867, 2018; the rescaling FlashAttention-2 (Dao, arXiv:2307.08691) does between
-/// its KV blocks and ring attention (Liu et al., arXiv:2310.01889) between its ring steps; vLLM's
-/// `merge_attn_states` and its decode-context-parallel `dcp_a2a_lse_reduce`, TensorRT-LLM's Helix
-/// and SGLang's DCP between ranks).
-///
-/// The arithmetic (the same in every form here, on the host and on the GPU):
-/// - everything in fp32; 16-bit partial outputs (fp16, bf16) are widened exactly
-///   (layout/element.hpp) and a 16-bit result is rounded once, at the end (to nearest, ties to
-///   even; a NaN becomes the canonical quiet NaN);
-/// - the merge is a left fold of one pairwise step, over the contributions in a FIXED order
-///   (ascending rank for the decode exchange, ascending step for a ring): the state (out, lse)
-///   starts empty (0, −inf), and each step merges one (out_i, lse_i) into it (lse_step()). So a
-///   ring that streams i = 0..n−1 through merge() and the n-way merge_rows() give the same bits,
-///   and so does every backend, transport and executor;
-/// - one step, state (o, l) and contribution (x, li): if li is empty (−inf; also +inf or NaN, see
-///   below) the state is kept (x is not read: an empty KV shard's output may be NaN or garbage and
-///   still adds nothing); else if l is empty the state becomes (x, li) exactly; else with hi = max(l, li), lo = min(l, li) (hi = l on
-///   a tie), e = exp(lo − hi) ∈ (0, 1], s = 1 + e:
-///       l' = hi + log1p(e),  o' = o·w_l + x·w_li,  w_hi = 1/s, w_lo = e/s
-///   (w_l is w_hi when l is the larger, else w_lo). Each product and sum is rounded separately
-///   (no fused multiply-add: device code uses __fmul_rn / __fadd_rn / __fdiv_rn, which the
-///   compiler never contracts);
-/// - exp and log1p are ulysses' own (detail::exp2_nonpos, detail::log1p_unit: a degree-7 Taylor
-///   polynomial of 2^f on |f| ≤ 1/2 and the atanh series of log(1+e) on e ∈ [0, 1], both within
-///   about 2 ulp) made of correctly rounded fp32 operations only, so the host and every GPU give
-///   the same bits (libm's and CUDA's expf/logf differ in their last bits). exp(lo − hi) is
-///   flushed to 0 below 2^−126 (a weight that small changes no fp32 output of a finite partial);
-/// - an EMPTY partial is one whose LSE is not finite: −inf, +inf (what FlashAttention-2's forward
-///   returns for a fully masked row) or NaN (some kernels' value there); FlashInfer's rule, and
-///   vLLM's mapping of +inf to −inf before it merges (C18). An empty contribution is kept out of
-///   the fold exactly as −inf is (its output row is not read), so a partial with +inf or NaN gives
-///   the same bits as the same partial with −inf, and every finite input the bits it gave before.
-///   A state whose LSE is not finite is empty too (it takes the next finite contribution);
-/// - with every contribution empty (no key anywhere, e.g. every rank's KV shard empty for that
-///   row) the output is 0 and the LSE −inf (never +inf or NaN): documented, never NaN;
-/// - LseBase::two (FlashInfer's convention, lse = log2 Σ 2^lse_i) uses 2^x and log2 in place of
-///   exp and log; nothing else changes.
-/// Preconditions: partial outputs of finite-LSE contributions are finite (any LSE is accepted).
-/// Build ulysses code without -ffast-math / --use_fast_math, and for the host's bits to equal the
-/// GPU's also without FMA contraction across statements (GCC's default -ffp-contract=fast
-/// contracts o·w + x·w' on aarch64, e.g. GH200, and on x86-64 with -mfma / -march=native): the
-/// ulysses CMake target and ulysses.pc add -ffp-contract=off. Host and device.
+/// lse = log Σ exp(lse_i), out = Σ exp(lse_i − lse)·out_i, as a left fold of one pairwise step in
+/// a fixed order, in fp32 with ulysses' own exp and log1p (merge/arith.hpp): the same bits on the
+/// host and every GPU. A partial whose LSE is not finite (−inf, +inf, NaN) is empty. The rules,
+/// the preconditions and the build flags they need: docs/headers.md, "merge/lse.hpp".
 #pragma once
 
 #include <cstddef>
@@ -60,98 +15,10 @@
 
 #include "../layout/element.hpp"
 #include "../version.hpp"
+#include "arith.hpp"  // LseBase, the fp32 operations, exp2_nonpos(), log1p_unit()
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// The base of a log-sum-exp: natural (FlashAttention, vLLM, TensorRT-LLM: lse = log Σ e^s) or 2
-/// (FlashInfer: lse = log2 Σ 2^s).
-enum class LseBase : std::int32_t {
-  natural = 0,  ///< lse = ln Σ exp(s)
-  two = 1,      ///< lse = log2 Σ 2^s
-};
-
-/// Name of an LSE base ("natural", "two").
-inline const char* to_string(LseBase b) noexcept { return b == LseBase::two ? "two" : "natural"; }
-
-namespace detail {
-
-/// fp32 operations rounded to nearest one by one, never contracted into a fused multiply-add
-/// (on the device the _rn intrinsics, which nvcc does not contract; on the host plain operators).
-ULYSSES_HOST_DEVICE inline float f_mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-ULYSSES_HOST_DEVICE inline float f_add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-ULYSSES_HOST_DEVICE inline float f_sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-ULYSSES_HOST_DEVICE inline float f_div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-/// −infinity as a float (host and device, no <cmath> or <limits> needed).
-ULYSSES_HOST_DEVICE inline float neg_inf() { return bits_float(0xff800000u); }
-
-/// +infinity as a float (host and device).
-ULYSSES_HOST_DEVICE inline float pos_inf() { return bits_float(0x7f800000u); }
-
-/// True when `lse` marks an empty partial (no key): −inf, +inf or NaN, i.e. not finite (see the
-/// file comment; FlashAttention-2 returns +inf for a fully masked row). Host and device.
-ULYSSES_HOST_DEVICE inline bool lse_empty(float lse) { return !(lse > neg_inf() && lse < pos_inf()); }
-
-/// 2^x for x <= 0, within about 2 ulp; 0 for x <= −126 (flushed); NaN for NaN.
-/// x = n + f with n = round(x) (an integer ≥ −126) and |f| ≤ 1/2 exactly (Sterbenz), 2^f by its
-/// Taylor polynomial of degree 7 in Horner form (truncation below 6e−9), times 2^n by exponent bits.
-ULYSSES_HOST_DEVICE inline float exp2_nonpos(float x) {
-  if (!(x > -126.0f)) return x == x ? 0.0f : x;
-  const int n = static_cast<int>(f_sub(x, 0.5f));  // round to nearest for x in (−126, 0] (truncation toward 0)
-  const float f = f_sub(x, static_cast<float>(n));  // exact
-  // c_k = ln(2)^k / k!, k = 7 .. 1 (fp32-rounded).
-  float p = 1.5252734e-05f;
-  p = f_add(f_mul(p, f), 1.5403530e-04f);
-  p = f_add(f_mul(p, f), 1.3333558e-03f);
-  p = f_add(f_mul(p, f), 9.6181291e-03f);
-  p = f_add(f_mul(p, f), 5.5504109e-02f);
-  p = f_add(f_mul(p, f), 2.4022651e-01f);
-  p = f_add(f_mul(p, f), 6.9314718e-01f);
-  p = f_add(f_mul(p, f), 1.0f);
-  return f_mul(p, bits_float(static_cast<std::uint32_t>(n + 127) << 23));
-}
-
-/// log(1 + e) for e in [0, 1], in base `base` (natural or 2), within about 2 ulp: with t = e/(2+e)
-/// ∈ [0, 1/3], log(1+e) = 2·atanh(t) = 2t + 2t·(t²/3 + t⁴/5 + ... + t¹⁴/15) (truncation below 2e−9),
-/// times log2(e) for base 2.
-ULYSSES_HOST_DEVICE inline float log1p_unit(float e, LseBase base) {
-  const float t = f_div(e, f_add(2.0f, e)), z = f_mul(t, t);
-  float p = 1.0f / 15.0f;
-  p = f_add(f_mul(p, z), 1.0f / 13.0f);
-  p = f_add(f_mul(p, z), 1.0f / 11.0f);
-  p = f_add(f_mul(p, z), 1.0f / 9.0f);
-  p = f_add(f_mul(p, z), 1.0f / 7.0f);
-  p = f_add(f_mul(p, z), 1.0f / 5.0f);
-  p = f_add(f_mul(p, z), 1.0f / 3.0f);
-  const float two_t = f_mul(base == LseBase::two ? 2.8853900817779268f : 2.0f, t);  // 2·log2(e)·t or 2t
-  return f_add(two_t, f_mul(two_t, f_mul(p, z)));  // the small tail added last
-}
-
-}  // namespace detail
 
 /// What one merge step does to the state.
 enum class LseStepKind : std::int32_t {
@@ -160,7 +27,7 @@ enum class LseStepKind : std::int32_t {
   blend = 2,  ///< out' = out·w_state + out_block·w_block
 };
 
-/// One merge step of a row: the merged LSE and the two weights (see the file comment).
+/// One merge step of a row: the merged LSE and the two weights (docs/headers.md, "merge/lse.hpp").
 struct LseStep {
   float lse = 0;                       ///< the LSE after the step
   float w_state = 1;                   ///< weight of the state's output (blend)
@@ -170,11 +37,11 @@ struct LseStep {
 
 /// The merge step of a row's state LSE `lse` with a contribution's LSE `lse_block`, in base `base`
 /// (the scalar part of merge(); the same for every element of the row). Host and device.
-/// Formula and sources: the file comment (online softmax; FlashAttention-2 / ring attention's
+/// Formula and sources: docs/headers.md, "merge/lse.hpp" (online softmax; FlashAttention-2 / ring attention's
 /// rescaling; vLLM's merge_attn_states). Any LSE is accepted: a non-finite one (−inf, +inf, NaN)
 /// is an empty partial (detail::lse_empty()): a non-finite `lse_block` gives keep with the state's
 /// LSE (−inf when the state is empty too, never +inf or NaN), a non-finite state LSE with a finite
-/// `lse_block` gives take. Finite inputs: the blend of the file comment.
+/// `lse_block` gives take. Finite inputs: the blend of docs/headers.md, "merge/lse.hpp".
 ULYSSES_HOST_DEVICE inline LseStep lse_step(float lse, float lse_block, LseBase base = LseBase::natural) {
   LseStep s;
   if (detail::lse_empty(lse_block)) {

@@ -4,7 +4,7 @@
 ///        its field names and fingerprint, and the collective check_agreement() that compares
 ///        the ranks' records before a plan's first exchange.
 ///
-/// Included by plan/plan.hpp (it defines Plan's record members).
+/// Included by plan/plan.hpp at its end (it defines Plan's record members).
 #pragma once
 
 #include <array>
@@ -172,5 +172,3 @@ void before_exchange(const Plan& plan, Comm& comm) {
 }  // namespace detail
 
 ULYSSES_NAMESPACE_END
-
-#include "peer_lists.hpp"

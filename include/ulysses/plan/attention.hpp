@@ -3,19 +3,11 @@
 /// @brief attention_specs(): the q, k, v and o tensor specs of one attention layer, with the GQA
 ///        pairing right by construction.
 ///
-/// An attention layer under Ulysses sequence parallelism (DeepSpeed-Ulysses, arXiv:2309.14509)
-/// moves q, k, v seq→head in one exchange and the output o head→seq; in the backward pass do goes
-/// seq→head (head_to_seq_backward) and dq, dk, dv head→seq (seq_to_head_backward), where the
-/// partial gradients of a kv head held by several ranks are summed. attention_specs() splits the
-/// query heads by a policy, derives the kv split from it (HeadPartition::gqa: every rank gets the
-/// kv heads its query heads use), marks k and v as serving q (Plan checks the pairing) and as
-/// summing their replicas in head→seq (Replicas::sum), so that
-///
-///     Plan qkv(group, B, seq, specs.qkv());   // q, k, v: forward seq→head, backward its adjoint
-///     Plan out(group, B, seq, specs.out());   // o: forward head→seq, backward seq→head
-///
-/// are right for training and inference alike. check_heads() says whether a layer's heads split
-/// over the Ulysses groups of a Mesh.
+/// The query heads split by a policy, the kv split derived from it (HeadPartition::gqa), k and v
+/// marked as serving q and as summing their replicas in head→seq, so that `Plan(group, B, seq,
+/// specs.qkv())` and `specs.out()` are right for training and inference alike. check_heads():
+/// whether a layer's heads split over a Mesh's Ulysses groups. docs/guide.md; docs/headers.md,
+/// "plan/attention.hpp".
 #pragma once
 
 #include <cstdint>
@@ -36,7 +28,17 @@ enum class HeadPolicy : int {
   even,      ///< H / P query heads a rank (H % P == 0), kv heads split (Hkv % P == 0) or replicated
              ///< (P % Hkv == 0) evenly: DeepSpeed-Ulysses' rule
   balanced,  ///< the first H % P ranks one query head more; kv heads follow (any H, Hkv, P)
+  automatic, ///< `even` where its rule holds (H % P == 0, and Hkv % P == 0 or P % Hkv == 0), else
+             ///< `balanced`: never refuses a head count (resolve_head_policy() says which)
 };
+
+/// The policy HeadPolicy::automatic stands for on P ranks with H query and Hkv kv heads (`even`
+/// where its rule holds, else `balanced`); any other policy is returned as it is.
+inline HeadPolicy resolve_head_policy(HeadPolicy policy, int P, std::int64_t H, std::int64_t Hkv) noexcept {
+  if (policy != HeadPolicy::automatic) return policy;
+  const bool even = P >= 1 && H % P == 0 && Hkv >= 1 && (Hkv % P == 0 || P % Hkv == 0);
+  return even ? HeadPolicy::even : HeadPolicy::balanced;
+}
 
 /// The head shapes of an attention layer.
 struct AttentionShape {
@@ -46,7 +48,7 @@ struct AttentionShape {
   std::int64_t v_head_dim = 0;    ///< Dv of v and o; 0 means head_dim (differs under MLA)
 };
 
-/// The tensor specs of one attention layer on a group of P ranks (see the file comment).
+/// The tensor specs of one attention layer on a group of P ranks (see docs/headers.md, "plan/attention.hpp").
 struct AttentionSpecs {
   HeadPartition query_heads;  ///< the split of q and o (and dq, do)
   HeadPartition kv_heads;     ///< the split of k and v: HeadPartition::gqa(query_heads, Hkv)
@@ -81,7 +83,8 @@ AttentionSpecs attention_specs(int P, const AttentionShape& shape, ElementType t
   if (shape.head_dim < 1 || Dv < 1)
     detail::fail(Errc::invalid_shape, "head_dim=" + std::to_string(shape.head_dim) + " and v_head_dim=" + std::to_string(Dv) +
                                           " must be >= 1");
-  HeadPartition qh = policy == HeadPolicy::even ? HeadPartition::even(shape.num_heads, P) : HeadPartition::balanced(shape.num_heads, P);
+  const bool even = resolve_head_policy(policy, P, shape.num_heads, shape.num_kv_heads) == HeadPolicy::even;
+  HeadPartition qh = even ? HeadPartition::even(shape.num_heads, P) : HeadPartition::balanced(shape.num_heads, P);
   HeadPartition kvh = HeadPartition::gqa(qh, shape.num_kv_heads);
   AttentionSpecs a{qh, kvh, TensorSpec::of<T>(qh, shape.head_dim, type), TensorSpec::of<T>(kvh, shape.head_dim, type),
                    TensorSpec::of<T>(kvh, Dv, type), TensorSpec::of<T>(qh, Dv, type)};

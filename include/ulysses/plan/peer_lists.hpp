@@ -4,7 +4,7 @@
 ///        what transport/peer_copy.hpp keeps in the communicator's ExchangeState. Pure host
 ///        computation (it allocates), made once per plan and group.
 ///
-/// Included by plan/agreement.hpp (after Plan is complete).
+/// Included by plan/plan.hpp at its end (it defines Plan::set_peer_layouts() and direct_list()).
 #pragma once
 
 #include <algorithm>
@@ -76,8 +76,8 @@ inline constexpr std::int64_t kPushTileBytes = std::int64_t{64} << 10;
 /// seq-sharded input into p's head-sharded output (BufferIndex::peer_output), for every p. The
 /// tokens go tile by tile (kPushTileBytes of input each) and every peer's share of a tile before
 /// the next: each row of the input is read from memory once, in order, rather than a slice of it
-/// by every peer at a stride (the pull: 1.6-2.6x the time of a contiguous copy for 512-byte
-/// slices on a 2-core VM, against 1.1-1.4x pushed). The same element mapping as
+/// by every peer at a stride (the pull; docs/headers.md, "plan/peer_lists.hpp", has the
+/// measurement). The same element mapping as
 /// peer_copy_seq_to_head; the peers in rotated order, this rank first.
 /// @param plan this rank's plan; @param all every rank's layout record, in rank order;
 /// @param t the tensor; @param out where the blocks are appended.

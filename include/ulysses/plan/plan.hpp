@@ -196,7 +196,8 @@ class Plan : private detail::PlanFields {
   /// What determines the wire, one field per word (plan/agreement.hpp): P, B, S, the sequence
   /// partition, the number of tensors, stages, path options, the node layout, and per tensor its
   /// head partition, head dim and element size, and how head→seq treats its replicas. Nothing
-  /// that is a rank's own business (layouts, format, pointers).
+  /// that is a rank's own business (layouts, format, pointers). Defined in plan/agreement.hpp,
+  /// as are agreement_field() and fingerprint() (see the end of this header).
   AgreementRecord agreement_record() const;
   /// What word i of agreement_record() stands for ("the head partition of tensor 1", ...).
   static std::string agreement_field(int i);
@@ -243,6 +244,7 @@ class Plan : private detail::PlanFields {
   /// Builds them from every rank's layout_record() (`all` holds P of them, in rank order) into an
   /// object the plan shares, for direct_list(). @throws Error(plan_mismatch) when a record's
   /// extents are not the ones rank p's local shape has.
+  /// Defined in plan/peer_lists.hpp, as is direct_list() (see the end of this header).
   [[deprecated("use peer_copy_lists(plan, all) (transport/peer_copy.hpp)")]] void set_peer_layouts(const LayoutRecord* all) const;
   /// Deprecated (0.1): true once set_peer_layouts() has run.
   [[deprecated("see set_peer_layouts()")]] bool has_direct_lists() const { return legacy_->ready; }
@@ -318,4 +320,11 @@ inline std::vector<BlockList> block_lists(const Plan& plan) {
 
 ULYSSES_NAMESPACE_END
 
+// ---- Plan's members defined in other headers -----------------------------------------------------
+// Plan's class above declares them; their definitions need what those headers hold, and each of
+// them includes this header first, so they are included here, last, where Plan is complete:
+// - agreement_record(), agreement_field(), fingerprint(): plan/agreement.hpp (with
+//   check_agreement(), which compares the records);
+// - set_peer_layouts(), direct_list() (deprecated): plan/peer_lists.hpp (the peer copy's lists).
 #include "agreement.hpp"
+#include "peer_lists.hpp"

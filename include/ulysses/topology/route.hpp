@@ -3,30 +3,10 @@
 /// @brief The route of the two-level exchange (Path::two_level), built from a NodeLayout
 ///        (topology/nodes.hpp: which node each rank of a sequence-parallel group runs on).
 ///
-/// Past one node, a flat all-to-all sends P - 1 messages per rank, most of them across the slow
-/// inter-node links. The two-level exchange (the hierarchical, node-aggregated all-to-all of MPI
-/// libraries — e.g. Open MPI's "han" collectives — and of NCCL's PXN) moves the same wire chunks in
-/// three rounds of point-to-point messages:
-///
-///  1. intra-node gather: every rank sends what it has for the ranks of node B to node A's
-///     *forwarder* for B (rank B mod L_A of node A, L_A its rank count), which lays the node's
-///     chunks for B out back to back; chunks between ranks of one node go straight to their
-///     receiver in this round;
-///  2. inter-node: one message per ordered node pair (A, B), from A's forwarder for B to B's
-///     *receiver* for A (rank A mod L_B of node B);
-///  3. intra-node delivery: the receiver hands each rank of B its chunks.
-///
-/// One forwarder per node pair carries all of its node's bytes for the other node over its own
-/// link. PlanOptions::lanes spreads them: with Λ lanes, what A sends B is cut by the destination's
-/// local index mod Λ, and each lane has its own forwarder and receiver (one of the lane's ranks);
-/// with Λ = every rank of B (lanes = 0) local rank i of A forwards what A has for local rank i of
-/// B and that rank receives it itself: the rail-aligned scheme of NCCL's PXN, no delivery round,
-/// each rank's inter-node bytes those of the flat exchange in N - 1 messages instead of P - L.
-///
-/// A forwarder packs its own chunks straight into the gathered area and a receiver unpacks its
-/// own from the received area, so a chunk crosses 1 (same node) to 3 links, and the executor
-/// still copies each element twice (pack, unpack). Byte counts and offsets follow from the plan's
-/// global picture alone (every rank computes every rank's chunk sizes), so no sizes are exchanged.
+/// Three rounds of point-to-point messages: gather to a node's forwarder for each other node,
+/// one message per node pair (spread over PlanOptions::lanes), delivery by the receiver; the
+/// sizes follow from the plan's global picture, so none are exchanged. The rounds, the lanes and
+/// the copies: docs/multinode.md, "The two-level exchange"; docs/headers.md, "topology/route.hpp".
 #pragma once
 
 #include <algorithm>
@@ -53,7 +33,7 @@ struct Hop {
 
 namespace detail {
 
-/// The two-level route of one exchange stage (see the file comment). `chunk[i * P + j]` is the
+/// The two-level route of one exchange stage (see docs/headers.md, "topology/route.hpp"). `chunk[i * P + j]` is the
 /// bytes rank i sends rank j in the stage (the diagonal is not used); send_base / recv_base give
 /// each rank's stage offsets in its send and receive regions; `lanes` is PlanOptions::lanes.
 /// What node A sends node B travels in Λ = lanes (at most B's rank count; 0: all of them) groups:

@@ -2,16 +2,8 @@
 /// @file
 /// @brief at::Tensor in the libtorch client (target ulysses::torch; torch/torch.hpp includes the
 ///        whole client): a tensor's element type, layout and TensorSpec, and seq_to_head /
-///        head_to_seq (redistribute()) of at::Tensor lists.
-///
-/// - element_type_of_dtype(), layout_from(), spec_of(): an at::Tensor's dtype, sizes and strides
-///   become a TensorSpec's element type and layouts (the tensors are [B, S, H, D] in that logical
-///   order, any strides: bshd, a permuted bhsd view, a slice of a fused projection...).
-/// - redistribute() on at::Tensor lists: every tensor is checked against the plan (device, dtype,
-///   layout kind, sizes, strides) before any rank enters the exchange: Error(tensor_mismatch) or
-///   Error(layout_mismatch), naming the tensor. empty_like_plan() makes tensors in the plan's layouts.
-///
-/// Requires libtorch (CMake: find_package(Torch); Debian: libtorch-dev).
+///        head_to_seq (redistribute()) of at::Tensor lists, each tensor checked against the plan
+///        before any rank enters the exchange. docs/torch.md. Requires libtorch.
 #pragma once
 
 #include <torch/torch.h>

@@ -2,12 +2,8 @@
 /// @file
 /// @brief Path::alltoallv: pack every peer's chunk into the send region of the workspace, one
 ///        all-to-all-v of the wire, unpack from the receive region (DeepSpeed-Ulysses' op
-///        sequence, with q, k, v in one exchange).
-///
-/// | needs          | lists                        | copies per element                      |
-/// |----------------|------------------------------|-----------------------------------------|
-/// | any communicator (alltoallv), any executor | StageLists::pack, StageLists::unpack | 2 for peers' bytes (pack + unpack), 1 for the own chunk; transport 1 |
-/// Traffic: every chunk once, straight from its sender to its receiver (chunk_matrix()).
+///        sequence, with q, k, v in one exchange); also the decode exchange's wire.
+///        Needs, lists and copies: AlltoallvTransport; docs/design.md, "Transports".
 #pragma once
 
 #include <algorithm>
@@ -26,6 +22,10 @@ namespace detail {
 inline bool alltoallv_pairwise(int P) { return P < 4 || (P >= 64 && P < 128) || (P >= 256 && P < 1024); }
 }  // namespace detail
 
+/// Needs: any communicator (alltoallv()), any executor. Lists: StageLists::pack, unpack. Copies
+/// per element: 2 for peers' bytes (pack + unpack), 1 for the own chunk; transport 1. Traffic:
+/// every chunk once, straight from its sender to its receiver (chunk_matrix()). The decode
+/// exchange: exchange_chunks(), one alltoallv() of its chunks.
 /// The all-to-all-v transport (see the file comment). Heavy lifting: Comm::alltoallv.
 struct AlltoallvTransport {
   static constexpr Path path = Path::alltoallv;  ///< the Path it serves
@@ -43,6 +43,19 @@ struct AlltoallvTransport {
     const StageLists& s = plan.stage_lists(d, k);
     comm.alltoallv(t.base[BufferIndex::send], s.send_bytes.data(), s.send_offsets.data(), t.base[BufferIndex::recv],
                    s.recv_bytes.data(), s.recv_offsets.data());
+  }
+  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: every one.
+  template <class Comm, class Exec>
+  static constexpr bool serves_decode = supported<Comm, Exec>;
+  /// It moves the chunks (false: the peer copy, whose ranks read each other's inputs in place).
+  static constexpr bool reads_in_place = false;
+  /// One exchange of a flat chunk wire (the decode exchange's): `step.before()` (the pack), one
+  /// alltoallv() of `w`, `step.after()` (the unpack / merge).
+  template <class Comm, class Step>
+  static void exchange_chunks(Comm& comm, const ChunkWire& w, Step& step) {
+    step.before();
+    comm.alltoallv(w.send, w.send_bytes, w.send_offsets, w.recv, w.recv_bytes, w.recv_offsets);
+    step.after();
   }
   /// Copies per element of direction d (Plan::copies()).
   static CopyCount copies(const Plan& plan, Direction d) { return detail::count_copies(plan, d, &WireStage::pack, &WireStage::unpack); }

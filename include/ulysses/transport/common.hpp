@@ -2,7 +2,8 @@
 /// @file
 /// @brief What the transports share: the memory rule (the executor's memory must be the
 ///        communicator's for the message paths and the peer copy), message posting over a
-///        plan's lists with the communicator's scratch, the flat-plan check and copy counting.
+///        plan's lists or a chunk wire (ChunkWire) with the communicator's scratch, the
+///        flat-plan check and copy counting. docs/design.md, "Transports".
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,21 @@
 #include "../plan/plan.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
+
+/// A flat wire of one chunk per peer: what the decode exchange hands a transport
+/// (`exchange_chunks()`), its partials' and its all-gather's. Arrays of `peers` entries, bytes;
+/// the chunk to peer p is [send + send_offsets[p], + send_bytes[p]), the one from p lands at
+/// recv + recv_offsets[p] (recv_bytes[p] bytes); the own entries are 0.
+struct ChunkWire {
+  std::byte* send = nullptr;                 ///< the send region (read only; Message holds a mutable pointer)
+  const std::size_t* send_bytes = nullptr;   ///< [p]: bytes of the chunk to peer p
+  const std::size_t* send_offsets = nullptr; ///< [p]: its offset from `send`
+  std::byte* recv = nullptr;                 ///< the receive region
+  const std::size_t* recv_bytes = nullptr;   ///< [p]: bytes of the chunk from peer p
+  const std::size_t* recv_offsets = nullptr; ///< [p]: its offset from `recv`
+  int peers = 0;                             ///< P, the entries of each array
+};
+
 namespace detail {
 
 /// The executor's memory is the communicator's (both host, or both device).
@@ -45,6 +61,29 @@ void post_messages(Comm& comm, const BufferTable& t, const std::vector<Item>& se
   auto post = [&](std::vector<Message>& s, std::vector<Message>& r) {
     fill(s, send);
     fill(r, recv);
+    comm.exchange_messages(s.data(), s.size(), r.data(), r.size());
+  };
+  if constexpr (comm_traits<Comm>::exchange_state) {
+    ExchangeState& st = comm.exchange_state();
+    post(st.send_messages(), st.recv_messages());
+  } else {
+    std::vector<Message> s, r;
+    post(s, r);
+  }
+}
+
+/// One exchange_messages() call of a chunk wire: one message per peer with a non-empty chunk, in
+/// each direction, with the communicator's scratch (as post_messages()).
+template <class Comm>
+void post_chunks(Comm& comm, const ChunkWire& w) {
+  auto post = [&](std::vector<Message>& s, std::vector<Message>& r) {
+    s.clear();
+    r.clear();
+    for (int p = 0; p < w.peers; ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      if (w.send_bytes[i]) s.push_back(Message{p, w.send + w.send_offsets[i], w.send_bytes[i]});
+      if (w.recv_bytes[i]) r.push_back(Message{p, w.recv + w.recv_offsets[i], w.recv_bytes[i]});
+    }
     comm.exchange_messages(s.data(), s.size(), r.data(), r.size());
   };
   if constexpr (comm_traits<Comm>::exchange_state) {

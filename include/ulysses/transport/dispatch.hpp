@@ -2,21 +2,9 @@
 /// @file
 /// @brief The one place that knows every transport: the table from Path to its transport
 ///        (visit_transport()), the one choice of a path (choose_path()), and what the facade and
-///        the pipelines call per stage (pack_list(), unpack_list(), stage_exchange()).
-///
-/// Every transport is a file of its own under transport/, a type with the same static members:
-/// `path`; `supported<Comm, Exec>` (what it needs from the communicator and executor, compile
-/// time); `pack_list` / `unpack_list` (the plan's lists it runs before and after the exchange of
-/// a stage; none for the peer copy, which has no stages); `exchange`; `copies` (copies per
-/// element). Adding one is a new file, an enumerator of Path (plan/spec.hpp) and one line in
-/// visit_transport() below.
-///
-/// | path      | moves bytes by                                                   | copies per element (executor) |
-/// |-----------|------------------------------------------------------------------|-------------------------------|
-/// | alltoallv | pack, one all-to-all-v, unpack (transport/alltoallv.hpp)          | 2 for peers' bytes, 1 own      |
-/// | messages  | one message per piece, in place where contiguous (messages.hpp)   | 0-2 for peers' bytes, 1 own    |
-/// | direct    | ranks read each other's inputs, the peer copy (peer_copy.hpp)     | 1 (no transport, no workspace) |
-/// | two_level | pack, 3 rounds of messages along the node layout (two_level.hpp)  | 2, as alltoallv; 1-3 links     |
+///        the pipelines call per stage (pack_list(), unpack_list(), stage_exchange()). The
+///        transports' members and how to add one: visit_transport(); docs/design.md,
+///        "Transports", and docs/extending.md.
 #pragma once
 
 #include <string>
@@ -32,6 +20,22 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+/// Every transport is a file of its own under transport/, a type with the same static members:
+/// `path`; `supported<Comm, Exec>` (what it needs from the communicator and executor, compile
+/// time); `pack_list` / `unpack_list` (the plan's lists it runs before and after the exchange of
+/// a stage; none for the peer copy, which has no stages); `exchange`; `copies` (copies per
+/// element); and for the decode exchange (decode/exchange.hpp) `serves_decode<Comm, Exec>`,
+/// `reads_in_place` and `exchange_chunks` (a flat wire of one chunk per peer, ChunkWire). Adding
+/// one is a new file, an enumerator of Path (plan/spec.hpp) and one line below; it then serves
+/// seq→head, head→seq, their backward and the decode exchange.
+///
+/// | path      | moves bytes by                                                   | copies per element (executor) |
+/// |-----------|------------------------------------------------------------------|-------------------------------|
+/// | alltoallv | pack, one all-to-all-v, unpack (transport/alltoallv.hpp)          | 2 for peers' bytes, 1 own      |
+/// | messages  | one message per piece, in place where contiguous (messages.hpp)   | 0-2 for peers' bytes, 1 own    |
+/// | direct    | ranks read each other's inputs, the peer copy (peer_copy.hpp)     | 1 (no transport, no workspace) |
+/// | two_level | pack, 3 rounds of messages along the node layout (two_level.hpp)  | 2, as alltoallv; 1-3 links     |
+///
 /// Calls f(T{}) with the transport type T of path p (Path::automatic: the all-to-all-v, as
 /// Plan::copies() counts it) and returns what it returns: the one switch over Path.
 template <class F>
@@ -62,6 +66,17 @@ struct PathSupport {
            visit_transport(p, [](auto t) { return decltype(t)::template supported<Comm, Exec>; });
   }
 };
+
+/// Whether path p serves the decode exchange of a communicator of type Comm and an executor of
+/// type Exec (the transport's `serves_decode`; Path::automatic: the all-to-all-v's).
+template <class Comm, class Exec>
+bool serves_decode(Path p) {
+  return visit_transport(p, [](auto t) { return decltype(t)::template serves_decode<Comm, Exec>; });
+}
+/// Whether path p reads the peers' inputs in place instead of moving chunks (the peer copy).
+inline bool reads_in_place(Path p) {
+  return visit_transport(p, [](auto t) { return decltype(t)::reads_in_place; });
+}
 
 namespace detail {
 /// Why a path is not possible with these types (for Error(path_unsupported)).

@@ -4,11 +4,7 @@
 ///        the user's input where the piece is contiguous there and from the send region
 ///        otherwise, received into the output where contiguous and into the receive region
 ///        otherwise (heFFTe's point-to-point reshape; NCCL grouped send/recv).
-///
-/// | needs          | lists                        | copies per element                      |
-/// |----------------|------------------------------|-----------------------------------------|
-/// | exchange_messages() on the communicator, the executor's memory the communicator's | StageLists::pack_staged, unpack_staged, send_pieces, recv_pieces | 0-2 for peers' bytes: a piece in place skips its pack (sending) or unpack (receiving); 1 for the own chunk; transport 1 |
-/// Traffic: as alltoallv, in as many messages as pieces.
+///        Needs, lists and copies: MessagesTransport; docs/design.md, "Transports".
 #pragma once
 
 #include <vector>
@@ -17,6 +13,11 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+/// Needs: exchange_messages() on the communicator, the executor's memory the communicator's.
+/// Lists: StageLists::pack_staged, unpack_staged, send_pieces, recv_pieces. Copies per element:
+/// 0-2 for peers' bytes (a piece in place skips its pack or unpack), 1 for the own chunk;
+/// transport 1. Traffic: as alltoallv, in as many messages as pieces. The decode exchange:
+/// exchange_chunks(), one message per peer with a non-empty chunk.
 /// The message transport (see the file comment).
 struct MessagesTransport {
   static constexpr Path path = Path::messages;  ///< the Path it serves
@@ -33,6 +34,20 @@ struct MessagesTransport {
   static void exchange(const Plan& plan, Direction d, Comm& comm, const BufferTable& t, int k) {
     const StageLists& s = plan.stage_lists(d, k);
     detail::post_messages(comm, t, s.send_pieces, s.recv_pieces);
+  }
+  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: as supported.
+  template <class Comm, class Exec>
+  static constexpr bool serves_decode = supported<Comm, Exec>;
+  /// It moves the chunks.
+  static constexpr bool reads_in_place = false;
+  /// One exchange of a flat chunk wire (the decode exchange's): `step.before()`, one message per
+  /// peer with a non-empty chunk in each direction (one exchange_messages()), `step.after()`.
+  /// @pre comm_traits<Comm>::exchange_messages.
+  template <class Comm, class Step>
+  static void exchange_chunks(Comm& comm, const ChunkWire& w, Step& step) {
+    step.before();
+    detail::post_chunks(comm, w);
+    step.after();
   }
   /// Copies per element of direction d (Plan::copies()).
   static CopyCount copies(const Plan& plan, Direction d) {

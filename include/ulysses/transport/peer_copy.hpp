@@ -3,16 +3,9 @@
 /// @brief Path::direct, the peer copy: ranks that can load and store each other's memory copy
 ///        their share of every peer's input straight into their own outputs, one copy per
 ///        element, with no workspace and no wire (FlashInfer's and TensorRT-LLM's IPC
-///        all-to-alls do the same between GPUs).
-///
-/// | needs          | lists                        | copies per element                      |
-/// |----------------|------------------------------|-----------------------------------------|
-/// | with_peers() and allgather() on the communicator, the executor's memory the communicator's (a device executor also prepare_direct()) | PeerCopyLists (built once per plan and group from the ranks' layouts, kept in the communicator's ExchangeState) | executor 1, transport 0 |
-/// Traffic: every element read once from its owner's memory (the same bytes as the flat exchange, no messages).
-/// Where every rank can store to every rank's outputs (comm_traits::peer_outputs: threads of one
-/// process, or MpiWindowComm with every rank's outputs in the window) with a host executor,
-/// seq→head pushes instead: each rank reads its own rows in order and writes every peer's heads
-/// into that peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
+///        all-to-alls do the same between GPUs); for the decode exchange, every rank merges its
+///        heads reading its peers' partials in place. Needs, lists and copies:
+///        PeerCopyTransport; docs/design.md, "Transports".
 #pragma once
 
 #include <algorithm>
@@ -226,6 +219,14 @@ struct PeerCopyWork {
 };
 }  // namespace detail
 
+/// Needs: with_peers() and allgather() on the communicator, the executor's memory the
+/// communicator's (a device executor also prepare_direct()). Lists: PeerCopyLists, built once per
+/// plan and group from the ranks' layouts, kept in the communicator's ExchangeState. Copies per
+/// element: executor 1, transport 0. Traffic: every element read once from its owner's memory.
+/// Where every rank can store to every rank's outputs (comm_traits::peer_outputs: threads of one
+/// process, or MpiWindowComm with every rank's outputs in the window) with a host executor,
+/// seq→head pushes instead: each rank reads its own rows in order and writes every peer's heads
+/// into that peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
 /// The peer copy transport (see the file comment). It has no stages: exchange() runs every
 /// stage's share at once.
 struct PeerCopyTransport {
@@ -236,6 +237,27 @@ struct PeerCopyTransport {
   static constexpr bool supported = comm_traits<Comm>::with_peers && comm_traits<Comm>::allgather &&
                                     detail::same_memory_v<Comm, Exec> &&
                                     (executor_traits<Exec>::runs_on_host || executor_traits<Exec>::prepare_direct);
+
+  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: with_peers()
+  /// on the communicator and a host executor in its memory (the merge reads the peers' partials).
+  template <class Comm, class Exec>
+  static constexpr bool serves_decode =
+      comm_traits<Comm>::with_peers && executor_traits<Exec>::runs_on_host && detail::same_memory_v<Comm, Exec>;
+  /// It moves no chunk: every rank reads its peers' inputs in place.
+  static constexpr bool reads_in_place = true;
+  /// The decode exchange's step without its wire: every rank publishes `step.peer_inputs()`
+  /// (with_peers()) and runs `Step::read_peers(&step, all)` with every rank's, reading them in
+  /// place; the wire `w` is not moved (the step's merge reads what it would have carried).
+  /// @pre comm_traits<Comm>::with_peers; the step is the partials' (the merged chunks of
+  ///      DecodeOutput::all_heads go by a transport that moves them).
+  template <class Comm, class Step>
+  static void exchange_chunks(Comm& comm, const ChunkWire& w, Step& step) {
+    (void)w;
+    if constexpr (comm_traits<Comm>::with_peers) {
+      const PeerRecord in = step.peer_inputs();
+      comm.with_peers(&in, &Step::read_peers, &step);
+    }
+  }
 
   /// The lists of `plan` on `comm`'s group: from the communicator's ExchangeState, or built from
   /// an all-gather of the ranks' layouts (collective; allocates) and kept there. Without an

@@ -3,10 +3,7 @@
 /// @brief Path::two_level: pack, three rounds of messages along PlanOptions::nodes (intra-node
 ///        gather into each node's forwarders, one message per ordered node pair and lane, the
 ///        intra-node delivery; topology/route.hpp), unpack. Open MPI han's and NCCL PXN's idea.
-///
-/// | needs          | lists                        | copies per element                      |
-/// |----------------|------------------------------|-----------------------------------------|
-/// | exchange_messages(), the executor's memory the communicator's; a plan with Plan::two_level() | pack, unpack, hop_send, hop_recv | 2 as alltoallv; transport: every byte received in the three rounds, forwarded chunks included (1-3 links a chunk) |
+///        Needs, lists and copies: TwoLevelTransport; docs/multinode.md, "The two-level exchange".
 #pragma once
 
 #include <algorithm>
@@ -19,6 +16,10 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+/// Needs: exchange_messages(), the executor's memory the communicator's, a plan with
+/// Plan::two_level(). Lists: pack, unpack, hop_send, hop_recv. Copies per element: 2 as
+/// alltoallv; transport: every byte received in the three rounds, forwarded chunks included
+/// (1-3 links a chunk). Not the decode exchange's (its wire is flat).
 /// The two-level transport (see the file comment). Its pack and unpack are the all-to-all-v's
 /// (inherited); what it needs of the types is the message path's.
 struct TwoLevelTransport : AlltoallvTransport {
@@ -26,6 +27,9 @@ struct TwoLevelTransport : AlltoallvTransport {
   /// exchange_messages() and the executor's memory the communicator's (as MessagesTransport).
   template <class Comm, class Exec>
   static constexpr bool supported = MessagesTransport::supported<Comm, Exec>;
+  /// Never serves the decode exchange: its wire is flat (a decode plan has no node layout).
+  template <class Comm, class Exec>
+  static constexpr bool serves_decode = false;
   /// The three rounds of stage k, one exchange_messages() each; every rank calls every round.
   /// @pre the cross-rank check is done; plan.two_level(); comm_traits<Comm>::exchange_messages.
   template <class Comm>

@@ -5,43 +5,10 @@
 ///        its prediction (predict_seconds()). Its calibration from measurements is tune/fit.hpp,
 ///        advice on the Ulysses degree of a world of ranks tune/advise.hpp.
 ///
-/// The model is Hockney's α-β model (R. Hockney, "The communication challenge for MPP", Parallel
-/// Computing 20(3), 1994; as used for collectives by Thakur, Rabenseifner & Gropp, IJHPCA 2005),
-/// one (α, β) pair per link class — intra-node (NVLink, shared memory) and inter-node (InfiniBand,
-/// RoCE) — plus a term for the executor's copies (pack, unpack, sums; memory bandwidth):
-///
-///     T = Σ_rounds ( ε + Σ_class ( α_class · messages + β_class · bytes ) ) + Σ_class λ_class · steps
-///         + γ · copied bytes + δ · copied rows
-///
-/// (ε: what a round costs whatever it moves — posting, waiting, the group's synchronisation; α:
-/// the software cost of one message, paid one after another by the rank that posts them; λ: a
-/// link's latency, paid once per sequential step of messages — the messages of one step are in
-/// flight together and their latencies overlap — by the step's slowest link class: one step per
-/// round of concurrent messages, P − 1 for an all-to-all-v that MPI runs pairwise (Open MPI's
-/// decision, transport/alltoallv.hpp); δ: a contiguous row of D elements costs a loop step, an
-/// address computation and a partly used cache line or vector; short rows, e.g. D = 64 in bf16,
-/// cost more per byte than D = 256.) Within a round whose intra- and inter-node messages are in
-/// flight at once (the flat message path and a linear all-to-all-v across nodes: distinct links,
-/// NVLink ports and NICs), only the slower class's bytes take time
-/// (ExchangeTraffic::overlapped); a pairwise all-to-all-v's steps, and the two-level exchange's
-/// rounds, add up.
-/// Memory-to-memory moves (copies, shared-memory and NVLink transfers) run faster while the
-/// exchange's working set W (a rank's inputs, outputs and workspace) fits its share C of the
-/// last-level cache: a fraction f = min(1, C / W) of those bytes takes the cached rates β_intra'
-/// and γ' instead (the two-regime "roofline" of the memory hierarchy, Williams, Waterman &
-/// Patterson, CACM 52(4), 2009). C = 0 turns that off (the placeholders: a GPU's exchange of
-/// activations rarely fits its L2).
-///
-/// where each round's messages and bytes are those of its busiest rank (the largest of what it
-/// sends and what it receives): one round for the flat paths, three for the two-level one
-/// (intra, inter, intra). The volume follows DeepSpeed-Ulysses' analysis (Jacobs et al.,
-/// arXiv:2309.14509, section 3.1): a rank sends (P-1)/P of its q, k, v (and o) shards per
-/// exchange, so the bytes per link stay constant when S and P grow together, while the message
-/// count grows with P — which the two-level exchange trades against extra hops.
-///
-/// Everything here is a prediction: calibrate it on the machine at hand (fit_cost_model() of
-/// tune/fit.hpp from `ulysses_perf --json` measurements, `ulysses_perf --calibrate`) and treat
-/// link defaults as placeholders.
+/// Hockney's α-β model, one (α, β, λ) per link class, plus the executor's copies (γ, δ) and a
+/// cached regime for working sets that fit the last-level cache: a prediction, to calibrate on
+/// the machine at hand. The formula and its sources: docs/cost-model.md; docs/headers.md,
+/// "tune/cost.hpp".
 #pragma once
 
 #include <algorithm>
@@ -83,7 +50,7 @@ struct LinkCost {
   double GBps() const { return seconds_per_byte > 0 ? 1e-9 / seconds_per_byte : 0; }  ///< 1 / β in GB/s
 };
 
-/// The parameters of the model (see the file comment).
+/// The parameters of the model (see docs/headers.md, "tune/cost.hpp").
 struct CostModel {
   LinkCost intra;                      ///< intra-node link of one rank (working set beyond the cache)
   LinkCost inter;                      ///< inter-node link of one rank
@@ -184,7 +151,7 @@ inline std::array<double*, kCostParams> cost_params(CostModel& m) {
 }
 }  // namespace detail
 
-/// The model's time of an exchange with this traffic, in seconds (see the file comment).
+/// The model's time of an exchange with this traffic, in seconds (see docs/headers.md, "tune/cost.hpp").
 /// @param t the exchange's traffic (exchange_traffic())
 /// @param m the model's parameters
 inline double predict_seconds(const ExchangeTraffic& t, const CostModel& m) {

@@ -3,37 +3,10 @@
 /// @brief The ring of Ulysses × Ring in the α-β model (tune/cost.hpp): a ring step's traffic per
 ///        link class (ring_step_traffic()), the attention a step hides it behind (ring_cost(): the
 ///        exposed communication max(0, comm − compute) per step), the all-gather-kv alternative
-///        (allgather_kv_cost()), and advice over (U, R, outer) (advise_hybrid(), tune/advise.hpp's
-///        advise_degree() for the Ulysses part).
+///        (allgather_kv_cost()), and advice over (U, R, outer) (advise_hybrid()).
 ///
-/// Traffic (ring/rotation.hpp): at each of the first R − 1 steps every ring rank sends ONE
-/// message, its current k|v block, to ring rank r + 1 and receives one from r − 1; the last step
-/// moves nothing. A block is ring rank j's L_j tokens (ring/partition.hpp) × B × the kv heads of a
-/// Ulysses rank (Hkv / U, or 1 when U > Hkv: GQA replication) × (D + Dv) elements. The ring is
-/// lockstep (each step needs the neighbour's block), so a step costs what its slowest ring edge
-/// costs: one message on the inter-node link when some edge of the ring crosses nodes (RingMesh,
-/// U inside a node first), else on the intra-node link. Over shared memory (an in-process group)
-/// the message is one copy of the block (copy bytes and one row, as the direct path prices it).
-///
-/// Overlap: RingRotation posts step s's transfer before the attention of step s and completes it
-/// after, so step s takes max(comm_s, compute_s) on each rank and the ring waits for its slowest
-/// rank: step time max_r max(comm, compute_r,s), exposed communication = step time − max_r
-/// compute_r,s (0 when the attention is longer). Attention FLOPs of a step's work (ring/schedule.hpp's
-/// RingWork): 2 · B · h · pairs · (D + Dv) for h query heads of the rank and `pairs` attended
-/// (q, k) pairs (q_len · kv_len; q_len (q_len + 1) / 2 on the causal diagonal) — the forward's
-/// Q·Kᵀ and P·V (FlashAttention's count, Dao, arXiv:2205.14135), at a given FLOP rate.
-///
-/// Merging: every step after the first merges its partial (out, lse) into the running pair
-/// (ring/merge.hpp), fp32, ring_merge_bytes() at the model's copy rate γ: R − 1 merges of
-/// L · H / U rows a rank, so the ring's merge work per layer grows as S · H / U — what a larger
-/// Ulysses degree saves (USP's argument for the hybrid, Fang & Zhao, arXiv:2405.07719).
-///
-/// The all-gather-kv alternative (Llama 3's context parallelism, Dubey et al., arXiv:2407.21783,
-/// section 3.3.2; Megatron's all-gather CP): the ring group all-gathers its k|v once, before the
-/// attention, and every rank computes over the whole gathered kv: the same R − 1 blocks over the
-/// same ring edges (a ring all-gather: R − 1 rounds of one block), none of it hidden, R blocks
-/// held instead of two, and no merges (one attention over the gathered kv). It wins where the ring's overlap is lost anyway (short steps) or where
-/// the engine prefers one attention call; the model prices both so the advice can compare.
+/// The traffic, overlap, merge and all-gather terms and their sources: docs/cost-model.md;
+/// docs/headers.md, "tune/ring_cost.hpp".
 #pragma once
 
 #include <algorithm>
@@ -101,7 +74,7 @@ inline double ring_block_bytes(const RingPartition& part, int j, const Attention
 }
 
 /// The traffic of one transfer step of the rings of `mesh` moving `block_bytes` a message (see
-/// the file comment): the edges of outer group 0's ring of Ulysses rank 0 by link class (every
+/// docs/headers.md, "tune/ring_cost.hpp"): the edges of outer group 0's ring of Ulysses rank 0 by link class (every
 /// ring of the mesh has the same pattern), and the step's busiest rank: one message of
 /// block_bytes on the inter-node link when an edge crosses nodes, else the intra-node one
 /// (shared_memory: one copy of block_bytes, one row, no link bytes). One round; working set: the
@@ -142,8 +115,8 @@ inline double ring_merge_bytes(const RingWork& w, std::int64_t q_heads, std::int
   return 12.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * static_cast<double>(w.q_len) * static_cast<double>(v_head_dim + 1);
 }
 
-/// Forward attention FLOPs of one ring step's work: 2 · B · q_heads · pairs · (D + Dv) (see the
-/// file comment); 0 for an empty work.
+/// Forward attention FLOPs of one ring step's work: 2 · B · q_heads · pairs · (D + Dv) (see docs/headers.md,
+/// "tune/ring_cost.hpp"); 0 for an empty work.
 /// @param w        the step's work (ring_work())
 /// @param q_heads  query heads of the rank (H / U)
 /// @param head_dim D
@@ -217,7 +190,7 @@ inline RingCost ring_cost_impl(const RingMesh& mesh, const AttentionShape& shape
 }
 }  // namespace detail
 
-/// The forward ring of one layer on `mesh` over S tokens (see the file comment): per step the
+/// The forward ring of one layer on `mesh` over S tokens (see docs/headers.md, "tune/ring_cost.hpp"): per step the
 /// transfer's time (one message of the ring's largest block: every transfer step moves it between
 /// some pair of ring ranks, and the lockstep ring waits for it; 0 at the last step), the slowest rank's attention at `flops_per_s` and the exposed part
 /// max(0, comm − compute), and each step's merge at the model's copy rate; zigzag partition when
@@ -240,7 +213,7 @@ inline RingCost ring_cost(const RingMesh& mesh, const AttentionShape& shape, std
   return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false);
 }
 
-/// The all-gather-kv alternative on the same mesh (see the file comment): the ring all-gather's
+/// The all-gather-kv alternative on the same mesh (see docs/headers.md, "tune/ring_cost.hpp"): the ring all-gather's
 /// R − 1 rounds priced as the ring's transfer steps, none hidden (exposed = comm), the same
 /// attention work, R blocks held. Parameters and errors as ring_cost().
 /// @param mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy as ring_cost()

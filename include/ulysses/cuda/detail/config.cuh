@@ -3,21 +3,10 @@
 /// @brief Internals shared by the CUDA headers: the architecture-keyed inline namespace and the
 ///        conversion of CUDA runtime errors into ulysses::Error.
 ///
-/// Architecture-keyed namespace (the ODR guard CCCL uses for CUB/Thrust kernels):
-/// a header-only library that defines kernels and the host code that launches them gives every
-/// translation unit its own copy. If two TUs of one program are compiled for different GPU
-/// architectures (say one with -arch=sm_80, one with -arch=sm_90), the linker would keep ONE of
-/// the two inline host functions (`CudaExecutor::run`, the kernel stubs) and silently launch code
-/// built for the wrong architecture from the other TU. To prevent that, everything in
-/// cuda/executor.cuh and the headers it includes (cuda/policy.cuh's constants, cuda/detail/kernel.cuh,
-/// cuda/detail/kernel_list.cuh) lives in an inner inline namespace whose name spells the architectures the TU
-/// is compiled for, taken from nvcc's `__CUDA_ARCH_LIST__` (e.g. `800,900` gives
-/// `ulysses::v0::sm_800_900`, and `ulysses::v0::detail::sm_800_900` for the kernels). Users
-/// keep writing `ulysses::CudaExecutor`; two TUs built for different archs get different,
-/// non-clashing symbols. (nvcc lists `sm_90a` as 900 too: TUs for 90 and 90a share a name.) Define `ULYSSES_CUDA_ARCH_NAMESPACE`
-/// yourself to choose the name (e.g. with compilers that do not define `__CUDA_ARCH_LIST__`;
-/// those get `sm_unknown`). Types without device code (NcclComm, DeviceLocalGroup) stay in
-/// `ulysses::v0` so they can be passed between such TUs.
+/// The kernels and their launchers live in an inline namespace named for the TU's architectures
+/// (`__CUDA_ARCH_LIST__`, e.g. `ulysses::v0::sm_800_900`; CCCL's ODR guard), so that TUs built for
+/// different GPUs never share a host stub; `ULYSSES_CUDA_ARCH_NAMESPACE` chooses the name. Why:
+/// docs/headers.md, "cuda/detail/config.cuh".
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -51,7 +40,7 @@
 #define ULYSSES_DETAIL_ARCH_NS(...) \
   ULYSSES_DETAIL_PP_CAT(ULYSSES_DETAIL_ARCH_, ULYSSES_DETAIL_PP_COUNT(__VA_ARGS__))(__VA_ARGS__)
 
-/// Name of the architecture-keyed inline namespace (see the file comment).
+/// Name of the architecture-keyed inline namespace (see docs/headers.md, "cuda/detail/config.cuh").
 #ifndef ULYSSES_CUDA_ARCH_NAMESPACE
 #if defined(__CUDA_ARCH_LIST__)
 #define ULYSSES_CUDA_ARCH_NAMESPACE ULYSSES_DETAIL_ARCH_NS(__CUDA_ARCH_LIST__)

@@ -3,24 +3,10 @@
 /// @brief The copy kernel (ulysses' own) and its device functions, the agent level in CUB's
 ///        terms: find a unit of work, tabulate its rows' offsets, move its vectors or add its sum.
 ///
-/// The work of a block list is cut into *units* of at most kTileBytes (16 KiB) — a group of whole
-/// rows of one block when its rows are short, or a segment of one row when they are long — and a
-/// prefix sum of the units over the blocks (KernelList, kernel_list.cuh: made on the host, stored
-/// next to the blocks in device memory) lets a CTA find the block of a unit by binary search.
-/// CTAs loop over units grid-stride. Within a unit, consecutive threads move consecutive vectors
-/// (coalesced), each thread keeping kCopyUnroll loads in flight. A row's address is one multiply
-/// for blocks with one outer dimension (the dense layouts' usual case); for others the CTA first
-/// tabulates the unit's row offsets in shared memory (at most kCopyThreads rows a unit), so a row
-/// index is decomposed once per row (row_offsets(), layout/blocks.hpp: the decomposition the host
-/// executor uses too), not once per vector. The vector is 16 bytes when the segment length, both
-/// base addresses (base + offset) and every stride allow it, else 8, 4, 2 or 1 bytes, decided per
-/// unit: a misaligned tensor costs speed, never correctness. The kernel body is a set of
-/// __host__ __device__ functions, so the tests also run it on the host, thread by thread
-/// (tests/support/device_harness.cuh, emulate_kernel), where no GPU is available. The constants
-/// are kCopyPolicy's (cuda/policy.cuh).
-///
-/// Internal (namespace ulysses::detail, arch-keyed: see config.cuh); CudaExecutor launches the
-/// kernel. Needs nvcc.
+/// Units of at most kTileBytes, found by binary search over a prefix sum (kernel_list.cuh), walked
+/// grid-stride; the widest vector the addresses allow. __host__ __device__, so the tests run it on
+/// the host too. The design: docs/headers.md, "cuda/detail/kernel.cuh"; docs/gpu.md. Internal
+/// (arch-keyed, config.cuh); CudaExecutor launches it. Needs nvcc.
 #pragma once
 
 #include <cstddef>

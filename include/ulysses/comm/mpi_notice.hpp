@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The failure notices of MpiComm (comm/mpi_comm.hpp): the small message {call number,
+///        code, missing ranks, text} a rank that gives up sends each peer, how it is received,
+///        and the state the copies of one MpiComm share (docs/design.md, "Failure model").
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../version.hpp"
+#include "failure.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// The notice's header (its text follows).
+struct MpiNoticeHeader {
+  std::uint64_t seq;
+  int code;
+  std::uint64_t missing = 0;  ///< a timeout's: the ranks (< 64) the sender waited for, as a mask
+};
+
+/// A failure notice as received: its sender, header and text.
+struct MpiNotice {
+  int from = -1;
+  MpiNoticeHeader head{0, 0};
+  std::string text;
+};
+
+/// The ranks of a mask, ascending.
+inline std::vector<int> ranks_in_mask(std::uint64_t mask) {
+  std::vector<int> r;
+  for (int p = 0; p < 64; ++p)
+    if (mask >> p & 1u) r.push_back(p);
+  return r;
+}
+
+/// The mask of a list of ranks (those < 64).
+inline std::uint64_t mask_of_ranks(const std::vector<int>& ranks) {
+  std::uint64_t m = 0;
+  for (int p : ranks)
+    if (p >= 0 && p < 64) m |= std::uint64_t{1} << p;
+  return m;
+}
+
+/// MPI's text for an error code.
+inline std::string mpi_error_string(int rc) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return std::string(msg, static_cast<std::size_t>(len));
+}
+
+/// Receives the next failure notice a peer sent on `comm` with `tag`, if there is one
+/// (MPI_Iprobe, then MPI_Recv): true and `n` filled, or false. A notice shorter than its header
+/// keeps a zero header.
+inline bool receive_mpi_notice(MPI_Comm comm, int tag, MpiNotice& n) {
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
+  MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+  const auto bytes = static_cast<std::size_t>(std::max(count, 0));
+  n.from = st.MPI_SOURCE;
+  n.head = MpiNoticeHeader{0, 0};
+  n.text.clear();
+  if (bytes >= sizeof n.head) {
+    std::memcpy(&n.head, buf.data(), sizeof n.head);
+    n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
+  }
+  return true;
+}
+
+/// What MPI may still read or write after a collective times out (it can be neither cancelled
+/// nor freed): kept alive for MPI, on the heap, and leaked once its collective timed out.
+struct MpiCollective {
+  std::vector<int> sc, sd, rc, rd;  // int counts for MPI_Ialltoallv, sized once
+  int fits[3] = {1, 0, 0};          // the MPI_Iallreduce's operand: {path fits, call, -call}
+  std::vector<std::byte> gather_send, gather_recv;  // allgather's copies
+  MPI_Request req = MPI_REQUEST_NULL;               // the collective in flight
+};
+
+/// The state the copies of one MpiComm share.
+struct MpiShared {
+  CommFailure failure;
+  std::uint64_t calls = 0;  // calls entered: every rank numbers its calls alike
+  std::uint64_t library_calls = 0;  // the library calls begun on this MpiComm or its copies (ExchangeState::count_calls_in)
+  std::unique_ptr<MpiCollective> coll = std::make_unique<MpiCollective>();
+  std::unique_ptr<char[]> notice;  // the notice sent to the peers on giving up, and its sends
+  std::vector<MPI_Request> notice_reqs;
+  MpiShared() = default;
+  MpiShared(const MpiShared&) = delete;
+  MpiShared& operator=(const MpiShared&) = delete;
+  /// Frees the notice once MPI has sent it; leaves it to MPI (leaked) while it has not.
+  ~MpiShared() {
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (finalized || notice_reqs.empty()) return;
+    int done = 0;
+    MPI_Testall(static_cast<int>(notice_reqs.size()), notice_reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) return;
+    for (MPI_Request& r : notice_reqs)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    (void)notice.release();  // MPI may still read it
+  }
+  /// Sends every peer but `rank` of the `size` ranks of `comm` the notice {head, what} with `tag`
+  /// (best effort: errors ignored; the text is cut at 4 KiB).
+  void send_notice(MPI_Comm comm, int rank, int size, int tag, const MpiNoticeHeader& head, const std::string& what) {
+    const std::size_t text = std::min<std::size_t>(what.size(), 4096);
+    notice.reset(new char[sizeof head + text]);
+    std::memcpy(notice.get(), &head, sizeof head);
+    std::memcpy(notice.get() + sizeof head, what.data(), text);
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(notice.get(), static_cast<int>(sizeof head + text), MPI_BYTE, p, tag, comm, &r) == MPI_SUCCESS)
+        notice_reqs.push_back(r);
+    }
+  }
+};
+
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The deprecated names of ulysses 0.1 that are free functions or aliases, in one header
+///        (CHANGELOG.md lists each with its replacement). Not included by <ulysses/ulysses.hpp>:
+///        code that still uses them includes this header; it goes in 0.3.
+#pragma once
+
+#include "../redistribute.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// Old name of bind_buffers() (0.1; removed in 0.3). @throws as bind_buffers().
+[[deprecated("use bind_buffers()")]] inline BufferTable make_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
+                                                                   const TensorList<ByteSpan>& out, Workspace ws) {
+  return bind_buffers(plan, dir, in, out, ws);
+}
+
+ULYSSES_NAMESPACE_END
