@@ -9,6 +9,7 @@
 #include "lockstep.hpp"
 #include "ring_bench.hpp"
 
+#include <ulysses/ring/plan.hpp>
 #include <ulysses/ring/rotation.hpp>
 
 #include <chrono>
@@ -28,17 +29,19 @@ struct LocalRing {
   std::size_t largest = 0;
   std::vector<Buf> b0, b1;
   std::vector<LocalGroup::Comm> comms;
+  std::vector<RingPlan> plans;  // ring rank r's
   std::vector<std::unique_ptr<RingRotation<LocalGroup::Comm>>> rot;
   LocalRing(Lockstep& ls, const RingCase& c, std::int64_t S, int R_, RingProgress p) : R(R_), blocks(ring_blocks(c, S, R_)) {
     largest = *std::max_element(blocks.begin(), blocks.end());
     comms.reserve(static_cast<std::size_t>(R));
     for (int r = 0; r < R; ++r) {
-      b0.emplace_back(largest, 0x11), b1.emplace_back(largest, 0x22);
+      plans.push_back(ring_plan(c, S, R, r));
+      b0.emplace_back(plans.back().kv_buffer_bytes(), 0x11), b1.emplace_back(plans.back().kv_buffer_bytes(), 0x22);
       comms.push_back(ls.group().comm(r));
     }
     for (int r = 0; r < R; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      rot.push_back(std::make_unique<RingRotation<LocalGroup::Comm>>(comms[i], blocks, b0[i].data(), b1[i].data(), largest, p));
+      rot.push_back(std::make_unique<RingRotation<LocalGroup::Comm>>(comms[i], plans[i], RingBuffers().kv(b0[i], b1[i]), p));
     }
   }
   /// Rank r's bare exchanges: R − 1 times one message of the same bytes each way, as the rotation's.

@@ -33,11 +33,13 @@ struct MpiRing {
   Buf b0, b1;
   MpiComm comm{MPI_COMM_WORLD};
   std::unique_ptr<RingRotation<MpiComm>> rot;
-  MpiRing(const RingCase& c, std::int64_t S, RingProgress p) : R(g_size), r(g_rank), blocks(ring_blocks(c, S, g_size)) {
+  RingPlan plan;
+  MpiRing(const RingCase& c, std::int64_t S, RingProgress p)
+      : R(g_size), r(g_rank), blocks(ring_blocks(c, S, g_size)), plan(ring_plan(c, S, g_size, g_rank)) {
     largest = *std::max_element(blocks.begin(), blocks.end());
     b0 = Buf(largest, 0x11);
     b1 = Buf(largest, 0x22);
-    rot = std::make_unique<RingRotation<MpiComm>>(comm, blocks, b0.data(), b1.data(), largest, p);
+    rot = std::make_unique<RingRotation<MpiComm>>(comm, plan, RingBuffers().kv(b0, b1), p);
   }
   /// The bare exchanges: R − 1 MPI_Sendrecv of the rotation's bytes (the same buffers and peers).
   void bare() {

@@ -360,7 +360,7 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   if (rows.empty()) throw Error(Errc::invalid_shape, "--check-ring: no ring_* benchmarks in the files");
   auto backend = [](const RingRow& r) { return r.family.find("local") != std::string::npos ? std::string("local") : std::string("mpi"); };
   auto traffic = [&](const RingRow& r) {
-    return ring_step_traffic(RingMesh(r.R, 1, r.R, r.R), r.block_bytes,
+    return ring_step_traffic(Mesh(r.R, 1, r.R, r.R), r.block_bytes,
                              backend(r) == "local" ? RingTransport::shared_memory : RingTransport::network).step;
   };
   std::map<std::string, CostModel> exch, ring;

@@ -18,12 +18,15 @@
 //                   and exposed_frac = exposed_step_s / bare_step_s (model: max(0, 1 − f)).
 #pragma once
 
-#include <ulysses/ring/partition.hpp>
+#include <ulysses/partition/ring.hpp>
+#include <ulysses/ring/plan.hpp>
 #include <ulysses/tune/ring_cost.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,11 +45,22 @@ inline const RingCase kRingCases[] = {{"llama8b", {32, 8, 128, 0}, 4}, {"llama70
 inline const std::int64_t kRingSeqs[] = {8192, 32768};
 inline const double kComputeFractions[] = {0.5, 1.0, 2.0};
 
-/// Bytes of every ring rank's k|v block (bf16, causal zigzag over S tokens, R ring ranks).
+/// Ring rank j's RingPlan of a case (Ulysses rank 0; bf16, causal zigzag over S tokens, R ring
+/// ranks): what the benchmarks' rotations are made from.
+inline ulysses::RingPlan ring_plan(const RingCase& c, std::int64_t S, int R, int j) {
+  const ulysses::RingPartition part(S, c.U, R, ulysses::RingLayout::zigzag);
+  const ulysses::AttentionSpecs specs = ulysses::attention_specs<std::uint16_t>(c.U, c.shape, ulysses::ElementType::bfloat16);
+  return ulysses::RingPlan(part, ulysses::Mesh(c.U * R, c.U, R, c.U * R), part.world_rank(j, 0), 1, specs, true);
+}
+
+/// Bytes of every ring rank's k|v block: the RingPlan's, checked against the cost model's count
+/// (tune/ring_cost.hpp's ring_block_bytes). @throws std::logic_error when they differ.
 inline std::vector<std::size_t> ring_blocks(const RingCase& c, std::int64_t S, int R) {
   const ulysses::RingPartition part(S, c.U, R, ulysses::RingLayout::zigzag);
-  std::vector<std::size_t> v;
-  for (int j = 0; j < R; ++j) v.push_back(static_cast<std::size_t>(ulysses::ring_block_bytes(part, j, c.shape, ulysses::ElementType::bfloat16)));
+  const std::vector<std::size_t> v = ring_plan(c, S, R, 0).block_bytes();
+  for (int j = 0; j < R; ++j)
+    if (v[static_cast<std::size_t>(j)] != static_cast<std::size_t>(ulysses::ring_block_bytes(part, j, c.shape, ulysses::ElementType::bfloat16)))
+      throw std::logic_error("ring_blocks: the RingPlan and the cost model count different block bytes");
   return v;
 }
 

@@ -13,8 +13,7 @@
 #include <ulysses/tune/ring_cost.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
-#include <ulysses/ring/mesh.hpp>
-#include <ulysses/ring/partition.hpp>
+#include <ulysses/partition/ring.hpp>
 #include <ulysses/ring/rotation.hpp>
 #include <ulysses/ring/schedule.hpp>
 #ifdef ULYSSES_STRICT_MPI

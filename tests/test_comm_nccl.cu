@@ -418,12 +418,12 @@ TEST_SUITE("host") {
     fake = FakeNccl{};
     fake.split = ncclInProgress;
     fake.async = ncclRemoteError;
-    CHECK(ut::code_of([&] { split_ring(fake_handle(1), RingMesh(2, 1, 2, 2), 0, kDeadline, calls); }) == Errc::backend);
+    CHECK(ut::code_of([&] { split_ring(fake_handle(1), Mesh(2, 1, 2, 2), 0, kDeadline, calls); }) == Errc::backend);
     CHECK(fake.aborts == 1);
     fake = FakeNccl{};
     fake.split = ncclInProgress;
     fake.in_progress_polls = 10;
-    const NcclRingMesh rm = split_ring(fake_handle(1), RingMesh(2, 1, 2, 2), 0, kDeadline, calls);
+    const NcclRingMesh rm = split_ring(fake_handle(1), Mesh(2, 1, 2, 2), 0, kDeadline, calls);
     CHECK(fake.splits == 4);
     CHECK(rm.ulysses != nullptr);
     CHECK(rm.outer != nullptr);
@@ -577,7 +577,7 @@ TEST_CASE("NCCL split_ring (comm/nccl_mesh.cuh): the Ulysses group, ring, block 
   for (int W = 1; W <= n; ++W)
     for (int U = 1; U <= W; ++U) {
       if (W % U) continue;
-      const RingMesh mesh(W, U, W / U, W);
+      const Mesh mesh(W, U, W / U, W);
       CHECK(world(W).run([&](NcclComm& comm) -> std::string {
         NcclRingMesh m = split_ring(comm.get(), mesh, comm.rank());
         int nu = 0, nr = 0, nb = 0, no = 0, ru = 0, rr = 0;
@@ -592,7 +592,7 @@ TEST_CASE("NCCL split_ring (comm/nccl_mesh.cuh): the Ulysses group, ring, block 
       }) == "");
     }
   CHECK(world(1).run([](NcclComm& comm) -> std::string {
-    return ut::code_of([&] { split_ring(comm.get(), RingMesh(2, 1, 2, 2), 0); }) == Errc::invalid_mesh ? "" : "a mesh of 2 on a world of 1";
+    return ut::code_of([&] { split_ring(comm.get(), Mesh(2, 1, 2, 2), 0); }) == Errc::invalid_mesh ? "" : "a mesh of 2 on a world of 1";
   }) == "");
 }
 

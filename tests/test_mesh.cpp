@@ -13,21 +13,26 @@ TEST_CASE("Mesh: groups of consecutive node-first ranks, outer groups across the
   const Mesh m(64, 16, 8);  // 8 nodes of 8; a Ulysses group spans 2 nodes; 4 groups
   CHECK(m.outer_degree() == 4);
   CHECK(m.num_nodes() == 8);
-  CHECK(m.nodes_per_group() == 2);
+  CHECK(m.ulysses_group_nodes() == 2);
+  CHECK(m.ulysses_spans_nodes());
+  CHECK(m.nodes_per_group() == 2);  // the deprecated names of the two above
   CHECK(m.group_spans_nodes());
+  CHECK(m.ring_degree() == 1);
   CHECK(m.ulysses_group(37) == 2);
   CHECK(m.ulysses_rank(37) == 5);
   CHECK(m.outer_group(37) == 5);
   CHECK(m.outer_rank(37) == 2);
   CHECK(m.node(37) == 4);
-  CHECK(m.ulysses_ranks(1).front() == 16);
-  CHECK(m.ulysses_ranks(1).back() == 31);
-  CHECK(m.outer_ranks(5) == std::vector<int>{5, 21, 37, 53});
+  CHECK(m.ulysses_group_ranks(1).front() == 16);
+  CHECK(m.ulysses_group_ranks(1).back() == 31);
+  CHECK(m.outer_group_ranks(5) == std::vector<int>{5, 21, 37, 53});
   CHECK(m.nodes() == NodeLayout::uniform(16, 8));
+  CHECK(m.ulysses_ranks_of(37) == m.ulysses_group_ranks(2));  // by world rank, and by group index
+  CHECK(m.outer_ranks_of(37) == m.outer_group_ranks(5));
   const Mesh in_node(64, 4, 8);  // two groups per node
-  CHECK(!in_node.group_spans_nodes());
+  CHECK(!in_node.ulysses_spans_nodes());
   CHECK(!in_node.nodes().spans_nodes());
-  CHECK(in_node.nodes_per_group() == 1);
+  CHECK(in_node.ulysses_group_nodes() == 1);
 }
 
 TEST_CASE("Mesh: degrees that do not tile the world or the nodes are invalid_mesh, naming the degrees that fit") {

@@ -37,7 +37,7 @@ TEST_CASE("ring_block_bytes: L_j x kv heads of a Ulysses rank x (D + Dv) x eleme
 
 TEST_CASE("ring_step_traffic: one message a step on the ring's slowest link class; shared memory is a copy") {
   // World 4 = U 2 x R 2, nodes of 2: the ring of Ulysses rank 0 is world ranks 0 and 2, on nodes 0 and 1.
-  const RingTraffic a = ring_step_traffic(RingMesh(4, 2, 2, 2), 32);
+  const RingTraffic a = ring_step_traffic(Mesh(4, 2, 2, 2), 32);
   CHECK(a.edges[0] == 0);
   CHECK(a.edges[1] == 2);
   CHECK(a.step.messages[0] == 0);
@@ -48,26 +48,26 @@ TEST_CASE("ring_step_traffic: one message a step on the ring's slowest link clas
   CHECK(a.step.copy_bytes == 0);
   CHECK(a.step.working_set_bytes == 64);
   // The same on one node of 4: intra-node.
-  const RingTraffic b = ring_step_traffic(RingMesh(4, 2, 2, 4), 32);
+  const RingTraffic b = ring_step_traffic(Mesh(4, 2, 2, 4), 32);
   CHECK(b.edges[0] == 2);
   CHECK(b.edges[1] == 0);
   CHECK(b.step.messages[0] == 1);
   CHECK(b.step.bytes[0] == 32);
   CHECK(b.step.bytes[1] == 0);
   // U 4 x R 4 on nodes of 8: ring 0, 4, 8, 12 on nodes 0, 0, 1, 1: edges 0-4 and 8-12 inside, 4-8 and 12-0 across.
-  const RingTraffic c = ring_step_traffic(RingMesh(16, 4, 4, 8), 100);
+  const RingTraffic c = ring_step_traffic(Mesh(16, 4, 4, 8), 100);
   CHECK(c.edges[0] == 2);
   CHECK(c.edges[1] == 2);
   CHECK(c.step.messages[1] == 1);
   CHECK(c.step.bytes[1] == 100);
   // In process: one synchronisation and one copy of the block (one contiguous row).
-  const RingTraffic d = ring_step_traffic(RingMesh(4, 2, 2, 4), 32, RingTransport::shared_memory);
+  const RingTraffic d = ring_step_traffic(Mesh(4, 2, 2, 4), 32, RingTransport::shared_memory);
   CHECK(d.step.messages[0] == 1);
   CHECK(d.step.bytes[0] == 0);
   CHECK(d.step.copy_bytes == 32);
   CHECK(d.step.copy_rows == 1);
   // R = 1: nothing moves.
-  const RingTraffic e = ring_step_traffic(RingMesh(4, 4, 1, 4), 32);
+  const RingTraffic e = ring_step_traffic(Mesh(4, 4, 1, 4), 32);
   CHECK(e.step.rounds == 0);
   CHECK(e.step.messages[0] + e.step.messages[1] == 0);
   CHECK(e.edges[0] + e.edges[1] == 0);
@@ -97,7 +97,7 @@ TEST_CASE("ring_cost: per step comm, compute and exposed = max(0, comm - compute
   // Causal zigzag, S=8, U=2, R=2 on nodes of 2 (the ring crosses nodes), H=4, Hkv=2, D=2, bf16:
   // block 32 bytes; a step's message 2 us + 32 B / 0.5 GB/s = 2.064 us. Query heads a rank: 2.
   // FLOPs at 1e8 FLOP/s: step 0 the diagonal, 160 FLOP = 1.6 us; step 1 both ranks 8 pairs: 128 FLOP = 1.28 us.
-  const RingMesh mesh(4, 2, 2, 2);
+  const Mesh mesh(4, 2, 2, 2);
   const AttentionShape shape{4, 2, 2, 0};
   CostModel m = links();
   m.copy_seconds_per_byte = 1e-9;  // merges at 1 GB/s: step 1's largest is rank 1's 4 rows, 12 x 2 x 4 x 3 = 288 bytes
@@ -131,7 +131,7 @@ TEST_CASE("ring_cost: per step comm, compute and exposed = max(0, comm - compute
   // Non-causal contiguous, S=7, U=1, R=3, one rank a node (every edge across nodes), H=2, Hkv=1,
   // D=Dv=4, fp32: L = 3, 2, 2, blocks 96, 64, 64 bytes; a step 2 us + 96 B / 0.5 GB/s = 2.192 us.
   // Pairs (max over ranks): step 0: 3 x 3 = 9; steps 1 and 2: 3 x 2 = 6; FLOP = 2 x 2 heads x 8 x pairs.
-  const RingCost n = ring_cost(RingMesh(3, 1, 3, 1), {2, 1, 4, 0}, 7, false, links(), 1e8, ElementType::float32);
+  const RingCost n = ring_cost(Mesh(3, 1, 3, 1), {2, 1, 4, 0}, 7, false, links(), 1e8, ElementType::float32);
   REQUIRE(n.comm_s.size() == 3);
   CHECK(n.comm_s[0] == doctest::Approx(2.192e-6).epsilon(1e-12));
   CHECK(n.comm_s[1] == doctest::Approx(2.192e-6).epsilon(1e-12));
@@ -143,7 +143,7 @@ TEST_CASE("ring_cost: per step comm, compute and exposed = max(0, comm - compute
   CHECK(n.exposed_s[1] == doctest::Approx(0.272e-6).epsilon(1e-9));
   CHECK(n.exposed_seconds == doctest::Approx(0.272e-6).epsilon(1e-9));
   CHECK(n.bytes[1] == 2 * 96);
-  CHECK(allgather_kv_cost(RingMesh(3, 1, 3, 1), {2, 1, 4, 0}, 7, false, links(), 1e8, ElementType::float32).buffer_bytes == 3 * 96);
+  CHECK(allgather_kv_cost(Mesh(3, 1, 3, 1), {2, 1, 4, 0}, 7, false, links(), 1e8, ElementType::float32).buffer_bytes == 3 * 96);
 
   CHECK(ut::code_of([&] { (void)ring_cost(mesh, shape, 8, true, links(), 0); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { (void)ring_cost(mesh, shape, 3, true, links(), 1e8); }) == Errc::invalid_shape);  // S < 2R
@@ -165,7 +165,7 @@ TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as i
     if (i > 0) CHECK(v[i - 1].seconds <= h.seconds);
     if (h.kv == RingKv::none) CHECK(h.ring_degree == 1);
     if (h.kv != RingKv::none) {
-      const RingMesh m(4, h.ulysses_degree, h.ring_degree, 2);
+      const Mesh m(4, h.ulysses_degree, h.ring_degree, 2);
       const RingCost want = h.kv == RingKv::rotation ? ring_cost(m, shape, 64, true, links(), 1e8)
                                                      : allgather_kv_cost(m, shape, 64, true, links(), 1e8);
       CHECK(h.ring.exposed_seconds == want.exposed_seconds);

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// RingMesh (ring/mesh.hpp) and the configuration check (ring/agreement.hpp) in-process.
+// Mesh (topology/mesh.hpp) of a Ulysses x Ring world and the configuration check (ring/agreement.hpp) in-process.
 #include <doctest/doctest.h>
 #include <ulysses/comm/local.hpp>
 #include <ulysses/ring/agreement.hpp>
-#include <ulysses/ring/mesh.hpp>
+#include <ulysses/topology/mesh.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <algorithm>
@@ -17,46 +17,46 @@
 
 using namespace ulysses;
 
-TEST_CASE("RingMesh: U inside a node first; ranks, groups, colours") {
-  const RingMesh m(16, 4, 2, 8);  // 2 nodes of 8: a U x R block per node, 2 outer
+TEST_CASE("Mesh: U inside a node first; ranks, groups, colours") {
+  const Mesh m(16, 4, 2, 8);  // 2 nodes of 8: a U x R block per node, 2 outer
   CHECK(m.outer_degree() == 2);
   CHECK(m.ring_rank(5) == 1);
   CHECK(m.ulysses_rank(5) == 1);
   CHECK(m.outer_rank(9) == 1);
-  CHECK(m.ulysses_ranks(5) == std::vector<int>{4, 5, 6, 7});
-  CHECK(m.ring_ranks(5) == std::vector<int>{1, 5});
-  CHECK(m.outer_ranks(5) == std::vector<int>{5, 13});
+  CHECK(m.ulysses_ranks_of(5) == std::vector<int>{4, 5, 6, 7});
+  CHECK(m.ring_ranks_of(5) == std::vector<int>{1, 5});
+  CHECK(m.outer_ranks_of(5) == std::vector<int>{5, 13});
   CHECK(!m.ulysses_spans_nodes());
   CHECK(!m.ring_spans_nodes());
   CHECK(m.note() == "");
   for (int w = 0; w < 16; ++w) {
     CHECK(m.world_rank(m.outer_rank(w), m.ring_rank(w), m.ulysses_rank(w)) == w);
-    for (int x : m.ulysses_ranks(w)) CHECK(m.ulysses_color(x) == m.ulysses_color(w));
-    for (int x : m.ring_ranks(w)) CHECK(m.ring_color(x) == m.ring_color(w));
+    for (int x : m.ulysses_ranks_of(w)) CHECK(m.ulysses_color(x) == m.ulysses_color(w));
+    for (int x : m.ring_ranks_of(w)) CHECK(m.ring_color(x) == m.ring_color(w));
   }
-  const RingMesh r(16, 8, 2, 4);  // Ulysses crosses nodes; so does the ring
+  const Mesh r(16, 8, 2, 4);  // Ulysses crosses nodes; so does the ring
   CHECK(r.ulysses_spans_nodes());
   CHECK(r.ring_spans_nodes());
   CHECK(r.note().find("crosses nodes") != std::string::npos);
 }
 
 TEST_CASE("a ring inside a node while Ulysses crosses nodes: allowed, but said") {
-  const RingMesh m(8, 4, 2, 2, RingOrder::ring_inner);
-  CHECK(m.ring_ranks(0) == std::vector<int>{0, 1});
-  CHECK(m.ulysses_ranks(0) == std::vector<int>{0, 2, 4, 6});
+  const Mesh m(8, 4, 2, 2, RingOrder::ring_inner);
+  CHECK(m.ring_ranks_of(0) == std::vector<int>{0, 1});
+  CHECK(m.ulysses_ranks_of(0) == std::vector<int>{0, 2, 4, 6});
   CHECK(!m.ring_spans_nodes());
   CHECK(m.ulysses_spans_nodes());
   CHECK(m.note().find("stays inside a node while the Ulysses all-to-all (U=4) crosses nodes") != std::string::npos);
 }
 
 TEST_CASE("coded errors naming what does not fit") {
-  const auto tile = ut::error_of([] { RingMesh(12, 4, 2, 4); });
+  const auto tile = ut::error_of([] { Mesh(12, 4, 2, 4); });
   CHECK(tile.first == Errc::invalid_mesh);
   CHECK(tile.second.find("R x U = 8 ranks do not tile the world of 12") != std::string::npos);
-  CHECK(ut::code_of([] { RingMesh(12, 3, 2, 4); }) == Errc::invalid_mesh);  // a block of 6 straddles nodes of 4
-  CHECK(ut::code_of([] { RingMesh(8, 0, 2, 4); }) == Errc::invalid_mesh);
-  CHECK(ut::code_of([] { RingMesh(9, 1, 1, 2); }) == Errc::invalid_mesh);
-  const RingMesh m(16, 8, 2, 8);
+  CHECK(ut::code_of([] { Mesh(12, 3, 2, 4); }) == Errc::invalid_mesh);  // a block of 6 straddles nodes of 4
+  CHECK(ut::code_of([] { Mesh(8, 0, 2, 4); }) == Errc::invalid_mesh);
+  CHECK(ut::code_of([] { Mesh(9, 1, 1, 2); }) == Errc::invalid_mesh);
+  const Mesh m(16, 8, 2, 8);
   const auto heads = ut::error_of([&] { m.check_heads(4); });
   CHECK(heads.first == Errc::invalid_mesh);
   CHECK(heads.second.find("U=8 exceeds the 4 query heads") != std::string::npos);
@@ -151,9 +151,9 @@ TEST_CASE("PlanOptions::ring: the plan's agreement record carries the ring confi
   }
 }
 
-TEST_CASE("RingMesh::split_key (the colours and keys of split_ring over MPI and NCCL): each colour's members are the mesh's group, ranked by key") {
-  for (const RingMesh& m : {RingMesh(16, 4, 2, 8), RingMesh(16, 2, 4, 4, RingOrder::ring_inner), RingMesh(12, 3, 2, 6), RingMesh(8, 1, 8, 8),
-                            RingMesh(6, 6, 1, 6)}) {
+TEST_CASE("Mesh::split_key (the colours and keys of split_ring over MPI and NCCL): each colour's members are the mesh's group, ranked by key") {
+  for (const Mesh& m : {Mesh(16, 4, 2, 8), Mesh(16, 2, 4, 4, RingOrder::ring_inner), Mesh(12, 3, 2, 6), Mesh(8, 1, 8, 8),
+                            Mesh(6, 6, 1, 6)}) {
     const int W = m.world(), UR = m.ulysses_degree() * m.ring_degree();
     for (RingGroup g : {RingGroup::ulysses, RingGroup::ring, RingGroup::block, RingGroup::outer})
       for (int w = 0; w < W; ++w) {
@@ -167,14 +167,14 @@ TEST_CASE("RingMesh::split_key (the colours and keys of split_ring over MPI and 
           CHECK(members[i].first == static_cast<int>(i));  // keys 0 .. n-1: the rank in the group
           got.push_back(members[i].second);
         }
-        if (g == RingGroup::ulysses) want = m.ulysses_ranks(w);
-        if (g == RingGroup::ring) want = m.ring_ranks(w);
-        if (g == RingGroup::outer) want = m.outer_ranks(w);
+        if (g == RingGroup::ulysses) want = m.ulysses_ranks_of(w);
+        if (g == RingGroup::ring) want = m.ring_ranks_of(w);
+        if (g == RingGroup::outer) want = m.outer_ranks_of(w);
         if (g == RingGroup::block)
           for (int i = 0; i < UR; ++i) want.push_back(m.outer_rank(w) * UR + i);
         CHECK(got == want);
         CHECK(mine.color >= 0);
       }
   }
-  CHECK(ut::code_of([] { RingMesh(4, 2, 2, 4).split_key(RingGroup::ring, 4); }) == Errc::invalid_group);
+  CHECK(ut::code_of([] { Mesh(4, 2, 2, 4).split_key(RingGroup::ring, 4); }) == Errc::invalid_group);
 }

@@ -13,6 +13,7 @@
 #include <ulysses/comm/mpi_comm.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/mpi_mesh.hpp>
+#include <ulysses/ring/plan.hpp>
 #include <ulysses/ring/rotation.hpp>
 #include <ulysses/ulysses.hpp>
 
@@ -33,6 +34,33 @@ std::vector<std::byte> block_of(int j, int u, std::size_t n) {
 }
 }  // namespace
 
+/// The backward over the ring: accumulators travel with their block and come home, summed in step order.
+static void check_backward_rotation(MpiComm& ring, const RingPlan& rp, int j, int u) {
+  const int R = rp.steps();
+  const std::vector<std::size_t> bytes = rp.block_bytes();
+  auto floats = [&](int src) { return rp.grad_bytes()[static_cast<std::size_t>(src)] / sizeof(float); };  // block src's accumulator
+  std::vector<std::byte> k0(rp.kv_buffer_bytes()), k1(k0.size());
+  std::vector<float> g0(rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size());
+  const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
+  std::memcpy(k0.data(), own.data(), own.size());
+  auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e % 7) * 1e6f; };
+  RingGradRotation<MpiComm> rot(ring, rp, RingBuffers().kv(k0, k1).grad(g0, g1));
+  for (int s = 0; s < R; ++s) {
+    rot.start(s);
+    rot.finish(s);
+    float* g = rot.grad<float>(s);
+    for (std::size_t e = 0; e < floats(rot.source(s)); ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
+  }
+  const float* home = rot.home<float>();
+  int bad = 0;
+  for (std::size_t e = 0; e < floats(j); ++e) {
+    float want = contrib(j, j, e);
+    for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
+    if (std::memcmp(&want, &home[e], sizeof(float)) != 0) ++bad;
+  }
+  CHECK(bad == 0);
+}
+
 TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact, in order, both progress modes") {
   int W = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -47,16 +75,18 @@ TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact,
     CHECK(uly.size() == U);
     CHECK(uly.rank() == u);
     check_ring_config({U, R, RingLayout::zigzag, true, 1000}, uly, ring);
-    std::vector<std::size_t> bytes;
-    for (int k = 0; k < R; ++k) bytes.push_back(1000 + 17 * static_cast<std::size_t>(k));
-    const std::size_t cap = bytes.back();
+    // Uneven blocks around the ring (S = 1000 + 7W: the ring ranks hold different token counts).
+    const AttentionSpecs specs = attention_specs<float>(U, AttentionShape{8, 4, 16, 8}, HeadPolicy::balanced);
+    const RingPlan rp(RingPartition(1000 + 7 * W, U, R, RingLayout::zigzag), m.mesh, m.index, 1, specs, true);
+    const std::vector<std::size_t> bytes = rp.block_bytes();
+    const std::size_t cap = rp.kv_buffer_bytes();
     std::vector<RingProgress> modes{RingProgress::in_start};
     if (thread_level >= MPI_THREAD_SERIALIZED) modes.push_back(RingProgress::thread);
     for (RingProgress pr : modes) {
       std::vector<std::byte> b0(cap), b1(cap);
       const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
       std::memcpy(b0.data(), own.data(), own.size());
-      RingRotation<MpiComm> rot(ring, bytes, b0.data(), b1.data(), cap, pr);
+      RingRotation<MpiComm> rot(ring, rp, RingBuffers().kv(b0, b1), pr);
       int bad = 0;
       for (int s = 0; s < R; ++s) {
         rot.start(s);
@@ -67,32 +97,7 @@ TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact,
       }
       CHECK(bad == 0);
     }
-    // The backward: accumulators travel with their block and come home.
-    {
-      const std::size_t n = 5;
-      std::vector<std::size_t> kvb(static_cast<std::size_t>(R), 64), gb(static_cast<std::size_t>(R), n * sizeof(float));
-      std::vector<std::byte> k0(64), k1(64);
-      std::vector<float> g0(n), g1(n);
-      const auto own = block_of(j, u, 64);
-      std::memcpy(k0.data(), own.data(), 64);
-      auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e) * 1e6f; };
-      RingGradRotation<MpiComm> rot(ring, kvb, k0.data(), k1.data(), 64, gb, reinterpret_cast<std::byte*>(g0.data()),
-                                    reinterpret_cast<std::byte*>(g1.data()), n * sizeof(float));
-      for (int s = 0; s < R; ++s) {
-        rot.start(s);
-        rot.finish(s);
-        auto* g = reinterpret_cast<float*>(rot.grad(s));
-        for (std::size_t e = 0; e < n; ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
-      }
-      const auto* home = reinterpret_cast<const float*>(rot.home());
-      int bad = 0;
-      for (std::size_t e = 0; e < n; ++e) {
-        float want = contrib(j, j, e);
-        for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
-        if (std::memcmp(&want, &home[e], sizeof(float)) != 0) ++bad;
-      }
-      CHECK(bad == 0);
-    }
+    check_backward_rotation(ring, rp, j, u);
     m.free();
   }
 }
@@ -213,10 +218,10 @@ TEST_CASE("MPI ring: a peer that leaves mid-rotation (mlx #4060): every survivor
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   {
     MpiComm ring(dup, MpiComm::kIntMaxBytes, std::chrono::milliseconds(500));
-    const std::size_t block = 64;
-    std::vector<std::byte> b0(block, std::byte{1}), b1(block);
-    RingRotation<MpiComm> rot(ring, std::vector<std::size_t>(static_cast<std::size_t>(W), block), b0.data(), b1.data(), block,
-                              RingProgress::in_start);
+    const RingPlan rp(RingPartition(4 * W, 1, W, RingLayout::zigzag), Mesh(W, 1, W, W), r, 1,
+                      attention_specs<float>(1, AttentionShape{1, 1, 2, 2}), true);  // blocks of 64 bytes
+    std::vector<std::byte> b0(rp.kv_buffer_bytes(), std::byte{1}), b1(b0.size());
+    RingRotation<MpiComm> rot(ring, rp, RingBuffers().kv(b0, b1), RingProgress::in_start);
     const ut::TimedError e = ut::timed_error_of([&] {
       for (int layer = 0; layer < 2; ++layer)
         for (int s = 0; s < W; ++s) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// RingPartition (ring/partition.hpp): the 2-D zigzag / contiguous split of U Ulysses × R ring ranks.
+// RingPartition (partition/ring.hpp): the 2-D zigzag / contiguous split of U Ulysses × R ring ranks.
 #include <doctest/doctest.h>
-#include <ulysses/ring/partition.hpp>
+#include <ulysses/partition/ring.hpp>
 
 #include <vector>
 

@@ -5,8 +5,10 @@
 // step order; a misconfigured hybrid (bug case C14) is a coded error.
 #include <doctest/doctest.h>
 #include <ulysses/comm/local.hpp>
+#include <ulysses/ring/plan.hpp>
 #include <ulysses/ring/rotation.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -104,10 +106,10 @@ TEST_CASE("backward rotation: dk|dv accumulators travel with their block and com
           const auto want = block_of(src, u, 16);
           if (std::memcmp(rot.block(s), want.data(), 16) != 0) ++bad[static_cast<std::size_t>(j * U + u)];
           rot.finish(s);
-          auto* g = reinterpret_cast<float*>(rot.grad(s));
+          float* g = rot.grad<float>(s);
           for (std::size_t e = 0; e < n; ++e) g[e] = s == 0 ? contrib(j, src, e) : g[e] + contrib(j, src, e);
         }
-        const auto* home = reinterpret_cast<const float*>(rot.home());
+        const float* home = rot.home<float>();
         for (std::size_t e = 0; e < n; ++e) {
           float want = contrib(j, j, e);  // ((c_j + c_{j+1}) + c_{j+2}) + ...
           for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
@@ -124,7 +126,7 @@ TEST_CASE("C14: a hybrid asked for as R = 2 whose ring communicator has one rank
   std::vector<std::byte> b0(16), b1(16);
   const auto e = ut::error_of([&] { RingRotation<LocalGroup::Comm> rot(c, {16, 16}, b0.data(), b1.data(), 16); });
   CHECK(e.first == Errc::comm_mismatch);
-  CHECK(e.second.find("1 ranks, the ring degree is R=2") != std::string::npos);
+  CHECK(e.second.find("rank 0 of 1; RingRotation (the ring degree R) was made for P=2") != std::string::npos);
   CHECK(e.second.find("CP=1") != std::string::npos);
   CHECK(ut::code_of([&] {
           RingGradRotation<LocalGroup::Comm> rot(c, {16, 16}, b0.data(), b1.data(), 16, {16, 16}, b0.data(), b1.data(), 16);
@@ -192,4 +194,95 @@ TEST_CASE("RingProgress::automatic follows comm_traits::progress_thread, not the
   });
   for (int r = 0; r < 3; ++r)
     for (int s = 0; s < 3; ++s) CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)] == std::byte(static_cast<unsigned char>((r - s + 3) % 3 + 1)));
+}
+
+TEST_CASE("RingPlan: the schedule, the block sizes, the merge shape and the Ulysses plans of one rank; the rotation over it, typed") {
+  const AttentionShape shape{4, 2, 3, 5};  // H, Hkv, D, Dv
+  for (bool causal : {true, false})
+    for (int U : {1, 2})
+      for (int R : {1, 2, 3}) {
+        CAPTURE(causal);
+        CAPTURE(U);
+        CAPTURE(R);
+        const RingPartition part(13, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
+        const Mesh mesh(U * R, U, R, U * R);
+        const AttentionSpecs specs = attention_specs<float>(U, shape, HeadPolicy::balanced);
+        std::vector<int> bad(static_cast<std::size_t>(U * R), 0);
+        on_rings(U, R, [&](LocalGroup::Comm& c, int j, int u) {
+          const int w = part.world_rank(j, u);
+          int& b = bad[static_cast<std::size_t>(w)];
+          const RingPlan rp(part, mesh, w, 2, specs, causal);
+          b += rp.ring_rank() != j || rp.ulysses_rank() != u || rp.seq_rank() != w || rp.steps() != R || rp.tokens() != part.ring_length(j);
+          b += !rp.qkv_plan().options().ring || rp.qkv_plan().options().ring->seq_len != 13 || rp.out_plan().num_tensors() != 1;
+          b += !(rp.qkv_plan().seq() == part.ulysses_partition(j));
+          const RingMergeShape ms = rp.merge_shape();
+          b += ms.B != 2 || ms.S_q != part.ring_length(j) || ms.H != specs.query_heads.count(u) || ms.Dv != 5;
+          const std::vector<RingWork> want = ring_schedule(part, j, causal);
+          for (int s = 0; s < R; ++s) {
+            const RingWork& x = rp.work(s);
+            const auto sz = static_cast<std::size_t>(s);
+            b += x.source != want[sz].source || x.q_begin != want[sz].q_begin || x.q_len != want[sz].q_len || x.kv_len != want[sz].kv_len ||
+                 x.mask != want[sz].mask;
+          }
+          std::size_t largest = 0;
+          for (int jj = 0; jj < R; ++jj) {
+            const std::size_t n = RingKvBlock{2, part.ring_length(jj), specs.kv_heads.count(u), 3, 5, sizeof(float)}.bytes();
+            b += rp.block_bytes()[static_cast<std::size_t>(jj)] != n || rp.grad_bytes()[static_cast<std::size_t>(jj)] != n;
+            largest = std::max(largest, n);
+          }
+          b += rp.kv_buffer_bytes() != largest || rp.grad_buffer_bytes() != largest;
+          // The rotation over the plan: every block once, in order, bit-exact, k and v where the plan says.
+          std::vector<float> kv0(rp.kv_buffer_bytes() / sizeof(float)), kv1(kv0.size());
+          RingRotation<LocalGroup::Comm> rot(c, rp, RingBuffers().kv(kv0, kv1));
+          const RingKvBlock& mine = rp.kv_block_of(j);
+          for (std::int64_t e = 0; e < mine.k_elems() + mine.v_elems(); ++e) kv0[static_cast<std::size_t>(e)] = static_cast<float>(1000 * j + e);
+          for (int s = 0; s < R; ++s) {
+            rot.start(s);
+            const RingKvView<float> kv = rot.kv<float>(s);
+            const RingKvBlock& blk = rp.kv_block(s);
+            b += kv.v - kv.k != blk.k_elems() || blk.L != part.ring_length(rot.source(s));
+            for (std::int64_t e = 0; e < blk.k_elems() + blk.v_elems(); ++e) b += kv.k[e] != static_cast<float>(1000 * rot.source(s) + e);
+            rot.finish(s);
+          }
+          b += ut::code_of([&] { (void)rot.kv<double>(0); }) != Errc::tensor_mismatch;
+        });
+        for (int x : bad) CHECK(x == 0);
+      }
+}
+
+TEST_CASE("RingPlan and the rotation over it: coded errors") {
+  const RingPartition part(12, 2, 2, RingLayout::zigzag);
+  const AttentionSpecs specs = attention_specs<float>(2, AttentionShape{4, 2, 8, 8});
+  CHECK(ut::code_of([&] { RingPlan(part, Mesh(4, 4, 1, 4), 0, 1, specs, true); }) == Errc::invalid_mesh);  // U, R not the partition's
+  CHECK(ut::code_of([&] { RingPlan(part, Mesh(4, 2, 2, 4), 0, 1, attention_specs<float>(4, AttentionShape{4, 2, 8, 8}), true); }) ==
+        Errc::invalid_group);  // specs made for another U
+  CHECK(ut::code_of([&] { RingPlan(part, Mesh(4, 2, 2, 4), 4, 1, specs, true); }) == Errc::invalid_group);  // rank outside the mesh
+  CHECK(ut::code_of([&] { RingPlan(part, Mesh(4, 2, 2, 4), 0, 0, specs, true); }) == Errc::invalid_shape);  // B = 0
+  CHECK(ut::code_of([&] { (void)RingPlan(part, Mesh(4, 2, 2, 4), 0, 1, specs, true).work(2); }) == Errc::invalid_group);
+  // Mesh order: under ring_inner, world rank 1 is ring rank 1 of Ulysses rank 0.
+  const RingPlan inner(part, Mesh(4, 2, 2, 4, RingOrder::ring_inner), 1, 1, specs, true);
+  CHECK(inner.ring_rank() == 1);
+  CHECK(inner.ulysses_rank() == 0);
+  CHECK(inner.seq_rank() == 2);
+  // A ring communicator of the wrong size (C14) and short or missing buffers.
+  const RingPlan rp(part, Mesh(4, 2, 2, 4), 0, 1, specs, true);
+  LocalGroup one(1);
+  LocalGroup::Comm c = one.comm(0);
+  std::vector<float> a(rp.kv_buffer_bytes() / sizeof(float)), g(rp.grad_buffer_bytes() / sizeof(float));
+  CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> rot(c, rp, RingBuffers().kv(a, a)); }) == Errc::comm_mismatch);
+  std::vector<Errc> got(4, Errc{});
+  for (int grad = 0; grad < 2; ++grad) {
+    LocalGroup two(2);  // a ring of the two ring ranks of Ulysses rank 0 (world ranks 0 and 2)
+    two.spawn([&](LocalGroup::Comm& cc) {
+      const RingPlan mine(part, Mesh(4, 2, 2, 4), 2 * cc.rank(), 1, specs, true);
+      std::vector<float> x(a.size()), y(a.size()), gx(g.size()), z(2);
+      got[static_cast<std::size_t>(2 * grad + cc.rank())] = ut::code_of([&] {
+        if (grad) RingGradRotation<LocalGroup::Comm> rot(cc, mine, RingBuffers().kv(x, y).grad(gx, z));  // a short accumulator
+        else RingRotation<LocalGroup::Comm> rot(cc, mine, RingBuffers().kv(x, z));                       // a short kv buffer
+      });
+    });
+  }
+  for (Errc e : got) CHECK(e == Errc::buffer_too_small);
+  CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> rot(c, rp, RingBuffers().kv(a.data(), a.size() * 4, nullptr, 0)); }) ==
+        Errc::comm_mismatch);  // the size check comes first
 }

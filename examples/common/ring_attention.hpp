@@ -11,9 +11,8 @@
 
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
-#include <ulysses/ring/partition.hpp>
+#include <ulysses/ring/plan.hpp>
 #include <ulysses/ring/rotation.hpp>
-#include <ulysses/ring/schedule.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <algorithm>
@@ -220,6 +219,99 @@ struct RingRankResult {
   std::int64_t h0 = 0, Hq = 0, L = 0;  ///< first query head, query heads, ring-local tokens
 };
 
+/// One rank's state between the phases of ring_rank_attention(): its plan, ring, heads, the
+/// head-sharded q, k, v and the ring's double buffer.
+template <class RingComm>
+struct RingRankState {
+  const RingCase& c;
+  const ulysses::RingPlan& rp;
+  RingComm& rc;
+  ulysses::RingProgress progress;
+  RankHeads rh;
+  std::vector<float> qh, kh, vh, kv0, kv1;
+  /// This rank's own block (k then v) into buffer 0 before a rotation.
+  void pack_own() {
+    std::memcpy(kv0.data(), kh.data(), kh.size() * sizeof(float));
+    std::memcpy(kv0.data() + kh.size(), vh.data(), vh.size() * sizeof(float));
+  }
+};
+
+/// World rank w's seq shard [B, S_w, Hx, Dx] of the global x [B, S, Hx, Dx].
+inline std::vector<float> ring_shard(const RingCase& c, const ulysses::SeqPartition& world, int w, const std::vector<float>& x, std::int64_t Hx,
+                                     std::int64_t Dx) {
+  const std::int64_t Sw = world.local_length(w);
+  std::vector<float> s(static_cast<std::size_t>(c.B * Sw * Hx * Dx));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < Sw; ++i) {
+      const std::int64_t t = world.global_token(w, i);
+      std::memcpy(&s[static_cast<std::size_t>((b * Sw + i) * Hx * Dx)], &x[static_cast<std::size_t>((b * c.S + t) * Hx * Dx)],
+                  static_cast<std::size_t>(Hx * Dx) * sizeof(float));
+    }
+  return s;
+}
+
+/// The forward ring: R steps of RingRotation, each step's attention merged into (acc, lse) in step order.
+template <class RingComm>
+void ring_forward(RingRankState<RingComm>& st, std::vector<float>& acc, std::vector<float>& lse) {
+  using namespace ulysses;
+  const RingMergeShape ms = st.rp.merge_shape();
+  acc.assign(static_cast<std::size_t>(ms.out_elems()), 0.0f);
+  lse.assign(static_cast<std::size_t>(ms.lse_elems()), 0.0f);
+  ring_merge_init(ms, acc.data(), lse.data());
+  std::vector<float> ob, lb;
+  st.pack_own();
+  RingRotation<RingComm> rot(st.rc, st.rp, RingBuffers().kv(st.kv0, st.kv1), st.progress);
+  for (int s = 0; s < st.rp.steps(); ++s) {
+    rot.start(s);
+    const RingWork& wk = st.rp.work(s);
+    const RingKvView<float> kv = rot.template kv<float>(s);
+    if (!wk.empty()) {
+      step_attention(st.c, st.rh, wk, st.qh.data(), kv.k, kv.v, ob, lb);
+      ring_merge_block(ms, acc.data(), lse.data(), ob.data(), ElementType::float32, lb.data(), wk.q_begin, wk.q_len);
+    }
+    rot.finish(s);
+  }
+}
+
+/// Dsum = rowsum(dout · out) of the head-sharded do and o, [B, Hq, L].
+inline std::vector<float> ring_dsum(const RingCase& c, const RankHeads& rh, std::int64_t L, const std::vector<float>& doh,
+                                    const std::vector<float>& oh) {
+  std::vector<float> Dsum(static_cast<std::size_t>(c.B * rh.Hq * L), 0.0f);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < L; ++i)
+      for (std::int64_t h = 0; h < rh.Hq; ++h) {
+        float sum = 0;
+        for (std::int64_t d = 0; d < c.Dv; ++d) {
+          const auto e = static_cast<std::size_t>(((b * L + i) * rh.Hq + h) * c.Dv + d);
+          sum += doh[e] * oh[e];
+        }
+        Dsum[static_cast<std::size_t>((b * rh.Hq + h) * L + i)] = sum;
+      }
+  return Dsum;
+}
+
+/// The backward ring: R steps of RingGradRotation (dq into dq; dk|dv home summed in step order into dkh, dvh).
+template <class RingComm>
+void ring_backward(RingRankState<RingComm>& st, const std::vector<float>& doh, const std::vector<float>& lse, const std::vector<float>& Dsum,
+                   std::vector<float>& dq, std::vector<float>& dkh, std::vector<float>& dvh) {
+  using namespace ulysses;
+  st.pack_own();
+  std::vector<float> g0(st.rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size()), dkv;
+  RingGradRotation<RingComm> rot(st.rc, st.rp, RingBuffers().kv(st.kv0, st.kv1).grad(g0, g1), st.progress);
+  for (int s = 0; s < st.rp.steps(); ++s) {
+    rot.start(s);
+    const RingWork& wk = st.rp.work(s);
+    const RingKvView<float> kv = rot.template kv<float>(s);
+    step_backward(st.c, st.rh, wk, st.qh.data(), kv.k, kv.v, doh.data(), lse.data(), Dsum.data(), dq.data(), dkv);
+    rot.finish(s);
+    float* gacc = rot.template grad<float>(s);
+    for (std::size_t e = 0; e < dkv.size(); ++e) gacc[e] = s == 0 ? dkv[e] : gacc[e] + dkv[e];
+  }
+  const float* home = rot.template home<float>();
+  std::memcpy(dkh.data(), home, dkh.size() * sizeof(float));
+  std::memcpy(dvh.data(), home + dkh.size(), dvh.size() * sizeof(float));
+}
+
 /// One world rank w (0 .. U·R−1, RingPartition's numbering: ring rank w / U, Ulysses rank w % U)
 /// of the whole hybrid attention of case c: check_ring_config() of its plan over both communicators, the
 /// forward (and with `backward` the backward) as the file comment says. `uc` is the rank's
@@ -234,112 +326,39 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   const SeqPartition world = part.seq_partition();
   const AttentionShape shape{c.H, c.Hkv, c.D, c.Dv};
   const HeadPolicy policy = c.H % c.U == 0 && (c.Hkv % c.U == 0 || c.U % c.Hkv == 0) ? HeadPolicy::even : HeadPolicy::balanced;
-  RingRankResult rr;
-  const int j = part.ring_rank(w), u = part.ulysses_rank(w);
-  HostExecutor exec;
   const AttentionSpecs specs = attention_specs<float>(c.U, shape, policy);
-  const SeqPartition up = part.ulysses_partition(j);
-  PlanOptions opt;
-  opt.ring = RingConfig::of(part, c.causal);  // the plans' agreement records carry the ring configuration
-  const Plan qkv({c.U, u}, c.B, up, specs.qkv(), Format::bshd, opt);
-  const Plan op({c.U, u}, c.B, up, specs.out(), Format::bshd, opt);
+  const RingPlan rp(part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
+  const Plan qkv = rp.qkv_plan(), op = rp.out_plan();  // the plans' agreement records carry the ring configuration
   check_ring_config(qkv, uc, rc);  // U, R, layout, causal, S on every rank of the block, in qkv's own all-gather
-  const std::int64_t Sw = world.local_length(w), L = part.ring_length(j);
-  RankHeads rh;
-  rh.Hq = specs.query_heads.count(u);
-  rh.Hk = specs.kv_heads.count(u);
-  for (std::int64_t h = 0; h < rh.Hq; ++h) rh.kv_of.push_back(specs.local_kv_head(u, h));
-  auto shard = [&](const std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) {
-    std::vector<float> s(static_cast<std::size_t>(c.B * Sw * Hx * Dx));
-    for (std::int64_t b = 0; b < c.B; ++b)
-      for (std::int64_t i = 0; i < Sw; ++i) {
-        const std::int64_t t = world.global_token(w, i);
-        std::memcpy(&s[static_cast<std::size_t>((b * Sw + i) * Hx * Dx)], &x[static_cast<std::size_t>((b * c.S + t) * Hx * Dx)],
-                    static_cast<std::size_t>(Hx * Dx) * sizeof(float));
-      }
-    return s;
-  };
-  const std::vector<float> q = shard(g.q, c.H, c.D), k = shard(g.k, c.Hkv, c.D), v = shard(g.v, c.Hkv, c.Dv);
-  std::vector<float> qh(static_cast<std::size_t>(c.B * L * rh.Hq * c.D)), kh(static_cast<std::size_t>(c.B * L * rh.Hk * c.D)),
-      vh(static_cast<std::size_t>(c.B * L * rh.Hk * c.Dv));
+  const std::int64_t L = rp.tokens();
+  RingRankState<RingComm> st{c, rp, rc, progress, {rp.query_heads(), rp.kv_heads(), {}}, {}, {}, {}, {}, {}};
+  for (std::int64_t h = 0; h < st.rh.Hq; ++h) st.rh.kv_of.push_back(rp.local_kv_head(h));
+  const std::vector<float> q = ring_shard(c, world, w, g.q, c.H, c.D), k = ring_shard(c, world, w, g.k, c.Hkv, c.D),
+                           v = ring_shard(c, world, w, g.v, c.Hkv, c.Dv);
+  st.qh.resize(static_cast<std::size_t>(c.B * L * st.rh.Hq * c.D));
+  st.kh.resize(static_cast<std::size_t>(c.B * L * st.rh.Hk * c.D));
+  st.vh.resize(static_cast<std::size_t>(c.B * L * st.rh.Hk * c.Dv));
+  st.kv0.resize(rp.kv_buffer_bytes() / sizeof(float)), st.kv1.resize(st.kv0.size());  // the ring's blocks: k|v
+  HostExecutor exec;
   std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), op.workspace_bytes()) + 16);
-  seq_to_head(qkv, uc, exec, {q, k, v}, {qh, kh, vh}, ws);
-  // The ring: blocks k|v of every ring rank (the same kv heads around a ring: the same Ulysses rank).
-  std::vector<std::size_t> bytes;
-  for (int jj = 0; jj < c.R; ++jj) bytes.push_back(RingKvBlock{c.B, part.ring_length(jj), rh.Hk, c.D, c.Dv, sizeof(float)}.bytes());
-  const std::size_t cap = RingKvBlock{c.B, part.max_ring_length(), rh.Hk, c.D, c.Dv, sizeof(float)}.bytes();
-  std::vector<float> kv0(cap / sizeof(float)), kv1(cap / sizeof(float));
-  auto pack_own = [&] {
-    std::memcpy(kv0.data(), kh.data(), kh.size() * sizeof(float));
-    std::memcpy(kv0.data() + kh.size(), vh.data(), vh.size() * sizeof(float));
-  };
-  pack_own();
-  auto* b0 = reinterpret_cast<std::byte*>(kv0.data());
-  auto* b1 = reinterpret_cast<std::byte*>(kv1.data());
-  const RingMergeShape ms{c.B, L, rh.Hq, c.Dv};
-  std::vector<float> acc(static_cast<std::size_t>(ms.out_elems())), lse(static_cast<std::size_t>(ms.lse_elems())), ob, lb;
-  ring_merge_init(ms, acc.data(), lse.data());
-  {
-    RingRotation<RingComm> rot(rc, bytes, b0, b1, cap, progress);
-    for (int s = 0; s < c.R; ++s) {
-      rot.start(s);
-      const RingWork wk = ring_work(part, j, s, c.causal);
-      const auto* blk = reinterpret_cast<const float*>(rot.block(s));
-      const RingKvBlock kb{c.B, wk.L_kv, rh.Hk, c.D, c.Dv, sizeof(float)};
-      if (!wk.empty()) {
-        step_attention(c, rh, wk, qh.data(), blk, blk + kb.k_elems(), ob, lb);
-        ring_merge_block(ms, acc.data(), lse.data(), ob.data(), ElementType::float32, lb.data(), wk.q_begin, wk.q_len);
-      }
-      rot.finish(s);
-    }
-  }
-  std::vector<float> oh(static_cast<std::size_t>(ms.out_elems())), o(static_cast<std::size_t>(c.B * Sw * c.H * c.Dv));
-  ring_merge_finish(ms, acc.data(), oh.data(), ElementType::float32);
-  head_to_seq(op, uc, exec, TensorList<ConstByteSpan>{ConstByteSpan(oh)}, TensorList<ByteSpan>{ByteSpan(o)}, ws);
-  rr.out = o;
-  rr.lse = lse;
-  rr.h0 = specs.query_heads.begin(u);
-  rr.Hq = rh.Hq;
+  seq_to_head(qkv, uc, exec, {q, k, v}, {st.qh, st.kh, st.vh}, ws);
+  RingRankResult rr;
+  std::vector<float> acc;
+  ring_forward(st, acc, rr.lse);
+  std::vector<float> oh(acc.size());
+  rr.out.resize(static_cast<std::size_t>(c.B * world.local_length(w) * c.H * c.Dv));
+  ring_merge_finish(rp.merge_shape(), acc.data(), oh.data(), ElementType::float32);
+  head_to_seq(op, uc, exec, TensorList<ConstByteSpan>{ConstByteSpan(oh)}, TensorList<ByteSpan>{ByteSpan(rr.out)}, ws);
+  rr.h0 = specs.query_heads.begin(rp.ulysses_rank());
+  rr.Hq = st.rh.Hq;
   rr.L = L;
-  for (std::int64_t i = 0; i < L; ++i) rr.tokens.push_back(part.ring_token(j, i));
+  for (std::int64_t i = 0; i < L; ++i) rr.tokens.push_back(part.ring_token(rp.ring_rank(), i));
   if (!backward) return rr;
   // Backward: dout seq→head (head_to_seq's adjoint), Dsum, the ring of kv and fp32 dk|dv.
-  const std::vector<float> dos = shard(g.dout, c.H, c.Dv);
-  std::vector<float> doh(oh.size());
+  const std::vector<float> dos = ring_shard(c, world, w, g.dout, c.H, c.Dv);
+  std::vector<float> doh(oh.size()), dq(st.qh.size(), 0.0f), dkh(st.kh.size()), dvh(st.vh.size());
   head_to_seq_backward(op, uc, exec, TensorList<ConstByteSpan>{ConstByteSpan(dos)}, TensorList<ByteSpan>{ByteSpan(doh)}, ws);
-  std::vector<float> Dsum(lse.size(), 0.0f), dq(qh.size(), 0.0f), dkv;
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t i = 0; i < L; ++i)
-      for (std::int64_t h = 0; h < rh.Hq; ++h) {
-        float sum = 0;
-        for (std::int64_t d = 0; d < c.Dv; ++d) {
-          const auto e = static_cast<std::size_t>(((b * L + i) * rh.Hq + h) * c.Dv + d);
-          sum += doh[e] * oh[e];
-        }
-        Dsum[static_cast<std::size_t>((b * rh.Hq + h) * L + i)] = sum;
-      }
-  pack_own();
-  std::vector<std::size_t> gbytes;
-  for (int jj = 0; jj < c.R; ++jj) gbytes.push_back(RingKvBlock{c.B, part.ring_length(jj), rh.Hk, c.D, c.Dv, sizeof(float)}.bytes());
-  std::vector<float> g0(cap / sizeof(float)), g1(cap / sizeof(float));
-  std::vector<float> dkh(kh.size()), dvh(vh.size());
-  {
-    RingGradRotation<RingComm> rot(rc, bytes, b0, b1, cap, gbytes, reinterpret_cast<std::byte*>(g0.data()),
-                                           reinterpret_cast<std::byte*>(g1.data()), cap, progress);
-    for (int s = 0; s < c.R; ++s) {
-      rot.start(s);
-      const RingWork wk = ring_work(part, j, s, c.causal);
-      const auto* blk = reinterpret_cast<const float*>(rot.block(s));
-      const RingKvBlock kb{c.B, wk.L_kv, rh.Hk, c.D, c.Dv, sizeof(float)};
-      step_backward(c, rh, wk, qh.data(), blk, blk + kb.k_elems(), doh.data(), lse.data(), Dsum.data(), dq.data(), dkv);
-      rot.finish(s);
-      auto* gacc = reinterpret_cast<float*>(rot.grad(s));
-      for (std::size_t e = 0; e < dkv.size(); ++e) gacc[e] = s == 0 ? dkv[e] : gacc[e] + dkv[e];
-    }
-    const auto* home = reinterpret_cast<const float*>(rot.home());
-    std::memcpy(dkh.data(), home, dkh.size() * sizeof(float));
-    std::memcpy(dvh.data(), home + dkh.size(), dvh.size() * sizeof(float));
-  }
+  ring_backward(st, doh, rr.lse, ring_dsum(c, st.rh, L, doh, oh), dq, dkh, dvh);
   rr.dq.assign(q.size(), 0.0f);
   rr.dk.assign(k.size(), 0.0f);
   rr.dv.assign(v.size(), 0.0f);

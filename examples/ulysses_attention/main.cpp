@@ -639,7 +639,7 @@ ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
     throw Error(Errc::invalid_mesh, "--ring " + std::to_string(c.ring) + " does not divide P=" + std::to_string(P) + " ranks (P = U x R)");
   ulysses_ring_demo::RingCase rc;
   rc.U = P / c.ring, rc.R = c.ring;
-  RingMesh(P, rc.U, rc.R, P).check_heads(c.heads);
+  Mesh(P, rc.U, rc.R, P).check_heads(c.heads);
   rc.B = c.batch, rc.S = c.seq, rc.H = c.heads, rc.Hkv = c.kv_heads, rc.D = c.head_dim, rc.Dv = c.v_head_dim;
   rc.causal = c.causal;
   rc.layout = c.causal ? RingLayout::zigzag : RingLayout::contiguous;
@@ -657,7 +657,8 @@ int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ul
               c.model.c_str(), (long long)rc.H, (long long)rc.Hkv, (long long)rc.D, (long long)rc.Dv, (long long)rc.B, (long long)rc.S,
               rc.U * rc.R, rc.U, rc.R, rc.causal ? "causal" : "non-causal", to_string(rc.layout),
               c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
-  const std::size_t step = RingKvBlock{rc.B, part.max_ring_length(), a.kv_heads.count(0), rc.D, rc.Dv, sizeof(float)}.bytes();
+  const RingPlan rank0(part, Mesh(rc.U * rc.R, rc.U, rc.R, rc.U * rc.R), 0, rc.B, a, rc.causal);
+  const std::size_t step = rank0.kv_buffer_bytes();  // the rotation's largest message (Ulysses rank 0's kv heads)
   std::printf("  ring: %d steps, one k|v message a step of up to %.3f MiB (%lld tokens)%s\n", rc.R, step / double(1 << 20),
               (long long)part.max_ring_length(), c.backward ? ", the backward adds its fp32 dk|dv" : "");
   if (holders > 1)

@@ -32,10 +32,11 @@
 #include "decode/plan.hpp"
 #include "decode/host.hpp"
 #include "decode/exchange.hpp"
-// Ulysses x Ring: the 2-D sequence partition, the ring schedule, rotation and merge (ring/).
-#include "ring/partition.hpp"
+// Ulysses x Ring: the 2-D sequence partition, RingPlan, the ring schedule, rotation and merge (ring/).
+#include "partition/ring.hpp"
+#include "ring/plan.hpp"
+#include "ring/buffers.hpp"
 #include "ring/schedule.hpp"
 #include "ring/merge.hpp"
-#include "ring/mesh.hpp"
 #include "ring/rotation.hpp"
 #include "ring/agreement.hpp"

@@ -4,18 +4,20 @@
 set(ULYSSES_LAYER_NAMES
   "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
   "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message, the row walk; the LSE merge
-  "partition"   # sequence and head partitions, node layouts, two-level routes, Mesh; the executors (they run block lists)
+  "partition"   # sequence and head partitions (the ring partition too), node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
   "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors
+  "ring"        # Ulysses x Ring: RingPlan, the schedule, the rotation, the merge, the configuration check, split_ring()
   "transport"   # one file per transport, the dispatch and choose_path(); the decode exchange
   "facade"      # redistribute / seq_to_head / ..., q, k, v by name, the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
   "layout/.*|merge/.*"
-  "partition/.*|topology/.*|ring/partition\\.hpp|ring/schedule\\.hpp|ring/merge\\.hpp|ring/mesh\\.hpp|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
-  "comm/.*|ring/rotation\\.hpp|ring/mpi_mesh\\.hpp"
-  "plan/.*|ring/agreement\\.hpp|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
+  "comm/.*"
+  "plan/.*|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
+  "ring/.*"
   "transport/.*|decode/exchange\\.hpp"
   "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")

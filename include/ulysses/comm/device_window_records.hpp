@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../detail/limits.hpp"
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "peer_record.hpp"
@@ -25,7 +26,7 @@ namespace detail {
 
 /// Most ranks of a device window's group (the kernels take the peers' control blocks as a
 /// parameter).
-inline constexpr int kMaxDeviceWindowRanks = 64;
+inline constexpr int kMaxDeviceWindowRanks = kMaxTableRanks;  // the one limit (detail/limits.hpp)
 static_assert(kMaxDeviceWindowRanks <= 64, "the late ranks are a 64-bit mask (DeviceWindowStatus::not_arrived)");
 
 /// What a rank publishes for one call; its peers compare it with their own before reading.

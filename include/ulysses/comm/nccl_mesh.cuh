@@ -2,7 +2,7 @@
 /// @file
 /// @brief split_by_node() over ncclCommSplit: a world NCCL communicator cut into this rank's
 ///        Ulysses group and outer group of a Mesh, and what it returns (NcclMesh); split_ring():
-///        the same for a Ulysses × Ring mesh (RingMesh: Ulysses group, ring, block, outer group;
+///        the same for a Ulysses × Ring mesh (Mesh: Ulysses group, ring, block, outer group;
 ///        NcclRingMesh).
 ///
 /// Needs <nccl.h> (NCCL >= 2.18 for ncclCommSplit; link ulysses::nccl). Wrap NcclMesh::ulysses
@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "../error.hpp"
-#include "../ring/mesh.hpp"
+#include "../topology/mesh.hpp"
 #include "../topology/mesh.hpp"
 #include "nccl_comm.cuh"
 
@@ -90,14 +90,14 @@ inline NcclMesh split_by_node(ncclComm_t world, const Mesh& mesh, int index, std
   return m;
 }
 
-/// The four communicators of a rank in a RingMesh, split from a world NCCL communicator (owned
+/// The four communicators of a rank in a Mesh, split from a world NCCL communicator (owned
 /// by the caller: destroy() them), with the mesh and the rank's node-first index.
 struct NcclRingMesh {
   ncclComm_t ulysses = nullptr;  ///< the Ulysses group: U ranks, rank = mesh.ulysses_rank(index)
   ncclComm_t ring = nullptr;     ///< the ring: R ranks, rank = mesh.ring_rank(index)
   ncclComm_t block = nullptr;    ///< the U·R ranks of this rank's Ulysses × Ring block
   ncclComm_t outer = nullptr;    ///< the ranks of equal ring and Ulysses rank in the other blocks (data parallel)
-  RingMesh mesh{1, 1, 1, 1};     ///< the layout
+  Mesh mesh{1, 1, 1, 1};     ///< the layout
   int index = 0;                 ///< this rank's node-first world index
   /// ncclCommDestroy of the communicators made (each once; the handles are then null).
   void destroy() {
@@ -108,20 +108,20 @@ struct NcclRingMesh {
 
 /// Splits `world` (W ranks, one per GPU) into this rank's Ulysses group, ring, block and outer
 /// group of `mesh` with ncclCommSplit (NCCL >= 2.18; collective over `world`, called by every rank
-/// in the same order), the colours and keys of RingMesh::split_key(), as split_ring() of
+/// in the same order), the colours and keys of Mesh::split_key(), as split_ring() of
 /// ring/mpi_mesh.hpp does over MPI. NCCL does not know the nodes: `index` is this rank's node-first
 /// position (MpiRingMesh::index, MpiMesh::index, or NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK).
 /// Wrap NcclRingMesh::ulysses and NcclRingMesh::ring in NcclComm: the Ulysses exchange runs over the first,
 /// RingRotation over the second.
 /// @param world  the world communicator, mesh.world() ranks
-/// @param mesh   the layout (its checks have run: RingMesh's constructor)
+/// @param mesh   the layout (its checks have run: Mesh's constructor)
 /// @param index  this rank's node-first index, 0 .. W−1
 /// @param timeout how long the four splits may take together (a non-blocking world: see split_by_node())
 /// @param calls   the NCCL functions to call (detail::nccl_calls(); a test's fakes)
 /// @throws Error(invalid_mesh) the world is not mesh.world() ranks or index is outside it;
 ///         Error(timeout) a non-blocking split still in progress after `timeout`; Error(backend)
 ///         NCCL's error (the communicators made until then are destroyed).
-inline NcclRingMesh split_ring(ncclComm_t world, const RingMesh& mesh, int index, std::chrono::milliseconds timeout = kDefaultCommTimeout,
+inline NcclRingMesh split_ring(ncclComm_t world, const Mesh& mesh, int index, std::chrono::milliseconds timeout = kDefaultCommTimeout,
                                const detail::NcclCalls& calls = detail::nccl_calls()) {
   int W = 0;
   if (const ncclResult_t r = calls.comm_count(world, &W); r != ncclSuccess)

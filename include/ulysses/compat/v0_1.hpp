@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../redistribute.hpp"
+#include "../topology/mesh.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -14,5 +15,8 @@ ULYSSES_NAMESPACE_BEGIN
                                                                    const TensorList<ByteSpan>& out, Workspace ws) {
   return bind_buffers(plan, dir, in, out, ws);
 }
+
+/// Old name of Mesh for Ulysses x Ring (0.1's ring/mesh.hpp; removed in 0.3): the same constructor.
+using RingMesh [[deprecated("use Mesh (topology/mesh.hpp): Mesh(world, U, R, ranks_per_node, order)")]] = Mesh;
 
 ULYSSES_NAMESPACE_END

@@ -71,7 +71,7 @@ class HostDecodeExecutor {
   }
 
  private:
-  static constexpr int kMaxGroupRanks = detail::kMergeStepsMax;  // contributions a group's tables hold
+  static constexpr int kMaxGroupRanks = kMaxTableRanks;  // contributions a group's tables hold (detail/limits.hpp)
 
   /// Rows [r0, r0 + g) at once by merge_rows_batch() (merge/lse.hpp: their LSE folds interleaved,
   /// the elements in register tiles): each row's P contributions where DecodeMergeRow finds them,

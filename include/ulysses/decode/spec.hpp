@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "../detail/limits.hpp"
 #include "../layout/element.hpp"
 #include "../layout/layout.hpp"
 #include "../merge/lse.hpp"
@@ -30,7 +31,7 @@ using DecodePath [[deprecated("use Path (DecodeSpec::path is a Path)")]] = Path;
 
 /// The largest group Path::direct takes for a decode exchange (the peers' pointers live in fixed
 /// tables).
-inline constexpr int kDecodeDirectMaxRanks = 64;
+inline constexpr int kDecodeDirectMaxRanks = kMaxTableRanks;
 
 /// Name of a decode output ("heads", "all_heads").
 inline const char* to_string(DecodeOutput o) noexcept { return o == DecodeOutput::all_heads ? "all_heads" : "heads"; }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../detail/worker.hpp"
 #include "../layout/blocks.hpp"
 #include "../layout/element.hpp"
 #include "../layout/layout.hpp"
@@ -131,79 +132,40 @@ inline void run_blocks_range(const BlockCopy* blocks, std::size_t n, const Buffe
   }
 }
 
-/// A fixed set of worker threads that run the parts of one call at a time (the calling thread
-/// runs part 0). Created once (HostExecutor's constructor); a call allocates nothing and creates
-/// no thread: it wakes the workers (condition variable) and waits until they are done.
+/// A fixed set of worker threads (detail::Worker, detail/worker.hpp) that run the parts of one
+/// call at a time (the calling thread runs part 0). Created once (HostExecutor's constructor); a
+/// call allocates nothing and creates no thread: it starts the workers' jobs and waits for them.
 class HostPool {
  public:
   /// Starts `workers` threads. @throws std::system_error when a thread cannot be created.
-  explicit HostPool(int workers) {
-    threads_.reserve(static_cast<std::size_t>(workers));
-    try {
-      for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { loop(i + 1); });
-    } catch (...) {
-      stop();
-      throw;
-    }
-  }
+  explicit HostPool(int workers) : workers_(static_cast<std::size_t>(workers)), parts_(static_cast<std::size_t>(workers)) {}
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
-  ~HostPool() { stop(); }
 
   /// Runs fn(ctx, k) for k in [0, parts): k = 0 on the calling thread, the others on workers 1..parts-1;
   /// returns when all are done. Calls from several threads are serialised. fn must not throw.
   /// @pre 1 <= parts <= workers + 1
   void run(int parts, void (*fn)(const void*, int), const void* ctx) {
     std::lock_guard<std::mutex> one_call(call_);
-    {
-      std::lock_guard<std::mutex> l(m_);
-      fn_ = fn;
-      ctx_ = ctx;
-      parts_ = parts;
-      pending_ = parts - 1;
-      ++generation_;
+    for (int k = 1; k < parts; ++k) {
+      Part& p = parts_[static_cast<std::size_t>(k - 1)];
+      p = {fn, ctx, k};
+      workers_[static_cast<std::size_t>(k - 1)].start(p);
     }
-    if (parts > 1) wake_.notify_all();
     fn(ctx, 0);
-    std::unique_lock<std::mutex> l(m_);
-    done_.wait(l, [&] { return pending_ == 0; });
+    for (int k = 1; k < parts; ++k) (void)workers_[static_cast<std::size_t>(k - 1)].wait();
   }
 
  private:
-  void loop(int id) {
-    std::uint64_t seen = 0;
-    std::unique_lock<std::mutex> l(m_);
-    for (;;) {
-      wake_.wait(l, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      if (id >= parts_) continue;  // this call needs fewer threads
-      void (*fn)(const void*, int) = fn_;
-      const void* ctx = ctx_;
-      l.unlock();
-      fn(ctx, id);
-      l.lock();
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-  void stop() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& th : threads_) th.join();
-    threads_.clear();
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex call_, m_;
-  std::condition_variable wake_, done_;
-  void (*fn_)(const void*, int) = nullptr;
-  const void* ctx_ = nullptr;
-  int parts_ = 0, pending_ = 0;
-  std::uint64_t generation_ = 0;
-  bool stopping_ = false;
+  struct Part {  // one worker's job: fn(ctx, k)
+    void (*fn)(const void*, int) = nullptr;
+    const void* ctx = nullptr;
+    int k = 0;
+    void operator()() const { fn(ctx, k); }
+  };
+  std::mutex call_;
+  std::vector<Worker> workers_;
+  std::vector<Part> parts_;
 };
 
 }  // namespace detail

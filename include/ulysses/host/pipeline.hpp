@@ -12,8 +12,8 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
-#include <thread>
 
+#include "../detail/worker.hpp"
 #include "../redistribute.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -25,16 +25,9 @@ ULYSSES_NAMESPACE_BEGIN
 /// and the unpacker call theirs concurrently).
 class HostPipeline {
  public:
-  HostPipeline() : packer_(this), unpacker_(this) {}
+  HostPipeline() = default;
   HostPipeline(const HostPipeline&) = delete;
   HostPipeline& operator=(const HostPipeline&) = delete;
-  ~HostPipeline() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      quit_ = true;
-    }
-    cv_.notify_all();
-  }
 
   /// seq_to_head / head_to_seq (by `dir`) of the plan's tensors with stage k's exchange
   /// overlapping stage k+1's pack and stage k-1's unpack. Arguments as redistribute(); `pack_exec`
@@ -73,22 +66,30 @@ class HostPipeline {
       failed_ = false;
       error_ = nullptr;
     }
-    auto pack_job = [&] {
-      for (int k = 0; k < K && !stopped(); ++k) {
-        const std::vector<BlockCopy>& l = pack_list(plan, dir, path, k);
-        pack_exec.run(l.data(), l.size(), t);
-        advance(packed_);
+    auto pack_job = [&] {  // a worker's error fails the run at once: the other threads stop waiting
+      try {
+        for (int k = 0; k < K && !stopped(); ++k) {
+          const std::vector<BlockCopy>& l = pack_list(plan, dir, path, k);
+          pack_exec.run(l.data(), l.size(), t);
+          advance(packed_);
+        }
+      } catch (...) {
+        fail(std::current_exception());
       }
     };
     auto unpack_job = [&] {
-      for (int k = 0; k < K; ++k) {
-        if (!wait_for(exchanged_, k)) return;
-        const std::vector<BlockCopy>& l = unpack_list(plan, dir, path, k);
-        unpack_exec.run(l.data(), l.size(), t);
+      try {
+        for (int k = 0; k < K; ++k) {
+          if (!wait_for(exchanged_, k)) return;
+          const std::vector<BlockCopy>& l = unpack_list(plan, dir, path, k);
+          unpack_exec.run(l.data(), l.size(), t);
+        }
+      } catch (...) {
+        fail(std::current_exception());
       }
     };
-    packer_.start(&pack_job);
-    unpacker_.start(&unpack_job);
+    packer_.start(pack_job);
+    unpacker_.start(unpack_job);
     try {
       for (int k = 0; k < K; ++k) {
         if (!wait_for(packed_, k)) break;
@@ -114,48 +115,6 @@ class HostPipeline {
   }
 
  private:
-  /// A persistent thread that runs one job (a callable on the caller's stack) at a time.
-  class Worker {
-   public:
-    explicit Worker(HostPipeline* p) : p_(p), th_([this] { loop(); }) {}
-    ~Worker() { th_.join(); }
-    template <class F>
-    void start(F* f) {
-      std::lock_guard<std::mutex> l(p_->m_);
-      fn_ = [](void* x) { (*static_cast<F*>(x))(); };
-      arg_ = f;
-      busy_ = true;
-      p_->cv_.notify_all();
-    }
-    void wait() {
-      std::unique_lock<std::mutex> l(p_->m_);
-      p_->cv_.wait(l, [&] { return !busy_; });
-    }
-
-   private:
-    void loop() {
-      std::unique_lock<std::mutex> l(p_->m_);
-      for (;;) {
-        p_->cv_.wait(l, [&] { return busy_ || p_->quit_; });
-        if (!busy_) return;  // quit
-        l.unlock();
-        try {
-          fn_(arg_);
-        } catch (...) {
-          p_->fail(std::current_exception());
-        }
-        l.lock();
-        busy_ = false;
-        p_->cv_.notify_all();
-      }
-    }
-    HostPipeline* p_;
-    void (*fn_)(void*) = nullptr;
-    void* arg_ = nullptr;
-    bool busy_ = false;
-    std::thread th_;
-  };
-
   void advance(int& counter) {
     std::lock_guard<std::mutex> l(m_);
     ++counter;
@@ -181,9 +140,9 @@ class HostPipeline {
   std::mutex m_;
   std::condition_variable cv_;
   int packed_ = 0, exchanged_ = 0;
-  bool failed_ = false, quit_ = false;
+  bool failed_ = false;
   std::exception_ptr error_;
-  Worker packer_, unpacker_;  // last: their threads start after the state above exists
+  detail::Worker packer_, unpacker_;  // last: their threads start after the state above exists
 };
 
 ULYSSES_NAMESPACE_END

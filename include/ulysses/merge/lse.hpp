@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "../layout/element.hpp"
+#include "../detail/limits.hpp"
 #include "../version.hpp"
 #include "arith.hpp"  // LseBase, the fp32 operations, exp2_nonpos(), log1p_unit()
 
@@ -207,7 +208,7 @@ ULYSSES_HOST_DEVICE inline void fold_row(const FoldWeights* s, const std::byte* 
 
 /// Most contributions per row that the host's step tables hold (merge_rows_with(), merge_rows_batch());
 /// beyond it the fold runs in chunks (merge_chunk()), the same bits.
-inline constexpr int kMergeStepsMax = 64;
+inline constexpr int kMergeStepsMax = kMaxTableRanks;  // the one limit (detail/limits.hpp)
 
 }  // namespace detail
 

@@ -13,7 +13,7 @@
 #include "../layout/element.hpp"
 #include "../layout/layout.hpp"
 #include "../partition/heads.hpp"
-#include "../ring/partition.hpp"
+#include "../partition/ring.hpp"
 #include "../topology/route.hpp"
 
 ULYSSES_NAMESPACE_BEGIN

@@ -1,17 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The cross-rank agreement on a Ulysses × Ring configuration (RingConfig,
-///        check_ring_config()): every rank of the hybrid must agree on U, R, the layout, causal
-///        and S, and its communicators must have the sizes the configuration says.
+/// @brief The cross-rank agreement on a Ulysses × Ring configuration (check_ring_config()): every
+///        rank of the hybrid agrees on U, R, the layout, causal and S, and its communicators have
+///        the sizes the configuration says.
 ///
-/// The check all-gathers a small record over the Ulysses group and over the ring (both together
-/// cover every rank of the U × R block: the Ulysses groups join the ranks of one ring rank, the
-/// rings those of one Ulysses rank), like check_agreement() does for a Plan (plan/agreement.hpp),
-/// and throws on every rank alike before any ring step moves data. A Ulysses group's Plan made
-/// with PlanOptions::ring carries the configuration in its own agreement record:
-/// check_ring_config(plan, ulysses, ring) then uses the plan's all-gather over the Ulysses group
-/// (one record for the wire and the ring) and gathers only the ring record over the ring. Source of the fault: a hybrid
-/// whose sizes were never applied and ran as CP=1 (Megatron-Bridge #2667, bug case C14).
+/// One all-gather of a small record over the Ulysses group and one over the ring (together they
+/// join every rank of the U × R block), compared through comm/agreement.hpp's records_differ(),
+/// then the verdicts over both, so that every rank throws alike before any ring step (bug case
+/// C14: a hybrid that ran as CP=1). See docs/ring.md ("Agreement").
 #pragma once
 
 #include <cstdint>
@@ -20,7 +16,7 @@
 
 #include "../error.hpp"
 #include "../plan/agreement.hpp"
-#include "partition.hpp"
+#include "../partition/ring.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -49,9 +45,9 @@ void check_ring_sizes(const RingConfig& c, const UlyssesComm& ulysses, const Rin
   if (c.ulysses_degree < 1 || c.ring_degree < 1)
     fail(Errc::invalid_group, "RingConfig: U=" + std::to_string(c.ulysses_degree) + " and R=" + std::to_string(c.ring_degree) + " must be >= 1");
   const std::string hybrid = "Ulysses x Ring asked for as U=" + std::to_string(c.ulysses_degree) + " x R=" + std::to_string(c.ring_degree);
-  check_comm_size(ulysses, c.ulysses_degree, -1, hybrid + ": its Ulysses group", "; hand in the mesh's groups (RingMesh, split_ring())");
+  check_comm_size(ulysses, c.ulysses_degree, -1, hybrid + ": its Ulysses group", "; hand in the mesh's groups (Mesh, split_ring())");
   check_comm_size(ring, c.ring_degree, -1, hybrid + ": its ring group",
-                  std::string(ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") + "; hand in the mesh's groups (RingMesh, split_ring())");
+                  std::string(ring.size() == 1 && c.ring_degree > 1 ? " (the hybrid would run as CP=1)" : "") + "; hand in the mesh's groups (Mesh, split_ring())");
 }
 
 /// The record of c all-gathered over the ring and compared with ring rank 0's ("" when equal). Collective over `ring`.

@@ -5,12 +5,8 @@
 ///        ring_merge_init(), ring_merge_block(), ring_merge_finish()), and the layout of the kv
 ///        block that travels the ring (RingKvBlock).
 ///
-/// The arithmetic is merge/lse.hpp's merge() (fp32, the pairwise step, empty contributions — LSE
-/// −inf, +inf or NaN — add nothing and are not read, 16-bit results rounded once by
-/// ring_merge_finish()); merging the
-/// steps in step order 0 .. R−1 gives the same bits on every run and as merge_rows() of the same
-/// contributions in that order. merge/lse.hpp has the per-row merge only: this adds the loop over
-/// a tensor and the row offset of a step's query range (ring/schedule.hpp's RingWork::q_begin).
+/// The arithmetic is merge/lse.hpp's merge() (fp32; empty contributions add nothing); merging in
+/// step order gives the same bits on every run. See docs/ring.md ("Guarantees").
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief split_ring(): an MPI world cut into Ulysses groups, rings and outer groups laid out on its
-///        nodes (a RingMesh), and what it returns (MpiRingMesh).
+///        nodes (a Mesh), and what it returns (MpiRingMesh).
 ///
 /// Needs <mpi.h> (link ulysses::mpi). Wrap MpiRingMesh::ulysses and MpiRingMesh::ring in MpiComm
 /// (comm/mpi_comm.hpp): the Ulysses exchange runs over the first, RingRotation over the second.
@@ -15,7 +15,7 @@
 
 #include "../comm/mpi_mesh.hpp"
 #include "../error.hpp"
-#include "mesh.hpp"
+#include "../topology/mesh.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -26,7 +26,7 @@ struct MpiRingMesh {
   MPI_Comm ring = MPI_COMM_NULL;     ///< the ring: R ranks, rank = mesh.ring_rank(index)
   MPI_Comm block = MPI_COMM_NULL;    ///< the U·R ranks of this rank's Ulysses × Ring group (context-parallel group)
   MPI_Comm outer = MPI_COMM_NULL;    ///< the ranks of equal ring and Ulysses rank in the other blocks (data parallel)
-  RingMesh mesh{1, 1, 1, 1};         ///< the layout
+  Mesh mesh{1, 1, 1, 1};             ///< the layout
   int index = 0;                     ///< this rank's node-first world index
   /// MPI_Comm_free of the four communicators (collective over each).
   void free() {
@@ -35,12 +35,12 @@ struct MpiRingMesh {
   }
 };
 
-/// Cuts `world` into U × R × outer laid out on the nodes (RingMesh, ulysses_inner by default).
+/// Cuts `world` into U × R × outer laid out on the nodes (Mesh, ulysses_inner by default).
 /// `ranks_per_node` > 0 simulates nodes of that many consecutive world ranks (tests); 0 asks MPI
 /// for the shared-memory nodes. Collective over `world`.
 /// @throws Error(invalid_mesh) U or R < 1, ranks_per_node < 0, or U·R not dividing the world
 ///         (before any communication: the message gives ranks_per_node as passed, "0 (the nodes
-///         MPI finds)" for 0), and what RingMesh or split_by_node() throw for the nodes found
+///         MPI finds)" for 0), and what Mesh or split_by_node() throw for the nodes found
 ///         (every rank alike: the checks use all-gathered values only); Error(backend) an MPI call failed.
 inline MpiRingMesh split_ring(MPI_Comm world, int ulysses_degree, int ring_degree, int ranks_per_node = 0,
                               RingOrder order = RingOrder::ulysses_inner) {
@@ -57,7 +57,7 @@ inline MpiRingMesh split_ring(MPI_Comm world, int ulysses_degree, int ring_degre
                                          "; choose U and R with U*R dividing " + std::to_string(W));
   MpiMesh m = split_by_node(world, ulysses_degree * ring_degree, ranks_per_node);
   MpiRingMesh r;
-  r.mesh = RingMesh(W, ulysses_degree, ring_degree, m.mesh.ranks_per_node(), order);
+  r.mesh = Mesh(W, ulysses_degree, ring_degree, m.mesh.ranks_per_node(), order);
   r.index = m.index;
   r.block = m.ulysses;
   r.outer = m.outer;

@@ -1,58 +1,29 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The ring rotation of Ulysses × Ring: R steps, at each a rank hands its current k|v block
-///        to the next ring rank and receives the next one (RingRotation, forward), and the backward
-///        whose fp32 dk|dv accumulators travel with their kv block and come home (RingGradRotation).
-///        Double-buffered; posted before the engine's attention of a step, completed after it.
-///
-/// Over any communicator with the `exchange_messages()` capability (comm/concepts.hpp: LocalGroup::Comm,
-/// MpiComm, NcclComm, DeviceLocalGroup::Comm, a user's type) of the RING: R ranks, this rank's ring
-/// rank = comm.rank(). One step is one exchange_messages() call with one message each way (k and v
-/// together, one contiguous block; the backward adds the travelling accumulator as a second message
-/// of the same call). The k-th message rank i sends rank j is the k-th j receives, so the ring needs
-/// no tags. Bounded waits are the communicator's own (LocalGroup's timeout, MpiComm's and NcclComm's
-/// deadlines): a ring rank that never arrives ends as their Error(timeout) / Error(aborted).
-///
-/// Order (the documented order that the tests check): at step s (0 .. R−1) ring rank r holds, in
-/// block(s), the block of ring rank (r − s) mod R (ring_source(), ring/schedule.hpp); start(s) sends
-/// block(s) to ring rank r + 1 and receives block(s + 1) from ring rank r − 1 (mod R); the last step
-/// moves nothing. So every rank sees every ring rank's block exactly once, its own first.
-///
-/// Progress (RingProgress): an exchange_messages() of a host communicator returns when done, so a
-/// rank cannot compute while it runs unless it runs on another thread:
-/// - `thread`: start() hands the exchange to the rotation's worker thread (one, persistent), finish()
-///   waits for it: the attention of step s overlaps the transfer of block s + 1. The communicator
-///   must allow a call from another thread while the caller's thread makes none on it
-///   (LocalGroup::Comm does; MPI needs MPI_THREAD_SERIALIZED or more, MPI_Init_thread);
-/// - `in_start`: start() runs the exchange, finish() does nothing: right for stream-ordered
-///   communicators (NcclComm, DeviceLocalGroup::Comm enqueue and return, so the transfer overlaps
-///   the attention kernels of another stream), and for any communicator when overlap is not wanted;
-/// - `automatic` (default): `thread` for a communicator that declares `progress_thread`
-///   (comm_traits: LocalGroup::Comm, or a user's threaded type), `in_start` otherwise.
-/// Between start(s) and finish(s) the caller must not write block(s) (it is being sent) nor touch
-/// block(s + 1) (it is being received), and must make no other call on the ring communicator.
-///
-/// Source: ring attention (Liu et al., arXiv:2310.01889); zhuzilin's ring-flash-attention and
-/// yunchang's LongContextAttention (USP, Fang & Zhao, arXiv:2405.07719): send/recv of the next kv
-/// block posted before the step's attention and waited on after it; the dk|dv buffers that follow
-/// their kv block in the backward.
+///        to ring rank r + 1 and receives the next from r − 1 (RingRotation, forward), and the
+///        backward whose fp32 dk|dv accumulators travel with their kv block and come home
+///        (RingGradRotation). Double-buffered over the caller's RingBuffers, sized by a RingPlan;
+///        one exchange_messages() call a step, posted before the step's attention and completed
+///        after it, now or on a worker thread (RingProgress). Order, progress, the rules between
+///        start() and finish(), and sources: docs/ring.md ("Progress and communicators").
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "../detail/worker.hpp"
 #include "../error.hpp"
 #include "../layout/blocks.hpp"
 #include "../comm/concepts.hpp"
 #include "../comm/tell_peers.hpp"
+#include "buffers.hpp"
+#include "plan.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -65,87 +36,48 @@ enum class RingProgress : std::int32_t {
 
 namespace detail {
 
-/// The exchanges of a rotation, run now or on one persistent worker thread (RingProgress).
+/// The exchanges of a rotation, run now or on one persistent worker thread (RingProgress;
+/// detail::Worker, started at the first threaded post).
 template <class Comm>
 class RingPoster {
  public:
   RingPoster(Comm& comm, RingProgress p) : comm_(comm), threaded_(p == RingProgress::thread) {}
   RingPoster(const RingPoster&) = delete;
   RingPoster& operator=(const RingPoster&) = delete;
-  ~RingPoster() {
-    if (!worker_.joinable()) return;
-    {
-      std::unique_lock<std::mutex> l(m_);
-      cv_.wait(l, [&] { return !pending_; });
-      quit_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
   /// Posts the exchange of n_send / n_recv messages (copied: the lists may be reused).
   void post(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
     if (posted_) fail(Errc::invalid_shape, "ring rotation: an exchange was posted twice without finish()");
     send_.assign(send, send + n_send);
     recv_.assign(recv, recv + n_recv);
     if (!threaded_) {
-      comm_.exchange_messages(send_.data(), send_.size(), recv_.data(), recv_.size());
+      exchange_();
       posted_ = true;
       return;
     }
     posted_ = true;
-    if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
-    {
-      std::lock_guard<std::mutex> l(m_);
-      pending_ = true;
-      error_ = nullptr;
-    }
-    cv_.notify_all();
+    if (!worker_) worker_ = std::make_unique<Worker>();
+    worker_->start(exchange_);
   }
   /// Waits for the posted exchange (nothing when none is posted); rethrows what it threw.
   void wait() {
     if (!posted_) return;
     posted_ = false;
-    if (!threaded_) return;
-    std::exception_ptr e;
-    {
-      std::unique_lock<std::mutex> l(m_);
-      cv_.wait(l, [&] { return !pending_; });
-      e = error_;
-      error_ = nullptr;
-    }
-    if (e) std::rethrow_exception(e);
+    if (threaded_) worker_->finish();
   }
   bool posted() const { return posted_; }
   Comm& comm() const { return comm_; }  ///< the ring communicator
 
  private:
-  void loop() {
-    std::unique_lock<std::mutex> l(m_);
-    for (;;) {
-      cv_.wait(l, [&] { return pending_ || quit_; });
-      if (quit_) return;
-      l.unlock();
-      std::exception_ptr e;
-      try {
-        comm_.exchange_messages(send_.data(), send_.size(), recv_.data(), recv_.size());
-      } catch (...) {
-        e = std::current_exception();
-      }
-      l.lock();
-      error_ = e;
-      pending_ = false;
-      cv_.notify_all();
-    }
-  }
+  struct Exchange {  // the job: the posted lists over the ring
+    RingPoster* p;
+    void operator()() const { p->comm_.exchange_messages(p->send_.data(), p->send_.size(), p->recv_.data(), p->recv_.size()); }
+  };
   Comm& comm_;
   bool threaded_;
   bool posted_ = false;
   std::vector<Message> send_, recv_;
-  std::thread worker_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool pending_ = false, quit_ = false;
-  std::exception_ptr error_;
+  Exchange exchange_{this};
+  std::unique_ptr<Worker> worker_;  // last: destroyed (after its job) first
 };
 
 /// RingProgress::automatic resolved for Comm.
@@ -163,6 +95,29 @@ void check_ring_comm(const Comm& comm, int R, const char* who) {
                       (comm.size() == 1 ? "a group of one (a hybrid that would run as CP=1)" : "another group"));
 }
 
+
+/// Checks a rotation's double buffer against the blocks (bytes by ring rank) it must hold.
+/// @throws Error(buffer_too_small) a null buffer (the second may be null when R = 1) or one smaller than a block.
+inline void check_ring_buffers(const char* who, const char* what, const RingBufferPair& b, const std::vector<std::size_t>& bytes) {
+  const std::size_t R = bytes.size();
+  for (std::size_t j = 0; j < R; ++j) {
+    const bool null = !b.first || (R > 1 && !b.second);
+    if (!null && bytes[j] <= b.first_bytes && (R == 1 || bytes[j] <= b.second_bytes)) continue;
+    fail(Errc::buffer_too_small, std::string(who) + ": ring rank " + std::to_string(j) + "'s " + what + " has " + std::to_string(bytes[j]) +
+                                     " bytes, the buffers " + std::to_string(b.first_bytes) + " and " + std::to_string(b.second_bytes) +
+                                     (null ? " (a null buffer)" : "") + "; size them by the RingPlan");
+  }
+}
+
+/// A buffer's bytes as T (the element type of its block). @throws Error(tensor_mismatch) sizeof(T) != element_bytes.
+template <class T>
+T* ring_typed(std::byte* p, std::size_t element_bytes, const char* who) {
+  if (sizeof(T) != element_bytes)
+    fail(Errc::tensor_mismatch, std::string(who) + ": elements of " + std::to_string(sizeof(T)) + " bytes asked for a block of " +
+                                    std::to_string(element_bytes) + "-byte elements");
+  return static_cast<T*>(static_cast<void*>(p));
+}
+
 }  // namespace detail
 
 /// The forward ring rotation of kv blocks over a ring communicator (see the file comment).
@@ -172,32 +127,25 @@ class RingRotation {
   static_assert(comm_traits<Comm>::exchange_messages, "RingRotation needs a communicator with exchange_messages() (comm/concepts.hpp)");
 
  public:
-  /// @param ring         the ring communicator: R ranks, this rank's ring rank = ring.rank()
-  /// @param block_bytes  R entries: bytes of ring rank j's kv block (k then v, as the engine packs
-  ///                     them; ring/merge.hpp's RingKvBlock gives the layout), the same list on every rank
-  /// @param buffer0, buffer1  two caller buffers of `buffer_bytes` bytes each, in the
-  ///                     communicator's memory (host, or device for NcclComm); buffer0 must hold
-  ///                     this rank's own block before start(0)
-  /// @param buffer_bytes bytes of each buffer, >= the largest block_bytes entry
-  /// @param progress     how the exchange overlaps (RingProgress)
-  /// @throws Error(comm_mismatch) ring.size() != block_bytes.size() (e.g. a ring group of one
-  ///         rank for a ring of R = 2: the misconfigured hybrid of bug case C14);
-  ///         Error(buffer_too_small) a buffer is null or smaller than a block.
-  RingRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::byte* buffer0, std::byte* buffer1, std::size_t buffer_bytes,
-               RingProgress progress = RingProgress::automatic)
+  /// @param ring      the ring communicator: R ranks, this rank's ring rank = ring.rank() = plan.ring_rank()
+  /// @param plan      this rank's RingPlan: the blocks' sizes and layouts (the same sizes on every ring rank)
+  /// @param buffers   `RingBuffers().kv(kv0, kv1)`: two buffers of at least plan.kv_buffer_bytes()
+  ///                  each, in the communicator's memory; kv0 holds this rank's own block (k then
+  ///                  v, RingKvBlock) before start(0) (kv<T>(0) points into it)
+  /// @param progress  how the exchange overlaps (RingProgress)
+  /// @throws Error(comm_mismatch) ring.size() != R (e.g. a ring group of one rank for R = 2: the
+  ///         misconfigured hybrid of bug case C14); Error(buffer_too_small) a buffer null or smaller than a block.
+  RingRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
+      : bytes_(plan.block_bytes()), poster_(ring, detail::resolve_progress<Comm>(progress)) {
+    for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
+    init(ring, buffers.kv_buffers());
+  }
+  /// Deprecated (removed in 0.3): the sizes from a RingPlan and the buffers by name, as above.
+  [[deprecated("use RingRotation(ring, plan, RingBuffers().kv(kv0, kv1), progress)")]] RingRotation(
+      Comm& ring, std::vector<std::size_t> block_bytes, std::byte* buffer0, std::byte* buffer1, std::size_t buffer_bytes,
+      RingProgress progress = RingProgress::automatic)
       : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
-    detail::tell_peers_on_failure(ring, ring.rank(), "RingRotation's construction", [&] {  // (the peers may be in start(0))
-      R_ = static_cast<int>(bytes_.size());
-      detail::check_ring_comm(ring, R_, "RingRotation");
-      r_ = ring.rank();
-      buf_[0] = buffer0;
-      buf_[1] = buffer1;
-      for (int j = 0; j < R_; ++j)
-        if (bytes_[static_cast<std::size_t>(j)] > buffer_bytes || (R_ > 1 && (!buffer0 || !buffer1)) || !buffer0)
-          detail::fail(Errc::buffer_too_small, "RingRotation: ring rank " + std::to_string(j) + "'s block has " +
-                                                   std::to_string(bytes_[static_cast<std::size_t>(j)]) + " bytes, the buffers " +
-                                                   std::to_string(buffer_bytes) + (buffer0 && (buffer1 || R_ == 1) ? "" : " (a null buffer)"));
-    });
+    init(ring, {buffer0, buffer_bytes, buffer1, buffer_bytes});
   }
 
   int steps() const { return R_; }        ///< R
@@ -212,6 +160,17 @@ class RingRotation {
   std::byte* block(int s) const {
     check_step(s);
     return buf_[s % 2];
+  }
+  /// Step s's block typed: k and v of the block (T: the element type, of the plan's size).
+  /// @throws Error(invalid_group) s outside [0, R); Error(tensor_mismatch) sizeof(T) is not the
+  ///         element size, or a rotation made without a RingPlan.
+  template <class T>
+  RingKvView<T> kv(int s) const {
+    const int j = source(s);
+    if (shapes_.empty()) detail::fail(Errc::tensor_mismatch, "RingRotation::kv(): a rotation made without a RingPlan has no block layout");
+    const RingKvBlock& b = shapes_[static_cast<std::size_t>(j)];
+    return {detail::ring_typed<T>(block(s), b.element_bytes, "RingRotation::kv()"),
+            detail::ring_typed<T>(block(s) + b.v_offset(), b.element_bytes, "RingRotation::kv()")};
   }
   /// Bytes of step s's block (block_bytes[source(s)]).
   std::size_t block_bytes(int s) const { return bytes_[static_cast<std::size_t>(source(s))]; }
@@ -244,11 +203,22 @@ class RingRotation {
   }
 
  private:
+  void init(Comm& ring, const RingBufferPair& b) {
+    detail::tell_peers_on_failure(ring, ring.rank(), "RingRotation's construction", [&] {  // (the peers may be in start(0))
+      R_ = static_cast<int>(bytes_.size());
+      detail::check_ring_comm(ring, R_, "RingRotation");
+      r_ = ring.rank();
+      detail::check_ring_buffers("RingRotation", "block", b, bytes_);
+      buf_[0] = b.first;
+      buf_[1] = b.second;
+    });
+  }
   void check_step(int s) const {
     if (s < 0 || s >= R_)
       detail::fail(Errc::invalid_group, "ring step " + std::to_string(s) + " is outside [0, R=" + std::to_string(R_) + ")");
   }
   std::vector<std::size_t> bytes_;
+  std::vector<RingKvBlock> shapes_;  // by ring rank (empty: made without a plan)
   detail::RingPoster<Comm> poster_;
   std::byte* buf_[2] = {nullptr, nullptr};
   int R_ = 1, r_ = 0, next_ = 0;
@@ -270,44 +240,24 @@ class RingGradRotation {
   static_assert(comm_traits<Comm>::exchange_messages, "RingGradRotation needs a communicator with exchange_messages()");
 
  public:
-  /// @param ring, block_bytes, kv0, kv1, kv_buffer_bytes, progress  as RingRotation's
-  /// @param grad_bytes   R entries: bytes of ring rank j's dk|dv accumulator (fp32 typically)
-  /// @param grad0, grad1 two caller buffers of grad_buffer_bytes each; grad0 holds step 0's accumulator
-  /// @param grad_buffer_bytes bytes of each of grad0 and grad1 (at least the largest grad_bytes entry)
-  /// @throws as RingRotation (comm_mismatch; buffer_too_small, also for the accumulators, and when
-  ///         grad_bytes.size() != block_bytes.size()).
-  RingGradRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::byte* kv0, std::byte* kv1, std::size_t kv_buffer_bytes,
-                   std::vector<std::size_t> grad_bytes, std::byte* grad0, std::byte* grad1, std::size_t grad_buffer_bytes,
-                   RingProgress progress = RingProgress::automatic)
+  /// @param ring, plan, progress  as RingRotation's
+  /// @param buffers  `RingBuffers().kv(kv0, kv1).grad(g0, g1)`: the kv buffers as RingRotation's,
+  ///                 and two fp32 dk|dv accumulators of at least plan.grad_buffer_bytes() each
+  ///                 (g0 holds step 0's accumulator)
+  /// @throws as RingRotation (comm_mismatch; buffer_too_small, also for the accumulators).
+  RingGradRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
+      : kv_(plan.block_bytes()), gr_(plan.grad_bytes()), poster_(ring, detail::resolve_progress<Comm>(progress)) {
+    for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
+    init(ring, buffers.kv_buffers(), buffers.grad_buffers());
+  }
+  /// Deprecated (removed in 0.3): the sizes from a RingPlan and the buffers by name, as above.
+  [[deprecated("use RingGradRotation(ring, plan, RingBuffers().kv(kv0, kv1).grad(g0, g1), progress)")]] RingGradRotation(
+      Comm& ring, std::vector<std::size_t> block_bytes, std::byte* kv0, std::byte* kv1, std::size_t kv_buffer_bytes,
+      std::vector<std::size_t> grad_bytes, std::byte* grad0, std::byte* grad1, std::size_t grad_buffer_bytes,
+      RingProgress progress = RingProgress::automatic)
       : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
-    detail::tell_peers_on_failure(ring, ring.rank(), "RingGradRotation's construction", [&] { check(ring, kv0, kv1, kv_buffer_bytes, grad0, grad1, grad_buffer_bytes); });
+    init(ring, {kv0, kv_buffer_bytes, kv1, kv_buffer_bytes}, {grad0, grad_buffer_bytes, grad1, grad_buffer_bytes});
   }
-
- private:
-  /// The constructor's checks. @throws as the constructor.
-  void check(Comm& ring, std::byte* kv0, std::byte* kv1, std::size_t kv_buffer_bytes, std::byte* grad0, std::byte* grad1,
-             std::size_t grad_buffer_bytes) {
-    R_ = static_cast<int>(kv_.size());
-    detail::check_ring_comm(ring, R_, "RingGradRotation");
-    r_ = ring.rank();
-    kvb_[0] = kv0;
-    kvb_[1] = kv1;
-    gb_[0] = grad0;
-    gb_[1] = grad1;
-    if (gr_.size() != kv_.size())
-      detail::fail(Errc::buffer_too_small, "RingGradRotation: " + std::to_string(gr_.size()) + " accumulator sizes for " +
-                                               std::to_string(kv_.size()) + " kv blocks; give one per ring rank");
-    for (int j = 0; j < R_; ++j) {
-      const auto J = static_cast<std::size_t>(j);
-      if (kv_[J] > kv_buffer_bytes || gr_[J] > grad_buffer_bytes || !kv0 || !grad0 || (R_ > 1 && (!kv1 || !grad1)))
-        detail::fail(Errc::buffer_too_small, "RingGradRotation: ring rank " + std::to_string(j) + "'s block has " + std::to_string(kv_[J]) +
-                                                 " bytes and its accumulator " + std::to_string(gr_[J]) + ", the buffers " +
-                                                 std::to_string(kv_buffer_bytes) + " and " + std::to_string(grad_buffer_bytes) +
-                                                 " (or a buffer is null)");
-    }
-  }
-
- public:
 
   int steps() const { return R_; }      ///< R
   int ring_rank() const { return r_; }  ///< this rank's ring rank
@@ -321,12 +271,26 @@ class RingGradRotation {
     check_step(s, R_);
     return kvb_[s % 2];
   }
+  /// Step s's block typed, as RingRotation::kv().
+  template <class T>
+  RingKvView<T> kv(int s) const {
+    const int j = source(s);
+    if (shapes_.empty()) detail::fail(Errc::tensor_mismatch, "RingGradRotation::kv(): a rotation made without a RingPlan has no block layout");
+    const RingKvBlock& b = shapes_[static_cast<std::size_t>(j)];
+    return {detail::ring_typed<T>(block(s), b.element_bytes, "RingGradRotation::kv()"),
+            detail::ring_typed<T>(block(s) + b.v_offset(), b.element_bytes, "RingGradRotation::kv()")};
+  }
   /// The accumulator buffer of step s (s % 2): after finish(s) it holds the sum of the
   /// contributions of the ring ranks before this one to block source(s) (nothing for s = 0: the
   /// caller's start); add this rank's contribution to it before start(s + 1).
   std::byte* grad(int s) const {
     check_step(s, R_);
     return gb_[s % 2];
+  }
+  /// grad(s) as fp32 (dk [B, L, Hkv, D] then dv [B, L, Hkv, Dv]).
+  template <class T>
+  T* grad(int s) const {
+    return detail::ring_typed<T>(grad(s), sizeof(float), "RingGradRotation::grad()");
   }
 
   /// Posts step s's exchange (see the class comment). Collective over the ring, steps in order.
@@ -374,12 +338,34 @@ class RingGradRotation {
     });
     return gb_[R_ % 2];
   }
+  /// home() as fp32 (this rank's own block's dk then dv).
+  template <class T>
+  T* home() {
+    return detail::ring_typed<T>(home(), sizeof(float), "RingGradRotation::home()");
+  }
 
  private:
+  void init(Comm& ring, const RingBufferPair& kvp, const RingBufferPair& gp) {
+    detail::tell_peers_on_failure(ring, ring.rank(), "RingGradRotation's construction", [&] {
+      R_ = static_cast<int>(kv_.size());
+      detail::check_ring_comm(ring, R_, "RingGradRotation");
+      r_ = ring.rank();
+      if (gr_.size() != kv_.size())
+        detail::fail(Errc::buffer_too_small, "RingGradRotation: " + std::to_string(gr_.size()) + " accumulator sizes for " +
+                                                 std::to_string(kv_.size()) + " kv blocks; give one per ring rank");
+      detail::check_ring_buffers("RingGradRotation", "block", kvp, kv_);
+      detail::check_ring_buffers("RingGradRotation", "accumulator", gp, gr_);
+      kvb_[0] = kvp.first;
+      kvb_[1] = kvp.second;
+      gb_[0] = gp.first;
+      gb_[1] = gp.second;
+    });
+  }
   static void check_step(int s, int R) {
     if (s < 0 || s >= R) detail::fail(Errc::invalid_group, "ring step " + std::to_string(s) + " is outside [0, R=" + std::to_string(R) + ")");
   }
   std::vector<std::size_t> kv_, gr_;
+  std::vector<RingKvBlock> shapes_;  // by ring rank (empty: made without a plan)
   detail::RingPoster<Comm> poster_;
   std::byte* kvb_[2] = {nullptr, nullptr};
   std::byte* gb_[2] = {nullptr, nullptr};

@@ -4,25 +4,10 @@
 ///        the kv block it holds, with which mask (RingWork, ring_schedule()). Pure integers, no
 ///        communicator: an engine can run it with its own transport.
 ///
-/// At step s (0 .. R−1) ring rank r holds the kv block of ring rank src = (r − s) mod R (the
-/// rotation, ring/rotation.hpp, hands blocks to ring rank r + 1), with L_src tokens in ring-local
-/// order; its queries are its own L_r ring-local tokens (ring/partition.hpp). Indices below are
-/// ring-local (row i of the q block, row k of the kv block).
-///
-/// Causal zigzag (RingLayout::zigzag, causal; ring rank r holds chunks r and 2R−1−r, of a_r and
-/// b_r tokens; the rule of zigzag ring attention, zhuzilin's ring-flash-attention and yunchang):
-/// - step 0 (src = r): q [0, L_r) against kv [0, L_r), causal (k <= i: ring-local order is global
-///   order);
-/// - src < r: all of q [0, L_r) against the source's first chunk kv [0, a_src), no mask (chunk src
-///   precedes both of r's chunks; chunk 2R−1−src follows both);
-/// - src > r: the second half of q [a_r, L_r) (chunk 2R−1−r) against all of the source's kv
-///   [0, L_src), no mask (both of src's chunks lie between r's two chunks).
-/// Causal contiguous: src = r causal; src < r everything, no mask; src > r nothing (an empty work).
-/// Non-causal (either layout): every step all of q against all of kv, no mask.
-///
-/// Each step's work is a partial attention (out_s, lse_s) over its kv range; the rows of q outside
-/// [q_begin, q_begin + q_len) get nothing from the step (LSE −inf). Merge them in step order
-/// (ring/merge.hpp) for the same bits on every run.
+/// At step s ring rank r holds the block of ring rank (r − s) mod R; indices are ring-local. The
+/// causal zigzag rule is zhuzilin's ring-flash-attention's and yunchang's; causal contiguous skips
+/// the later sources; non-causal attends everything. Merge the steps in step order (ring/merge.hpp)
+/// for the same bits on every run. See docs/ring.md ("The schedule").
 #pragma once
 
 #include <cstdint>
@@ -30,7 +15,7 @@
 #include <vector>
 
 #include "../error.hpp"
-#include "partition.hpp"
+#include "../partition/ring.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 

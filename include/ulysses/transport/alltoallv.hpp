@@ -27,7 +27,7 @@ inline bool alltoallv_pairwise(int P) { return P < 4 || (P >= 64 && P < 128) || 
 /// every chunk once, straight from its sender to its receiver (chunk_matrix()). The decode
 /// exchange: exchange_chunks(), one alltoallv() of its chunks.
 /// The all-to-all-v transport (see the file comment). Heavy lifting: Comm::alltoallv.
-struct AlltoallvTransport {
+struct AlltoallvTransport : detail::MovesChunks<AlltoallvTransport> {
   static constexpr Path path = Path::alltoallv;  ///< the Path it serves
   /// Every communicator and executor.
   template <class Comm, class Exec>
@@ -44,11 +44,6 @@ struct AlltoallvTransport {
     comm.alltoallv(t.base[BufferIndex::send], s.send_bytes.data(), s.send_offsets.data(), t.base[BufferIndex::recv],
                    s.recv_bytes.data(), s.recv_offsets.data());
   }
-  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: every one.
-  template <class Comm, class Exec>
-  static constexpr bool serves_decode = supported<Comm, Exec>;
-  /// It moves the chunks (false: the peer copy, whose ranks read each other's inputs in place).
-  static constexpr bool reads_in_place = false;
   /// One exchange of a flat chunk wire (the decode exchange's): `step.before()` (the pack), one
   /// alltoallv() of `w`, `step.after()` (the unpack / merge).
   template <class Comm, class Step>

@@ -49,18 +49,26 @@ struct AnyMemoryOf {
   void run(const BlockCopy*, std::size_t, const BufferTable&) {}
 };
 
-/// One exchange_messages() call over a plan's lists (Piece or Hop: peer, buffer, offset, bytes),
-/// with the buffers of `t`. The message lists are the communicator's scratch (ExchangeState:
-/// no allocation after its first call), or local vectors for a communicator without one.
-template <class Comm, class Item>
-void post_messages(Comm& comm, const BufferTable& t, const std::vector<Item>& send, const std::vector<Item>& recv) {
-  auto fill = [&t](std::vector<Message>& m, const std::vector<Item>& items) {
-    m.clear();
-    for (const Item& i : items) m.push_back({i.peer, t.base[i.buffer] + i.offset, i.bytes});
-  };
+/// What a transport that moves a decode wire's chunks (alltoallv, messages) declares for the
+/// decode exchange: it serves it wherever the transport is supported, and reads nothing in place.
+/// Base of the transport `T` (CRTP); its exchange_chunks() moves the chunks.
+template <class T>
+struct MovesChunks {
+  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: as supported.
+  template <class Comm, class Exec>
+  static constexpr bool serves_decode = T::template supported<Comm, Exec>;
+  static constexpr bool reads_in_place = false;  ///< it moves the chunks
+};
+
+/// One exchange_messages() call of the lists `fill(send, recv)` writes, in the communicator's
+/// scratch (ExchangeState::send_messages(), recv_messages(): no allocation once they have grown),
+/// or in two vectors of this call for a communicator without ExchangeState.
+template <class Comm, class Fill>
+void post_filled(Comm& comm, Fill&& fill) {
   auto post = [&](std::vector<Message>& s, std::vector<Message>& r) {
-    fill(s, send);
-    fill(r, recv);
+    s.clear();
+    r.clear();
+    fill(s, r);
     comm.exchange_messages(s.data(), s.size(), r.data(), r.size());
   };
   if constexpr (comm_traits<Comm>::exchange_state) {
@@ -72,27 +80,27 @@ void post_messages(Comm& comm, const BufferTable& t, const std::vector<Item>& se
   }
 }
 
+/// One exchange_messages() call over a plan's lists (Piece or Hop: peer, buffer, offset, bytes)
+/// over the buffer table `t`, as post_filled().
+template <class Comm, class Item>
+void post_messages(Comm& comm, const BufferTable& t, const std::vector<Item>& send, const std::vector<Item>& recv) {
+  post_filled(comm, [&](std::vector<Message>& s, std::vector<Message>& r) {
+    for (const Item& i : send) s.push_back({i.peer, t.base[i.buffer] + i.offset, i.bytes});
+    for (const Item& i : recv) r.push_back({i.peer, t.base[i.buffer] + i.offset, i.bytes});
+  });
+}
+
 /// One exchange_messages() call of a chunk wire: one message per peer with a non-empty chunk, in
-/// each direction, with the communicator's scratch (as post_messages()).
+/// each direction, as post_filled().
 template <class Comm>
 void post_chunks(Comm& comm, const ChunkWire& w) {
-  auto post = [&](std::vector<Message>& s, std::vector<Message>& r) {
-    s.clear();
-    r.clear();
+  post_filled(comm, [&](std::vector<Message>& s, std::vector<Message>& r) {
     for (int p = 0; p < w.peers; ++p) {
       const auto i = static_cast<std::size_t>(p);
       if (w.send_bytes[i]) s.push_back(Message{p, w.send + w.send_offsets[i], w.send_bytes[i]});
       if (w.recv_bytes[i]) r.push_back(Message{p, w.recv + w.recv_offsets[i], w.recv_bytes[i]});
     }
-    comm.exchange_messages(s.data(), s.size(), r.data(), r.size());
-  };
-  if constexpr (comm_traits<Comm>::exchange_state) {
-    ExchangeState& st = comm.exchange_state();
-    post(st.send_messages(), st.recv_messages());
-  } else {
-    std::vector<Message> s, r;
-    post(s, r);
-  }
+  });
 }
 
 /// Throws Error(comm_mismatch) with `why` when two streams differ (stream-ordered work that

@@ -19,7 +19,7 @@ ULYSSES_NAMESPACE_BEGIN
 /// transport 1. Traffic: as alltoallv, in as many messages as pieces. The decode exchange:
 /// exchange_chunks(), one message per peer with a non-empty chunk.
 /// The message transport (see the file comment).
-struct MessagesTransport {
+struct MessagesTransport : detail::MovesChunks<MessagesTransport> {
   static constexpr Path path = Path::messages;  ///< the Path it serves
   /// exchange_messages() and the executor's memory the communicator's.
   template <class Comm, class Exec>
@@ -35,11 +35,6 @@ struct MessagesTransport {
     const StageLists& s = plan.stage_lists(d, k);
     detail::post_messages(comm, t, s.send_pieces, s.recv_pieces);
   }
-  /// Whether it serves the decode exchange (decode/exchange.hpp) with these types: as supported.
-  template <class Comm, class Exec>
-  static constexpr bool serves_decode = supported<Comm, Exec>;
-  /// It moves the chunks.
-  static constexpr bool reads_in_place = false;
   /// One exchange of a flat chunk wire (the decode exchange's): `step.before()`, one message per
   /// peer with a non-empty chunk in each direction (one exchange_messages()), `step.after()`.
   /// @pre comm_traits<Comm>::exchange_messages.

@@ -62,7 +62,7 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
   DegreeChoice d;
   d.ulysses_degree = P;
   d.outer_degree = mesh.outer_degree();
-  d.nodes_per_group = mesh.nodes_per_group();
+  d.nodes_per_group = mesh.ulysses_group_nodes();
   const SeqPartition seq = SeqPartition::balanced(S, P);
   // Candidates: flat, then (across nodes) two-level with one lane and with rail-aligned lanes.
   struct Candidate {
@@ -73,7 +73,7 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
   };
   std::vector<Candidate> cands;
   double tensors = 0;
-  for (int c = 0; c < (mesh.group_spans_nodes() ? 3 : 1); ++c) {
+  for (int c = 0; c < (mesh.ulysses_spans_nodes() ? 3 : 1); ++c) {
     PlanOptions po;
     po.path = c == 0 ? Path::alltoallv : Path::two_level;
     po.nodes = mesh.nodes();

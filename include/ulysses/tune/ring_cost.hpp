@@ -19,8 +19,8 @@
 #include "../error.hpp"
 #include "../layout/element.hpp"
 #include "../plan/attention.hpp"
-#include "../ring/mesh.hpp"
-#include "../ring/partition.hpp"
+#include "../topology/mesh.hpp"
+#include "../partition/ring.hpp"
 #include "../ring/schedule.hpp"
 #include "../topology/mesh.hpp"
 #include "advise.hpp"
@@ -82,12 +82,12 @@ inline double ring_block_bytes(const RingPartition& part, int j, const Attention
 /// @param mesh        the U × R × outer mesh
 /// @param block_bytes bytes of one message (ring_block_bytes(), the largest of the ring)
 /// @param transport   how the bytes move
-inline RingTraffic ring_step_traffic(const RingMesh& mesh, double block_bytes, RingTransport transport = RingTransport::network) {
+inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingTransport transport = RingTransport::network) {
   RingTraffic t;
   t.block_bytes = block_bytes;
   const int R = mesh.ring_degree();
   if (R == 1) return t;
-  const std::vector<int> ring = mesh.ring_ranks(0);
+  const std::vector<int> ring = mesh.ring_ranks_of(0);
   const int N = mesh.ranks_per_node();
   for (int j = 0; j < R; ++j) ++t.edges[ring[static_cast<std::size_t>(j)] / N == ring[static_cast<std::size_t>((j + 1) % R)] / N ? 0 : 1];
   const int c = t.edges[1] > 0 ? 1 : 0;
@@ -147,7 +147,7 @@ struct RingCost {
 
 namespace detail {
 /// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()).
-inline RingCost ring_cost_impl(const RingMesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
+inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                                double flops_per_s, ElementType type, std::int64_t batch, RingTransport transport, HeadPolicy policy,
                                bool allgather) {
   if (!(flops_per_s > 0)) fail(Errc::invalid_shape, "ring cost: the attention FLOP rate must be > 0");
@@ -207,7 +207,7 @@ inline RingCost ring_cost_impl(const RingMesh& mesh, const AttentionShape& shape
 /// @param policy      the query head split
 /// @throws Error(invalid_shape) flops_per_s <= 0, batch < 1, or S too short (RingPartition);
 ///         what attention_specs() throws for U.
-inline RingCost ring_cost(const RingMesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
+inline RingCost ring_cost(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                           double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
                           RingTransport transport = RingTransport::network, HeadPolicy policy = HeadPolicy::even) {
   return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false);
@@ -217,7 +217,7 @@ inline RingCost ring_cost(const RingMesh& mesh, const AttentionShape& shape, std
 /// R − 1 rounds priced as the ring's transfer steps, none hidden (exposed = comm), the same
 /// attention work, R blocks held. Parameters and errors as ring_cost().
 /// @param mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy as ring_cost()
-inline RingCost allgather_kv_cost(const RingMesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
+inline RingCost allgather_kv_cost(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                                   double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16,
                                   std::int64_t batch = 1, RingTransport transport = RingTransport::network,
                                   HeadPolicy policy = HeadPolicy::even) {
@@ -253,7 +253,7 @@ struct HybridChoice {
 namespace detail {
 inline std::string pct(double x) { return std::to_string(static_cast<int>(x * 100 + 0.5)) + "%"; }
 /// The reason line of a hybrid choice.
-inline std::string hybrid_reason(const HybridChoice& h, const RingMesh& mesh) {
+inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
   std::string s = h.ulysses_degree == 1 ? "no all-to-all"
                   : h.ulysses.nodes_per_group > 1 ? "all-to-all across " + std::to_string(h.ulysses.nodes_per_group) + " nodes"
                                                   : "all-to-all inside a node";
@@ -275,7 +275,7 @@ inline std::string hybrid_reason(const HybridChoice& h, const RingMesh& mesh) {
 /// the attention itself; equal times by memory), then the
 /// others by memory. For
 /// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
-/// and every R with U · R dividing world that RingMesh admits (ulysses_inner) and S tokens cover
+/// and every R with U · R dividing world that Mesh admits (ulysses_inner) and S tokens cover
 /// (S >= 2R causal): R = 1 (Ulysses alone), and for R > 1 the ring rotation and the all-gather-kv
 /// alternative. The outer dimension is data parallel (each group runs its own sequences of S).
 /// @param shape          the attention layer's head counts and dims
@@ -304,7 +304,7 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
     for (int R = 1; static_cast<long long>(U) * R <= world; ++R) {
       if (world % (U * R) != 0 || seq_len < (causal ? 2 * R : R)) continue;
       try {
-        const RingMesh rmesh(world, U, R, ranks_per_node);
+        const Mesh rmesh(world, U, R, ranks_per_node);
         const Mesh umesh(world, U, ranks_per_node);
         check_heads(umesh, shape, policy);
         const RingPartition part(seq_len, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);

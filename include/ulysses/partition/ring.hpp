@@ -1,25 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The 2-D sequence partition of Ulysses × Ring (unified sequence parallelism): U Ulysses
-///        ranks × R ring ranks, zigzag (causal load balance) or contiguous (RingPartition).
+/// @brief The 2-D sequence partition of Ulysses × Ring: U Ulysses ranks × R ring ranks, zigzag
+///        (causal load balance) or contiguous (RingPartition), and what every rank of a hybrid
+///        agrees on (RingConfig, which a Plan's options carry).
 ///
-/// Ranks: world rank w = ring_rank · U + ulysses_rank (the Ulysses group, U consecutive ranks, is
-/// the inner dimension: inside a node first; see ring/mesh.hpp). Ring rank j's ring group is the U
-/// ranks j·U .. j·U+U−1; the ring of Ulysses rank u is the R ranks u, U+u, 2U+u, ...
-///
-/// - RingLayout::zigzag (causal): the sequence [0, S) is cut into 2R balanced chunks (the first
-///   S % 2R one token longer) and ring rank j holds chunks j and 2R−1−j, in that order (ascending
-///   global order): its "pair" of L_j tokens. The pair is cut into U balanced pieces, one per
-///   Ulysses rank in order (the first L_j % U one token longer), so a piece may straddle the two
-///   chunks. This is yunchang's `zigzag_extract_local` (Fang & Zhao, USP, arXiv:2405.07719), with
-///   balanced cuts where torch.chunk would make the last pieces shorter (the same when S is a
-///   multiple of 2RU).
-/// - RingLayout::contiguous (non-causal, or causal without balance): R balanced ranges, ring rank
-///   j holding range j, cut into U balanced pieces.
-///
-/// After seq→head inside ring group j (the plan of ulysses_partition(j), U ranks), every rank of
-/// the group holds the L_j tokens of its ring rank in ascending global order ("ring-local" token
-/// i = global token ring_token(j, i)) for its H/U heads: the q and kv blocks of the ring.
+/// World rank w = ring_rank · U + ulysses_rank; ring rank j holds chunks j and 2R−1−j of 2R
+/// (zigzag, yunchang's zigzag_extract_local with balanced cuts) or range j of R (contiguous), cut
+/// into U balanced pieces. After seq→head in ring group j every rank holds the L_j tokens of its
+/// ring rank in ascending global order ("ring-local" token i = ring_token(j, i)).
+/// See docs/ring.md ("Ranks, tokens and shapes").
 #pragma once
 
 #include <algorithm>
@@ -30,7 +19,7 @@
 
 #include "../detail/checked.hpp"
 #include "../error.hpp"
-#include "../partition/seq.hpp"
+#include "seq.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -42,12 +31,6 @@ enum class RingLayout : std::int32_t {
 
 /// Name of a ring layout ("contiguous", "zigzag").
 inline const char* to_string(RingLayout l) noexcept { return l == RingLayout::zigzag ? "zigzag" : "contiguous"; }
-
-/// A run of global tokens [offset, offset + length).
-struct TokenRange {
-  std::int64_t offset = 0;  ///< first global token
-  std::int64_t length = 0;  ///< tokens (may be 0)
-};
 
 /// The 2-D sequence partition of U Ulysses ranks × R ring ranks over S tokens (see the file
 /// comment). Immutable, integers only; every rank computes the same one from (S, U, R, layout).
@@ -76,9 +59,12 @@ class RingPartition {
     std::vector<std::int64_t> off(static_cast<std::size_t>(n + 1), 0);
     for (std::size_t i = 0; i + 1 < off.size(); ++i) off[i + 1] = off[i] + S / n + (static_cast<std::int64_t>(i) < S % n ? 1 : 0);
     for (int j = 0; j < R; ++j) {
-      std::vector<TokenRange> c;
+      std::vector<SeqChunk> c;
+      std::int64_t local = 0;  // the chunk's first ring-local token
       const auto add = [&](std::int64_t i) {
-        c.push_back({off[static_cast<std::size_t>(i)], off[static_cast<std::size_t>(i + 1)] - off[static_cast<std::size_t>(i)]});
+        const std::int64_t len = off[static_cast<std::size_t>(i + 1)] - off[static_cast<std::size_t>(i)];
+        c.push_back({j, off[static_cast<std::size_t>(i)], len, local});
+        local += len;
       };
       add(j);
       if (layout == RingLayout::zigzag) add(n - 1 - j);
@@ -108,9 +94,10 @@ class RingPartition {
     return w % U_;
   }
 
-  /// Ring rank j's global token ranges, ascending: {chunk j, chunk 2R−1−j} (zigzag) or {range j}.
-  /// @throws Error(invalid_group) j outside [0, R).
-  const std::vector<TokenRange>& ring_chunks(int j) const {
+  /// Ring rank j's global token ranges, ascending: {chunk j, chunk 2R−1−j} (zigzag) or {range j},
+  /// as SeqChunks (rank: j; offset, length: global tokens; local_offset: the chunk's first
+  /// ring-local token). @throws Error(invalid_group) j outside [0, R).
+  const std::vector<SeqChunk>& ring_chunks(int j) const {
     detail::check_rank(j, R_);
     return chunks_[static_cast<std::size_t>(j)];
   }
@@ -118,7 +105,7 @@ class RingPartition {
   /// @throws Error(invalid_group) j outside [0, R).
   std::int64_t ring_length(int j) const {
     std::int64_t n = 0;
-    for (const TokenRange& c : ring_chunks(j)) n += c.length;
+    for (const SeqChunk& c : ring_chunks(j)) n += c.length;
     return n;
   }
   /// The longest L_j (what a ring buffer must hold).
@@ -131,7 +118,7 @@ class RingPartition {
   /// @throws Error(invalid_group) j outside [0, R); Error(invalid_shape) i outside [0, L_j).
   std::int64_t ring_token(int j, std::int64_t i) const {
     std::int64_t at = i;
-    for (const TokenRange& c : ring_chunks(j)) {
+    for (const SeqChunk& c : ring_chunks(j)) {
       if (at >= 0 && at < c.length) return c.offset + at;
       at -= c.length;
     }
@@ -157,7 +144,7 @@ class RingPartition {
       for (int u = 0; u < U_; ++u) {
         std::int64_t a = up.first_token(u), left = up.local_length(u);  // ring-local [a, a + left)
         std::int64_t base = 0;
-        for (const TokenRange& k : ring_chunks(j)) {
+        for (const SeqChunk& k : ring_chunks(j)) {
           const std::int64_t lo = std::max(a, base), hi = std::min(a + left, base + k.length);
           if (hi > lo) c.push_back({j * U_ + u, k.offset + (lo - base), hi - lo, 0});
           base += k.length;
@@ -172,7 +159,7 @@ class RingPartition {
   std::int64_t S_;
   int U_, R_;
   RingLayout layout_;
-  std::vector<std::vector<TokenRange>> chunks_;
+  std::vector<std::vector<SeqChunk>> chunks_;
 };
 
 /// What every rank of a Ulysses × Ring hybrid must agree on: check_ring_config()
