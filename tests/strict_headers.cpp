@@ -20,6 +20,7 @@
 #include <ulysses/ring/mpi_mesh.hpp>
 #include <ulysses/comm/mpi.hpp>
 #endif
+#include <ulysses/comm/device_window_records.hpp>  // the device window's host half: no nvcc, no MPI needed
 
 #include <atomic>
 #include <cstdint>

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // comm/device_window_protocol.cuh and comm/mpi_device_window.cuh (ctest runs this under
-// `mpiexec -n 2`). Suite "host" (no device needed): the epoch/flag protocol of the device
+// `mpiexec -n 2`). Suite "host" (no device needed): the shared cases of the one epoch barrier
+// (tests/support/window_protocol_cases.hpp, also run by test_comm_mpi_window) over DeviceWords; the protocol of the device
 // kernels run on the host, ranks as threads over host memory (the same __host__ __device__
 // functions): epochs in order and no torn reads over many calls, a rank that never arrives (the
 // others time out naming it, a later waiter gets `aborted` naming it too), records that differ (count,
@@ -27,6 +28,7 @@
 
 #include "device_harness.cuh"
 #include "expect_error.hpp"
+#include "window_protocol_cases.hpp"
 
 using namespace ulysses;
 using detail::DeviceWaitCode;
@@ -84,6 +86,10 @@ constexpr std::uint64_t kShort = 100'000'000ull;    // 100 ms
 }  // namespace
 
 TEST_SUITE("host") {
+  TEST_CASE("protocol: the epoch barrier's shared cases (comm/window_protocol.hpp: the MPI window's test runs them too)") {
+    ut::window_protocol_cases<detail::DeviceWords, detail::DeviceWindowControl>();
+  }
+
   TEST_CASE("protocol: epochs in order, every peer's input read whole before its owner rewrites it") {
     constexpr int P = 3, kCalls = 200, kWords = 64;
     HostGroup grp(P);
@@ -143,7 +149,7 @@ TEST_SUITE("host") {
     const std::uint64_t who = grp.ctrl[0]->abort;
     CHECK((who == 1 || who == 2));  // 1 + the rank that timed out
     CHECK(grp.status[static_cast<std::size_t>(who - 1)].code == static_cast<std::uint64_t>(DeviceWaitCode::timeout_arrive));
-    CHECK(grp.ctrl[0]->not_arrived == 1u << 2);
+    CHECK(grp.ctrl[2]->missed == detail::missed_word(1, true));  // rank 2 is marked in its own control block
     // Rank 2 arrives late: the group is broken, its wait ends at once with aborted (no timeout).
     const auto t0 = std::chrono::steady_clock::now();
     detail::dw_arrive_and_wait(grp.view(2), record_of(1), kLong, grp.status[2], host_now, host_pause);
@@ -225,7 +231,7 @@ TEST_SUITE("host") {
     CHECK(reg.used() == 1524);
     std::vector<std::byte> slot0(4096), slot1(4096), outside(2048);
     const std::uint64_t expect[2] = {11, 12};
-    PeerInputs in;
+    PeerRecord in;
     in.count = 3;
     in.data[0] = slot0.data() + 1024, in.bytes[0] = 500;  // the second registration
     in.data[1] = outside.data(), in.bytes[1] = 700;        // staged
@@ -253,7 +259,7 @@ TEST_SUITE("host") {
     CHECK(stage[1].offset == 3072);
     CHECK(stage[1].bytes == 100);
     std::byte* slots[2] = {slot0.data(), slot1.data()};
-    PeerInputs views[2];
+    PeerRecord views[2];
     detail::device_window_views(rec, in, slots, 2, views);
     CHECK(views[1].count == 3);
     CHECK(views[1].data[0] == slot1.data() + 1024);
@@ -459,7 +465,7 @@ TEST_SUITE("device") {
     if (g_rank != absent) {
       ut::DeviceBuffer x(64);
       expect_error(Errc::timeout, "ranks {" + std::to_string(absent) + "} did not arrive in call 1", [&] {
-        PeerInputs mine;
+        PeerRecord mine;
         mine.count = 1;
         mine.data[0] = x.get(), mine.bytes[0] = 64;
         wc.with_peers(&mine, [](void*, const void* const*) {}, nullptr);

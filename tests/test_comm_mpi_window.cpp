@@ -26,6 +26,7 @@
 #include "cases.hpp"
 #include "expect_error.hpp"
 #include "faults_mpi.hpp"
+#include "window_protocol_cases.hpp"
 
 using namespace ulysses;
 using ut::on_groups_of;
@@ -641,13 +642,30 @@ double ms_of(F&& f) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-TEST_CASE("MPI window: its timeout bounds the calls it makes through the MpiComm too (a rank skips an all-gather)") {
+namespace {
+/// The world of a fault test: its size and this rank; false (the test is skipped) below 2 ranks.
+struct FaultWorld {
   int W = 0, r = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  if (W < 2) return;
-  MPI_Comm dup;  // (the others' MPI_Iallgather stays on it until the skipping rank completes it)
+  FaultWorld() {
+    MPI_Comm_size(MPI_COMM_WORLD, &W);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  }
+  explicit operator bool() const { return W >= 2; }
+};
+/// A fresh duplicate of MPI_COMM_WORLD for a test that breaks its communicator (never freed: a
+/// broken MpiComm may leave a collective pending on it).
+MPI_Comm fault_dup() {
+  MPI_Comm dup = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  return dup;
+}
+}  // namespace
+
+TEST_CASE("MPI window: its timeout bounds the calls it makes through the MpiComm too (a rank skips an all-gather)") {
+  const FaultWorld fw;
+  if (!fw) return;
+  const int W = fw.W, r = fw.r;
+  MPI_Comm dup = fault_dup();  // (the others' MPI_Iallgather stays on it until the skipping rank completes it)
   {
     MpiComm comm(dup);  // its own timeout: the 5-minute default
     const std::chrono::milliseconds deadline(300);
@@ -751,7 +769,7 @@ TEST_CASE("MPI window: a rank whose work does not finish in time: the others tim
   const int slow = P / 2;
   MpiWindow win(world, 4096);
   MpiWindowComm wc(world, win, std::chrono::milliseconds(300));
-  PeerInputs none;  // no inputs: only the two synchronisations
+  PeerRecord none;  // no inputs: only the two synchronisations
   int stall_ms = r == slow ? 900 : 0;
   auto work = [](void* ctx, const void* const*) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ctx))); };
   MPI_Barrier(MPI_COMM_WORLD);  // every rank arrives well within the deadline; only the slow rank's reads are late
@@ -854,13 +872,10 @@ TEST_CASE("MPI window: a window over another group than the MpiComm's is refused
 TEST_CASE("MPI window: C19 rank P-1's output span 2 bytes short: it throws buffer_too_small at once, every peer aborted naming it") {
   // bug case C19 as reported: MpiWindowComm wc(comm, win, 30s), inputs and outputs from the
   // window, the exception caught outside the window's scope.
-  int W = 0, r = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  if (W < 2) return;
-  MPI_Comm dup;
-  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  MpiComm world(dup);
+  const FaultWorld fw;
+  if (!fw) return;
+  const int W = fw.W, r = fw.r;
+  MpiComm world(fault_dup());
   ut::TimedError e{};
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -884,14 +899,11 @@ TEST_CASE("MPI window: C19 rank P-1's output span 2 bytes short: it throws buffe
 }
 
 TEST_CASE("MPI window: C19's matrix on the window path (every local failure, forward, backward, ring step, decode; skipped calls)") {
-  int W = 0, me = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  if (W < 2) return;
+  const FaultWorld fw;
+  if (!fw) return;
+  const int W = fw.W, me = fw.r;
   const double slowest = ut::run_mpi_fault_matrix(false, [&](ut::FaultOp op, ut::Fault f, bool warm) {
-    MPI_Comm dup;
-    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-    MpiComm comm(dup);
+    MpiComm comm(fault_dup());
     ut::TimedError e{};
     {
       MpiWindow win(comm, 1 << 20);  // inputs outside it: staged (or read in place)
@@ -907,13 +919,10 @@ TEST_CASE("MPI window: C19's matrix on the window path (every local failure, for
 }
 
 TEST_CASE("MPI window: a write past the end of a slot is a coded error, and the control words stay intact") {
-  int W = 0, r = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  if (W < 2) return;
-  MPI_Comm dup;
-  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  MpiComm world(dup);
+  const FaultWorld fw;
+  if (!fw) return;
+  const int W = fw.W, r = fw.r;
+  MpiComm world(fault_dup());
   const ut::FaultPlan fp(W, r);
   const Plan& plan = fp.plan;
   ut::TimedError e{};
@@ -937,6 +946,10 @@ TEST_CASE("MPI window: a write past the end of a slot is a coded error, and the 
   CHECK(e.message.find(r == 1 ? "wrote past the end of its window slot" : "rank 1 broke it") != std::string::npos);
   CHECK(e.message.find("did not arrive in call 2513369232471835648") == std::string::npos);  // (the garbled message of the report)
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("MPI window: the epoch barrier on threads as ranks (comm/window_protocol.hpp: the device window's test runs the same cases)") {
+  ut::window_protocol_cases<detail::HostWords, detail::WindowControl>();
 }
 
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }

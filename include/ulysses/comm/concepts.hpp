@@ -4,73 +4,11 @@
 ///        optional capabilities that open the faster transports, the traits the library reads
 ///        (comm_traits, executor_traits; a user type may specialise them), and the compile-time
 ///        checks that name a member whose signature is wrong instead of silently not using it.
-///
-/// **Communicator** — a type C must provide:
-/// - `int size() const`, `int rank() const`: the group's degree and this member's rank;
-/// - `void alltoallv(const std::byte* send, const std::size_t* send_bytes, const std::size_t*
-///   send_offsets, std::byte* recv, const std::size_t* recv_bytes, const std::size_t* recv_offsets)`:
-///   collective; arrays of size() entries indexed by peer, in bytes; the chunk for peer p is
-///   `[send + send_offsets[p], + send_bytes[p])`, what p sends lands at `recv + recv_offsets[p]`;
-///   zero-byte pairs occur (the own chunk is always 0 in plans) and must not hang; errors are
-///   thrown as ulysses::Error(backend). Data in place on return, or in stream order.
-///
-/// and may provide (each opens what it says; a member of that NAME whose signature does not fit
-/// is a compile error naming it, check_communicator()):
-/// - `void allgather(const void* send, std::size_t bytes, void* recv)` of HOST memory (rank p's
-///   bytes at recv + p * bytes): the cross-rank plan check (without it: alltoallv on host buffers,
-///   unless the type declares `static constexpr bool device_memory = true`), and the peer copy;
-/// - `void exchange_messages(const Message* send, std::size_t n_send, const Message* recv,
-///   std::size_t n_recv)` (Message* works too): collective; sends each message of `send` to its
-///   peer, receives each of `recv` from its peer; the k-th message rank i sends rank j is the k-th
-///   j receives from i (same bytes); never to the rank itself; every rank calls it, even with empty
-///   lists → Path::messages and Path::two_level;
-/// - `void with_peers(const void* mine, void (*work)(void* ctx, const void* const* all), void* ctx)`:
-///   collective over ranks that share one address space (threads of one process): publishes `mine`,
-///   waits for every rank, calls work(ctx, all) with all[p] = rank p's `mine`, and returns only after
-///   every rank's work has returned (no rank may then touch a peer's memory) → Path::direct, the
-///   peer copy (with allgather(), which exchanges the ranks' layouts once per plan). For device
-///   memory (DeviceLocalGroup::Comm) the same in stream order. The peer copy's `mine` points to a
-///   PeerInputs (below): a communicator of one address space passes the pointer on; one across
-///   processes (MpiWindowComm, comm/mpi_window.hpp) publishes the ranges and hands `work` each
-///   peer's PeerInputs translated into its own mapping;
-/// - `ExchangeState& exchange_state()`: where the transports keep what they learn about a plan on
-///   this communicator (the passed agreement check, the peer copy's lists) and their scratch
-///   (comm/exchange_state.hpp). Without it the check runs at every call, and the message lists
-///   and peer copy lists are allocated per call;
-/// - `static constexpr bool device_memory = true`: its buffers are device memory (NcclComm,
-///   DeviceLocalGroup::Comm); otherwise host memory;
-/// - `static constexpr bool one_address_space = true`: its with_peers() passes every rank's `mine`
-///   on unchanged to ranks of one address space (LocalGroup::Comm), so a rank may also write its
-///   peers' published outputs (PeerInputs::outputs): seq→head then pushes (each rank reads its
-///   own rows whole and writes its peers' heads), which reads memory in order;
-/// - `static constexpr bool peer_outputs = true`: its with_peers() hands work() the peers'
-///   published outputs that every rank can store to (PeerInputs::outputs; null where it cannot):
-///   MpiWindowComm does for outputs allocated from its window, so seq→head pushes across
-///   processes when every rank's outputs are there (implied by one_address_space);
-/// - `static constexpr bool progress_thread = true`: its exchange_messages() may run on a worker
-///   thread while the caller computes (RingProgress::automatic then overlaps the ring's exchanges
-///   on one: LocalGroup::Comm);
-/// - `stream()`: the stream its exchanges are ordered on (checked against a stream-ordered executor's);
-/// - `void abort(const std::string& why)`: breaks the group at once, so that every peer's current
-///   and later calls throw Error(aborted) with `why` (LocalGroup::Comm). A call that refuses its
-///   arguments before its collectives (bind_buffers()' errors) aborts the group with it, so the
-///   peers that entered do not wait out their timeout.
-///
-/// Shipped: LocalGroup::Comm (all but device_memory and stream), MpiWindowComm (allgather,
-/// exchange_messages, with_peers across the processes of one node, exchange_state), MpiComm (allgather,
-/// exchange_messages, exchange_state), NcclComm (allgather, exchange_messages, exchange_state,
-/// device_memory, stream), DeviceLocalGroup::Comm (all), torch's ProcessGroupComm.
-///
-/// **Executor** — a type E must provide `void run(const BlockCopy* blocks, std::size_t n, const
-/// BufferTable& t)` (layout/blocks.hpp: run the n block copies over the buffers of t) and may
-/// declare `static constexpr bool runs_on_host = true` (host loads and stores, done on return:
-/// HostExecutor) or `static constexpr bool device_memory = true` (stream-ordered device work:
-/// CudaExecutor), `stream()`, and `void prepare_direct(BlockList seq_to_head, BlockList
-/// head_to_seq, int degree) const` (a device executor uploads the peer copy's lists once). The
-/// message paths and the peer copy need the executor's memory to be the communicator's.
-///
-/// Source of the pattern: c10d's Backend (every optional feature a query that defaults to false,
-/// a loud failure otherwise) and NCCL's ncclCommQueryProperties (capabilities as data).
+///        Every member and what it opens: docs/extending.md; which shipped type has which:
+///        README.md (Communicators, executors, and the path each takes). Source of the pattern:
+///        c10d's Backend (optional features queried, default false) and NCCL's
+///        ncclCommQueryProperties (capabilities as data).
+///        Notes: docs/headers.md (comm/concepts.hpp).
 #pragma once
 
 #include <cstddef>
@@ -81,67 +19,9 @@
 
 #include "../layout/blocks.hpp"
 #include "exchange_state.hpp"
+#include "peer_record.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
-
-/// What the peer copy (transport/peer_copy.hpp) publishes through with_peers(): `mine` points to
-/// one, and work() gets all[p] pointing to rank p's. Input t of this call starts at data[t] and
-/// spans bytes[t] bytes (Plan::input_bytes(): from the layout's first element past its last);
-/// entries from `count` on (at most kMaxTensors) are null and 0. The sizes let a communicator
-/// across processes check that an input lies in registered memory, or stage it there.
-struct PeerInputs {
-  std::byte* data[kMaxTensors] = {};     ///< base of input t (null when empty)
-  std::size_t bytes[kMaxTensors] = {};   ///< bytes input t spans from data[t]
-  int count = 0;                         ///< the plan's number of tensors
-  /// Hash of the layouts and wire the publishing rank's peer-copy lists were built from (every
-  /// rank checks its peers' against its own lists: a plan meeting another peer plan is refused);
-  /// a communicator across processes passes it on unchanged.
-  std::uint64_t layouts = 0;
-  /// The layouts hash this rank's peer-copy lists expect of each rank (PeerCopyLists::layouts,
-  /// P entries; null when the lists carry none): what a communicator that cannot see its peers'
-  /// records on the host (MpiDeviceWindowComm: they live in device memory) hands work() as each
-  /// peer's `layouts`, and compares on the device with what the peer published.
-  const std::uint64_t* peer_layouts = nullptr;
-  /// Base of output t (null when empty or not published): published only to a communicator
-  /// whose with_peers() hands the peers' outputs on (comm_traits::peer_outputs), whose peers then
-  /// write it (the pushed seq→head). In what work() gets: where this process stores to rank p's
-  /// output t, or null where it cannot (MpiWindowComm: an output outside the window).
-  std::byte* outputs[kMaxTensors] = {};
-  /// Bytes output t spans from outputs[t] (Plan::output_bytes()), published with outputs: a
-  /// communicator across processes checks that the output lies in memory the peers can store to.
-  std::size_t output_bytes[kMaxTensors] = {};
-  /// Set by the publisher: its work() also reads inputs that this process cannot load, published
-  /// by their owner's process id and address (`pid`, `remote`) — the peer copy does, with Cross
-  /// Memory Attach (comm/cross_memory.hpp). A communicator across processes may then publish its
-  /// inputs outside registered memory that way instead of staging them (MpiWindowComm).
-  bool reads_remote = false;
-  /// Set by the publisher with reads_remote: the mean contiguous bytes per range its peers read
-  /// of input t (from the peers' lists where known, PeerCopyLists::peer_range_bytes, else
-  /// estimated from this rank's own reads of its peers' inputs, which mirror theirs; 0: unknown).
-  /// Cross Memory Attach costs about a microsecond a range on top of the bytes, so a
-  /// communicator may stage an input whose ranges are short rather than publish it.
-  std::uint64_t range_bytes[kMaxTensors] = {};
-  /// Set by the publisher where known (PeerCopyLists::peer_read_bytes): the bytes of input t its
-  /// peers' works read, each read counted (0: unknown), e.g. for a communicator's count of the
-  /// bytes read in place (MpiWindowComm::remote_bytes(): a view's gaps, such as the other tensors
-  /// of a fused q/k/v buffer, are not read).
-  std::uint64_t read_bytes[kMaxTensors] = {};
-  /// Set by the publisher: no peer's work reads input t, only this rank's own (e.g. every peer
-  /// that would read it has no tokens, C17). A communicator across processes need neither stage
-  /// nor publish it (the peers get a null data[t]).
-  bool unread[kMaxTensors] = {};
-  /// In what work() gets: 0 when every input is loadable at data[t]; else the owner's process id,
-  /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
-  std::int64_t pid = 0;
-  std::uint64_t remote[kMaxTensors] = {};  ///< see pid
-  /// Set by the publisher with reads_remote: the addresses, in its own process, of the block list
-  /// its work() runs (`list_blocks` BlockCopy) and of its BufferTable, so that the owner of an
-  /// input read remotely can push the blocks whose destination is the more contiguous side
-  /// (transport/peer_copy.hpp); passed on unchanged by a communicator across processes.
-  std::uint64_t list = 0;
-  std::uint64_t list_blocks = 0;  ///< see list
-  std::uint64_t table = 0;        ///< see list
-};
 
 namespace detail {
 

@@ -2,18 +2,13 @@
 /// @file
 /// @brief Cross Memory Attach: reading and writing another process's memory in one copy (Linux
 ///        `process_vm_readv` / `process_vm_writev`), for the peer copy between processes when an
-///        input lies outside the registered window (MpiWindowComm, comm/mpi_window.hpp).
-///
-/// The kernel copies straight from the owner's pages into the reader's, as Open MPI's shared-memory
-/// transport (vader/sm with CMA) does for one message: one copy per element, where staging the
-/// input into the window first takes two. A peer copy block (layout/blocks.hpp) becomes iovec
-/// ranges, one per row, merged where consecutive rows are contiguous (separately on each side:
-/// process_vm_readv scatters and gathers independently), up to IOV_MAX (1024) ranges per side and
-/// call. The kernel pins the pages of every remote range (about a microsecond a range), so the
-/// side with the longer runs is made the remote one: the reader pulls, or the owner pushes
-/// (pushed_by_owner()). Whether a process may read its peers' memory (ptrace access mode: same user and Yama's
-/// ptrace_scope 0, or CAP_SYS_PTRACE; the same pid namespace) is probed once, collectively, when a
-/// window is made (cross_memory_readable()); without it, or on another OS, the window stages.
+///        input lies outside the registered window (MpiWindowComm, comm/mpi_window.hpp): a block
+///        copy as iovec ranges (merged where contiguous, up to IOV_MAX per call), the side with the
+///        longer runs made the remote one (the reader pulls, or the owner pushes:
+///        pushed_by_owner()), the permission probe (cross_memory_readable()), and the mechanism's
+///        own record and scratch (CrossMemoryRecord, RemoteReadScratch). Why, when, and what a
+///        range costs: docs/guide.md (One copy between the MPI processes of a node).
+///        Notes: docs/headers.md (comm/cross_memory.hpp).
 #pragma once
 
 #include <cerrno>
@@ -241,9 +236,10 @@ inline void write_block(CrossMemoryReader& r, const BlockCopy& b, const std::byt
 /// @param b the block (in the reader's list)
 inline bool pushed_by_owner(const BlockCopy& b) noexcept { return b.op == BlockOp::copy && contiguous_run(b, false) > contiguous_run(b, true); }
 
-/// What the peer copy keeps between calls to read inputs it cannot load (transport/peer_copy.hpp;
-/// ExchangeState::remote_reads()): the blocks it hands the executor, the bounce buffer of the
-/// sums' remote terms, the reader.
+/// What the peer copy keeps between calls to read inputs it cannot load (transport/peer_copy.hpp):
+/// the blocks it hands the executor, the bounce buffer of the sums' remote terms, the reader.
+/// Owned by the communicator whose with_peers() hands out remote inputs
+/// (MpiWindowComm::cross_memory_scratch()); the peer copy makes one per call elsewhere.
 struct RemoteReadScratch {
   std::vector<BlockCopy> blocks;  ///< the blocks the executor runs (local sources, and sum terms from the bounce buffer)
   std::vector<std::byte> bounce;  ///< the sums' remote terms, packed
@@ -252,5 +248,31 @@ struct RemoteReadScratch {
 };
 
 }  // namespace detail
+
+/// The cross-memory part of a PeerRecord (comm/peer_record.hpp: PeerRecord::cross_memory).
+/// Published by the peer copy on a host executor (the publisher's fields); in what work() gets,
+/// filled by the communicator (MpiWindowComm) for each peer whose inputs lie outside the window.
+struct CrossMemoryRecord {
+  /// Set by the publisher: its work() also reads inputs that this process cannot load, published
+  /// by their owner's process id and address (`pid`, `remote`). A communicator across processes
+  /// may then publish its inputs outside registered memory that way instead of staging them.
+  bool reads_remote = false;
+  /// Set by the publisher with reads_remote: the mean contiguous bytes per range its peers read
+  /// of input t (from the peers' lists where known, PeerCopyLists::peer_range_bytes, else
+  /// estimated from this rank's own reads of its peers' inputs; 0: unknown). The cost is per
+  /// range (docs/performance.md), so a communicator may stage an input whose ranges are short.
+  std::uint64_t range_bytes[kMaxTensors] = {};
+  /// Set by the publisher with reads_remote: the addresses, in its own process, of the block list
+  /// its work() runs (`list_blocks` BlockCopy) and of its BufferTable, so that the owner of an
+  /// input read remotely can push the blocks whose destination is the more contiguous side;
+  /// passed on unchanged by a communicator across processes.
+  std::uint64_t list = 0;
+  std::uint64_t list_blocks = 0;  ///< see list
+  std::uint64_t table = 0;        ///< see list
+  /// In what work() gets: 0 when every input is loadable at data[t]; else the owner's process id,
+  /// and each input t with data[t] null and bytes[t] > 0 lies at address remote[t] of that process.
+  std::int64_t pid = 0;
+  std::uint64_t remote[kMaxTensors] = {};  ///< see pid
+};
 
 ULYSSES_NAMESPACE_END

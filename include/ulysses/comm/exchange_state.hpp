@@ -2,16 +2,11 @@
 /// @file
 /// @brief ExchangeState: what the transports learn on one communicator about the plans run on it
 ///        (whether the cross-rank agreement check passed, the peer-copy lists built from the
-///        peers' layouts) and the scratch lists they reuse from call to call.
-///
-/// A Plan is immutable: nothing about a particular group of peers is stored in it. What a
-/// transport learns by talking to the peers belongs to the communicator it talked over, and the
-/// message lists a call fills before exchange_messages() are scratch that the communicator owns,
-/// not thread_local storage (which SimGrid's SMPI, running ranks as dlopen'ed copies on one
-/// thread, merges across ranks; and which two exchanges in flight on one thread would share).
-/// Every shipped communicator holds one and returns it from `exchange_state()`; a user type opts
-/// in with the same member (comm/concepts.hpp). Without it the agreement check runs at
-/// every call and the lists are allocated per call: correct, slower.
+///        peers' layouts), the call numbers, and the message and peer lists they reuse from call
+///        to call. Why it lives in the communicator and not the plan or thread_local storage:
+///        docs/extending.md (state a transport learns) and docs/simulation.md (SMPI). A transport's
+///        own mechanism keeps its own scratch (Cross Memory Attach: comm/cross_memory.hpp).
+///        Notes: docs/headers.md (comm/exchange_state.hpp).
 #pragma once
 
 #include <cstddef>
@@ -22,7 +17,6 @@
 #include <vector>
 
 #include "../layout/blocks.hpp"
-#include "cross_memory.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -43,7 +37,7 @@ struct PeerCopyLists {
   std::vector<std::uint64_t> layouts;
   /// Per direction and tensor t: the bytes of this rank's input t its peers' lists read (rank q's
   /// list for every q but this rank, built from the same records), and the mean contiguous bytes
-  /// of their ranges (as PeerInputs::range_bytes; 0 when they read none). Filled only where
+  /// of their ranges (as CrossMemoryRecord::range_bytes; 0 when they read none). Filled only where
   /// `peer_reads` (for communicators across processes: what they stage or publish).
   std::uint64_t peer_read_bytes[2][kMaxTensors] = {};
   std::uint64_t peer_range_bytes[2][kMaxTensors] = {};  ///< see peer_read_bytes
@@ -126,9 +120,6 @@ class ExchangeState {
   std::vector<Message>& recv_messages() noexcept { return recv_; }  ///< see send_messages()
   /// Scratch: the peer copy's view of the group, peers[p * kMaxTensors + t] = rank p's input t.
   std::vector<std::byte*>& peer_inputs() noexcept { return peers_; }
-  /// Scratch: the peer copy's reads of inputs it cannot load (Cross Memory Attach): the blocks it
-  /// hands the executor, the bounce buffer of the sums' remote terms, the reader's range lists.
-  detail::RemoteReadScratch& remote_reads() noexcept { return remote_; }
 
  private:
   Call call_;
@@ -138,7 +129,6 @@ class ExchangeState {
   std::vector<std::pair<std::uint64_t, std::shared_ptr<const PeerCopyLists>>> peer_copy_;
   std::vector<Message> send_, recv_;
   std::vector<std::byte*> peers_;
-  detail::RemoteReadScratch remote_;
 };
 
 

@@ -58,7 +58,7 @@ class LocalGroup {
   /// communicator concept of comm/concepts.hpp.
   class Comm {
    public:
-    /// The ranks are threads of one process: with_peers() hands every rank its peers' PeerInputs
+    /// The ranks are threads of one process: with_peers() hands every rank its peers' PeerRecord
     /// as published, so the peer copy may write the peers' outputs (comm_traits::one_address_space).
     static constexpr bool one_address_space = true;
     /// exchange_messages() blocks its thread until every rank has copied: a worker may run it

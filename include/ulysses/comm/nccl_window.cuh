@@ -2,35 +2,10 @@
 /// @file
 /// @brief NcclWindow: an NCCL symmetric window (ncclMemAlloc + ncclCommWindowRegister with
 ///        NCCL_WIN_COLL_SYMMETRIC, NCCL >= 2.27) with the registration rules and agreement check
-///        of the other windows (comm/window.hpp). Detected at compile time:
-///        ULYSSES_NCCL_HAS_WINDOWS is 1 when the NCCL headers have the window API, and the class
-///        exists only then.
-///
-/// Every rank of the NCCL communicator allocates `bytes_per_rank` bytes with ncclMemAlloc (the
-/// allocator symmetric windows need: cuMem VMM memory) and registers them collectively as one
-/// symmetric window; allocate() hands out aligned ranges of it in order, same sizes in the same
-/// order on every rank (SGLang #33037: symmetric buffers allocated in another order corrupt
-/// results silently), which check_registrations() verifies (Error(plan_mismatch) on every rank).
-/// The buffers are device memory for NcclComm's exchanges (grouped ncclSend / ncclRecv, whose
-/// NCCL may use the registration: zero-copy transfers where its transports support it); NCCL's
-/// symmetric kernels serve its collectives. The device-side load/store pointers of NCCL 2.28
-/// (ncclGetLsaPointer, nccl_device.h) are not used: the peer copy across processes on the GPU is
-/// MpiDeviceWindowComm's (comm/mpi_device_window.cuh, CUDA IPC).
-///
-/// Without the window API (NCCL < 2.27): ULYSSES_NCCL_HAS_WINDOWS is 0 and NcclWindow is not
-/// declared; allocate the exchange buffers with cudaMalloc and use NcclComm as before, or the
-/// device window over MPI. Built against newer headers but run with an older libnccl: the
-/// registration functions are resolved at run time (detail::nccl_symbol), so the binary loads,
-/// and NcclWindow's constructor throws Error(backend) naming the loaded version.
-///
-/// Non-blocking communicators: the registration and the deregistration may return
-/// ncclInProgress, waited out as NcclComm's own calls (NcclComm::complete(), bounded by its
-/// timeout). Teardown: a healthy window waits for the stream (NcclComm::synchronize(): an
-/// ncclSend still reading the buffer), then deregisters collectively and frees. A window whose
-/// communicator is broken makes no collective call (the peers may never come): it leaks the
-/// buffer when the communicator was aborted (the handle, and the allocator state behind the
-/// memory, are gone) or did not become quiescent within its timeout after a revoke, and frees it
-/// otherwise.
+///        of the other windows (comm/window.hpp): the same sizes in the same order on every rank,
+///        checked (Error(plan_mismatch)). Exists only where the NCCL headers have the window API
+///        (ULYSSES_NCCL_HAS_WINDOWS); the registration is resolved at run time. Teardown never
+///        waits on a broken communicator. Notes: docs/headers.md (comm/nccl_window.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>

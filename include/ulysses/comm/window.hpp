@@ -1,17 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief What the registered windows share, host (MpiWindow, comm/mpi_window.hpp) and device
-///        (MpiDeviceWindow, comm/mpi_device_window.cuh): the registered range (WindowSpan), the
-///        registration of a rank's slot (detail::WindowRegistry: aligned ranges taken in order,
-///        and the digest of their sizes) and the cross-rank comparison of the digests.
-///
-/// A window gives every rank of a node a slot of the same size. Registration takes the next
-/// aligned bytes of the rank's own slot; as with NCCL's symmetric windows (ncclCommWindowRegister)
-/// every rank registers the same sizes in the same order, so that a registration lies at the same
-/// offset of every rank's slot. What each rank registered (count, sizes, order: a WindowDigest) is
-/// compared across ranks: ranks that registered differently all get Error(plan_mismatch) naming
-/// them, never silent corruption (SGLang #33037: symmetric buffers allocated in another order on
-/// one rank). No MPI, no CUDA: the windows add the memory and the communication.
+/// @brief What the registered windows share, host (MpiWindow, comm/mpi_window_arena.hpp) and
+///        device (MpiDeviceWindow, comm/mpi_device_window_arena.cuh): the registered range
+///        (WindowSpan), the registration of a rank's slot (detail::WindowRegistry: aligned ranges
+///        taken in order, and the digest of their sizes) and the cross-rank comparison of the
+///        digests (every rank the same sizes in the same order, else Error(plan_mismatch) on
+///        every rank). No MPI, no CUDA. Notes: docs/headers.md (comm/window.hpp).
 #pragma once
 
 #include <cstddef>

@@ -75,23 +75,23 @@ struct DecodeStep {
   /// After it arrived: the merge of the partials, or the unpack of the merged head groups.
   void after() const { gather ? exec->unpack_gathered(args) : exec->merge(args); }
   /// What the peers read in place: O_r and LSE_r (MpiWindowComm stages them when outside its window).
-  PeerInputs peer_inputs() const {
-    PeerInputs in;
+  PeerRecord peer_inputs() const {
+    PeerRecord in;
     in.count = 2;
-    in.data[0] = const_cast<std::byte*>(args.partial);  // read only (PeerInputs is the peer copy's type)
+    in.data[0] = const_cast<std::byte*>(args.partial);  // read only (PeerRecord is the peer copy's type)
     in.data[1] = const_cast<std::byte*>(args.lse);
     in.bytes[0] = partial_bytes;
     in.bytes[1] = lse_bytes;
     in.layouts = layouts;
     return in;
   }
-  /// with_peers()' callback: the peers' O_p and LSE_p (PeerInputs data[0], data[1]) into the
+  /// with_peers()' callback: the peers' O_p and LSE_p (PeerRecord data[0], data[1]) into the
   /// tables, then this rank's merge reading them in place.
   static void read_peers(void* ctx, const void* const* all) {
     auto& w = *static_cast<DecodeStep*>(ctx);
     if (w.gather) fail(Errc::path_unsupported, "decode_exchange: the merged chunks of all_heads are moved, not read in place");
     for (int p = 0; p < w.args.P; ++p) {
-      const auto& in = *static_cast<const PeerInputs*>(all[p]);
+      const auto& in = *static_cast<const PeerRecord*>(all[p]);
       if (in.layouts != w.layouts)
         fail(Errc::plan_mismatch, "Path::direct: rank " + std::to_string(p) + " has other partial or LSE layouts than rank " +
                                       std::to_string(w.args.rank) + "; the direct path reads every rank's O_r at the same offsets");

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,7 +33,7 @@ inline std::uint64_t layout_hash(const LayoutRecord& r, std::uint64_t fingerprin
   return h;
 }
 
-/// PeerInputs::range_bytes from this rank's list: per input t, the mean contiguous bytes of the
+/// CrossMemoryRecord::range_bytes from this rank's list: per input t, the mean contiguous bytes of the
 /// ranges of its reads of its peers' input t (rows merged where the source is contiguous, or for
 /// a copy the destination where that is longer: such blocks the owner pushes); with `total`,
 /// also the bytes read of each input t.
@@ -69,6 +70,14 @@ inline void peer_reads(const Plan& plan, const LayoutRecord* all, PeerCopyLists&
   l.peer_reads = true;
 }
 
+/// Whether a communicator keeps the peer copy's Cross Memory Attach scratch
+/// (`detail::RemoteReadScratch& cross_memory_scratch()`: MpiWindowComm); else each call makes one.
+template <class C, class = void>
+struct has_cross_memory_scratch : std::false_type {};
+template <class C>
+struct has_cross_memory_scratch<C, std::enable_if_t<std::is_same_v<decltype(std::declval<C&>().cross_memory_scratch()), RemoteReadScratch&>>>
+    : std::true_type {};
+
 /// Runs the peer copy's list with the peers' inputs: what with_peers() calls on each rank.
 template <class Exec>
 struct PeerCopyWork {
@@ -79,14 +88,14 @@ struct PeerCopyWork {
   int P;
   const std::vector<std::uint64_t>* layouts;  // what every rank's lists were built from (may be empty)
   std::vector<std::byte*>* peers;  // the communicator's scratch, 2 P * kMaxTensors + 1 entries (inputs, outputs, the bounce buffer)
-  RemoteReadScratch* remote;       // the communicator's scratch for inputs read with Cross Memory Attach
+  RemoteReadScratch* remote;       // the scratch for inputs read with Cross Memory Attach (the communicator's, or this call's)
   int rank;                        // this rank
 
-  /// Whether every rank's non-empty outputs reached this rank storable (PeerInputs::outputs): the
+  /// Whether every rank's non-empty outputs reached this rank storable (PeerRecord::outputs): the
   /// same verdict on every rank, which all see the same records.
   static bool outputs_storable(int P, const void* const* all) {
     for (int p = 0; p < P; ++p) {
-      const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
+      const PeerRecord& in = *static_cast<const PeerRecord*>(all[p]);
       for (int t = 0; t < in.count && t < kMaxTensors; ++t)
         if (in.output_bytes[t] && !in.outputs[t]) return false;
     }
@@ -100,7 +109,7 @@ struct PeerCopyWork {
     const std::vector<BlockCopy>& list = push ? *w.push_list : *w.list;
     bool remote = false;  // a peer's input this process cannot load (published by pid and address)
     for (int p = 0; p < w.P; ++p) {
-      const PeerInputs& in = *static_cast<const PeerInputs*>(all[p]);
+      const PeerRecord& in = *static_cast<const PeerRecord*>(all[p]);
       if (!w.layouts->empty() && in.layouts != (*w.layouts)[static_cast<std::size_t>(p)])
         fail(Errc::plan_mismatch, "rank " + std::to_string(p) +
                                       " runs a plan with other layouts or another wire than the one this rank's peer-copy lists were built "
@@ -109,7 +118,7 @@ struct PeerCopyWork {
       for (int t = 0; t < kMaxTensors; ++t) {
         peers[static_cast<std::size_t>(p * kMaxTensors + t)] = in.data[t];
         if (push) peers[static_cast<std::size_t>((w.P + p) * kMaxTensors + t)] = in.outputs[t];
-        remote = remote || in.remote[t];  // a peer's input to read remotely, or this rank's to push
+        remote = remote || (in.cross_memory && in.cross_memory->remote[t]);  // a peer's input to read remotely, or this rank's to push
       }
     }
     BufferTable t = *w.table;
@@ -137,11 +146,11 @@ struct PeerCopyWork {
   static void run_remote(const PeerCopyWork& w, const void* const* all, const BufferTable& t) {
     RemoteReadScratch& s = *w.remote;
     s.reader.discard();  // (a failed earlier call may have left ranges pending: never replay them)
-    auto remote_of = [&](const BlockCopy& b) -> const PeerInputs* {  // the source's owner when it is read remotely
+    auto remote_of = [&](const BlockCopy& b) -> const CrossMemoryRecord* {  // the source's owner when it is read remotely
       const int i = b.src_buffer - BufferIndex::count;
       if (i < 0) return nullptr;
-      const auto* in = static_cast<const PeerInputs*>(all[i / kMaxTensors]);
-      return in->pid && !in->data[i % kMaxTensors] ? in : nullptr;
+      const auto* in = static_cast<const PeerRecord*>(all[i / kMaxTensors]);
+      return in->cross_memory && in->cross_memory->pid && !in->data[i % kMaxTensors] ? in->cross_memory : nullptr;
     };
     auto padded = [](const BlockCopy& b) { return (static_cast<std::size_t>(b.bytes()) + 63) / 64 * 64; };  // each term 64-byte aligned
     std::size_t bounce = 0;
@@ -153,7 +162,7 @@ struct PeerCopyWork {
     std::size_t off = 0;
     int owner = -1;
     for (const BlockCopy& b : *w.list) {
-      const PeerInputs* in = remote_of(b);
+      const CrossMemoryRecord* in = remote_of(b);
       if (!in) {
         s.blocks.push_back(b);
         continue;
@@ -183,13 +192,16 @@ struct PeerCopyWork {
   static void push(const PeerCopyWork& w, const void* const* all) {
     RemoteReadScratch& s = *w.remote;
     s.reader.discard();  // (as in run_remote)
-    const auto& mine = *static_cast<const PeerInputs*>(all[w.rank]);
+    const auto& mine = *static_cast<const PeerRecord*>(all[w.rank]);
+    static const CrossMemoryRecord kNone{};
+    const CrossMemoryRecord& own = mine.cross_memory ? *mine.cross_memory : kNone;
     bool any = false;
-    for (int x = 0; x < kMaxTensors; ++x) any = any || mine.remote[x];
+    for (int x = 0; x < kMaxTensors; ++x) any = any || own.remote[x];
     if (!any) return;
     for (int q = 0; q < w.P; ++q) {
-      const auto& peer = *static_cast<const PeerInputs*>(all[q]);
-      if (q == w.rank || !peer.pid || !peer.list || !peer.list_blocks) continue;
+      const auto* rec = static_cast<const PeerRecord*>(all[q])->cross_memory;
+      if (q == w.rank || !rec || !rec->pid || !rec->list || !rec->list_blocks) continue;
+      const CrossMemoryRecord& peer = *rec;
       s.peer_list.resize(static_cast<std::size_t>(peer.list_blocks));
       BufferTable table;
       s.reader.begin(peer.pid, q);
@@ -198,7 +210,7 @@ struct PeerCopyWork {
       s.reader.begin(peer.pid, q, true);  // (reads the list and the table first)
       for (const BlockCopy& c : s.peer_list) {
         const int i = c.src_buffer - BufferIndex::count;
-        if (i < 0 || i / kMaxTensors != w.rank || !mine.remote[i % kMaxTensors] || !pushed_by_owner(c)) continue;
+        if (i < 0 || i / kMaxTensors != w.rank || !own.remote[i % kMaxTensors] || !pushed_by_owner(c)) continue;
         write_block(s.reader, c, mine.data[i % kMaxTensors], reinterpret_cast<std::uintptr_t>(table.base[c.dst_buffer]));
       }
     }
@@ -242,7 +254,7 @@ struct PeerCopyTransport {
   static void exchange_chunks(Comm& comm, const ChunkWire& w, Step& step) {
     (void)w;
     if constexpr (comm_traits<Comm>::with_peers) {
-      const PeerInputs in = step.peer_inputs();
+      const PeerRecord in = step.peer_inputs();
       comm.with_peers(&in, &Step::read_peers, &step);
     }
   }
@@ -295,7 +307,7 @@ struct PeerCopyTransport {
       const std::vector<BlockCopy>& h2s = l.list[1];
       exec.prepare_direct(BlockList{s2h.data(), s2h.size()}, BlockList{h2s.data(), h2s.size()}, plan.degree());
     }
-    PeerInputs inputs;  // what with_peers() publishes: the inputs, their sizes, the layouts hash (comm/concepts.hpp)
+    PeerRecord inputs;  // what with_peers() publishes: the inputs, their sizes, the layouts hash (comm/peer_record.hpp)
     inputs.count = plan.num_tensors();
     for (int x = 0; x < plan.num_tensors(); ++x) {
       inputs.data[x] = t.base[BufferIndex::input(x)];
@@ -305,20 +317,22 @@ struct PeerCopyTransport {
         inputs.output_bytes[x] = plan.output_bytes(d, x);
       }
     }
-    inputs.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
+    CrossMemoryRecord cma;  // the cross-memory part (comm/cross_memory.hpp): only a host executor reads remote inputs
+    cma.reads_remote = executor_traits<Exec>::runs_on_host;  // PeerCopyWork::run_remote
     if (l.peer_reads)  // an input no peer reads needs neither staging nor publishing (C17)
       for (int x = 0; x < plan.num_tensors(); ++x) {
         inputs.read_bytes[x] = l.peer_read_bytes[static_cast<int>(d)][x];
         inputs.unread[x] = inputs.bytes[x] && !inputs.read_bytes[x];
       }
-    if (inputs.reads_remote) {
+    if (cma.reads_remote) {
       if (l.peer_reads)
-        for (int x = 0; x < kMaxTensors; ++x) inputs.range_bytes[x] = l.peer_range_bytes[static_cast<int>(d)][x];
+        for (int x = 0; x < kMaxTensors; ++x) cma.range_bytes[x] = l.peer_range_bytes[static_cast<int>(d)][x];
       else
-        detail::remote_range_bytes(list, inputs.range_bytes);
-      inputs.list = reinterpret_cast<std::uintptr_t>(list.data());  // for the owners that push (PeerCopyWork::push)
-      inputs.list_blocks = list.size();
-      inputs.table = reinterpret_cast<std::uintptr_t>(&t);
+        detail::remote_range_bytes(list, cma.range_bytes);
+      cma.list = reinterpret_cast<std::uintptr_t>(list.data());  // for the owners that push (PeerCopyWork::push)
+      cma.list_blocks = list.size();
+      cma.table = reinterpret_cast<std::uintptr_t>(&t);
+      inputs.cross_memory = &cma;
     }
     if (!l.layouts.empty()) {
       inputs.layouts = l.layouts[static_cast<std::size_t>(plan.rank())];
@@ -328,10 +342,8 @@ struct PeerCopyTransport {
     detail::RemoteReadScratch own_remote;
     std::vector<std::byte*>* peers = &own_scratch;
     detail::RemoteReadScratch* remote = &own_remote;
-    if constexpr (comm_traits<Comm>::exchange_state) {
-      peers = &comm.exchange_state().peer_inputs();
-      remote = &comm.exchange_state().remote_reads();
-    }
+    if constexpr (comm_traits<Comm>::exchange_state) peers = &comm.exchange_state().peer_inputs();
+    if constexpr (detail::has_cross_memory_scratch<Comm>::value) remote = &comm.cross_memory_scratch();
     peers->resize(2 * static_cast<std::size_t>(plan.degree()) * kMaxTensors + 1);
     detail::PeerCopyWork<Exec> work{&list, push ? &l.push_seq_to_head : nullptr, &t, &exec, plan.degree(), &l.layouts, peers, remote, plan.rank()};
     comm.with_peers(&inputs, &detail::PeerCopyWork<Exec>::run, &work);
