@@ -149,11 +149,11 @@ class DecodePlan : private detail::DecodeFields {
   /// validate `b`: decode_exchange() does (decode/exchange.hpp).
   DecodeArgs args(const DecodeBuffers& b, const DecodePeer* peers) const {
     DecodeArgs a{};
-    a.B = spec_.batch, a.T = spec_.tokens, a.H = num_heads(), a.Dv = spec_.head_dim_v;
-    a.P = degree(), a.rank = rank_;
-    a.head_begin = head_begin(), a.heads = local_heads();
-    a.partial_type = spec_.partial_type, a.out_type = spec_.out_type;
-    a.base = spec_.base, a.output = spec_.output;
+    a.B = spec_.batch; a.T = spec_.tokens; a.H = num_heads(); a.Dv = spec_.head_dim_v;
+    a.P = degree(); a.rank = rank_;
+    a.head_begin = head_begin(); a.heads = local_heads();
+    a.partial_type = spec_.partial_type; a.out_type = spec_.out_type;
+    a.base = spec_.base; a.output = spec_.output;
     const Layout* ls[4] = {&*spec_.partial_layout, &*spec_.lse_layout, &*spec_.out_layout, &*spec_.out_lse_layout};
     std::int64_t* st[4] = {a.partial_stride, a.lse_stride, a.out_stride, a.out_lse_stride};
     for (int i = 0; i < 4; ++i)
