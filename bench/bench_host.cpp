@@ -72,7 +72,7 @@ void bm_pack_unpack(benchmark::State& st, bool is_pack, int P, std::int64_t S, i
   RankSetup& r = *setups(P, S, elem, mem, 1)[0];
   const Direction d = Direction::seq_to_head;
   const BufferTable t = r.table(d);
-  const StageLists& s = r.fused->schedule(d);
+  const StageLists& s = r.fused->stage_lists(d);
   HostExecutor ex(threads);
   for (auto _ : st) {
     if (is_pack)

@@ -7,7 +7,7 @@
 #
 # Per (P, B), B in {1, 4, 16, 64, 256, 1024}, Llama-3.1-8B decode (H=32, Dv=128, T=1, bf16 O):
 # the time of the baseline (all-gather of O and LSE, local merge) and of the library's variants
-# (default path; DecodePath::direct), the fastest of REPS repetitions, and the gains against the
+# (default path; Path::direct), the fastest of REPS repetitions, and the gains against the
 # issue's targets (>= 1.5x at B >= 64, >= 1.0x at B = 1).
 # Environment knobs: BUILD_DIR (default build-bench), JSON_DIR (default BUILD_DIR/bench_json),
 # MIN_TIME (default 0.2), REPS (default 5), FILTER (default: all), MPI_RANKS (default "2 4";

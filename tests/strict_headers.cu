@@ -21,9 +21,9 @@ template void seq_to_head<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, Dev
                                                                 const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
 template void head_to_seq<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, DeviceLocalGroup::Comm&, CudaExecutor&,
                                                                 const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
-template void CudaPipeline::run<NcclComm, CudaExecutor>(const Plan&, Direction, NcclComm&, const CudaExecutor&,
+template void CudaPipeline::redistribute<NcclComm, CudaExecutor>(const Plan&, Direction, NcclComm&, const CudaExecutor&,
                                                         const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&, Workspace);
-template void CudaPipeline::run<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, Direction, DeviceLocalGroup::Comm&, const CudaExecutor&,
+template void CudaPipeline::redistribute<DeviceLocalGroup::Comm, CudaExecutor>(const Plan&, Direction, DeviceLocalGroup::Comm&, const CudaExecutor&,
                                                                       const TensorList<ConstByteSpan>&, const TensorList<ByteSpan>&,
                                                                       Workspace);
 #if defined(ULYSSES_STRICT_MPI)

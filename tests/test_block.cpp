@@ -41,9 +41,9 @@ TEST_CASE("a sum's terms share one geometry: dimensions merge only where every t
   const std::int64_t ext[4] = {1, 4, 1, 8}, dense[4] = {0, 8, 0, 1}, padded[4] = {0, 10, 0, 1};
   const std::int64_t* src[2] = {dense, padded};
   const std::int64_t off[2] = {0, 40};
-  const int buf[2] = {Buffer::input(0), Buffer::recv};
+  const int buf[2] = {BufferIndex::input(0), BufferIndex::recv};
   BlockCopy g[2];
-  REQUIRE(detail::make_blocks(ext, 2, src, dense, 4, off, 8, buf, Buffer::output(0), ElementType::float32, g));
+  REQUIRE(detail::make_blocks(ext, 2, src, dense, 4, off, 8, buf, BufferIndex::output(0), ElementType::float32, g));
   for (const BlockCopy& c : g) {
     CHECK(c.row_bytes == 32);
     CHECK(c.extent[3] == 4);
@@ -57,12 +57,12 @@ TEST_CASE("a sum's terms share one geometry: dimensions merge only where every t
   CHECK(g[1].op == BlockOp::sum_term);
   CHECK(g[1].src_stride[3] == 40);
   CHECK(g[1].src_offset == 40);
-  CHECK(g[1].src_buffer == Buffer::recv);
+  CHECK(g[1].src_buffer == BufferIndex::recv);
   CHECK(g[0].written_bytes() == 128);
   CHECK(g[1].written_bytes() == 0);
   // Both terms dense: one row of 128 bytes each.
   const std::int64_t* both[2] = {dense, dense};
-  REQUIRE(detail::make_blocks(ext, 2, both, dense, 4, off, 0, buf, Buffer::output(0), ElementType::float32, g));
+  REQUIRE(detail::make_blocks(ext, 2, both, dense, 4, off, 0, buf, BufferIndex::output(0), ElementType::float32, g));
   CHECK(g[0].row_bytes == 128);
   CHECK(g[1].row_bytes == 128);
   CHECK(g[0].rows() == 1);
@@ -73,9 +73,9 @@ TEST_CASE("a sum of many terms (more than the stack holds) builds every term") {
   std::vector<const std::int64_t*> src(40, st);
   std::vector<std::int64_t> off(40);
   std::vector<int> buf(40);
-  for (int j = 0; j < 40; ++j) off[j] = 96 * j, buf[j] = Buffer::recv;
+  for (int j = 0; j < 40; ++j) off[j] = 96 * j, buf[j] = BufferIndex::recv;
   std::vector<BlockCopy> g(40);
-  REQUIRE(detail::make_blocks(ext, 40, src.data(), st, 2, off.data(), 0, buf.data(), Buffer::output(0), ElementType::bfloat16, g.data()));
+  REQUIRE(detail::make_blocks(ext, 40, src.data(), st, 2, off.data(), 0, buf.data(), BufferIndex::output(0), ElementType::bfloat16, g.data()));
   CHECK(g[0].sources == 40);
   for (int j = 1; j < 40; ++j) {
     CHECK(g[j].op == BlockOp::sum_term);

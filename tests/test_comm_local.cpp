@@ -21,7 +21,7 @@ TEST_CASE("alltoallv moves chunk (i -> j) of i bytes+j to rank j, with zero-byte
   const int P = 4;
   LocalGroup g(P);
   std::vector<std::vector<unsigned char>> got(P);
-  g.run([&](LocalGroup::Comm& c) {
+  g.spawn([&](LocalGroup::Comm& c) {
     const int i = c.rank();
     std::vector<std::size_t> sb(P), so(P), rb(P), ro(P);
     std::size_t st = 0, rt = 0;
@@ -40,7 +40,7 @@ TEST_CASE("alltoallv moves chunk (i -> j) of i bytes+j to rank j, with zero-byte
 TEST_CASE("a rank that never arrives makes the others time out instead of hanging") {
   LocalGroup g(3, std::chrono::milliseconds(200));
   try {
-    g.run([&](LocalGroup::Comm& c) {
+    g.spawn([&](LocalGroup::Comm& c) {
       if (c.rank() != 2) c.barrier();
     });
     FAIL("expected a timeout");
@@ -49,10 +49,10 @@ TEST_CASE("a rank that never arrives makes the others time out instead of hangin
   }
 }
 
-TEST_CASE("a rank that throws aborts the others; run() rethrows the root cause") {
+TEST_CASE("a rank that throws aborts the others; spawn() rethrows the root cause") {
   LocalGroup g(3);
   try {
-    g.run([&](LocalGroup::Comm& c) {
+    g.spawn([&](LocalGroup::Comm& c) {
       if (c.rank() == 1) throw Error(Errc::invalid_shape, "root cause");
       c.barrier();
       c.barrier();
@@ -69,7 +69,7 @@ TEST_CASE("a rank that throws aborts the others; run() rethrows the root cause")
 TEST_CASE("mismatched byte counts between ranks are reported, not silently copied") {
   LocalGroup g(2);
   try {
-    g.run([&](LocalGroup::Comm& c) {
+    g.spawn([&](LocalGroup::Comm& c) {
       std::vector<std::size_t> sb{0, 8}, so{0, 0}, rb{0, 0}, ro{0, 0};
       if (c.rank() == 1) sb = {4, 0}, rb = {8, 0};  // rank 1 expects 8 from 0 but 0 sends 8... and 1 sends 4 to 0 which expects 0
       std::vector<std::byte> buf(16);
@@ -95,7 +95,7 @@ TEST_CASE("comm(rank) checks the rank; size 0 is rejected") {
 TEST_CASE("ranks entering different collectives fail with plan_mismatch instead of crashing") {
   LocalGroup g(2);
   std::vector<Errc> code(2, Errc{});
-  g.run([&](LocalGroup::Comm& c) {
+  g.spawn([&](LocalGroup::Comm& c) {
     try {
       if (c.rank() == 0) {
         std::uint64_t x = 1, all[2];
@@ -147,7 +147,7 @@ TEST_CASE("a rank in barrier() while the others exchange: every rank gets plan_m
 TEST_CASE("allgather puts rank p's block at p * bytes") {
   LocalGroup g(3);
   std::vector<std::vector<std::uint32_t>> got(3, std::vector<std::uint32_t>(6));
-  g.run([&](LocalGroup::Comm& c) {
+  g.spawn([&](LocalGroup::Comm& c) {
     const std::uint32_t mine[2] = {10u * c.rank(), 10u * c.rank() + 1};
     c.allgather(mine, sizeof mine, got[c.rank()].data());
   });
@@ -159,7 +159,7 @@ TEST_CASE("exchange_messages: the k-th message from rank i to rank j lands in j'
   const int P = 3;
   LocalGroup g(P);
   std::vector<std::vector<unsigned char>> got(P);
-  g.run([&](LocalGroup::Comm& c) {
+  g.spawn([&](LocalGroup::Comm& c) {
     const int i = c.rank();
     ut::MessagePattern m(P, i);
     c.exchange_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size());
@@ -176,7 +176,7 @@ TEST_CASE("exchange_messages: other counts or sizes than the receiver expects ar
     CAPTURE(variant);
     LocalGroup g(2, std::chrono::seconds(20));
     try {
-      g.run([&](LocalGroup::Comm& c) {
+      g.spawn([&](LocalGroup::Comm& c) {
         std::byte a[8] = {}, b[8] = {};  // this rank's own buffers (a peer reads a until the closing barrier)
         std::vector<Message> send{{1 - c.rank(), a, 4}}, recv{{1 - c.rank(), b, 4}};
         if (c.rank() == 1) {
@@ -265,7 +265,7 @@ TEST_CASE("C17 in-process: a rank with no tokens ({2,0} at P=2, {2,2,2,0} at P=4
         CAPTURE(pull);
         LocalGroup g(P, std::chrono::seconds(60));
         std::vector<std::string> res(static_cast<std::size_t>(P));
-        g.run([&](LocalGroup::Comm& comm) {
+        g.spawn([&](LocalGroup::Comm& comm) {
           res[static_cast<std::size_t>(comm.rank())] = ut::with_direct_form(comm, pull, [&](auto& cm) { return ut::run_case<float>(cm, c); });
         });
         for (const std::string& r : res) CHECK(r == "");
@@ -307,7 +307,7 @@ TEST_CASE("C17: the pulled peer copy knows what its peers read of each rank's in
   const ut::Case c = ut::c17_case(2);
   LocalGroup g(2, std::chrono::seconds(60));
   std::vector<std::pair<bool, PeerCopyLists>> lists(2);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     ut::PullingComm pc(comm);
     lists[static_cast<std::size_t>(comm.rank())] = c17_lists(pc, c);
   });
@@ -341,7 +341,7 @@ TEST_CASE("C17: the pulled peer copy knows what its peers read of each rank's in
   // The pushing (one address space) group does not compute them: nothing is staged there.
   LocalGroup g2(2, std::chrono::seconds(60));
   std::vector<int> computed(2, -1);
-  g2.run([&](LocalGroup::Comm& comm) {
+  g2.spawn([&](LocalGroup::Comm& comm) {
     const auto l = c17_lists(comm, c);
     computed[static_cast<std::size_t>(comm.rank())] = l.first ? (l.second.peer_reads ? 1 : 0) : -1;
   });

@@ -132,7 +132,7 @@ TEST_CASE("MPI cross-rank agreement: a rank with another S makes every rank thro
   const int odd = P - 1;  // the last rank plans with a longer sequence
   Plan plan({P, r}, 1, SeqPartition::balanced(r == odd ? 4 * P : 2 * P, P),
             {TensorSpec::of<float>(HeadPartition::balanced(4, P), 2)});
-  plan.set_check_agreement(true);
+  plan.set_agreement_check(true);
   std::vector<std::byte> in(plan.seq_bytes(0)), out(plan.head_bytes(0)), ws(plan.workspace_bytes());
   HostExecutor ex;
   try {

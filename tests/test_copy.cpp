@@ -101,7 +101,7 @@ RandomList random_list(std::mt19937& g, int n) {
     l.dst.emplace_back(static_cast<std::size_t>((span(e, ds) + 5) * eb + 1), static_cast<unsigned char>(0xa5));
     for (auto& x : l.src.back()) x = static_cast<unsigned char>(g());
     BlockCopy c;
-    REQUIRE(detail::make_block(e, ss, ds, eb, so, dof, Buffer::input(i), Buffer::output(i), c));
+    REQUIRE(detail::make_block(e, ss, ds, eb, so, dof, BufferIndex::input(i), BufferIndex::output(i), c));
     l.blocks.push_back(c);
     l.ext_.insert(l.ext_.end(), e, e + 4);
     l.sst_.insert(l.sst_.end(), ss, ss + 4);
@@ -114,8 +114,8 @@ RandomList random_list(std::mt19937& g, int n) {
 BufferTable table_of(RandomList& l) {
   BufferTable t;
   for (std::size_t i = 0; i < l.blocks.size(); ++i) {
-    t.base[Buffer::input(static_cast<int>(i))] = reinterpret_cast<std::byte*>(l.src[i].data());
-    t.base[Buffer::output(static_cast<int>(i))] = reinterpret_cast<std::byte*>(l.dst[i].data());
+    t.base[BufferIndex::input(static_cast<int>(i))] = reinterpret_cast<std::byte*>(l.src[i].data());
+    t.base[BufferIndex::output(static_cast<int>(i))] = reinterpret_cast<std::byte*>(l.dst[i].data());
   }
   return t;
 }
@@ -235,9 +235,9 @@ TEST_CASE("seq_to_head / head_to_seq with a 2-thread streaming executor per rank
       LocalGroup grp(P);
       std::vector<std::string> err(static_cast<std::size_t>(P));
       const HostExecutor ex(HostExecutorOptions{2, 1, 0});
-      grp.run([&](LocalGroup::Comm& comm) { err[static_cast<std::size_t>(comm.rank())] = ut::run_case<float>(comm, c, ex); });
+      grp.spawn([&](LocalGroup::Comm& comm) { err[static_cast<std::size_t>(comm.rank())] = ut::run_case<float>(comm, c, ex); });
       for (auto& e : err) CHECK(e == "");
-      grp.run([&](LocalGroup::Comm& comm) { err[static_cast<std::size_t>(comm.rank())] = ut::run_case<ut::bf16_t>(comm, c, ex); });
+      grp.spawn([&](LocalGroup::Comm& comm) { err[static_cast<std::size_t>(comm.rank())] = ut::run_case<ut::bf16_t>(comm, c, ex); });
       for (auto& e : err) CHECK(e == "");
     }
 }
@@ -272,13 +272,13 @@ SumList random_sums(std::mt19937& g) {
   std::vector<const std::int64_t*> sp;
   std::vector<std::int64_t> soff(static_cast<std::size_t>(n), 0);
   std::vector<int> sbuf;
-  for (int j = 0; j < n; ++j) sp.push_back(st[j].data()), sbuf.push_back(Buffer::input(j));
+  for (int j = 0; j < n; ++j) sp.push_back(st[j].data()), sbuf.push_back(BufferIndex::input(j));
   // A copy first (input 0 → output 1), then the sum into output 0: cuts fall anywhere.
   BlockCopy c;
-  REQUIRE(detail::make_block(ext, st[0].data(), dst, e, 0, 0, Buffer::input(0), Buffer::output(1), c));
+  REQUIRE(detail::make_block(ext, st[0].data(), dst, e, 0, 0, BufferIndex::input(0), BufferIndex::output(1), c));
   l.blocks.push_back(c);
   std::vector<BlockCopy> grp(static_cast<std::size_t>(n));
-  REQUIRE(detail::make_blocks(ext, static_cast<int>(n), sp.data(), dst, e, soff.data(), 0, sbuf.data(), Buffer::output(0), type, grp.data()));
+  REQUIRE(detail::make_blocks(ext, static_cast<int>(n), sp.data(), dst, e, soff.data(), 0, sbuf.data(), BufferIndex::output(0), type, grp.data()));
   l.blocks.insert(l.blocks.end(), grp.begin(), grp.end());
   for (int o = 0; o < 2; ++o) l.bufs.emplace_back(out_bytes, std::byte{0x5a});
   l.want = {l.bufs[static_cast<std::size_t>(n)], l.bufs[static_cast<std::size_t>(n) + 1]};
@@ -295,9 +295,9 @@ SumList random_sums(std::mt19937& g) {
 BufferTable sum_table(SumList& l) {
   BufferTable t;
   const std::size_t n = l.bufs.size() - 2;
-  for (std::size_t j = 0; j < n; ++j) t.base[Buffer::input(static_cast<int>(j))] = l.bufs[j].data();
-  t.base[Buffer::output(0)] = l.bufs[n].data();
-  t.base[Buffer::output(1)] = l.bufs[n + 1].data();
+  for (std::size_t j = 0; j < n; ++j) t.base[BufferIndex::input(static_cast<int>(j))] = l.bufs[j].data();
+  t.base[BufferIndex::output(0)] = l.bufs[n].data();
+  t.base[BufferIndex::output(1)] = l.bufs[n + 1].data();
   return t;
 }
 }  // namespace
@@ -342,9 +342,9 @@ TEST_CASE("host executor sums of 4-D blocks: every row of every term visited (ro
     std::vector<const std::int64_t*> sp;
     std::vector<int> sbuf;
     const std::vector<std::int64_t> soff(n, 0);
-    for (int j = 0; j < n; ++j) sp.push_back(st[static_cast<std::size_t>(j)].data()), sbuf.push_back(Buffer::input(j));
+    for (int j = 0; j < n; ++j) sp.push_back(st[static_cast<std::size_t>(j)].data()), sbuf.push_back(BufferIndex::input(j));
     std::vector<BlockCopy> grp(n);
-    REQUIRE(detail::make_blocks(ext, n, sp.data(), dst, e, soff.data(), 0, sbuf.data(), Buffer::output(0), type, grp.data()));
+    REQUIRE(detail::make_blocks(ext, n, sp.data(), dst, e, soff.data(), 0, sbuf.data(), BufferIndex::output(0), type, grp.data()));
     REQUIRE(grp[0].extent[1] * grp[0].extent[2] * grp[0].extent[3] > 1);
     REQUIRE(grp[0].row_bytes == ext[3] * e);
     const std::size_t out_bytes = static_cast<std::size_t>(2 * dst[0] * e);
@@ -366,8 +366,8 @@ TEST_CASE("host executor sums of 4-D blocks: every row of every term visited (ro
         CAPTURE(threads);
         std::vector<std::byte> out(out_bytes, std::byte{0x5a});
         BufferTable t;
-        for (int j = 0; j < n; ++j) t.base[Buffer::input(j)] = bufs[static_cast<std::size_t>(j)].data();
-        t.base[Buffer::output(0)] = out.data();
+        for (int j = 0; j < n; ++j) t.base[BufferIndex::input(j)] = bufs[static_cast<std::size_t>(j)].data();
+        t.base[BufferIndex::output(0)] = out.data();
         HostExecutor(HostExecutorOptions{threads, 1, streaming}).run(grp.data(), grp.size(), t);
         CHECK(out == want);
       }

@@ -171,7 +171,7 @@ TEST_SUITE("host") {
           }
         for (int r = 0; r < c.P; ++r) {
           const Plan& p = plans[static_cast<std::size_t>(r)];
-          p.set_peer_layouts(layouts.data());
+          const PeerCopyLists lists = peer_copy_lists(p, layouts.data());
           std::vector<std::vector<std::byte>> host_out, emu_out;
           BufferTable ht, et;
           for (int t = 0; t < p.num_tensors(); ++t) {
@@ -179,9 +179,9 @@ TEST_SUITE("host") {
             emu_out.emplace_back(p.output_bytes(dir, t), std::byte{0x5a});
           }
           for (int t = 0; t < p.num_tensors(); ++t)
-            ht.base[Buffer::output(t)] = host_out[static_cast<std::size_t>(t)].data(), et.base[Buffer::output(t)] = emu_out[static_cast<std::size_t>(t)].data();
+            ht.base[BufferIndex::output(t)] = host_out[static_cast<std::size_t>(t)].data(), et.base[BufferIndex::output(t)] = emu_out[static_cast<std::size_t>(t)].data();
           ht.peers = et.peers = peers.data();
-          const std::vector<BlockCopy>& l = p.direct_list(dir);
+          const std::vector<BlockCopy>& l = lists.list[static_cast<int>(dir)];
           HostExecutor{}.run(l.data(), l.size(), ht);
           ut::emulate_kernel(l.data(), l.size(), et);
           CAPTURE(c.name);
@@ -218,7 +218,7 @@ TEST_SUITE("host") {
     int with_sums = 0;  // plans whose head→seq sums replicated heads (bf16, fp32, fp64)
     for (const ListCase& l : executor_cases())
       for (const Plan& p : l.plans) {
-        for (const BlockCopy& c : p.schedule(Direction::head_to_seq).unpack) with_sums += c.op == BlockOp::sum;
+        for (const BlockCopy& c : p.stage_lists(Direction::head_to_seq).unpack) with_sums += c.op == BlockOp::sum;
         for (std::size_t m : l.misaligns) {
           CAPTURE(l.name);
           CAPTURE(m);
@@ -283,7 +283,7 @@ TEST_CASE("pack and unpack capture into a CUDA graph and replay like the host ex
   const Plan plan = ut::plan_of<float>(c, 1);
   ut::Stream s;
   // Device copies of random inputs and receive region; host reference from the same bytes.
-  const Schedule& sc = plan.schedule(Direction::seq_to_head);
+  const StageLists& sc = plan.stage_lists(Direction::seq_to_head);
   std::vector<std::vector<std::byte>> host;
   std::vector<ut::DeviceBuffer> dev;
   BufferTable ht, dt;
@@ -294,14 +294,14 @@ TEST_CASE("pack and unpack capture into a CUDA graph and replay like the host ex
     dev.back().upload(host.back().data(), s.get());
   };
   for (int t = 0; t < plan.num_tensors(); ++t) {
-    add(Buffer::input(t), plan.seq_bytes(t), true);
-    add(Buffer::output(t), plan.head_bytes(t), false);
+    add(BufferIndex::input(t), plan.seq_bytes(t), true);
+    add(BufferIndex::output(t), plan.head_bytes(t), false);
   }
-  add(Buffer::send, sc.send_total, false);
-  add(Buffer::recv, sc.recv_total, true);
+  add(BufferIndex::send, sc.send_total, false);
+  add(BufferIndex::recv, sc.recv_total, true);
   UT_CUDA(cudaStreamSynchronize(s.get()));
-  const int index[] = {Buffer::input(0), Buffer::output(0), Buffer::input(1), Buffer::output(1), Buffer::input(2),
-                       Buffer::output(2), Buffer::send, Buffer::recv};
+  const int index[] = {BufferIndex::input(0), BufferIndex::output(0), BufferIndex::input(1), BufferIndex::output(1), BufferIndex::input(2),
+                       BufferIndex::output(2), BufferIndex::send, BufferIndex::recv};
   for (std::size_t i = 0; i < host.size(); ++i) ht.base[index[i]] = host[i].data(), dt.base[index[i]] = dev[i].get();
   CudaExecutor ex(plan, s.get());
   UT_CUDA(cudaStreamSynchronize(s.get()));  // the upload of the lists is not part of the graph
@@ -336,14 +336,14 @@ TEST_CASE("CudaExecutor rejects block lists of another plan; empty lists launch 
   const Plan b = a;  // same content, other lists
   CudaExecutor ex(a, s.get());
   BufferTable t;
-  const Schedule& sb = b.schedule(Direction::seq_to_head);
+  const StageLists& sb = b.stage_lists(Direction::seq_to_head);
   try {
     ex.run(sb.pack.data(), sb.pack.size(), t);
     FAIL("expected plan_mismatch");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::plan_mismatch);
   }
-  const Schedule& sa = a.schedule(Direction::seq_to_head);
+  const StageLists& sa = a.stage_lists(Direction::seq_to_head);
   CHECK(ex.units(sa.pack.data(), sa.pack.size()) > 0);
   CHECK(ex.units(sb.pack.data(), sb.pack.size()) == -1);
   CHECK(ex.max_grid() >= 1);
@@ -400,7 +400,7 @@ TEST_CASE("CudaExecutor: a stale error of an earlier call is reported as such, l
   ut::Stream s;
   const Plan a = ut::plan_of<float>(ut::c1_cases()[0], 0);
   CudaExecutor ex(a, s.get());
-  const Schedule& sa = a.schedule(Direction::seq_to_head);
+  const StageLists& sa = a.stage_lists(Direction::seq_to_head);
   BufferTable t;
   void* p = nullptr;
   CHECK(cudaMalloc(&p, std::size_t{1} << 62) == cudaErrorMemoryAllocation);  // someone else's failed call: a non-sticky pending error
@@ -423,7 +423,7 @@ TEST_CASE("CudaExecutor: a foreign list with a peer table is refused before the 
   one.elem_bytes = 1;
   ex.prepare_direct(BlockList{&one, 1}, BlockList{&one, 1}, 1);
   UT_CUDA(cudaStreamSynchronize(s.get()));
-  const Schedule& sb = b.schedule(Direction::seq_to_head);
+  const StageLists& sb = b.stage_lists(Direction::seq_to_head);
   std::vector<std::byte*> tables(static_cast<std::size_t>(CudaExecutor::kPeerTables + 1) * kMaxTensors);
   for (std::size_t i = 0; i < tables.size(); ++i) tables[i] = reinterpret_cast<std::byte*>(std::uintptr_t{4096} * (i + 1));  // never read
   cudaGraph_t graph = nullptr;
@@ -480,7 +480,7 @@ std::string run_case_pipeline(Comm& comm, const ut::Case& c, cudaStream_t s) {
   CudaPipeline pipe(s);
   return ut::run_case_device_with<T>(comm, c, s,
                                      [&](const Plan& plan, Direction d, CudaExecutor& ex, const TensorList<ConstByteSpan>& in,
-                                         const TensorList<ByteSpan>& out, Workspace w) { pipe.run(plan, d, comm, ex, in, out, w); });
+                                         const TensorList<ByteSpan>& out, Workspace w) { pipe.redistribute(plan, d, comm, ex, in, out, w); });
 }
 
 template <class T>

@@ -86,7 +86,7 @@ std::vector<std::pair<std::vector<std::byte>, std::vector<std::byte>>> host_resu
   const ud::Partials parts = ud::partials_of(c, pb);
   std::vector<std::pair<std::vector<std::byte>, std::vector<std::byte>>> res(static_cast<std::size_t>(c.P));
   LocalGroup g(c.P, std::chrono::seconds(60));
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const DecodePlan plan(ud::spec_of(c, comm.rank()), comm.rank());
     RankBufs h(c, plan, parts);
     decode_exchange(plan, comm, HostDecodeExecutor{}, h.buffers(h.in.data(), h.lse.data(), h.out.data(), h.olse.data(), h.ws.data()));
@@ -197,7 +197,7 @@ TEST_CASE("DeviceLocalGroup + CudaDecodeExecutor: the decode exchange == the hos
     for (auto& st : streams) cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
     std::vector<std::pair<std::vector<std::byte>, std::vector<std::byte>>> got(static_cast<std::size_t>(c.P));
     DeviceLocalGroup g(c.P, std::chrono::seconds(60));
-    g.run(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
+    g.spawn(streams.data(), [&](DeviceLocalGroup::Comm& comm) {
       const int r = comm.rank();
       const DecodePlan plan(ud::spec_of(c, r), r);
       RankBufs h(c, plan, parts);

@@ -53,7 +53,7 @@ std::string run_local(const DecodeCase& c, std::vector<ud::DecodeResult>* result
   LocalGroup g(c.P, std::chrono::seconds(60));
   std::vector<std::string> res(static_cast<std::size_t>(c.P));
   if (results) results->assign(static_cast<std::size_t>(c.P), {});
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     res[r] = ud::run_decode_case(comm, c, 2, results ? &(*results)[r] : nullptr);
   });
@@ -199,7 +199,7 @@ TEST_CASE("a communicator with only alltoallv(): the automatic path takes it, th
     c.output = out;
     LocalGroup g(c.P, std::chrono::seconds(60));
     std::vector<std::string> res(4);
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       BareComm bare{&comm};
       res[static_cast<std::size_t>(comm.rank())] = ud::run_decode_case(bare, c);
     });
@@ -210,7 +210,7 @@ TEST_CASE("a communicator with only alltoallv(): the automatic path takes it, th
   c.path = Path::messages;
   LocalGroup g(c.P, std::chrono::seconds(60));
   std::vector<Errc> codes(4);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     BareComm bare{&comm};
     codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
   });
@@ -234,9 +234,8 @@ TEST_CASE("the decode exchange takes the Ulysses exchange's transports: choose_p
   CHECK(code == Errc::path_unsupported);
   CHECK(msg.find("flat") != std::string::npos);
   CHECK(ut::code_of([&] { choose_path<BareComm, HostDecodeExecutor>(plan(Path::direct)); }) == Errc::path_unsupported);
-  // DecodeSpec::path is the shared Path; the deprecated DecodePath is an alias of it.
+  // DecodeSpec::path is the shared Path.
   static_assert(std::is_same_v<decltype(DecodeSpec::path), Path>, "DecodeSpec::path is a Path");
-  static_assert(std::is_same_v<DecodePath, Path>, "DecodePath is Path");
 }
 
 TEST_CASE("the plan: sizes and offsets of the wire format (O then LSE, each part padded to 16 bytes; chunks in peer order; no self chunk)") {
@@ -333,7 +332,7 @@ TEST_CASE("call errors are coded and thrown by every rank before any collective 
     LocalGroup g(c.P, std::chrono::seconds(20));
     std::vector<std::pair<Errc, std::string>> errs(4);
     const auto t0 = std::chrono::steady_clock::now();
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       const int r = comm.rank();
       const DecodePlan plan(ud::spec_of(c, f == wrong_comm ? (r + 1) % c.P : r), f == wrong_comm ? (r + 1) % c.P : r);
       std::vector<std::byte> in(plan.partial_span_bytes()), lse(plan.lse_span_bytes() + 4), out(plan.out_span_bytes()),
@@ -374,7 +373,7 @@ TEST_CASE("ranks that planned different exchanges: every rank throws plan_mismat
   DecodeCase c = c16();
   LocalGroup g(c.P, std::chrono::seconds(20));
   std::vector<std::pair<Errc, std::string>> errs(4);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     DecodeCase mine = c;
     if (comm.rank() == 2) mine.T = 2;  // rank 2 planned two new tokens
     errs[static_cast<std::size_t>(comm.rank())] = ut::error_of([&] { ud::run_decode_case(comm, mine); });
@@ -398,7 +397,7 @@ TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exac
     LocalGroup g(c.P, std::chrono::seconds(60));
     std::vector<std::string> msgs(4);
     std::vector<Errc> codes(4);
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       const auto [code, msg] = ut::error_of([&] { ud::run_decode_case(comm, c); });
       codes[static_cast<std::size_t>(comm.rank())] = code, msgs[static_cast<std::size_t>(comm.rank())] = msg;
     });
@@ -412,7 +411,7 @@ TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exac
     c.path = Path::direct;
     LocalGroup g(c.P, std::chrono::seconds(60));
     std::vector<Errc> codes(4);
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       BareComm bare{&comm};
       codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
     });
@@ -429,7 +428,7 @@ TEST_CASE("no allocation in a call after the first (both collectives, the direct
       c.path = path, c.output = o;
       LocalGroup g(c.P, std::chrono::seconds(60));
       std::vector<long> allocs(4, -1);
-      g.run([&](LocalGroup::Comm& comm) {
+      g.spawn([&](LocalGroup::Comm& comm) {
         const int r = comm.rank();
         const DecodePlan plan(ud::spec_of(c, r), r);
         std::vector<std::byte> in(plan.partial_span_bytes()), lse(plan.lse_span_bytes()), out(plan.out_span_bytes()),

@@ -13,7 +13,7 @@ std::string run_local(ut::Case c, int stages, bool pipelined) {
   c.pipelined = pipelined;
   LocalGroup g(c.P);
   std::vector<std::string> err(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_case<float>(comm, c); });
+  g.spawn([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_case<float>(comm, c); });
   std::string all;
   for (auto& e : err) all += e;
   return all;
@@ -53,14 +53,14 @@ TEST_CASE("stages split the same bytes: totals and workspace equal the one-stage
     CHECK(four.exchanged_bytes(d) == one.exchanged_bytes(d));
     // Stage k to peer 0: 16 tokens * (8/4 = 2 q heads + 2/4 → [1,1,0,0] kv heads...) — checked by sum:
     std::size_t sum = 0;
-    for (int k = 0; k < 4; ++k) sum += four.schedule(d, k).send_bytes[0];
-    CHECK(sum == one.schedule(d).send_bytes[0]);
+    for (int k = 0; k < 4; ++k) sum += four.stage_lists(d, k).send_bytes[0];
+    CHECK(sum == one.stage_lists(d).send_bytes[0]);
     // Stages follow each other in the regions.
-    CHECK(four.schedule(d, 1).send_offsets[0] == four.schedule(d, 0).send_total);
+    CHECK(four.stage_lists(d, 1).send_offsets[0] == four.stage_lists(d, 0).send_total);
   }
   // q: 8 heads a rank split in 4 stages of 2 heads: 16 tokens * 2 * 128 * 4 B = 16 KiB per peer.
-  CHECK(four.schedule(Direction::seq_to_head, 0).send_bytes[0] == 16 * 2 * 128 * 4 + 2 * 16 * 1 * 128 * 4);
-  CHECK(four.schedule(Direction::seq_to_head, 3).send_bytes[0] == 16 * 2 * 128 * 4);  // kv [1,1,0,0]
+  CHECK(four.stage_lists(Direction::seq_to_head, 0).send_bytes[0] == 16 * 2 * 128 * 4 + 2 * 16 * 1 * 128 * 4);
+  CHECK(four.stage_lists(Direction::seq_to_head, 3).send_bytes[0] == 16 * 2 * 128 * 4);  // kv [1,1,0,0]
   CHECK_THROWS_AS(Plan({4, 1}, 1, SeqPartition::even(64, 4), t, Format::bshd, PlanOptions{0}), Error);
 }
 

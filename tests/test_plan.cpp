@@ -17,7 +17,7 @@ TEST_CASE("chunk sizes and offsets: P=4, B=1, S=8, H=4, D=2, float, rank 2") {
   // Every peer chunk: 2 tokens * 1 head * 2 * 4 bytes = 16; the own chunk is 0 (copied directly).
   Plan plan({4, 2}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(HeadPartition::even(4, 4), 2)});
   for (Direction d : {Direction::seq_to_head, Direction::head_to_seq}) {
-    const Schedule& s = plan.schedule(d);
+    const StageLists& s = plan.stage_lists(d);
     CHECK(s.send_bytes == Sizes{16, 16, 0, 16});
     CHECK(s.send_offsets == Sizes{0, 16, 32, 32});
     CHECK(s.recv_bytes == Sizes{16, 16, 0, 16});
@@ -27,18 +27,18 @@ TEST_CASE("chunk sizes and offsets: P=4, B=1, S=8, H=4, D=2, float, rank 2") {
   }
   CHECK(plan.recv_region_offset() == 256);
   CHECK(plan.workspace_bytes() == 256 + 48);
-  CHECK(plan.schedule(Direction::seq_to_head).pack.size() == 3);
-  CHECK(plan.schedule(Direction::seq_to_head).unpack.size() == 4);  // 3 peers + own chunk
+  CHECK(plan.stage_lists(Direction::seq_to_head).pack.size() == 3);
+  CHECK(plan.stage_lists(Direction::seq_to_head).unpack.size() == 4);  // 3 peers + own chunk
 }
 
 TEST_CASE("uneven split: S=7 over P=2, B=2, H=4, D=8 float") {
   Plan r0({2, 0}, 2, SeqPartition::balanced(7, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 8)});
   Plan r1({2, 1}, 2, SeqPartition::balanced(7, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 8)});
   // rank 0 (4 tokens) sends B*4*2*8*4 = 512 bytes; rank 1 (3 tokens) sends 384.
-  CHECK(r0.schedule(Direction::seq_to_head).send_bytes == Sizes{0, 512});
-  CHECK(r1.schedule(Direction::seq_to_head).recv_bytes == Sizes{512, 0});
-  CHECK(r1.schedule(Direction::seq_to_head).send_bytes == Sizes{384, 0});
-  CHECK(r0.schedule(Direction::head_to_seq).recv_bytes == Sizes{0, 512});
+  CHECK(r0.stage_lists(Direction::seq_to_head).send_bytes == Sizes{0, 512});
+  CHECK(r1.stage_lists(Direction::seq_to_head).recv_bytes == Sizes{512, 0});
+  CHECK(r1.stage_lists(Direction::seq_to_head).send_bytes == Sizes{384, 0});
+  CHECK(r0.stage_lists(Direction::head_to_seq).recv_bytes == Sizes{0, 512});
   CHECK(r0.head_layout(0).extent[1] == 7);
 }
 
@@ -52,10 +52,10 @@ TEST_CASE("C5: q, k, v in one exchange; the kv head is sent to each rank that ne
            {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8), TensorSpec::of<float>(kv, 8)});
     Sizes want(4, 768);
     want[r] = 0;
-    CHECK(p.schedule(Direction::seq_to_head).send_bytes == want);
+    CHECK(p.stage_lists(Direction::seq_to_head).send_bytes == want);
     // head→seq summing the replicas (the default, the backward of seq→head): every holder sends
     // its copy of the kv head; ranks 1 and 3 hold theirs without owning it (256 bytes a peer).
-    CHECK(p.schedule(Direction::head_to_seq).send_bytes == want);
+    CHECK(p.stage_lists(Direction::head_to_seq).send_bytes == want);
     CHECK(p.replica_bytes(Direction::head_to_seq) == (r % 2 == 0 ? 0u : 3 * 256u));
     CHECK(p.replica_bytes(Direction::seq_to_head) == 0);
     CHECK(p.workspace_bytes() == 2304 + 2304);  // send region 2304 (a multiple of 256) + receive region
@@ -66,7 +66,7 @@ TEST_CASE("C5: q, k, v in one exchange; the kv head is sent to each rank that ne
               TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner)});
     Sizes back(4, r % 2 == 0 ? 768 : 512);
     back[r] = 0;
-    CHECK(inv.schedule(Direction::head_to_seq).send_bytes == back);
+    CHECK(inv.stage_lists(Direction::head_to_seq).send_bytes == back);
     CHECK(inv.replica_bytes(Direction::head_to_seq) == 0);
     CHECK(inv.first_non_adjoint_tensor() == 1);
     CHECK(p.first_non_adjoint_tensor() == -1);
@@ -86,14 +86,14 @@ std::size_t block_bytes(const std::vector<BlockCopy>& l) {
 }
 }  // namespace
 
-TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in place, one message per (peer, tensor)") {
+TEST_CASE("in-place pieces: bshd B=1 receives seq→head and sends head→seq in place, one message per (peer, tensor)") {
   // C5 shapes, rank 1: q 4 tok*4 heads*8*4 B = 512 bytes a peer, k and v 128 each.
   auto q = HeadPartition::even(16, 4);
   auto kv = HeadPartition::gqa(q, 2);
   Plan p({4, 1}, 1, SeqPartition::even(16, 4),
          {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner),
           TensorSpec::of<float>(kv, 8).with_replicas(Replicas::owner)});
-  const Schedule& s2h = p.schedule(Direction::seq_to_head);
+  const StageLists& s2h = p.stage_lists(Direction::seq_to_head);
   REQUIRE(s2h.recv_pieces.size() == 9);  // peers 0, 2, 3 x q, k, v
   const std::size_t want_bytes[3] = {512, 128, 128};
   for (std::size_t i = 0; i < 9; ++i) {
@@ -103,13 +103,13 @@ TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in p
     CHECK(pc.tensor == t);
     CHECK(pc.bytes == want_bytes[t]);
     // Output [S=16, H_r, D=8]: peer's 4 tokens start at token 4*peer, one contiguous range.
-    CHECK(pc.direct());
-    CHECK(pc.buffer == Buffer::output(t));
+    CHECK(pc.in_place());
+    CHECK(pc.buffer == BufferIndex::output(t));
     CHECK(pc.offset == static_cast<std::int64_t>(4 * peer * want_bytes[t] / 4));
     // Sending: my 4 tokens of the peer's heads are strided in [4, 16, 8]: staged in the send region.
     const Piece& sp = s2h.send_pieces[i];
-    CHECK(!sp.direct());
-    CHECK(sp.buffer == Buffer::send);
+    CHECK(!sp.in_place());
+    CHECK(sp.buffer == BufferIndex::send);
     CHECK(sp.offset == static_cast<std::int64_t>(s2h.send_offsets[peer] + (t == 0 ? 0 : t == 1 ? 512 : 640)));
   }
   CHECK(s2h.pack_staged.size() == s2h.pack.size());
@@ -117,17 +117,17 @@ TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in p
   CHECK(piece_bytes(s2h.recv_pieces) == s2h.recv_total);
   CHECK(piece_bytes(s2h.send_pieces) == s2h.send_total);
   // head→seq: the reverse. Rank 1 holds no kv head it owns (rank 0 owns kv head 0): q only.
-  const Schedule& h2s = p.schedule(Direction::head_to_seq);
+  const StageLists& h2s = p.stage_lists(Direction::head_to_seq);
   REQUIRE(h2s.send_pieces.size() == 3);
   for (const Piece& pc : h2s.send_pieces) {
-    CHECK(pc.direct());
-    CHECK(pc.buffer == Buffer::input(0));
+    CHECK(pc.in_place());
+    CHECK(pc.buffer == BufferIndex::input(0));
     CHECK(pc.offset == 4 * pc.peer * 4 * 8 * 4);  // token 4*peer of [16, 4, 8] floats
   }
   CHECK(h2s.pack_staged.empty());
   CHECK(h2s.recv_pieces.size() == 3 * 3 - 2);  // from rank 0: q, k, v; from ranks 2, 3: q, k, v minus the non-owner 3
   CHECK(piece_bytes(h2s.recv_pieces) == h2s.recv_total);
-  for (const Piece& pc : h2s.recv_pieces) CHECK(!pc.direct());
+  for (const Piece& pc : h2s.recv_pieces) CHECK(!pc.in_place());
   CHECK(block_bytes(h2s.unpack_staged) == h2s.recv_total + 512);  // plus the own chunk (q)
 
   // Summing the replicas (the default): rank 1 sends its copy of kv head 0 too, in place (its
@@ -136,11 +136,11 @@ TEST_CASE("direct pieces: bshd B=1 receives seq→head and sends head→seq in p
   // ranks 2 and 3, for each of k and v: 4 sums of 2 terms).
   Plan sum({4, 1}, 1, SeqPartition::even(16, 4),
            {TensorSpec::of<float>(q, 8), TensorSpec::of<float>(kv, 8), TensorSpec::of<float>(kv, 8)});
-  const Schedule& b = sum.schedule(Direction::head_to_seq);
+  const StageLists& b = sum.stage_lists(Direction::head_to_seq);
   REQUIRE(b.send_pieces.size() == 9);
-  for (const Piece& pc : b.send_pieces) CHECK(pc.direct());
+  for (const Piece& pc : b.send_pieces) CHECK(pc.in_place());
   REQUIRE(b.recv_pieces.size() == 9);
-  for (const Piece& pc : b.recv_pieces) CHECK(!pc.direct());
+  for (const Piece& pc : b.recv_pieces) CHECK(!pc.in_place());
   std::size_t sums = 0;
   for (const BlockCopy& c : b.unpack)
     if (c.op == BlockOp::sum) {
@@ -155,52 +155,52 @@ TEST_CASE("pieces per (tensor, batch, sequence chunk): bshd receives seq→head 
   const auto heads = HeadPartition::even(4, 2);
   // B=2, rank 0: 4 tokens a rank, 2 heads a rank, D=2: a piece per batch index, 4*2*2*4 = 64 bytes.
   Plan b2({2, 0}, 2, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)});
-  const Schedule& s = b2.schedule(Direction::seq_to_head);
+  const StageLists& s = b2.stage_lists(Direction::seq_to_head);
   REQUIRE(s.recv_pieces.size() == 2);
   for (int b = 0; b < 2; ++b) {
     const Piece& pc = s.recv_pieces[static_cast<std::size_t>(b)];
     CHECK(pc.bytes == 64);
-    CHECK(pc.direct());  // peer 1's tokens 4..7 of batch b: one contiguous range of my [2, 8, 2, 2] output
-    CHECK(pc.buffer == Buffer::output(0));
+    CHECK(pc.in_place());  // peer 1's tokens 4..7 of batch b: one contiguous range of my [2, 8, 2, 2] output
+    CHECK(pc.buffer == BufferIndex::output(0));
     CHECK(pc.offset == (b * 8 + 4) * 2 * 2 * 4);
     CHECK(pc.wire_offset == s.recv_offsets[1] + static_cast<std::size_t>(b) * 64);
-    CHECK(!s.send_pieces[static_cast<std::size_t>(b)].direct());  // my tokens of the peer's heads: strided
+    CHECK(!s.send_pieces[static_cast<std::size_t>(b)].in_place());  // my tokens of the peer's heads: strided
   }
   CHECK(block_bytes(s.unpack_staged) == block_bytes(s.unpack) - 128);  // only the own chunk is unpacked
-  const Schedule& h = b2.schedule(Direction::head_to_seq);
+  const StageLists& h = b2.stage_lists(Direction::head_to_seq);
   REQUIRE(h.send_pieces.size() == 2);
-  for (const Piece& pc : h.send_pieces) CHECK(pc.direct());
-  for (const Piece& pc : h.recv_pieces) CHECK(!pc.direct());
+  for (const Piece& pc : h.send_pieces) CHECK(pc.in_place());
+  for (const Piece& pc : h.recv_pieces) CHECK(!pc.in_place());
   CHECK(h.pack_staged.empty());
   // Zigzag: rank 1 holds chunks 1 and 2 (of 4 chunks of 2 tokens); rank 0 receives one piece per
   // chunk of rank 1, each in place (tokens 2..3 and 4..5 of its output).
   Plan zz({2, 0}, 1, SeqPartition::zigzag(8, 2), {TensorSpec::of<float>(heads, 2)});
-  const Schedule& z = zz.schedule(Direction::seq_to_head);
+  const StageLists& z = zz.stage_lists(Direction::seq_to_head);
   REQUIRE(z.recv_pieces.size() == 2);
-  CHECK(z.recv_pieces[0].direct());
-  CHECK(z.recv_pieces[1].direct());
+  CHECK(z.recv_pieces[0].in_place());
+  CHECK(z.recv_pieces[1].in_place());
   CHECK(z.recv_pieces[0].offset == 2 * 2 * 2 * 4);
   CHECK(z.recv_pieces[1].offset == 4 * 2 * 2 * 4);
   // bhsd, two heads a rank: the peer's heads are contiguous in [B, H, S_r, D] but head-major,
   // while the wire is token-major [B, S_r, H_p, D]: staged.
   Plan bh2({2, 1}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bhsd);
-  CHECK(!bh2.schedule(Direction::seq_to_head).send_pieces.at(0).direct());
+  CHECK(!bh2.stage_lists(Direction::seq_to_head).send_pieces.at(0).in_place());
   // bhsd, one head a rank: [S_r, D] of head 0 is the wire itself: sent in place.
   Plan bh({2, 1}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 2)}, Format::bhsd);
-  const Schedule& one = bh.schedule(Direction::seq_to_head);
+  const StageLists& one = bh.stage_lists(Direction::seq_to_head);
   REQUIRE(one.send_pieces.size() == 1);
-  CHECK(one.send_pieces[0].direct());
-  CHECK(one.send_pieces[0].buffer == Buffer::input(0));
+  CHECK(one.send_pieces[0].in_place());
+  CHECK(one.send_pieces[0].buffer == BufferIndex::input(0));
   CHECK(one.send_pieces[0].offset == 0);  // peer 0's head 0 comes first
   CHECK(one.send_pieces[0].bytes == 4 * 2 * 4);
   CHECK(one.pack_staged.empty());
   // Received into [B, 1, S, D]: peer 0's tokens 0..3 of my one head, contiguous too.
-  CHECK(one.recv_pieces[0].direct());
+  CHECK(one.recv_pieces[0].in_place());
   CHECK(one.recv_pieces[0].offset == 0);
   CHECK(block_bytes(one.unpack_staged) == 4 * 2 * 4);  // only the own chunk
 }
 
-TEST_CASE("direct_pieces is part of the fingerprint") {
+TEST_CASE("in_place_messages is part of the fingerprint") {
   const auto heads = HeadPartition::even(4, 2);
   Plan a({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bshd, PlanOptions{1, true});
   Plan b({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(heads, 2)}, Format::bshd, PlanOptions{1, false});

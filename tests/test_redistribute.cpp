@@ -18,7 +18,7 @@ template <class T>
 std::string run_local(const ut::Case& c, bool pull = false) {
   LocalGroup g(c.P);
   std::vector<std::string> err(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     err[static_cast<std::size_t>(comm.rank())] = ut::with_direct_form(comm, pull, [&](auto& cm) { return ut::run_case<T>(cm, c); });
   });
   std::string all;
@@ -51,7 +51,7 @@ TEST_CASE("C1: batch > 1 keeps tokens of each sequence apart (literal values, bs
   const int P = 2;
   LocalGroup g(P);
   std::vector<std::vector<float>> out(P);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const int r = comm.rank();
     Plan plan({P, r}, 2, SeqPartition::even(4, P), {TensorSpec::of<float>(HeadPartition::even(4, P), 1)});
     std::vector<float> in;
@@ -95,7 +95,7 @@ TEST_CASE("choose_path: the fewest copies the communicator and executor allow, o
   CHECK(choose_path<ut::PullingComm, HostExecutor>(plan({})) == Path::direct);
   CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan({})) == Path::messages);
   CHECK(choose_path<ChunkOnlyComm, HostExecutor>(plan({})) == Path::alltoallv);
-  CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan(PlanOptions{1, false})) == Path::alltoallv);  // direct_pieces off
+  CHECK(choose_path<MutableMessagesComm, HostExecutor>(plan(PlanOptions{1, false})) == Path::alltoallv);  // in_place_messages off
   CHECK(choose_path<LocalGroup::Comm, HostExecutor>(plan(PlanOptions{1, true, Path::messages})) == Path::messages);
   CHECK(uses_pieces<LocalGroup::Comm, HostExecutor>(plan(PlanOptions{1, true, Path::messages})));
   CHECK(!uses_pieces<LocalGroup::Comm, HostExecutor>(plan({})));
@@ -127,7 +127,7 @@ TEST_CASE("the message-level stages run one by one give C1's literal values (seq
   LocalGroup g(P);
   std::vector<std::vector<float>> out(P);
   std::vector<std::size_t> staged_unpack(P);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const int r = comm.rank();
     Plan plan({P, r}, 1, SeqPartition::even(4, P), {TensorSpec::of<float>(HeadPartition::even(4, P), 1)});
     std::vector<float> in;
@@ -140,7 +140,7 @@ TEST_CASE("the message-level stages run one by one give C1's literal values (seq
     pack_pieces(plan, Direction::seq_to_head, ex, t);
     exchange_pieces(plan, Direction::seq_to_head, comm, t);
     unpack_pieces(plan, Direction::seq_to_head, ex, t);
-    staged_unpack[r] = plan.schedule(Direction::seq_to_head).unpack_staged.size();
+    staged_unpack[r] = plan.stage_lists(Direction::seq_to_head).unpack_staged.size();
   });
   CHECK(out[0] == std::vector<float>{0, 1, 4, 5, 8, 9, 12, 13});
   CHECK(out[1] == std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15});
@@ -199,7 +199,7 @@ TEST_CASE("direct path: seq→head pushed in token tiles, chunks longer than one
 TEST_CASE("C7: a non-contiguous input view x[:, 4:12] is honoured") {
   LocalGroup g(2);
   std::string err[2];
-  g.run([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_view_case<float>(comm, 2); });
+  g.spawn([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_view_case<float>(comm, 2); });
   CHECK(err[0] == "");
   CHECK(err[1] == "");
 }
@@ -274,7 +274,7 @@ TEST_CASE("q, k, v carved from one arena and passed in the wrong order (q and k 
   // passes {k, q, v} gives tensor 0 (q) the 64 bytes of k: refused before anything moves.
   LocalGroup g(2);
   std::vector<std::string> msg(2);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const auto a = attention_specs<float>(2, {4, 2, 4});
     Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), a.qkv());
     std::vector<float> arena((plan.seq_bytes(0) + plan.seq_bytes(1) + plan.seq_bytes(2)) / 4);
@@ -325,7 +325,7 @@ TEST_CASE("one rank's refused call (an output one element short) aborts the in-p
 TEST_CASE("a larger plan's workspace is the send region (256-aligned) plus the receive region") {
   // P=4, B=1, S=8 (2 tokens a rank), one float tensor H=4, D=2: each peer chunk 2*1*2*4 = 16 bytes.
   Plan plan({4, 2}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(HeadPartition::even(4, 4), 2)});
-  const auto& s = plan.schedule(Direction::seq_to_head);
+  const auto& s = plan.stage_lists(Direction::seq_to_head);
   CHECK(s.send_bytes == std::vector<std::size_t>{16, 16, 0, 16});
   CHECK(s.send_offsets == std::vector<std::size_t>{0, 16, 32, 32});
   CHECK(plan.recv_region_offset() == 256);
@@ -346,7 +346,7 @@ TEST_CASE("cross-rank agreement (on by default, every build): a rank that planne
       {"the head dim or element size of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
       {"the sequence partition", [&](int r) { return Plan({P, r}, 1, r == 2 ? SeqPartition::lengths(8, P, {3, 1, 2, 2}) : SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}); }},
       {"the number of stages K", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{r == 2 ? 2 : 1}); }},
-      {"the path options (PlanOptions::path, direct_pieces)", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{1, r != 2}); }},
+      {"the path options (PlanOptions::path, in_place_messages)", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{1, r != 2}); }},
       {"the head partition of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(r == 2 ? HeadPartition::ranges(8, {{0, 3}, {3, 4}, {4, 6}, {6, 8}}) : q, 4)}); }},
       {"the replica handling (Replicas, element type) of tensor 1", [&](int r) {
          return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4), TensorSpec::of<float>(kv, 4).with_replicas(r == 2 ? Replicas::owner : Replicas::sum)});
@@ -363,9 +363,9 @@ TEST_CASE("cross-rank agreement (on by default, every build): a rank that planne
     LocalGroup g(P);
     std::vector<std::string> msg(P);
     std::vector<Errc> code(P, Errc{});
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       Plan plan = v.make(comm.rank());
-      REQUIRE(plan.check_agreement());  // the default
+      REQUIRE(plan.agreement_check_enabled());  // the default
       TensorList<ConstByteSpan> in;
       TensorList<ByteSpan> out;
       std::vector<std::vector<std::byte>> bufs;
@@ -397,7 +397,7 @@ TEST_CASE("cross-rank agreement ignores what is a rank's own business: bshd next
   auto hp = HeadPartition::even(H, P);
   LocalGroup g(P);
   std::vector<std::string> err(P);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const int r = comm.rank();
     const std::int64_t L = S / P;
     auto spec = TensorSpec::of<float>(hp, D);
@@ -437,7 +437,7 @@ TEST_CASE("C9: ranks that planned different head splits throw plan_mismatch on e
     std::vector<std::string> msg(2);
     std::vector<Errc> code(2, Errc{});
     std::vector<std::vector<float>> out(2);
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       const int r = comm.rank();
       const auto heads = r == 0 ? HeadPartition::ranges(3, {{0, 2}, {2, 3}}) : HeadPartition::ranges(3, other);
       Plan plan({2, r}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(heads, 2)});
@@ -465,7 +465,7 @@ TEST_CASE("C9: ranks that planned different head splits throw plan_mismatch on e
 TEST_CASE("cross-rank agreement passes once for identical plans, and is off when asked") {
   LocalGroup g(2);
   std::vector<int> checked(2, 0);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)});
     std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
     std::vector<std::byte> ws(plan.workspace_bytes());
@@ -475,9 +475,9 @@ TEST_CASE("cross-rank agreement passes once for identical plans, and is off when
   });
   CHECK(checked == std::vector<int>{1, 1});
   Plan off({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 4)});
-  CHECK(off.check_agreement());
-  off.set_check_agreement(false);
-  CHECK_FALSE(off.check_agreement());
+  CHECK(off.agreement_check_enabled());
+  off.set_agreement_check(false);
+  CHECK_FALSE(off.agreement_check_enabled());
 }
 
 namespace {
@@ -496,7 +496,7 @@ struct AlltoallvOnly {
 TEST_CASE("cross-rank agreement through alltoallv when the communicator has no allgather") {
   LocalGroup g(3);
   std::vector<Errc> code(3, Errc{});
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     AlltoallvOnly c{comm};
     Plan plan({3, comm.rank()}, 1, SeqPartition::even(comm.rank() == 1 ? 6 : 3, 3), {TensorSpec::of<float>(HeadPartition::even(3, 3), 2)});
     code[comm.rank()] = ut::code_of([&] { check_agreement(plan, c); });
@@ -541,7 +541,7 @@ template <class T>
 std::string run_special(const ut::Case& c) {
   LocalGroup g(c.P);
   std::vector<std::string> err(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_case<T>(comm, c, HostExecutor{}, special<T>); });
+  g.spawn([&](LocalGroup::Comm& comm) { err[comm.rank()] = ut::run_case<T>(comm, c, HostExecutor{}, special<T>); });
   std::string all;
   for (auto& e : err) all += e;
   return all;
@@ -595,7 +595,7 @@ TEST_CASE("bad input matrix: each bad input gets its own error code") {
 TEST_CASE("pointers misaligned for vectors (but aligned for the element) take the narrow path and stay exact") {
   LocalGroup g(2);
   std::string err[2];
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     Plan plan({2, comm.rank()}, 2, SeqPartition::even(6, 2), {TensorSpec::of<float>(HeadPartition::even(4, 2), 5)});
     std::vector<float> in(plan.seq_bytes(0) / 4 + 1), out(plan.head_bytes(0) / 4 + 1), back(in.size());
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i * 7 + comm.rank());
@@ -617,7 +617,7 @@ TEST_CASE("q, k, v as views of one fused [B, S, 3, H, D] buffer, both ways (forw
   const Layout view = Layout::strided({B, L, H, D}, {L * 3 * H * D, 3 * H * D, D, 1});
   LocalGroup g(P);
   std::string err[P];
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const int r = comm.rank();
     auto hp = HeadPartition::even(H, P);
     std::vector<TensorSpec> specs(3, TensorSpec::of<float>(hp, D).with_seq_layout(view));
@@ -654,7 +654,7 @@ TEST_CASE("q, k, v (GQA) as views of one fused [B, S, H + 2*Hkv, D] buffer, both
   const std::int64_t st[4] = {L * Hs * D, Hs * D, D, 1};
   LocalGroup g(P);
   std::string err[P];
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     const int r = comm.rank();
     auto hq = HeadPartition::even(H, P);
     auto hkv = HeadPartition::gqa(hq, Hkv);
@@ -773,7 +773,7 @@ TEST_CASE("exact overlap test of two views with one layout") {
 TEST_CASE("an input inside the workspace is refused (the exchange would overwrite it; the direct path uses none)") {
   LocalGroup g(2);
   std::vector<Errc> code(2, Errc{});
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     Plan plan({2, comm.rank()}, 1, SeqPartition::even(4, 2), {TensorSpec::of<float>(HeadPartition::even(2, 2), 4)}, Format::bshd,
               PlanOptions{1, true, Path::messages});
     REQUIRE(plan.workspace_bytes() > 0);
@@ -797,7 +797,7 @@ template <class T>
 std::string adjoint_local(const ut::Case& c, bool pull = false) {
   LocalGroup g(c.P);
   std::vector<ut::AdjointShare> share(static_cast<std::size_t>(c.P));
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     share[static_cast<std::size_t>(comm.rank())] =
         ut::with_direct_form(comm, pull, [&](auto& cm) { return ut::run_adjoint_case<T>(cm, c); });
   });
@@ -877,7 +877,7 @@ TEST_CASE("C11: MQA H=4, Hkv=1, P=4: the gradient of the replicated kv head is t
   for (bool bf16 : {false, true}) {
     LocalGroup g(P);
     std::vector<std::vector<float>> dk(P);
-    g.run([&](LocalGroup::Comm& comm) {
+    g.spawn([&](LocalGroup::Comm& comm) {
       const int r = comm.rank();
       const auto a = attention_specs<float>(P, {4, 1, D}, bf16 ? ElementType::bfloat16 : ElementType::float32);
       std::vector<TensorSpec> specs = a.qkv();
@@ -934,7 +934,7 @@ TEST_CASE("C11: MQA H=4, Hkv=1, P=4: the gradient of the replicated kv head is t
 TEST_CASE("the backwards by name refuse a plan whose replicated heads take their owner's copy (not_adjoint), on every rank") {
   LocalGroup g(4);
   std::vector<Errc> code(4, Errc{}), ok(4, Errc::backend);
-  g.run([&](LocalGroup::Comm& comm) {
+  g.spawn([&](LocalGroup::Comm& comm) {
     auto q = HeadPartition::even(4, 4);
     auto kv = HeadPartition::gqa(q, 1);
     Plan inv({4, comm.rank()}, 1, SeqPartition::even(4, 4), {TensorSpec::of<float>(q, 2), TensorSpec::of<float>(kv, 2).with_replicas(Replicas::owner)});

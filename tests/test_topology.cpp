@@ -77,7 +77,7 @@ TEST_CASE("two-level route: one inter-node message per node pair and lane, intra
           for (int r = 0; r < t.P; ++r) {
             const Plan& p = ps[static_cast<std::size_t>(r)];
             CHECK(p.two_level());
-            const Schedule& s = p.schedule(dir, k);
+            const StageLists& s = p.stage_lists(dir, k);
             for (int j = 0; j < t.P; ++j)
               if (t.nodes.node(j) != t.nodes.node(r)) cross_chunk_bytes += s.send_bytes[static_cast<std::size_t>(j)];
             for (int round = 0; round < 3; ++round) {
@@ -111,7 +111,7 @@ TEST_CASE("two-level route: one inter-node message per node pair and lane, intra
 
 TEST_CASE("two-level route: message counts of 8 = 2 x 4 (contiguous nodes merge a rank's chunks for a node)") {
   const std::vector<Plan> ps = plans(8, NodeLayout::uniform(8, 4));
-  const Schedule& r0 = ps[0].schedule(Direction::seq_to_head);
+  const StageLists& r0 = ps[0].stage_lists(Direction::seq_to_head);
   // Rank 0 sends its 3 node-mates their chunks and rank 1 (node 0's forwarder for node 1) one
   // message with its 4 chunks for node 1; it forwards nothing and receives for node 0 from node 1.
   CHECK(r0.hop_send[0].size() == 4);
@@ -119,7 +119,7 @@ TEST_CASE("two-level route: message counts of 8 = 2 x 4 (contiguous nodes merge 
   CHECK(r0.hop_recv[1].empty());
   // Rank 1 forwards node 0's chunks for node 1 to node 1's receiver for node 0 (local index 0 % 4:
   // rank 4), and receives node 1's for node 0 from node 1's forwarder for node 0 (rank 4).
-  const Schedule& r1 = ps[1].schedule(Direction::seq_to_head);
+  const StageLists& r1 = ps[1].stage_lists(Direction::seq_to_head);
   CHECK(r1.hop_send[1].size() == 1);
   CHECK(r1.hop_send[1][0].peer == 4);
   CHECK(r1.hop_recv[1].size() == 1);
@@ -128,7 +128,7 @@ TEST_CASE("two-level route: message counts of 8 = 2 x 4 (contiguous nodes merge 
   CHECK(r1.hop_send[2].size() == 3 * 4);
   // Rail-aligned lanes: local rank i of node 0 sends local rank i of node 1 one message, no delivery.
   for (const Plan& p : plans(8, NodeLayout::uniform(8, 4), 1, Path::automatic, 0)) {
-    const Schedule& s = p.schedule(Direction::head_to_seq);
+    const StageLists& s = p.stage_lists(Direction::head_to_seq);
     REQUIRE(s.hop_send[1].size() == 1);
     CHECK(s.hop_send[1][0].peer == (p.rank() + 4) % 8);
     CHECK(s.hop_send[2].empty());

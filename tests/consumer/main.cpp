@@ -13,7 +13,7 @@ int main() {
   const std::int64_t B = 1, S = 6, H = 4, D = 8;
   LocalGroup group(P);
   int bad = 0;
-  group.run([&](LocalGroup::Comm& comm) {
+  group.spawn([&](LocalGroup::Comm& comm) {
     Plan plan({P, comm.rank()}, B, SeqPartition::even(S, P), {TensorSpec::of<std::uint16_t>(HeadPartition::even(H, P), D)});
     std::vector<std::uint16_t> x(plan.seq_bytes(0) / 2), y(plan.head_bytes(0) / 2), z(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::uint16_t>(i + 1000 * comm.rank());

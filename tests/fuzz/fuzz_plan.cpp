@@ -208,13 +208,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (int r = 0; r < P; ++r) layouts.push_back(plans[r]->layout_record());
       std::vector<std::byte*> peers(static_cast<std::size_t>(P) * kMaxTensors, nullptr);
       for (int r = 0; r < P; ++r)
-        for (int t = 0; t < T; ++t) peers[static_cast<std::size_t>(r * kMaxTensors + t)] = tabs[r].base[Buffer::input(t)];
+        for (int t = 0; t < T; ++t) peers[static_cast<std::size_t>(r * kMaxTensors + t)] = tabs[r].base[BufferIndex::input(t)];
       for (int r = 0; r < P; ++r) {
         const Plan& p = *plans[r];
-        p.set_peer_layouts(layouts.data());
-        for (const BlockCopy& c : p.direct_list(dir)) {  // sources in the peers' inputs, destinations in my outputs
-          EXPECT(c.src_buffer >= Buffer::count && c.dst_buffer < Buffer::count);
-          const int q = (c.src_buffer - Buffer::count) / kMaxTensors, t = (c.src_buffer - Buffer::count) % kMaxTensors;
+        const PeerCopyLists lists = peer_copy_lists(p, layouts.data());
+        const std::vector<BlockCopy>& direct_list = lists.list[static_cast<int>(dir)];
+        for (const BlockCopy& c : direct_list) {  // sources in the peers' inputs, destinations in my outputs
+          EXPECT(c.src_buffer >= BufferIndex::count && c.dst_buffer < BufferIndex::count);
+          const int q = (c.src_buffer - BufferIndex::count) / kMaxTensors, t = (c.src_buffer - BufferIndex::count) % kMaxTensors;
           EXPECT(q >= 0 && q < P && t < T);
           std::int64_t src_end = c.src_offset + c.row_bytes, dst_end = c.dst_offset + c.row_bytes;
           for (int i = 0; i < 4; ++i) src_end += (c.extent[i] - 1) * c.src_stride[i], dst_end += (c.extent[i] - 1) * c.dst_stride[i];
@@ -224,32 +225,32 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         BufferTable t = tabs[r];
         t.peers = peers.data();
         HostExecutor ex;
-        ex.run(p.direct_list(dir).data(), p.direct_list(dir).size(), t);
+        ex.run(direct_list.data(), direct_list.size(), t);
       }
     }
     for (int k = 0; k < (direct ? 0 : K); ++k) {
       for (int r = 0; r < P; ++r) {
         const Plan& p = *plans[r];
-        const Schedule& sc = p.schedule(dir, k);
+        const StageLists& sc = p.stage_lists(dir, k);
         const std::size_t send_region = p.recv_region_offset(), recv_region = p.workspace_bytes() - p.recv_region_offset();
         // Chunk consistency against every peer, inside the regions.
         for (int j = 0; j < P; ++j) {
-          EXPECT(sc.send_bytes[j] == plans[j]->schedule(dir, k).recv_bytes[r]);
+          EXPECT(sc.send_bytes[j] == plans[j]->stage_lists(dir, k).recv_bytes[r]);
           EXPECT(sc.send_offsets[j] + sc.send_bytes[j] <= send_region);
           EXPECT(sc.recv_offsets[j] + sc.recv_bytes[j] <= recv_region);
         }
         EXPECT(sc.send_bytes[r] == 0 && sc.recv_bytes[r] == 0);
-        std::int64_t sizes[Buffer::count] = {};
+        std::int64_t sizes[BufferIndex::count] = {};
         for (int t = 0; t < T; ++t) {
-          sizes[Buffer::input(t)] = static_cast<std::int64_t>(p.input_bytes(dir, t));
-          sizes[Buffer::output(t)] = static_cast<std::int64_t>(p.output_bytes(dir, t));
+          sizes[BufferIndex::input(t)] = static_cast<std::int64_t>(p.input_bytes(dir, t));
+          sizes[BufferIndex::output(t)] = static_cast<std::int64_t>(p.output_bytes(dir, t));
         }
-        sizes[Buffer::send] = static_cast<std::int64_t>(send_region);
-        sizes[Buffer::recv] = static_cast<std::int64_t>(recv_region);
+        sizes[BufferIndex::send] = static_cast<std::int64_t>(send_region);
+        sizes[BufferIndex::recv] = static_cast<std::int64_t>(recv_region);
         check_blocks(sc.pack, sizes);
         check_blocks(sc.unpack, sizes);
-        EXPECT(sum_bytes(sc.pack, Buffer::send, false) == static_cast<std::int64_t>(sc.send_total));
-        EXPECT(sum_bytes(sc.unpack, Buffer::recv, true) == static_cast<std::int64_t>(sc.recv_total));
+        EXPECT(sum_bytes(sc.pack, BufferIndex::send, false) == static_cast<std::int64_t>(sc.send_total));
+        EXPECT(sum_bytes(sc.unpack, BufferIndex::recv, true) == static_cast<std::int64_t>(sc.recv_total));
         for (std::size_t i = 0; i < sc.unpack.size(); ++i) {  // a sum's terms follow it, same geometry
           const BlockCopy& c = sc.unpack[i];
           if (c.op != BlockOp::sum) {
@@ -283,11 +284,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           pack(p, dir, ex, tabs[r], k);
       }
       for (int r = 0; r < P; ++r) {  // the exchange, by hand
-        const Schedule& sc = plans[r]->schedule(dir, k);
+        const StageLists& sc = plans[r]->stage_lists(dir, k);
         if (messages) {  // r's k-th piece from j is j's k-th piece to r
           std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
           for (const Piece& rp : sc.recv_pieces) {
-            const std::vector<Piece>& from = plans[rp.peer]->schedule(dir, k).send_pieces;
+            const std::vector<Piece>& from = plans[rp.peer]->stage_lists(dir, k).send_pieces;
             std::size_t& i = next[static_cast<std::size_t>(rp.peer)];
             while (i < from.size() && from[i].peer != r) ++i;
             EXPECT(i < from.size() && from[i].bytes == rp.bytes && from[i].tensor == rp.tensor);
@@ -295,19 +296,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             ++i;
           }
           for (int j = 0; j < P; ++j) {
-            const std::vector<Piece>& from = plans[j]->schedule(dir, k).send_pieces;
+            const std::vector<Piece>& from = plans[j]->stage_lists(dir, k).send_pieces;
             for (std::size_t i = next[static_cast<std::size_t>(j)]; i < from.size(); ++i) EXPECT(from[i].peer != r);
           }
           continue;
         }
         for (int j = 0; j < P; ++j)
           if (sc.recv_bytes[j])
-            std::memcpy(tabs[r].base[Buffer::recv] + sc.recv_offsets[j],
-                        tabs[j].base[Buffer::send] + plans[j]->schedule(dir, k).send_offsets[r], sc.recv_bytes[j]);
+            std::memcpy(tabs[r].base[BufferIndex::recv] + sc.recv_offsets[j],
+                        tabs[j].base[BufferIndex::send] + plans[j]->stage_lists(dir, k).send_offsets[r], sc.recv_bytes[j]);
       }
       for (int r = 0; r < P; ++r) {
         HostExecutor ex;
-        const Schedule& sc = plans[r]->schedule(dir, k);
+        const StageLists& sc = plans[r]->stage_lists(dir, k);
         if (messages)
           ex.run(sc.unpack_staged.data(), sc.unpack_staged.size(), tabs[r]);
         else

@@ -276,7 +276,7 @@ std::string on_device_group(int P, F&& fn) {
   std::vector<std::string> err(static_cast<std::size_t>(P));
   try {
     ulysses::DeviceLocalGroup g(P);
-    g.run(handles.data(), [&](ulysses::DeviceLocalGroup::Comm& comm) {
+    g.spawn(handles.data(), [&](ulysses::DeviceLocalGroup::Comm& comm) {
       err[static_cast<std::size_t>(comm.rank())] = fn(comm);
     });
   } catch (const std::exception& e) {
@@ -339,11 +339,11 @@ inline ListBuffers list_buffers(const ulysses::Plan& plan, ulysses::Direction di
     if (random) fill_random(b.bytes.back(), 7919 * static_cast<std::uint64_t>(index) + 1);
   };
   for (int t = 0; t < plan.num_tensors(); ++t) {
-    add(Buffer::input(t), plan.input_bytes(dir, t), true);
-    add(Buffer::output(t), plan.output_bytes(dir, t), false);
+    add(BufferIndex::input(t), plan.input_bytes(dir, t), true);
+    add(BufferIndex::output(t), plan.output_bytes(dir, t), false);
   }
-  add(Buffer::send, plan.recv_region_offset(), false);
-  add(Buffer::recv, plan.workspace_bytes() - plan.recv_region_offset(), true);
+  add(BufferIndex::send, plan.recv_region_offset(), false);
+  add(BufferIndex::recv, plan.workspace_bytes() - plan.recv_region_offset(), true);
   return b;
 }
 
@@ -381,7 +381,7 @@ inline std::string compare_executors(const ulysses::Plan& plan, const std::strin
     UT_CUDA(cudaStreamSynchronize(s));  // uploads done before the host executor changes the host bytes
     CudaExecutor ex(plan, s);
     for (int k = 0; k < plan.num_stages(); ++k) {
-      const Schedule& sc = plan.schedule(dir, k);
+      const StageLists& sc = plan.stage_lists(dir, k);
       ex.run(sc.pack.data(), sc.pack.size(), dev_t);
       ex.run(sc.unpack.data(), sc.unpack.size(), dev_t);
       HostExecutor{}.run(sc.pack.data(), sc.pack.size(), host_t);
@@ -430,7 +430,7 @@ inline std::string compare_emulated(const ulysses::Plan& plan, const std::string
       emu_t.base[want.index[i]] = p;
     }
     for (int k = 0; k < plan.num_stages(); ++k) {
-      const Schedule& sc = plan.schedule(dir, k);
+      const StageLists& sc = plan.stage_lists(dir, k);
       emulate_kernel(sc.pack.data(), sc.pack.size(), emu_t);
       emulate_kernel(sc.unpack.data(), sc.unpack.size(), emu_t);
       HostExecutor{}.run(sc.pack.data(), sc.pack.size(), host_t);

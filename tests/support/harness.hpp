@@ -45,7 +45,7 @@ struct Case {
   Format format = Format::bshd;
   int stages = 1;          ///< PlanOptions::stages
   bool pipelined = false;  ///< run through HostPipeline (else redistribute())
-  bool direct_pieces = true;  ///< PlanOptions::direct_pieces (false: one all-to-all-v of the wire)
+  bool in_place_messages = true;  ///< PlanOptions::in_place_messages (false: one all-to-all-v of the wire)
   ulysses::Replicas replicas = ulysses::Replicas::sum;  ///< every tensor's (opaque types always take Replicas::owner)
   bool padded = false;  ///< strided views: every rank's local tensors with padded rows and tokens (rank-dependent)
   ulysses::Path path = ulysses::Path::automatic;  ///< PlanOptions::path: the transport
@@ -109,7 +109,7 @@ ulysses::Plan plan_of(const Case& c, int r) {
       specs.back().with_head_layout(padded_view(c.B, c.seq.seq_len(), t.heads.count(r), t.D, r + 1));
     }
   }
-  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes, c.lanes});
+  return ulysses::Plan({c.P, r}, c.B, c.seq, specs, c.format, ulysses::PlanOptions{c.stages, c.in_place_messages, c.path, c.nodes, c.lanes});
 }
 
 /// What head→seq(seq→head(x)) gives element x of head h of tensor t: x itself, or, when the plan
@@ -319,7 +319,7 @@ AdjointShare run_adjoint_case(Comm& comm, const Case& c) {
     x.replicas = Replicas::sum;
     specs.push_back(x);
   }
-  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.direct_pieces, c.path, c.nodes, c.lanes});
+  const Plan plan({c.P, r}, c.B, c.seq, specs, c.format, PlanOptions{c.stages, c.in_place_messages, c.path, c.nodes, c.lanes});
   const int NT = plan.num_tensors();
   const std::int64_t S = c.seq.seq_len();
   const std::vector<std::int64_t> tok = global_tokens(c.seq, r);

@@ -268,13 +268,6 @@ class LocalGroup {
     if (first) std::rethrow_exception(first);
   }
 
-  /// Deprecated (removed in 0.3): the old name of spawn(), which it calls.
-  /// @throws what spawn() throws.
-  template <class F>
-  [[deprecated("use spawn")]] void run(F&& fn) {
-    spawn(std::forward<F>(fn));
-  }
-
   /// Marks the group failed: ranks waiting in a collective, and all later collectives, throw
   /// Error(aborted), whose message includes `why` (unless the group had failed before: the first
   /// failure's message is kept). A group cannot be revived; make a new one.

@@ -241,13 +241,6 @@ class DeviceLocalGroup {
     });
   }
 
-  /// Deprecated (removed in 0.3): the old name of spawn(), which it calls.
-  /// @throws what spawn() throws.
-  template <class F>
-  [[deprecated("use spawn")]] void run(const cudaStream_t* streams, F&& fn) {
-    spawn(streams, std::forward<F>(fn));
-  }
-
   /// Marks the group failed (LocalGroup::abort).
   /// @param why what failed, for the peers' messages
   void abort(const std::string& why = "DeviceLocalGroup::abort() was called") { host_.abort(why); }

@@ -94,8 +94,8 @@ class CudaExecutor {
   /// over: a captured graph stays valid while its table is among the resident ones.
   static constexpr int kPeerTables = 16;
 
-  /// Uploads the direct path's two lists (Plan::direct_list(seq_to_head) and
-  /// direct_list(head_to_seq), which the first direct exchange builds) and makes room in device
+  /// Uploads the direct path's two lists (PeerCopyLists::list[0] and list[1] of
+  /// peer_copy_lists(plan, all), which the first direct exchange builds) and makes room in device
   /// memory for kPeerTables tables of the peers' pointers (degree × kMaxTensors each): what
   /// exchange_direct() calls before running them. Nothing on later calls with the same seq_to_head list. Allocates (cudaMalloc,
   /// cudaMallocHost) the first time: outside stream capture; the upload is enqueued on stream().
@@ -140,7 +140,7 @@ class CudaExecutor {
   /// @param blocks one of the uploaded lists, by its host address: a BlockList::data given to the
   ///               constructor or to prepare_direct() — for a plan, `plan.stage_lists(d, k).pack.data()`,
   ///               `.unpack.data()`, `.pack_staged.data()`, `.unpack_staged.data()` or
-  ///               `plan.direct_list(d).data()` (what the stage functions of redistribute.hpp pass)
+  ///               the peer copy's `lists.list[d].data()` (what the stage functions of redistribute.hpp pass)
   /// @param n      that list's size (its BlockList::size)
   /// @param t      device base pointers (by value: the kernel takes a copy at launch)
   /// @pre the executor's device is current; the buffers' copies do not overlap (as for the host

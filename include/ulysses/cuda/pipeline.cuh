@@ -161,14 +161,6 @@ class CudaPipeline {
     }
   }
 
-  /// Old name of redistribute() (0.1; removed in 0.3).
-  template <class Comm, class Exec>
-  [[deprecated("use CudaPipeline::redistribute()")]] void run(const Plan& plan, Direction dir, Comm& comm, const Exec& exec,
-                                                                const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
-                                                                Workspace ws) {
-    redistribute(plan, dir, comm, exec, in, out, ws);
-  }
-
   /// redistribute(plan, Direction::seq_to_head, ...): seq-sharded inputs [B, S_r, H, D] →
   /// head-sharded outputs [B, S, H_r, D]. See redistribute().
   template <class Comm, class Exec>

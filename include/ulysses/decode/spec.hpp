@@ -25,10 +25,6 @@ enum class DecodeOutput : std::int32_t {
                   ///< of the merged head groups: the all-gather variant)
 };
 
-/// Deprecated (0.1; removed in 0.3): the decode exchange takes the shared Path
-/// (DecodeSpec::path): DecodePath::automatic, alltoallv, messages and direct are Path's.
-using DecodePath [[deprecated("use Path (DecodeSpec::path is a Path)")]] = Path;
-
 /// The largest group Path::direct takes for a decode exchange (the peers' pointers live in fixed
 /// tables).
 inline constexpr int kDecodeDirectMaxRanks = kMaxTableRanks;

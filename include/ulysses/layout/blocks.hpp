@@ -43,9 +43,6 @@ struct BufferIndex {
   static constexpr int bounce(int degree) { return count + 2 * degree * kMaxTensors; }
 };
 
-/// Deprecated name of BufferIndex (0.1; removed in 0.3): it is index arithmetic, not a buffer.
-using Buffer = BufferIndex;
-
 /// The base pointers one execution of a plan works on (trivially copyable: passed by value to
 /// CUDA kernels). Unused entries are null.
 struct BufferTable {

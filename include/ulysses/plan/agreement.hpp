@@ -68,7 +68,7 @@ inline AgreementRecord Plan::agreement_record() const {
 inline std::string Plan::agreement_field(int i) {
   static const char* const first[8] = {"the record version", "the group size P", "the batch B", "the sequence length S",
                                        "the sequence partition", "the number of tensors", "the number of stages K",
-                                       "the path options (PlanOptions::path, direct_pieces)"};
+                                       "the path options (PlanOptions::path, in_place_messages)"};
   if (i < 8) return first[i];
   if (i < detail::kElementWord) return "the head partition of tensor " + std::to_string(i - detail::kHeadsWord);
   if (i < detail::kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - detail::kElementWord);

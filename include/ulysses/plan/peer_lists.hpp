@@ -4,7 +4,7 @@
 ///        what transport/peer_copy.hpp keeps in the communicator's ExchangeState. Pure host
 ///        computation (it allocates), made once per plan and group.
 ///
-/// Included by plan/plan.hpp at its end (it defines Plan::set_peer_layouts() and direct_list()).
+/// Included by plan/plan.hpp at its end.
 #pragma once
 
 #include <algorithm>
@@ -163,19 +163,6 @@ inline PeerCopyLists peer_copy_lists(const Plan& plan, const LayoutRecord* all) 
     detail::peer_copy_head_to_seq(plan, all, t, lists.list[1]);
   }
   return lists;
-}
-
-inline void Plan::set_peer_layouts(const LayoutRecord* all) const {
-  // Deprecated API of 0.1, which kept the lists in the plan: they go to the object the plan
-  // shares for it (the plan's own members do not change); the library keeps its lists in the
-  // communicator's ExchangeState.
-  legacy_->lists = peer_copy_lists(*this, all);
-  legacy_->ready = true;
-}
-
-inline const std::vector<BlockCopy>& Plan::direct_list(Direction d) const {
-  if (!legacy_->ready) detail::fail(Errc::plan_mismatch, "Plan::direct_list: set_peer_layouts() has not run (deprecated API)");
-  return legacy_->lists.list[static_cast<int>(d)];
 }
 
 ULYSSES_NAMESPACE_END

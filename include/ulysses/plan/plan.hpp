@@ -40,11 +40,6 @@ using AgreementRecord = std::array<std::uint64_t, kAgreementWords>;
 
 namespace detail {
 struct TransportDispatch;  // transport/dispatch.hpp: what Plan::copies() forwards to
-/// What the deprecated Plan::set_peer_layouts() builds (plan/peer_lists.hpp).
-struct LegacyPeerCopy {
-  PeerCopyLists lists;
-  bool ready = false;
-};
 }  // namespace detail
 
 /// Everything one rank needs to run seq→head and head→seq for a set of tensors: the validated
@@ -87,8 +82,7 @@ class Plan : private detail::PlanFields {
        PlanOptions options = {})
       : detail::PlanFields(group, batch, std::move(seq), std::move(tensors), format, options),
         id_(detail::next_plan_id()),
-        check_(std::make_shared<AgreementCheck>()),
-        legacy_(std::make_shared<detail::LegacyPeerCopy>()) {
+        check_(std::make_shared<AgreementCheck>()) {
     build_stages();
   }
 
@@ -138,8 +132,6 @@ class Plan : private detail::PlanFields {
   const StageLists& stage_lists(Direction d, int stage = 0) const {
     return lists_[static_cast<int>(d)].at(static_cast<std::size_t>(stage));
   }
-  /// Old name of stage_lists() (0.1; kept for one minor version, removed in 0.3).
-  const StageLists& schedule(Direction d, int stage = 0) const { return stage_lists(d, stage); }
   /// Bytes every rank sends every other in stage k of direction dir: [i * P + j] is the chunk from
   /// rank i to rank j (0 for i == j: a rank's own data never travels), computed from the shared
   /// inputs alone, so any rank's plan gives the whole matrix (what the two-level route and the
@@ -234,23 +226,6 @@ class Plan : private detail::PlanFields {
   void set_agreement_check(bool on) { check_->enable(on); }
   /// True once the cross-rank check has passed for this plan (on any communicator).
   bool agreement_checked() const { return check_->passed(); }
-  /// Old name of agreement_check_enabled() (0.1; removed in 0.3): a getter, not the collective check_agreement().
-  [[deprecated("use agreement_check_enabled()")]] bool check_agreement() const { return agreement_check_enabled(); }
-  /// Old name of set_agreement_check() (0.1; removed in 0.3).
-  [[deprecated("use set_agreement_check()")]] void set_check_agreement(bool on) { set_agreement_check(on); }
-
-  /// Deprecated (0.1; removed in 0.3): the peer copy's lists now belong to the communicator
-  /// (ExchangeState::peer_copy(); transport/peer_copy.hpp builds them with peer_copy_lists()).
-  /// Builds them from every rank's layout_record() (`all` holds P of them, in rank order) into an
-  /// object the plan shares, for direct_list(). @throws Error(plan_mismatch) when a record's
-  /// extents are not the ones rank p's local shape has.
-  /// Defined in plan/peer_lists.hpp, as is direct_list() (see the end of this header).
-  [[deprecated("use peer_copy_lists(plan, all) (transport/peer_copy.hpp)")]] void set_peer_layouts(const LayoutRecord* all) const;
-  /// Deprecated (0.1): true once set_peer_layouts() has run.
-  [[deprecated("see set_peer_layouts()")]] bool has_direct_lists() const { return legacy_->ready; }
-  /// Deprecated (0.1): the lists set_peer_layouts() built for direction d (all stages at once).
-  /// @pre has_direct_lists()
-  [[deprecated("see set_peer_layouts()")]] const std::vector<BlockCopy>& direct_list(Direction d) const;
 
  private:
   std::size_t span_bytes(const Layout& l, int t) const { return static_cast<std::size_t>(l.span_elems()) * tensor(t).elem_bytes; }
@@ -295,7 +270,6 @@ class Plan : private detail::PlanFields {
 
   std::uint64_t id_;
   std::shared_ptr<AgreementCheck> check_;           // shared with copies (the same plan)
-  std::shared_ptr<detail::LegacyPeerCopy> legacy_;     // filled only by the deprecated set_peer_layouts()
   std::vector<StageLists> lists_[2];                // per direction, per stage
   std::size_t recv_region_ = 0, workspace_ = 0;
 };
@@ -324,7 +298,7 @@ ULYSSES_NAMESPACE_END
 // Plan's class above declares them; their definitions need what those headers hold, and each of
 // them includes this header first, so they are included here, last, where Plan is complete:
 // - agreement_record(), agreement_field(), fingerprint(): plan/agreement.hpp (with
-//   check_agreement(), which compares the records);
-// - set_peer_layouts(), direct_list() (deprecated): plan/peer_lists.hpp (the peer copy's lists).
+//   check_agreement(), which compares the records).
+// plan/peer_lists.hpp follows: peer_copy_lists(plan, all), the peer copy's lists (no member of Plan).
 #include "agreement.hpp"
 #include "peer_lists.hpp"

@@ -168,10 +168,6 @@ struct PlanOptions {
   /// (rail-aligned, as NCCL's PXN: each rank's inter-node bytes those of the flat exchange, in
   /// N - 1 messages). advise_degree() (cost.hpp) says which pays on given links. >= 0.
   int lanes = 1;
-  /// Deprecated name of in_place_messages (0.1; removed in 0.3; the second field, which
-  /// positional initialisers such as PlanOptions{1, false} set, is in_place_messages): either one
-  /// set to false turns the message path off.
-  bool direct_pieces = true;
   /// The Ulysses × Ring configuration this plan serves, when the group is one of a hybrid's
   /// Ulysses groups (RingConfig::of(partition, causal); the plan's sequence partition is then
   /// RingPartition::ulysses_partition(j) of a ring rank j). Part of the agreement record: the
@@ -180,8 +176,8 @@ struct PlanOptions {
   /// (ring/agreement.hpp) uses it for the whole U × R block. Every rank must pass the same.
   /// Empty (default): a plain Ulysses group.
   std::optional<RingConfig> ring{};
-  /// in_place_messages && direct_pieces: whether the message path may be chosen.
-  bool messages_enabled() const { return in_place_messages && direct_pieces; }
+  /// in_place_messages: whether the message path may be chosen.
+  bool messages_enabled() const { return in_place_messages; }
 };
 
 

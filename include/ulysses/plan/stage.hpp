@@ -38,8 +38,6 @@ struct Piece {
   /// True when the piece lies in the user's tensor: it is sent from the input or received into
   /// the output as it is, with no pack or unpack copy.
   bool in_place() const { return buffer != BufferIndex::send && buffer != BufferIndex::recv; }
-  /// Deprecated name of in_place() (0.1; removed in 0.3).
-  [[deprecated("use Piece::in_place()")]] bool direct() const { return in_place(); }
 };
 
 /// What every transport starts from: the wire chunks of one stage (byte counts and offsets
@@ -88,9 +86,6 @@ struct TwoLevelStage {
 /// The lists of one stage of one direction, for this rank: the wire part every transport uses
 /// and the parts of the message and two-level transports (Plan::stage_lists()).
 struct StageLists : WireStage, MessageStage, TwoLevelStage {};
-
-/// Deprecated name of StageLists (0.1; removed in 0.3): it is one stage's lists, not a schedule.
-using Schedule = StageLists;
 
 /// One rank's local layouts (extents and strides of the seq-sharded and head-sharded layout of
 /// every tensor), as the ranks exchange them once per plan for the peer copy (Path::direct): a

@@ -49,10 +49,6 @@ inline Layout layout_from(const at::Tensor& t) {
   return Layout::strided({t.size(0), t.size(1), t.size(2), t.size(3)}, {t.stride(0), t.stride(1), t.stride(2), t.stride(3)});
 }
 
-/// Deprecated (removed in 0.3): the old name of layout_from(), which it calls.
-/// @throws what layout_from() throws.
-[[deprecated("use layout_from")]] inline Layout layout_of(const at::Tensor& t) { return layout_from(t); }
-
 /// The TensorSpec of one tensor from this rank's two tensors: `seq_local` (seq-sharded
 /// [B, S_r, H, D]) and `head_local` (head-sharded [B, S, H_r, D]), in any strides; the element type
 /// and size are their dtype's. Either may be undefined: that side then takes the plan's format.

@@ -150,12 +150,6 @@ inline const std::vector<BlockCopy>& unpack_list(const Plan& plan, Direction dir
     else return decltype(t)::unpack_list(plan, dir, stage);
   });
 }
-/// Old form of pack_list() / unpack_list() (0.1; removed in 0.3): `before_exchange` picks one.
-[[deprecated("use pack_list() / unpack_list()")]] inline const std::vector<BlockCopy>& stage_copies(const Plan& plan, Direction dir,
-                                                                                                    Path path, bool before_exchange,
-                                                                                                    int stage = 0) {
-  return before_exchange ? pack_list(plan, dir, path, stage) : unpack_list(plan, dir, path, stage);
-}
 
 /// The exchange of stage `stage` on `path` (alltoallv, messages or two_level), after the
 /// communicator check and, before a plan's first exchange on this communicator, the cross-rank
