@@ -86,10 +86,9 @@ inline bool cross_memory_readable(std::int64_t pid, std::uint64_t address, std::
 /// ranges that are contiguous are merged (on each side independently), and a call of
 /// process_vm_readv reads up to kMaxRanges ranges of each side. When writing, local ranges
 /// shorter than kPackBelow are first copied one after the other into a pack buffer of kPackBytes
-/// (it stays in cache), which the kernel then reads as one range: process_vm_writev pays about
-/// 170 ns per local range on top of the bytes (bench/bench_cross_memory.cpp, one 2-core VM, 48 MiB
-/// written: in 512-byte ranges 26.9 ms, packed first 19.3 ms, from one contiguous range 10.6 ms;
-/// 2 KiB ranges take 13.9 ms as they are, less than packing costs). Those bytes are copied twice,
+/// (it stays in cache), which the kernel then reads as one range: process_vm_writev pays a fixed
+/// cost per local range on top of the bytes (measured: bench/bench_cross_memory.cpp, docs/headers.md,
+/// "comm/cross_memory.hpp"), so short ranges go faster packed first. Those bytes are copied twice,
 /// once of them in cache (bytes_packed()). Not thread-safe; keeps its range lists and the pack buffer between uses (no
 /// allocation once they are grown).
 class CrossMemoryReader {
