@@ -26,6 +26,7 @@
 #include "redistribute.hpp"
 #include "attention_call.hpp"
 #include "comm/local.hpp"
+#include "comm/local_mesh.hpp"
 #include "host/pipeline.hpp"
 // Decode: the exchange of partial attention outputs merged by their LSE (decode/, merge/).
 #include "merge/lse.hpp"
