@@ -11,6 +11,8 @@
 // format; coded errors before any collective; no allocation after the first call; the kernel
 // bodies run lane by lane as the CUDA kernels do.
 #include <doctest/doctest.h>
+
+#include <functional>
 #include <ulysses/comm/local.hpp>
 
 #include <chrono>
@@ -380,7 +382,31 @@ TEST_CASE("ranks that planned different exchanges: every rank throws plan_mismat
   });
   for (const auto& e : errs) {
     CHECK(e.first == Errc::plan_mismatch);
-    CHECK(e.second.find("rank 2 differs from rank 0 in the new tokens T") != std::string::npos);
+    CHECK(e.second.find("rank 2 differs from rank 0 in the new tokens T (rank 2: 2; rank 0: 1)") != std::string::npos);
+  }
+  // Every field by name, with its values where they are not hashes.
+  struct Variant {
+    std::function<void(DecodeCase&)> change;  // rank 1's plan
+    const char* says;
+  };
+  const Variant variants[] = {
+      {[](DecodeCase& m) { m.out_type = ElementType::bfloat16; }, "rank 1 differs from rank 0 in the output's element type (rank 1: bfloat16; rank 0: float32)"},
+      {[](DecodeCase& m) { m.base = LseBase::two; }, "rank 1 differs from rank 0 in the LSE base (rank 1: two; rank 0: natural)"},
+      {[](DecodeCase& m) { m.output = DecodeOutput::all_heads; }, "rank 1 differs from rank 0 in the output (heads, all_heads) (rank 1: all_heads; rank 0: heads)"},
+      {[](DecodeCase& m) { m.path = Path::alltoallv; }, "rank 1 differs from rank 0 in the path (rank 1: alltoallv; rank 0: automatic)"},
+  };
+  for (const Variant& v : variants) {
+    const std::string says = v.says;
+    CAPTURE(says);
+    g.spawn([&](LocalGroup::Comm& comm) {
+      DecodeCase mine = c;
+      if (comm.rank() == 1) v.change(mine);
+      errs[static_cast<std::size_t>(comm.rank())] = ut::error_of([&] { ud::run_decode_case(comm, mine); });
+    });
+    for (const auto& e : errs) {
+      CHECK(e.first == Errc::plan_mismatch);
+      CHECK(e.second.find(v.says) != std::string::npos);
+    }
   }
 }
 

@@ -73,13 +73,13 @@ std::string records_differ(int P, int fields, Value&& value, Name&& name, Shown&
 /// records_differ() over records of `W` words each, as gathered by allgather_record().
 /// @param all    every rank's record, rank order
 /// @param name   (i) -> std::string: word i's name
-/// @param prints (i) -> bool: word i is a count the message prints (false: a hash)
-template <class Record, class Name, class Prints>
-std::string words_differ(const std::vector<Record>& all, Name&& name, Prints&& prints) {
+/// @param shown  (i, value) -> std::string: word i's value as the message prints it ("" for a hash)
+template <class Record, class Name, class Shown>
+std::string words_differ(const std::vector<Record>& all, Name&& name, Shown&& shown) {
   const int W = static_cast<int>(std::size(all.empty() ? Record{} : all[0]));
   return records_differ(
       static_cast<int>(all.size()), W, [&](int p, int i) { return static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)]); },
-      name, [&](int p, int i) { return prints(i) ? std::to_string(all[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)]) : std::string(); });
+      name, [&](int p, int i) { return std::string(shown(i, static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)][static_cast<std::size_t>(i)]))); });
 }
 
 /// records_differ() over one value per rank, printed: "ranks {1} differ from rank 0 in <name>

@@ -28,22 +28,33 @@ inline DecodeRecord DecodePlan::agreement_record() const {
   w[3] = static_cast<std::uint64_t>(spec_.tokens);
   w[4] = static_cast<std::uint64_t>(num_heads());
   w[5] = static_cast<std::uint64_t>(spec_.head_dim_v);
-  w[6] = static_cast<std::uint64_t>(spec_.partial_type) | static_cast<std::uint64_t>(spec_.out_type) << 8;
-  w[7] = static_cast<std::uint64_t>(spec_.base) | static_cast<std::uint64_t>(spec_.output) << 8;
-  const auto path = static_cast<std::uint64_t>(spec_.path);
-  w[8] = spec_.path == Path::direct ? detail::fnv1a(path, direct_layouts_hash()) : path;
+  w[6] = static_cast<std::uint64_t>(spec_.partial_type);
+  w[7] = static_cast<std::uint64_t>(spec_.out_type);
+  w[8] = static_cast<std::uint64_t>(spec_.base);
+  w[9] = static_cast<std::uint64_t>(spec_.output);
+  w[10] = static_cast<std::uint64_t>(spec_.path);
+  w[11] = spec_.path == Path::direct ? direct_layouts_hash() : 0;  // the direct path reads every rank's layouts alike
   std::uint64_t h = detail::kFnvBasis;
   for (const DecodePeer& p : wire_.peers) h = detail::fnv1a(detail::fnv1a(h, p.head_begin), p.head_count);
-  w[9] = h;
+  w[12] = h;
   return w;
 }
 
 inline std::string DecodePlan::agreement_field(int i) {
   static const char* const names[kDecodeAgreementWords] = {
       "the record version", "the group size P", "the batch B", "the new tokens T", "the head count H", "the head dim Dv",
-      "the element types (partial, out)", "the LSE base or the output (heads, all_heads)",
-      "the path (for Path::direct also the partial and LSE layouts)", "the head split"};
+      "the partial's element type", "the output's element type", "the LSE base", "the output (heads, all_heads)",
+      "the path", "the partial and LSE layouts (Path::direct reads them alike on every rank)", "the head split"};
   return i >= 0 && i < kDecodeAgreementWords ? names[i] : "word " + std::to_string(i);
+}
+
+inline std::string DecodePlan::agreement_value(int i, std::uint64_t v) {
+  if (i >= 1 && i <= 5) return std::to_string(v);
+  if (i == 6 || i == 7) return to_string(static_cast<ElementType>(v));
+  if (i == 8) return to_string(static_cast<LseBase>(v));
+  if (i == 9) return to_string(static_cast<DecodeOutput>(v));
+  if (i == 10) return to_string(static_cast<Path>(v));
+  return "";
 }
 
 /// Cross-rank agreement of a decode plan: all-gathers every rank's DecodePlan::agreement_record()
@@ -61,8 +72,7 @@ void check_agreement(const DecodePlan& plan, Comm& comm) {
   detail::check_comm_size(comm, plan.degree(), plan.rank(), "the decode plan");
   if constexpr (detail::can_check_agreement_v<Comm>) {
     const std::vector<DecodeRecord> all = detail::allgather_record(comm, plan.degree(), plan.rank(), plan.agreement_record());
-    const std::string why = detail::words_differ(all, [](int w) { return DecodePlan::agreement_field(w); },
-                                                 [](int w) { return DecodePlan::agreement_word_printed(w); });
+    const std::string why = detail::words_differ(all, [](int w) { return DecodePlan::agreement_field(w); }, DecodePlan::agreement_value);
     if (!why.empty())
       detail::fail(Errc::plan_mismatch, "the ranks planned different decode exchanges (every rank reports this; this is rank " +
                                             std::to_string(plan.rank()) + "): " + why +

@@ -30,8 +30,9 @@ ULYSSES_NAMESPACE_BEGIN
 
 /// The fixed-size record of what determines a decode exchange's wire, compared across ranks by
 /// the first call (check_agreement(), decode/agreement.hpp). Words: record version, P, B, T, H,
-/// Dv, element types, LSE base and output, path, hash of the head ranges.
-inline constexpr int kDecodeAgreementWords = 10;
+/// Dv, the partial's and the output's element types, the LSE base, the output, the path, the
+/// layouts' hash (Path::direct), the hash of the head ranges.
+inline constexpr int kDecodeAgreementWords = 13;
 /// The decode plan's agreement record (DecodePlan::agreement_record()).
 using DecodeRecord = std::array<std::uint64_t, kDecodeAgreementWords>;
 
@@ -118,8 +119,8 @@ class DecodePlan : private detail::DecodeFields {
   DecodeRecord agreement_record() const;
   /// What word i of agreement_record() stands for ("the new tokens T").
   static std::string agreement_field(int i);
-  /// Whether word i of agreement_record() is a count the mismatch message prints (P, B, T, H, Dv).
-  static bool agreement_word_printed(int i) { return i >= 1 && i <= 5; }
+  /// Word i of agreement_record() as the mismatch message prints it ("" for the hashes).
+  static std::string agreement_value(int i, std::uint64_t v);
   /// Hash of this rank's partial and LSE layouts (extents and strides): what Path::direct needs
   /// to be the same on every rank (in agreement_record() and in what with_peers() publishes).
   std::uint64_t direct_layouts_hash() const {

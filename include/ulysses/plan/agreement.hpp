@@ -29,6 +29,23 @@ namespace detail {
 inline constexpr int kHeadsWord = 8, kElementWord = kHeadsWord + kMaxTensors, kReplicasWord = kElementWord + kMaxTensors;
 inline constexpr int kNodesWord = kReplicasWord + kMaxTensors, kRingWord = kNodesWord + 1;
 static_assert(kRingWord < kAgreementWords, "the agreement record holds every field");
+
+/// A tensor's head dim and element size as one word of the record: D · 2^16 + bytes, printed as
+/// "D=128, 4-byte elements"; a hash (top bit set, not printed) for elements of 2^16 bytes or more.
+inline std::uint64_t element_word(std::int64_t head_dim, std::size_t elem_bytes) {
+  if (elem_bytes < 65536 && head_dim >= 0 && head_dim < (std::int64_t{1} << 40))
+    return static_cast<std::uint64_t>(head_dim) << 16 | elem_bytes;
+  return fnv1a(fnv1a(kFnvBasis, head_dim), static_cast<std::int64_t>(elem_bytes)) | std::uint64_t{1} << 63;
+}
+
+/// Word i of a plan's record as the mismatch message prints it: P, B, S, the tensor count and the
+/// stages as numbers, a tensor's head dim and element size; "" for the hashes.
+inline std::string agreement_value(int i, std::uint64_t v) {
+  if (i >= 1 && i <= 6 && i != 4) return std::to_string(v);
+  if (i >= kElementWord && i < kReplicasWord && !(v >> 63))
+    return "D=" + std::to_string(v >> 16) + ", " + std::to_string(v & 0xffff) + "-byte elements";
+  return "";
+}
 }  // namespace detail
 
 inline AgreementRecord Plan::agreement_record() const {
@@ -58,7 +75,7 @@ inline AgreementRecord Plan::agreement_record() const {
     h = hash(h0, x.heads.num_heads());
     for (int r = 0; r < group_.size; ++r) h = hash(hash(h, x.heads.begin(r)), x.heads.end(r));
     w[detail::kHeadsWord + t] = h;
-    w[detail::kElementWord + t] = hash(hash(h0, x.head_dim), static_cast<std::int64_t>(x.elem_bytes));
+    w[detail::kElementWord + t] = detail::element_word(x.head_dim, x.elem_bytes);
     const bool sums = sums_replicas(static_cast<int>(t));
     w[detail::kReplicasWord + t] = hash(hash(h0, sums ? 1 : 0), sums ? static_cast<std::int64_t>(x.type) : 0);
   }
@@ -71,7 +88,7 @@ inline std::string Plan::agreement_field(int i) {
                                        "the path options (PlanOptions::path, in_place_messages)"};
   if (i < 8) return first[i];
   if (i < detail::kElementWord) return "the head partition of tensor " + std::to_string(i - detail::kHeadsWord);
-  if (i < detail::kReplicasWord) return "the head dim or element size of tensor " + std::to_string(i - detail::kElementWord);
+  if (i < detail::kReplicasWord) return "the head dim and element size of tensor " + std::to_string(i - detail::kElementWord);
   if (i < detail::kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - detail::kReplicasWord);
   if (i == detail::kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
   if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S)";
@@ -117,8 +134,7 @@ template <class Comm>
 std::string agreement_mismatch(const Plan& plan, Comm& comm) {
   const int P = plan.degree(), me = plan.rank();
   const std::vector<AgreementRecord> all = allgather_record(comm, P, me, plan.agreement_record());
-  const auto counts = [](int i) { return i >= 1 && i <= 6 && i != 4; };  // P, B, S, tensors, stages: printed; the rest hashes
-  const std::string diff = words_differ(all, [](int i) { return Plan::agreement_field(i); }, counts);
+  const std::string diff = words_differ(all, [](int i) { return Plan::agreement_field(i); }, detail::agreement_value);
   if (diff.empty()) return "";
   const std::vector<int> differ = ranks_where(P, [&](int p) { return all[static_cast<std::size_t>(p)] != all[0]; });
   return "ranks " + rank_set(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " + std::to_string(me) + "): " + diff +
