@@ -237,7 +237,7 @@ void bm_local_pipeline(benchmark::State& st, int K, int P, std::int64_t S, int e
     const auto i = static_cast<std::size_t>(r);
     RankSetup& me = *rs[i];
     const Direction d = Direction::seq_to_head;
-    pipes[i]->run(*plans[i], d, comms[i], packers[i], unpackers[i], me.inputs(d), me.outputs(d), me.workspace());
+    pipes[i]->redistribute(*plans[i], d, comms[i], packers[i], unpackers[i], me.inputs(d), me.outputs(d), me.workspace());
   };
   for (auto _ : st) ls.step(job);
   set_counters(st, rs[0]->bytes_per_rank(), P);

@@ -128,7 +128,7 @@ class RingOp {
     for (std::size_t b : blocks_) largest = std::max(largest, b);
     b0_.assign(largest, std::byte{0x11});
     b1_.assign(largest, std::byte{0x22});
-    rot_ = std::make_unique<RingRotation<Comm>>(comm, blocks_, b0_.data(), b1_.data(), largest);
+    rot_ = std::make_unique<RingRotation<Comm>>(comm, blocks_, RingBuffers().kv(b0_.data(), largest, b1_.data(), largest));
   }
   /// Bytes a rank sends in a rotation (R − 1 blocks).
   std::size_t input_bytes() const {

@@ -5,13 +5,15 @@
 #include <ulysses/ulysses.hpp>
 
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #if __has_include(<ulysses/plan.hpp>) || __has_include(<ulysses/copy.hpp>) || __has_include(<ulysses/layout.hpp>) || \
     __has_include(<ulysses/element.hpp>) || __has_include(<ulysses/block.hpp>) || __has_include(<ulysses/partition.hpp>) ||  \
     __has_include(<ulysses/topology.hpp>) || __has_include(<ulysses/mesh.hpp>) || __has_include(<ulysses/attention.hpp>) ||  \
     __has_include(<ulysses/transport.hpp>) || __has_include(<ulysses/pipeline.hpp>) || __has_include(<ulysses/cost.hpp>) ||  \
-    __has_include(<ulysses/torch.hpp>) || __has_include(<ulysses/cuda/copy.cuh>)
+    __has_include(<ulysses/torch.hpp>) || __has_include(<ulysses/cuda/copy.cuh>) || __has_include(<ulysses/ring/partition.hpp>) || \
+    __has_include(<ulysses/ring/mesh.hpp>)
 #error "a 0.1 forwarding header is still there (removed in 0.2: see CHANGELOG.md)"
 #endif
 
@@ -26,6 +28,8 @@ int main() {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #endif
   const BufferTable old_name = make_buffers(plan, Direction::seq_to_head, {in}, {out}, ws);
+  static_assert(std::is_same_v<RingMesh, Mesh>, "RingMesh is Mesh");
+  static_assert(std::is_same_v<PeerInputs, PeerRecord>, "PeerInputs is PeerRecord");
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif

@@ -160,7 +160,7 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
 /// ranks compare what they planned (check_agreement(), one small all-gather). No allocation other
 /// than that and the argument checks' small vectors; host executors return when done, CUDA ones
 /// when enqueued.
-/// @throws everything make_buffers() and exchange() throw, and Error(comm_mismatch) for a
+/// @throws everything bind_buffers() and exchange() throw, and Error(comm_mismatch) for a
 ///         stream-ordered executor on another stream than the communicator's; all argument errors
 ///         are raised before the exchange. An error of this rank alone (anything but aborted and
 ///         plan_mismatch) breaks the group first where the communicator can carry it (its abort():

@@ -58,7 +58,5 @@ struct PeerRecord {
   const CrossMemoryRecord* cross_memory = nullptr;
 };
 
-/// The 0.2 name of PeerRecord (it carries outputs and process ids too, not only inputs).
-using PeerInputs [[deprecated("PeerInputs is PeerRecord (comm/peer_record.hpp)")]] = PeerRecord;
 
 ULYSSES_NAMESPACE_END

@@ -5,6 +5,7 @@
 ///        code that still uses them includes this header; it goes in 0.3.
 #pragma once
 
+#include "../comm/peer_record.hpp"
 #include "../redistribute.hpp"
 #include "../topology/mesh.hpp"
 
@@ -18,5 +19,8 @@ ULYSSES_NAMESPACE_BEGIN
 
 /// Old name of Mesh for Ulysses x Ring (0.1's ring/mesh.hpp; removed in 0.3): the same constructor.
 using RingMesh [[deprecated("use Mesh (topology/mesh.hpp): Mesh(world, U, R, ranks_per_node, order)")]] = Mesh;
+
+/// Old name of PeerRecord (0.1; removed in 0.3): what with_peers() publishes for the peer copy.
+using PeerInputs [[deprecated("PeerInputs is PeerRecord (comm/peer_record.hpp)")]] = PeerRecord;
 
 ULYSSES_NAMESPACE_END
