@@ -96,6 +96,19 @@ struct BareComm {
   }
 };
 
+/// Every rank's error code of the C16 decode case forced onto `path` over BareComm.
+std::vector<Errc> bare_comm_codes(Path path) {
+  DecodeCase c = c16();
+  c.path = path;
+  LocalGroup g(c.P, std::chrono::seconds(60));
+  std::vector<Errc> codes(static_cast<std::size_t>(c.P));
+  g.spawn([&](LocalGroup::Comm& comm) {
+    BareComm bare{&comm};
+    codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
+  });
+  return codes;
+}
+
 }  // namespace
 
 TEST_CASE("C16: an empty KV shard at decode time: merged output == single-rank attention, no NaN (its partial output is NaN)") {
@@ -208,15 +221,7 @@ TEST_CASE("a communicator with only alltoallv(): the automatic path takes it, th
     for (auto& s : res) CHECK(s == "");
   }
   // Path::messages cannot be served by it: a coded error, before any collective.
-  DecodeCase c = c16();
-  c.path = Path::messages;
-  LocalGroup g(c.P, std::chrono::seconds(60));
-  std::vector<Errc> codes(4);
-  g.spawn([&](LocalGroup::Comm& comm) {
-    BareComm bare{&comm};
-    codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
-  });
-  for (Errc e : codes) CHECK(e == Errc::path_unsupported);
+  for (Errc e : bare_comm_codes(Path::messages)) CHECK(e == Errc::path_unsupported);
 }
 
 TEST_CASE("the decode exchange takes the Ulysses exchange's transports: choose_path() of a DecodePlan, through visit_transport()") {
@@ -432,17 +437,7 @@ TEST_CASE("the direct path: bf16 and strided layouts the same on every rank exac
       CHECK(msgs[static_cast<std::size_t>(r)].find("partial and LSE layouts") != std::string::npos);
     }
   }
-  {  // no with_peers(): path_unsupported before any collective
-    DecodeCase c = c16();
-    c.path = Path::direct;
-    LocalGroup g(c.P, std::chrono::seconds(60));
-    std::vector<Errc> codes(4);
-    g.spawn([&](LocalGroup::Comm& comm) {
-      BareComm bare{&comm};
-      codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] { ud::run_decode_case(bare, c); });
-    });
-    for (Errc e : codes) CHECK(e == Errc::path_unsupported);
-  }
+  for (Errc e : bare_comm_codes(Path::direct)) CHECK(e == Errc::path_unsupported);  // no with_peers(): before any collective
   const DecodeSpec big = DecodeSpec(1, 1, HeadPartition::balanced(65, 65), 8).with_path(Path::direct);
   CHECK(ut::code_of([&] { DecodePlan(big, 0); }) == Errc::path_unsupported);
 }
