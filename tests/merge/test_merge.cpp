@@ -399,7 +399,7 @@ TEST_CASE("C18: partials with LSE +inf or NaN merge to the same bits as with -in
   int cases = 0, empties = 0;
   for (ElementType in : types)
     for (ElementType out_t : types)
-      for (int n : {1, 2, 4, 7, 70})  // 70 > detail::kMergeStepsMax: the chunked fold
+      for (int n : {1, 2, 4, 7, 70})  // 70 > kMaxTableRanks: the chunked fold
         for (std::int64_t dv : {1, 33, 300}) {  // 300 > the host's 256-element chunk
           const Rows r = random_rows(g, in, n, dv, 0.35);  // -inf LSEs, their outputs NaN
           for (const float l : r.lse) empties += l == kNegInf;

@@ -24,10 +24,7 @@
 ULYSSES_NAMESPACE_BEGIN
 namespace detail {
 
-/// Most ranks of a device window's group (the kernels take the peers' control blocks as a
-/// parameter).
-inline constexpr int kMaxDeviceWindowRanks = kMaxTableRanks;  // the one limit (detail/limits.hpp)
-static_assert(kMaxDeviceWindowRanks <= 64, "the late ranks are a 64-bit mask (DeviceWindowStatus::not_arrived)");
+static_assert(kMaxTableRanks <= 64, "the late ranks are a 64-bit mask (DeviceWindowStatus::not_arrived)");
 
 /// What a rank publishes for one call; its peers compare it with their own before reading.
 struct DeviceWindowRecord {
@@ -71,8 +68,8 @@ struct DeviceWindowStatus {
 /// The group as the kernels see it: every rank's control block in this process's mapping, and
 /// the layouts hash this rank's lists expect of each rank.
 struct DeviceWindowGroup {
-  DeviceWindowControl* ctrl[kMaxDeviceWindowRanks];  ///< rank p's control block
-  std::uint64_t expect_layouts[kMaxDeviceWindowRanks];  ///< what rank p must publish as layouts (when check_layouts)
+  DeviceWindowControl* ctrl[kMaxTableRanks];  ///< rank p's control block
+  std::uint64_t expect_layouts[kMaxTableRanks];  ///< what rank p must publish as layouts (when check_layouts)
   int size;            ///< P
   int rank;            ///< this rank
   int check_layouts;   ///< 1: compare the peers' layouts hashes with expect_layouts

@@ -109,12 +109,12 @@ class MpiDeviceWindow : public detail::WindowSlots {
     MPI_Comm_size(node_, &size_);
     MPI_Comm_rank(node_, &rank_);
     const std::size_t seg = kControlBytes + detail::round_up(bytes_per_rank, kAlignment);
-    if (size_ > detail::kMaxDeviceWindowRanks || seg < bytes_per_rank) {
+    if (size_ > kMaxTableRanks || seg < bytes_per_rank) {
       MPI_Comm_free(&node_);
-      detail::fail(size_ > detail::kMaxDeviceWindowRanks ? Errc::invalid_group : Errc::size_overflow,
+      detail::fail(size_ > kMaxTableRanks ? Errc::invalid_group : Errc::size_overflow,
                    "MpiDeviceWindow: " + (seg < bytes_per_rank ? "bytes_per_rank=" + std::to_string(bytes_per_rank) + " is too large"
                                                                : "a group of " + std::to_string(size_) + " ranks; at most " +
-                                                                     std::to_string(detail::kMaxDeviceWindowRanks)));
+                                                                     std::to_string(kMaxTableRanks)));
     }
     try {
       host_ = std::make_unique<detail::SharedRendezvous>(node_);  // the destructor's rendezvous and the group's broken word

@@ -66,7 +66,7 @@ struct DecodeStep {
   bool gather;                      // the all-gather's step
   std::uint64_t layouts;            // this rank's direct_layouts_hash()
   std::size_t partial_bytes, lse_bytes;  // the spans of O_r and LSE_r
-  std::array<const std::byte*, kDecodeDirectMaxRanks> partial{}, lse{};
+  std::array<const std::byte*, kMaxTableRanks> partial{}, lse{};
 
   /// Before the wire moves: the pack of the partials (the all-gather's chunk the merge wrote).
   void before() const {

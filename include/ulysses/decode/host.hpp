@@ -55,7 +55,7 @@ class HostDecodeExecutor {
   /// DecodeOutput::all_heads also into the merged chunk it sends.
   void merge(const DecodeArgs& a) const {
     const std::int64_t n = detail::decode_own_rows(a);
-    if (a.P > kMaxGroupRanks) {  // more contributions than the tables hold: row by row, the same bits
+    if (a.P > kMaxTableRanks) {  // more contributions than the tables hold: row by row, the same bits
       for (std::int64_t r = 0; r < n; ++r)
         for (std::int64_t d0 = 0; d0 < a.Dv; d0 += 256) detail::decode_merge_unit<256>(a, r, d0);
       return;
@@ -71,14 +71,13 @@ class HostDecodeExecutor {
   }
 
  private:
-  static constexpr int kMaxGroupRanks = kMaxTableRanks;  // contributions a group's tables hold (detail/limits.hpp)
 
   /// Rows [r0, r0 + g) at once by merge_rows_batch() (merge/lse.hpp: their LSE folds interleaved,
   /// the elements in register tiles): each row's P contributions where DecodeMergeRow finds them,
   /// in ascending rank order, so the same bits as decode_merge_unit_typed().
   static void merge_group(const DecodeArgs& a, std::int64_t r0, int g) {
-    const void* rows[kMergeBatchRows * kMaxGroupRanks];
-    float lses[kMergeBatchRows * kMaxGroupRanks];
+    const void* rows[kMergeBatchRows * kMaxTableRanks];
+    float lses[kMergeBatchRows * kMaxTableRanks];
     void* outs[kMergeBatchRows];
     float l[kMergeBatchRows];
     for (int k = 0; k < g; ++k) {

@@ -55,7 +55,7 @@ class DecodePlan : private detail::DecodeFields {
   ///         Error(layout_mismatch) a layout whose extents are not the shape above, or whose head
   ///         dim is not contiguous (stride 1 along d, Dv > 1);
   ///         Error(layout_aliasing) a layout with negative or aliasing strides;
-  ///         Error(path_unsupported) Path::direct with P > kDecodeDirectMaxRanks.
+  ///         Error(path_unsupported) Path::direct with P > kMaxTableRanks.
   ///         Every error but the layout ones (this rank's own) depends only on inputs all ranks share.
   DecodePlan(DecodeSpec spec, int rank)
       : detail::DecodeFields(std::move(spec), rank), wire_(detail::DecodeWireBuilder(spec_, rank_).build()) {}

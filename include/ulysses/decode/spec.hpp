@@ -25,9 +25,6 @@ enum class DecodeOutput : std::int32_t {
                   ///< of the merged head groups: the all-gather variant)
 };
 
-/// The largest group Path::direct takes for a decode exchange (the peers' pointers live in fixed
-/// tables).
-inline constexpr int kDecodeDirectMaxRanks = kMaxTableRanks;
 
 /// Name of a decode output ("heads", "all_heads").
 inline const char* to_string(DecodeOutput o) noexcept { return o == DecodeOutput::all_heads ? "all_heads" : "heads"; }

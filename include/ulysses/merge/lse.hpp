@@ -206,9 +206,6 @@ ULYSSES_HOST_DEVICE inline void fold_row(const FoldWeights* s, const std::byte* 
   if (d0 < dv) fold_tile<kFoldTile, In, Out>(s, x, n, d0, static_cast<int>(dv - d0), out);
 }
 
-/// Most contributions per row that the host's step tables hold (merge_rows_with(), merge_rows_batch());
-/// beyond it the fold runs in chunks (merge_chunk()), the same bits.
-inline constexpr int kMergeStepsMax = kMaxTableRanks;  // the one limit (detail/limits.hpp)
 
 }  // namespace detail
 
@@ -235,9 +232,9 @@ ULYSSES_HOST_DEVICE inline float merge_rows_with(int n, const RowAt& row, const 
       using In = decltype(in);
       using Out = decltype(o);
 #if !defined(__CUDA_ARCH__)
-      if (n <= detail::kMergeStepsMax) {  // the LSE fold once, then the elements in register tiles
-        detail::FoldWeights steps[detail::kMergeStepsMax];
-        const std::byte* x[detail::kMergeStepsMax];
+      if (n <= kMaxTableRanks) {  // the LSE fold once, then the elements in register tiles
+        detail::FoldWeights steps[kMaxTableRanks];
+        const std::byte* x[kMaxTableRanks];
         int m = 0;
         for (int i = 0; i < n; ++i) {
           const LseStep s = lse_step(l, lse(i), base);
@@ -283,7 +280,7 @@ inline constexpr int kMergeBatchRows = 4;
 /// (detail::fold_row()): the same bits as merge_rows() of each row, and as streaming them
 /// through merge(). What the host decode executor and the bench's all-gather baseline run. Host.
 /// @param g        number of rows (>= 0)
-/// @param n        contributions per row (>= 0; more than detail::kMergeStepsMax: row by row)
+/// @param n        contributions per row (>= 0; more than kMaxTableRanks: row by row)
 /// @param rows     g·n pointers: row k's contribution i at rows[k·n + i]
 /// @param lses     g·n LSEs, the same order
 /// @param in_type  element type of the contributions (float32, float16, bfloat16)
@@ -301,7 +298,7 @@ inline void merge_rows_batch(int g, int n, const void* const* rows, const float*
       using Out = decltype(o);
       for (int r0 = 0; r0 < g; r0 += kMergeBatchRows) {
         const int m = g - r0 < kMergeBatchRows ? g - r0 : kMergeBatchRows;
-        if (n > detail::kMergeStepsMax) {
+        if (n > kMaxTableRanks) {
           for (int k = 0; k < m; ++k) {
             const std::size_t at = static_cast<std::size_t>(r0 + k) * static_cast<std::size_t>(n);
             const float l = merge_rows(rows + at, in_type, lses + at, n, dv, outs[r0 + k], out_type, base);
@@ -309,8 +306,8 @@ inline void merge_rows_batch(int g, int n, const void* const* rows, const float*
           }
           continue;
         }
-        detail::FoldWeights steps[kMergeBatchRows][detail::kMergeStepsMax];
-        const std::byte* x[kMergeBatchRows][detail::kMergeStepsMax];
+        detail::FoldWeights steps[kMergeBatchRows][kMaxTableRanks];
+        const std::byte* x[kMergeBatchRows][kMaxTableRanks];
         int cnt[kMergeBatchRows] = {};
         float l[kMergeBatchRows];
         for (int k = 0; k < kMergeBatchRows; ++k) l[k] = detail::neg_inf();

@@ -54,8 +54,8 @@ class DecodeFields {
     if (!spec_.heads.disjoint())
       fail(Errc::invalid_partition, "decode head ranges " + spec_.heads.str() +
                                         " overlap; each head is merged by one rank: use HeadPartition::even or balanced");
-    if (spec_.path == Path::direct && P > kDecodeDirectMaxRanks)
-      fail(Errc::path_unsupported, "Path::direct takes decode groups of up to " + std::to_string(kDecodeDirectMaxRanks) +
+    if (spec_.path == Path::direct && P > kMaxTableRanks)
+      fail(Errc::path_unsupported, "Path::direct takes decode groups of up to " + std::to_string(kMaxTableRanks) +
                                        " ranks; this one has " + std::to_string(P) + ": use Path::automatic");
     for (ElementType t : {spec_.partial_type, spec_.out_type})
       if (!mergeable(t))
