@@ -210,10 +210,12 @@ TEST_SUITE("host") {
   TEST_CASE("the window is built and freed, or refused on every rank, without hanging (the destructor's rendezvous meets)") {
     MpiComm comm(MPI_COMM_WORLD);
     const auto t0 = std::chrono::steady_clock::now();
-    auto [code, msg] = ut::error_of([&] {
+    const auto result = ut::error_of([&] {
       MpiDeviceWindow win(comm, 4096);
       win.set_timeout(std::chrono::seconds(60));
     });
+    const Errc code = result.first;
+    const std::string msg = result.second;  // (not a structured binding: CAPTURE() captures it in a lambda)
     CAPTURE(msg);
     if (ut::device_count() == 0) {  // every rank fails to allocate: one coded error everywhere, then the collective free of what was made
       CHECK(code == Errc::backend);

@@ -142,8 +142,10 @@ class RingRotation {
   }
   /// A rotation of blocks of any sizes (not an attention's: no RingPlan), e.g. an engine's own
   /// ring payload; kv<T>() needs a RingPlan's shapes, block(s) serves this form.
+  /// @param ring        the ring communicator: R = block_bytes.size() ranks
   /// @param block_bytes ring rank j's block size at index j (R entries, the same on every ring rank)
   /// @param buffers     `RingBuffers().kv(b0, b1)`: two buffers of at least the largest block each
+  /// @param progress    how the exchange overlaps (RingProgress)
   /// @throws as above.
   RingRotation(Comm& ring, std::vector<std::size_t> block_bytes, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
       : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress)) {
@@ -253,8 +255,11 @@ class RingGradRotation {
     init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
   /// A rotation of blocks and accumulators of any sizes (no RingPlan), as RingRotation's.
-  /// @param block_bytes ring rank j's block size at index j; @param grad_bytes its accumulator's
+  /// @param ring        the ring communicator: R = block_bytes.size() ranks
+  /// @param block_bytes ring rank j's block size at index j
+  /// @param grad_bytes  ring rank j's accumulator size at index j (R entries)
   /// @param buffers     `RingBuffers().kv(b0, b1).grad(g0, g1)`
+  /// @param progress    how the exchange overlaps (RingProgress)
   /// @throws as above.
   RingGradRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::vector<std::size_t> grad_bytes, const RingBuffers& buffers,
                    RingProgress progress = RingProgress::automatic)
