@@ -57,6 +57,13 @@ struct has_exchange_messages<C, std::void_t<decltype(std::declval<C&>().exchange
     : std::true_type {};
 
 template <class C, class = void>
+struct has_split_messages : std::false_type {};
+template <class C>
+struct has_split_messages<C, std::void_t<decltype(std::declval<C&>().start_messages(std::declval<Message*>(), std::size_t{},
+                                                                                    std::declval<Message*>(), std::size_t{})),
+                                         decltype(std::declval<C&>().finish_messages())>> : std::true_type {};
+
+template <class C, class = void>
 struct has_with_peers : std::false_type {};
 template <class C>
 struct has_with_peers<C, std::void_t<decltype(std::declval<C&>().with_peers(std::declval<const void*>(), std::declval<PeerWork>(),
@@ -138,6 +145,9 @@ struct comm_traits {
   static constexpr bool allgather = detail::has_allgather<Comm>::value;                  ///< allgather() of host memory
   static constexpr bool exchange_messages = detail::has_exchange_messages<Comm>::value;  ///< Path::messages, two_level
   static constexpr bool with_peers = detail::has_with_peers<Comm>::value;                ///< Path::direct (with allgather)
+  /// start_messages() / finish_messages(): exchange_messages() in two halves, posted then completed
+  /// (MpiComm), so that the ring's RingProgress::in_start posts a step in start() and waits in finish()
+  static constexpr bool split_messages = detail::has_split_messages<Comm>::value;
   static constexpr bool exchange_state = detail::has_exchange_state<Comm>::value;        ///< ExchangeState& exchange_state()
   static constexpr bool device_memory = detail::device_memory<Comm>::value;              ///< buffers in device memory
   static constexpr bool stream = detail::has_stream<Comm>::value;                        ///< stream() for the stream check

@@ -178,10 +178,37 @@ class MpiComm {
   /// @throws Error(timeout) naming the ranks whose messages did not arrive within timeout();
   ///         Error(aborted), Error(backend) as alltoallv().
   void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
-    const Call call = enter("MpiComm::exchange_messages");
-    for (std::size_t i = 0; i < n_recv; ++i) post(call, false, recv[i].data, recv[i].bytes, recv[i].peer);
-    for (std::size_t i = 0; i < n_send; ++i) post(call, true, send[i].data, send[i].bytes, send[i].peer);
-    wait_messages(call);
+    start_messages(send, n_send, recv, n_recv);
+    finish_messages();
+  }
+
+  /// exchange_messages()'s first half (the optional start_messages() of the communicator concept,
+  /// comm_traits::split_messages): posts the receives, then the sends (MPI_Irecv / MPI_Isend, as
+  /// ring-flash-attention's batch_isend_irecv), and returns; the messages' buffers must stay
+  /// untouched until finish_messages(). The deadline of the pair counts from here. No other call
+  /// of this communicator may come between the two (the ring's start() and finish(): while the
+  /// engine computes, MPI moves what it moves without this process's calls, e.g. eager messages).
+  /// @throws Error(invalid_shape) messages already started; Error(aborted), Error(backend) as
+  ///         exchange_messages() (the messages posted so far are cancelled).
+  void start_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
+    started_call_ = enter("MpiComm::exchange_messages");
+    started_ = true;
+    try {
+      for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
+      for (std::size_t i = 0; i < n_send; ++i) post(started_call_, true, send[i].data, send[i].bytes, send[i].peer);
+    } catch (...) {
+      started_ = false;
+      throw;
+    }
+  }
+
+  /// exchange_messages()'s second half: polls what start_messages() posted to completion, or to the
+  /// deadline counted from start_messages(). Nothing when nothing was started.
+  /// @throws as exchange_messages().
+  void finish_messages() {
+    if (!started_) return;
+    started_ = false;
+    wait_messages(started_call_);
   }
 
   /// All-gather of `bytes` bytes (at most INT_MAX) from every rank into recv (rank order), through
@@ -273,6 +300,8 @@ class MpiComm {
   /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
   Call enter(const char* who) {
     sh_->failure.check(who);
+    if (started_)
+      throw Error(Errc::invalid_shape, std::string(who) + ": called between start_messages() and finish_messages() (finish them first)");
     const Call call{who, sh_->calls++, detail::deadline_after(timeout_)};
     if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
     return call;
@@ -439,6 +468,8 @@ class MpiComm {
   AbortWatch watch_;     // see watch_for_abort()
   MPI_Comm comm_;
   std::size_t max_msg_;
+  bool started_ = false;  // start_messages() posted messages that finish_messages() has not completed
+  Call started_call_{};   // their call (its deadline)
   std::chrono::milliseconds timeout_;
   int size_ = 0, rank_ = 0;
   std::shared_ptr<Shared> sh_;     // failure state, call numbers, collective scratch

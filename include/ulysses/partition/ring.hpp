@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -162,6 +163,21 @@ class RingPartition {
   std::vector<std::vector<SeqChunk>> chunks_;
 };
 
+/// The most messages a ring block may be cut into (RingConfig::messages).
+inline constexpr int kMaxRingMessages = 64;
+
+/// Where piece i of a ring block of `bytes` cut into `messages` pieces begins (RingConfig::messages):
+/// min(bytes, ⌈i · bytes / messages⌉ rounded up to a multiple of 4096); piece i spans
+/// [begin(i), begin(i + 1)), so that every rank cuts a block alike (a small block's last pieces may be
+/// empty). @pre 1 <= messages <= kMaxRingMessages, 0 <= i <= messages.
+inline std::size_t ring_piece_begin(std::size_t bytes, int messages, int i) noexcept {
+  if (i >= messages) return bytes;
+  const std::size_t m = static_cast<std::size_t>(messages), k = static_cast<std::size_t>(i);
+  const std::size_t at = bytes / m * k + (bytes % m * k + m - 1) / m;  // ⌈k·bytes/m⌉ without overflow
+  const std::size_t page = (at + 4095) / 4096 * 4096;
+  return page < bytes ? page : bytes;
+}
+
 /// What every rank of a Ulysses × Ring hybrid must agree on: check_ring_config()
 /// (ring/agreement.hpp) checks it across ranks, and a Ulysses group's Plan made with
 /// PlanOptions::ring carries it in its agreement record (plan/agreement.hpp).
@@ -171,9 +187,16 @@ struct RingConfig {
   RingLayout layout = RingLayout::zigzag;    ///< zigzag or contiguous
   bool causal = true;                        ///< causal attention
   std::int64_t seq_len = 0;                  ///< S, global tokens
-  /// The configuration of a partition and a causal flag.
-  static RingConfig of(const RingPartition& p, bool causal) {
-    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len()};
+  /// Messages a ring step's block goes in over a message transport (the wire split; every rank
+  /// the same, or the peers' posts do not match): 1 = the k|v block as one message; n > 1 = n
+  /// pieces of nearly equal size cut at 4 KiB multiples (n = 2: k and v when D = Dv). The
+  /// window and in-process paths copy the block in place and ignore it. Choose it by measurement
+  /// (measure_ring_split(), tune/ring_split.hpp) or by the cost model (best_ring_messages(),
+  /// tune/ring_cost.hpp). 1 .. kMaxRingMessages.
+  int messages = 1;
+  /// The configuration of a partition, a causal flag and a wire split.
+  static RingConfig of(const RingPartition& p, bool causal, int messages = 1) {
+    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len(), messages};
   }
 };
 

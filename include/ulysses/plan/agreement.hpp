@@ -66,10 +66,11 @@ inline AgreementRecord Plan::agreement_record() const {
   for (int n = 0; n < nodes_.num_nodes(); ++n) max_node = std::max(max_node, static_cast<int>(nodes_.members(n).size()));
   const std::uint64_t lanes = options_.lanes >= max_node ? 0u : static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
   w[detail::kNodesWord] = two_level_ ? (nodes_.hash() ^ (lanes * golden)) | 1u : 0u;
-  if (const auto& ring = options_.ring)  // U, R, layout, causal, S: nonzero, distinct from no ring
-    w[detail::kRingWord] = hash(hash(hash(hash(hash(h0, ring->ulysses_degree), ring->ring_degree), static_cast<std::int64_t>(ring->layout)),
-                                     ring->causal ? 1 : 0),
-                                ring->seq_len) | 1u;
+  if (const auto& ring = options_.ring)  // U, R, layout, causal, S, messages: nonzero, distinct from no ring
+    w[detail::kRingWord] =
+        hash(hash(hash(hash(hash(hash(h0, ring->ulysses_degree), ring->ring_degree), static_cast<std::int64_t>(ring->layout)), ring->causal ? 1 : 0),
+                  ring->seq_len),
+             ring->messages) | 1u;
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const TensorSpec& x = tensors_[t];
     h = hash(h0, x.heads.num_heads());
@@ -91,7 +92,7 @@ inline std::string Plan::agreement_field(int i) {
   if (i < detail::kReplicasWord) return "the head dim and element size of tensor " + std::to_string(i - detail::kElementWord);
   if (i < detail::kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - detail::kReplicasWord);
   if (i == detail::kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
-  if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S)";
+  if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S, messages a block)";
   return "word " + std::to_string(i);
 }
 

@@ -33,11 +33,15 @@ class RingPlan {
   /// @param batch   B >= 1
   /// @param specs   attention_specs(U, shape, policy) of the Ulysses group (q, k, v, o)
   /// @param causal  causal attention (RingLayout::zigzag balances it) or not
+  /// @param messages the wire split: messages a block goes in over a message transport
+  ///        (RingConfig::messages; every rank the same, checked by check_ring_config())
   /// @throws Error(invalid_mesh) a mesh of other degrees than the partition; Error(invalid_group)
-  ///         rank outside the mesh, or specs made for another U; Error(invalid_shape) B < 1;
+  ///         rank outside the mesh, or specs made for another U; Error(invalid_shape) B < 1, or
+  ///         messages outside [1, kMaxRingMessages];
   ///         Error(tensor_mismatch) k and v of different element sizes (one block carries both).
-  RingPlan(const RingPartition& part, const Mesh& mesh, int rank, std::int64_t batch, const AttentionSpecs& specs, bool causal)
-      : part_(part), mesh_(mesh), specs_(specs), B_(batch), causal_(causal) {
+  RingPlan(const RingPartition& part, const Mesh& mesh, int rank, std::int64_t batch, const AttentionSpecs& specs, bool causal,
+           int messages = 1)
+      : part_(part), mesh_(mesh), specs_(specs), B_(batch), causal_(causal), messages_(messages) {
     check();
     j_ = mesh.ring_rank(rank);
     u_ = mesh.ulysses_rank(rank);
@@ -55,6 +59,7 @@ class RingPlan {
   const AttentionSpecs& specs() const { return specs_; }    ///< q, k, v, o of the Ulysses group
   std::int64_t batch() const { return B_; }                 ///< B
   bool causal() const { return causal_; }                   ///< causal attention
+  int messages() const { return messages_; }                 ///< messages a block goes in (RingConfig::messages)
   int steps() const { return part_.ring_degree(); }         ///< R, the ring steps
   int ring_rank() const { return j_; }                      ///< this rank's ring rank j
   int ulysses_rank() const { return u_; }                   ///< this rank's Ulysses rank u
@@ -71,7 +76,7 @@ class RingPlan {
   std::int64_t local_kv_head(std::int64_t h) const { return specs_.local_kv_head(u_, h); }
 
   /// What every rank agrees on: RingConfig::of(partition, causal).
-  RingConfig config() const { return RingConfig::of(part_, causal_); }
+  RingConfig config() const { return RingConfig::of(part_, causal_, messages_); }
   /// `base` with its ring configuration set (PlanOptions::ring = config()).
   PlanOptions options(PlanOptions base = {}) const {
     base.ring = config();
@@ -119,6 +124,9 @@ class RingPlan {
                                             " ranks; the Ulysses group has U=" + std::to_string(part_.ulysses_degree()) +
                                             " (attention_specs(U, shape, policy))");
     if (B_ < 1) detail::fail(Errc::invalid_shape, "RingPlan: batch B=" + std::to_string(B_) + " must be >= 1");
+    if (messages_ < 1 || messages_ > kMaxRingMessages)
+      detail::fail(Errc::invalid_shape, "RingPlan: messages=" + std::to_string(messages_) + " a block must be in [1, " +
+                                            std::to_string(kMaxRingMessages) + "]");
     if (specs_.k.elem_bytes != specs_.v.elem_bytes)
       detail::fail(Errc::tensor_mismatch, "RingPlan: k has " + std::to_string(specs_.k.elem_bytes) + "-byte elements, v " +
                                               std::to_string(specs_.v.elem_bytes) + "; the ring's block carries both in one type");
@@ -146,6 +154,7 @@ class RingPlan {
   AttentionSpecs specs_;
   std::int64_t B_;
   bool causal_;
+  int messages_;
   int j_ = 0, u_ = 0;
   std::vector<RingKvBlock> kv_, grad_;  // by ring rank
   std::vector<RingWork> work_;          // by step
