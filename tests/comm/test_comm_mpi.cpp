@@ -98,6 +98,30 @@ TEST_CASE("MPI exchange_messages: the k-th message from rank i to j is j's k-th 
   }
 }
 
+TEST_CASE("MPI start_messages / finish_messages: the two halves of exchange_messages, the same bytes; nothing may come between") {
+  MpiComm world(MPI_COMM_WORLD);
+  static_assert(comm_traits<MpiComm>::split_messages, "MpiComm posts and completes in two calls");
+  const int P = world.size(), i = world.rank();
+  for (std::size_t limit : {MpiComm::kIntMaxBytes, std::size_t{3}}) {
+    CAPTURE(limit);
+    MpiComm comm(MPI_COMM_WORLD, limit);
+    comm.finish_messages();  // nothing started: nothing to do
+    ut::MessagePattern m(P, i);
+    comm.start_messages(m.send.data(), m.send.size(), m.recv.data(), m.recv.size());
+    const std::uint64_t word = 1;
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(P));
+    CHECK(ut::code_of([&] { comm.allgather(&word, sizeof word, all.data()); }) == Errc::invalid_shape);  // refused locally, nothing sent
+    comm.finish_messages();
+    for (std::size_t k = 0; k < m.rbuf.size(); k += 2) {
+      const int j = m.peer[k];
+      CHECK(m.rbuf[k] == std::vector<std::byte>(static_cast<std::size_t>(i + j + 1), std::byte(16 * j + i)));
+      CHECK(m.rbuf[k + 1] == std::vector<std::byte>(1, std::byte(0xF0 + j)));
+    }
+    comm.allgather(&word, sizeof word, all.data());  // usable again
+    CHECK(all == std::vector<std::uint64_t>(static_cast<std::size_t>(P), 1));
+  }
+}
+
 TEST_CASE("MPI: ranks whose offsets straddle the message limit still agree on one path (no hang)") {
   // P ranks, 4-byte chunks, limit 4: rank 0's largest offset is 4*(P-2), the last rank's 4*(P-1).
   for (int P : {2, 3, 4}) {

@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <ulysses/comm/mpi_comm.hpp>
+#include <ulysses/comm/mpi_window.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/mpi_mesh.hpp>
 #include <ulysses/ring/plan.hpp>
@@ -34,24 +35,49 @@ std::vector<std::byte> block_of(int j, int u, std::size_t n) {
 }
 }  // namespace
 
-/// The backward over the ring: accumulators travel with their block and come home, summed in step order.
-static void check_backward_rotation(MpiComm& ring, const RingPlan& rp, int j, int u) {
+/// The forward over the ring: at every step the block of ring rank source(s), byte for byte, in
+/// the documented order; `b0`, `b1` the rotation's buffers (this rank's block is written into b0).
+template <class Comm>
+static int forward_errors(Comm& ring, const RingPlan& rp, int j, int u, std::byte* b0, std::byte* b1, RingProgress pr) {
+  const int R = rp.steps();
+  const std::vector<std::size_t> bytes = rp.block_bytes();
+  const std::size_t cap = rp.kv_buffer_bytes();
+  const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
+  std::memcpy(b0, own.data(), own.size());
+  RingRotation<Comm> rot(ring, rp, RingBuffers().kv(b0, cap, b1, cap), pr);
+  int bad = 0;
+  for (int s = 0; s < R; ++s) {
+    rot.start(s);
+    const int src = rot.source(s);
+    const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
+    if (src != ((j - s) % R + R) % R || std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
+    rot.finish(s);
+  }
+  return bad;
+}
+
+/// The backward over the ring: accumulators travel with their block and come home, summed in step
+/// order; `k0`, `k1`, `g0`, `g1` the rotation's buffers (null: vectors of the plan's sizes).
+template <class Comm>
+static void check_backward_rotation(Comm& ring, const RingPlan& rp, int j, int u, std::byte* k0 = nullptr, std::byte* k1 = nullptr,
+                                    std::byte* g0 = nullptr, std::byte* g1 = nullptr) {
   const int R = rp.steps();
   const std::vector<std::size_t> bytes = rp.block_bytes();
   auto floats = [&](int src) { return rp.grad_bytes()[static_cast<std::size_t>(src)] / sizeof(float); };  // block src's accumulator
-  std::vector<std::byte> k0(rp.kv_buffer_bytes()), k1(k0.size());
-  std::vector<float> g0(rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size());
+  std::vector<std::byte> kv0(rp.kv_buffer_bytes()), kv1(kv0.size()), gr0(rp.grad_buffer_bytes()), gr1(gr0.size());
+  if (!k0) k0 = kv0.data(), k1 = kv1.data(), g0 = gr0.data(), g1 = gr1.data();
   const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
-  std::memcpy(k0.data(), own.data(), own.size());
+  std::memcpy(k0, own.data(), own.size());
   auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e % 7) * 1e6f; };
-  RingGradRotation<MpiComm> rot(ring, rp, RingBuffers().kv(k0, k1).grad(g0, g1));
+  const std::size_t kb = rp.kv_buffer_bytes(), gb = rp.grad_buffer_bytes();
+  RingGradRotation<Comm> rot(ring, rp, RingBuffers().kv(k0, kb, k1, kb).grad(g0, gb, g1, gb));
   for (int s = 0; s < R; ++s) {
     rot.start(s);
     rot.finish(s);
-    float* g = rot.grad<float>(s);
+    float* g = rot.template grad<float>(s);
     for (std::size_t e = 0; e < floats(rot.source(s)); ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
   }
-  const float* home = rot.home<float>();
+  const float* home = rot.template home<float>();
   int bad = 0;
   for (std::size_t e = 0; e < floats(j); ++e) {
     float want = contrib(j, j, e);
@@ -77,27 +103,18 @@ TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact,
     check_ring_config({U, R, RingLayout::zigzag, true, 1000}, uly, ring);
     // Uneven blocks around the ring (S = 1000 + 7W: the ring ranks hold different token counts).
     const AttentionSpecs specs = attention_specs<float>(U, AttentionShape{8, 4, 16, 8}, HeadPolicy::balanced);
-    const RingPlan rp(RingPartition(1000 + 7 * W, U, R, RingLayout::zigzag), m.mesh, m.index, 1, specs, true);
-    const std::vector<std::size_t> bytes = rp.block_bytes();
-    const std::size_t cap = rp.kv_buffer_bytes();
     std::vector<RingProgress> modes{RingProgress::in_start};
     if (thread_level >= MPI_THREAD_SERIALIZED) modes.push_back(RingProgress::thread);
-    for (RingProgress pr : modes) {
-      std::vector<std::byte> b0(cap), b1(cap);
-      const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
-      std::memcpy(b0.data(), own.data(), own.size());
-      RingRotation<MpiComm> rot(ring, rp, RingBuffers().kv(b0, b1), pr);
-      int bad = 0;
-      for (int s = 0; s < R; ++s) {
-        rot.start(s);
-        const int src = rot.source(s);
-        const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
-        if (src != ((j - s) % R + R) % R || std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
-        rot.finish(s);
+    for (int messages : {1, 2, 5}) {  // the wire split: a block as 1, 2 or 5 MPI messages (pieces cut at 4 KiB)
+      CAPTURE(messages);
+      const RingPlan rp(RingPartition(1000 + 7 * W, U, R, RingLayout::zigzag), m.mesh, m.index, 1, specs, true, messages);
+      const std::size_t cap = rp.kv_buffer_bytes();
+      for (RingProgress pr : modes) {
+        std::vector<std::byte> b0(cap), b1(cap);
+        CHECK(forward_errors(ring, rp, j, u, b0.data(), b1.data(), pr) == 0);
       }
-      CHECK(bad == 0);
+      check_backward_rotation(ring, rp, j, u);
     }
-    check_backward_rotation(ring, rp, j, u);
     m.free();
   }
 }
@@ -117,7 +134,51 @@ TEST_CASE("MPI ring configuration: a rank with another S throws plan_mismatch on
   CHECK(c.first == Errc::comm_mismatch);
   CHECK(c.second.find("CP=1") != std::string::npos);
   CHECK(ut::code_of([&] { split_ring(MPI_COMM_WORLD, 3, 3, 1); }) == (W % 9 ? Errc::invalid_mesh : Errc{}));
+  // The wire split is agreed too: a rank that cuts its blocks into 2 messages where the others send 1.
+  const auto s = ut::error_of([&] { check_ring_config({2, W / 2, RingLayout::zigzag, true, 1000, w == 0 ? 2 : 1}, uly, ring); });
+  CHECK(s.first == Errc::plan_mismatch);
+  CHECK(ut::code_of([&] { check_ring_config({2, W / 2, RingLayout::zigzag, true, 1000, 0}, uly, ring); }) == Errc::invalid_shape);
   m.free();
+}
+
+TEST_CASE("MPI ring on the window: blocks read in place from the sender's slot, outside it by Cross Memory Attach or staged; bit-exact, both directions") {
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  const Mesh mesh(W, 1, W, W);  // one node: the ring is the whole world (U = 1)
+  const AttentionSpecs specs = attention_specs<float>(1, AttentionShape{8, 4, 16, 8}, HeadPolicy::balanced);
+  const RingPlan rp(RingPartition(1000 + 7 * W, 1, W, RingLayout::zigzag), mesh, w, 1, specs, true, 3);  // (messages: ignored in place)
+  const std::size_t kb = rp.kv_buffer_bytes(), gb = rp.grad_buffer_bytes();
+  MpiComm mpi(MPI_COMM_WORLD);
+  MpiWindow win(mpi, 2 * (kb + gb) + 4 * (kb + gb) + 4 * 4096);  // the four buffers, and room to stage blocks outside the window
+  const WindowSpan k0 = win.allocate(kb), k1 = win.allocate(kb), g0 = win.allocate(gb), g1 = win.allocate(gb);
+  MpiWindowComm ring(mpi, win);
+  static_assert(detail::ring_reads_in_place_v<MpiWindowComm>, "the window ring reads in place");
+  std::vector<RingProgress> modes{RingProgress::in_start};
+  if (thread_level >= MPI_THREAD_SERIALIZED) modes.push_back(RingProgress::thread);
+  for (RingProgress pr : modes) {
+    CHECK(forward_errors(ring, rp, w, 0, k0.data(), k1.data(), pr) == 0);
+    CHECK(ring.staged_bytes() == 0);  // in the window: read in place
+  }
+  check_backward_rotation(ring, rp, w, 0, k0.data(), k1.data(), g0.data(), g1.data());
+  CHECK(ring.staged_bytes() == 0);
+  for (bool cma : {true, false}) {  // blocks outside the window: read by Cross Memory Attach where permitted, else staged
+    CAPTURE(cma);
+    ring.set_cross_memory_attach(cma);
+    std::vector<std::byte> b0(kb), b1(kb);
+    CHECK(forward_errors(ring, rp, w, 0, b0.data(), b1.data(), RingProgress::in_start) == 0);
+    if (!cma || !win.cross_memory_attach()) CHECK(ring.staged_bytes() > 0);
+    check_backward_rotation(ring, rp, w, 0);
+  }
+  ring.set_cross_memory_attach(true);
+  // Ranks whose blocks differ in size: plan_mismatch where it is seen, aborted on the others; never a hang.
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(W), 4096);
+  sizes[0] = w == 1 ? 8192 : 4096;
+  RingRotation<MpiWindowComm> bad(ring, sizes, RingBuffers().kv(k0.data(), kb, k1.data(), kb), RingProgress::in_start);
+  const Errc e = ut::code_of([&] {
+    for (int s = 0; s < W; ++s) bad.start(s), bad.finish(s);
+  });
+  CHECK((e == Errc::plan_mismatch || e == Errc::aborted));
 }
 
 TEST_CASE("MPI split_ring: a mesh that does not tile the world names ranks_per_node as passed (0: the nodes MPI finds), not 1") {

@@ -119,6 +119,61 @@ TEST_CASE("backward rotation: dk|dv accumulators travel with their block and com
     }
 }
 
+TEST_CASE("the wire split: blocks of any size cut into 1 .. 7 messages arrive whole, forward and backward; with and without work between start and finish") {
+  CHECK(ring_piece_begin(10000, 3, 0) == 0);
+  CHECK(ring_piece_begin(10000, 3, 1) == 4096);  // ⌈10000/3⌉ = 3334, rounded up to 4 KiB
+  CHECK(ring_piece_begin(10000, 3, 2) == 8192);  // ⌈20000/3⌉ = 6667
+  CHECK(ring_piece_begin(10000, 3, 3) == 10000);
+  CHECK(ring_piece_begin(100, 4, 1) == 100);      // a small block: one piece, the others empty
+  CHECK(ring_piece_begin(8192, 2, 1) == 4096);    // k and v of a block whose halves are pages
+  const int U = 1, R = 3;
+  for (int messages : {1, 2, 3, 7})
+    for (RingProgress pr : {RingProgress::thread, RingProgress::in_start})
+      for (bool work : {false, true}) {
+        CAPTURE(messages);
+        std::vector<std::size_t> bytes{5 * 4096 + 17, 3 * 4096, 100};
+        std::vector<std::size_t> grads{4096 * 2, 4096 * 2 + 8, 64};
+        std::vector<int> bad(static_cast<std::size_t>(R), 0);
+        on_rings(U, R, [&](LocalGroup::Comm& c, int j, int u) {
+          std::vector<std::byte> b0(bytes[0]), b1(bytes[0]), g0(grads[1]), g1(grads[1]);
+          const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
+          std::memcpy(b0.data(), own.data(), own.size());
+          RingRotation<LocalGroup::Comm> rot(c, bytes, RingBuffers().kv(b0, b1), pr, messages);
+          for (int s = 0; s < R; ++s) {
+            rot.start(s);
+            if (work) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the step's attention
+            const auto want = block_of(rot.source(s), u, rot.block_bytes(s));
+            if (std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad[static_cast<std::size_t>(j)];
+            rot.finish(s);
+          }
+          std::memcpy(b0.data(), own.data(), own.size());
+          RingGradRotation<LocalGroup::Comm> back(c, bytes, grads, RingBuffers().kv(b0, b1).grad(g0, g1), pr, messages);
+          for (int s = 0; s < R; ++s) {
+            back.start(s);
+            back.finish(s);
+            const int src = back.source(s);
+            const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
+            if (std::memcmp(back.block(s), want.data(), want.size()) != 0) ++bad[static_cast<std::size_t>(j)];
+            std::byte* g = back.grad(s);
+            for (std::size_t e = 0; e < grads[static_cast<std::size_t>(src)]; ++e)  // each ring rank adds its code: a byte sum
+              g[e] = static_cast<std::byte>((s == 0 ? 0 : static_cast<int>(g[e])) + j + 1);
+          }
+          const std::byte* home = back.home();
+          const int total = R * (R + 1) / 2;  // 1 + 2 + 3: every ring rank's contribution to this rank's block
+          for (std::size_t e = 0; e < grads[static_cast<std::size_t>(j)]; ++e)
+            if (home[e] != static_cast<std::byte>(total)) ++bad[static_cast<std::size_t>(j)];
+        });
+        for (int x : bad) CHECK(x == 0);
+      }
+  std::vector<std::size_t> one{64};
+  std::vector<std::byte> b0(64), b1(64);
+  LocalGroup g(1);
+  LocalGroup::Comm c = g.comm(0);
+  CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> r(c, one, RingBuffers().kv(b0, b1), RingProgress::in_start, 0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> r(c, one, RingBuffers().kv(b0, b1), RingProgress::in_start, kMaxRingMessages + 1); }) ==
+        Errc::invalid_shape);
+}
+
 TEST_CASE("C14: a hybrid asked for as R = 2 whose ring communicator has one rank throws comm_mismatch") {
   LocalGroup one(1);
   LocalGroup::Comm c = one.comm(0);

@@ -178,6 +178,11 @@ class MpiWindowComm {
       read_peers(in, e, f.uniform, work, ctx);
     } catch (...) {
       f.take();
+      // A failure of this rank alone breaks the group before this rank says it finished reading:
+      // a peer still waiting for that then ends with Error(aborted) naming it, instead of leaving
+      // the call as if it had succeeded (a ring step's receiver that found the sender's block of
+      // another size; the last step of a ring of two).
+      if (!f.uniform) break_group(f.code, f.what);
     }
     detail::epoch_publish<detail::HostWords>(c, e, false);  // this rank reads no peer's memory any more
     if (!f.err) {
