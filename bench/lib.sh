@@ -57,17 +57,30 @@ ub_python() {
   echo python3
 }
 
-# ub_perf_tables OP RANKS ARGS...: ulysses_perf --op OP (built in $build) in process and under
-# mpiexec -n N, for each N in RANKS, each table in a Markdown code block under its command.
-ub_perf_tables() {
-  local op="$1" ranks="$2" n perf="$build/bench/ulysses_perf"
-  shift 2
-  [ -x "$perf" ] || { echo "(ulysses_perf not built: no --op $op tables)"; return 0; }
-  for n in $ranks; do
+# ub_perf_table OP BACKEND N ARGS...: one ulysses_perf --op OP table (built in $build) in a
+# Markdown code block under its command: --backend local --ranks N in process, else (mpi, window)
+# under mpiexec -n N.
+ub_perf_table() {
+  local op="$1" backend="$2" n="$3" perf="$build/bench/ulysses_perf"
+  shift 3
+  [ -x "$perf" ] || { echo "(ulysses_perf not built: no --op $op table)"; return 0; }
+  if [ "$backend" = local ]; then
     printf '\n`ulysses_perf --op %s --backend local --ranks %s %s`:\n\n```\n' "$op" "$n" "$*"
     "$perf" --op "$op" --backend local --ranks "$n" "$@"
-    printf '```\n\n`mpiexec -n %s ulysses_perf --op %s --backend mpi %s`:\n\n```\n' "$n" "$op" "$*"
-    mpiexec -n "$n" "${mpi_flags[@]}" "$perf" --op "$op" --backend mpi "$@"
-    printf '```\n'
+  else
+    printf '\n`mpiexec -n %s ulysses_perf --op %s --backend %s %s`:\n\n```\n' "$n" "$op" "$backend" "$*"
+    mpiexec -n "$n" "${mpi_flags[@]}" "$perf" --op "$op" --backend "$backend" "$@"
+  fi
+  printf '```\n'
+}
+
+# ub_perf_tables OP RANKS ARGS...: ulysses_perf --op OP (built in $build) in process and under
+# mpiexec -n N, for each N in RANKS, each table in a Markdown code block under its command
+# (UB_PERF_BACKENDS: the backends of each N, default "local mpi").
+ub_perf_tables() {
+  local op="$1" ranks="$2" n b
+  shift 2
+  for n in $ranks; do
+    for b in ${UB_PERF_BACKENDS:-local mpi}; do ub_perf_table "$op" "$b" "$n" "$@"; done
   done
 }

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -48,6 +49,7 @@ struct Options {
   std::string op = "seq_to_head";      // --op: seq_to_head | head_to_seq | decode | ring (the operation table)
   bool direction_given = false;        // --direction: the seq ops' rows (both: seq_to_head and head_to_seq)
   int ring_u = 1;                      // --op ring: the Ulysses degree U of the ring's partition (kv heads a rank: Hkv / U)
+  int ring_messages = 1;               // --op ring: --ring-messages K, the rotation's pieces a block (RingRotation's `messages`)
   int ranks = 4;
   bool ranks_given = false;
   std::string model = "Llama-3.1-8B";
@@ -90,6 +92,11 @@ struct Row {
   std::string path;         // the transport taken
   double us = 0, bare_us = 0;
   long long wrong = -1;     // -1: not checked
+  // --op ring's other baselines (perf_ops::RingBaseline), 0 when not timed (--bare 0):
+  double split_us = 0;      // the fastest of plain MPI's k-message patterns (k in kRingSplits)
+  int split_k = 0;          // its k
+  double rfa_us = 0, rfa_fresh_us = 0;  // ring-flash-attention's pattern, receive buffers reused / fresh each step
+  long long base_wrong = -1;  // bytes the baselines received wrong (-1: not checked)
 };
 
 using ulysses_group::barrier;
@@ -143,28 +150,36 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/// time(us) and bare(us) of a row: `warmup` untimed pairs, then `iters` iterations, each the
-/// library call then (with `bare`) the bare transport of the same bytes, each call's time the
-/// slowest rank's (one(false) / one(true) return it); {median(ours), median(bare)}, so that ratio =
-/// median(ours) / median(bare) comes from the same run. --reps R: R such runs, the one with the
-/// least median(ours) (and its own bare). Collective.
-template <class One>
-std::pair<double, double> alternate_us(const Options& o, bool bare, One&& one) {
-  for (int i = 0; i < o.warmup; ++i) {
-    one(false);
-    if (bare) one(true);
-  }
-  std::pair<double, double> best{0, 0};
+/// The medians of several calls timed alternately: `warmup` untimed rounds, then `iters` rounds,
+/// each round every call once in order (calls[i]() runs one and returns its time, the slowest
+/// rank's); the medians over the rounds, by call, so that ratios between them come from the same
+/// run. --reps R: R such runs, the one with the least median of calls[0] (and the others' of the
+/// same run). Collective.
+std::vector<double> alternate_all(const Options& o, const std::vector<std::function<double()>>& calls) {
+  for (int i = 0; i < o.warmup; ++i)
+    for (const auto& c : calls) c();
+  std::vector<double> best;
   for (int k = 0; k < o.reps; ++k) {
-    std::vector<double> ours, theirs;
-    for (int i = 0; i < o.iters; ++i) {
-      ours.push_back(one(false));
-      if (bare) theirs.push_back(one(true));
-    }
-    const std::pair<double, double> m{median(ours), bare ? median(theirs) : 0};
-    if (k == 0 || m.first < best.first) best = m;
+    std::vector<std::vector<double>> t(calls.size());
+    for (int i = 0; i < o.iters; ++i)
+      for (std::size_t c = 0; c < calls.size(); ++c) t[c].push_back(calls[c]());
+    std::vector<double> m;
+    for (const auto& v : t) m.push_back(median(v));
+    if (k == 0 || m[0] < best[0]) best = m;
   }
   return best;
+}
+
+/// time(us) and bare(us) of a row: alternate_all() of the library call (one(false)) and, with
+/// `bare`, the bare transport of the same bytes (one(true)), each call's time the slowest rank's;
+/// {median(ours), median(bare)} (bare 0 without `bare`), so that ratio = median(ours) /
+/// median(bare) comes from the same run. Collective.
+template <class One>
+std::pair<double, double> alternate_us(const Options& o, bool bare, One&& one) {
+  std::vector<std::function<double()>> calls{[&] { return one(false); }};
+  if (bare) calls.push_back([&] { return one(true); });
+  const std::vector<double> m = alternate_all(o, calls);
+  return {m[0], bare ? m[1] : 0};
 }
 
 /// The definition, as the table's header and --help print it.
@@ -574,40 +589,99 @@ std::vector<Row> run(Runner& runner, const Options& o) {
   return rows;
 }
 
+/// --op ring's row at S: with -c 1 one checked rotation and one checked rotation of each
+/// baseline, then alternate_all() of the rotation (op.run()), and with --bare 1 its baselines
+/// (perf_ops::RingBaseline: sendrecv, the split of each k in kRingSplits, rfa, rfa_fresh), every
+/// call timed by slowest_us() on `group` (the communicator whose clock and collectives time it:
+/// the ring's own, or under MpiWindowComm the MpiComm it wraps). Collective.
+template <class Group, class Op>
+Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char* path) {
+  using perf_ops::RingBaseline;
+  Row row;
+  row.S = S;
+  row.direction = "ring";
+  row.path = path;
+  row.bytes = max_over_ranks(group, static_cast<double>(op.input_bytes()));
+  if (o.check) {
+    op.fill();
+    row.wrong = sum_over_ranks(group, op.wrong());
+    if (o.bare) row.base_wrong = sum_over_ranks(group, op.baselines_wrong());
+  }
+  std::vector<std::function<double()>> calls{[&] { return slowest_us(group, [&] { op.run(); }); }};
+  auto base = [&](RingBaseline b, int k) { calls.push_back([&op, &group, b, k] { return slowest_us(group, [&] { op.baseline(b, k); }); }); };
+  if (o.bare) {
+    base(RingBaseline::sendrecv, 1);
+    for (int k : perf_ops::kRingSplits) base(RingBaseline::split, k);
+    base(RingBaseline::rfa, 1);
+    base(RingBaseline::rfa_fresh, 1);
+  }
+  const std::vector<double> m = alternate_all(o, calls);
+  row.us = m[0];
+  if (o.bare) {
+    row.bare_us = m[1];
+    const std::size_t n = std::size(perf_ops::kRingSplits);
+    for (std::size_t i = 0; i < n; ++i)
+      if (row.split_k == 0 || m[2 + i] < row.split_us) row.split_us = m[2 + i], row.split_k = perf_ops::kRingSplits[i];
+    row.rfa_us = m[2 + n];
+    row.rfa_fresh_us = m[3 + n];
+  }
+  return row;
+}
+
 /// --op decode (B = the sizes of the sweep) or --op ring (S = the sizes) on one rank of `comm`:
 /// per size the op (perf_ops.hpp), with -c 1 one checked call, then the call against the bare
-/// transport of its bytes (alternate_us()). Collective. @returns the rows.
+/// transport of its bytes (alternate_us(); the ring against all its baselines, ring_row()).
+/// Collective. @returns the rows.
 template <class Comm>
 std::vector<Row> run_op(Comm& comm, const Options& o) {
   std::vector<Row> rows;
   const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
   for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) {
-    auto row_of = [&](auto& op, const char* path) {
-      Row row;
-      row.S = n;
-      row.direction = o.op;
-      row.path = path;
-      row.bytes = max_over_ranks(comm, static_cast<double>(op.input_bytes()));
-      if (o.check) {
-        op.fill();
-        if (o.op == "decode") op.run(comm);
-        row.wrong = sum_over_ranks(comm, op.wrong());
-      }
-      std::tie(row.us, row.bare_us) = alternate_us(o, o.bare, [&](bool bare) {
-        return bare ? slowest_us(comm, [&] { op.bare(comm); }) : slowest_us(comm, [&] { op.run(comm); });
-      });
-      rows.push_back(row);
-    };
-    if (o.op == "decode") {
-      perf_ops::DecodeOp op(comm.size(), comm.rank(), n, o.shape.num_heads, o.shape.v_head_dim, o.type, policy);
-      row_of(op, "decode");
-    } else {
-      perf_ops::RingOp<Comm> op(comm, n, o.ring_u, o.shape, o.type, o.batch);
-      row_of(op, "ring");
+    if (o.op == "ring") {
+      perf_ops::RingOp<Comm> op(comm, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages);
+      rows.push_back(ring_row(comm, o, n, op, "ring"));
+      continue;
     }
+    perf_ops::DecodeOp op(comm.size(), comm.rank(), n, o.shape.num_heads, o.shape.v_head_dim, o.type, policy);
+    Row row;
+    row.S = n;
+    row.direction = o.op;
+    row.path = "decode";
+    row.bytes = max_over_ranks(comm, static_cast<double>(op.input_bytes()));
+    if (o.check) {
+      op.fill();
+      op.run(comm);
+      row.wrong = sum_over_ranks(comm, op.wrong());
+    }
+    std::tie(row.us, row.bare_us) = alternate_us(o, o.bare, [&](bool bare) {
+      return bare ? slowest_us(comm, [&] { op.bare(comm); }) : slowest_us(comm, [&] { op.run(comm); });
+    });
+    rows.push_back(row);
   }
   return rows;
 }
+
+#if ULYSSES_PERF_MPI
+/// --backend window --op ring: per S, an MpiWindow over `comm` holding the rotation's two buffers
+/// (each the largest block, allocated alike on every rank), the rotation over MpiWindowComm, so
+/// that each step reads ring rank r − 1's block in place from its window slot (one copy, no MPI
+/// message); the baselines over `comm` (MPI_Sendrecv etc. between private buffers), timed on
+/// `comm` (ring_row()). The window is freed before the next size's. Collective. @returns the rows.
+std::vector<Row> run_ring_window(MpiComm& comm, const Options& o) {
+  std::vector<Row> rows;
+  for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) {
+    using Op = perf_ops::RingOp<MpiWindowComm>;
+    const std::size_t big = Op::largest(Op::blocks(comm.size(), n, o.ring_u, o.shape, o.type, o.batch));
+    const std::size_t slot = (big + MpiWindow::kAlignment - 1) / MpiWindow::kAlignment * MpiWindow::kAlignment;
+    MpiWindow win(comm, 2 * slot);
+    MpiWindowComm wc(comm, win);
+    const WindowSpan a = win.allocate(big), b = win.allocate(big);
+    Op op(wc, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages, a.data(), b.data());
+    rows.push_back(ring_row(comm, o, n, op, "in_place"));
+  }
+  return rows;
+}
+#endif
 
 std::string json_escape(const std::string& s) {
   std::string o;
@@ -620,8 +694,10 @@ std::string json_escape(const std::string& s) {
 
 /// What the bare column measures on `backend` for `op`, for the table's header.
 std::string bare_of(const std::string& backend, const std::string& op) {
-  if (op == "ring") return backend == "mpi" ? "R-1 MPI_Sendrecv of the same blocks to rank r+1 from r-1, same communicator"
-                                            : "R-1 exchange_messages() of one message each way, the same blocks, same communicator";
+  if (op == "ring")
+    return backend == "mpi"      ? "R-1 MPI_Sendrecv of the same blocks to rank r+1 from r-1, same communicator"
+           : backend == "window" ? "R-1 MPI_Sendrecv of the same blocks to rank r+1 from r-1 over the MpiComm the MpiWindowComm wraps, private buffers"
+                                 : "R-1 exchange_messages() of one message each way, the same blocks, same communicator, on the rank's own thread";
   const std::string what = op == "decode" ? "the all-to-all-v of O_r's and LSE_r's bytes" : "the all-to-all-v of the same bytes";
   if (backend == "nccl") return what + ": NcclComm's (grouped ncclSend/ncclRecv, as nccl-tests' alltoall_perf), device buffers, same stream";
   if (backend == "cuda-ipc") return "one cudaMemcpyAsync of the same bytes on each rank's stream (no exchange: the copy floor)";
@@ -631,6 +707,11 @@ std::string bare_of(const std::string& backend, const std::string& op) {
 
 /// The header's line on what ran: the communicator, push or pull, the window copy (untimed).
 void print_setup(const Options& o, const Setup& setup) {
+  if (o.op == "ring" && setup.window) {
+    std::printf("# communicator: %s; the rotation's two buffers allocated from an MpiWindow: each step reads ring rank r-1's block in place "
+                "from its window slot (one copy, no MPI message); the baselines over the MpiComm it wraps, private buffers\n", setup.comm.c_str());
+    return;
+  }
   if (o.op == "decode" || o.op == "ring") {
     std::printf("# communicator: %s; no window (the inputs stay in private memory)\n", setup.comm.c_str());
     return;
@@ -642,6 +723,9 @@ void print_setup(const Options& o, const Setup& setup) {
   std::printf("# communicator: %s; seq->head %s; copying the inputs into the window: %s\n", setup.comm.c_str(), how,
               setup.window ? "not timed (once per size, before the iterations)" : "none (no window)");
 }
+
+/// Whether the table has --op ring's baseline columns (split, rfa, rfa-new: with the bare ones).
+bool ring_columns(const Options& o) { return o.op == "ring" && o.bare; }
 
 /// The header of the table: the shape, the run, what ran (`setup`), and the columns' definitions.
 void print_header(const Options& o, int P, const Setup& setup) {
@@ -658,12 +742,26 @@ void print_header(const Options& o, int P, const Setup& setup) {
                 o.ranks_per_node, NodeLayout::uniform(P, o.ranks_per_node).str().c_str(), o.lanes);
   if (!setup.device.empty()) std::printf("# device: %s, buffers in device memory, CUDA events, the oracle's check on the host\n", setup.device.c_str());
   if (o.op == "decode") std::printf("# decode: S = the batch B (T=1 token each); bytes: a rank's O_r and LSE_r\n");
-  else if (o.op == "ring") std::printf("# ring: R=P, U=%d, zigzag; bytes: the R-1 k|v blocks a rank sends in a rotation; #wrong counts bytes\n", o.ring_u);
+  else if (o.op == "ring") {
+    std::printf("# ring: R=P, U=%d, zigzag, --ring-messages %d (pieces a block on a message transport); bytes: the R-1 k|v blocks a rank sends in a "
+                "rotation; #wrong counts bytes\n", o.ring_u, o.ring_messages);
+    if (o.bare)
+      std::printf("# baselines, timed in the same alternating run, %s, k|v block = k then v (D/(D+Dv) of it k): split(us): plain MPI's k-message "
+                  "pattern a step (MPI_Irecv x k, MPI_Isend x k, MPI_Waitall), the fastest k of 1,2,4,8, /split = time/split(us); rfa(us): "
+                  "ring-flash-attention's send_recv_kv (k and v two messages each way a step, isend k, irecv k, isend v, irecv v, wait), two "
+                  "pairs of receive buffers reused, rfa/ours = rfa(us)/time; rfa-new(us): the same with fresh malloc'd receive buffers every "
+                  "step (as written)%s\n",
+                  o.backend == "local" ? "in process each an exchange_messages() on the rank's own thread (k pieces; k and v)" : "plain MPI on the same MPI communicator",
+                  o.check ? "; -c 1 checks every baseline's bytes too" : "");
+  }
   else std::printf("# bytes: a rank's input tensors (own chunk included, as nccl-tests counts an all-to-all; the largest rank's)\n");
   std::printf("# time(us): %s\n# algbw = bytes/time; busbw = algbw*(P-1)/P; bare: %s\n", kTimeDefinition, bare_of(o.backend, o.op).c_str());
-  std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "S", "bytes", "direction", "path", "time(us)", "algbw",
+  std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s", "S", "bytes", "direction", "path", "time(us)", "algbw",
               "busbw", "#wrong", "bare(us)", "algbw", "ratio");
-  std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s\n", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
+  if (ring_columns(o)) std::printf(" %11s %2s %6s %11s %8s %11s", "split(us)", "k", "/split", "rfa(us)", "rfa/ours", "rfa-new(us)");
+  std::printf("\n#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
+  if (ring_columns(o)) std::printf(" %11s %2s %6s %11s %8s %11s", "", "", "", "", "", "");
+  std::printf("\n");
 }
 
 /// Writes --json: the run's parameters, what ran (`setup`), the time definition, the rows.
@@ -681,17 +779,21 @@ bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Set
                to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
   std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\", \"call_numbers\": %s,\n",
                o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(setup.device).c_str(), o.call_numbers == 2 ? "\"both\"" : o.call_numbers ? "true" : "false");
-  std::fprintf(f, " \"communicator\": \"%s\", \"seq_to_head_transfer\": \"%s\", \"window_copy_timed\": false, \"inputs_in_window\": %s, \"ring_u\": %d,\n",
-               setup.comm.c_str(), setup.transfer.c_str(), setup.window ? "true" : "false", o.ring_u);
+  std::fprintf(f, " \"communicator\": \"%s\", \"seq_to_head_transfer\": \"%s\", \"window_copy_timed\": false, \"inputs_in_window\": %s, \"ring_u\": %d, \"ring_messages\": %d,\n",
+               setup.comm.c_str(), setup.transfer.c_str(), setup.window ? "true" : "false", o.ring_u, o.ring_messages);
   std::fprintf(f, " \"time_definition\": \"%s\",\n \"rows\": [\n", kTimeDefinition);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
     const double alg = w.bytes / w.us * 1e-3;
     std::fprintf(f,
                  "  {\"S\": %lld, \"bytes\": %.0f, \"op\": \"%s\", \"direction\": \"%s\", \"path\": \"%s\", \"time_us\": %.3f, \"algbw_GBps\": %.4f, "
-                 "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f}%s\n",
+                 "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f",
                  static_cast<long long>(w.S), w.bytes, o.op.c_str(), w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
-                 w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0, i + 1 < rows.size() ? "," : "");
+                 w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0);
+    if (ring_columns(o))  // --op ring's baselines (the table's split, rfa and rfa-new columns)
+      std::fprintf(f, ", \"split_us\": %.3f, \"split_k\": %d, \"rfa_us\": %.3f, \"rfa_fresh_us\": %.3f, \"baselines_wrong\": %lld", w.split_us,
+                   w.split_k, w.rfa_us, w.rfa_fresh_us, w.base_wrong);
+    std::fprintf(f, "}%s\n", i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, " ],\n \"lanes\": %d}\n", o.lanes);  // PlanOptions::lanes of the two-level rows (perf_model.hpp re-plans with it)
   return std::fclose(f) == 0;
@@ -705,12 +807,21 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& s
     char wrong[24];
     if (w.wrong < 0) std::snprintf(wrong, sizeof wrong, "N/A");
     else std::snprintf(wrong, sizeof wrong, "%lld", w.wrong);
-    std::printf(" %9lld %13.0f %-22s %-9s %11.1f %9.2f %9.2f %7s %11.1f %9.2f %6.2f\n", static_cast<long long>(w.S), w.bytes,
+    std::printf(" %9lld %13.0f %-22s %-9s %11.1f %9.2f %9.2f %7s %11.1f %9.2f %6.2f", static_cast<long long>(w.S), w.bytes,
                 w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, wrong, w.bare_us, bare, w.bare_us > 0 ? w.us / w.bare_us : 0);
+    if (ring_columns(o))
+      std::printf(" %11.1f %2d %6.2f %11.1f %8.2f %11.1f", w.split_us, w.split_k, w.split_us > 0 ? w.us / w.split_us : 0, w.rfa_us,
+                  w.us > 0 ? w.rfa_us / w.us : 0, w.rfa_fresh_us);
+    std::printf("\n");
   }
   long long wrong = 0;
   for (const Row& w : rows) wrong += std::max(0LL, w.wrong);
   if (o.check) std::printf("# wrong elements (all sizes, all ranks): %lld %s\n", wrong, wrong ? "FAILED" : "OK");
+  if (o.check && ring_columns(o)) {
+    long long base = 0;
+    for (const Row& w : rows) base += std::max(0LL, w.base_wrong);
+    std::printf("# the baselines' wrong bytes (all sizes, all ranks): %lld %s\n", base, base ? "FAILED" : "OK");
+  }
   return o.json.empty() || write_json(o, P, rows, setup);
 }
 
@@ -732,11 +843,11 @@ void usage_model() {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring] [--backend local|mpi|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
-      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward] [--ring-u U]\n"
+      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward] [--ring-u U] [--ring-messages K]\n"
       "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0|both] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
@@ -751,7 +862,18 @@ void usage_model() {
       "    uneven S welcome; bytes: a rank's input tensors, own chunk included, as nccl-tests counts an all-to-all;\n"
       "    --direction both: both tables in one run); decode: decode_exchange() of O and LSE (S: the batch B, T=1;\n"
       "    bare: the all-to-all-v of their bytes); ring: one RingRotation rotation (S: the sequence, R = P, U = --ring-u,\n"
-      "    default 1; bare: R-1 one-message exchanges of the same blocks). decode and ring: --backend local or mpi.\n"
+      "    default 1; bare: R-1 one-message exchanges of the same blocks). decode and ring: --backend local or mpi; ring also window.\n"
+      "--op ring: --ring-messages K (default 1): the rotation's pieces a block on a message transport (RingRotation's messages).\n"
+      "  Columns after ratio (ratio = time/bare, bare = R-1 MPI_Sendrecv under MPI), each baseline timed in the same alternating\n"
+      "  run (every iteration: the rotation, sendrecv, split k=1,2,4,8, rfa, rfa-new), the same blocks on the same communicator:\n"
+      "  split(us), k: the fastest of plain MPI's k-message patterns a step (MPI_Irecv x k, MPI_Isend x k, MPI_Waitall) and its\n"
+      "  k; /split = time/split(us); rfa(us): ring-flash-attention's RingComm.send_recv_kv in C++ (k and v two messages each\n"
+      "  way a step: isend k, irecv k, isend v, irecv v, then wait; two pairs of receive buffers reused); rfa/ours = rfa(us)/time;\n"
+      "  rfa-new(us): the same as written, fresh malloc'd receive buffers every step. In process (local) each baseline is an\n"
+      "  exchange_messages() on the rank's own thread (1 or k pieces; k and v). -c 1 checks the baselines' bytes too.\n"
+      "  --backend window (mpiexec, one node): the rotation over MpiWindowComm, its two buffers allocated from an MpiWindow, so\n"
+      "  each step reads ring rank r-1's block in place (one copy, no MPI message); the baselines over the MpiComm it wraps.\n"
+      "  For the seq ops --backend window is --backend mpi --mpi-window 1.\n"
       "time(us), every backend and op: iterations alternate the library call and the bare transport of the same bytes;\n"
       "each time is the median over iterations of the slowest rank's time (max-reduced per iteration, each call after\n"
       "a barrier); ratio = median(ours)/median(bare) of the same run; -w warm-up pairs first; --reps R: R such runs, the\n"
@@ -793,14 +915,23 @@ void check_op(Options& o) {
   const bool seq_op = o.op == "seq_to_head" || o.op == "head_to_seq";
   if (seq_op && !o.direction_given) o.seq_to_head = o.op == "seq_to_head", o.head_to_seq = o.op == "head_to_seq";
   if (seq_op && o.direction_given) o.op = o.seq_to_head ? "seq_to_head" : "head_to_seq";
+  if (seq_op && o.ring_messages != 1) {
+    std::fprintf(stderr, "--ring-messages goes with --op ring\n");
+    std::exit(2);
+  }
+  if (seq_op && o.backend == "window") o.backend = "mpi", o.mpi_window = 1;  // the seq ops' --backend window: --backend mpi --mpi-window 1
   if (seq_op) return;
   if (o.direction_given || o.backward || o.call_numbers == 2 || !o.copies || o.ranks_per_node > 0 || o.groups != 1 || o.ring_u < 1) {
     std::fprintf(stderr, "--op %s takes none of --direction, --backward, --call-numbers both, --copies 0, --ranks-per-node, --groups; --ring-u >= 1\n",
                  o.op.c_str());
     std::exit(2);
   }
-  if (o.backend != "local" && o.backend != "mpi") {
-    std::fprintf(stderr, "--op %s runs on --backend local or mpi (host memory), not %s\n", o.op.c_str(), o.backend.c_str());
+  if (o.ring_messages < 1 || o.ring_messages > kMaxRingMessages || (o.ring_messages != 1 && o.op != "ring")) {
+    std::fprintf(stderr, "--ring-messages K goes with --op ring, 1 <= K <= %d\n", kMaxRingMessages);
+    std::exit(2);
+  }
+  if (o.backend != "local" && o.backend != "mpi" && !(o.op == "ring" && o.backend == "window")) {
+    std::fprintf(stderr, "--op %s runs on --backend local or mpi (host memory; ring also on window), not %s\n", o.op.c_str(), o.backend.c_str());
     std::exit(2);
   }
 }
@@ -808,8 +939,8 @@ void check_op(Options& o) {
 /// Exits (2) on options that contradict each other; fixes the op's rows (check_op()).
 void validate(Options& o) {
   check_op(o);
-  if (o.backend != "local" && o.backend != "mpi" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
-    std::fprintf(stderr, "--backend must be local, mpi, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
+  if (o.backend != "local" && o.backend != "mpi" && o.backend != "window" && o.backend != "nccl" && o.backend != "cuda-local" && o.backend != "cuda-ipc") {
+    std::fprintf(stderr, "--backend must be local, mpi, window, nccl, cuda-local or cuda-ipc, not '%s'\n", o.backend.c_str());
     std::exit(2);
   }
   if (o.begin < 1 || o.end < o.begin || o.factor < 1 || o.increment < 0 || o.iters < 1 || o.warmup < 0 || o.reps < 1 || o.batch < 1 || o.ranks < 1 || o.lanes < 0 ||
@@ -932,6 +1063,8 @@ Options parse(int argc, char** argv) {
       o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring"})];
     } else if (a == "--ring-u") {
       o.ring_u = small(i);
+    } else if (a == "--ring-messages") {
+      o.ring_messages = small(i);
     } else if (a == "--path") {
       const Path paths[] = {Path::automatic, Path::alltoallv, Path::messages, Path::direct, Path::two_level};
       o.path = paths[ulysses_cli::one_of(argc, argv, i, {"auto", "alltoallv", "messages", "direct", "two_level"})];
@@ -956,19 +1089,24 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The exit status of a sweep: 1 when some element was wrong, else 0.
+/// The exit status of a sweep: 1 when some element (or a ring baseline's byte) was wrong, else 0.
 int status_of(const std::vector<Row>& rows) {
   for (const Row& w : rows)
-    if (w.wrong > 0) return 1;
+    if (w.wrong > 0 || w.base_wrong > 0) return 1;
   return 0;
 }
 
 #if ULYSSES_PERF_MPI
 /// --backend mpi: the sweep over MpiWindowComm (--mpi-window 1, or by default when every process
 /// is on one node and no --ranks-per-node) or MpiComm; the decode and ring ops over MpiComm.
+/// --backend window: the sweep as --mpi-window 1; the ring op over MpiWindowComm (run_ring_window()).
 /// Fills `setup` with what ran. Collective.
 std::vector<Row> run_mpi(MpiComm& comm, const Options& o, Setup& setup) {
   setup = Setup{"MpiComm", "messages", false, ""};
+  if (o.op == "ring" && o.backend == "window") {
+    setup = Setup{"MpiWindowComm", "in_place", true, ""};
+    return run_ring_window(comm, o);
+  }
   if (o.op == "decode" || o.op == "ring") return run_op(comm, o);
   if (o.mpi_window == 1 || (o.mpi_window < 0 && o.ranks_per_node == 0 && one_node(comm))) {
     const bool peer_copy = o.path == Path::automatic || o.path == Path::direct;  // (forced paths move messages over the window)
@@ -1183,7 +1321,7 @@ int main(int argc, char** argv) {
                          "give --backend mpi (or nccl) for one group over the MPI processes\n", o.backend.c_str());
   try {
     if (o.mode != "sweep") return run_model_mode(o);
-    if (o.backend == "mpi") return main_mpi(argc, argv, o);
+    if (o.backend == "mpi" || o.backend == "window") return main_mpi(argc, argv, o);
     if (o.backend == "nccl" || o.backend == "cuda-local" || o.backend == "cuda-ipc") {
 #if ULYSSES_PERF_CUDA
       if (o.backend == "cuda-ipc") return run_ipc(argc, argv, o);
