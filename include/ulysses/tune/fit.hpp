@@ -212,7 +212,10 @@ inline double fit_flow_class(const std::vector<FlowSample>& samples, const CostM
     const double hi = j + 1 < rows.size() ? rows[j + 1].brk : INFINITY;
     const double f = std::min(hi, std::max(rows[j].brk, den > 0 ? num / den : 0));
     const double e = error(f);
-    if (e < best_err) best = f, best_err = e;
+    if (e < best_err) {
+      best = f;
+      best_err = e;
+    }
   }
   return best;
 }

@@ -166,7 +166,10 @@ inline int best_ring_messages(const CostModel& model, const Mesh& mesh, double b
   double best_s = ring_step_seconds(ring_step_traffic(mesh, block_bytes, transport, 1), model);
   for (int k = 2; k <= max_messages; k *= 2) {
     const double s = ring_step_seconds(ring_step_traffic(mesh, block_bytes, transport, k), model);
-    if (s < best_s) best = k, best_s = s;
+    if (s < best_s) {
+      best = k;
+      best_s = s;
+    }
   }
   return best;
 }
