@@ -404,8 +404,10 @@ inline void fit_ring_flows(const std::vector<std::string>& files, std::map<std::
   }
 }
 
-/// --check-ring: the model's ring step (tune/ring_cost.hpp: one message of the block a step; in
-/// process one copy) against bench_ring / bench_ring_mpi, as Markdown: (1) out of sample, with
+/// --check-ring: the model's ring step (tune/ring_cost.hpp: one message of the block a step, or the
+/// row's `messages` pieces, ring_step_seconds(); in process one copy; the ring fit is
+/// fit_cost_model()'s, linear: it does not fit the per-flow cap, which only the exchange fit's
+/// PARAMS carries) against bench_ring / bench_ring_mpi, as Markdown: (1) out of sample, with
 /// the exchanges' fit in `params` (backend local / mpi); (2) the model fitted (fit_cost_model())
 /// to the bare send/recv rows of the ring itself, checked on the rotation rows; (3) the exposed
 /// communication predicted as max(0, comm - compute) with comm the model's step (2) and compute
@@ -414,10 +416,12 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   const std::vector<RingRow> rows = read_ring_rows(files);
   if (rows.empty()) throw Error(Errc::invalid_shape, "--check-ring: no ring_* benchmarks in the files");
   auto backend = [](const RingRow& r) { return r.family.find("local") != std::string::npos ? std::string("local") : std::string("mpi"); };
-  auto traffic = [&](const RingRow& r) {
+  auto step = [&](const RingRow& r) {  // the row's block in its `messages` pieces (1 when the row has no such counter)
     return ring_step_traffic(Mesh(r.R, 1, r.R, r.R), r.block_bytes,
-                             backend(r) == "local" ? RingTransport::shared_memory : RingTransport::network).step;
+                             backend(r) == "local" ? RingTransport::shared_memory : RingTransport::network,
+                             std::max(1, std::min(kMaxRingMessages, r.messages)));
   };
+  auto traffic = [&](const RingRow& r) { return step(r).step; };
   std::map<std::string, CostModel> exch, ring;
   std::map<std::string, std::vector<CostSample>> bare;
   for (const RingRow& r : rows) {
@@ -427,8 +431,8 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   }
   for (auto& [b, samples] : bare) ring[b] = fit_cost_model(samples, exch[b]);
   std::printf("## The cost model's ring step against the measurements\n\n"
-              "Model (tune/ring_cost.hpp): a transfer step is one message of the block (in process: one copy of it, "
-              "`RingTransport::shared_memory`). **exchange fit**: the parameters `%s` fitted to the Ulysses exchanges "
+              "Model (tune/ring_cost.hpp): a transfer step is one message of the block, or a row's `messages` pieces of it "
+              "(ring_step_seconds(); in process: one copy of it, `RingTransport::shared_memory`). **exchange fit**: the parameters `%s` fitted to the Ulysses exchanges "
               "(`ulysses_perf --fit`), applied out of sample; **ring fit**: `fit_cost_model()` on this run's bare send/recv "
               "rows (in sample for them), applied to the rotations. Measured: a step of the median iteration "
               "(step_median_s). Error = model / measured - 1.\n\n",
@@ -438,7 +442,7 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   std::map<std::string, std::vector<double>> err_x, err_r;
   for (const RingRow& r : rows) {
     if (r.family.rfind("ring_step", 0) != 0) continue;
-    const double meas = r.step_s, px = predict_seconds(traffic(r), exch[backend(r)]), pr = predict_seconds(traffic(r), ring[backend(r)]);
+    const double meas = r.step_s, px = ring_step_seconds(step(r), exch[backend(r)]), pr = ring_step_seconds(step(r), ring[backend(r)]);
     const std::string kind = backend(r) + (r.variant.find("sendrecv") != std::string::npos ? " sendrecv" : " rotation");
     err_x[kind].push_back(std::fabs(px / meas - 1));
     err_r[kind].push_back(std::fabs(pr / meas - 1));
@@ -463,7 +467,7 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
     if (r.family.rfind("ring_exposed", 0) != 0 || r.bare_step_s <= 0) continue;
     const bool overlaps = r.variant.find("in_start") == std::string::npos;
     auto exposed = [&](double comm) { return overlaps ? std::max(0.0, comm - r.compute_s) : comm; };
-    const double pa = exposed(r.bare_step_s), pb = exposed(predict_seconds(traffic(r), ring[backend(r)]));
+    const double pa = exposed(r.bare_step_s), pb = exposed(ring_step_seconds(step(r), ring[backend(r)]));
     const double ea = (pa - r.exposed_step_s) / r.bare_step_s, eb = (pb - r.exposed_step_s) / r.bare_step_s;
     const std::string k = backend(r) + (overlaps ? " thread" : " in_start");
     err_a[k].push_back(std::fabs(ea));
