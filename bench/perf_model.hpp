@@ -35,6 +35,7 @@ struct LinkFlags {
   double cache_MiB = -1, intra_cached_GBps = -1, copy_cached_GBps = -1, row_ns = -1, round_us = -1;
   double intra_latency_us = -1, inter_latency_us = -1;
   double ranks_per_nic = -1;  ///< CostModel::ranks_per_nic (>= 1 when given)
+  double intra_flow_GBps = -1, inter_flow_GBps = -1;  ///< LinkCost::flow_seconds_per_byte as GB/s (0: no per-flow cap)
   /// `m` with the given flags applied.
   CostModel apply(CostModel m) const {
     if (intra_us >= 0) m.intra.alpha_s = intra_us * 1e-6;
@@ -50,6 +51,8 @@ struct LinkFlags {
     if (intra_latency_us >= 0) m.intra.latency_s = intra_latency_us * 1e-6;
     if (inter_latency_us >= 0) m.inter.latency_s = inter_latency_us * 1e-6;
     if (ranks_per_nic >= 1) m.ranks_per_nic = ranks_per_nic;
+    if (intra_flow_GBps >= 0) m.intra.flow_seconds_per_byte = intra_flow_GBps > 0 ? 1e-9 / intra_flow_GBps : 0;
+    if (inter_flow_GBps >= 0) m.inter.flow_seconds_per_byte = inter_flow_GBps > 0 ? 1e-9 / inter_flow_GBps : 0;
     return m;
   }
 };
@@ -94,13 +97,14 @@ inline int advise_hybrid_rows(const AttentionShape& shape, std::int64_t S, int w
               "# time = Ulysses exchanges (q,k,v seq->head + o head->seq of a ring rank's tokens over U) + the ring's exposed\n"
               "# communication + its merges (kv: ring = RingRotation overlapped with each step's attention, a merge a step;\n"
               "# allgather = the ring group's kv gathered once, nothing hidden, no merge); ring(ms): its whole communication;\n"
-              "# attn(ms): the layer's attention; bytes per rank a layer\n",
+              "# attn(ms): the layer's attention; msgs: the pieces a kv block goes in (best_ring_messages(): RingConfig::messages;\n"
+              "# > 1 only under a per-flow cap, --intra-flow-GBps / --inter-flow-GBps); bytes per rank a layer\n",
               flops_per_s * 1e-12);
-  std::printf("#%4s %5s %6s %-9s %10s %11s %11s %10s %10s %9s %11s %11s %10s %5s  %s\n", "U", "R", "outer", "kv", "time(ms)", "ulysses(ms)",
+  std::printf("#%4s %5s %6s %-9s %4s %10s %11s %11s %10s %10s %9s %11s %11s %10s %5s  %s\n", "U", "R", "outer", "kv", "msgs", "time(ms)", "ulysses(ms)",
               "exposed(ms)", "merge(ms)", "ring(ms)", "attn(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "why");
   for (const HybridChoice& h : choices)
-    std::printf(" %4d %5d %6d %-9s %10.3f %11.3f %11.3f %10.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s  %s\n", h.ulysses_degree, h.ring_degree,
-                h.outer_degree, to_string(h.kv), h.seconds * 1e3, h.ulysses.seconds * 1e3, h.ring.exposed_seconds * 1e3,
+    std::printf(" %4d %5d %6d %-9s %4s %10.3f %11.3f %11.3f %10.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s  %s\n", h.ulysses_degree, h.ring_degree,
+                h.outer_degree, to_string(h.kv), h.messages > 0 ? std::to_string(h.messages).c_str() : "-", h.seconds * 1e3, h.ulysses.seconds * 1e3, h.ring.exposed_seconds * 1e3,
                 h.ring.merge_seconds * 1e3, h.ring.comm_seconds * 1e3, h.ring.compute_seconds * 1e3, h.intra_bytes / 1e6, h.inter_bytes / 1e6,
                 h.activation_bytes / (1024.0 * 1024 * 1024), h.fits ? "yes" : "no", h.reason.c_str());
   return 0;
@@ -211,19 +215,40 @@ inline std::vector<Measured> read_measurements(const std::vector<std::string>& f
 /// The transport family of a backend name: "local", "mpi" (simulated nodes use the MPI fit).
 inline std::string family(const std::string& backend) { return backend.substr(0, backend.find(' ')); }
 
+/// Whether `file` is Google Benchmark JSON (bench_ring / bench_ring_mpi: a "benchmarks" array).
+inline bool benchmark_json(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(Errc::invalid_shape, "cannot read " + file);
+  return json::parse(in).contains("benchmarks");
+}
+
+/// --fit's per-flow cap (fit_flow_cost()) of each backend family from the bare ring steps of
+/// bench_ring / bench_ring_mpi JSON in `files` (read_ring_rows(): the "ring_step" rows whose
+/// variant ends in "sendrecv", a `messages` counter giving the pieces of the block, 1 when absent):
+/// fitted, on `models`' other parameters (`base` for a family without one), only for a family
+/// with steps of 1 and of several messages; `models` updated. Defined after read_ring_rows().
+inline void fit_ring_flows(const std::vector<std::string>& files, std::map<std::string, CostModel>& models, const CostModel& base);
+
 /// --fit: one model per backend family, written to `out_file`; prints the parameters and the
-/// in-sample error distribution. `base`: what the fit keeps (its ranks_per_nic, and the
-/// parameters no sample sees: fit_cost_model()).
+/// in-sample error distribution. `base`: what the fit keeps (its ranks_per_nic, per-flow caps, and
+/// the parameters no sample sees: fit_cost_model()). Files of Google Benchmark JSON among `files`
+/// are ring steps: they fit the per-flow cap (fit_ring_flows()), written as intra_flow_GBps /
+/// inter_flow_GBps when > 0 (absent: no cap).
 inline int fit(const std::string& out_file, const std::vector<std::string>& files, const CostModel& base = {}) {
-  const std::vector<Measured> ms = read_measurements(files);
+  std::vector<std::string> exchanges, rings;
+  for (const std::string& f : files) (benchmark_json(f) ? rings : exchanges).push_back(f);
+  const std::vector<Measured> ms = read_measurements(exchanges);
   std::map<std::string, std::vector<CostSample>> by;
   for (const Measured& m : ms) by[family(m.backend)].push_back({m.traffic, m.seconds});
+  std::map<std::string, CostModel> models;
+  for (const auto& [backend, samples] : by) models[backend] = fit_cost_model(samples, base);
+  if (!rings.empty()) fit_ring_flows(rings, models, base);
   json j;
   j["tool"] = "ulysses_perf --fit";
   j["inputs"] = files;
-  for (const auto& [backend, samples] : by) {
-    const CostModel c = fit_cost_model(samples, base);
-    std::printf("# %s: %zu exchanges -> %s\n", backend.c_str(), samples.size(), c.str().c_str());
+  for (const auto& [backend, c] : models) {
+    const std::size_t n = by.count(backend) ? by[backend].size() : 0;
+    std::printf("# %s: %zu exchanges -> %s\n", backend.c_str(), n, c.str().c_str());
     j["models"][backend] = {{"intra_alpha_us", c.intra.alpha_s * 1e6}, {"intra_GBps", c.intra.GBps()},
                             {"inter_alpha_us", c.inter.alpha_s * 1e6}, {"inter_GBps", c.inter.GBps()},
                             {"copy_GBps", c.copy_seconds_per_byte > 0 ? 1e-9 / c.copy_seconds_per_byte : 0.0},
@@ -235,7 +260,9 @@ inline int fit(const std::string& out_file, const std::vector<std::string>& file
                             {"intra_latency_us", c.intra.latency_s * 1e6},
                             {"inter_latency_us", c.inter.latency_s * 1e6},
                             {"ranks_per_nic", c.ranks_per_nic},
-                            {"samples", samples.size()}};
+                            {"samples", n}};
+    if (c.intra.flow_seconds_per_byte > 0) j["models"][backend]["intra_flow_GBps"] = c.intra.flow_GBps();
+    if (c.inter.flow_seconds_per_byte > 0) j["models"][backend]["inter_flow_GBps"] = c.inter.flow_GBps();
   }
   std::ofstream o(out_file);
   o << j.dump(1) << "\n";
@@ -266,6 +293,8 @@ inline CostModel load_model(const std::string& file, const std::string& backend)
   f.intra_latency_us = m.value("intra_latency_us", 0.0);
   f.inter_latency_us = m.value("inter_latency_us", 0.0);
   f.ranks_per_nic = m.value("ranks_per_nic", 1.0);
+  f.intra_flow_GBps = m.value("intra_flow_GBps", 0.0);
+  f.inter_flow_GBps = m.value("inter_flow_GBps", 0.0);
   return f.apply(CostModel{});
 }
 
@@ -310,6 +339,7 @@ struct RingRow {
   double seconds = 0;  ///< per iteration (a whole rotation)
   double steps = 1, block_bytes = 0, bare_step_s = 0, compute_s = 0, exposed_step_s = 0;
   double step_s = 0;   ///< a transfer step's time: step_median_s when given, else seconds / steps
+  int messages = 1;    ///< pieces a block goes in (the `messages` counter; 1 when absent)
 };
 
 /// The ring rows of Google Benchmark JSON files: "<family>/bf16/S:<S>/P:<R>/<case>/<variant>".
@@ -340,6 +370,7 @@ inline std::vector<RingRow> read_ring_rows(const std::vector<std::string>& files
       r.compute_s = b.value("compute_s", 0.0);
       r.exposed_step_s = b.value("exposed_step_s", 0.0);
       r.step_s = b.value("step_median_s", r.seconds / r.steps);
+      r.messages = static_cast<int>(b.value("messages", 1.0));
       auto it = best.find(name);
       if (it == best.end() || r.seconds < it->second.seconds) best[name] = r;
     }
@@ -349,8 +380,34 @@ inline std::vector<RingRow> read_ring_rows(const std::vector<std::string>& files
   return v;
 }
 
-/// --check-ring: the model's ring step (tune/ring_cost.hpp: one message of the block a step; in
-/// process one copy) against bench_ring / bench_ring_mpi, as Markdown: (1) out of sample, with
+inline void fit_ring_flows(const std::vector<std::string>& files, std::map<std::string, CostModel>& models, const CostModel& base) {
+  std::map<std::string, std::vector<FlowSample>> by;
+  std::map<std::string, bool> split;
+  for (const RingRow& r : read_ring_rows(files)) {
+    const std::string b = r.family.find("local") != std::string::npos ? "local" : "mpi";
+    if (b == "local" || r.family.rfind("ring_step", 0) != 0 || r.variant.size() < 8 ||
+        r.variant.compare(r.variant.size() - 8, 8, "sendrecv") != 0)
+      continue;  // in process a step is a copy: no per-flow cap
+    const int k = std::max(1, std::min(kMaxRingMessages, r.messages));
+    by[b].push_back(ring_flow_sample(ring_step_traffic(Mesh(r.R, 1, r.R, r.R), r.block_bytes, RingTransport::network, k), r.step_s));
+    split[b] = split[b] || k > 1;
+  }
+  for (auto& [b, samples] : by) {
+    if (!split[b]) {
+      std::printf("# %s: %zu ring steps, all of one message: the per-flow cap not fitted (give --intra-flow-GBps)\n", b.c_str(), samples.size());
+      continue;
+    }
+    if (!models.count(b)) models[b] = base;
+    models[b] = fit_flow_cost(samples, models[b]);
+    std::printf("# %s: %zu ring steps of 1 and more messages -> one message <= %.4g GB/s inside a node\n", b.c_str(), samples.size(),
+                models[b].intra.flow_GBps());
+  }
+}
+
+/// --check-ring: the model's ring step (tune/ring_cost.hpp: one message of the block a step, or the
+/// row's `messages` pieces, ring_step_seconds(); in process one copy; the ring fit is
+/// fit_cost_model()'s, linear: it does not fit the per-flow cap, which only the exchange fit's
+/// PARAMS carries) against bench_ring / bench_ring_mpi, as Markdown: (1) out of sample, with
 /// the exchanges' fit in `params` (backend local / mpi); (2) the model fitted (fit_cost_model())
 /// to the bare send/recv rows of the ring itself, checked on the rotation rows; (3) the exposed
 /// communication predicted as max(0, comm - compute) with comm the model's step (2) and compute
@@ -359,10 +416,12 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   const std::vector<RingRow> rows = read_ring_rows(files);
   if (rows.empty()) throw Error(Errc::invalid_shape, "--check-ring: no ring_* benchmarks in the files");
   auto backend = [](const RingRow& r) { return r.family.find("local") != std::string::npos ? std::string("local") : std::string("mpi"); };
-  auto traffic = [&](const RingRow& r) {
+  auto step = [&](const RingRow& r) {  // the row's block in its `messages` pieces (1 when the row has no such counter)
     return ring_step_traffic(Mesh(r.R, 1, r.R, r.R), r.block_bytes,
-                             backend(r) == "local" ? RingTransport::shared_memory : RingTransport::network).step;
+                             backend(r) == "local" ? RingTransport::shared_memory : RingTransport::network,
+                             std::max(1, std::min(kMaxRingMessages, r.messages)));
   };
+  auto traffic = [&](const RingRow& r) { return step(r).step; };
   std::map<std::string, CostModel> exch, ring;
   std::map<std::string, std::vector<CostSample>> bare;
   for (const RingRow& r : rows) {
@@ -372,8 +431,8 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   }
   for (auto& [b, samples] : bare) ring[b] = fit_cost_model(samples, exch[b]);
   std::printf("## The cost model's ring step against the measurements\n\n"
-              "Model (tune/ring_cost.hpp): a transfer step is one message of the block (in process: one copy of it, "
-              "`RingTransport::shared_memory`). **exchange fit**: the parameters `%s` fitted to the Ulysses exchanges "
+              "Model (tune/ring_cost.hpp): a transfer step is one message of the block, or a row's `messages` pieces of it "
+              "(ring_step_seconds(); in process: one copy of it, `RingTransport::shared_memory`). **exchange fit**: the parameters `%s` fitted to the Ulysses exchanges "
               "(`ulysses_perf --fit`), applied out of sample; **ring fit**: `fit_cost_model()` on this run's bare send/recv "
               "rows (in sample for them), applied to the rotations. Measured: a step of the median iteration "
               "(step_median_s). Error = model / measured - 1.\n\n",
@@ -383,7 +442,7 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
   std::map<std::string, std::vector<double>> err_x, err_r;
   for (const RingRow& r : rows) {
     if (r.family.rfind("ring_step", 0) != 0) continue;
-    const double meas = r.step_s, px = predict_seconds(traffic(r), exch[backend(r)]), pr = predict_seconds(traffic(r), ring[backend(r)]);
+    const double meas = r.step_s, px = ring_step_seconds(step(r), exch[backend(r)]), pr = ring_step_seconds(step(r), ring[backend(r)]);
     const std::string kind = backend(r) + (r.variant.find("sendrecv") != std::string::npos ? " sendrecv" : " rotation");
     err_x[kind].push_back(std::fabs(px / meas - 1));
     err_r[kind].push_back(std::fabs(pr / meas - 1));
@@ -408,7 +467,7 @@ inline int check_ring(const std::string& params, const std::vector<std::string>&
     if (r.family.rfind("ring_exposed", 0) != 0 || r.bare_step_s <= 0) continue;
     const bool overlaps = r.variant.find("in_start") == std::string::npos;
     auto exposed = [&](double comm) { return overlaps ? std::max(0.0, comm - r.compute_s) : comm; };
-    const double pa = exposed(r.bare_step_s), pb = exposed(predict_seconds(traffic(r), ring[backend(r)]));
+    const double pa = exposed(r.bare_step_s), pb = exposed(ring_step_seconds(step(r), ring[backend(r)]));
     const double ea = (pa - r.exposed_step_s) / r.bare_step_s, eb = (pb - r.exposed_step_s) / r.bare_step_s;
     const std::string k = backend(r) + (overlaps ? " thread" : " in_start");
     err_a[k].push_back(std::fabs(ea));

@@ -837,7 +837,10 @@ void usage_model() {
       "least traffic, P=1, wins) by time, the others after by memory (defaults: S=131072, world 64, 8 ranks per node,\n"
       "bf16, the NVLink/InfiniBand placeholders of CostModel, or --params); then the Ulysses x Ring x outer layouts\n"
       "(advise_hybrid: the ring rotation overlapped with each step's attention at --attn-TFLOPS, default 500: H100/H200 bf16,\n"
-      "and the all-gather-kv alternative). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
+      "and the all-gather-kv alternative; msgs: the pieces of a kv block, best_ring_messages(), > 1 only under a per-flow\n"
+      "cap: --intra-flow-GBps / --inter-flow-GBps BW, one message's most, 0 = none, the default; --fit fits it from\n"
+      "bench_ring_mpi JSON among its files whose bare steps carry a `messages` counter of 1 and more, and keeps the\n"
+      "given value otherwise). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
 }
 
@@ -852,8 +855,8 @@ void usage_model() {
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
       "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
-      "                    [--attn-TFLOPS T]\n"
-      "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] RUN.json [RUN.json ...]\n"
+      "                    [--intra-flow-GBps BW] [--inter-flow-GBps BW] [--attn-TFLOPS T]\n"
+      "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] [--intra-flow-GBps BW] RUN.json [RUN.json ...] [RING.json ...]\n"
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
       "One operation (--op, as nccl-tests' one binary a collective) for sizes S0, S0*F, ... <= S1 (or S0, S0+INC, ...), next\n"
@@ -1014,6 +1017,8 @@ bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
   else if (a == "--inter-latency-us") o.links.inter_latency_us = ulysses_cli::real(argc, argv, i, 0);
   else if (a == "--ranks-per-nic") o.links.ranks_per_nic = ulysses_cli::real(argc, argv, i, 1);
   else if (a == "--copy-GBps") o.links.copy_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--intra-flow-GBps") o.links.intra_flow_GBps = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--inter-flow-GBps") o.links.inter_flow_GBps = ulysses_cli::real(argc, argv, i, 0);
   else return false;
   return true;
 }

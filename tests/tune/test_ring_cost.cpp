@@ -192,3 +192,126 @@ TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as i
   CHECK(ut::code_of([&] { (void)advise_hybrid(shape, 64, 4, 2, links(), 0); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { (void)advise_hybrid(shape, 64, 6, 4, links(), 1e8); }) == Errc::invalid_mesh);  // not whole nodes
 }
+
+TEST_CASE("ring_step_traffic with messages: k messages of the block, the largest piece at 4 KiB multiples") {
+  const RingTraffic a = ring_step_traffic(Mesh(4, 2, 2, 4), 10000, RingTransport::network, 2);
+  CHECK(a.messages == 2);
+  CHECK(a.step.messages[0] == 2);
+  CHECK(a.step.bytes[0] == 10000);  // the block's bytes in all
+  CHECK(a.piece_bytes == 8192);     // pieces [0, 8192) and [8192, 10000): ceil(5000) rounded up to 4096 x 2
+  // k = 4: begins 0, 4096, 8192, 8192, 10000: pieces 4096, 4096, 0, 1808.
+  CHECK(ring_step_traffic(Mesh(4, 2, 2, 4), 10000, RingTransport::network, 4).piece_bytes == 4096);
+  CHECK(ring_step_traffic(Mesh(4, 2, 2, 4), 10000).piece_bytes == 10000);
+  const RingTraffic d = ring_step_traffic(Mesh(4, 2, 2, 4), 10000, RingTransport::shared_memory, 4);
+  CHECK(d.step.copy_rows == 4);
+  CHECK(d.step.copy_bytes == 10000);
+  CHECK(ut::code_of([] { (void)ring_step_traffic(Mesh(4, 2, 2, 4), 32, RingTransport::network, 0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { (void)ring_step_traffic(Mesh(4, 2, 2, 4), 32, RingTransport::network, kMaxRingMessages + 1); }) ==
+        Errc::invalid_shape);
+  CHECK(ut::code_of([] { (void)ring_step_traffic(Mesh(4, 2, 2, 4), -1); }) == Errc::invalid_shape);
+}
+
+TEST_CASE("ring_step_seconds and best_ring_messages: k alpha + lambda + max(b beta, p beta_f)") {
+  const Mesh mesh(4, 2, 2, 4);  // the ring inside a node
+  const double b = 1048576;     // 1 MiB: even pieces for every k <= 64 (16 KiB at 64)
+  // No per-flow cap (links(): 1 us + 1 GB/s inside): each piece adds 1 us, nothing pays: 1.
+  CostModel m = links();
+  CHECK(ring_step_seconds(ring_step_traffic(mesh, b), m) == doctest::Approx(1e-6 + b * 1e-9).epsilon(1e-12));
+  CHECK(ring_step_seconds(ring_step_traffic(mesh, b, RingTransport::network, 2), m) == doctest::Approx(2e-6 + b * 1e-9).epsilon(1e-12));
+  CHECK(best_ring_messages(m, mesh, b) == 1);
+  CHECK(m.intra.flow_GBps() == 0);
+  // One message at most 0.5 GB/s, half the link's 1 GB/s:
+  // k = 1: 1 us + 1048576 B x 2 ns = 2098.152 us; k = 2: 2 us + max(1048.576, 524288 x 2 ns = 1048.576) = 1050.576 us;
+  // k = 4: 4 us + max(1048.576, 262144 x 2 ns = 524.288) = 1052.576 us: 2 is the best.
+  m.intra = LinkCost::of(1, 1, 0, 0.5);
+  CHECK(m.intra.flow_GBps() == doctest::Approx(0.5));
+  CHECK(ring_step_seconds(ring_step_traffic(mesh, b), m) == doctest::Approx(2098.152e-6).epsilon(1e-12));
+  CHECK(ring_step_seconds(ring_step_traffic(mesh, b, RingTransport::network, 2), m) == doctest::Approx(1050.576e-6).epsilon(1e-12));
+  CHECK(ring_step_seconds(ring_step_traffic(mesh, b, RingTransport::network, 4), m) == doctest::Approx(1052.576e-6).epsilon(1e-12));
+  CHECK(best_ring_messages(m, mesh, b) == 2);
+  CHECK(best_ring_messages(m, mesh, b, RingTransport::network, 1) == 1);  // only 1 considered
+  // A quarter of the link a flow (0.25 GB/s): k = 4 reaches the link: 4 us + 1048.576 us; k = 8 adds 4 us more.
+  m.intra = LinkCost::of(1, 1, 0, 0.25);
+  CHECK(best_ring_messages(m, mesh, b) == 4);
+  // A large alpha outweighs the bytes saved: at 2 ms a message and the 0.5 GB/s flow, k = 2 saves
+  // 1048.576 us of bytes and costs 2000 us more: 1.
+  m.intra = LinkCost::of(2000, 1, 0, 0.5);
+  CHECK(best_ring_messages(m, mesh, b) == 1);
+  // The cap is the step's link class's: a ring across nodes sees the inter-node one.
+  CostModel x = links();
+  x.intra = LinkCost::of(1, 1, 0, 0.5);
+  CHECK(best_ring_messages(x, Mesh(4, 2, 2, 2), b) == 1);
+  x.inter = LinkCost::of(2, 0.5, 0, 0.25);
+  CHECK(best_ring_messages(x, Mesh(4, 2, 2, 2), b) == 2);
+  // Shared memory is a copy: no per-flow cap, each piece one more row.
+  CHECK(best_ring_messages(m, mesh, b, RingTransport::shared_memory) == 1);
+  CHECK(best_ring_messages(m, Mesh(4, 4, 1, 4), b) == 1);  // R = 1: nothing moves
+  CHECK(ut::code_of([&] { (void)best_ring_messages(m, mesh, b, RingTransport::network, 0); }) == Errc::invalid_shape);
+  // predict_flow_seconds() without a cap is predict_seconds().
+  const RingTraffic t = ring_step_traffic(mesh, b, RingTransport::network, 2);
+  CHECK(predict_flow_seconds(t.step, {t.piece_bytes, 0}, links()) == predict_seconds(t.step, links()));
+}
+
+TEST_CASE("ring_cost and advise_hybrid price the wire split") {
+  // The ring_cost case above (S=8, U=2, R=2 across nodes, block 32 bytes) in 2 messages: 2 x 2 us + 32 B / 0.5 GB/s = 4.064 us.
+  const Mesh mesh(4, 2, 2, 2);
+  const AttentionShape shape{4, 2, 2, 0};
+  const RingCost c = ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 2);
+  CHECK(c.messages == 2);
+  CHECK(c.comm_s[0] == doctest::Approx(4.064e-6).epsilon(1e-12));
+  CHECK(ring_cost(mesh, shape, 8, true, links(), 1e8).messages == 1);
+  CHECK(ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 0).messages == 1);
+  CHECK(ut::code_of([&] {
+          (void)ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, -1);
+        }) == Errc::invalid_shape);
+  // Llama-3.1-70B-like heads (H=64, Hkv=8, D=128), S=65536, 8 ranks on nodes of 4, a 0.5 GB/s flow
+  // on a 1 GB/s inter-node link: every rotation row goes in best_ring_messages() of its largest block
+  // (MiB-sized, so 2), says so, and its ring is priced with it; no ring: 0; the all-gather: 1.
+  CostModel m = links();
+  m.inter = LinkCost::of(2, 1, 0, 0.5);
+  const AttentionShape big{64, 8, 128, 0};
+  int split = 0;
+  for (const HybridChoice& h : advise_hybrid(big, 65536, 8, 4, m, 1e15)) {
+    if (h.kv == RingKv::none) CHECK(h.messages == 0);
+    if (h.kv == RingKv::allgather) CHECK(h.messages == 1);
+    if (h.kv != RingKv::rotation) continue;
+    const Mesh rm(8, h.ulysses_degree, h.ring_degree, 4);
+    CHECK(h.messages == best_ring_messages(m, rm, h.ring.traffic.block_bytes));
+    CHECK(h.ring.messages == h.messages);
+    if (h.messages > 1) CHECK(h.reason.find(std::to_string(h.messages) + " messages a block") != std::string::npos);
+    split += h.messages == 2 && rm.ring_spans_nodes();
+  }
+  CHECK(split > 0);
+}
+
+TEST_CASE("fit_flow_cost: the per-flow cap from steps of 1 and 2 messages") {
+  // Truth: 1 us + 1 GB/s inside a node, one message at most 0.5 GB/s. Base: the link without the cap.
+  const Mesh mesh(4, 2, 2, 4);
+  CostModel truth = links();
+  truth.intra = LinkCost::of(1, 1, 0, 0.5);
+  std::vector<FlowSample> s;
+  for (double b : {262144.0, 1048576.0, 4194304.0})
+    for (int k : {1, 2, 4}) {
+      const RingTraffic t = ring_step_traffic(mesh, b, RingTransport::network, k);
+      s.push_back(ring_flow_sample(t, ring_step_seconds(t, truth)));
+    }
+  const CostModel f = fit_flow_cost(s, links());
+  CHECK(f.intra.flow_seconds_per_byte == doctest::Approx(2e-9).epsilon(1e-9));
+  CHECK(f.inter.flow_seconds_per_byte == 0);  // no sample crosses nodes: base's
+  CHECK(f.intra.seconds_per_byte == links().intra.seconds_per_byte);  // the others: base's
+  CHECK(best_ring_messages(f, mesh, 1048576) == 2);
+  // Steps as fast as the link predicts: no cap.
+  std::vector<FlowSample> flat;
+  for (int k : {1, 2}) {
+    const RingTraffic t = ring_step_traffic(mesh, 1048576, RingTransport::network, k);
+    flat.push_back(ring_flow_sample(t, ring_step_seconds(t, links())));
+  }
+  CHECK(fit_flow_cost(flat, links()).intra.flow_seconds_per_byte == 0);
+  // One message measured at 0.5 GB/s, two at the link: b = 1 MiB, t1 = 1 us + 2097.152 us, t2 = 2 us + 1048.576 us: beta_f = 2 ns/B.
+  std::vector<FlowSample> two{ring_flow_sample(ring_step_traffic(mesh, 1048576), 2098.152e-6),
+                              ring_flow_sample(ring_step_traffic(mesh, 1048576, RingTransport::network, 2), 1050.576e-6)};
+  CHECK(fit_flow_cost(two, links()).intra.flow_seconds_per_byte == doctest::Approx(2e-9).epsilon(1e-9));
+  CHECK(ut::code_of([] { (void)fit_flow_cost({}, CostModel{}); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { (void)fit_flow_cost({{s[0].traffic, {-1, 0}, 1e-3}}, links()); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { (void)fit_flow_cost({{s[0].traffic, {1, 0}, 0}}, links()); }) == Errc::invalid_shape);
+}

@@ -39,15 +39,24 @@ struct LinkCost {
   double alpha_s = 0;           ///< α: seconds per message (per-message overhead, paid message after message)
   double seconds_per_byte = 0;  ///< β: inverse bandwidth of one rank's link, seconds per byte
   double latency_s = 0;         ///< λ: seconds per sequential step of messages (the link's latency, overlapped within a step)
+  /// β_f: inverse bandwidth of ONE message (flow), seconds per byte; 0: no per-flow cap (one message
+  /// can fill the link). k concurrent messages move at min(1 / β, k / β_f) bytes a second: a
+  /// message of p bytes takes at least p · β_f however idle the link (predict_flow_seconds()). What
+  /// makes cutting a ring block into pieces pay (best_ring_messages(), tune/ring_cost.hpp); not
+  /// fitted by fit_cost_model() (an exchange does not see it) but by fit_flow_cost() from steps of
+  /// 1 and of several messages, or set by hand (ulysses_perf --inter-flow-GBps).
+  double flow_seconds_per_byte = 0;
   /// From microseconds per message, GB/s (1e9 bytes per second; 0 GB/s means no bandwidth term)
   /// and microseconds of latency per step.
   /// @param alpha_us   α in µs per message
   /// @param GBps       1 / β in GB/s (0: no byte term)
   /// @param latency_us λ in µs per step
-  static LinkCost of(double alpha_us, double GBps, double latency_us = 0) {
-    return {alpha_us * 1e-6, GBps > 0 ? 1e-9 / GBps : 0, latency_us * 1e-6};
+  /// @param flow_GBps  1 / β_f in GB/s, one message's most (0: no per-flow cap)
+  static LinkCost of(double alpha_us, double GBps, double latency_us = 0, double flow_GBps = 0) {
+    return {alpha_us * 1e-6, GBps > 0 ? 1e-9 / GBps : 0, latency_us * 1e-6, flow_GBps > 0 ? 1e-9 / flow_GBps : 0};
   }
   double GBps() const { return seconds_per_byte > 0 ? 1e-9 / seconds_per_byte : 0; }  ///< 1 / β in GB/s
+  double flow_GBps() const { return flow_seconds_per_byte > 0 ? 1e-9 / flow_seconds_per_byte : 0; }  ///< 1 / β_f in GB/s (0: no cap)
 };
 
 /// The parameters of the model (see docs/headers.md, "tune/cost.hpp").
@@ -80,7 +89,10 @@ struct CostModel {
       return std::string(b);
     };
     auto gbps = [&f](double spb) { return spb > 0 ? f(1e-9 / spb) + " GB/s" : std::string("no byte term"); };
-    auto lat = [&f](const LinkCost& l) { return l.latency_s > 0 ? ", " + f(l.latency_s * 1e6) + " us/step" : std::string(); };
+    auto lat = [&f, &gbps](const LinkCost& l) {
+      return (l.latency_s > 0 ? ", " + f(l.latency_s * 1e6) + " us/step" : std::string()) +
+             (l.flow_seconds_per_byte > 0 ? ", one message <= " + gbps(l.flow_seconds_per_byte) : std::string());
+    };
     std::string s = "intra " + f(intra.alpha_s * 1e6) + " us/msg, " + gbps(intra.seconds_per_byte) + lat(intra) + "; inter " +
                     f(inter.alpha_s * 1e6) + " us/msg, " + gbps(inter.seconds_per_byte) + lat(inter) + "; copy " + gbps(copy_seconds_per_byte);
     if (cache_bytes > 0)
@@ -161,6 +173,31 @@ inline double predict_seconds(const ExchangeTraffic& t, const CostModel& m) {
   double s = 0;
   for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * *p[i];
   return s;
+}
+
+namespace detail {
+/// The seconds predict_seconds() gives `t`'s link bytes, per link class [intra, inter] (β terms,
+/// the cache regime and the overlapped rounds included).
+inline std::array<double, 2> link_byte_seconds(const ExchangeTraffic& t, const CostModel& m) {
+  const auto x = cost_features(t, m.cache_bytes, m);
+  return {x[1] * m.intra.seconds_per_byte + x[2] * m.intra_cached_seconds_per_byte, x[4] * m.inter.seconds_per_byte};
+}
+}  // namespace detail
+
+/// The model's time of an exchange whose largest message on each link class is
+/// `largest_message[c]` bytes, under the per-flow cap (LinkCost::flow_seconds_per_byte, β_f): per
+/// class, the link's byte time (predict_seconds()'s β terms) or the largest message at one flow's
+/// rate, whichever is longer: predict_seconds(t, m) + Σ_c max(0, largest_c · β_f,c − bytes time_c).
+/// With β_f = 0 (the default) exactly predict_seconds(t, m). For a step whose k messages are in
+/// flight at once (a ring step cut into pieces: tune/ring_cost.hpp, ring_step_seconds()), k even
+/// pieces of b bytes in all take k·α + λ + b · max(β, β_f / k).
+/// @param t               the traffic (its bytes and messages)
+/// @param largest_message bytes of the largest message per link class [intra, inter], >= 0
+/// @param m               the model's parameters
+inline double predict_flow_seconds(const ExchangeTraffic& t, const std::array<double, 2>& largest_message, const CostModel& m) {
+  const std::array<double, 2> link = detail::link_byte_seconds(t, m);
+  const std::array<double, 2> flow{largest_message[0] * m.intra.flow_seconds_per_byte, largest_message[1] * m.inter.flow_seconds_per_byte};
+  return predict_seconds(t, m) + std::max(0.0, flow[0] - link[0]) + std::max(0.0, flow[1] - link[1]);
 }
 
 /// The model's time of one exchange of `plan` in direction `dir` on `path`, in seconds

@@ -1,16 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Calibration of the α-β cost model (tune/cost.hpp) from measured exchanges:
-///        CostSample and fit_cost_model(), a non-negative least-squares fit on the relative error.
+///        CostSample and fit_cost_model(), a non-negative least-squares fit on the relative error;
+///        the per-flow cap from steps of several messages: FlowSample and fit_flow_cost().
 ///
 /// Each sample is the traffic of one exchange (exchange_traffic()) and its measured time, e.g. the
-/// rows of `ulysses_perf --json` (`ulysses_perf --fit`, `--calibrate`). The fit minimises
+/// rows of `ulysses_perf --json` (`ulysses_perf --fit`). The fit minimises
 /// Σ (predicted / measured − 1)² over the parameters ≥ 0 by solving the normal equations of every
-/// subset of the parameters (Gauss-Jordan elimination with partial pivoting; 2^9 − 1 subsets of at
-/// most 9 unknowns) and keeping the best fit whose parameters are all ≥ 0. The minimum of the
-/// non-negative problem is the unconstrained fit on its set of non-zero parameters (the active-set
-/// view of Lawson & Hanson's NNLS, "Solving Least Squares Problems", 1974, chapter 23), so the
-/// enumeration, cheap at this size, finds it.
+/// subset of the parameters (Gauss-Jordan elimination with partial pivoting) and keeping the best
+/// fit whose parameters are all ≥ 0: the minimum of the non-negative problem is the unconstrained
+/// fit on its set of non-zero parameters (the active-set view of Lawson & Hanson's NNLS, "Solving
+/// Least Squares Problems", 1974, chapter 23), so the enumeration, cheap at this size, finds it.
 #pragma once
 
 #include <algorithm>
@@ -174,6 +174,84 @@ inline CostModel fit_cost_model(const std::vector<CostSample>& samples, const Co
     chooser = best_model;
   }
   return best_model;
+}
+
+/// One measured step for fit_flow_cost(): an exchange's traffic (a ring step's: ring_step_traffic(),
+/// ring_flow_sample()), its largest message on each link class and its measured time.
+struct FlowSample {
+  ExchangeTraffic traffic;                 ///< what the step moved
+  std::array<double, 2> largest_message{}; ///< bytes of its largest message per link class [intra, inter], >= 0
+  double seconds = 0;                      ///< measured, > 0
+};
+
+namespace detail {
+/// fit_flow_cost()'s fit of link class c's β_f (see there).
+inline double fit_flow_class(const std::vector<FlowSample>& samples, const CostModel& m, std::size_t c) {
+  struct Row {
+    double brk, fixed, p, s;  // binds above brk; then predicts fixed + p·β_f
+  };
+  std::vector<Row> rows;
+  for (const FlowSample& x : samples) {
+    if (!(x.largest_message[c] > 0)) continue;
+    const double link = link_byte_seconds(x.traffic, m)[c], p = x.largest_message[c];
+    rows.push_back({link / p, predict_flow_seconds(x.traffic, x.largest_message, m) - link, p, x.seconds});
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.brk < b.brk; });
+  auto error = [&rows](double f) {
+    double e = 0;
+    for (const Row& r : rows) {
+      const double pred = std::max(r.fixed + r.brk * r.p, r.fixed + r.p * f);
+      e += (pred / r.s - 1) * (pred / r.s - 1);
+    }
+    return e;
+  };
+  double best = 0, best_err = error(0), num = 0, den = 0;
+  for (std::size_t j = 0; j < rows.size(); ++j) {  // β_f in [brk_j, brk_j+1): rows 0 .. j bind, a quadratic in β_f
+    num += rows[j].p / rows[j].s * (1 - rows[j].fixed / rows[j].s);
+    den += rows[j].p / rows[j].s * (rows[j].p / rows[j].s);
+    const double hi = j + 1 < rows.size() ? rows[j + 1].brk : INFINITY;
+    const double f = std::min(hi, std::max(rows[j].brk, den > 0 ? num / den : 0));
+    const double e = error(f);
+    if (e < best_err) {
+      best = f;
+      best_err = e;
+    }
+  }
+  return best;
+}
+}  // namespace detail
+
+/// Fits the per-flow cost β_f of each link class (LinkCost::flow_seconds_per_byte) to measured
+/// steps whose messages are in flight together, e.g. ring steps of the same block sent as 1 and
+/// as 2, 4, ... messages (ring_flow_sample()): least squares on the relative error of
+/// predict_flow_seconds(), every other parameter `base`'s (α, β, λ: fit_cost_model() on the
+/// exchanges, or on the one-message steps). The prediction is piecewise linear in β_f (a sample
+/// binds once its largest message at β_f outlasts the link's bytes), so the fit solves each piece's
+/// quadratic exactly and keeps the best, the smallest β_f of equal errors (0: no cap, when no
+/// step is slower than `base` predicts). A class no sample's largest message crosses keeps base's
+/// β_f. Separating β from β_f needs steps of several message counts: with one message a step β_f
+/// only absorbs a single message's slower rate.
+/// @param samples the measurements (at least one)
+/// @param base    the model whose other parameters the fit keeps
+/// @throws Error(invalid_shape) no sample, a time not finite and > 0, a largest message negative
+///         or not finite, or traffic with a negative or non-finite count.
+inline CostModel fit_flow_cost(const std::vector<FlowSample>& samples, const CostModel& base) {
+  std::vector<CostSample> check;
+  for (const FlowSample& x : samples) {
+    check.push_back({x.traffic, x.seconds});
+    for (double v : x.largest_message)
+      if (!(v >= 0) || !std::isfinite(v)) detail::fail(Errc::invalid_shape, "fit_flow_cost: a largest message of " + std::to_string(v) + " bytes");
+  }
+  detail::check_samples(check);
+  CostModel m = base;
+  m.intra.flow_seconds_per_byte = 0;
+  m.inter.flow_seconds_per_byte = 0;
+  CostModel out = base;
+  double* fitted[2] = {&out.intra.flow_seconds_per_byte, &out.inter.flow_seconds_per_byte};
+  for (std::size_t c = 0; c < 2; ++c)
+    if (std::any_of(samples.begin(), samples.end(), [c](const FlowSample& x) { return x.largest_message[c] > 0; }))
+      *fitted[c] = detail::fit_flow_class(samples, m, c);
+  return out;
 }
 
 ULYSSES_NAMESPACE_END

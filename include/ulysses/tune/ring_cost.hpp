@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -19,12 +20,12 @@
 #include "../error.hpp"
 #include "../layout/element.hpp"
 #include "../plan/attention.hpp"
-#include "../topology/mesh.hpp"
 #include "../partition/ring.hpp"
 #include "../ring/schedule.hpp"
 #include "../topology/mesh.hpp"
 #include "advise.hpp"
 #include "cost.hpp"
+#include "fit.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -45,9 +46,12 @@ struct AttentionRate {
 
 /// The traffic of one ring of a mesh, per step.
 struct RingTraffic {
-  ExchangeTraffic step;       ///< one transfer step of the busiest rank: one message on its slowest link class
+  ExchangeTraffic step;       ///< one transfer step of the busiest rank: its block's messages on its slowest link class
   std::array<int, 2> edges{}; ///< the ring's R edges (r → r + 1 mod R) by link class [intra, inter]; R = 1: none
-  double block_bytes = 0;     ///< bytes of the message (the largest block of the ring)
+  double block_bytes = 0;     ///< bytes of the block a step moves (the largest block of the ring)
+  int messages = 1;           ///< pieces the block goes in (RingConfig::messages), in flight together
+  double piece_bytes = 0;     ///< bytes of the largest piece (ring_piece_begin(): pieces at 4 KiB multiples)
+  RingTransport transport = RingTransport::network;  ///< how the bytes move
 };
 
 /// Bytes of ring rank j's k|v block on a Ulysses rank: B · L_j · kvh · (D + Dv) · element size,
@@ -73,34 +77,101 @@ inline double ring_block_bytes(const RingPartition& part, int j, const Attention
          static_cast<double>(shape.head_dim + Dv) * static_cast<double>(size_of(type));
 }
 
-/// The traffic of one transfer step of the rings of `mesh` moving `block_bytes` a message (see
-/// docs/headers.md, "tune/ring_cost.hpp"): the edges of outer group 0's ring of Ulysses rank 0 by link class (every
-/// ring of the mesh has the same pattern), and the step's busiest rank: one message of
-/// block_bytes on the inter-node link when an edge crosses nodes, else the intra-node one
-/// (shared_memory: one copy of block_bytes, one row, no link bytes). One round; working set: the
-/// two buffers of the rotation. R = 1: nothing moves (an empty traffic).
+/// The traffic of one transfer step of the rings of `mesh` moving a block of `block_bytes` as
+/// `messages` pieces (see docs/headers.md, "tune/ring_cost.hpp"): the edges of outer group 0's
+/// ring of Ulysses rank 0 by link class (every ring of the mesh has the same pattern), and the
+/// step's busiest rank: `messages` messages, block_bytes in all, on the inter-node link when an
+/// edge crosses nodes, else the intra-node one (shared_memory: a copy of block_bytes in `messages`
+/// rows, no link bytes). One round; working set: the two buffers of the rotation. R = 1: nothing
+/// moves (an empty traffic). The pieces are the rotation's (ring_piece_begin()).
 /// @param mesh        the U × R × outer mesh
-/// @param block_bytes bytes of one message (ring_block_bytes(), the largest of the ring)
+/// @param block_bytes bytes of the block, >= 0 (ring_block_bytes(), the largest of the ring)
 /// @param transport   how the bytes move
-inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingTransport transport = RingTransport::network) {
+/// @param messages    pieces a block goes in (RingConfig::messages), 1 .. kMaxRingMessages
+/// @throws Error(invalid_shape) messages outside [1, kMaxRingMessages], or block_bytes < 0 or not finite.
+inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingTransport transport = RingTransport::network,
+                                     int messages = 1) {
+  if (messages < 1 || messages > kMaxRingMessages || !(block_bytes >= 0) || !std::isfinite(block_bytes))
+    detail::fail(Errc::invalid_shape, "ring_step_traffic: messages=" + std::to_string(messages) + " (need 1 .. " +
+                                          std::to_string(kMaxRingMessages) + "), block_bytes=" + std::to_string(block_bytes) + " (need >= 0)");
   RingTraffic t;
   t.block_bytes = block_bytes;
+  t.messages = messages;
+  t.transport = transport;
+  const auto bytes = static_cast<std::size_t>(std::ceil(block_bytes));
+  for (int i = 0; i < messages; ++i)
+    t.piece_bytes = std::max(t.piece_bytes, static_cast<double>(ring_piece_begin(bytes, messages, i + 1) - ring_piece_begin(bytes, messages, i)));
+  if (messages == 1) t.piece_bytes = block_bytes;
   const int R = mesh.ring_degree();
   if (R == 1) return t;
   const std::vector<int> ring = mesh.ring_ranks_of(0);
   const int N = mesh.ranks_per_node();
   for (int j = 0; j < R; ++j) ++t.edges[ring[static_cast<std::size_t>(j)] / N == ring[static_cast<std::size_t>((j + 1) % R)] / N ? 0 : 1];
   const int c = t.edges[1] > 0 ? 1 : 0;
-  t.step.messages[static_cast<std::size_t>(c)] = 1;
+  t.step.messages[static_cast<std::size_t>(c)] = messages;
   if (transport == RingTransport::shared_memory) {
     t.step.copy_bytes = block_bytes;
-    t.step.copy_rows = 1;
+    t.step.copy_rows = messages;
   } else {
     t.step.bytes[static_cast<std::size_t>(c)] = block_bytes;
   }
   t.step.rounds = 1;
   t.step.working_set_bytes = 2 * block_bytes;
   return t;
+}
+
+/// The model's time of one ring transfer step, seconds: over the network the block's k messages in
+/// flight together, k·α + λ + max(b · β, p · β_f) on the step's link class (b the block's bytes,
+/// p its largest piece, β_f the link's per-flow cost: LinkCost::flow_seconds_per_byte;
+/// predict_flow_seconds()); shared memory: predict_seconds() of the copy (no per-flow cap). 0 for
+/// R = 1. See docs/cost-model.md, "The ring's wire split".
+/// @param t the step (ring_step_traffic())
+/// @param m the model's parameters
+inline double ring_step_seconds(const RingTraffic& t, const CostModel& m) {
+  if (t.transport == RingTransport::shared_memory) return predict_seconds(t.step, m);
+  const std::size_t c = t.edges[1] > 0 ? 1 : 0;
+  std::array<double, 2> largest{0, 0};
+  largest[c] = t.step.rounds > 0 ? t.piece_bytes : 0;
+  return predict_flow_seconds(t.step, largest, m);
+}
+
+/// A measured ring step as a sample of fit_flow_cost() (tune/fit.hpp): its traffic and largest piece
+/// on the step's link class (network transport), and the measured seconds.
+/// @param t       the step (ring_step_traffic() of the measured block and messages)
+/// @param seconds the step's measured time, > 0 (fit_flow_cost() checks it)
+inline FlowSample ring_flow_sample(const RingTraffic& t, double seconds) {
+  FlowSample x{t.step, {0, 0}, seconds};
+  if (t.transport == RingTransport::network && t.step.rounds > 0) x.largest_message[t.edges[1] > 0 ? 1 : 0] = t.piece_bytes;
+  return x;
+}
+
+/// The pieces a ring block of `block_bytes` should go in on `mesh`'s rings by the model: the k of
+/// 1, 2, 4, 8, ... <= max_messages whose step (ring_step_seconds()) is shortest, the fewest
+/// messages of equal times. Without a per-flow cap (β_f = 0, the default) every piece adds α and
+/// nothing else: 1. With one, k pieces lift the rate from 1 / β_f towards the link's 1 / β, worth
+/// it while the bytes' time saved exceeds the (k − 1)·α added. The measured alternative, per
+/// communicator: measure_ring_split() (tune/ring_split.hpp).
+/// @param model        the model's parameters
+/// @param mesh         the U × R × outer mesh (R = 1: 1)
+/// @param block_bytes  bytes of the block, >= 0 (ring_block_bytes(), the ring's largest)
+/// @param transport    how the bytes move
+/// @param max_messages the most pieces to consider, 1 .. kMaxRingMessages
+/// @throws Error(invalid_shape) max_messages outside [1, kMaxRingMessages], block_bytes < 0.
+inline int best_ring_messages(const CostModel& model, const Mesh& mesh, double block_bytes, RingTransport transport = RingTransport::network,
+                              int max_messages = kMaxRingMessages) {
+  if (max_messages < 1 || max_messages > kMaxRingMessages)
+    detail::fail(Errc::invalid_shape, "best_ring_messages: max_messages=" + std::to_string(max_messages) + " (need 1 .. " +
+                                          std::to_string(kMaxRingMessages) + ")");
+  int best = 1;
+  double best_s = ring_step_seconds(ring_step_traffic(mesh, block_bytes, transport, 1), model);
+  for (int k = 2; k <= max_messages; k *= 2) {
+    const double s = ring_step_seconds(ring_step_traffic(mesh, block_bytes, transport, k), model);
+    if (s < best_s) {
+      best = k;
+      best_s = s;
+    }
+  }
+  return best;
 }
 
 /// Bytes one ring step's merge moves (ring/merge.hpp: the running (out, lse) in fp32 read, the
@@ -133,6 +204,7 @@ inline double ring_step_flops(const RingWork& w, std::int64_t q_heads, std::int6
 /// What the model predicts for one ring (forward, one layer) or for its all-gather alternative.
 struct RingCost {
   RingTraffic traffic;               ///< one transfer step's traffic
+  int messages = 1;                  ///< pieces a block goes in (RingConfig::messages) as priced; the all-gather: 1
   std::vector<double> comm_s;        ///< per step: the transfer's time (0 at the last step), seconds
   std::vector<double> compute_s;     ///< per step: the slowest rank's attention, seconds
   std::vector<double> exposed_s;     ///< per step: the communication the attention does not hide, seconds
@@ -149,16 +221,19 @@ namespace detail {
 /// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()).
 inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                                double flops_per_s, ElementType type, std::int64_t batch, RingTransport transport, HeadPolicy policy,
-                               bool allgather) {
+                               bool allgather, int messages) {
   if (!(flops_per_s > 0)) fail(Errc::invalid_shape, "ring cost: the attention FLOP rate must be > 0");
   if (batch < 1) fail(Errc::invalid_shape, "ring cost: batch=" + std::to_string(batch) + " must be >= 1");
+  if (messages < 0 || messages > kMaxRingMessages)
+    fail(Errc::invalid_shape, "ring cost: messages=" + std::to_string(messages) + " (need 0 .. " + std::to_string(kMaxRingMessages) + ")");
   const int U = mesh.ulysses_degree(), R = mesh.ring_degree();
   const RingPartition part(S, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
   std::vector<double> block(static_cast<std::size_t>(R));
   for (int j = 0; j < R; ++j) block[static_cast<std::size_t>(j)] = ring_block_bytes(part, j, shape, type, batch, policy);
   const double largest = *std::max_element(block.begin(), block.end());
   RingCost c;
-  c.traffic = ring_step_traffic(mesh, largest, transport);
+  c.messages = allgather ? 1 : messages > 0 ? messages : best_ring_messages(model, mesh, largest, transport);
+  c.traffic = ring_step_traffic(mesh, largest, transport, c.messages);
   const int cls = c.traffic.edges[1] > 0 ? 1 : 0;
   const AttentionSpecs a = attention_specs<float>(U, shape, ElementType::float32, policy);
   std::int64_t h = 0;
@@ -166,7 +241,7 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
   const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
   // Every step but the last moves the largest block somewhere (the sources of a step are all R
   // ring ranks), and the lockstep ring waits for it: each transfer step costs the largest block's message.
-  const double step_comm = predict_seconds(c.traffic.step, model);
+  const double step_comm = ring_step_seconds(c.traffic, model);
   for (int s = 0; s < R; ++s) {
     double comp = 0, merge = 0;
     for (int r = 0; r < R; ++r) {
@@ -194,7 +269,7 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
 /// transfer's time (one message of the ring's largest block: every transfer step moves it between
 /// some pair of ring ranks, and the lockstep ring waits for it; 0 at the last step), the slowest rank's attention at `flops_per_s` and the exposed part
 /// max(0, comm − compute), and each step's merge at the model's copy rate; zigzag partition when
-/// causal, contiguous otherwise.
+/// causal, contiguous otherwise. The block goes in `messages` pieces (ring_step_seconds()).
 /// @param mesh        the U × R × outer mesh (its ring: R ranks)
 /// @param shape       the attention layer's head counts and dims
 /// @param S           tokens of one sequence (>= 2R causal, >= R otherwise)
@@ -205,12 +280,13 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
 /// @param batch       B >= 1
 /// @param transport   how the ring's bytes move
 /// @param policy      the query head split
-/// @throws Error(invalid_shape) flops_per_s <= 0, batch < 1, or S too short (RingPartition);
-///         what attention_specs() throws for U.
+/// @param messages    pieces a block goes in, 1 .. kMaxRingMessages; 0: the model's best (best_ring_messages())
+/// @throws Error(invalid_shape) flops_per_s <= 0, batch < 1, S too short (RingPartition), messages
+///         outside [0, kMaxRingMessages]; what attention_specs() throws for U.
 inline RingCost ring_cost(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                           double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
-                          RingTransport transport = RingTransport::network, HeadPolicy policy = HeadPolicy::even) {
-  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false);
+                          RingTransport transport = RingTransport::network, HeadPolicy policy = HeadPolicy::even, int messages = 1) {
+  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false, messages);
 }
 
 /// The all-gather-kv alternative on the same mesh (see docs/headers.md, "tune/ring_cost.hpp"): the ring all-gather's
@@ -221,7 +297,7 @@ inline RingCost allgather_kv_cost(const Mesh& mesh, const AttentionShape& shape,
                                   double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16,
                                   std::int64_t batch = 1, RingTransport transport = RingTransport::network,
                                   HeadPolicy policy = HeadPolicy::even) {
-  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true);
+  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true, 1);
 }
 
 /// How a hybrid layout moves its kv between ring ranks.
@@ -240,6 +316,7 @@ struct HybridChoice {
   int ring_degree = 0;           ///< R
   int outer_degree = 0;          ///< world / (U · R): data parallel
   RingKv kv = RingKv::none;      ///< how the ring moves kv
+  int messages = 0;              ///< pieces a kv block goes in (RingConfig::messages): rotation best_ring_messages(), all-gather 1, no ring 0
   DegreeChoice ulysses;          ///< the Ulysses exchanges of a ring rank's L_0 tokens over U ranks (advise_degree()'s row)
   RingCost ring;                 ///< the ring's (or the all-gather's) cost; empty when R = 1
   double seconds = 0;            ///< predicted per layer (forward): ulysses.seconds + ring.exposed_seconds + ring.merge_seconds
@@ -260,7 +337,8 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
   if (h.kv == RingKv::none) return s + "; no ring";
   s += std::string("; ") + (h.kv == RingKv::rotation ? "ring" : "kv all-gather") + (mesh.ring_spans_nodes() ? " across nodes" : " inside a node");
   if (h.kv == RingKv::rotation)
-    s += h.ring.comm_seconds > 0 ? ", attention hides " + pct(1 - h.ring.exposed_seconds / h.ring.comm_seconds) + " of it" : "";
+    s += (h.messages > 1 ? ", " + std::to_string(h.messages) + " messages a block" : std::string()) +
+         (h.ring.comm_seconds > 0 ? ", attention hides " + pct(1 - h.ring.exposed_seconds / h.ring.comm_seconds) + " of it" : "");
   else
     s += ", exposed";
   if (mesh.ulysses_spans_nodes() && !mesh.ring_spans_nodes()) s += "; ring inside a node while the all-to-all crosses nodes";
@@ -277,7 +355,8 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
 /// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
 /// and every R with U · R dividing world that Mesh admits (ulysses_inner) and S tokens cover
 /// (S >= 2R causal): R = 1 (Ulysses alone), and for R > 1 the ring rotation and the all-gather-kv
-/// alternative. The outer dimension is data parallel (each group runs its own sequences of S).
+/// alternative; a rotation's block goes in best_ring_messages() pieces (HybridChoice::messages).
+/// The outer dimension is data parallel (each group runs its own sequences of S).
 /// @param shape          the attention layer's head counts and dims
 /// @param seq_len        S, tokens of one sequence
 /// @param world          ranks in all
@@ -321,7 +400,8 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
           h.ulysses = d;
           if (R > 1)
             h.ring = detail::ring_cost_impl(rmesh, shape, seq_len, causal, model, flops_per_s, type, batch, RingTransport::network, policy,
-                                            kv == RingKv::allgather);
+                                            kv == RingKv::allgather, 0);
+          h.messages = R > 1 ? h.ring.messages : 0;
           h.seconds = d.seconds + h.ring.exposed_seconds + h.ring.merge_seconds;
           h.intra_bytes = d.intra_bytes + h.ring.bytes[0];
           h.inter_bytes = d.inter_bytes + h.ring.bytes[1];
