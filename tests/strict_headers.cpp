@@ -11,9 +11,11 @@
 #include <ulysses/tune/fit.hpp>
 #include <ulysses/tune/advise.hpp>
 #include <ulysses/tune/ring_cost.hpp>
+#include <ulysses/tune/ring_split.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
 #include <ulysses/partition/ring.hpp>
+#include <ulysses/ring/poster.hpp>
 #include <ulysses/ring/rotation.hpp>
 #include <ulysses/ring/schedule.hpp>
 #ifdef ULYSSES_STRICT_MPI

@@ -168,9 +168,8 @@ class MpiComm {
     wait_messages(call);
   }
 
-  /// Message-level exchange (the optional member of the communicator concept in
-  /// redistribute.hpp): MPI_Irecv for every message of `recv`, MPI_Isend for every message of
-  /// `send`, polled to completion (MPI_Testall) against the deadline. A message over
+  /// Message-level exchange (optional in the communicator concept): MPI_Irecv for every message
+  /// of `recv`, MPI_Isend for every one of `send`, polled (MPI_Testall) to the deadline. A message over
   /// max_message_bytes() goes as several MPI messages of at most that size (both sides cut it the
   /// same way; MPI's non-overtaking order between a pair of ranks keeps the k-th message of each
   /// side matched). Collective over the group in effect: every rank with messages for this one
@@ -189,22 +188,16 @@ class MpiComm {
   /// of this communicator may come between the two (the ring's start() and finish(): while the
   /// engine computes, MPI moves what it moves without this process's calls, e.g. eager messages).
   /// @throws Error(invalid_shape) messages already started; Error(aborted), Error(backend) as
-  ///         exchange_messages() (the messages posted so far are cancelled).
+  ///         exchange_messages().
   void start_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
     started_call_ = enter("MpiComm::exchange_messages");
-    started_ = true;
-    try {
-      for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
-      for (std::size_t i = 0; i < n_send; ++i) post(started_call_, true, send[i].data, send[i].bytes, send[i].peer);
-    } catch (...) {
-      started_ = false;
-      throw;
-    }
+    for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
+    for (std::size_t i = 0; i < n_send; ++i) post(started_call_, true, send[i].data, send[i].bytes, send[i].peer);
+    started_ = true;  // (a failed post gave up: the messages posted so far are cancelled, the communicator broken)
   }
 
-  /// exchange_messages()'s second half: polls what start_messages() posted to completion, or to the
-  /// deadline counted from start_messages(). Nothing when nothing was started.
-  /// @throws as exchange_messages().
+  /// exchange_messages()'s second half: polls what start_messages() posted to completion or to its
+  /// deadline. Nothing when nothing was started. @throws as exchange_messages().
   void finish_messages() {
     if (!started_) return;
     started_ = false;
@@ -270,31 +263,14 @@ class MpiComm {
   using Shared = detail::MpiShared;
   /// One call: its sequence number and when it gives up.
   struct Call {
-    const char* who;
-    std::uint64_t seq;
-    std::chrono::steady_clock::time_point deadline;
+    const char* who;                                 // its name
+    std::uint64_t seq;                               // its number
+    std::chrono::steady_clock::time_point deadline;  // when it gives up
   };
   using NoticeHeader = detail::MpiNoticeHeader;
-  /// One story on every rank after a timeout (a ring whose rank left: each rank waits on its own
-  /// neighbour): for a short while (a tenth of the timeout, at most 200 ms) reads the notices of
-  /// the peers that timed out too; a rank that sent one is alive, so the ranks named missing by
-  /// someone (`missing` and the notices' masks) that sent none are the ones that did not arrive.
-  /// Returns "; the ranks' reports together: ranks {1} did not arrive" or "" (nothing to add).
-  /// `senders` and `missing` start with what this rank already knows.
+  /// detail::joint_verdict() (comm/mpi_notice.hpp) over this communicator's notices.
   std::string joint_verdict(std::uint64_t senders, std::uint64_t missing) {
-    const auto until = detail::deadline_after(std::min<std::chrono::milliseconds>(timeout_ / 10, std::chrono::milliseconds(200)));
-    detail::poll_until(until, [&] {
-      for (Notice n; receive_notice(n);) {
-        if (n.from < 64) senders |= std::uint64_t{1} << n.from;
-        missing |= n.head.missing;
-      }
-      return false;
-    }, detail::PollPace::relaxed);
-    if (rank_ < 64) senders |= std::uint64_t{1} << rank_;
-    const std::uint64_t root = missing & ~senders;
-    if (!root) return "";
-    return "; the ranks' reports together (ranks " + detail::join(detail::ranks_in_mask(senders)) + " gave up): ranks " + detail::join(detail::ranks_in_mask(root)) +
-           " did not arrive";
+    return detail::joint_verdict(comm_, kNoticeTag, rank_, timeout_, senders, missing);
   }
 
   /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
@@ -312,12 +288,7 @@ class MpiComm {
   /// pending), so that they do not break this new one; a peer's notice that is still in flight
   /// then is read by this one's first call. Never throws.
   void drain_stale_notices() noexcept {
-    if (ULYSSES_MPI_BLOCKING_WAITS) return;
-    try {
-      for (Notice n; receive_notice(n);) {
-      }
-    } catch (...) {  // (an allocation)
-    }
+    if (!ULYSSES_MPI_BLOCKING_WAITS) detail::drain_mpi_notices(comm_, kNoticeTag);
   }
   using Notice = detail::MpiNotice;
   /// Receives the next failure notice a peer sent, if there is one: true and `n` filled, or false.

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../detail/checked.hpp"
 #include "../version.hpp"
 #include "failure.hpp"
 
@@ -80,6 +82,38 @@ inline bool receive_mpi_notice(MPI_Comm comm, int tag, MpiNotice& n) {
     n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
   }
   return true;
+}
+
+/// Receives and drops every failure notice (`tag`) waiting on `comm`. Never throws.
+inline void drain_mpi_notices(MPI_Comm comm, int tag) noexcept {
+  try {
+    for (MpiNotice n; receive_mpi_notice(comm, tag, n);) {
+    }
+  } catch (...) {  // (an allocation)
+  }
+}
+
+/// One story on every rank after a timeout (a ring whose rank left: each rank waits on its own
+/// neighbour): for a short while (a tenth of `timeout`, at most 200 ms) reads the notices (`tag`)
+/// of the peers that timed out too; a rank that sent one is alive, so the ranks named missing by
+/// someone (`missing` and the notices' masks) that sent none are the ones that did not arrive.
+/// Returns "; the ranks' reports together: ranks {1} did not arrive" or "" (nothing to add).
+/// `senders` and `missing` start with what `rank` already knows.
+inline std::string joint_verdict(MPI_Comm comm, int tag, int rank, std::chrono::milliseconds timeout, std::uint64_t senders,
+                                 std::uint64_t missing) {
+  const auto until = deadline_after(std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::milliseconds(200)));
+  poll_until(until, [&] {
+    for (MpiNotice n; receive_mpi_notice(comm, tag, n);) {
+      if (n.from < 64) senders |= std::uint64_t{1} << n.from;
+      missing |= n.head.missing;
+    }
+    return false;
+  }, PollPace::relaxed);
+  if (rank < 64) senders |= std::uint64_t{1} << rank;
+  const std::uint64_t root = missing & ~senders;
+  if (!root) return "";
+  return "; the ranks' reports together (ranks " + join(ranks_in_mask(senders)) + " gave up): ranks " + join(ranks_in_mask(root)) +
+         " did not arrive";
 }
 
 /// What MPI may still read or write after a collective times out (it can be neither cancelled

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief How a ring rotation's exchanges move and progress (RingProgress, detail::RingPoster):
+///        read in place from the sender's window slot across the processes of a node
+///        (MpiWindowComm's with_peers(): one copy, no wire), else messages (RingConfig::messages
+///        pieces a block; posted in start() and completed in finish() over a split-phase
+///        communicator, MpiComm), now or on a worker thread. ring/rotation.hpp's rotations post
+///        through it; the table of transports: docs/ring.md ("Transports").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../comm/concepts.hpp"
+#include "../comm/cross_memory.hpp"
+#include "../comm/peer_record.hpp"
+#include "../detail/hash.hpp"
+#include "../detail/worker.hpp"
+#include "../error.hpp"
+#include "../layout/blocks.hpp"
+#include "../partition/ring.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// How a rotation's exchange progresses while the engine computes (see the file comment).
+enum class RingProgress : std::int32_t {
+  automatic = 0,  ///< thread for a communicator that declares progress_thread (LocalGroup::Comm), in_start otherwise
+  in_start = 1,   ///< no thread: start() posts the exchange and finish() completes it (comm_traits::split_messages, MpiComm),
+                  ///< or start() runs it (stream-ordered communicators: enqueues it) and finish() waits for nothing
+  thread = 2,     ///< start() hands it to a worker thread, finish() waits for it (host communicators)
+};
+
+namespace detail {
+
+/// How a rotation's blocks move on Comm (docs/ring.md, "Transports"): read in place from the
+/// sender's memory through with_peers() (a communicator across the processes of a node whose
+/// with_peers() maps the peers' memory: MpiWindowComm, one copy, no wire), else messages
+/// (exchange_messages(); LocalGroup::Comm's copy straight from the sender's memory, MpiComm's MPI
+/// messages, cut into RingConfig::messages pieces).
+template <class Comm>
+inline constexpr bool ring_reads_in_place_v =
+    comm_traits<Comm>::with_peers && !comm_traits<Comm>::one_address_space && !comm_traits<Comm>::device_memory;
+
+/// The exchanges of a rotation: one step's lists (every send to ring rank r + 1, every receive
+/// from r − 1), run now, posted now and completed at wait() (a split-phase communicator:
+/// comm_traits::split_messages), or on one persistent worker thread (RingProgress::thread;
+/// detail::Worker, started at the first threaded post; a job the worker has not taken by wait()
+/// runs on the caller's thread). Over messages each block goes as `messages` pieces
+/// (ring_piece_begin()); in place (ring_reads_in_place_v) each send is published whole and the
+/// receiver copies the matching block of ring rank r − 1 (by Cross Memory Attach where it lies
+/// outside the sender's window slot and the window permits it; staged by the window otherwise).
+template <class Comm>
+class RingPoster {
+ public:
+  RingPoster(Comm& comm, RingProgress p, int messages) : comm_(comm), threaded_(p == RingProgress::thread), messages_(messages) {
+    if (messages < 1 || messages > kMaxRingMessages)
+      fail(Errc::invalid_shape, "ring rotation: messages=" + std::to_string(messages) + " a block must be in [1, " +
+                                    std::to_string(kMaxRingMessages) + "]");
+  }
+  RingPoster(const RingPoster&) = delete;
+  RingPoster& operator=(const RingPoster&) = delete;
+  /// Posts one step: n sends (to one peer) and as many receives (from one peer), each a whole
+  /// block; the lists are copied (they may be reused). @pre n <= kMaxTensors.
+  void post(const Message* send, const Message* recv, std::size_t n) {
+    if (posted_) fail(Errc::invalid_shape, "ring rotation: an exchange was posted twice without finish()");
+    whole_send_.assign(send, send + n);
+    whole_recv_.assign(recv, recv + n);
+    send_.clear();
+    recv_.clear();
+    if (!ring_reads_in_place_v<Comm>)
+      for (std::size_t i = 0; i < n; ++i) cut(send[i], send_), cut(recv[i], recv_);
+    posted_ = true;
+    if (threaded_) {
+      if (!worker_) worker_ = std::make_unique<Worker>();
+      worker_->start(exchange_);
+    } else if constexpr (comm_traits<Comm>::split_messages && !ring_reads_in_place_v<Comm>) {
+      try {
+        comm_.start_messages(send_.data(), send_.size(), recv_.data(), recv_.size());
+      } catch (...) {
+        posted_ = false;
+        throw;
+      }
+    } else {
+      try {
+        exchange_();
+      } catch (...) {
+        posted_ = false;
+        throw;
+      }
+    }
+  }
+  /// Waits for the posted exchange (nothing when none is posted); rethrows what it threw.
+  void wait() {
+    if (!posted_) return;
+    posted_ = false;
+    if (threaded_) {
+      worker_->finish_here();
+    } else if constexpr (comm_traits<Comm>::split_messages && !ring_reads_in_place_v<Comm>) {
+      comm_.finish_messages();
+    }
+  }
+  bool posted() const { return posted_; }
+  Comm& comm() const { return comm_; }  ///< the ring communicator
+  int messages() const { return messages_; }  ///< pieces a block goes in over messages
+
+ private:
+  void cut(const Message& m, std::vector<Message>& out) const {
+    for (int i = 0; i < messages_; ++i) {
+      const std::size_t b = ring_piece_begin(m.bytes, messages_, i), e = ring_piece_begin(m.bytes, messages_, i + 1);
+      out.push_back({m.peer, m.data + b, e - b});
+    }
+  }
+  /// The in-place step: publishes this rank's sends (PeerRecord inputs 0 .. n − 1) and copies
+  /// the sender's into the receives.
+  void run_in_place() {
+    if constexpr (ring_reads_in_place_v<Comm>) {
+      PeerRecord mine;
+      CrossMemoryRecord cma;
+      const std::size_t n = whole_send_.size();
+      mine.count = static_cast<int>(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        mine.data[i] = whole_send_[i].data;
+        mine.bytes[i] = whole_send_[i].bytes;
+        mine.read_bytes[i] = whole_send_[i].bytes;
+        cma.range_bytes[i] = whole_send_[i].bytes;
+        mine.layouts = fnv1a(mine.layouts ? mine.layouts : kFnvBasis, static_cast<std::int64_t>(whole_send_[i].bytes));
+      }
+      cma.reads_remote = true;
+      mine.cross_memory = &cma;
+      comm_.with_peers(&mine, &RingPoster::read_in_place, this);
+    }
+  }
+  static void read_in_place(void* ctx, const void* const* all) {
+    if constexpr (ring_reads_in_place_v<Comm>) {
+      auto& self = *static_cast<RingPoster*>(ctx);
+      for (std::size_t i = 0; i < self.whole_recv_.size(); ++i) {
+        const Message& m = self.whole_recv_[i];
+        const auto& from = *static_cast<const PeerRecord*>(all[m.peer]);
+        if (static_cast<std::size_t>(from.count) != self.whole_recv_.size() || from.bytes[i] != m.bytes)
+          fail(Errc::plan_mismatch, "ring rotation: ring rank " + std::to_string(m.peer) + " sends " +
+                                        (static_cast<int>(i) < from.count ? std::to_string(from.bytes[i]) + " bytes" : std::string("nothing")) +
+                                        " where ring rank " + std::to_string(self.comm_.rank()) + " receives " + std::to_string(m.bytes) +
+                                        " as block " + std::to_string(i) + " of the step; the ranks' ring plans differ");
+        if (!m.bytes) continue;
+        if (from.data[i]) {
+          std::memcpy(m.data, from.data[i], m.bytes);
+        } else if (from.cross_memory && from.cross_memory->pid && from.cross_memory->remote[i]) {
+          CrossMemoryReader& rd = self.reader_;
+          rd.begin(from.cross_memory->pid, m.peer);
+          rd.add(m.data, from.cross_memory->remote[i], m.bytes);
+          rd.flush();
+        } else {
+          fail(Errc::plan_mismatch, "ring rotation: ring rank " + std::to_string(m.peer) + " published no readable block " + std::to_string(i));
+        }
+      }
+    } else {
+      (void)ctx;
+      (void)all;
+    }
+  }
+  struct Exchange {  // the job: the posted lists over the ring
+    RingPoster* p;
+    void operator()() const {
+      if constexpr (ring_reads_in_place_v<Comm>)
+        p->run_in_place();
+      else
+        p->comm_.exchange_messages(p->send_.data(), p->send_.size(), p->recv_.data(), p->recv_.size());
+    }
+  };
+  Comm& comm_;
+  bool threaded_;
+  int messages_;
+  bool posted_ = false;
+  std::vector<Message> whole_send_, whole_recv_, send_, recv_;
+  CrossMemoryReader reader_;  // the in-place reads of blocks outside the sender's window slot
+  Exchange exchange_{this};
+  std::unique_ptr<Worker> worker_;  // last: destroyed (after its job) first
+};
+
+/// RingProgress::automatic resolved for Comm.
+template <class Comm>
+RingProgress resolve_progress(RingProgress p) {
+  if (p != RingProgress::automatic) return p;
+  return comm_traits<Comm>::progress_thread ? RingProgress::thread : RingProgress::in_start;
+}
+
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END
