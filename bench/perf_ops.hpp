@@ -131,6 +131,8 @@ enum class RingBaseline : int {
                   ///< the two)
   rfa_fresh = 3,  ///< the same "as written" (torch.empty_like every step): fresh receive buffers, malloc'd and
                   ///< untouched, every step, each freed after the step that sends it on
+  sendrecv_own = 4,  ///< sendrecv between the rotation's own two buffers (for --backend window: the window's
+                     ///< memory, as the rotation reads it; the op's buffers are huge-page private memory)
 };
 
 /// The k of RingBaseline::split that --op ring times (it reports the fastest).
@@ -213,10 +215,11 @@ class RingOp {
   /// each step's received block that differ from its owner's (after fill()).
   void baseline(RingBaseline b, int k = 1, long long* wrong = nullptr) {
     if (b == RingBaseline::rfa || b == RingBaseline::rfa_fresh) return rfa(b == RingBaseline::rfa_fresh, wrong);
+    const bool own = b == RingBaseline::sendrecv_own;
     for (int s = 0; s + 1 < R_; ++s) {
-      std::byte* send = (s % 2 ? b1_ : b0_).data();
-      std::byte* recv = (s % 2 ? b0_ : b1_).data();
-      if (b == RingBaseline::sendrecv) sendrecv(send, bytes(s), recv, bytes(s + 1));
+      std::byte* send = own ? rot_[s % 2] : (s % 2 ? b1_ : b0_).data();
+      std::byte* recv = own ? rot_[(s + 1) % 2] : (s % 2 ? b0_ : b1_).data();
+      if (b == RingBaseline::sendrecv || own) sendrecv(send, bytes(s), recv, bytes(s + 1));
       else split(send, bytes(s), recv, bytes(s + 1), k);
       if (wrong) *wrong += differ(recv, bytes(s + 1), source(s + 1), 0);
     }
@@ -240,6 +243,7 @@ class RingOp {
     for (int k : kRingSplits) fill(), baseline(RingBaseline::split, k, &wrong);
     fill(), baseline(RingBaseline::rfa, 1, &wrong);
     fill(), baseline(RingBaseline::rfa_fresh, 1, &wrong);
+    fill(), baseline(RingBaseline::sendrecv_own, 1, &wrong);
     return wrong;
   }
 

@@ -96,6 +96,7 @@ struct Row {
   double split_us = 0;      // the fastest of plain MPI's k-message patterns (k in kRingSplits)
   int split_k = 0;          // its k
   double rfa_us = 0, rfa_fresh_us = 0;  // ring-flash-attention's pattern, receive buffers reused / fresh each step
+  double own_us = 0;        // --backend window: MPI_Sendrecv between the rotation's own (window) buffers
   long long base_wrong = -1;  // bytes the baselines received wrong (-1: not checked)
 };
 
@@ -595,7 +596,7 @@ std::vector<Row> run(Runner& runner, const Options& o) {
 /// call timed by slowest_us() on `group` (the communicator whose clock and collectives time it:
 /// the ring's own, or under MpiWindowComm the MpiComm it wraps). Collective.
 template <class Group, class Op>
-Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char* path) {
+Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char* path, bool own = false) {
   using perf_ops::RingBaseline;
   Row row;
   row.S = S;
@@ -614,6 +615,7 @@ Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char*
     for (int k : perf_ops::kRingSplits) base(RingBaseline::split, k);
     base(RingBaseline::rfa, 1);
     base(RingBaseline::rfa_fresh, 1);
+    if (own) base(RingBaseline::sendrecv_own, 1);
   }
   const std::vector<double> m = alternate_all(o, calls);
   row.us = m[0];
@@ -624,6 +626,7 @@ Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char*
       if (row.split_k == 0 || m[2 + i] < row.split_us) row.split_us = m[2 + i], row.split_k = perf_ops::kRingSplits[i];
     row.rfa_us = m[2 + n];
     row.rfa_fresh_us = m[3 + n];
+    if (own) row.own_us = m[4 + n];
   }
   return row;
 }
@@ -677,7 +680,7 @@ std::vector<Row> run_ring_window(MpiComm& comm, const Options& o) {
     MpiWindowComm wc(comm, win);
     const WindowSpan a = win.allocate(big), b = win.allocate(big);
     Op op(wc, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages, a.data(), b.data());
-    rows.push_back(ring_row(comm, o, n, op, "in_place"));
+    rows.push_back(ring_row(comm, o, n, op, "in_place", true));
   }
   return rows;
 }
@@ -753,14 +756,20 @@ void print_header(const Options& o, int P, const Setup& setup) {
                   "step (as written)%s\n",
                   o.backend == "local" ? "in process each an exchange_messages() on the rank's own thread (k pieces; k and v)" : "plain MPI on the same MPI communicator",
                   o.check ? "; -c 1 checks every baseline's bytes too" : "");
+    if (o.bare && o.backend == "window")
+      std::printf("# the baselines run between huge-page private buffers (bench/host_buffer.hpp), where this MPI's single copy is "
+                  "fastest; sr-win(us): MPI_Sendrecv between the rotation's own buffers in the window (the same memory the rotation "
+                  "reads), /srwin = time/sr-win(us)\n");
   }
   else std::printf("# bytes: a rank's input tensors (own chunk included, as nccl-tests counts an all-to-all; the largest rank's)\n");
   std::printf("# time(us): %s\n# algbw = bytes/time; busbw = algbw*(P-1)/P; bare: %s\n", kTimeDefinition, bare_of(o.backend, o.op).c_str());
   std::printf("#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s", "S", "bytes", "direction", "path", "time(us)", "algbw",
               "busbw", "#wrong", "bare(us)", "algbw", "ratio");
   if (ring_columns(o)) std::printf(" %11s %2s %6s %11s %8s %11s", "split(us)", "k", "/split", "rfa(us)", "rfa/ours", "rfa-new(us)");
+  if (ring_columns(o) && o.backend == "window") std::printf(" %11s %6s", "sr-win(us)", "/srwin");
   std::printf("\n#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
   if (ring_columns(o)) std::printf(" %11s %2s %6s %11s %8s %11s", "", "", "", "", "", "");
+  if (ring_columns(o) && o.backend == "window") std::printf(" %11s %6s", "", "");
   std::printf("\n");
 }
 
@@ -812,6 +821,8 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& s
     if (ring_columns(o))
       std::printf(" %11.1f %2d %6.2f %11.1f %8.2f %11.1f", w.split_us, w.split_k, w.split_us > 0 ? w.us / w.split_us : 0, w.rfa_us,
                   w.us > 0 ? w.rfa_us / w.us : 0, w.rfa_fresh_us);
+    if (ring_columns(o) && o.backend == "window")
+      std::printf(" %11.1f %6.2f", w.own_us, w.own_us > 0 ? w.us / w.own_us : 0);
     std::printf("\n");
   }
   long long wrong = 0;
