@@ -133,6 +133,8 @@ enum class RingBaseline : int {
                   ///< untouched, every step, each freed after the step that sends it on
   sendrecv_own = 4,  ///< sendrecv between the rotation's own two buffers (for --backend window: the window's
                      ///< memory, as the rotation reads it; the op's buffers are huge-page private memory)
+  sendrecv_small = 5,  ///< sendrecv between two private buffers of small pages (std::vector, no madvise): what
+                       ///< the page size costs this MPI's single copy
 };
 
 /// The k of RingBaseline::split that --op ring times (it reports the fastest).
@@ -215,11 +217,12 @@ class RingOp {
   /// each step's received block that differ from its owner's (after fill()).
   void baseline(RingBaseline b, int k = 1, long long* wrong = nullptr) {
     if (b == RingBaseline::rfa || b == RingBaseline::rfa_fresh) return rfa(b == RingBaseline::rfa_fresh, wrong);
-    const bool own = b == RingBaseline::sendrecv_own;
+    const bool own = b == RingBaseline::sendrecv_own, small = b == RingBaseline::sendrecv_small;
+    if (small && small_[1].empty()) small_[0] = b0_small(), small_[1] = std::vector<std::byte>(b0_.size(), std::byte{0x77});
     for (int s = 0; s + 1 < R_; ++s) {
-      std::byte* send = own ? rot_[s % 2] : (s % 2 ? b1_ : b0_).data();
-      std::byte* recv = own ? rot_[(s + 1) % 2] : (s % 2 ? b0_ : b1_).data();
-      if (b == RingBaseline::sendrecv || own) sendrecv(send, bytes(s), recv, bytes(s + 1));
+      std::byte* send = own ? rot_[s % 2] : small ? small_[s % 2].data() : (s % 2 ? b1_ : b0_).data();
+      std::byte* recv = own ? rot_[(s + 1) % 2] : small ? small_[(s + 1) % 2].data() : (s % 2 ? b0_ : b1_).data();
+      if (b == RingBaseline::sendrecv || own || small) sendrecv(send, bytes(s), recv, bytes(s + 1));
       else split(send, bytes(s), recv, bytes(s + 1), k);
       if (wrong) *wrong += differ(recv, bytes(s + 1), source(s + 1), 0);
     }
@@ -244,6 +247,7 @@ class RingOp {
     fill(), baseline(RingBaseline::rfa, 1, &wrong);
     fill(), baseline(RingBaseline::rfa_fresh, 1, &wrong);
     fill(), baseline(RingBaseline::sendrecv_own, 1, &wrong);
+    fill(), small_[1].clear(), baseline(RingBaseline::sendrecv_small, 1, &wrong);  // (remade from this rank's block)
     return wrong;
   }
 
@@ -342,7 +346,10 @@ class RingOp {
   Comm& comm_;
   std::vector<std::size_t> blocks_, k_;  // by ring rank: the block, its k part
   int R_, r_;
-  Bytes b0_, b1_;                        // the baselines' (and by default the rotation's) double buffer
+  /// The small-page buffer 0: a copy of b0_ (this rank's block after fill()).
+  std::vector<std::byte> b0_small() const { return std::vector<std::byte>(b0_.begin(), b0_.end()); }
+  Bytes b0_, b1_;
+  std::vector<std::byte> small_[2];      // RingBaseline::sendrecv_small's buffers (made at its first use)                        // the baselines' (and by default the rotation's) double buffer
   Bytes kv_[2][2];                       // rfa's two pairs of k, v buffers
   std::byte* rot_[2];                    // the rotation's double buffer
   std::unique_ptr<RingRotation<Comm>> rot_obj_;

@@ -97,6 +97,7 @@ struct Row {
   int split_k = 0;          // its k
   double rfa_us = 0, rfa_fresh_us = 0;  // ring-flash-attention's pattern, receive buffers reused / fresh each step
   double own_us = 0;        // --backend window: MPI_Sendrecv between the rotation's own (window) buffers
+  double small_us = 0;      // MPI: MPI_Sendrecv between small-page private buffers
   long long base_wrong = -1;  // bytes the baselines received wrong (-1: not checked)
 };
 
@@ -616,6 +617,7 @@ Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char*
     base(RingBaseline::rfa, 1);
     base(RingBaseline::rfa_fresh, 1);
     if (own) base(RingBaseline::sendrecv_own, 1);
+    if (o.backend != "local") base(RingBaseline::sendrecv_small, 1);
   }
   const std::vector<double> m = alternate_all(o, calls);
   row.us = m[0];
@@ -627,6 +629,7 @@ Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char*
     row.rfa_us = m[2 + n];
     row.rfa_fresh_us = m[3 + n];
     if (own) row.own_us = m[4 + n];
+    if (o.backend != "local") row.small_us = m.back();
   }
   return row;
 }
@@ -756,6 +759,9 @@ void print_header(const Options& o, int P, const Setup& setup) {
                   "step (as written)%s\n",
                   o.backend == "local" ? "in process each an exchange_messages() on the rank's own thread (k pieces; k and v)" : "plain MPI on the same MPI communicator",
                   o.check ? "; -c 1 checks every baseline's bytes too" : "");
+    if (o.bare && o.backend != "local")
+      std::printf("# sr-4k(us): MPI_Sendrecv between private buffers of small pages (std::vector, no madvise), /sr4k = time/sr-4k(us): "
+                  "what the page size costs this MPI's copy (the other baselines: huge-page buffers)\n");
     if (o.bare && o.backend == "window")
       std::printf("# the baselines run between huge-page private buffers (bench/host_buffer.hpp), where this MPI's single copy is "
                   "fastest; sr-win(us): MPI_Sendrecv between the rotation's own buffers in the window (the same memory the rotation "
@@ -767,9 +773,11 @@ void print_header(const Options& o, int P, const Setup& setup) {
               "busbw", "#wrong", "bare(us)", "algbw", "ratio");
   if (ring_columns(o)) std::printf(" %11s %2s %6s %11s %8s %11s", "split(us)", "k", "/split", "rfa(us)", "rfa/ours", "rfa-new(us)");
   if (ring_columns(o) && o.backend == "window") std::printf(" %11s %6s", "sr-win(us)", "/srwin");
+  if (ring_columns(o) && o.backend != "local") std::printf(" %11s %6s", "sr-4k(us)", "/sr4k");
   std::printf("\n#%9s %13s %-22s %-9s %11s %9s %9s %7s %11s %9s %6s", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "");
   if (ring_columns(o)) std::printf(" %11s %2s %6s %11s %8s %11s", "", "", "", "", "", "");
   if (ring_columns(o) && o.backend == "window") std::printf(" %11s %6s", "", "");
+  if (ring_columns(o) && o.backend != "local") std::printf(" %11s %6s", "", "");
   std::printf("\n");
 }
 
@@ -823,6 +831,7 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& s
                   w.us > 0 ? w.rfa_us / w.us : 0, w.rfa_fresh_us);
     if (ring_columns(o) && o.backend == "window")
       std::printf(" %11.1f %6.2f", w.own_us, w.own_us > 0 ? w.us / w.own_us : 0);
+    if (ring_columns(o) && o.backend != "local") std::printf(" %11.1f %6.2f", w.small_us, w.small_us > 0 ? w.us / w.small_us : 0);
     std::printf("\n");
   }
   long long wrong = 0;
