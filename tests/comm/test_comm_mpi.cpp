@@ -122,6 +122,21 @@ TEST_CASE("MPI start_messages / finish_messages: the two halves of exchange_mess
   }
 }
 
+TEST_CASE("MPI exchange_messages: a message shorter than its receive is plan_mismatch on the receiver, and its peers hear at once") {
+  MPI_Comm dup = MPI_COMM_NULL;  // broken by the test: a communicator of its own
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  MpiComm comm(dup);
+  const int P = comm.size(), i = comm.rank();
+  if (P < 2) return;
+  std::vector<std::byte> buf(200, std::byte{7});
+  const Message to1{1, buf.data(), 100}, from0{0, buf.data(), 200};  // rank 0 sends 100 bytes, rank 1 expects 200
+  const Errc first = ut::code_of([&] { comm.exchange_messages(&to1, i == 0 ? 1 : 0, &from0, i == 1 ? 1 : 0); });
+  CHECK(first == (i == 1 ? Errc::plan_mismatch : Errc{}));
+  std::uint64_t word = 1;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(P));
+  CHECK(ut::code_of([&] { comm.allgather(&word, sizeof word, all.data()); }) == Errc::aborted);  // every rank, not at a deadline
+}
+
 TEST_CASE("MPI: ranks whose offsets straddle the message limit still agree on one path (no hang)") {
   // P ranks, 4-byte chunks, limit 4: rank 0's largest offset is 4*(P-2), the last rank's 4*(P-1).
   for (int P : {2, 3, 4}) {

@@ -18,7 +18,9 @@
 #include <ulysses/ring/rotation.hpp>
 #include <ulysses/ulysses.hpp>
 
+#include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -139,6 +141,62 @@ TEST_CASE("MPI ring configuration: a rank with another S throws plan_mismatch on
   CHECK(s.first == Errc::plan_mismatch);
   CHECK(ut::code_of([&] { check_ring_config({2, W / 2, RingLayout::zigzag, true, 1000, 0}, uly, ring); }) == Errc::invalid_shape);
   m.free();
+}
+
+TEST_CASE("MPI ring: ranks that cut blocks differently without the agreement check get a coded error on every rank, never wrong blocks") {
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  MPI_Comm dup = MPI_COMM_NULL;  // a communicator of its own: the one that times out cannot be used again (its messages linger)
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  MpiComm ring(dup, MpiComm::kIntMaxBytes, std::chrono::milliseconds(1500));
+  const std::size_t n = 65536;
+  std::vector<std::byte> b0(n), b1(n);
+  const auto own = block_of(w, 0, n);
+  std::memcpy(b0.data(), own.data(), n);
+  RingRotation<MpiComm> rot(ring, std::vector<std::size_t>(static_cast<std::size_t>(W), n), RingBuffers().kv(b0, b1), RingProgress::in_start,
+                            w == 0 ? 2 : 1);
+  int wrong = 0;
+  const Errc e = ut::code_of([&] {
+    for (int s = 0; s < W; ++s) {
+      rot.start(s);
+      const auto want = block_of(rot.source(s), 0, n);
+      wrong += std::memcmp(rot.block(s), want.data(), n) != 0;
+      rot.finish(s);
+    }
+  });
+  CHECK((e == Errc::timeout || e == Errc::aborted || e == Errc::plan_mismatch));
+  CHECK(wrong == 0);  // no step ended with a block that is not its owner's
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("MPI ring: a rotation left between start() and finish() (the engine threw) completes its step; the communicator stays usable") {
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  MpiComm ring(MPI_COMM_WORLD);
+  const std::size_t n = 1 << 20;
+  const std::vector<std::size_t> sizes(static_cast<std::size_t>(W), n);
+  CHECK_THROWS_AS(([&] {
+                    std::vector<std::byte> b0(n), b1(n);  // freed after the rotation
+                    RingRotation<MpiComm> rot(ring, sizes, RingBuffers().kv(b0, b1), RingProgress::in_start);
+                    rot.start(0);
+                    throw std::runtime_error("the engine's attention failed");
+                  }()),
+                  std::runtime_error);
+  std::vector<std::byte> b0(n), b1(n);
+  const auto own = block_of(w, 0, n);
+  std::memcpy(b0.data(), own.data(), n);
+  RingRotation<MpiComm> again(ring, sizes, RingBuffers().kv(b0, b1), RingProgress::in_start);
+  int wrong = 0;
+  for (int s = 0; s < W; ++s) {
+    again.start(s);
+    const auto want = block_of(again.source(s), 0, n);
+    wrong += std::memcmp(again.block(s), want.data(), n) != 0;
+    again.finish(s);
+  }
+  CHECK(wrong == 0);
+  CHECK(!ring.broken());
 }
 
 TEST_CASE("MPI ring on the window: blocks read in place from the sender's slot, outside it by Cross Memory Attach or staged; bit-exact, both directions") {

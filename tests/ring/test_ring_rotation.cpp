@@ -9,6 +9,7 @@
 #include <ulysses/ring/rotation.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -172,6 +173,40 @@ TEST_CASE("the wire split: blocks of any size cut into 1 .. 7 messages arrive wh
   CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> r(c, one, RingBuffers().kv(b0, b1), RingProgress::in_start, 0); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> r(c, one, RingBuffers().kv(b0, b1), RingProgress::in_start, kMaxRingMessages + 1); }) ==
         Errc::invalid_shape);
+}
+
+TEST_CASE("misuse of a rotation is a coded error on every rank: finish() of no started step, overlapping buffers, a bad split on one rank") {
+  std::vector<std::size_t> one{64}, two{64, 64};
+  std::vector<std::byte> b(256);
+  LocalGroup g(1);
+  LocalGroup::Comm c = g.comm(0);
+  {
+    RingRotation<LocalGroup::Comm> r(c, one, RingBuffers().kv(b.data(), 64, b.data() + 64, 64), RingProgress::in_start);
+    CHECK(ut::code_of([&] { r.finish(0); }) == Errc::invalid_group);  // nothing started
+    r.start(0);
+    r.finish(0);
+    CHECK(ut::code_of([&] { r.finish(0); }) == Errc::invalid_group);  // finished already
+  }
+  for (int R : {2, 3}) {  // one rank's mistake: that rank's own error, the others aborted at once (not at a deadline)
+    std::vector<Errc> code(static_cast<std::size_t>(R));
+    LocalGroup ring(R, std::chrono::seconds(60));
+    const auto t0 = std::chrono::steady_clock::now();
+    ring.spawn([&](LocalGroup::Comm& rc) {
+      const int r = rc.rank();
+      std::vector<std::byte> mine(256);
+      std::vector<std::size_t> sizes(static_cast<std::size_t>(R), 64);
+      code[static_cast<std::size_t>(r)] = ut::code_of([&] {
+        const RingBuffers buffers = r == 1 ? RingBuffers().kv(mine.data(), 64, mine.data() + 32, 64)  // overlapping
+                                           : RingBuffers().kv(mine.data(), 64, mine.data() + 128, 64);
+        RingRotation<LocalGroup::Comm> rot(rc, sizes, buffers, RingProgress::in_start, r == R - 1 && R == 3 ? 0 : 1);
+        for (int s = 0; s < R; ++s) rot.start(s), rot.finish(s);
+      });
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+    CHECK(code[1] == Errc::invalid_shape);                       // the overlap
+    if (R == 3) CHECK(code[2] == Errc::invalid_shape);           // messages = 0
+    CHECK(code[0] == Errc::aborted);
+  }
 }
 
 TEST_CASE("C14: a hybrid asked for as R = 2 whose ring communicator has one rank throws comm_mismatch") {

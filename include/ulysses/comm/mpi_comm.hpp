@@ -31,16 +31,6 @@
 #include "mpi_notice.hpp"
 #include "mpi_requests.hpp"
 
-/// 1: MpiComm's waits block in MPI_Wait, use the blocking collectives and probe no notices (docs/headers.md,
-/// "comm/mpi_comm.hpp"); the default under SimGrid's SMPI. 0: polled against the deadline (the default).
-#ifndef ULYSSES_MPI_BLOCKING_WAITS
-#if defined(SMPI_SHARED_MALLOC)
-#define ULYSSES_MPI_BLOCKING_WAITS 1
-#else
-#define ULYSSES_MPI_BLOCKING_WAITS 0
-#endif
-#endif
-
 ULYSSES_NAMESPACE_BEGIN
 
 /// Communicator over an MPI communicator (models the communicator concept of comm/concepts.hpp).
@@ -89,6 +79,11 @@ class MpiComm {
   int size() const { return size_; }    ///< MPI_Comm_size
   int rank() const { return rank_; }    ///< MPI_Comm_rank
   MPI_Comm get() const { return comm_; }  ///< the wrapped communicator
+  /// Whether calls may come from another thread, one at a time (MPI_THREAD_SERIALIZED or above; RingProgress::thread).
+  bool allows_worker_thread() const noexcept {
+    int level = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&level) == MPI_SUCCESS && level >= MPI_THREAD_SERIALIZED;
+  }
   std::size_t max_message_bytes() const { return max_msg_; }  ///< the per-message limit, bytes
   /// How long one call waits for its peers before it throws Error(timeout).
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -175,20 +170,18 @@ class MpiComm {
   /// side matched). Collective over the group in effect: every rank with messages for this one
   /// must call it too.
   /// @throws Error(timeout) naming the ranks whose messages did not arrive within timeout();
-  ///         Error(aborted), Error(backend) as alltoallv().
+  ///         Error(plan_mismatch) a message shorter than its receive (on every rank: the peers are
+  ///         told); Error(aborted), Error(backend) as alltoallv().
   void exchange_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
     start_messages(send, n_send, recv, n_recv);
     finish_messages();
   }
 
-  /// exchange_messages()'s first half (the optional start_messages() of the communicator concept,
-  /// comm_traits::split_messages): posts the receives, then the sends (MPI_Irecv / MPI_Isend, as
-  /// ring-flash-attention's batch_isend_irecv), and returns; the messages' buffers must stay
-  /// untouched until finish_messages(). The deadline of the pair counts from here. No other call
-  /// of this communicator may come between the two (the ring's start() and finish(): while the
-  /// engine computes, MPI moves what it moves without this process's calls, e.g. eager messages).
-  /// @throws Error(invalid_shape) messages already started; Error(aborted), Error(backend) as
-  ///         exchange_messages().
+  /// exchange_messages()'s first half (optional in the concept: comm_traits::split_messages):
+  /// posts the receives, then the sends, and returns; the buffers stay untouched until
+  /// finish_messages(), whose deadline counts from here, and no other call may come between (the
+  /// ring's start() and finish()). @throws Error(invalid_shape) messages already started;
+  /// Error(aborted), Error(backend) as exchange_messages().
   void start_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
     started_call_ = enter("MpiComm::exchange_messages");
     for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
@@ -197,10 +190,13 @@ class MpiComm {
   }
 
   /// exchange_messages()'s second half: polls what start_messages() posted to completion or to its
-  /// deadline. Nothing when nothing was started. @throws as exchange_messages().
+  /// deadline (cancels it when the communicator broke meanwhile). Nothing when nothing was
+  /// started. @throws as exchange_messages().
   void finish_messages() {
     if (!started_) return;
     started_ = false;
+    if (sh_->failure.broken()) msgs_.cancel(timeout_);  // broken meanwhile (abort()): nothing more arrives; MPI writes no more
+    sh_->failure.check(started_call_.who);
     wait_messages(started_call_);
   }
 
@@ -309,7 +305,7 @@ class MpiComm {
       const int tag = w ? kCallTags + static_cast<int>(w % kCallTagCount) : kTag;
       const int rc = is_send ? MPI_Isend(base + done, n, MPI_BYTE, peer, tag, comm_, &r)
                              : MPI_Irecv(base + done, n, MPI_BYTE, peer, tag, comm_, &r);
-      msgs_.add(r, peer, is_send);
+      msgs_.add(r, peer, is_send, n);
       check(call, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
       done += static_cast<std::size_t>(n);
     }
@@ -318,11 +314,12 @@ class MpiComm {
   /// Polls the posted messages (receives first, then sends) to completion or to the deadline;
   /// a timeout names the peers of the incomplete ones (ULYSSES_MPI_BLOCKING_WAITS: MPI_Wait on each).
   void wait_messages(const Call& call) {
+    msgs_.statuses.resize(msgs_.reqs.size());
     if (ULYSSES_MPI_BLOCKING_WAITS) {  // one MPI_Wait each: SMPI's MPI_Waitall is one MPI_Waitany per request, O(n^2)
-      for (MPI_Request& r : msgs_.reqs) check(call, MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+      for (std::size_t i = 0; i < msgs_.reqs.size(); ++i) check(call, MPI_Wait(&msgs_.reqs[i], &msgs_.statuses[i]), "MPI_Wait");
     } else if (!poll(call, [&] {
           int done = 0;
-          check(call, MPI_Testall(static_cast<int>(msgs_.reqs.size()), msgs_.reqs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+          check(call, MPI_Testall(static_cast<int>(msgs_.reqs.size()), msgs_.reqs.data(), &done, msgs_.statuses.data()), "MPI_Testall");
           return done != 0;
         })) {
       const std::vector<int> late_recv = msgs_.incomplete(0, msgs_.n_recv), late_send = msgs_.incomplete(msgs_.n_recv, msgs_.reqs.size());
@@ -332,7 +329,10 @@ class MpiComm {
                   " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)",
               true, detail::mask_of_ranks(late_recv) | detail::mask_of_ranks(late_send));
     }
+    const std::string short_receive = msgs_.short_receive(rank_);
     msgs_.clear();
+    if (!short_receive.empty())  // a shorter message than posted matched: the ranks' lists differ (never silent data)
+      give_up(call, Errc::plan_mismatch, "rank " + std::to_string(rank_) + " in " + call.who + ": " + short_receive + "; the ranks' plans differ");
   }
 
   /// Polls the collective in flight (sh_->coll->req) to completion or to the deadline

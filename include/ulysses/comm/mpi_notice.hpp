@@ -20,6 +20,16 @@
 #include "../version.hpp"
 #include "failure.hpp"
 
+/// 1: MpiComm's waits (comm/mpi_comm.hpp) block in MPI_Wait, use the blocking collectives and probe no notices (docs/headers.md,
+/// "comm/mpi_comm.hpp"); the default under SimGrid's SMPI. 0: polled against the deadline (the default).
+#ifndef ULYSSES_MPI_BLOCKING_WAITS
+#if defined(SMPI_SHARED_MALLOC)
+#define ULYSSES_MPI_BLOCKING_WAITS 1
+#else
+#define ULYSSES_MPI_BLOCKING_WAITS 0
+#endif
+#endif
+
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "../version.hpp"
@@ -23,19 +24,35 @@ namespace detail {
 struct MpiRequests {
   std::vector<MPI_Request> reqs;
   std::vector<int> peers;
+  std::vector<int> bytes;              // each message's posted size
+  std::vector<MPI_Status> statuses;    // the completed ones' (wait's scratch)
   std::size_t n_recv = 0;
 
-  /// Adds a posted message's request.
-  void add(MPI_Request r, int peer, bool is_send) {
+  /// Adds a posted message's request (`n` bytes).
+  void add(MPI_Request r, int peer, bool is_send, int n) {
     reqs.push_back(r);
     peers.push_back(peer);
+    bytes.push_back(n);
     if (!is_send) n_recv = reqs.size();
   }
   /// Forgets every request (after they completed, or were cancelled or freed).
   void clear() noexcept {
     reqs.clear();
     peers.clear();
+    bytes.clear();
     n_recv = 0;
+  }
+  /// After the receives completed into `statuses`: "" when each received the bytes it was posted
+  /// for, else what differs ("rank 2 sent 4096 bytes where rank 0 receives 8192"), the first one.
+  std::string short_receive(int rank) {
+    for (std::size_t i = 0; i < n_recv && i < statuses.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+      if (got != bytes[i])
+        return "rank " + std::to_string(peers[i]) + " sent " + std::to_string(got) + " bytes where rank " + std::to_string(rank) +
+               " receives " + std::to_string(bytes[i]);
+    }
+    return "";
   }
   /// The peers of the requests [begin, end) still incomplete, ascending, each once.
   std::vector<int> incomplete(std::size_t begin, std::size_t end) {

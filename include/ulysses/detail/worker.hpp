@@ -10,6 +10,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "../version.hpp"
 
@@ -68,24 +69,12 @@ class Worker {
   /// host, docs/ring.md). Rethrows what the job threw.
   void finish_here() {
     std::unique_lock<std::mutex> l(m_);
-    if (busy_ && !taken_) {
-      taken_ = true;
+    if (!busy_ || taken_) {
       l.unlock();
-      std::exception_ptr e;
-      try {
-        fn_(arg_);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      l.lock();
-      busy_ = false;
-      taken_ = false;
-      cv_.notify_all();
-      if (e) std::rethrow_exception(e);
-      return;
+      return finish();
     }
-    l.unlock();
-    finish();
+    run_taken(l);
+    if (std::exception_ptr e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
   }
 
  private:
@@ -94,20 +83,25 @@ class Worker {
     for (;;) {
       cv_.wait(l, [&] { return (busy_ && !taken_) || quit_; });
       if (!busy_ || taken_) return;  // quit
-      taken_ = true;
-      l.unlock();
-      std::exception_ptr e;
-      try {
-        fn_(arg_);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      l.lock();
-      error_ = e;
-      busy_ = false;
-      taken_ = false;
-      cv_.notify_all();
+      run_taken(l);
     }
+  }
+  /// Takes the started job and runs it on this thread (`l` held on entry and on return, released
+  /// while it runs); its error lands in error_, and the waiters are woken.
+  void run_taken(std::unique_lock<std::mutex>& l) {
+    taken_ = true;
+    l.unlock();
+    std::exception_ptr e;
+    try {
+      fn_(arg_);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    l.lock();
+    error_ = e;
+    busy_ = false;
+    taken_ = false;
+    cv_.notify_all();
   }
 
   std::mutex m_;

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../comm/concepts.hpp"
@@ -45,6 +47,12 @@ template <class Comm>
 inline constexpr bool ring_reads_in_place_v =
     comm_traits<Comm>::with_peers && !comm_traits<Comm>::one_address_space && !comm_traits<Comm>::device_memory;
 
+/// Whether Comm says if its calls may come from another thread (`bool allows_worker_thread() const`).
+template <class C, class = void>
+struct has_allows_worker_thread : std::false_type {};
+template <class C>
+struct has_allows_worker_thread<C, std::void_t<decltype(bool{std::declval<const C&>().allows_worker_thread()})>> : std::true_type {};
+
 /// The exchanges of a rotation: one step's lists (every send to ring rank r + 1, every receive
 /// from r − 1), run now, posted now and completed at wait() (a split-phase communicator:
 /// comm_traits::split_messages), or on one persistent worker thread (RingProgress::thread;
@@ -56,13 +64,32 @@ inline constexpr bool ring_reads_in_place_v =
 template <class Comm>
 class RingPoster {
  public:
-  RingPoster(Comm& comm, RingProgress p, int messages) : comm_(comm), threaded_(p == RingProgress::thread), messages_(messages) {
-    if (messages < 1 || messages > kMaxRingMessages)
-      fail(Errc::invalid_shape, "ring rotation: messages=" + std::to_string(messages) + " a block must be in [1, " +
+  RingPoster(Comm& comm, RingProgress p, int messages) noexcept : comm_(comm), threaded_(p == RingProgress::thread), messages_(messages) {}
+  /// What the rotation's construction checks (under tell_peers_on_failure(), so that the peers
+  /// hear of it). @throws Error(invalid_shape) messages outside [1, kMaxRingMessages], or a
+  /// worker thread over a communicator that says it cannot serve one (allows_worker_thread():
+  /// MpiComm under an MPI thread level below MPI_THREAD_SERIALIZED).
+  void check(const char* who) const {
+    if (messages_ < 1 || messages_ > kMaxRingMessages)
+      fail(Errc::invalid_shape, std::string(who) + ": messages=" + std::to_string(messages_) + " a block must be in [1, " +
                                     std::to_string(kMaxRingMessages) + "]");
+    if constexpr (has_allows_worker_thread<Comm>::value)
+      if (threaded_ && !comm_.allows_worker_thread())
+        fail(Errc::invalid_shape, std::string(who) + ": RingProgress::thread calls the communicator from a worker thread, and it "
+                                                     "does not allow that (MPI: initialise with MPI_THREAD_SERIALIZED or above)");
   }
   RingPoster(const RingPoster&) = delete;
   RingPoster& operator=(const RingPoster&) = delete;
+  /// Completes a step still posted (a rotation left between start() and finish(), e.g. by an
+  /// exception of the engine's): the transport must not write into the buffers after they are
+  /// gone. Bounded by the communicator's timeout; its errors are dropped (the communicator reports
+  /// them at its next call).
+  ~RingPoster() {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
   /// Posts one step: n sends (to one peer) and as many receives (from one peer), each a whole
   /// block; the lists are copied (they may be reused). @pre n <= kMaxTensors.
   void post(const Message* send, const Message* recv, std::size_t n) {

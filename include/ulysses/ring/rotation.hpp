@@ -40,10 +40,27 @@ void check_ring_comm(const Comm& comm, int R, const char* who) {
 }
 
 
+/// The word of a ring step's library call (begin_call()): the step and the wire split, so that
+/// ranks that cut their blocks differently never pair their messages (they time out instead).
+inline std::uint64_t ring_call_word(int s, int messages) noexcept {
+  return static_cast<std::uint64_t>(s) | static_cast<std::uint64_t>(messages) << 32;
+}
+
+/// Checks that finish(s) completes the step started last. @throws Error(invalid_group).
+inline void check_finish(const char* who, int s, int next, bool open) {
+  if (!open || s != next - 1)
+    fail(Errc::invalid_group, std::string(who) + ": finish(" + std::to_string(s) + ") " +
+                                  (open ? "after start(" + std::to_string(next - 1) + ")" : std::string("with no step started")) +
+                                  "; each start(s) is followed by its finish(s)");
+}
+
 /// Checks a rotation's double buffer against the blocks (bytes by ring rank) it must hold.
-/// @throws Error(buffer_too_small) a null buffer (the second may be null when R = 1) or one smaller than a block.
+/// @throws Error(buffer_too_small) a null buffer (the second may be null when R = 1) or one smaller
+///         than a block; Error(invalid_shape) the two buffers overlap (R > 1).
 inline void check_ring_buffers(const char* who, const char* what, const RingBufferPair& b, const std::vector<std::size_t>& bytes) {
   const std::size_t R = bytes.size();
+  if (R > 1 && b.first && b.second && b.first < b.second + b.second_bytes && b.second < b.first + b.first_bytes)
+    fail(Errc::invalid_shape, std::string(who) + ": the two " + what + " buffers overlap; a step receives into one while the other is sent");
   for (std::size_t j = 0; j < R; ++j) {
     const bool null = !b.first || (R > 1 && !b.second);
     if (!null && bytes[j] <= b.first_bytes && (R == 1 || bytes[j] <= b.second_bytes)) continue;
@@ -129,13 +146,15 @@ class RingRotation {
   /// r − 1; nothing at the last step. Collective over the ring, steps in order.
   /// @throws Error(invalid_group) s outside [0, R) or out of order; the communicator's errors.
   void start(int s) {
-    detail::begin_call(poster_.comm(), "a ring step", static_cast<std::uint64_t>(s));
+    detail::begin_call(poster_.comm(), "a ring step", detail::ring_call_word(s, poster_.messages()));
     detail::tell_peers_on_failure(poster_.comm(), r_, "a ring step", [&] {
       check_step(s);
-      if (s != next_)
+      if (s != next_ || open_)
         detail::fail(Errc::invalid_group, "RingRotation: start(" + std::to_string(s) + ") after step " + std::to_string(next_ - 1) +
+                                              (open_ ? " was started and not finished" : "") +
                                               "; steps run 0 .. R-1 in order, each start() followed by its finish()");
       ++next_;
+      open_ = true;
       if (s + 1 >= R_) return;
       const Message send{(r_ + 1) % R_, buf_[s % 2], block_bytes(s)};
       const Message recv{(r_ + R_ - 1) % R_, buf_[(s + 1) % 2], bytes_[static_cast<std::size_t>(source(s + 1))]};
@@ -143,10 +162,13 @@ class RingRotation {
     });
   }
   /// Completes step s's transfer: block(s + 1) holds its block on return (or in stream order).
-  /// @throws the communicator's errors (Error(timeout), Error(aborted), Error(backend)).
+  /// @throws Error(invalid_group) s is not the step started last; the communicator's errors
+  ///         (Error(timeout), Error(aborted), Error(backend)).
   void finish(int s) {
     detail::tell_peers_on_failure(poster_.comm(), r_, "a ring step", [&] {
       check_step(s);
+      detail::check_finish("RingRotation", s, next_, open_);
+      open_ = false;
       poster_.wait();
     });
     if (s + 1 == R_) next_ = 0;  // a rotation object can run the next layer's ring
@@ -155,6 +177,7 @@ class RingRotation {
  private:
   void init(Comm& ring, const RingBufferPair& b) {
     detail::tell_peers_on_failure(ring, ring.rank(), "RingRotation's construction", [&] {  // (the peers may be in start(0))
+      poster_.check("RingRotation");
       R_ = static_cast<int>(bytes_.size());
       detail::check_ring_comm(ring, R_, "RingRotation");
       r_ = ring.rank();
@@ -172,6 +195,7 @@ class RingRotation {
   detail::RingPoster<Comm> poster_;
   std::byte* buf_[2] = {nullptr, nullptr};
   int R_ = 1, r_ = 0, next_ = 0;
+  bool open_ = false;  // a step started and not finished
 };
 
 /// The backward ring rotation: the kv blocks rotate as in RingRotation, and with each travels its
@@ -251,42 +275,38 @@ class RingGradRotation {
   /// Posts step s's exchange (see the class comment). Collective over the ring, steps in order.
   /// @throws Error(invalid_group) s out of order; the communicator's errors.
   void start(int s) {
-    check_step(s, R_);
-    if (s != next_)
-      detail::fail(Errc::invalid_group, "RingGradRotation: start(" + std::to_string(s) + ") out of order (expected step " +
-                                            std::to_string(next_) + ")");
-    ++next_;
-    if (R_ == 1) return;
-    Message send[2], recv[2];
-    std::size_t n = 0;
-    const int next = (r_ + 1) % R_, prev = (r_ + R_ - 1) % R_;
-    if (s + 1 < R_) {
-      send[n] = {next, kvb_[s % 2], kv_[static_cast<std::size_t>(source(s))]};
-      recv[n++] = {prev, kvb_[(s + 1) % 2], kv_[static_cast<std::size_t>(source(s + 1))]};
-    }
-    if (s >= 1) {
-      send[n] = {next, gb_[(s - 1) % 2], gr_[static_cast<std::size_t>(source(s - 1))]};
-      recv[n++] = {prev, gb_[s % 2], gr_[static_cast<std::size_t>(source(s))]};
-    }
-    detail::begin_call(poster_.comm(), "a backward ring step", static_cast<std::uint64_t>(s));
-    detail::tell_peers_on_failure(poster_.comm(), r_, "a backward ring step", [&] { poster_.post(send, recv, n); });
+    detail::begin_call(poster_.comm(), "a backward ring step", detail::ring_call_word(s, poster_.messages()));
+    detail::tell_peers_on_failure(poster_.comm(), r_, "a backward ring step", [&] {
+      check_step(s, R_);
+      if (s != next_ || open_)
+        detail::fail(Errc::invalid_group, "RingGradRotation: start(" + std::to_string(s) + ") out of order (expected step " +
+                                              std::to_string(next_) + (open_ ? ", after the finish() of the step started last" : "") + ")");
+      ++next_;
+      open_ = true;
+      post_step(s);
+    });
   }
   /// Completes step s's exchange: block(s + 1) and grad(s) hold what came from ring rank r − 1.
+  /// @throws Error(invalid_group) s is not the step started last; the communicator's errors.
   void finish(int s) {
-    check_step(s, R_);
-    detail::tell_peers_on_failure(poster_.comm(), r_, "a backward ring step", [&] { poster_.wait(); });
+    detail::tell_peers_on_failure(poster_.comm(), r_, "a backward ring step", [&] {
+      check_step(s, R_);
+      detail::check_finish("RingGradRotation", s, next_, open_);
+      open_ = false;
+      poster_.wait();
+    });
   }
   /// After finish(R − 1) and the last contribution added to grad(R − 1): sends it home (to ring
   /// rank r + 1, whose block it is) and receives this rank's own accumulator; returns the buffer
   /// that holds it (grad buffer R % 2). Collective over the ring; blocking.
   /// @throws Error(invalid_group) before the last step; the communicator's errors.
   std::byte* home() {
-    if (next_ != R_) detail::fail(Errc::invalid_group, "RingGradRotation: home() before the last step's start()/finish()");
+    if (next_ != R_ || open_) detail::fail(Errc::invalid_group, "RingGradRotation: home() before the last step's start()/finish()");
     next_ = 0;
     if (R_ == 1) return gb_[0];
     const Message send{(r_ + 1) % R_, gb_[(R_ - 1) % 2], gr_[static_cast<std::size_t>(source(R_ - 1))]};
     const Message recv{(r_ + R_ - 1) % R_, gb_[R_ % 2], gr_[static_cast<std::size_t>(r_)]};
-    detail::begin_call(poster_.comm(), "the backward ring's last step");
+    detail::begin_call(poster_.comm(), "the backward ring's last step", detail::ring_call_word(R_, poster_.messages()));
     detail::tell_peers_on_failure(poster_.comm(), r_, "the backward ring's last step", [&] {
       poster_.post(&send, &recv, 1);
       poster_.wait();
@@ -300,8 +320,25 @@ class RingGradRotation {
   }
 
  private:
+  /// start(s)'s lists: the kv block of step s (not at the last step) and the accumulator of step s − 1 (from step 1).
+  void post_step(int s) {
+    if (R_ == 1) return;
+    Message send[2], recv[2];
+    std::size_t n = 0;
+    const int next = (r_ + 1) % R_, prev = (r_ + R_ - 1) % R_;
+    if (s + 1 < R_) {
+      send[n] = {next, kvb_[s % 2], kv_[static_cast<std::size_t>(source(s))]};
+      recv[n++] = {prev, kvb_[(s + 1) % 2], kv_[static_cast<std::size_t>(source(s + 1))]};
+    }
+    if (s >= 1) {
+      send[n] = {next, gb_[(s - 1) % 2], gr_[static_cast<std::size_t>(source(s - 1))]};
+      recv[n++] = {prev, gb_[s % 2], gr_[static_cast<std::size_t>(source(s))]};
+    }
+    poster_.post(send, recv, n);
+  }
   void init(Comm& ring, const RingBufferPair& kvp, const RingBufferPair& gp) {
     detail::tell_peers_on_failure(ring, ring.rank(), "RingGradRotation's construction", [&] {
+      poster_.check("RingGradRotation");
       R_ = static_cast<int>(kv_.size());
       detail::check_ring_comm(ring, R_, "RingGradRotation");
       r_ = ring.rank();
@@ -325,6 +362,7 @@ class RingGradRotation {
   std::byte* kvb_[2] = {nullptr, nullptr};
   std::byte* gb_[2] = {nullptr, nullptr};
   int R_ = 1, r_ = 0, next_ = 0;
+  bool open_ = false;  // a step started and not finished
 };
 
 ULYSSES_NAMESPACE_END

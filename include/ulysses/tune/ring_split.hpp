@@ -63,6 +63,8 @@ struct RingSplitNoWait {
 ///                    contents are overwritten
 /// @param opt         the candidates, repetitions and tie tolerance
 /// @param wait        called after each rotation (default: nothing)
+/// Returns {1} at once, without communication, where nothing would be split: R = 1, an empty
+/// block, or a communicator whose rotation reads in place (MpiWindowComm: no messages).
 /// @throws Error(invalid_shape) options out of range; what RingRotation and the communicator throw
 ///         (Error(buffer_too_small) a buffer null for block_bytes > 0, Error(timeout), ...).
 template <class Comm, class Wait = detail::RingSplitNoWait>
@@ -76,7 +78,7 @@ RingSplitMeasurement measure_ring_split_times(Comm& ring, std::size_t block_byte
   RingSplitMeasurement m;
   for (int k = 1; k <= opt.max_messages; k *= 2) m.messages.push_back(k);
   const int R = ring.size();
-  if (R == 1) {
+  if (R == 1 || block_bytes == 0 || detail::ring_reads_in_place_v<Comm>) {  // nothing moves, or no message: nothing to split
     m.messages.assign(1, 1);
     m.seconds.assign(1, 0.0);
     return m;
