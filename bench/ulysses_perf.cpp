@@ -98,6 +98,8 @@ struct Row {
   double rfa_us = 0, rfa_fresh_us = 0;  // ring-flash-attention's pattern, receive buffers reused / fresh each step
   double own_us = 0;        // --backend window: MPI_Sendrecv between the rotation's own (window) buffers
   double small_us = 0;      // MPI: MPI_Sendrecv between small-page private buffers
+  // the ratios of the rotation to each, from their own alternating run (ring_row()):
+  double split_ratio = 0, rfa_ratio = 0, own_ratio = 0, small_ratio = 0;  // ours/split, rfa/ours, ours/own, ours/small
   long long base_wrong = -1;  // bytes the baselines received wrong (-1: not checked)
 };
 
@@ -153,7 +155,7 @@ double median(std::vector<double> v) {
 }
 
 /// The medians of several calls timed alternately: `warmup` untimed rounds, then `iters` rounds,
-/// each round every call once in order (calls[i]() runs one and returns its time, the slowest
+/// each round every call once, round i from call i mod n on (calls[i]() runs one and returns its time, the slowest
 /// rank's); the medians over the rounds, by call, so that ratios between them come from the same
 /// run. --reps R: R such runs, the one with the least median of calls[0] (and the others' of the
 /// same run). Collective.
@@ -163,8 +165,11 @@ std::vector<double> alternate_all(const Options& o, const std::vector<std::funct
   std::vector<double> best;
   for (int k = 0; k < o.reps; ++k) {
     std::vector<std::vector<double>> t(calls.size());
-    for (int i = 0; i < o.iters; ++i)
-      for (std::size_t c = 0; c < calls.size(); ++c) t[c].push_back(calls[c]());
+    for (int i = 0; i < o.iters; ++i)  // round i starts at call i mod n: each call follows each other alike (no call
+      for (std::size_t j = 0; j < calls.size(); ++j) {  // always finds its buffers warm from the one before it)
+        const std::size_t c = (static_cast<std::size_t>(i) + j) % calls.size();
+        t[c].push_back(calls[c]());
+      }
     std::vector<double> m;
     for (const auto& v : t) m.push_back(median(v));
     if (k == 0 || m[0] < best[0]) best = m;
@@ -592,10 +597,13 @@ std::vector<Row> run(Runner& runner, const Options& o) {
 }
 
 /// --op ring's row at S: with -c 1 one checked rotation and one checked rotation of each
-/// baseline, then alternate_all() of the rotation (op.run()), and with --bare 1 its baselines
-/// (perf_ops::RingBaseline: sendrecv, the split of each k in kRingSplits, rfa, rfa_fresh), every
-/// call timed by slowest_us() on `group` (the communicator whose clock and collectives time it:
-/// the ring's own, or under MpiWindowComm the MpiComm it wraps). Collective.
+/// baseline; then, per baseline (perf_ops::RingBaseline: sendrecv, the split of each k in
+/// kRingSplits, rfa, rfa_fresh, and where they apply sendrecv_own and sendrecv_small), one
+/// alternate_all() of the rotation (op.run()) against that baseline alone, so that each ratio
+/// comes from the two calls' own alternating run (and no baseline's memory traffic sits between
+/// them); time(us) is the rotation's median of its run against sendrecv. Without --bare, the
+/// rotation alone. Every call timed by slowest_us() on `group` (the communicator whose clock and
+/// collectives time it: the ring's own, or under MpiWindowComm the MpiComm it wraps). Collective.
 template <class Group, class Op>
 Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char* path, bool own = false) {
   using perf_ops::RingBaseline;
@@ -609,28 +617,26 @@ Row ring_row(Group& group, const Options& o, std::int64_t S, Op& op, const char*
     row.wrong = sum_over_ranks(group, op.wrong());
     if (o.bare) row.base_wrong = sum_over_ranks(group, op.baselines_wrong());
   }
-  std::vector<std::function<double()>> calls{[&] { return slowest_us(group, [&] { op.run(); }); }};
-  auto base = [&](RingBaseline b, int k) { calls.push_back([&op, &group, b, k] { return slowest_us(group, [&] { op.baseline(b, k); }); }); };
-  if (o.bare) {
-    base(RingBaseline::sendrecv, 1);
-    for (int k : perf_ops::kRingSplits) base(RingBaseline::split, k);
-    base(RingBaseline::rfa, 1);
-    base(RingBaseline::rfa_fresh, 1);
-    if (own) base(RingBaseline::sendrecv_own, 1);
-    if (o.backend != "local") base(RingBaseline::sendrecv_small, 1);
+  auto ours = [&] { return slowest_us(group, [&] { op.run(); }); };
+  if (!o.bare) {
+    row.us = alternate_all(o, {ours})[0];
+    return row;
   }
-  const std::vector<double> m = alternate_all(o, calls);
-  row.us = m[0];
-  if (o.bare) {
-    row.bare_us = m[1];
-    const std::size_t n = std::size(perf_ops::kRingSplits);
-    for (std::size_t i = 0; i < n; ++i)
-      if (row.split_k == 0 || m[2 + i] < row.split_us) row.split_us = m[2 + i], row.split_k = perf_ops::kRingSplits[i];
-    row.rfa_us = m[2 + n];
-    row.rfa_fresh_us = m[3 + n];
-    if (own) row.own_us = m[4 + n];
-    if (o.backend != "local") row.small_us = m.back();
+  auto pair = [&](RingBaseline b, int k) {  // {ours, theirs} of one alternating run
+    const std::vector<double> m = alternate_all(o, {ours, [&] { return slowest_us(group, [&] { op.baseline(b, k); }); }});
+    return std::pair<double, double>{m[0], m[1]};
+  };
+  std::tie(row.us, row.bare_us) = pair(RingBaseline::sendrecv, 1);
+  for (int k : perf_ops::kRingSplits) {
+    const auto [us, theirs] = pair(RingBaseline::split, k);
+    if (row.split_k == 0 || theirs < row.split_us) row.split_us = theirs, row.split_k = k, row.split_ratio = us / theirs;
   }
+  double us = 0;
+  std::tie(us, row.rfa_us) = pair(RingBaseline::rfa, 1);
+  row.rfa_ratio = row.rfa_us / us;
+  std::tie(us, row.rfa_fresh_us) = pair(RingBaseline::rfa_fresh, 1);
+  if (own) std::tie(us, row.own_us) = pair(RingBaseline::sendrecv_own, 1), row.own_ratio = us / row.own_us;
+  if (o.backend != "local") std::tie(us, row.small_us) = pair(RingBaseline::sendrecv_small, 1), row.small_ratio = us / row.small_us;
   return row;
 }
 
@@ -752,20 +758,21 @@ void print_header(const Options& o, int P, const Setup& setup) {
     std::printf("# ring: R=P, U=%d, zigzag, --ring-messages %d (pieces a block on a message transport); bytes: the R-1 k|v blocks a rank sends in a "
                 "rotation; #wrong counts bytes\n", o.ring_u, o.ring_messages);
     if (o.bare)
-      std::printf("# baselines, timed in the same alternating run, %s, k|v block = k then v (D/(D+Dv) of it k): split(us): plain MPI's k-message "
-                  "pattern a step (MPI_Irecv x k, MPI_Isend x k, MPI_Waitall), the fastest k of 1,2,4,8, /split = time/split(us); rfa(us): "
+      std::printf("# baselines, each timed against the rotation in an alternating run of the two (every ratio from its own pair's run; "
+                  "time(us) from the run against sendrecv), %s, k|v block = k then v (D/(D+Dv) of it k): split(us): plain MPI's k-message "
+                  "pattern a step (MPI_Irecv x k, MPI_Isend x k, MPI_Waitall), the fastest k of 1,2,4,8, /split = ours/split(us); rfa(us): "
                   "ring-flash-attention's send_recv_kv (k and v two messages each way a step, isend k, irecv k, isend v, irecv v, wait), two "
-                  "pairs of receive buffers reused, rfa/ours = rfa(us)/time; rfa-new(us): the same with fresh malloc'd receive buffers every "
+                  "pairs of receive buffers reused, rfa/ours = rfa(us)/ours; rfa-new(us): the same with fresh malloc'd receive buffers every "
                   "step (as written)%s\n",
                   o.backend == "local" ? "in process each an exchange_messages() on the rank's own thread (k pieces; k and v)" : "plain MPI on the same MPI communicator",
                   o.check ? "; -c 1 checks every baseline's bytes too" : "");
     if (o.bare && o.backend != "local")
-      std::printf("# sr-4k(us): MPI_Sendrecv between private buffers of small pages (std::vector, no madvise), /sr4k = time/sr-4k(us): "
+      std::printf("# sr-4k(us): MPI_Sendrecv between private buffers of small pages (std::vector, no madvise), /sr4k = ours/sr-4k(us): "
                   "what the page size costs this MPI's copy (the other baselines: huge-page buffers)\n");
     if (o.bare && o.backend == "window")
       std::printf("# the baselines run between huge-page private buffers (bench/host_buffer.hpp), where this MPI's single copy is "
                   "fastest; sr-win(us): MPI_Sendrecv between the rotation's own buffers in the window (the same memory the rotation "
-                  "reads), /srwin = time/sr-win(us)\n");
+                  "reads), /srwin = ours/sr-win(us)\n");
   }
   else std::printf("# bytes: a rank's input tensors (own chunk included, as nccl-tests counts an all-to-all; the largest rank's)\n");
   std::printf("# time(us): %s\n# algbw = bytes/time; busbw = algbw*(P-1)/P; bare: %s\n", kTimeDefinition, bare_of(o.backend, o.op).c_str());
@@ -827,11 +834,10 @@ bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& s
     std::printf(" %9lld %13.0f %-22s %-9s %11.1f %9.2f %9.2f %7s %11.1f %9.2f %6.2f", static_cast<long long>(w.S), w.bytes,
                 w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, wrong, w.bare_us, bare, w.bare_us > 0 ? w.us / w.bare_us : 0);
     if (ring_columns(o))
-      std::printf(" %11.1f %2d %6.2f %11.1f %8.2f %11.1f", w.split_us, w.split_k, w.split_us > 0 ? w.us / w.split_us : 0, w.rfa_us,
-                  w.us > 0 ? w.rfa_us / w.us : 0, w.rfa_fresh_us);
+      std::printf(" %11.1f %2d %6.2f %11.1f %8.2f %11.1f", w.split_us, w.split_k, w.split_ratio, w.rfa_us, w.rfa_ratio, w.rfa_fresh_us);
     if (ring_columns(o) && o.backend == "window")
-      std::printf(" %11.1f %6.2f", w.own_us, w.own_us > 0 ? w.us / w.own_us : 0);
-    if (ring_columns(o) && o.backend != "local") std::printf(" %11.1f %6.2f", w.small_us, w.small_us > 0 ? w.us / w.small_us : 0);
+      std::printf(" %11.1f %6.2f", w.own_us, w.own_ratio);
+    if (ring_columns(o) && o.backend != "local") std::printf(" %11.1f %6.2f", w.small_us, w.small_ratio);
     std::printf("\n");
   }
   long long wrong = 0;
