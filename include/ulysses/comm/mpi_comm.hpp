@@ -264,9 +264,9 @@ class MpiComm {
     std::chrono::steady_clock::time_point deadline;  // when it gives up
   };
   using NoticeHeader = detail::MpiNoticeHeader;
-  /// detail::joint_verdict() (comm/mpi_notice.hpp) over this communicator's notices.
-  std::string joint_verdict(std::uint64_t senders, std::uint64_t missing) {
-    return detail::joint_verdict(comm_, kNoticeTag, rank_, timeout_, senders, missing);
+  /// detail::joint_verdict(): half the timeout after its own (deadlines spread as arrivals), a tenth after a peer's notice.
+  std::string joint_verdict(std::uint64_t senders, std::uint64_t missing, bool own_timeout = true) {
+    return detail::joint_verdict(comm_, kNoticeTag, rank_, own_timeout ? timeout_ / 2 : timeout_ / 10, senders, missing);
   }
 
   /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
@@ -391,7 +391,7 @@ class MpiComm {
       first = n.text;
     }
     if (from < 0) return;
-    if (missing) first += joint_verdict(senders, missing);  // the same story as the timed-out ranks'
+    if (missing) first += joint_verdict(senders, missing, false);  // the same story as the timed-out ranks'
     const bool same = head.seq == call.seq && head.code == static_cast<int>(Errc::timeout);
     const bool broke = head.code == static_cast<int>(Errc::aborted);  // abort(): a failure of that rank alone
     const std::vector<int> late = msgs_.incomplete(0, msgs_.n_recv);  // this rank's own view: whose messages it still waits for

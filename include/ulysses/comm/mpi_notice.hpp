@@ -104,14 +104,14 @@ inline void drain_mpi_notices(MPI_Comm comm, int tag) noexcept {
 }
 
 /// One story on every rank after a timeout (a ring whose rank left: each rank waits on its own
-/// neighbour): for a short while (a tenth of `timeout`, at most 200 ms) reads the notices (`tag`)
+/// neighbour): for a short while (`window`, at most 1 s) reads the notices (`tag`)
 /// of the peers that timed out too; a rank that sent one is alive, so the ranks named missing by
 /// someone (`missing` and the notices' masks) that sent none are the ones that did not arrive.
 /// Returns "; the ranks' reports together: ranks {1} did not arrive" or "" (nothing to add).
 /// `senders` and `missing` start with what `rank` already knows.
-inline std::string joint_verdict(MPI_Comm comm, int tag, int rank, std::chrono::milliseconds timeout, std::uint64_t senders,
+inline std::string joint_verdict(MPI_Comm comm, int tag, int rank, std::chrono::milliseconds window, std::uint64_t senders,
                                  std::uint64_t missing) {
-  const auto until = deadline_after(std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::milliseconds(200)));
+  const auto until = deadline_after(std::min<std::chrono::milliseconds>(window, std::chrono::milliseconds(1000)));
   poll_until(until, [&] {
     for (MpiNotice n; receive_mpi_notice(comm, tag, n);) {
       if (n.from < 64) senders |= std::uint64_t{1} << n.from;
