@@ -15,7 +15,7 @@
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
 #include <ulysses/partition/ring.hpp>
-#include <ulysses/ring/poster.hpp>
+#include <ulysses/transport/ring_step.hpp>
 #include <ulysses/ring/rotation.hpp>
 #include <ulysses/ring/schedule.hpp>
 #ifdef ULYSSES_STRICT_MPI

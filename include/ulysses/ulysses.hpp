@@ -39,6 +39,5 @@
 #include "ring/buffers.hpp"
 #include "ring/schedule.hpp"
 #include "ring/merge.hpp"
-#include "ring/poster.hpp"
 #include "ring/rotation.hpp"
 #include "ring/agreement.hpp"

@@ -7,8 +7,8 @@ set(ULYSSES_LAYER_NAMES
   "partition"   # sequence and head partitions (the ring partition too), node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
   "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors
-  "ring"        # Ulysses x Ring: RingPlan, the schedule, the rotation, the merge, the configuration check, split_ring()
-  "transport"   # one file per transport, the dispatch and choose_path(); the decode exchange
+  "transport"   # one file per transport (the ring's step too: ring_step.hpp), the dispatch and choose_path(); the decode exchange
+  "ring"        # Ulysses x Ring: RingPlan, the schedule, the rotation (over transport/ring_step.hpp), the merge, the configuration check, split_ring()
   "facade"      # redistribute / seq_to_head / ..., q, k, v by name, the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
@@ -17,8 +17,8 @@ set(ULYSSES_LAYERS
   "partition/.*|topology/.*|host/executor\\.hpp|host/detail/.*|cuda/policy\\.cuh|cuda/element\\.cuh|cuda/executor\\.cuh|cuda/detail/.*"
   "comm/.*"
   "plan/.*|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
-  "ring/.*"
   "transport/.*|decode/exchange\\.hpp"
+  "ring/.*"
   "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
 # The deprecated names of 0.1 (one header, for code that still uses them): no layer may include it.

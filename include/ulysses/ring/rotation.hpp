@@ -25,7 +25,7 @@
 #include "../comm/tell_peers.hpp"
 #include "buffers.hpp"
 #include "plan.hpp"
-#include "poster.hpp"
+#include "../transport/ring_step.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 

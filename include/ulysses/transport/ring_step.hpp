@@ -4,8 +4,8 @@
 ///        read in place from the sender's window slot across the processes of a node
 ///        (MpiWindowComm's with_peers(): one copy, no wire), else messages (RingConfig::messages
 ///        pieces a block; posted in start() and completed in finish() over a split-phase
-///        communicator, MpiComm), now or on a worker thread. ring/rotation.hpp's rotations post
-///        through it; the table of transports: docs/ring.md ("Transports").
+///        communicator, MpiComm), now or on a worker thread: the transport of the ring's steps.
+///        ring/rotation.hpp's rotations post through it; the table: docs/ring.md ("Transports").
 #pragma once
 
 #include <cstddef>
