@@ -376,7 +376,7 @@ class MpiComm {
 
   /// Reads every notice the peers sent (a peer gave up); if there is one, gives up too:
   /// Error(timeout) when the first peer timed out in this very call (the same verdict), else
-  /// Error(aborted). Does not send notices itself (every peer got the first one's).
+  /// Error(aborted). Sends its own notice too (a joint verdict then counts it alive).
   void take_notices(const Call& call) {
     std::string first;
     int from = -1;
@@ -401,7 +401,7 @@ class MpiComm {
                 " of this communicator" +
                 (late.empty() ? "" : " (this rank still waited for the messages of ranks " + detail::join(late) + ")") + ": " +
                 first,
-            false);
+            true);  // told too: a joint verdict then counts this rank alive, not missing
   }
 
   /// An MPI return code other than MPI_SUCCESS gives up with Error(backend).
