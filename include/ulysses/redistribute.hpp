@@ -31,6 +31,8 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+/// The name of direction d's call, for the peers' messages.
+constexpr const char* call_name(Direction d) { return d == Direction::seq_to_head ? "seq_to_head" : "head_to_seq"; }
 /// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
 inline void require_adjoint(const Plan& plan, const char* what) {
   const int t = plan.first_non_adjoint_tensor();
@@ -40,24 +42,54 @@ inline void require_adjoint(const Plan& plan, const char* what) {
                               "is the inverse of seq→head but not its backward (the backward sums the copies). Plan the "
                               "gradients with Replicas::sum (the default)");
 }
+}  // namespace detail
+
+/// A run of a plan's stages, [first, first + count) (count -1: every stage from `first`): what a
+/// split-phase exchange moves (ExchangeCall, split_phase.hpp); one stage of a HeadBands plan is
+/// one head band.
+struct StageRange {
+  int first = 0;   ///< the first stage, in [0, Plan::num_stages())
+  int count = -1;  ///< how many; -1: the rest
+  static constexpr StageRange all() noexcept { return {0, -1}; }    ///< every stage
+  static constexpr StageRange one(int k) noexcept { return {k, 1}; }  ///< stage k alone
+};
+
+namespace detail {
 /// What every call does before it moves a byte: the communicator's size and rank and the
-/// streams against the plan, the path (choose_path()), and the buffer table of this call (the
-/// peer copy needs no workspace).
-struct Bound {
-  Path path;
+/// streams against the plan, the path (choose_path()), the stages and the buffer table of this
+/// call (the peer copy needs no workspace). One exchange of a call.
+struct ExchangePart {
+  const Plan* plan = nullptr;
+  Direction dir = Direction::seq_to_head;
+  Path path = Path::alltoallv;
   BufferTable table;
+  StageRange stages;  // resolved: count >= 1
 };
 /// Local: a refusal is told to the peers by the caller's tell_peers_on_failure() (comm/tell_peers.hpp).
+/// The peer copy has no stages: a call of some stages of a plan whose path is direct takes the
+/// message path where the types have it, else the all-to-all-v (the same on every rank).
+/// @throws Error(invalid_shape) a stage range outside [0, plan.num_stages()); what check_comm(),
+///         check_streams(), choose_path() and bind_table() throw.
 template <class Comm, class Exec>
-Bound bind(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
-           const TensorList<ByteSpan>& out, Workspace ws) {
+ExchangePart bind_part(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
+                       const TensorList<ByteSpan>& out, Workspace ws, StageRange stages = StageRange::all()) {
   check_comm(plan, comm);
   check_streams(comm, exec);
-  const Path path = choose_path<Comm, Exec>(plan);
-  return {path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes())};
+  const int K = plan.num_stages();
+  const int count = stages.count == -1 ? K - stages.first : stages.count;
+  if (stages.first < 0 || count < 1 || stages.first + count > K)
+    fail(Errc::invalid_shape, std::string(call_name(dir)) + ": stages [" + std::to_string(stages.first) + ", " +
+                                  std::to_string(stages.first + count) + ") are not a run of the plan's " + std::to_string(K) + " stages");
+  Path path = choose_path<Comm, Exec>(plan);
+  if (path == Path::direct && count < K)
+    path = PathSupport<Comm, Exec>::messages && plan.options().messages_enabled() ? Path::messages : Path::alltoallv;
+  return {&plan, dir, path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes()), {stages.first, count}};
 }
-/// The name of direction d's call, for the peers' messages.
-constexpr const char* call_name(Direction d) { return d == Direction::seq_to_head ? "seq_to_head" : "head_to_seq"; }
+/// Runs one bound exchange to its end: the peer copy, or per stage pack, exchange, unpack (the
+/// stages one after the other; see HostPipeline to overlap them). What redistribute() and a
+/// split-phase handle that runs in start() or on a worker do.
+template <class Comm, class Exec>
+void run_part(const ExchangePart& p, Comm& comm, Exec& exec);
 }  // namespace detail
 
 // ---- the stages one by one (engines that time or overlap them; redistribute() runs them) -----
@@ -170,18 +202,23 @@ template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
                   const TensorList<ByteSpan>& out, Workspace ws) {
   detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
-  detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir), [&] {
-    const detail::Bound b = detail::bind(plan, dir, comm, exec, in, out, ws);
-    if constexpr (PathSupport<Comm, Exec>::direct) {
-      if (b.path == Path::direct) return exchange_direct(plan, dir, comm, exec, b.table);
-    }
-    for (int k = 0; k < plan.num_stages(); ++k) {  // stages one after the other; see HostPipeline to overlap them
-      detail::run_list(exec, pack_list(plan, dir, b.path, k), b.table);
-      stage_exchange(plan, dir, b.path, comm, b.table, k);
-      detail::run_list(exec, unpack_list(plan, dir, b.path, k), b.table);
-    }
-  });
+  detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir),
+                                [&] { detail::run_part(detail::bind_part(plan, dir, comm, exec, in, out, ws), comm, exec); });
 }
+
+namespace detail {
+template <class Comm, class Exec>
+void run_part(const ExchangePart& p, Comm& comm, Exec& exec) {
+  if constexpr (PathSupport<Comm, Exec>::direct) {
+    if (p.path == Path::direct) return exchange_direct(*p.plan, p.dir, comm, exec, p.table);
+  }
+  for (int k = p.stages.first; k < p.stages.first + p.stages.count; ++k) {
+    run_list(exec, pack_list(*p.plan, p.dir, p.path, k), p.table);
+    stage_exchange(*p.plan, p.dir, p.path, comm, p.table, k);
+    run_list(exec, unpack_list(*p.plan, p.dir, p.path, k), p.table);
+  }
+}
+}  // namespace detail
 
 /// seq→head (forward, before attention): seq-sharded inputs [B, S_r, H, D] → head-sharded
 /// outputs [B, S, H_r, D], all tensors in one exchange; a head several ranks need (GQA/MQA kv

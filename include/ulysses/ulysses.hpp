@@ -25,6 +25,8 @@
 #include "topology/mesh.hpp"
 #include "redistribute.hpp"
 #include "attention_call.hpp"
+#include "split_phase.hpp"
+#include "bands.hpp"
 #include "comm/local.hpp"
 #include "comm/local_mesh.hpp"
 #include "host/pipeline.hpp"

@@ -9,7 +9,7 @@ set(ULYSSES_LAYER_NAMES
   "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors
   "transport"   # one file per transport (the ring's step too: ring_step.hpp), the dispatch and choose_path(); the decode exchange
   "ring"        # Ulysses x Ring: RingPlan, the schedule, the rotation (over transport/ring_step.hpp), the merge, the configuration check, split_ring()
-  "facade"      # redistribute / seq_to_head / ..., q, k, v by name, the pipelines, the umbrella header
+  "facade"      # redistribute / seq_to_head / ..., q, k, v by name, split-phase calls, head bands, the pipelines, the umbrella header
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
@@ -19,7 +19,7 @@ set(ULYSSES_LAYERS
   "plan/.*|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
   "transport/.*|decode/exchange\\.hpp"
   "ring/.*"
-  "redistribute\\.hpp|attention_call\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
+  "redistribute\\.hpp|attention_call\\.hpp|split_phase\\.hpp|bands\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "tune/.*|torch/.*")
 # The deprecated names of 0.1 (one header, for code that still uses them): no layer may include it.
 set(ULYSSES_COMPAT_HEADERS compat/v0_1.hpp)

@@ -53,7 +53,7 @@ class HostPipeline {
   template <class Comm, class PackExec, class UnpackExec>
   void run_stages(const Plan& plan, Direction dir, Comm& comm, PackExec& pack_exec, UnpackExec& unpack_exec,
                   const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
-    const detail::Bound b = detail::bind(plan, dir, comm, pack_exec, in, out, ws);
+    const detail::ExchangePart b = detail::bind_part(plan, dir, comm, pack_exec, in, out, ws);
     const Path path = b.path;
     const BufferTable& t = b.table;
     if constexpr (PathSupport<Comm, PackExec>::direct) {

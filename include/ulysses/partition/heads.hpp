@@ -298,6 +298,76 @@ inline std::vector<HeadRun> stage_heads(const HeadPartition& hp, int k, int K) {
   return runs;
 }
 
+/// How the K stages of a plan take the heads of one tensor (PlanOptions::stages, head_bands).
+/// Without `query`, stage k takes part k of each rank's range (stage_part()). With it (head bands:
+/// PlanOptions::head_bands, for a kv tensor that serves the query tensor of partition `*query`),
+/// stage k is band k: part k of each rank's query heads, and a kv head goes with the query heads
+/// that use it (query head j uses kv head j / (H / Hkv)): seq→head sends it to rank r in the first
+/// band of r whose query heads use it, head→seq in the last band, over its holders, that uses it
+/// (its holders' partial gradients are summed in one stage, and each is complete only after that
+/// band's attention). A head no query head of a holder uses goes in stage 0.
+struct StageCut {
+  int K = 1;                              ///< stages, >= 1
+  const HeadPartition* query = nullptr;   ///< head bands of a kv tensor: the query partition it serves
+};
+
+namespace detail {
+/// The band (part of K) of rank r's query partition `q` that holds query head j. @pre j in r's range.
+inline int band_of(const HeadPartition& q, int r, std::int64_t j, int K) {
+  const std::int64_t n = q.count(r), base = n / K, rem = n % K, o = j - q.begin(r);
+  return static_cast<int>(o < rem * (base + 1) ? o / (base + 1) : rem + (o - rem * (base + 1)) / base);
+}
+/// The band of rank r where its query heads start (`last` false) or stop (true) using kv head h
+/// (query heads [h g, (h + 1) g), g = H / Hkv); 0 when none of them does.
+inline int kv_band(const HeadPartition& kv, const HeadPartition& q, int r, std::int64_t h, int K, bool last) {
+  const std::int64_t g = q.num_heads() / kv.num_heads();
+  const std::int64_t lo = std::max(q.begin(r), h * g), hi = std::min(q.end(r), (h + 1) * g);
+  if (lo >= hi) return 0;
+  return band_of(q, r, last ? hi - 1 : lo, K);
+}
+/// The head→seq stage of kv head h under head bands: the last band, over its holders, using it.
+inline int kv_sum_band(const HeadPartition& kv, const HeadPartition& q, std::int64_t h, int K) {
+  const auto [first, last] = kv.holders(h);
+  int s = 0;
+  for (int r = first; r < last; ++r) s = std::max(s, kv_band(kv, q, r, h, K, true));
+  return s;
+}
+/// The heads of [lo, hi) whose stage `stage_of(h)` is k, as ascending runs (appended to `runs`).
+template <class F>
+void runs_in_stage(std::int64_t lo, std::int64_t hi, int k, F&& stage_of, std::vector<HeadRun>& runs) {
+  for (std::int64_t h = lo; h < hi; ++h) {
+    if (stage_of(h) != k) continue;
+    if (!runs.empty() && runs.back().hi == h) ++runs.back().hi;
+    else runs.push_back({h, h + 1});
+  }
+}
+}  // namespace detail
+
+/// wire_heads() under a stage cut: as wire_heads(hp, r, which, k, cut.K) without head bands; with
+/// them (cut.query), the kv heads of stage k by StageCut's rule. @pre 0 <= k < cut.K.
+inline std::vector<HeadRun> wire_heads(const HeadPartition& hp, int r, WireHeads which, int k, const StageCut& cut) {
+  if (!cut.query) return wire_heads(hp, r, which, k, cut.K);
+  const HeadPartition& q = *cut.query;
+  std::vector<HeadRun> runs;
+  auto sum_band = [&](std::int64_t h) { return detail::kv_sum_band(hp, q, h, cut.K); };
+  if (which == WireHeads::held)
+    detail::runs_in_stage(hp.begin(r), hp.end(r), k, [&](std::int64_t h) { return detail::kv_band(hp, q, r, h, cut.K, false); }, runs);
+  else if (which == WireHeads::owned)
+    detail::runs_in_stage(hp.owned_begin(r), hp.end(r), k, sum_band, runs);
+  else
+    detail::runs_in_stage(hp.begin(r), hp.end(r), k, sum_band, runs);
+  return runs;
+}
+
+/// stage_heads() under a stage cut: the heads head→seq moves in stage k (with head bands, the kv
+/// heads whose last band is k).
+inline std::vector<HeadRun> stage_heads(const HeadPartition& hp, int k, const StageCut& cut) {
+  if (!cut.query) return stage_heads(hp, k, cut.K);
+  std::vector<HeadRun> runs;
+  detail::runs_in_stage(0, hp.num_heads(), k, [&](std::int64_t h) { return detail::kv_sum_band(hp, *cut.query, h, cut.K); }, runs);
+  return runs;
+}
+
 /// The longest run [h, e) with e <= hi whose heads all have the holders of head h (ranges change
 /// only at range boundaries, so this is O(log P), not one step per head). @pre h < hi <= H.
 inline HeadRun same_holders(const HeadPartition& hp, std::int64_t h, std::int64_t hi) {

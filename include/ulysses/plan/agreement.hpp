@@ -61,7 +61,8 @@ inline AgreementRecord Plan::agreement_record() const {
   w[4] = h;
   w[5] = tensors_.size();
   w[6] = static_cast<std::uint64_t>(options_.stages);
-  w[7] = (options_.messages_enabled() ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1;
+  w[7] = (options_.messages_enabled() ? 1 : 0) | static_cast<std::uint64_t>(options_.path) << 1 |
+         static_cast<std::uint64_t>(options_.head_bands ? 1 : 0) << 8;
   int max_node = 1;  // lanes >= the largest node are all "one lane per rank": the same wire
   for (int n = 0; n < nodes_.num_nodes(); ++n) max_node = std::max(max_node, static_cast<int>(nodes_.members(n).size()));
   const std::uint64_t lanes = options_.lanes >= max_node ? 0u : static_cast<unsigned>(options_.lanes), golden = 0x9e3779b97f4a7c15u;
@@ -86,7 +87,7 @@ inline AgreementRecord Plan::agreement_record() const {
 inline std::string Plan::agreement_field(int i) {
   static const char* const first[8] = {"the record version", "the group size P", "the batch B", "the sequence length S",
                                        "the sequence partition", "the number of tensors", "the number of stages K",
-                                       "the path options (PlanOptions::path, in_place_messages)"};
+                                       "the path and stage options (PlanOptions::path, in_place_messages, head_bands)"};
   if (i < 8) return first[i];
   if (i < detail::kElementWord) return "the head partition of tensor " + std::to_string(i - detail::kHeadsWord);
   if (i < detail::kReplicasWord) return "the head dim and element size of tensor " + std::to_string(i - detail::kElementWord);

@@ -176,6 +176,13 @@ struct PlanOptions {
   /// (ring/agreement.hpp) uses it for the whole U × R block. Every rank must pass the same.
   /// Empty (default): a plain Ulysses group.
   std::optional<RingConfig> ring{};
+  /// The stages are head bands (HeadBands, bands.hpp): stage k takes part k of each rank's query
+  /// heads, and a kv tensor's heads go with the query heads that use them (StageCut in
+  /// partition/heads.hpp: seq→head in the first band that uses a kv head, head→seq in the last),
+  /// so that band k's attention needs only band k's bytes. Off (default): each tensor's range is
+  /// cut on its own (kv heads fall in stages of their own count). Same bytes either way, once
+  /// all stages ran. Part of the agreement record. Every rank must pass the same.
+  bool head_bands = false;
   /// in_place_messages: whether the message path may be chosen.
   bool messages_enabled() const { return in_place_messages; }
 };

@@ -28,13 +28,17 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
-/// How a rotation's exchange progresses while the engine computes (see the file comment).
-enum class RingProgress : std::int32_t {
+/// How an exchange progresses between its start and its finish while the engine computes: a
+/// ring rotation's step (see the file comment) and a split-phase exchange (split_phase.hpp).
+enum class Progress : std::int32_t {
   automatic = 0,  ///< thread for a communicator that declares progress_thread (LocalGroup::Comm), in_start otherwise
   in_start = 1,   ///< no thread: start() posts the exchange and finish() completes it (comm_traits::split_messages, MpiComm),
                   ///< or start() runs it (stream-ordered communicators: enqueues it) and finish() waits for nothing
   thread = 2,     ///< start() hands it to a worker thread, finish() waits for it (host communicators)
 };
+
+/// The ring's name of Progress (RingConfig, the rotations): the same type.
+using RingProgress = Progress;
 
 namespace detail {
 

@@ -35,6 +35,8 @@ struct PlanInputs {
   const SeqPartition* seq = nullptr;
   const std::vector<TensorSpec>* tensors = nullptr;
   int stages = 1;
+  /// cuts[t]: how the stages take tensor t's heads (StageCut; the query partition under head bands).
+  std::vector<StageCut> cuts;
   /// sums[t]: head→seq sums tensor t's replicated heads (Plan::sums_replicas(t)), whatever the direction.
   std::vector<char> sums;
 };
@@ -71,7 +73,7 @@ class StageBuilder {
     for (int t = 0; t < T; ++t) {
       const TensorSpec& x = tensor(t);
       const WireHeads which = s2h_ ? WireHeads::held : sums_[at(t)] ? WireHeads::held_for_sum : WireHeads::owned;
-      for (int r = 0; r < P; ++r) wire_[at(t)].push_back(wire_heads(x.heads, r, which, k_, in_.stages));
+      for (int r = 0; r < P; ++r) wire_[at(t)].push_back(wire_heads(x.heads, r, which, k_, in_.cuts[at(t)]));
     }
   }
 
@@ -234,7 +236,7 @@ class StageBuilder {
   void replica_sums(StageLists& sc, int t) const {
     const TensorSpec& x = tensor(t);
     const HeadPartition& hp = x.heads;
-    for (const HeadRun& run : shared_runs(hp, stage_heads(hp, k_, in_.stages), true))
+    for (const HeadRun& run : shared_runs(hp, stage_heads(hp, k_, in_.cuts[at(t)]), true))
       for (std::int64_t a = run.lo; a < run.hi;) {
         const HeadRun same = same_holders(hp, a, run.hi);
         for (const SeqChunk& c : seq().chunks_of(in_.group.rank)) sum_block(sc, t, same, c);

@@ -36,10 +36,16 @@ class PlanFields {
     const TensorSpec& x = tensors_.at(at(t));
     return x.replicas == Replicas::sum && !x.heads.disjoint();
   }
+  /// How the stages take tensor t's heads: with head bands, a kv tensor follows its query tensor.
+  StageCut stage_cut(int t) const {
+    const int q = serves_.empty() ? TensorSpec::kNone : serves_[at(t)];
+    return {options_.stages, options_.head_bands && q >= 0 ? &tensors_[at(q)].heads : nullptr};
+  }
   /// What the list building reads.
   PlanInputs inputs() const {
-    PlanInputs in{group_, batch_, &seq_, &tensors_, options_.stages, {}};
+    PlanInputs in{group_, batch_, &seq_, &tensors_, options_.stages, {}, {}};
     for (int t = 0; t < num_tensors(); ++t) in.sums.push_back(sums_replicas(t) ? 1 : 0);
+    for (int t = 0; t < num_tensors(); ++t) in.cuts.push_back(stage_cut(t));
     return in;
   }
 

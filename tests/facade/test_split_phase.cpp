@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// split_phase.hpp: start_seq_to_head() / finish() and their siblings in-process give the bytes of
+// the blocking calls, with the worker thread and without; one handle carries several exchanges;
+// the misuses (finish twice, finish of nothing, start while in flight, a handle destroyed before
+// finish(), a rank that leaves between start and finish) are coded errors on every rank within
+// the deadline, never a hang.
+#include <doctest/doctest.h>
+#include <ulysses/comm/local.hpp>
+#include <ulysses/host/executor.hpp>
+#include <ulysses/plan/attention.hpp>
+#include <ulysses/split_phase.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+
+using namespace ulysses;
+
+namespace {
+constexpr int kP = 3;
+constexpr std::int64_t kS = 9;
+const AttentionShape kShape{6, 3, 4, 4};
+
+/// Rank r's seq-sharded tensor t: whole numbers naming rank, tensor and element.
+std::vector<float> input(const Plan& p, int t, int r) {
+  std::vector<float> x(p.seq_bytes(t) / sizeof(float));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((r * 4 + t) * 100000 + static_cast<long>(i));
+  return x;
+}
+
+/// seq→head of q, k, v, then head→seq of the result (the summed inverse), blocking or split-phase.
+struct Layer {
+  Plan plan;
+  std::vector<float> q, k, v, q2, k2, v2, q3, k3, v3;
+  std::vector<std::byte> ws;
+  Layer(int r, PlanOptions o = {}) : plan({kP, r}, 1, SeqPartition::even(kS, kP), attention_specs<float>(kP, kShape).qkv(), Format::bshd, o) {
+    q = input(plan, 0, r), k = input(plan, 1, r), v = input(plan, 2, r);
+    q2.assign(plan.head_bytes(0) / 4, 0), k2.assign(plan.head_bytes(1) / 4, 0), v2.assign(plan.head_bytes(2) / 4, 0);
+    q3.assign(q.size(), 0), k3.assign(k.size(), 0), v3.assign(v.size(), 0);
+    ws.resize(plan.workspace_bytes());
+  }
+  TensorList<ConstByteSpan> in() const { return {q, k, v}; }
+  TensorList<ByteSpan> head() { return {q2, k2, v2}; }
+  TensorList<ConstByteSpan> head_in() const { return {q2, k2, v2}; }
+  TensorList<ByteSpan> back() { return {q3, k3, v3}; }
+};
+}  // namespace
+
+TEST_CASE("start_seq_to_head / finish and the backward: the blocking calls' bytes, threaded and not") {
+  for (Progress pr : {Progress::automatic, Progress::thread, Progress::in_start}) {
+    CAPTURE(static_cast<int>(pr));
+    LocalGroup g(kP);
+    g.spawn([&](LocalGroup::Comm& comm) {
+      HostExecutor exec;
+      Layer a(comm.rank()), b(comm.rank());
+      seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+      seq_to_head_backward(a.plan, comm, exec, a.head_in(), a.back(), a.ws);
+      auto h = start_seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws, pr);
+      CHECK(h.pending());
+      CHECK(std::string(h.progress_name()) == (pr == Progress::in_start ? "in start" : "thread"));
+      finish(h);
+      CHECK_FALSE(h.pending());
+      auto h2 = start_seq_to_head_backward(b.plan, comm, exec, b.head_in(), b.back(), b.ws, pr);
+      finish(h2);
+      CHECK(a.q2 == b.q2);
+      CHECK(a.k2 == b.k2);
+      CHECK(a.v2 == b.v2);
+      CHECK(a.q3 == b.q3);
+      CHECK(a.k3 == b.k3);  // the summed kv heads (replicated: Hkv = 3 on P = 3 ranks of 2 query heads each)
+      CHECK(a.v3 == b.v3);
+      // head→seq and head_to_seq_backward alike
+      auto h3 = start_head_to_seq(b.plan, comm, exec, b.head_in(), b.back(), b.ws, pr);
+      finish(h3);
+      head_to_seq(a.plan, comm, exec, a.head_in(), a.back(), a.ws);
+      CHECK(a.q3 == b.q3);
+      auto h4 = start_head_to_seq_backward(b.plan, comm, exec, TensorList<ConstByteSpan>{b.q3, b.k3, b.v3}, b.head(), b.ws, pr);
+      finish(h4);
+      head_to_seq_backward(a.plan, comm, exec, TensorList<ConstByteSpan>{a.q3, a.k3, a.v3}, a.head(), a.ws);
+      CHECK(a.k2 == b.k2);
+    });
+  }
+}
+
+TEST_CASE("Exchange: one handle carries two exchanges of two plans, and stage by stage") {
+  LocalGroup g(kP);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    HostExecutor exec;
+    PlanOptions staged;
+    staged.stages = 2;
+    Layer a(comm.rank()), b(comm.rank(), staged), c(comm.rank());
+    seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+    Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec);
+    const ExchangeCall calls[2] = {{&b.plan, Direction::seq_to_head, b.in(), b.head(), b.ws, StageRange::one(0)},
+                                   {&c.plan, Direction::seq_to_head, c.in(), c.head(), c.ws}};
+    h.start(calls, 2);
+    h.finish();
+    const ExchangeCall second{&b.plan, Direction::seq_to_head, b.in(), b.head(), b.ws, StageRange::one(1)};
+    h.start(&second, 1);
+    h.finish();
+    CHECK(a.q2 == b.q2);
+    CHECK(a.k2 == b.k2);
+    CHECK(a.v2 == b.v2);
+    CHECK(a.q2 == c.q2);
+    CHECK(a.v2 == c.v2);
+  });
+}
+
+TEST_CASE("Exchange: finish twice, finish of nothing and a stage range outside the plan are coded errors") {
+  LocalGroup g(1);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    HostExecutor exec;
+    const Plan plan({1, 0}, 1, SeqPartition::even(4, 1), attention_specs<float>(1, kShape).qkv());
+    Layer* none = nullptr;
+    (void)none;
+    std::vector<float> q(plan.seq_bytes(0) / 4), k(plan.seq_bytes(1) / 4), v(plan.seq_bytes(2) / 4);
+    std::vector<float> q2(q.size()), k2(k.size()), v2(v.size());
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    Exchange<LocalGroup::Comm, HostExecutor> idle(comm, exec);
+    const auto [code, what] = ut::error_of([&] { idle.finish(); });
+    CHECK(code == Errc::invalid_group);
+    CHECK(what.find("nothing in flight") != std::string::npos);
+    auto h = start_seq_to_head(plan, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, ws);
+    finish(h);
+    CHECK(ut::code_of([&] { finish(h); }) == Errc::invalid_group);
+    const ExchangeCall bad{&plan, Direction::seq_to_head, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, ws,
+                           StageRange::one(1)};
+    CHECK(ut::code_of([&] { idle.start(&bad, 1); }) == Errc::invalid_shape);
+    CHECK(ut::code_of([&] { idle.start(&bad, 0); }) == Errc::invalid_shape);
+  });
+}
+
+TEST_CASE("Exchange: a second start() while in flight, or a handle destroyed before finish(), is every rank's error") {
+  for (int misuse = 0; misuse < 2; ++misuse) {
+    CAPTURE(misuse);
+    LocalGroup g(kP, std::chrono::seconds(20));
+    std::vector<Errc> later(kP, Errc{});
+    std::vector<std::string> whats(kP);
+    const auto t0 = std::chrono::steady_clock::now();
+    g.spawn([&](LocalGroup::Comm& comm) {
+      HostExecutor exec;
+      const int r = comm.rank();
+      Layer a(r);
+      {
+        auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, Progress::in_start);
+        if (r == 1 && misuse == 0) CHECK(ut::code_of([&] { h.start(nullptr, 0); }) == Errc::invalid_group);
+        if (r != 1) finish(h);
+        // rank 1 leaves its handle unfinished (misuse 1) or broke the group by its second start (misuse 0)
+        if (r == 1 && misuse == 0) finish(h);
+      }
+      const auto [code, what] = ut::error_of([&] { seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws); });
+      later[static_cast<std::size_t>(r)] = code;
+      whats[static_cast<std::size_t>(r)] = what;
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    for (int r = 0; r < kP; ++r) {
+      CHECK(later[static_cast<std::size_t>(r)] == Errc::aborted);
+      CHECK(whats[static_cast<std::size_t>(r)].find(misuse ? "destroyed a split-phase seq_to_head before its finish()"
+                                                           : "start() of a split-phase handle in flight") != std::string::npos);
+    }
+  }
+}

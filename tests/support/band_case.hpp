@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// The head-band cases shared by the in-process and MPI tests (test_bands.cpp, test_bands_mpi.cpp):
+// one attention layer's q, k, v, do on every rank of any communicator, the forward and the backward
+// run unbanded (seq_to_head, the attention of every local head, head_to_seq; the backward's
+// adjoints) and over G head bands (banded_attention(), banded_attention_backward()), and what each
+// rank ends with: o, dq, dk, dv seq-sharded. The engine's stand-ins: a softmax attention over all
+// tokens, and a backward that adds do into dk, dv query head by query head in ascending order, so
+// that a kv head's gradient adds up alike in any band count. Banded results must equal the
+// unbanded ones bit for bit.
+#pragma once
+
+#include <ulysses/ulysses.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace bt {
+
+using namespace ulysses;
+
+/// A layer on P ranks: shapes, head policy (balanced: uneven H), batch.
+struct BandCase {
+  int P = 2;
+  std::int64_t B = 1, S = 8, H = 4, Hkv = 2, D = 4;
+  HeadPolicy policy = HeadPolicy::automatic;
+  std::string name() const {
+    return "P=" + std::to_string(P) + " B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
+           " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
+  }
+  AttentionSpecs specs() const { return attention_specs<float>(P, AttentionShape{H, Hkv, D, D}, policy); }
+};
+
+/// The value of global element i of tensor t (0 q, 1 k, 2 v, 3 do): a small float, deterministic.
+inline float value(int t, std::int64_t i) {
+  const std::uint64_t x = (static_cast<std::uint64_t>(i) * 2654435761u + static_cast<std::uint64_t>(t) * 40503u) % 1021u;
+  return static_cast<float>(x) / 512.0f - 1.0f;
+}
+
+/// Rank r's seq-sharded [B, S_r, n, D] part of global tensor t of n heads (bshd).
+inline std::vector<float> seq_part(const BandCase& c, const SeqPartition& seq, int r, int t, std::int64_t n) {
+  const std::int64_t Sr = seq.local_length(r);
+  std::vector<float> x(static_cast<std::size_t>(c.B * Sr * n * c.D));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < Sr; ++i)
+      for (std::int64_t h = 0; h < n; ++h)
+        for (std::int64_t d = 0; d < c.D; ++d)
+          x[static_cast<std::size_t>(((b * Sr + i) * n + h) * c.D + d)] =
+              value(t, ((b * c.S + seq.global_token(r, i)) * n + h) * c.D + d);
+  return x;
+}
+
+/// What one rank ends with: seq-sharded o, dq, dk, dv; and, banded, how many elements of q the
+/// attention of band g found not yet arrived in its own heads (`late`) or already arrived in the
+/// heads of band g + 2 or later (`early`, which no exchange in flight may carry).
+struct BandResult {
+  std::vector<float> o, dq, dk, dv;
+  long late = 0, early = 0;
+  bool operator==(const BandResult& x) const { return o == x.o && dq == x.dq && dk == x.dk && dv == x.dv; }
+};
+
+/// What q's head-sharded buffer holds before anything arrives (outside value()'s range).
+constexpr float kNotArrived = 4096.0f;
+
+/// The engine's stand-ins on head-sharded bshd buffers [B, S, n, D] of this rank.
+struct Engine {
+  const BandCase& c;
+  const AttentionSpecs& specs;
+  int rank;
+  std::int64_t Hr, Kr;  // local query and kv heads
+  std::size_t at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t n) const {
+    return static_cast<std::size_t>(((b * c.S + s) * n + h) * c.D);
+  }
+  /// o of local query heads [lo, hi): softmax(q k^T / sqrt(D)) v over all S tokens.
+  void forward(HeadRun heads, const float* q, const float* k, const float* v, float* o) const {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    std::vector<float> w(static_cast<std::size_t>(c.S));
+    for (std::int64_t j = heads.lo; j < heads.hi; ++j) {
+      const std::int64_t kv = specs.local_kv_head(rank, j);
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t s = 0; s < c.S; ++s) {
+          float m = -1e30f, sum = 0;
+          for (std::int64_t u = 0; u < c.S; ++u) {
+            float dot = 0;
+            for (std::int64_t d = 0; d < c.D; ++d) dot += q[at(b, s, j, Hr) + d] * k[at(b, u, kv, Kr) + d];
+            w[static_cast<std::size_t>(u)] = dot * scale;
+            m = std::max(m, dot * scale);
+          }
+          for (std::int64_t u = 0; u < c.S; ++u) sum += (w[static_cast<std::size_t>(u)] = std::exp(w[static_cast<std::size_t>(u)] - m));
+          for (std::int64_t d = 0; d < c.D; ++d) {
+            float acc = 0;
+            for (std::int64_t u = 0; u < c.S; ++u) acc += w[static_cast<std::size_t>(u)] * v[at(b, u, kv, Kr) + d];
+            o[at(b, s, j, Hr) + d] = acc / sum;
+          }
+        }
+    }
+  }
+  /// dq = 2 do + q; dk += do / 2 and dv += do (added query head by query head, ascending).
+  void backward(HeadRun heads, const float* q, const float* dout, float* dq, float* dk, float* dv) const {
+    for (std::int64_t j = heads.lo; j < heads.hi; ++j) {
+      const std::int64_t kv = specs.local_kv_head(rank, j);
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t s = 0; s < c.S; ++s)
+          for (std::int64_t d = 0; d < c.D; ++d) {
+            const float g = dout[at(b, s, j, Hr) + d];
+            dq[at(b, s, j, Hr) + d] = 2 * g + q[at(b, s, j, Hr) + d];
+            dk[at(b, s, kv, Kr) + d] += g / 2;
+            dv[at(b, s, kv, Kr) + d] += g;
+          }
+    }
+  }
+};
+
+/// Runs the layer forward and backward on this rank: unbanded with `bands` 0, else over that many
+/// head bands with `progress`. Every rank of `comm` calls it alike.
+template <class Comm, class Exec>
+BandResult run_layer(const BandCase& c, Comm& comm, Exec& exec, int bands, Progress progress = Progress::automatic) {
+  const int r = comm.rank();
+  const AttentionSpecs specs = c.specs();
+  const SeqPartition seq = SeqPartition::balanced(c.S, c.P);
+  HeadBands hb({c.P, r}, c.B, seq, specs, bands ? bands : 1);
+  const Plan qkv0({c.P, r}, c.B, seq, specs.qkv()), out0({c.P, r}, c.B, seq, specs.out());
+  const Plan& qkv = bands ? hb.qkv() : qkv0;
+  const Plan& out = bands ? hb.out() : out0;
+  const std::int64_t Hr = specs.query_heads.count(r), Kr = specs.kv_heads.count(r);
+  const Engine eng{c, specs, r, Hr, Kr};
+  std::vector<float> q = seq_part(c, seq, r, 0, c.H), k = seq_part(c, seq, r, 1, c.Hkv), v = seq_part(c, seq, r, 2, c.Hkv),
+                     dout = seq_part(c, seq, r, 3, c.H);
+  auto head = [&](std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(c.B * c.S * n * c.D)); };
+  std::vector<float> q2 = head(Hr), k2 = head(Kr), v2 = head(Kr), o2 = head(Hr), do2 = head(Hr), dq2 = head(Hr), dk2 = head(Kr),
+                     dv2 = head(Kr);
+  BandResult res;
+  res.o.assign(q.size(), 0.0f);
+  res.dq.assign(q.size(), 0.0f);
+  res.dk.assign(k.size(), 0.0f);
+  res.dv.assign(v.size(), 0.0f);
+  std::vector<std::byte> ws_qkv(qkv.workspace_bytes()), ws_o(out.workspace_bytes());
+  const TensorList<ConstByteSpan> qkv_in{q, k, v};
+  const TensorList<ByteSpan> qkv_head{q2, k2, v2};
+  if (!bands) {
+    seq_to_head(qkv, comm, exec, qkv_in, qkv_head, ws_qkv);
+    eng.forward({0, Hr}, q2.data(), k2.data(), v2.data(), o2.data());
+    head_to_seq(out, comm, exec, ConstByteSpan(o2), ByteSpan(res.o), ws_o);
+    head_to_seq_backward(out, comm, exec, ConstByteSpan(dout), ByteSpan(do2), ws_o);
+    eng.backward({0, Hr}, q2.data(), do2.data(), dq2.data(), dk2.data(), dv2.data());
+    seq_to_head_backward(qkv, comm, exec, TensorList<ConstByteSpan>{dq2, dk2, dv2}, TensorList<ByteSpan>{res.dq, res.dk, res.dv}, ws_qkv);
+    return res;
+  }
+  std::fill(q2.begin(), q2.end(), kNotArrived);
+  auto arrived = [&](std::int64_t j) {  // elements of local query head j that arrived
+    long n = 0;
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t s = 0; s < c.S; ++s)
+        for (std::int64_t d = 0; d < c.D; ++d) n += q2[eng.at(b, s, j, Hr) + static_cast<std::size_t>(d)] != kNotArrived;
+    return n;
+  };
+  banded_attention(
+      hb, comm, exec, qkv_in, qkv_head, ws_qkv, ConstByteSpan(o2), ByteSpan(res.o), ws_o,
+      [&](const Band& b) {
+        for (std::int64_t j = b.query.lo; j < b.query.hi; ++j) res.late += c.B * c.S * c.D - arrived(j);
+        for (int g = b.index + 2; g < hb.count(); ++g)
+          for (std::int64_t j = hb.band(g).query.lo; j < hb.band(g).query.hi; ++j) res.early += arrived(j);
+        eng.forward(b.query, q2.data(), k2.data(), v2.data(), o2.data());
+      },
+      progress);
+  banded_attention_backward(
+      hb, comm, exec, ConstByteSpan(dout), ByteSpan(do2), ws_o, TensorList<ConstByteSpan>{dq2, dk2, dv2},
+      TensorList<ByteSpan>{res.dq, res.dk, res.dv}, ws_qkv,
+      [&](const Band& b) { eng.backward(b.query, q2.data(), do2.data(), dq2.data(), dk2.data(), dv2.data()); }, progress);
+  return res;
+}
+
+/// The cases every backend runs: GQA, MQA (replicated kv heads), uneven H (balanced), B = 2.
+inline std::vector<BandCase> band_cases(int P) {
+  std::vector<BandCase> v;
+  v.push_back({P, 1, 8, 4 * P, 2 * P, 4});                     // GQA, kv heads split
+  v.push_back({P, 2, 6, 2 * P, 1, 4});                         // MQA: one kv head, replicated on every rank
+  v.push_back({P, 1, 8, 2 * P + 1, 1, 4, HeadPolicy::balanced});  // uneven query heads, MQA
+  if (P % 2 == 0) v.push_back({P, 1, 8, 3 * P, P / 2, 4});     // GQA, kv heads replicated on pairs of ranks
+  return v;
+}
+
+/// The largest band count worth running for case c: the most local query heads of any rank.
+inline int max_bands(const BandCase& c) {
+  const AttentionSpecs s = c.specs();
+  std::int64_t m = 1;
+  for (int r = 0; r < c.P; ++r) m = std::max(m, s.query_heads.count(r));
+  return static_cast<int>(m);
+}
+
+}  // namespace bt
