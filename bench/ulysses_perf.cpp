@@ -38,6 +38,7 @@
 #include "perf_model.hpp"
 #include "host_buffer.hpp"
 #include "perf_ops.hpp"
+#include "band_bench.hpp"
 
 namespace {
 
@@ -50,6 +51,10 @@ struct Options {
   bool direction_given = false;        // --direction: the seq ops' rows (both: seq_to_head and head_to_seq)
   int ring_u = 1;                      // --op ring: the Ulysses degree U of the ring's partition (kv heads a rank: Hkv / U)
   int ring_messages = 1;               // --op ring: --ring-messages K, the rotation's pieces a block (RingRotation's `messages`)
+  std::vector<int> bands{1, 2, 4};      // --op bands: --bands G,...: the band counts timed against the serial layer
+  std::vector<double> attn_ratios{0.25, 1, 4};  // --op bands: --attn-ratio f,...: the stand-in attention, f x the serial exchange
+  std::string attn_kind;                // --op bands: --attn-kind sleep|spin (default: spin in-process, sleep over MPI)
+  Progress progress = Progress::automatic;  // --op bands: --progress automatic|in_start|thread (the split-phase handles')
   int ranks = 4;
   bool ranks_given = false;
   std::string model = "Llama-3.1-8B";
@@ -872,7 +877,7 @@ void usage_model() {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
@@ -941,6 +946,14 @@ void usage_model() {
 /// The op's rows from --op and --direction (which wins for the seq ops, and gives both in one
 /// run); exits (2) on flags the op cannot honour.
 void check_op(Options& o) {
+  if (o.op == "bands") {
+    if (o.backend != "local" && o.backend != "mpi" && o.backend != "window") {
+      std::fprintf(stderr, "--op bands runs on --backend local, mpi or window, not %s\n", o.backend.c_str());
+      std::exit(2);
+    }
+    if (o.attn_kind.empty()) o.attn_kind = o.backend == "local" ? "spin" : "sleep";
+    return;
+  }
   const bool seq_op = o.op == "seq_to_head" || o.op == "head_to_seq";
   if (seq_op && !o.direction_given) o.seq_to_head = o.op == "seq_to_head", o.head_to_seq = o.op == "head_to_seq";
   if (seq_op && o.direction_given) o.op = o.seq_to_head ? "seq_to_head" : "head_to_seq";
@@ -1049,6 +1062,32 @@ bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
   return true;
 }
 
+/// The items of a comma-separated list ("1,2,4"); exits (2) on an empty item.
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  std::size_t a = 0;
+  for (;;) {
+    const std::size_t b = v.find(',', a);
+    out.push_back(v.substr(a, b == std::string::npos ? std::string::npos : b - a));
+    if (out.back().empty()) {
+      std::fprintf(stderr, "ulysses_perf: '%s' is not a comma-separated list\n", v.c_str());
+      std::exit(2);
+    }
+    if (b == std::string::npos) return out;
+    a = b + 1;
+  }
+}
+/// A list item as a number in [lo, hi]; exits (2) otherwise.
+double list_number(const std::string& x, double lo, double hi, const char* flag) {
+  char* end = nullptr;
+  const double v = std::strtod(x.c_str(), &end);
+  if (end == x.c_str() || *end || !(v >= lo && v <= hi)) {
+    std::fprintf(stderr, "ulysses_perf: %s takes numbers in [%g, %g], not '%s'\n", flag, lo, hi, x.c_str());
+    std::exit(2);
+  }
+  return v;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   auto need = [&](int& i) -> std::string { return ulysses_cli::value(argc, argv, i); };
@@ -1090,8 +1129,26 @@ Options parse(int argc, char** argv) {
       o.head_to_seq = d != 0;
       o.direction_given = true;
     } else if (a == "--op") {
-      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring"};
-      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring"})];
+      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands"};
+      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands"})];
+    } else if (a == "--bands") {
+      o.bands.clear();
+      for (const std::string& x : split_list(need(i))) {
+        const double g = list_number(x, 1, kMaxStages, "--bands");
+        if (g != static_cast<int>(g)) {
+          std::fprintf(stderr, "ulysses_perf: --bands takes whole numbers, not '%s'\n", x.c_str());
+          std::exit(2);
+        }
+        o.bands.push_back(static_cast<int>(g));
+      }
+    } else if (a == "--attn-ratio") {
+      o.attn_ratios.clear();
+      for (const std::string& x : split_list(need(i))) o.attn_ratios.push_back(list_number(x, 0, 1e6, "--attn-ratio"));
+    } else if (a == "--attn-kind") {
+      o.attn_kind = ulysses_cli::one_of(argc, argv, i, {"sleep", "spin"}) == 0 ? "sleep" : "spin";
+    } else if (a == "--progress") {
+      const Progress ps[] = {Progress::automatic, Progress::in_start, Progress::thread};
+      o.progress = ps[ulysses_cli::one_of(argc, argv, i, {"automatic", "in_start", "thread"})];
     } else if (a == "--ring-u") {
       o.ring_u = small(i);
     } else if (a == "--ring-messages") {
@@ -1151,6 +1208,42 @@ std::vector<Row> run_mpi(MpiComm& comm, const Options& o, Setup& setup) {
   }
   HostRunner<MpiComm, SkipCopies> runner(comm);
   return run(runner, o);
+}
+#endif
+
+// ---- --op bands (band_bench.hpp) ----------------------------------------------------------------
+/// --op bands on one rank of `comm`: the sweep; rows printed by rank 0.
+template <class Comm>
+void run_bands_on(Comm& comm, const Options& o, const std::string& what) {
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) sizes.push_back(n);
+  const std::vector<band_bench::BandRow> rows = band_bench::sweep(
+      comm, o.shape, o.batch, sizes, o.bands, o.attn_ratios, o.attn_kind, o.progress, [&] { return seconds_now(comm); },
+      [&](const std::vector<std::function<double()>>& calls) { return alternate_all(o, calls); });
+  if (comm.rank() == 0)
+    band_bench::print(rows, what + ", " + o.model + ", P=" + std::to_string(comm.size()) + ", B=" + std::to_string(o.batch) +
+                                ", attention " + o.attn_kind);
+}
+/// --backend local --op bands: --ranks P ranks on threads. @returns the exit status.
+int run_bands_local(const Options& o) {
+  LocalGroup group(o.ranks);
+  group.spawn([&](LocalGroup::Comm& comm) { run_bands_on(comm, o, "LocalGroup::Comm"); });
+  return 0;
+}
+#if ULYSSES_PERF_MPI
+/// --backend mpi|window --op bands: over MpiComm, or MpiWindowComm (--backend window, --mpi-window 1).
+int run_bands_mpi(MpiComm& comm, const Options& o) {
+  if (o.backend == "window" || o.mpi_window == 1) {
+    std::int64_t S = o.begin;  // the window stages the largest layer's tensors: q, k, v, o both sides, twice over
+    for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) S = n;
+    const auto elems = static_cast<std::size_t>(o.batch * (S / comm.size() + 1) * (2 * o.shape.num_heads + 2 * o.shape.num_kv_heads));
+    MpiWindow win(comm, 4 * elems * static_cast<std::size_t>(o.shape.head_dim) * size_of(o.type) + (std::size_t{1} << 20));
+    MpiWindowComm wc(comm, win);
+    run_bands_on(wc, o, "MpiWindowComm");
+  } else {
+    run_bands_on(comm, o, "MpiComm");
+  }
+  return 0;
 }
 #endif
 
@@ -1319,13 +1412,17 @@ int run_model_mode(const Options& o) {
 /// main(), which aborts the job). @returns the exit status.
 int main_mpi(int& argc, char**& argv, const Options& o) {
 #if ULYSSES_PERF_MPI
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // --op bands --progress thread: the handles' worker calls MPI
+  if (o.op == "bands") MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  else MPI_Init(&argc, &argv);
   int rc = 0;
   {
     MpiComm comm(world_group(o.groups));
     if (o.ranks_given && o.ranks != comm.size()) {
       if (comm.rank() == 0) std::fprintf(stderr, "--ranks %d but mpiexec started %d processes\n", o.ranks, comm.size());
       rc = 2;
+    } else if (o.op == "bands") {
+      rc = run_bands_mpi(comm, o);
     } else {
       Setup setup;
       const std::vector<Row> rows = run_mpi(comm, o, setup);
@@ -1363,6 +1460,7 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
+    if (o.op == "bands") return run_bands_local(o);
     LocalGroup group(o.ranks);
     std::vector<Row> rows;
     group.spawn([&](LocalGroup::Comm& comm) {

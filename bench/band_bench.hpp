@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// ulysses_perf --op bands: the band pipeline (bands.hpp) against the serial layer, per sequence
+// length S, attention ratio f (--attn-ratio) and band count G (--bands). A layer is seq->head of
+// q, k, v + the attention + head->seq of o. The attention is a stand-in that takes f times the
+// serial exchange (seq->head + head->seq, measured first in the same run), split over the bands
+// by their share of the rank's query heads: `sleep` (a device kernel: the host is free while it
+// runs), `spin` (host compute: it needs the cores the copies need), or under SMPI simulated
+// compute (smpi_execute). Each row: the layer's time (the slowest rank's, median), its ratio to
+// the serial layer of the same run (G = 1 with blocking calls), and the exposed communication
+// (time - attention) / serial exchange. Included by ulysses_perf.cpp after its Options and clocks.
+#pragma once
+
+#include <ulysses/bands.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace band_bench {
+
+using namespace ulysses;
+
+/// The stand-in attention: `seconds` of `kind` ("sleep", "spin"); simulated compute under SMPI.
+inline void stand_in(double seconds, const std::string& kind) {
+  if (seconds <= 0) return;
+#ifdef SMPI_H
+  (void)kind;
+  smpi_execute(seconds);
+#else
+  if (kind == "sleep") {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    return;
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+#endif
+}
+
+/// One rank's buffers of one layer at one S: seq-sharded q, k, v and o, head-sharded q, k, v and o,
+/// the two workspaces; HeadBands for each G asked (bands[i]), all over the same buffers.
+struct Layer {
+  std::vector<std::unique_ptr<HeadBands>> bands;
+  std::vector<std::vector<std::byte>> seq, head;  // q, k, v, o
+  std::vector<std::byte> ws_qkv, ws_o;
+  std::int64_t Hr = 1;
+  Layer(int P, int r, std::int64_t B, std::int64_t S, const AttentionSpecs& specs, const std::vector<int>& G) {
+    const SeqPartition sp = SeqPartition::balanced(S, P);
+    std::size_t ws1 = 0, ws2 = 0;
+    for (int g : G) {
+      bands.push_back(std::make_unique<HeadBands>(Group{P, r}, B, sp, specs, g));
+      ws1 = std::max(ws1, bands.back()->qkv().workspace_bytes());
+      ws2 = std::max(ws2, bands.back()->out().workspace_bytes());
+    }
+    const HeadBands& b = *bands[0];
+    for (int t = 0; t < 3; ++t) seq.emplace_back(b.qkv().seq_bytes(t), std::byte{1}), head.emplace_back(b.qkv().head_bytes(t), std::byte{2});
+    seq.emplace_back(b.out().seq_bytes(0), std::byte{3});
+    head.emplace_back(b.out().head_bytes(0), std::byte{4});
+    ws_qkv.assign(ws1, std::byte{5});
+    ws_o.assign(ws2, std::byte{6});
+    Hr = std::max<std::int64_t>(1, specs.query_heads.count(r));
+  }
+  TensorList<ConstByteSpan> qkv_seq() const { return {seq[0], seq[1], seq[2]}; }
+  TensorList<ByteSpan> qkv_head() { return {head[0], head[1], head[2]}; }
+};
+
+/// One row of the table.
+struct BandRow {
+  std::int64_t S = 0;
+  double f = 0;
+  int G = 0;
+  double exchange_us = 0, attention_us = 0, us = 0, serial_us = 0;
+  std::string progress;
+};
+
+/// The sweep on one rank of `comm` (every rank calls it alike): rows on every rank.
+/// `now()` is the backend's clock in seconds; `alternate(calls)` the tool's alternate_all().
+template <class Comm, class Now, class Alternate>
+std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t B, const std::vector<std::int64_t>& sizes,
+                           const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress,
+                           Now&& now, Alternate&& alternate) {
+  const int P = comm.size(), r = comm.rank();
+  const AttentionSpecs specs = attention_specs<std::uint16_t>(P, shape, ElementType::bfloat16, HeadPolicy::automatic);
+  HostExecutor exec;
+  std::vector<BandRow> rows;
+  auto slowest = [&](auto&& fn) {
+    ulysses_group::barrier(comm);
+    const double t0 = now();
+    fn();
+    return ulysses_group::max_over_ranks(comm, (now() - t0) * 1e6);
+  };
+  std::vector<int> all{1};  // bands[0]: the unbanded layer (the serial calls), then each G asked
+  all.insert(all.end(), G.begin(), G.end());
+  for (std::int64_t S : sizes) {
+    Layer L(P, r, B, S, specs, all);
+    const HeadBands& one = *L.bands[0];
+    Exchange<Comm, HostExecutor> h(comm, exec, progress);
+    auto exchange = [&] {  // the serial exchange: seq->head, head->seq, blocking
+      seq_to_head(one.qkv(), comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv);
+      head_to_seq(one.out(), comm, exec, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]), L.ws_o);
+    };
+    const double x_us = alternate(std::vector<std::function<double()>>{[&] { return slowest(exchange); }})[0];
+    for (double f : ratios) {
+      const double attn_s = f * x_us * 1e-6;
+      std::vector<std::function<double()>> calls;
+      calls.push_back([&] {  // serial: seq->head, the whole attention, head->seq
+        return slowest([&] {
+          seq_to_head(one.qkv(), comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv);
+          stand_in(attn_s, kind);
+          head_to_seq(one.out(), comm, exec, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]), L.ws_o);
+        });
+      });
+      for (std::size_t i = 0; i < G.size(); ++i)
+        calls.push_back([&, i] {
+          const HeadBands& hb = *L.bands[i + 1];
+          return slowest([&] {
+            banded_attention(hb, comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]), L.ws_o,
+                             [&](const Band& b) { stand_in(attn_s * static_cast<double>(b.query.size()) / static_cast<double>(L.Hr), kind); },
+                             progress);
+          });
+        });
+      const std::vector<double> t = alternate(calls);
+      for (std::size_t i = 0; i < G.size(); ++i) {
+        BandRow w;
+        w.S = S, w.f = f, w.G = G[i], w.exchange_us = x_us, w.attention_us = attn_s * 1e6, w.us = t[i + 1], w.serial_us = t[0];
+        {
+          const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
+          h.start(&c, 1);
+          w.progress = G[i] == 1 ? "blocking" : h.progress_name();
+          h.finish();
+        }
+        rows.push_back(w);
+      }
+    }
+  }
+  return rows;
+}
+
+/// Prints the rows (rank 0) as a markdown table.
+inline void print(const std::vector<BandRow>& rows, const std::string& what) {
+  std::printf("# ulysses_perf --op bands: %s\n", what.c_str());
+  std::printf("# time: the slowest rank's, median; serial: seq->head + attention + head->seq blocking, same run;\n"
+              "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden)\n");
+  std::printf("| S | f | G | progress | exchange (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const BandRow& w : rows)
+    std::printf("| %lld | %g | %d | %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f |\n", static_cast<long long>(w.S), w.f, w.G,
+                w.progress.c_str(), w.exchange_us, w.attention_us, w.serial_us, w.us, w.us / w.serial_us,
+                (w.us - w.attention_us) / w.exchange_us);
+}
+
+}  // namespace band_bench
