@@ -9,6 +9,7 @@
 
 #include "expect_error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -192,4 +193,46 @@ TEST_CASE("band_cost / best_bands: argument errors are Error(invalid_shape)") {
   CHECK(ut::code_of([&] { (void)band_cost(ok, 0); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { (void)band_cost(ok, 3); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { (void)best_bands(ok, -1); }) == Errc::invalid_shape);
+}
+
+TEST_CASE("advise_degree: DegreeChoice::bands, the forward in head bands at the BandAdvice rate") {
+  // H = Hkv = 8, D = 2, S = 64 on 2 ranks of one node, 1 GB/s and nothing else: at P = 2 a rank
+  // holds 4 kv heads (4 units); at 1e6 FLOP/s the attention dwarfs the exchanges (compute-bound):
+  // G = 4, in/4 + A + out/4.
+  CostModel m;
+  m.intra = LinkCost::of(0, 1);
+  const AttentionShape shape{8, 8, 2, 0};
+  BandAdvice b;
+  b.flops_per_s = 1e6;
+  const std::vector<DegreeChoice> c = advise_degree(shape, 64, 2, 2, m, ElementType::float32, 1, HeadPolicy::even, 0, false, b);
+  const auto p2 = std::find_if(c.begin(), c.end(), [](const DegreeChoice& d) { return d.ulysses_degree == 2; });
+  REQUIRE(p2 != c.end());
+  CHECK(p2->seq_to_head.seconds == doctest::Approx(p2->seconds - p2->head_to_seq.seconds).epsilon(1e-12));
+  CHECK(p2->seq_to_head.fixed_s == 0);
+  const double A = attention_flops(4, 64, 2) / 1e6;
+  CHECK(p2->bands.bands == 4);
+  CHECK(p2->bands.attention_s == doctest::Approx(A).epsilon(1e-12));
+  CHECK(p2->bands.pipelined_s == doctest::Approx(p2->seq_to_head.seconds / 4 + A + p2->head_to_seq.seconds / 4).epsilon(1e-12));
+  const auto p1 = std::find_if(c.begin(), c.end(), [](const DegreeChoice& d) { return d.ulysses_degree == 1; });
+  REQUIRE(p1 != c.end());
+  CHECK(p1->bands.bands == 1);  // no exchange to hide
+  CHECK(p1->bands.exposed_s == 0);
+  // A call overhead above what a band hides: G = 1.
+  b.overhead.attention_call_s = 1;
+  const std::vector<DegreeChoice> o = advise_degree(shape, 64, 2, 2, m, ElementType::float32, 1, HeadPolicy::even, 0, false, b);
+  const auto q2 = std::find_if(o.begin(), o.end(), [](const DegreeChoice& d) { return d.ulysses_degree == 2; });
+  REQUIRE(q2 != o.end());
+  CHECK(q2->bands.bands == 1);
+  CHECK(q2->bands.pipelined_s == q2->bands.serial_s);
+  // Without a rate: not priced.
+  const std::vector<DegreeChoice> n = advise_degree(shape, 64, 2, 2, m, ElementType::float32);
+  CHECK(n.back().bands.bands == 1);
+  CHECK(n.back().bands.pipelined_s == 0);
+  b.flops_per_s = -1;
+  CHECK(ut::code_of([&] { (void)advise_degree(shape, 64, 2, 2, m, ElementType::float32, 1, HeadPolicy::even, 0, false, b); }) ==
+        Errc::invalid_shape);
+  b.flops_per_s = 1e6;
+  b.overhead.exchange_call_s = -1;
+  CHECK(ut::code_of([&] { (void)advise_degree(shape, 64, 2, 2, m, ElementType::float32, 1, HeadPolicy::even, 0, false, b); }) ==
+        Errc::invalid_shape);
 }
