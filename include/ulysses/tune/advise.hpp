@@ -58,6 +58,9 @@ struct DegreeChoice {
 /// mask, and each call's overhead. The default prices none.
 struct BandAdvice {
   double flops_per_s = 0;  ///< a rank's achieved attention rate, FLOP/s (AttentionRate, tune/ring_cost.hpp), >= 0; 0: no bands priced
+  /// > 0: the attention takes this times the row's exchanges (seq→head + head→seq seconds)
+  /// instead of its FLOPs at flops_per_s (which must still be > 0 to price bands); >= 0
+  double attention_ratio = 0;
   bool causal = true;      ///< causal attention (half the pairs)
   BandOverhead overhead;   ///< seconds each exchange and attention call adds (launch, call)
 };
@@ -142,9 +145,11 @@ inline void degree_bands(DegreeChoice& d, const AttentionShape& shape, std::int6
   BandWork w;
   w.seq_to_head = d.seq_to_head;
   w.head_to_seq = d.head_to_seq;
-  w.attention_s = attention_flops(h, S, shape.head_dim, shape.v_head_dim, batch, b.causal) / b.flops_per_s;
+  w.attention_s = b.attention_ratio > 0 ? b.attention_ratio * (d.seq_to_head.seconds + d.head_to_seq.seconds)
+                                        : attention_flops(h, S, shape.head_dim, shape.v_head_dim, batch, b.causal) / b.flops_per_s;
   w.units = static_cast<int>(std::max<std::int64_t>(1, kv));
   w.overhead = b.overhead;
+  if (P == 1) w.overhead.exchange_call_s = 0;  // no exchange is called
   d.bands = best_bands(w);
 }
 }  // namespace detail
@@ -179,10 +184,10 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
                                                std::int64_t batch = 1, HeadPolicy policy = HeadPolicy::even,
                                                double budget_bytes = 0, bool outer_splits_sequence = false,
                                                const BandAdvice& bands = {}) {
-  for (double v : {bands.flops_per_s, bands.overhead.exchange_call_s, bands.overhead.attention_call_s})
+  for (double v : {bands.flops_per_s, bands.attention_ratio, bands.overhead.exchange_call_s, bands.overhead.attention_call_s})
     if (!(v >= 0) || !std::isfinite(v))
       detail::fail(Errc::invalid_shape, "advise_degree: the band attention rate (" + std::to_string(bands.flops_per_s) +
-                                            " FLOP/s) and call overheads must be finite and >= 0");
+                                            " FLOP/s), attention ratio and call overheads must be finite and >= 0");
   if (seq_len < 1 || batch < 1)
     detail::fail(Errc::invalid_shape, "advise_degree: seq_len=" + std::to_string(seq_len) + " and batch=" + std::to_string(batch) +
                                           " must be >= 1");
