@@ -95,6 +95,13 @@ TEST_CASE("band_cost: the uneven remainder band when G does not divide the units
   CHECK(c.band_units == std::vector<int>{2, 1});
   CHECK(c.pipelined_s == 9);
   CHECK(c.exposed_s == 3);
+  // The remainder last (maxdiffusion #428's split): {1, 2}: in {1, 2}, attention {2, 4}, out {1, 2}.
+  // in_0 [0, 1]; a_0 [1, 3]; in_1 [1, 3]; a_1 [3, 7]; out_0 [3, 4]; out_1 [7, 9].
+  CHECK(band_cost(w, std::vector<int>{1, 2}).pipelined_s == 9);
+  CHECK(band_cost(w, std::vector<int>{1, 2}).bands == 2);
+  CHECK(ut::code_of([&] { (void)band_cost(w, std::vector<int>{1, 1}); }) == Errc::invalid_shape);  // 2 of 3 units
+  CHECK(ut::code_of([&] { (void)band_cost(w, std::vector<int>{3, 0}); }) == Errc::invalid_shape);  // an empty band
+  CHECK(ut::code_of([&] { (void)band_cost(w, std::vector<int>{}); }) == Errc::invalid_shape);
   // G = 3: even and compute-bound: 1 + 6 + 1 = 8; the best.
   CHECK(band_cost(w, 3).pipelined_s == 8);
   CHECK(best_bands(w).bands == 3);

@@ -162,15 +162,26 @@ inline double band_pipeline_end(const std::vector<double>& in, const std::vector
 /// of its 3G tasks, the serial time plus (G − 1) · (2 o_x + o_a + fixed_in + fixed_out).
 /// G = 1 is the serial time exactly. For equal bands, zero fixed costs and a compute-bound pipeline
 /// (A ≥ T_in + T_out) the time is T_in / G + A + T_out / G.
-/// @param w the pass's times (seconds), units and overheads
-/// @param G bands, in [1, w.units]
+/// @param w     the pass's times (seconds), units and overheads
+/// @param units the units of each band, in pipeline order: each >= 1, summing to w.units (band_units()
+///              balanced; maxdiffusion #428 gives the last band the remainder instead)
 /// @throws Error(invalid_shape) a time negative or not finite, an exchange's fixed_s above its
-///         seconds, w.units < 1, or G outside [1, w.units].
-inline BandCost band_cost(const BandWork& w, int G) {
+///         seconds, w.units < 1, or `units` empty, with a band < 1 or not summing to w.units.
+inline BandCost band_cost(const BandWork& w, const std::vector<int>& units) {
   detail::check_band_work(w);
+  long long total = 0;
+  bool ok = !units.empty() && w.units >= 1;
+  for (int n : units) {
+    ok = ok && n >= 1;
+    total += n;
+  }
+  if (!ok || total != w.units)
+    detail::fail(Errc::invalid_shape, "band_cost: " + std::to_string(units.size()) + " bands of " + std::to_string(total) +
+                                          " units in all, each >= 1 (need w.units=" + std::to_string(w.units) + " in all)");
   BandCost c;
-  c.bands = G;
-  c.band_units = band_units(w.units, G);
+  c.bands = static_cast<int>(units.size());
+  c.band_units = units;
+  const int G = c.bands;
   const BandOverhead& o = w.overhead;
   c.serial_exchange_s = w.seq_to_head.seconds + w.head_to_seq.seconds + 2 * o.exchange_call_s;
   c.attention_s = w.attention_s + o.attention_call_s;
@@ -188,6 +199,15 @@ inline BandCost band_cost(const BandWork& w, int G) {
   c.exposed_s = c.pipelined_s - c.attention_s;
   c.exposed_fraction = c.serial_exchange_s > 0 ? c.exposed_s / c.serial_exchange_s : 0;
   return c;
+}
+
+/// band_cost() of G balanced bands (band_units(w.units, G)).
+/// @param w the pass (as above)
+/// @param G bands, in [1, w.units]
+/// @throws Error(invalid_shape) as above, or G outside [1, w.units].
+inline BandCost band_cost(const BandWork& w, int G) {
+  detail::check_band_work(w);
+  return band_cost(w, band_units(w.units, G));
 }
 
 /// The G in [1, min(w.units, max_bands)] whose band_cost() is shortest; equal times (within a
