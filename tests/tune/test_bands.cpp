@@ -243,3 +243,14 @@ TEST_CASE("advise_degree: DegreeChoice::bands, the forward in head bands at the 
   CHECK(ut::code_of([&] { (void)advise_degree(shape, 64, 2, 2, m, ElementType::float32, 1, HeadPolicy::even, 0, false, b); }) ==
         Errc::invalid_shape);
 }
+
+TEST_CASE("band_cost: the backward, dO seq->head, the attention backward at 2.5x, dq/dk/dv head->seq") {
+  // dO 1, dq|dk|dv 3 (three tensors and their sums), forward attention 2: backward 5. G = 2 of 2
+  // units: i = 0.5, a = 2.5, o = 1.5, compute-bound (2.5 >= 0.5 + 1.5): 0.5 + 5 + 1.5 = 7 against 9.
+  const BandWork w = work(1, 3, kAttentionBackwardFlopsRatio * 2, 2);
+  const BandCost c = band_cost(w, 2);
+  CHECK(c.serial_s == 9);
+  CHECK(c.pipelined_s == 7);
+  CHECK(c.exposed_s == 2);
+  CHECK(c.exposed_fraction == 0.5);
+}
