@@ -60,8 +60,9 @@ struct LinkFlags {
 
 /// Prints the feasible layouts, best first (advise_degree()).
 inline int advise(const AttentionShape& shape, const std::string& model, std::int64_t S, int world, int R, const CostModel& m,
-                  ElementType type, std::int64_t batch, double budget_bytes, bool balanced) {
-  const auto choices = advise_degree(shape, S, world, R, m, type, batch, balanced ? HeadPolicy::balanced : HeadPolicy::even, budget_bytes);
+                  ElementType type, std::int64_t batch, double budget_bytes, bool balanced, const BandAdvice& bands = {}) {
+  const auto choices =
+      advise_degree(shape, S, world, R, m, type, batch, balanced ? HeadPolicy::balanced : HeadPolicy::even, budget_bytes, false, bands);
   std::printf("# ulysses_perf --advise: %s (H=%lld Hkv=%lld D=%lld), S=%lld, B=%lld, %s, world=%d on nodes of %d\n", model.c_str(),
               static_cast<long long>(shape.num_heads), static_cast<long long>(shape.num_kv_heads), static_cast<long long>(shape.head_dim),
               static_cast<long long>(S), static_cast<long long>(batch), to_string(type), world, R);
@@ -78,13 +79,23 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
               budget_bytes > 0 ? "; fits: within the budget" : "");
   std::printf("# paths: flat (the faster of one all-to-all-v and every message at once), 2-level (one inter-node message per node pair), rail (2-level, lanes 0);\n"
               "# nodes: nodes a Ulysses group spans; degrees that the mesh or the head counts refuse are not listed\n");
-  std::printf("#%5s %6s %6s %-9s %10s %10s %11s %10s %11s %11s %10s %5s\n", "P", "outer", "nodes", "path", "time(ms)", "flat(ms)",
-              "2-level(ms)", "rail(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits");
+  if (bands.flops_per_s > 0) {
+    char attn[64];
+    if (bands.attention_ratio > 0) std::snprintf(attn, sizeof attn, "%.4g x the row's exchanges", bands.attention_ratio);
+    else std::snprintf(attn, sizeof attn, "at %.4g TFLOP/s a rank, causal", bands.flops_per_s * 1e-12);
+    std::printf("# bands: head bands G of the forward (best_bands(): seq->head of band g+1 and head->seq of g-1 on the link while band\n"
+                "# g's attention runs; a band holds whole GQA groups: G <= a rank's kv heads; 1 where overlap loses), attention\n"
+                "# %s, %.4g us a call; band(ms): the exchanges the bands leave exposed (pipelined - attention)\n",
+                attn, bands.overhead.exchange_call_s * 1e6);
+  }
+  std::printf("#%5s %6s %6s %-9s %10s %10s %11s %10s %11s %11s %10s %5s %5s %9s\n", "P", "outer", "nodes", "path", "time(ms)", "flat(ms)",
+              "2-level(ms)", "rail(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "bands", "band(ms)");
   for (const DegreeChoice& d : choices)
-    std::printf(" %5d %6d %6d %-9s %10.3f %10.3f %11.3f %10.3f %11.1f %11.1f %10.2f %5s\n", d.ulysses_degree, d.outer_degree,
+    std::printf(" %5d %6d %6d %-9s %10.3f %10.3f %11.3f %10.3f %11.1f %11.1f %10.2f %5s %5s %9.3f\n", d.ulysses_degree, d.outer_degree,
                 d.nodes_per_group, d.path == Path::two_level ? (d.lanes == 0 ? "rail" : "2-level") : (d.path == Path::messages ? "flat-msg" : "flat"), d.seconds * 1e3,
                 d.flat_seconds * 1e3, d.two_level_seconds * 1e3, d.rail_seconds * 1e3, d.intra_bytes / 1e6, d.inter_bytes / 1e6,
-                d.activation_bytes / (1024.0 * 1024 * 1024), d.fits ? "yes" : "no");
+                d.activation_bytes / (1024.0 * 1024 * 1024), d.fits ? "yes" : "no",
+                bands.flops_per_s > 0 ? std::to_string(d.bands.bands).c_str() : "-", bands.flops_per_s > 0 ? d.bands.exposed_s * 1e3 : d.seconds * 1e3);
   return 0;
 }
 

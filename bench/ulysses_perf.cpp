@@ -85,7 +85,9 @@ struct Options {
   std::int64_t seq = 131072;            // --advise
   int world = 64;                       // --advise
   double budget_GiB = 0;                // --advise
-  double attn_TFLOPS = AttentionRate::h100_bf16() * 1e-12;  // --advise: a rank's attention rate for the ring's overlap
+  double attn_TFLOPS = AttentionRate::h100_bf16() * 1e-12;  // --advise: a rank's attention rate for the ring's overlap and the bands
+  double attn_ratio = 0;                // --advise --attn-ratio: the bands' attention as a multiple of the exchanges (0: the rate)
+  double band_call_us = 0;              // --advise --band-call-us: what each band's exchange and attention call adds
   perf_model::LinkFlags links;          // --advise
 };
 
@@ -871,7 +873,10 @@ void usage_model() {
       "and the all-gather-kv alternative; msgs: the pieces of a kv block, best_ring_messages(), > 1 only under a per-flow\n"
       "cap: --intra-flow-GBps / --inter-flow-GBps BW, one message's most, 0 = none, the default; --fit fits it from\n"
       "bench_ring_mpi JSON among its files whose bare steps carry a `messages` counter of 1 and more, and keeps the\n"
-      "given value otherwise). --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
+      "given value otherwise); bands: the forward of each degree in head bands (tune/bands.hpp, best_bands(): 1 where\n"
+      "overlap loses), its attention at --attn-TFLOPS (causal) or --attn-ratio F times the row's exchanges, each band's\n"
+      "exchange and attention call adding --band-call-us U (default 0; the model's per-message terms are paid again a band\n"
+      "anyway); band(ms): the exchanges the bands leave exposed. --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
 }
 
@@ -886,7 +891,7 @@ void usage_model() {
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
       "                    [--inter-us A] [--inter-GBps BW] [--intra-latency-us L] [--inter-latency-us L] [--copy-GBps BW] [--ranks-per-nic N]\n"
-      "                    [--intra-flow-GBps BW] [--inter-flow-GBps BW] [--attn-TFLOPS T]\n"
+      "                    [--intra-flow-GBps BW] [--inter-flow-GBps BW] [--attn-TFLOPS T] [--attn-ratio F] [--band-call-us U]\n"
       "       ulysses_perf --fit PARAMS.json [--ranks-per-nic N] [--intra-flow-GBps BW] RUN.json [RUN.json ...] [RING.json ...]\n"
       "       ulysses_perf --check PARAMS.json [--rows] RUN.json [RUN.json ...]\n"
       "       ulysses_perf --check-ring PARAMS.json RING.json [RING.json ...]   (bench_ring / bench_ring_mpi JSON)\n"
@@ -1042,6 +1047,8 @@ bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
   else if (a == "--check") o.mode = "check", o.params = ulysses_cli::value(argc, argv, i);
   else if (a == "--check-ring") o.mode = "check_ring", o.params = ulysses_cli::value(argc, argv, i);
   else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
+  else if (a == "--attn-ratio") o.attn_ratio = ulysses_cli::real(argc, argv, i, 0);
+  else if (a == "--band-call-us") o.band_call_us = ulysses_cli::real(argc, argv, i, 0);
   else if (a == "--rows") o.rows = true;
   else if (a == "--params") o.params = ulysses_cli::value(argc, argv, i);
   else if (a == "--params-backend") o.params_backend = ulysses_cli::value(argc, argv, i);
@@ -1390,8 +1397,12 @@ int run_model_mode(const Options& o) {
 #endif
     const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
     const ElementType t = o.type_given ? o.type : ElementType::bfloat16;
+    BandAdvice bands;
+    bands.flops_per_s = o.attn_TFLOPS * 1e12;
+    bands.attention_ratio = o.attn_ratio;
+    bands.overhead = {o.band_call_us * 1e-6, o.band_call_us * 1e-6};
     const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
-                                      o.balanced);
+                                      o.balanced, bands);
     return rc ? rc
               : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
                                                o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);

@@ -11,8 +11,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../error.hpp"
@@ -21,6 +24,7 @@
 #include "../plan/attention.hpp"
 #include "../plan/plan.hpp"
 #include "../topology/mesh.hpp"
+#include "bands.hpp"
 #include "cost.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -42,6 +46,23 @@ struct DegreeChoice {
   double activation_bytes = 0;    ///< a rank's q,k,v,o in both shardings and the workspaces of the two forward exchanges on
                                   ///< the path taken (its busiest rank: a forwarder's on the two-level paths), one layer
   bool fits = true;               ///< activation_bytes within the budget given to advise_degree()
+  BandExchange seq_to_head;       ///< q,k,v seq→head on the path taken, with the part a head band pays again (band_exchange(); 0 for P = 1)
+  BandExchange head_to_seq;       ///< o head→seq on the path taken, likewise
+  /// the forward in head bands (tune/bands.hpp): best_bands() of the exchanges above and the
+  /// attention of the rank's query heads at advise_degree()'s BandAdvice rate, units its local kv
+  /// heads (GQA groups whole); without a rate (BandAdvice::flops_per_s = 0) not priced: bands 1, times 0
+  BandCost bands;
+};
+
+/// What advise_degree() needs to price head bands (DegreeChoice::bands): the attention's rate and
+/// mask, and each call's overhead. The default prices none.
+struct BandAdvice {
+  double flops_per_s = 0;  ///< a rank's achieved attention rate, FLOP/s (AttentionRate, tune/ring_cost.hpp), >= 0; 0: no bands priced
+  /// > 0: the attention takes this times the row's exchanges (seq→head + head→seq seconds)
+  /// instead of its FLOPs at flops_per_s (which must still be > 0 to price bands); >= 0
+  double attention_ratio = 0;
+  bool causal = true;      ///< causal attention (half the pairs)
+  BandOverhead overhead;   ///< seconds each exchange and attention call adds (launch, call)
 };
 
 namespace detail {
@@ -105,7 +126,31 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
   d.intra_bytes = best.qkv.bytes[0] + best.o.bytes[0];
   d.inter_bytes = best.qkv.bytes[1] + best.o.bytes[1];
   d.fits = budget_bytes <= 0 || d.activation_bytes <= budget_bytes;
+  if (P > 1) std::tie(d.seq_to_head, d.head_to_seq) = std::make_pair(band_exchange(best.qkv, model), band_exchange(best.o, model));
   return d;
+}
+
+/// DegreeChoice::bands of `d` (its exchanges priced) for `shape` over S tokens a group: the
+/// attention of the busiest rank's query heads at `b`'s rate, the units the fewest local kv
+/// heads of a rank (a band holds whole GQA groups on every rank).
+inline void degree_bands(DegreeChoice& d, const AttentionShape& shape, std::int64_t S, std::int64_t batch, HeadPolicy policy,
+                         const BandAdvice& b) {
+  const int P = d.ulysses_degree;
+  const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);
+  std::int64_t h = 0, kv = shape.num_kv_heads;
+  for (int r = 0; r < P; ++r) {
+    h = std::max(h, a.query_heads.count(r));
+    kv = std::min(kv, a.kv_heads.count(r));
+  }
+  BandWork w;
+  w.seq_to_head = d.seq_to_head;
+  w.head_to_seq = d.head_to_seq;
+  w.attention_s = b.attention_ratio > 0 ? b.attention_ratio * (d.seq_to_head.seconds + d.head_to_seq.seconds)
+                                        : attention_flops(h, S, shape.head_dim, shape.v_head_dim, batch, b.causal) / b.flops_per_s;
+  w.units = static_cast<int>(std::max<std::int64_t>(1, kv));
+  w.overhead = b.overhead;
+  if (P == 1) w.overhead.exchange_call_s = 0;  // no exchange is called
+  d.bands = best_bands(w);
 }
 }  // namespace detail
 
@@ -130,12 +175,19 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
 /// @param policy the query head split (HeadPolicy::balanced admits any H)
 /// @param budget_bytes per-rank bytes one layer's attention tensors may take (activation_bytes); 0: no limit
 /// @param outer_splits_sequence the outer dimension is context parallel (S / outer tokens a group)
+/// @param bands the attention rate and call overheads to price head bands with (DegreeChoice::bands,
+///        best_bands()); the default prices none. The order of the choices does not depend on it.
 /// @throws Error(invalid_mesh) no feasible degree (the message says why for P = 1);
-///         Error(invalid_shape) seq_len or batch < 1.
+///         Error(invalid_shape) seq_len or batch < 1, a band rate or overhead negative or not finite.
 inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
                                                const CostModel& model, ElementType type = ElementType::bfloat16,
                                                std::int64_t batch = 1, HeadPolicy policy = HeadPolicy::even,
-                                               double budget_bytes = 0, bool outer_splits_sequence = false) {
+                                               double budget_bytes = 0, bool outer_splits_sequence = false,
+                                               const BandAdvice& bands = {}) {
+  for (double v : {bands.flops_per_s, bands.attention_ratio, bands.overhead.exchange_call_s, bands.overhead.attention_call_s})
+    if (!(v >= 0) || !std::isfinite(v))
+      detail::fail(Errc::invalid_shape, "advise_degree: the band attention rate (" + std::to_string(bands.flops_per_s) +
+                                            " FLOP/s), attention ratio and call overheads must be finite and >= 0");
   if (seq_len < 1 || batch < 1)
     detail::fail(Errc::invalid_shape, "advise_degree: seq_len=" + std::to_string(seq_len) + " and batch=" + std::to_string(batch) +
                                           " must be >= 1");
@@ -151,6 +203,7 @@ inline std::vector<DegreeChoice> advise_degree(const AttentionShape& shape, std:
       const std::int64_t S = outer_splits_sequence ? seq_len / mesh.outer_degree() : seq_len;
       if (S < P) continue;  // fewer tokens than ranks
       out.push_back(detail::degree_choice(mesh, shape, S, model, type, batch, policy, budget_bytes));
+      if (bands.flops_per_s > 0) detail::degree_bands(out.back(), shape, S, batch, policy, bands);
     } catch (const Error& e) {
       if (why.empty()) why = e.what();
     }
