@@ -873,7 +873,7 @@ void usage_model() {
       "and the all-gather-kv alternative; msgs: the pieces of a kv block, best_ring_messages(), > 1 only under a per-flow\n"
       "cap: --intra-flow-GBps / --inter-flow-GBps BW, one message's most, 0 = none, the default; --fit fits it from\n"
       "bench_ring_mpi JSON among its files whose bare steps carry a `messages` counter of 1 and more, and keeps the\n"
-      "given value otherwise); bands: the forward of each degree in head bands (tune/bands.hpp, best_bands(): 1 where\n"
+      "given value otherwise); bands: the forward of each degree in head bands (tune/band_cost.hpp, best_bands(): 1 where\n"
       "overlap loses), its attention at --attn-TFLOPS (causal) or --attn-ratio F times the row's exchanges, each band's\n"
       "exchange and attention call adding --band-call-us U (default 0; the model's per-message terms are paid again a band\n"
       "anyway); band(ms): the exchanges the bands leave exposed. --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"

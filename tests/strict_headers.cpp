@@ -12,7 +12,7 @@
 #include <ulysses/tune/advise.hpp>
 #include <ulysses/tune/ring_cost.hpp>
 #include <ulysses/tune/ring_split.hpp>
-#include <ulysses/tune/bands.hpp>
+#include <ulysses/tune/band_cost.hpp>
 #include <ulysses/ring/agreement.hpp>
 #include <ulysses/ring/merge.hpp>
 #include <ulysses/partition/ring.hpp>

@@ -66,8 +66,9 @@ struct ExchangePart {
   StageRange stages;  // resolved: count >= 1
 };
 /// Local: a refusal is told to the peers by the caller's tell_peers_on_failure() (comm/tell_peers.hpp).
-/// The peer copy has no stages: a call of some stages of a plan whose path is direct takes the
-/// message path where the types have it, else the all-to-all-v (the same on every rank).
+/// A call of some stages of a plan whose path is direct runs the peer copy stage by stage with a
+/// host executor; with a device executor (whose uploaded lists are all stages at once) it takes
+/// the message path where the types have it, else the all-to-all-v (the same on every rank).
 /// @throws Error(invalid_shape) a stage range outside [0, plan.num_stages()); what check_comm(),
 ///         check_streams(), choose_path() and bind_table() throw.
 template <class Comm, class Exec>
@@ -81,7 +82,7 @@ ExchangePart bind_part(const Plan& plan, Direction dir, Comm& comm, const Exec& 
     fail(Errc::invalid_shape, std::string(call_name(dir)) + ": stages [" + std::to_string(stages.first) + ", " +
                                   std::to_string(stages.first + count) + ") are not a run of the plan's " + std::to_string(K) + " stages");
   Path path = choose_path<Comm, Exec>(plan);
-  if (path == Path::direct && count < K)
+  if (path == Path::direct && count < K && !executor_traits<Exec>::runs_on_host)
     path = PathSupport<Comm, Exec>::messages && plan.options().messages_enabled() ? Path::messages : Path::alltoallv;
   return {&plan, dir, path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes()), {stages.first, count}};
 }
@@ -175,11 +176,12 @@ void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const Buffe
 /// and kept in the communicator's ExchangeState (allocation, once).
 /// @pre `buffers` from bind_buffers() (or with no workspace); PathSupport<Comm, Exec>::direct.
 /// @throws as stage_exchange(); Error(plan_mismatch) when a peer's layouts do not fit this rank's plan.
+/// @param stage -1: every stage at once; else that stage alone (a head band; a host executor).
 template <class Comm, class Exec>
-void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const BufferTable& buffers) {
+void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const BufferTable& buffers, int stage = -1) {
   static_assert(PathSupport<Comm, Exec>::direct, "exchange_direct needs with_peers(), allgather() and an executor of the same memory");
   detail::before_exchange(plan, comm);
-  PeerCopyTransport::exchange(plan, dir, comm, exec, buffers);
+  PeerCopyTransport::exchange(plan, dir, comm, exec, buffers, stage);
 }
 
 /// Redistributes the plan's tensors in direction `dir` over the path choose_path() gives (see
@@ -210,7 +212,11 @@ namespace detail {
 template <class Comm, class Exec>
 void run_part(const ExchangePart& p, Comm& comm, Exec& exec) {
   if constexpr (PathSupport<Comm, Exec>::direct) {
-    if (p.path == Path::direct) return exchange_direct(*p.plan, p.dir, comm, exec, p.table);
+    if (p.path == Path::direct && p.stages.count == p.plan->num_stages()) return exchange_direct(*p.plan, p.dir, comm, exec, p.table);
+    if (p.path == Path::direct) {
+      for (int k = p.stages.first; k < p.stages.first + p.stages.count; ++k) exchange_direct(*p.plan, p.dir, comm, exec, p.table, k);
+      return;
+    }
   }
   for (int k = p.stages.first; k < p.stages.first + p.stages.count; ++k) {
     run_list(exec, pack_list(*p.plan, p.dir, p.path, k), p.table);

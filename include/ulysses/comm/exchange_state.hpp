@@ -32,6 +32,9 @@ struct PeerCopyLists {
   /// rank p (this rank included), in tiles of tokens (each tile's source read once from memory,
   /// then from cache for the other peers). The same element mapping as list[0].
   std::vector<BlockCopy> push_seq_to_head;
+  /// [Direction][stage]: the pulled list of one stage alone (a plan of several stages: its head
+  /// bands, HeadBands), the heads of that stage of list[d]; empty for a plan of one stage.
+  std::vector<std::vector<BlockCopy>> stage_list[2];
   /// A hash of every rank's layouts (its LayoutRecord) the lists were built from, in rank order
   /// (empty when not known): every exchange checks that the peers still hold these layouts.
   std::vector<std::uint64_t> layouts;

@@ -49,21 +49,25 @@ inline Layout rank_layout(const Plan& plan, const LayoutRecord* all, int q, int 
 /// so the order changes no bit).
 /// @param reader whose list (-1: this rank's; another rank's list is built from its record, the
 ///        same blocks that rank builds) @param source only the blocks reading rank source's input (-1: all)
+/// @param stage only the heads of this stage (the rank's wire heads of it, wire_heads(); -1: all)
 inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out, int reader = -1,
-                                  int source = -1) {
+                                  int source = -1, int stage = -1) {
   const TensorSpec& x = plan.tensor(t);
   const int me = reader < 0 ? plan.rank() : reader;
   const Layout hl = rank_layout(plan, all, me, t, false);
-  const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), hb = x.heads.begin(me), n = x.heads.count(me);
+  const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), hb = x.heads.begin(me);
+  const std::vector<HeadRun> runs = stage < 0 ? std::vector<HeadRun>{{hb, x.heads.end(me)}}
+                                              : wire_heads(x.heads, me, WireHeads::held, stage, plan.stage_cut(t));
   for (int i = 0; i < plan.degree(); ++i) {
     const int p = (me + i) % plan.degree();
     if (source >= 0 && p != source) continue;
     const Layout lp = peer_layout(plan, all, p, t, true);
-    for (const SeqChunk& c : plan.seq().chunks_of(p)) {
-      const std::int64_t ext[4] = {plan.batch(), c.length, n, x.head_dim};
-      add_block(out, ext, e, BufferIndex::peer_input(p, t), lp.offset(0, c.local_offset, hb, 0) * e, lp.stride, BufferIndex::output(t),
-                hl.offset(0, c.offset, 0, 0) * e, hl.stride);
-    }
+    for (const SeqChunk& c : plan.seq().chunks_of(p))
+      for (const HeadRun& h : runs) {
+        const std::int64_t ext[4] = {plan.batch(), c.length, h.size(), x.head_dim};
+        add_block(out, ext, e, BufferIndex::peer_input(p, t), lp.offset(0, c.local_offset, h.lo, 0) * e, lp.stride, BufferIndex::output(t),
+                  hl.offset(0, c.offset, h.lo - hb, 0) * e, hl.stride);
+      }
   }
 }
 
@@ -107,15 +111,18 @@ inline void peer_push_seq_to_head(const Plan& plan, const LayoutRecord* all, int
 /// summed over its holders in ascending rank order; one run of heads with the same holders at a time.
 /// @param reader, source as peer_copy_seq_to_head() (with `source`, a sum keeps only its terms
 ///        reading that rank's input: for measuring reads, not for running)
+/// @param stage only the heads head→seq moves in this stage (stage_heads(); -1: all)
 inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int t, std::vector<BlockCopy>& out, int reader = -1,
-                                  int source = -1) {
+                                  int source = -1, int stage = -1) {
   const TensorSpec& x = plan.tensor(t);
   const HeadPartition& hp = x.heads;
   const int me = reader < 0 ? plan.rank() : reader;
   const Layout sl = rank_layout(plan, all, me, t, true);
   const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes);
-  for (std::int64_t a = 0; a < hp.num_heads();) {
-    const HeadRun run = same_holders(hp, a, hp.num_heads());
+  const std::vector<HeadRun> runs = stage < 0 ? std::vector<HeadRun>{{0, hp.num_heads()}} : stage_heads(hp, stage, plan.stage_cut(t));
+  for (const HeadRun& stage_run : runs)
+  for (std::int64_t a = stage_run.lo; a < stage_run.hi;) {
+    const HeadRun run = same_holders(hp, a, stage_run.hi);
     const auto [first, last] = hp.holders(a);
     const int n = plan.sums_replicas(t) ? last - first : 1;
     std::vector<Layout> lq;
@@ -147,7 +154,8 @@ inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int
 }
 }  // namespace detail
 
-/// The peer copy's lists of `plan` (see PeerCopyLists: per direction, all stages at once) from
+/// The peer copy's lists of `plan` (see PeerCopyLists: per direction, all stages at once, and
+/// for a plan of several stages each stage's, the head bands one by one) from
 /// every rank's Plan::layout_record(): `all` holds P of them, in rank order. seq→head copies this
 /// rank's heads of every rank's tokens from that rank's seq-sharded input; head→seq copies every
 /// head of this rank's tokens from its owner, or sums it over its holders in ascending rank order
@@ -161,6 +169,15 @@ inline PeerCopyLists peer_copy_lists(const Plan& plan, const LayoutRecord* all) 
     detail::peer_copy_seq_to_head(plan, all, t, lists.list[0]);
     detail::peer_push_seq_to_head(plan, all, t, lists.push_seq_to_head);
     detail::peer_copy_head_to_seq(plan, all, t, lists.list[1]);
+  }
+  for (int d = 0; d < 2 && plan.num_stages() > 1; ++d) {
+    lists.stage_list[d].resize(static_cast<std::size_t>(plan.num_stages()));
+    for (int k = 0; k < plan.num_stages(); ++k)
+      for (int t = 0; t < plan.num_tensors(); ++t) {
+        std::vector<BlockCopy>& l = lists.stage_list[d][static_cast<std::size_t>(k)];
+        if (d == 0) detail::peer_copy_seq_to_head(plan, all, t, l, -1, -1, k);
+        else detail::peer_copy_head_to_seq(plan, all, t, l, -1, -1, k);
+      }
   }
   return lists;
 }

@@ -109,6 +109,9 @@ class Plan : private detail::PlanFields {
   /// The query tensor tensor t serves (GQA pairing, resolved from TensorSpec::serves), or
   /// TensorSpec::kNone.
   int serves(int t) const { return serves_.at(detail::at(t)); }
+  /// How the stages take tensor t's heads (StageCut, partition/heads.hpp): under
+  /// PlanOptions::head_bands a kv tensor follows the query tensor it serves.
+  StageCut stage_cut(int t) const { return detail::PlanFields::stage_cut(t); }
   using detail::PlanFields::sums_replicas;  ///< True when head→seq sums tensor t's replicated heads (they overlap, Replicas::sum)
   /// The first tensor whose replicated heads head→seq takes from their owner (Replicas::owner
   /// with overlapping ranges), or -1 when there is none: then seq→head and head→seq are each

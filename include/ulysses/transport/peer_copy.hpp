@@ -227,8 +227,8 @@ struct PeerCopyWork {
 /// process, or MpiWindowComm with every rank's outputs in the window) with a host executor,
 /// seq→head pushes instead: each rank reads its own rows in order and writes every peer's heads
 /// into that peer's output (PeerCopyLists::push_seq_to_head); head→seq and its sums always pull.
-/// The peer copy transport (see the file comment). It has no stages: exchange() runs every
-/// stage's share at once.
+/// The peer copy transport (see the file comment). It has no stages of its own: exchange() runs
+/// every stage's share at once, or one stage's alone (a head band).
 struct PeerCopyTransport {
   static constexpr Path path = Path::direct;  ///< the Path it serves
   /// with_peers() and allgather() on the communicator, the executor's memory the communicator's,
@@ -290,18 +290,20 @@ struct PeerCopyTransport {
   template <class Comm, class Exec>
   static constexpr bool pushes = comm_traits<Comm>::peer_outputs && executor_traits<Exec>::runs_on_host;
 
-  /// The peer copy of direction d, all stages at once, between two synchronisations of the group
-  /// (with_peers(): no rank reads a peer's input or writes a peer's output before the peer has
-  /// published it, and none returns while a peer may still read its input or write its output).
-  /// @pre the cross-rank check is done; supported<Comm, Exec>.
+  /// The peer copy of direction d, all stages at once (or stage `stage` alone: a head band),
+  /// between two synchronisations of the group (with_peers(): no rank reads a peer's input or
+  /// writes a peer's output before the peer has published it, and none returns while a peer may
+  /// still read its input or write its output). A stage alone pulls (PeerCopyLists::stage_list).
+  /// @pre the cross-rank check is done; supported<Comm, Exec>; a stage alone: a host executor.
   /// @throws Error(plan_mismatch) when a peer's layouts do not fit this rank's plan; the
   ///         communicator's and executor's errors.
   template <class Comm, class Exec>
-  static void exchange(const Plan& plan, Direction d, Comm& comm, Exec& exec, const BufferTable& t) {
+  static void exchange(const Plan& plan, Direction d, Comm& comm, Exec& exec, const BufferTable& t, int stage = -1) {
     PeerCopyLists local;
     const PeerCopyLists& l = lists(plan, comm, local);
-    const bool push = pushes<Comm, Exec> && d == Direction::seq_to_head;
-    const std::vector<BlockCopy>& list = l.list[static_cast<int>(d)];
+    const bool whole = stage < 0 || plan.num_stages() == 1;
+    const bool push = pushes<Comm, Exec> && d == Direction::seq_to_head && whole;
+    const std::vector<BlockCopy>& list = whole ? l.list[static_cast<int>(d)] : l.stage_list[static_cast<int>(d)].at(static_cast<std::size_t>(stage));
     if constexpr (executor_traits<Exec>::prepare_direct) {
       const std::vector<BlockCopy>& s2h = l.list[0];
       const std::vector<BlockCopy>& h2s = l.list[1];

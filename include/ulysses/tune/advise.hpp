@@ -24,7 +24,7 @@
 #include "../plan/attention.hpp"
 #include "../plan/plan.hpp"
 #include "../topology/mesh.hpp"
-#include "bands.hpp"
+#include "band_cost.hpp"
 #include "cost.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -48,9 +48,9 @@ struct DegreeChoice {
   bool fits = true;               ///< activation_bytes within the budget given to advise_degree()
   BandExchange seq_to_head;       ///< q,k,v seq→head on the path taken, with the part a head band pays again (band_exchange(); 0 for P = 1)
   BandExchange head_to_seq;       ///< o head→seq on the path taken, likewise
-  /// the forward in head bands (tune/bands.hpp): best_bands() of the exchanges above and the
-  /// attention of the rank's query heads at advise_degree()'s BandAdvice rate, units its local kv
-  /// heads (GQA groups whole); without a rate (BandAdvice::flops_per_s = 0) not priced: bands 1, times 0
+  /// the forward in head bands (tune/band_cost.hpp): best_bands() of the exchanges above and the
+  /// attention of the rank's query heads at advise_degree()'s BandAdvice rate, units its local
+  /// query heads (HeadBands); without a rate (BandAdvice::flops_per_s = 0) not priced: bands 1, times 0
   BandCost bands;
 };
 
@@ -131,23 +131,24 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
 }
 
 /// DegreeChoice::bands of `d` (its exchanges priced) for `shape` over S tokens a group: the
-/// attention of the busiest rank's query heads at `b`'s rate, the units the fewest local kv
-/// heads of a rank (a band holds whole GQA groups on every rank).
+/// attention of the busiest rank's query heads at `b`'s rate, the units the fewest local query
+/// heads of a rank (HeadBands, bands.hpp: a band is a run of each rank's query heads; the kv
+/// heads they use travel with the first band that uses them).
 inline void degree_bands(DegreeChoice& d, const AttentionShape& shape, std::int64_t S, std::int64_t batch, HeadPolicy policy,
                          const BandAdvice& b) {
   const int P = d.ulysses_degree;
   const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);
-  std::int64_t h = 0, kv = shape.num_kv_heads;
+  std::int64_t h = 0, fewest = shape.num_heads;
   for (int r = 0; r < P; ++r) {
     h = std::max(h, a.query_heads.count(r));
-    kv = std::min(kv, a.kv_heads.count(r));
+    fewest = std::min(fewest, a.query_heads.count(r));
   }
   BandWork w;
   w.seq_to_head = d.seq_to_head;
   w.head_to_seq = d.head_to_seq;
   w.attention_s = b.attention_ratio > 0 ? b.attention_ratio * (d.seq_to_head.seconds + d.head_to_seq.seconds)
                                         : attention_flops(h, S, shape.head_dim, shape.v_head_dim, batch, b.causal) / b.flops_per_s;
-  w.units = static_cast<int>(std::max<std::int64_t>(1, kv));
+  w.units = static_cast<int>(std::max<std::int64_t>(1, fewest));
   w.overhead = b.overhead;
   if (P == 1) w.overhead.exchange_call_s = 0;  // no exchange is called
   d.bands = best_bands(w);

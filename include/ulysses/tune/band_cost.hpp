@@ -47,8 +47,9 @@ struct BandWork {
   BandExchange seq_to_head;  ///< forward: q, k, v seq→head; backward: dO seq→head
   BandExchange head_to_seq;  ///< forward: o head→seq; backward: dq, dk, dv head→seq (sums)
   double attention_s = 0;    ///< the pass's whole attention on this rank (G = 1, no call overhead), seconds, >= 0
-  /// the units the bands are made of: a rank's local kv heads, each with its query heads (GQA
-  /// groups whole; the local heads themselves without GQA); >= 1. G runs over [1, units].
+  /// the units the bands are made of: a rank's local query heads (HeadBands, bands.hpp: a band is a
+  /// run of each rank's query heads; the kv heads they use travel with the first band that uses
+  /// them, which the model spreads with the query heads); >= 1. G runs over [1, units].
   int units = 1;
   BandOverhead overhead;       ///< each call's fixed cost
   /// the transport needs the compute the attention runs on (an in-process group's or shared
@@ -75,7 +76,7 @@ struct BandCost {
 inline std::vector<int> band_units(int units, int G) {
   if (units < 1 || G < 1 || G > units)
     detail::fail(Errc::invalid_shape, "band_units: G=" + std::to_string(G) + " bands of units=" + std::to_string(units) +
-                                          " (need units >= 1 and 1 <= G <= units: GQA groups stay whole)");
+                                          " (need units >= 1 and 1 <= G <= units: a band holds at least one query head)");
   std::vector<int> u(static_cast<std::size_t>(G), units / G);
   for (int g = 0; g < units % G; ++g) ++u[static_cast<std::size_t>(g)];
   return u;

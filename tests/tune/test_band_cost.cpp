@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// tune/bands.hpp: head bands overlapping the exchanges with the attention. Every expected time
+// tune/band_cost.hpp: head bands overlapping the exchanges with the attention. Every expected time
 // below is computed by hand from the pipeline's schedule (the link runs in_0; while attention g
 // runs, in_{g+1} then out_{g-1}; then out_{G-1}); times are binary fractions, so exact.
 #include <doctest/doctest.h>
 
 #include <ulysses/tune/advise.hpp>
-#include <ulysses/tune/bands.hpp>
+#include <ulysses/tune/band_cost.hpp>
 
 #include "expect_error.hpp"
 
@@ -204,7 +204,7 @@ TEST_CASE("band_cost / best_bands: argument errors are Error(invalid_shape)") {
 
 TEST_CASE("advise_degree: DegreeChoice::bands, the forward in head bands at the BandAdvice rate") {
   // H = Hkv = 8, D = 2, S = 64 on 2 ranks of one node, 1 GB/s and nothing else: at P = 2 a rank
-  // holds 4 kv heads (4 units); at 1e6 FLOP/s the attention dwarfs the exchanges (compute-bound):
+  // holds 4 query heads (4 units); at 1e6 FLOP/s the attention dwarfs the exchanges (compute-bound):
   // G = 4, in/4 + A + out/4.
   CostModel m;
   m.intra = LinkCost::of(0, 1);
