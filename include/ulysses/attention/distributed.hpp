@@ -55,7 +55,8 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
     const RingWork& w = p.work(s);
     if (w.empty()) return;
     AttentionStep a = attention_step(p, s, j, q_h, block);
-    a.out = pout, a.lse = plse;
+    a.out = pout;
+    a.lse = plse;
     const RingMergeShape part{p.batch(), w.q_len, p.query_heads(), p.specs().v.head_dim};
     std::memset(pout, 0, static_cast<std::size_t>(part.out_elems()) * p.specs().q.elem_bytes);
     for (std::int64_t i = 0; i < part.lse_elems(); ++i) plse[i] = -INFINITY;

@@ -134,7 +134,10 @@ class DistributedAttentionPlan {
     std::int64_t at = 0;  // ring-local row of the chunk's first token
     for (const SeqChunk& c : chunks_.at(static_cast<std::size_t>(j))) {
       const std::int64_t lo = std::max(begin, at), hi = std::min(begin + len, at + c.length);
-      if (hi > lo && t.count < 2) t.begin[t.count] = c.offset + (lo - at), t.length[t.count++] = hi - lo;
+      if (hi > lo && t.count < 2) {
+        t.begin[t.count] = c.offset + (lo - at);
+        t.length[t.count++] = hi - lo;
+      }
       at += c.length;
     }
     return t;
@@ -164,7 +167,9 @@ class DistributedAttentionPlan {
     return o;
   }
   void init(std::int64_t L) {
-    L_ = L, Hq_ = specs_.query_heads.count(u_), Hk_ = specs_.kv_heads.count(u_);
+    L_ = L;
+    Hq_ = specs_.query_heads.count(u_);
+    Hk_ = specs_.kv_heads.count(u_);
     const ElementType t = specs_.q.type;
     for (const TensorSpec* s : {&specs_.k, &specs_.v, &specs_.o})
       if (s->type != t || !mergeable(t))
@@ -181,11 +186,16 @@ class DistributedAttentionPlan {
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
     const std::size_t D = n(specs_.q.head_dim), Dv = n(specs_.v.head_dim), rows = n(B_ * L_), Hq = n(Hq_), Hk = n(Hk_);
     std::size_t kvmax = rows * Hk * (D + Dv) * eb, gmax = rows * Hk * (D + Dv) * f;
-    if (ring_) kvmax = ring_->kv_buffer_bytes(), gmax = ring_->grad_buffer_bytes();
+    if (ring_) {
+      kvmax = ring_->kv_buffer_bytes();
+      gmax = ring_->grad_buffer_bytes();
+    }
     const bool R = steps() > 1;
     const std::size_t ws = std::max(qkv_.workspace_bytes(), out_.workspace_bytes());
-    regions_.saved[0] = rows * Hq * D * eb, regions_.saved[1] = rows * Hk * (D + Dv) * eb;
-    regions_.saved[2] = rows * Hq * Dv * eb, regions_.saved[3] = rows * Hq * f;
+    regions_.saved[0] = rows * Hq * D * eb;
+    regions_.saved[1] = rows * Hk * (D + Dv) * eb;
+    regions_.saved[2] = rows * Hq * Dv * eb;
+    regions_.saved[3] = rows * Hq * f;
     const std::size_t fwd[6] = {R ? kvmax : 0, R ? kvmax : 0, rows * Hq * Dv * f, rows * Hq * Dv * eb, rows * Hq * f, ws};
     std::copy(fwd, fwd + 6, regions_.fwd);
     const std::size_t bwd[10] = {rows * Hq * Dv * eb, R ? kvmax : 0, R ? kvmax : 0, gmax, R ? gmax : 0, rows * Hq * D * f,

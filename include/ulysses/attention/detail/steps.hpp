@@ -79,15 +79,30 @@ inline AttentionStep attention_step(const DistributedAttentionPlan& p, int s, in
   const std::int64_t L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
   const auto eb = static_cast<std::int64_t>(p.specs().q.elem_bytes);
   AttentionStep a;
-  a.step = s, a.steps = p.steps(), a.source = w.source, a.work = w, a.mask = w.mask;
-  a.type = p.element_type(), a.elem_bytes = p.specs().q.elem_bytes, a.batch = p.batch();
-  a.q_len = w.q_len, a.kv_len = w.kv_len, a.head_dim = D, a.v_head_dim = Dv, a.softmax_scale = p.softmax_scale();
+  a.step = s;
+  a.steps = p.steps();
+  a.source = w.source;
+  a.work = w;
+  a.mask = w.mask;
+  a.type = p.element_type();
+  a.elem_bytes = p.specs().q.elem_bytes;
+  a.batch = p.batch();
+  a.q_len = w.q_len;
+  a.kv_len = w.kv_len;
+  a.head_dim = D;
+  a.v_head_dim = Dv;
+  a.softmax_scale = p.softmax_scale();
   a.heads = p.heads();
-  a.q_tokens = p.token_ranges(j, w.q_begin, w.q_len), a.kv_tokens = p.token_ranges(w.source, w.kv_begin, w.kv_len);
-  a.q = q_h + w.q_begin * Hq * D * eb, a.q_stride = {L * Hq * D, Hq * D, D};
-  a.k = block + w.kv_begin * Hk * D * eb, a.k_stride = {w.L_kv * Hk * D, Hk * D, D};
-  a.v = block + (p.batch() * w.L_kv * Hk * D + w.kv_begin * Hk * Dv) * eb, a.v_stride = {w.L_kv * Hk * Dv, Hk * Dv, Dv};
-  a.out_stride = {w.q_len * Hq * Dv, Hq * Dv, Dv}, a.lse_stride = {Hq * w.q_len, w.q_len};
+  a.q_tokens = p.token_ranges(j, w.q_begin, w.q_len);
+  a.kv_tokens = p.token_ranges(w.source, w.kv_begin, w.kv_len);
+  a.q = q_h + w.q_begin * Hq * D * eb;
+  a.q_stride = {L * Hq * D, Hq * D, D};
+  a.k = block + w.kv_begin * Hk * D * eb;
+  a.k_stride = {w.L_kv * Hk * D, Hk * D, D};
+  a.v = block + (p.batch() * w.L_kv * Hk * D + w.kv_begin * Hk * Dv) * eb;
+  a.v_stride = {w.L_kv * Hk * Dv, Hk * Dv, Dv};
+  a.out_stride = {w.q_len * Hq * Dv, Hq * Dv, Dv};
+  a.lse_stride = {Hq * w.q_len, w.q_len};
   return a;
 }
 
