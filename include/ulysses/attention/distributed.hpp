@@ -99,7 +99,9 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 ///         communicator of another size, locally; plan_mismatch on every rank of the block);
 ///         what seq_to_head(), head_to_seq() and the rotation throw; what `attention` throws. Any
 ///         error after the check breaks both groups first (their abort()), so that the peers
-///         throw Error(aborted) naming this rank at once instead of waiting out their deadline.
+///         throw Error(aborted) naming this rank at once instead of waiting out their deadline
+///         (in this call where what is left of it waits on a broken group, else at their next
+///         call on these communicators).
 template <class UlyssesComm, class RingComm, class Attention>
 void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, const QkvIn& qkv, ByteSpan out,
                            Attention&& attention, ByteSpan saved, Workspace workspace) {
