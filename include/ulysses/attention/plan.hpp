@@ -70,8 +70,7 @@ class AttentionCarve {
 /// One rank's plan of a distributed attention layer (see the file comment). Immutable; every rank
 /// makes its own from the same inputs. Head-sharded tensors are bshd contiguous: q [B, L, H_u, D],
 /// k [B, L, Hkv_u, D], v [B, L, Hkv_u, Dv], o [B, L, H_u, Dv] (L: the ring group's tokens, S for
-/// plain Ulysses); seq-sharded ones are in the Ulysses plans' format (bshd unless
-/// DistributedAttentionOptions::plan says otherwise is not supported: bshd).
+/// plain Ulysses); seq-sharded ones [B, S_w, H|Hkv, D|Dv] bshd too (the plans' Format::bshd).
 /// Sources: DeepSpeed's DistributedAttention (seq→head, local attention, head→seq), yunchang's
 /// LongContextAttention (Ulysses × Ring), zhuzilin's ring-flash-attention (the step loop, the LSE merge).
 class DistributedAttentionPlan {
