@@ -4,7 +4,8 @@
 // Ulysses ranks; causal zigzag and non-causal; uneven S; B = 2), forward and backward, through the
 // example's fp32 kernels (examples/common/ring_attention.hpp): the same bits as the hand-written
 // driver it replaced, within 2e-5 of the double-precision reference, the same bits between
-// equivalent configurations; the step the kernel sees; and the errors (communicator sizes, a
+// equivalent configurations; bfloat16 (the kernel on widened views) within bf16 rounding of the
+// reference; the step the kernel sees; and the errors (communicator sizes, a
 // mismatched configuration, a short span or a kernel that throws on one rank: a coded error on
 // every rank, no hang).
 #include <doctest/doctest.h>
@@ -311,5 +312,110 @@ TEST_CASE("errors: a short span or a kernel that throws on one rank is a coded e
       CHECK(r[static_cast<std::size_t>(w)].first == want);
     }
     CHECK(ms < 10000);  // the peers heard at once (the groups' deadline is 30 s)
+  }
+}
+
+namespace {
+struct bf16 {
+  std::uint16_t bits;
+};
+float to_float(bf16 x) {
+  const std::uint32_t u = std::uint32_t{x.bits} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+bf16 to_bf16(float f) {  // to nearest, ties to even (finite inputs)
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return {static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+/// A bf16 view [B, rows, heads, dim] at its strides, as an fp32 contiguous copy (strides back in `st`).
+std::vector<float> widen(const void* p, AttentionStrides& st, std::int64_t B, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  std::vector<float> x;
+  const auto* b16 = static_cast<const bf16*>(p);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t d = 0; d < dim; ++d) x.push_back(to_float(b16[b * st.batch + i * st.row + h * st.head + d]));
+  st = {rows * heads * dim, heads * dim, dim};
+  return x;
+}
+/// The example's fp32 kernel on a bf16 step: q, k, v widened, out rounded once to bf16.
+void bf16_attention(const AttentionStep& st) {
+  AttentionStep f = st;
+  const std::int64_t B = st.batch, Hq = st.heads.q_count, Hk = st.heads.kv_count;
+  const std::vector<float> q = widen(st.q, f.q_stride, B, st.q_len, Hq, st.head_dim), k = widen(st.k, f.k_stride, B, st.kv_len, Hk, st.head_dim),
+                           v = widen(st.v, f.v_stride, B, st.kv_len, Hk, st.v_head_dim);
+  std::vector<float> o(static_cast<std::size_t>(B * st.q_len * Hq * st.v_head_dim), 0.0f);
+  f.q = q.data(), f.k = k.data(), f.v = v.data(), f.out = o.data();
+  f.out_stride = {st.q_len * Hq * st.v_head_dim, Hq * st.v_head_dim, st.v_head_dim};
+  rd::step_attention(f);
+  auto* out = static_cast<bf16*>(st.out);
+  for (std::int64_t b = 0, e = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < st.q_len; ++i)
+      for (std::int64_t h = 0; h < Hq; ++h)
+        for (std::int64_t d = 0; d < st.v_head_dim; ++d) out[b * st.out_stride.batch + i * st.out_stride.row + h * st.out_stride.head + d] = to_bf16(o[std::size_t(e++)]);
+}
+/// The example's fp32 backward on a bf16 step (the partials are fp32 already).
+void bf16_backward(const AttentionGradStep& g) {
+  AttentionGradStep f = g;
+  const AttentionStep& st = g.fwd;
+  const std::int64_t B = st.batch, Hq = st.heads.q_count, Hk = st.heads.kv_count;
+  const std::vector<float> q = widen(st.q, f.fwd.q_stride, B, st.q_len, Hq, st.head_dim), k = widen(st.k, f.fwd.k_stride, B, st.kv_len, Hk, st.head_dim),
+                           v = widen(st.v, f.fwd.v_stride, B, st.kv_len, Hk, st.v_head_dim);
+  AttentionStrides os = g.o_stride;
+  const std::vector<float> o = widen(g.o, os, B, st.q_len, Hq, st.v_head_dim), dout = widen(g.dout, f.o_stride, B, st.q_len, Hq, st.v_head_dim);
+  f.fwd.q = q.data(), f.fwd.k = k.data(), f.fwd.v = v.data(), f.o = o.data(), f.dout = dout.data();
+  rd::step_backward(f);
+}
+}  // namespace
+
+TEST_CASE("bfloat16: U x R = 2 x 2 causal zigzag, MQA, B = 2, forward and backward, within bf16 rounding of the double reference") {
+  for (auto [U, R] : {std::pair{2, 2}, {4, 1}}) {
+    rd::RingCase c = ring_case({U, R, 22, 4, 1, 2, true});
+    rd::RingGlobals g(c);
+    for (auto* x : {&g.q, &g.k, &g.v, &g.dout})
+      for (float& e : *x) e = to_float(to_bf16(e));  // the inputs as bf16 hold them
+    const rd::RingReference ref(c, g, true);
+    rd::RingErrors err;
+    std::mutex m;
+    LocalMesh(U, R, std::chrono::seconds(60)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm& rc) {
+      const RingPartition part(c.S, c.U, c.R, c.layout);
+      const AttentionSpecs specs = attention_specs<bf16>(c.U, {c.H, c.Hkv, c.D, c.Dv}, ElementType::bfloat16);
+      const DistributedAttentionPlan plan(RingPlan(part, Mesh(U * R, U, R, U * R), w, c.B, specs, true));
+      const SeqPartition world = part.seq_partition();
+      auto shard = [&](const std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) {
+        std::vector<bf16> s;
+        for (float e : rd::ring_shard(c, world, w, x, Hx, Dx)) s.push_back(to_bf16(e));
+        return s;
+      };
+      const auto q = shard(g.q, c.H, c.D), k = shard(g.k, c.Hkv, c.D), v = shard(g.v, c.Hkv, c.Dv), dos = shard(g.dout, c.H, c.Dv);
+      std::vector<bf16> o(dos.size()), dq(q.size()), dk(k.size()), dv(v.size());
+      std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
+      distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(o), bf16_attention, saved, ws);
+      distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(dq).dk(dk).dv(dv), bf16_backward, saved, ws);
+      rd::RingRankResult rr;
+      auto wide = [](const std::vector<bf16>& x) {
+        std::vector<float> f;
+        for (bf16 e : x) f.push_back(to_float(e));
+        return f;
+      };
+      rr.out = wide(o), rr.dq = wide(dq), rr.dk = wide(dk), rr.dv = wide(dv);
+      const float* lse = plan.saved_lse(saved);
+      rr.lse.assign(lse, lse + c.B * plan.query_heads() * plan.tokens());
+      rr.h0 = specs.query_heads.begin(w % U), rr.Hq = plan.query_heads(), rr.L = plan.tokens();
+      for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(part.ring_token(w / U, i));
+      const rd::RingErrors e = rd::rank_errors(c, ref, w, rr);
+      std::lock_guard<std::mutex> lock(m);
+      err.max_with(e);
+    });
+    INFO("U=" << U << " R=" << R << ": o " << err.out << ", lse " << err.lse << ", dq " << err.dq << ", dk " << err.dk << ", dv " << err.dv);
+    CHECK(err.out < 2e-2);
+    CHECK(err.lse < 1e-4);  // fp32 from bf16 inputs: only the partials' rounding
+    CHECK(err.dq < 2e-2);
+    CHECK(err.dk < 2e-2);
+    CHECK(err.dv < 2e-2);
+    CHECK(err.max() > 0);  // (bf16 did round)
   }
 }
