@@ -93,7 +93,8 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 ///                  (natural log) from the step's q, k, v views (attention/step.hpp)
 /// @param saved     plan.saved_bytes(): head-sharded q, k|v, the merged o and LSE, for the backward
 /// @param workspace plan.forward_workspace_bytes() of scratch
-/// Host memory (HostExecutor); allocates nothing beyond the rotation's worker thread (thread progress).
+/// Host memory (HostExecutor). No tensor-sized allocation beyond the spans: a call makes its ring
+/// rotation (lists of R entries; with thread progress its worker thread) and the check's small records.
 /// @throws Error(buffer_too_small) `saved` too small, Error(workspace_too_small) the workspace
 ///         (both before any collective); what check_ring_config() throws (comm_mismatch: a
 ///         communicator of another size, locally; plan_mismatch on every rank of the block);
