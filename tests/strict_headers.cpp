@@ -19,6 +19,7 @@
 #include <ulysses/transport/ring_step.hpp>
 #include <ulysses/ring/rotation.hpp>
 #include <ulysses/ring/schedule.hpp>
+#include <ulysses/attention/distributed.hpp>
 #ifdef ULYSSES_STRICT_MPI
 #include <ulysses/ring/mpi_mesh.hpp>
 #include <ulysses/comm/mpi.hpp>
@@ -35,6 +36,18 @@ template class ulysses::RingRotation<ulysses::LocalGroup::Comm>;
 template class ulysses::RingGradRotation<ulysses::LocalGroup::Comm>;
 template void ulysses::check_ring_config(const ulysses::RingConfig&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&);
 template void ulysses::check_ring_config(const ulysses::Plan&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&);
+// The distributed attention, both overloads of each direction, under the strict flags.
+using StrictAttn = void (*)(const ulysses::AttentionStep&);
+using StrictGrad = void (*)(const ulysses::AttentionGradStep&);
+template void ulysses::distributed_attention(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&,
+                                             const ulysses::QkvIn&, ulysses::ByteSpan, StrictAttn&&, ulysses::ByteSpan, ulysses::Workspace);
+template void ulysses::distributed_attention(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&, const ulysses::QkvIn&,
+                                             ulysses::ByteSpan, StrictAttn&&, ulysses::ByteSpan, ulysses::Workspace);
+template void ulysses::distributed_attention_backward(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&,
+                                                      ulysses::LocalGroup::Comm&, ulysses::ConstByteSpan, const ulysses::QkvGradOut&, StrictGrad&&,
+                                                      ulysses::ConstByteSpan, ulysses::Workspace);
+template void ulysses::distributed_attention_backward(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&, ulysses::ConstByteSpan,
+                                                      const ulysses::QkvGradOut&, StrictGrad&&, ulysses::ConstByteSpan, ulysses::Workspace);
 
 namespace {
 

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // The whole attention through Ulysses × Ring, shared by the demo (ulysses_attention --ring R) and
-// the tests (test_ring_attention.cpp in-process, test_ring_mpi.cpp under mpiexec): a
-// double-precision single-rank attention (forward and backward, the reference), a small fp32
-// "engine" attention of one ring step (the kernel an engine would run on RingWork), and one rank of
-// the hybrid over any pair of communicators (ring_rank_attention(): the configuration check,
-// seq→head inside the ring group, R ring steps through RingRotation / RingGradRotation, the LSE
-// merge in step order, head→seq, and the summed inverse in the backward); run_ring_attention()
-// runs P = U·R of them on threads, a LocalGroup per Ulysses group and per ring.
+// the tests (test_ring_attention.cpp in-process, test_ring_mpi.cpp under mpiexec,
+// test_distributed_attention.cpp): a double-precision single-rank attention (forward and
+// backward, the reference), a small fp32 "engine" attention of one ring step and its backward
+// (the kernels an engine would hand ulysses::distributed_attention(): step_attention(),
+// step_backward()), and one rank of the hybrid over any pair of communicators
+// (ring_rank_attention(): a DistributedAttentionPlan from the case's RingPlan, then
+// distributed_attention() and distributed_attention_backward(), which do the configuration
+// check, the exchanges, the ring and the merge); run_ring_attention() runs P = U·R of them on
+// threads, a LocalGroup per Ulysses group and per ring.
 #pragma once
 
-#include <ulysses/ring/agreement.hpp>
-#include <ulysses/ring/merge.hpp>
+#include <ulysses/attention/distributed.hpp>
 #include <ulysses/ring/plan.hpp>
-#include <ulysses/ring/rotation.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <algorithm>
@@ -127,84 +127,83 @@ struct RingReference {
   }
 };
 
-/// The shapes of one rank's head-sharded tensors: Lq query tokens, Hq query heads, Hk kv heads,
-/// and the local kv head of each local query head.
-struct RankHeads {
-  std::int64_t Hq = 0, Hk = 0;
-  std::vector<std::int64_t> kv_of;  ///< local kv head of local query head h
-};
-
-/// The engine's fp32 attention of one ring step: q [B, Lq, Hq, D] rows of `w`, kv block
-/// (k [B, Lkv, Hk, D] then v [B, Lkv, Hk, Dv]) rows of `w` with its mask → out_block [B, q_len, Hq, Dv]
-/// and lse_block [B, Hq, q_len] (−inf where a row sees no key).
-inline void step_attention(const RingCase& c, const RankHeads& rh, const ulysses::RingWork& w, const float* q, const float* k, const float* v,
-                           std::vector<float>& ob, std::vector<float>& lb) {
-  const std::int64_t B = c.B, D = c.D, Dv = c.Dv, Hq = rh.Hq, Hk = rh.Hk;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ob.assign(static_cast<std::size_t>(B * w.q_len * Hq * Dv), 0.0f);
-  lb.assign(static_cast<std::size_t>(B * Hq * w.q_len), -INFINITY);
-  std::vector<float> s(static_cast<std::size_t>(w.kv_len));
+/// The engine's fp32 attention of one ring step (the callable of distributed_attention()): the
+/// step's q [B, q_len, q_count, D], k [B, kv_len, kv_count, D], v [B, kv_len, kv_count, Dv] views
+/// (attention/step.hpp) → its partial out [B, q_len, q_count, Dv] and lse [B, q_count, q_len]
+/// (pre-filled with 0 and −inf by the library: a row that sees no key is left so).
+inline void step_attention(const ulysses::AttentionStep& st) {
+  const std::int64_t B = st.batch, D = st.head_dim, Dv = st.v_head_dim, Hq = st.heads.q_count;
+  const float scale = st.softmax_scale;
+  const auto* q = static_cast<const float*>(st.q);
+  const auto* k = static_cast<const float*>(st.k);
+  const auto* v = static_cast<const float*>(st.v);
+  auto* ob = static_cast<float*>(st.out);
+  const ulysses::AttentionStrides qs = st.q_stride, ks = st.k_stride, vs = st.v_stride, os = st.out_stride;
+  std::vector<float> s(static_cast<std::size_t>(st.kv_len));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < Hq; ++h)
-      for (std::int64_t ii = 0; ii < w.q_len; ++ii) {
-        const std::int64_t i = w.q_begin + ii, hk = rh.kv_of[static_cast<std::size_t>(h)];
+      for (std::int64_t ii = 0; ii < st.q_len; ++ii) {
+        const std::int64_t hk = st.heads.kv_of(h);
         float m = -INFINITY;
-        for (std::int64_t kk = 0; kk < w.kv_len; ++kk) {
-          const std::int64_t j = w.kv_begin + kk;
-          if (!w.attends(i, j)) {
+        for (std::int64_t kk = 0; kk < st.kv_len; ++kk) {
+          if (st.causal() && kk > ii) {
             s[static_cast<std::size_t>(kk)] = -INFINITY;
             continue;
           }
           float a = 0;
-          for (std::int64_t d = 0; d < D; ++d) a += q[((b * w.L_q + i) * Hq + h) * D + d] * k[((b * w.L_kv + j) * Hk + hk) * D + d];
+          for (std::int64_t d = 0; d < D; ++d) a += q[b * qs.batch + ii * qs.row + h * qs.head + d] * k[b * ks.batch + kk * ks.row + hk * ks.head + d];
           s[static_cast<std::size_t>(kk)] = a * scale;
           m = std::max(m, a * scale);
         }
         if (m == -INFINITY) continue;
         float z = 0;
-        for (std::int64_t kk = 0; kk < w.kv_len; ++kk) z += std::exp(s[static_cast<std::size_t>(kk)] - m);
+        for (std::int64_t kk = 0; kk < st.kv_len; ++kk) z += std::exp(s[static_cast<std::size_t>(kk)] - m);
         const float l = m + std::log(z);
-        lb[static_cast<std::size_t>((b * Hq + h) * w.q_len + ii)] = l;
-        for (std::int64_t kk = 0; kk < w.kv_len; ++kk) {
+        st.lse[b * st.lse_stride.batch + h * st.lse_stride.head + ii] = l;
+        for (std::int64_t kk = 0; kk < st.kv_len; ++kk) {
           const float p = std::exp(s[static_cast<std::size_t>(kk)] - l);
-          const std::int64_t j = w.kv_begin + kk;
-          for (std::int64_t d = 0; d < Dv; ++d)
-            ob[static_cast<std::size_t>(((b * w.q_len + ii) * Hq + h) * Dv + d)] += p * v[((b * w.L_kv + j) * Hk + hk) * Dv + d];
+          for (std::int64_t d = 0; d < Dv; ++d) ob[b * os.batch + ii * os.row + h * os.head + d] += p * v[b * vs.batch + kk * vs.row + hk * vs.head + d];
         }
       }
 }
 
-/// The engine's fp32 backward of one ring step (FlashAttention-2's, with the final lse and
-/// Dsum = rowsum(dout · out)): adds into dq [B, Lq, Hq, D]; writes the block's contributions dk
-/// [B, Lkv, Hk, D] and dv [B, Lkv, Hk, Dv] (zeroed first) to dkv (dk then dv).
-inline void step_backward(const RingCase& c, const RankHeads& rh, const ulysses::RingWork& w, const float* q, const float* k, const float* v,
-                          const float* dout, const float* lse, const float* Dsum, float* dq, std::vector<float>& dkv) {
-  const std::int64_t B = c.B, D = c.D, Dv = c.Dv, Hq = rh.Hq, Hk = rh.Hk;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const std::int64_t nk = B * w.L_kv * Hk * D;
-  dkv.assign(static_cast<std::size_t>(nk + B * w.L_kv * Hk * Dv), 0.0f);
-  float* dk = dkv.data();
-  float* dv = dkv.data() + nk;
+/// The engine's fp32 backward of one ring step (the callable of distributed_attention_backward();
+/// FlashAttention-2's, with the merged lse and Dsum = rowsum(do · o) of the merged o): adds the
+/// step's dq [B, q_len, q_count, D], dk [B, kv_len, kv_count, D] and dv [B, kv_len, kv_count, Dv]
+/// into the library's zeroed fp32 partials.
+inline void step_backward(const ulysses::AttentionGradStep& g) {
+  const ulysses::AttentionStep& st = g.fwd;
+  const std::int64_t B = st.batch, D = st.head_dim, Dv = st.v_head_dim, Hq = st.heads.q_count;
+  const float scale = st.softmax_scale;
+  const auto* q = static_cast<const float*>(st.q);
+  const auto* k = static_cast<const float*>(st.k);
+  const auto* v = static_cast<const float*>(st.v);
+  const auto* o = static_cast<const float*>(g.o);
+  const auto* dout = static_cast<const float*>(g.dout);
+  const ulysses::AttentionStrides qs = st.q_stride, ks = st.k_stride, vs = st.v_stride, os = g.o_stride, qg = g.dq_stride, kg = g.dk_stride,
+                                  vg = g.dv_stride;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < Hq; ++h)
-      for (std::int64_t i = w.q_begin; i < w.q_begin + w.q_len; ++i) {
-        const std::int64_t hk = rh.kv_of[static_cast<std::size_t>(h)];
-        const float l = lse[(b * Hq + h) * w.L_q + i], Di = Dsum[(b * Hq + h) * w.L_q + i];
-        for (std::int64_t j = w.kv_begin; j < w.kv_begin + w.kv_len; ++j) {
-          if (!w.attends(i, j)) continue;
+      for (std::int64_t ii = 0; ii < st.q_len; ++ii) {
+        const std::int64_t hk = st.heads.kv_of(h);
+        const float l = g.lse[b * g.lse_stride.batch + h * g.lse_stride.head + ii];
+        float Di = 0;  // rowsum(dout · out)
+        for (std::int64_t d = 0; d < Dv; ++d) Di += dout[b * os.batch + ii * os.row + h * os.head + d] * o[b * os.batch + ii * os.row + h * os.head + d];
+        for (std::int64_t kk = 0; kk < st.kv_len; ++kk) {
+          if (st.causal() && kk > ii) continue;
           float a = 0;
-          for (std::int64_t d = 0; d < D; ++d) a += q[((b * w.L_q + i) * Hq + h) * D + d] * k[((b * w.L_kv + j) * Hk + hk) * D + d];
+          for (std::int64_t d = 0; d < D; ++d) a += q[b * qs.batch + ii * qs.row + h * qs.head + d] * k[b * ks.batch + kk * ks.row + hk * ks.head + d];
           const float p = std::exp(a * scale - l);
           float dp = 0;
           for (std::int64_t d = 0; d < Dv; ++d) {
-            const float go = dout[((b * w.L_q + i) * Hq + h) * Dv + d];
-            dp += go * v[((b * w.L_kv + j) * Hk + hk) * Dv + d];
-            dv[((b * w.L_kv + j) * Hk + hk) * Dv + d] += p * go;
+            const float go = dout[b * os.batch + ii * os.row + h * os.head + d];
+            dp += go * v[b * vs.batch + kk * vs.row + hk * vs.head + d];
+            g.dv[b * vg.batch + kk * vg.row + hk * vg.head + d] += p * go;
           }
           const float ds = p * (dp - Di) * scale;
           for (std::int64_t d = 0; d < D; ++d) {
-            dq[((b * w.L_q + i) * Hq + h) * D + d] += ds * k[((b * w.L_kv + j) * Hk + hk) * D + d];
-            dk[((b * w.L_kv + j) * Hk + hk) * D + d] += ds * q[((b * w.L_q + i) * Hq + h) * D + d];
+            g.dq[b * qg.batch + ii * qg.row + h * qg.head + d] += ds * k[b * ks.batch + kk * ks.row + hk * ks.head + d];
+            g.dk[b * kg.batch + kk * kg.row + hk * kg.head + d] += ds * q[b * qs.batch + ii * qs.row + h * qs.head + d];
           }
         }
       }
@@ -217,23 +216,6 @@ struct RingRankResult {
   std::vector<float> lse;             ///< the merged LSE, [B, Hq, L] (head-sharded, ring-local tokens)
   std::vector<std::int64_t> tokens;   ///< the global token of each ring-local token
   std::int64_t h0 = 0, Hq = 0, L = 0;  ///< first query head, query heads, ring-local tokens
-};
-
-/// One rank's state between the phases of ring_rank_attention(): its plan, ring, heads, the
-/// head-sharded q, k, v and the ring's double buffer.
-template <class RingComm>
-struct RingRankState {
-  const RingCase& c;
-  const ulysses::RingPlan& rp;
-  RingComm& rc;
-  ulysses::RingProgress progress;
-  RankHeads rh;
-  std::vector<float> qh, kh, vh, kv0, kv1;
-  /// This rank's own block (k then v) into buffer 0 before a rotation.
-  void pack_own() {
-    std::memcpy(kv0.data(), kh.data(), kh.size() * sizeof(float));
-    std::memcpy(kv0.data() + kh.size(), vh.data(), vh.size() * sizeof(float));
-  }
 };
 
 /// World rank w's seq shard [B, S_w, Hx, Dx] of the global x [B, S, Hx, Dx].
@@ -250,74 +232,13 @@ inline std::vector<float> ring_shard(const RingCase& c, const ulysses::SeqPartit
   return s;
 }
 
-/// The forward ring: R steps of RingRotation, each step's attention merged into (acc, lse) in step order.
-template <class RingComm>
-void ring_forward(RingRankState<RingComm>& st, std::vector<float>& acc, std::vector<float>& lse) {
-  using namespace ulysses;
-  const RingMergeShape ms = st.rp.merge_shape();
-  acc.assign(static_cast<std::size_t>(ms.out_elems()), 0.0f);
-  lse.assign(static_cast<std::size_t>(ms.lse_elems()), 0.0f);
-  ring_merge_init(ms, acc.data(), lse.data());
-  std::vector<float> ob, lb;
-  st.pack_own();
-  RingRotation<RingComm> rot(st.rc, st.rp, RingBuffers().kv(st.kv0, st.kv1), st.progress);
-  for (int s = 0; s < st.rp.steps(); ++s) {
-    rot.start(s);
-    const RingWork& wk = st.rp.work(s);
-    const RingKvView<float> kv = rot.template kv<float>(s);
-    if (!wk.empty()) {
-      step_attention(st.c, st.rh, wk, st.qh.data(), kv.k, kv.v, ob, lb);
-      ring_merge_block(ms, acc.data(), lse.data(), ob.data(), ElementType::float32, lb.data(), wk.q_begin, wk.q_len);
-    }
-    rot.finish(s);
-  }
-}
-
-/// Dsum = rowsum(dout · out) of the head-sharded do and o, [B, Hq, L].
-inline std::vector<float> ring_dsum(const RingCase& c, const RankHeads& rh, std::int64_t L, const std::vector<float>& doh,
-                                    const std::vector<float>& oh) {
-  std::vector<float> Dsum(static_cast<std::size_t>(c.B * rh.Hq * L), 0.0f);
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t i = 0; i < L; ++i)
-      for (std::int64_t h = 0; h < rh.Hq; ++h) {
-        float sum = 0;
-        for (std::int64_t d = 0; d < c.Dv; ++d) {
-          const auto e = static_cast<std::size_t>(((b * L + i) * rh.Hq + h) * c.Dv + d);
-          sum += doh[e] * oh[e];
-        }
-        Dsum[static_cast<std::size_t>((b * rh.Hq + h) * L + i)] = sum;
-      }
-  return Dsum;
-}
-
-/// The backward ring: R steps of RingGradRotation (dq into dq; dk|dv home summed in step order into dkh, dvh).
-template <class RingComm>
-void ring_backward(RingRankState<RingComm>& st, const std::vector<float>& doh, const std::vector<float>& lse, const std::vector<float>& Dsum,
-                   std::vector<float>& dq, std::vector<float>& dkh, std::vector<float>& dvh) {
-  using namespace ulysses;
-  st.pack_own();
-  std::vector<float> g0(st.rp.grad_buffer_bytes() / sizeof(float)), g1(g0.size()), dkv;
-  RingGradRotation<RingComm> rot(st.rc, st.rp, RingBuffers().kv(st.kv0, st.kv1).grad(g0, g1), st.progress);
-  for (int s = 0; s < st.rp.steps(); ++s) {
-    rot.start(s);
-    const RingWork& wk = st.rp.work(s);
-    const RingKvView<float> kv = rot.template kv<float>(s);
-    step_backward(st.c, st.rh, wk, st.qh.data(), kv.k, kv.v, doh.data(), lse.data(), Dsum.data(), dq.data(), dkv);
-    rot.finish(s);
-    float* gacc = rot.template grad<float>(s);
-    for (std::size_t e = 0; e < dkv.size(); ++e) gacc[e] = s == 0 ? dkv[e] : gacc[e] + dkv[e];
-  }
-  const float* home = rot.template home<float>();
-  std::memcpy(dkh.data(), home, dkh.size() * sizeof(float));
-  std::memcpy(dvh.data(), home + dkh.size(), dvh.size() * sizeof(float));
-}
-
 /// One world rank w (0 .. U·R−1, RingPartition's numbering: ring rank w / U, Ulysses rank w % U)
-/// of the whole hybrid attention of case c: check_ring_config() of its plan over both communicators, the
-/// forward (and with `backward` the backward) as the file comment says. `uc` is the rank's
-/// Ulysses group (U ranks, rank = its Ulysses rank), `rc` its ring (R ranks, rank = its ring
-/// rank): LocalGroup::Comm, MpiComm, or any communicator with allgather() and exchange_messages().
-/// Collective over both. @throws ulysses::Error from the check, the plans, the exchanges, the ring.
+/// of the whole hybrid attention of case c through ulysses::distributed_attention() (and with
+/// `backward` distributed_attention_backward()), step_attention() / step_backward() the engine's
+/// kernels. `uc` is the rank's Ulysses group (U ranks, rank = its Ulysses rank), `rc` its ring (R
+/// ranks, rank = its ring rank): LocalGroup::Comm, MpiComm, or any communicator with allgather()
+/// and exchange_messages(). Collective over both. @throws ulysses::Error from the plans, the
+/// check, the exchanges, the ring.
 template <class UlyssesComm, class RingComm>
 RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int w, UlyssesComm& uc, RingComm& rc, bool backward,
                                    ulysses::RingProgress progress = ulysses::RingProgress::automatic) {
@@ -328,41 +249,27 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   const HeadPolicy policy = c.H % c.U == 0 && (c.Hkv % c.U == 0 || c.U % c.Hkv == 0) ? HeadPolicy::even : HeadPolicy::balanced;
   const AttentionSpecs specs = attention_specs<float>(c.U, shape, policy);
   const RingPlan rp(part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
-  const Plan qkv = rp.qkv_plan(), op = rp.out_plan();  // the plans' agreement records carry the ring configuration
-  check_ring_config(qkv, uc, rc);  // U, R, layout, causal, S on every rank of the block, in qkv's own all-gather
-  const std::int64_t L = rp.tokens();
-  RingRankState<RingComm> st{c, rp, rc, progress, {rp.query_heads(), rp.kv_heads(), {}}, {}, {}, {}, {}, {}};
-  for (std::int64_t h = 0; h < st.rh.Hq; ++h) st.rh.kv_of.push_back(rp.local_kv_head(h));
+  DistributedAttentionOptions opt;
+  opt.progress = progress;
+  const DistributedAttentionPlan plan(rp, opt);
   const std::vector<float> q = ring_shard(c, world, w, g.q, c.H, c.D), k = ring_shard(c, world, w, g.k, c.Hkv, c.D),
                            v = ring_shard(c, world, w, g.v, c.Hkv, c.Dv);
-  st.qh.resize(static_cast<std::size_t>(c.B * L * st.rh.Hq * c.D));
-  st.kh.resize(static_cast<std::size_t>(c.B * L * st.rh.Hk * c.D));
-  st.vh.resize(static_cast<std::size_t>(c.B * L * st.rh.Hk * c.Dv));
-  st.kv0.resize(rp.kv_buffer_bytes() / sizeof(float)), st.kv1.resize(st.kv0.size());  // the ring's blocks: k|v
-  HostExecutor exec;
-  std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), op.workspace_bytes()) + 16);
-  seq_to_head(qkv, uc, exec, {q, k, v}, {st.qh, st.kh, st.vh}, ws);
+  std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
   RingRankResult rr;
-  std::vector<float> acc;
-  ring_forward(st, acc, rr.lse);
-  std::vector<float> oh(acc.size());
   rr.out.resize(static_cast<std::size_t>(c.B * world.local_length(w) * c.H * c.Dv));
-  ring_merge_finish(rp.merge_shape(), acc.data(), oh.data(), ElementType::float32);
-  head_to_seq(op, uc, exec, TensorList<ConstByteSpan>{ConstByteSpan(oh)}, TensorList<ByteSpan>{ByteSpan(rr.out)}, ws);
+  distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), step_attention, saved, ws);
+  const float* lse = plan.saved_lse(saved);
+  rr.lse.assign(lse, lse + c.B * plan.query_heads() * plan.tokens());
   rr.h0 = specs.query_heads.begin(rp.ulysses_rank());
-  rr.Hq = st.rh.Hq;
-  rr.L = L;
-  for (std::int64_t i = 0; i < L; ++i) rr.tokens.push_back(part.ring_token(rp.ring_rank(), i));
+  rr.Hq = plan.query_heads();
+  rr.L = plan.tokens();
+  for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(part.ring_token(rp.ring_rank(), i));
   if (!backward) return rr;
-  // Backward: dout seq→head (head_to_seq's adjoint), Dsum, the ring of kv and fp32 dk|dv.
   const std::vector<float> dos = ring_shard(c, world, w, g.dout, c.H, c.Dv);
-  std::vector<float> doh(oh.size()), dq(st.qh.size(), 0.0f), dkh(st.kh.size()), dvh(st.vh.size());
-  head_to_seq_backward(op, uc, exec, TensorList<ConstByteSpan>{ConstByteSpan(dos)}, TensorList<ByteSpan>{ByteSpan(doh)}, ws);
-  ring_backward(st, doh, rr.lse, ring_dsum(c, st.rh, L, doh, oh), dq, dkh, dvh);
   rr.dq.assign(q.size(), 0.0f);
   rr.dk.assign(k.size(), 0.0f);
   rr.dv.assign(v.size(), 0.0f);
-  seq_to_head_backward(qkv, uc, exec, {dq, dkh, dvh}, {rr.dq, rr.dk, rr.dv}, ws);
+  distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
   return rr;
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Consumer check: seq→head→seq of one bf16-sized tensor over 2 in-process ranks; exit 0 when exact.
+// The installed attention/ layer compiles from the install tree (a plan's sizes).
 #include <ulysses/ulysses.hpp>
+#include <ulysses/attention/distributed.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +25,8 @@ int main() {
     head_to_seq(plan, comm, exec, y, z, ws);
     if (x != z) bad = 1;
   });
+  const DistributedAttentionPlan attn({1, 0}, B, SeqPartition::even(S, 1), attention_specs<float>(1, {H, 2, D}), true);
+  if (attn.saved_bytes() == 0 || attn.steps() != 1) bad = 1;
   std::printf("consumer: %s\n", bad ? "round trip FAILED" : "round trip exact");
   return bad;
 }

@@ -10,6 +10,7 @@ set(ULYSSES_LAYER_NAMES
   "transport"   # one file per transport (the ring's step too: ring_step.hpp), the dispatch and choose_path(); the decode exchange
   "ring"        # Ulysses x Ring: RingPlan, the schedule, the rotation (over transport/ring_step.hpp), the merge, the configuration check, split_ring()
   "facade"      # redistribute / seq_to_head / ..., q, k, v by name, split-phase calls, head bands, the pipelines, the umbrella header
+  "attention"   # the drop-in distributed attention: distributed_attention() / _backward() around the engine's kernel
   "clients")    # cost model and advice, the libtorch client
 set(ULYSSES_LAYERS
   "version\\.hpp|error\\.hpp|detail/.*|cuda/detail/config\\.cuh"
@@ -20,6 +21,7 @@ set(ULYSSES_LAYERS
   "transport/.*|decode/exchange\\.hpp"
   "ring/.*"
   "redistribute\\.hpp|attention_call\\.hpp|split_phase\\.hpp|bands\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
+  "attention/.*"
   "tune/.*|torch/.*")
 # The deprecated names of 0.1 (one header, for code that still uses them): no layer may include it.
 set(ULYSSES_COMPAT_HEADERS compat/v0_1.hpp)

@@ -10,6 +10,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
+#include <ulysses/attention/distributed.hpp>
 #include <ulysses/comm/mpi_comm.hpp>
 #include <ulysses/comm/mpi_window.hpp>
 #include <ulysses/ring/agreement.hpp>
@@ -357,6 +358,48 @@ TEST_CASE("MPI ring: a peer that leaves mid-rotation (mlx #4060): every survivor
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
+}
+
+TEST_CASE("MPI distributed_attention: a kernel that throws on one rank mid-ring is a coded error on every rank, at once") {
+  // U = 2 x R = W / 2 (W even, R >= 2): world rank W - 1's kernel throws at ring step 1, between
+  // the rotation's start() and finish() of the first of two layers (posted in start(): MpiComm's
+  // messages in flight). It completes the step, breaks both its groups and throws its error; every
+  // other rank throws aborted (its own group's notice, or the one its Ulysses / ring peers pass
+  // on), in that layer where what is left of it waits on a broken group, else in the next one,
+  // well before the groups' 20 s deadline.
+  namespace rd = ulysses_ring_demo;
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  if (W % 2 || W < 4) return;
+  rd::RingCase c;
+  c.U = 2, c.R = W / 2, c.S = 8 * W + 3, c.H = 4, c.Hkv = 1;
+  const rd::RingGlobals g(c);
+  MpiRingMesh m = split_ring(MPI_COMM_WORLD, c.U, c.R, c.U);
+  {
+    MpiComm uly(m.ulysses, MpiComm::kIntMaxBytes, std::chrono::seconds(20)), ring(m.ring, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+    const RingPartition part(c.S, c.U, c.R, c.layout);
+    DistributedAttentionOptions opt;
+    opt.progress = RingProgress::in_start;
+    const DistributedAttentionPlan plan(RingPlan(part, m.mesh, m.index, 1, attention_specs<float>(c.U, {c.H, c.Hkv, c.D}), true), opt);
+    const SeqPartition world = part.seq_partition();
+    const auto q = rd::ring_shard(c, world, m.index, g.q, c.H, c.D), k = rd::ring_shard(c, world, m.index, g.k, c.Hkv, c.D),
+               v = rd::ring_shard(c, world, m.index, g.v, c.Hkv, c.Dv);
+    std::vector<float> o(static_cast<std::size_t>(world.local_length(m.index) * c.H * c.Dv));
+    std::vector<std::byte> saved(plan.saved_bytes()), ws(plan.forward_workspace_bytes());
+    auto kernel = [&](const AttentionStep& st) {
+      if (m.index == W - 1 && st.step == 1) throw Error(Errc::invalid_shape, "the engine's kernel failed");
+      rd::step_attention(st);
+    };
+    const ut::TimedError e = ut::timed_error_of([&] {
+      for (int layer = 0; layer < 2; ++layer) distributed_attention(plan, uly, ring, QkvIn().q(q).k(k).v(v), ByteSpan(o), kernel, saved, ws);
+    });
+    CAPTURE(e.message);
+    CHECK(e.code == (m.index == W - 1 ? Errc::invalid_shape : Errc::aborted));
+    CHECK(e.ms < 10000);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  m.free();
 }
 
 int main(int argc, char** argv) {

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief distributed_attention_backward(): the backward of distributed_attention()
+///        (attention/distributed.hpp) around the engine's attention backward, called once per
+///        ring step (AttentionGradStep): do seq→head, the ring of k|v with the fp32 dk|dv
+///        accumulators (RingGradRotation), dq summed over the steps, and the summed inverse
+///        seq_to_head_backward() of dq, dk, dv. See docs/attention.md ("The backward").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "../attention_call.hpp"
+#include "../host/executor.hpp"
+#include "../redistribute.hpp"
+#include "detail/steps.hpp"
+#include "plan.hpp"
+#include "step.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+/// Adds x [B, len, n] (fp32) into rows [begin, begin + len) of acc [B, rows, n], or writes them there (`assign`).
+inline void attention_add_rows(float* acc, const float* x, std::int64_t B, std::int64_t rows, std::int64_t begin, std::int64_t len,
+                               std::int64_t n, bool assign) {
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t e = 0; e < len * n; ++e) {
+      float& a = acc[(b * rows + begin) * n + e];
+      a = assign ? x[b * len * n + e] : a + x[b * len * n + e];
+    }
+}
+
+/// Step s's backward views: the forward's, the merged o, do and lse rows of the step, the zeroed partials.
+inline AttentionGradStep attention_grad_step(const DistributedAttentionPlan& p, int s, int j, const std::byte* q_h, const std::byte* block,
+                                             const std::byte* o_h, const std::byte* do_h, const float* lse, float* dq, float* dkv) {
+  const RingWork& w = p.work(s);
+  const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
+  const auto eb = static_cast<std::int64_t>(p.specs().q.elem_bytes);
+  AttentionGradStep g;
+  g.fwd = attention_step(p, s, j, q_h, block);
+  g.o = o_h + w.q_begin * Hq * Dv * eb;
+  g.dout = do_h + w.q_begin * Hq * Dv * eb;
+  g.o_stride = {L * Hq * Dv, Hq * Dv, Dv};
+  g.lse = lse + w.q_begin;
+  g.lse_stride = {Hq * L, L};
+  g.dq = dq;
+  g.dq_stride = {w.q_len * Hq * D, Hq * D, D};
+  g.dk = dkv;
+  g.dk_stride = {w.kv_len * Hk * D, Hk * D, D};
+  g.dv = dkv + B * w.kv_len * Hk * D;
+  g.dv_stride = {w.kv_len * Hk * Dv, Hk * Dv, Dv};
+  std::memset(dq, 0, static_cast<std::size_t>(B * w.q_len * Hq * D) * sizeof(float));
+  std::memset(dkv, 0, static_cast<std::size_t>(B * w.kv_len * Hk * (D + Dv)) * sizeof(float));
+  return g;
+}
+
+/// Adds step s's dk|dv partial (kv rows of the step) into the block's accumulator g (k part then v
+/// part of the block held at the step); at step 0 the accumulator starts as the partial (0 elsewhere).
+inline void attention_add_kv(const DistributedAttentionPlan& p, int s, float* g, const float* dkv) {
+  const RingWork& w = p.work(s);
+  const std::int64_t B = p.batch(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
+  if (s == 0) std::memset(g, 0, static_cast<std::size_t>(B * w.L_kv * Hk * (D + Dv)) * sizeof(float));
+  if (w.empty()) return;
+  attention_add_rows(g, dkv, B, w.L_kv, w.kv_begin, w.kv_len, Hk * D, s == 0);
+  attention_add_rows(g + B * w.L_kv * Hk * D, dkv + B * w.kv_len * Hk * D, B, w.L_kv, w.kv_begin, w.kv_len, Hk * Dv, s == 0);
+}
+
+/// The backward on this rank (see distributed_attention_backward()).
+template <class UC, class RC, class G>
+void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
+                        ConstByteSpan saved, Workspace ws) {
+  const char* call = "distributed_attention_backward";
+  check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
+  check_attention_span(call, "workspace", ws.data, ws.bytes, p.backward_workspace_bytes(), Errc::workspace_too_small,
+                       "backward_workspace_bytes");
+  const AttentionRegions& r = p.regions();
+  AttentionCarve sv(saved.data), wk(ws.data);
+  const std::byte *q_h = sv.take(r.saved[0]), *own = sv.take(r.saved[1]), *o_h = sv.take(r.saved[2]);
+  const auto* lse = static_cast<const float*>(static_cast<const void*>(sv.take(r.saved[3])));
+  std::byte* do_h = wk.take(r.bwd[0]);
+  std::byte* const kv[2] = {wk.take(r.bwd[1]), wk.take(r.bwd[2])};
+  std::byte* const gr[2] = {wk.take(r.bwd[3]), wk.take(r.bwd[4])};
+  float* f[3];  // dq accumulator, dq partial, dk|dv partial
+  for (int i = 0; i < 3; ++i) f[i] = static_cast<float*>(static_cast<void*>(wk.take(r.bwd[5 + i])));
+  std::byte* g_t = wk.take(r.bwd[8]);  // dq, dk, dv in the element type
+  const ByteSpan xws(wk.take(r.bwd[9]), r.bwd[9]);
+  const Plan& qkv = p.qkv_plan();
+  HostExecutor exec;
+  head_to_seq_backward(p.out_plan(), uc, exec, dout, ByteSpan(do_h, r.bwd[0]), xws);
+  const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), D = p.specs().q.head_dim;
+  std::memset(f[0], 0, r.bwd[5]);
+  const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
+  auto body = [&](int s, const std::byte* block) {
+    const RingWork& w = p.work(s);
+    if (w.empty()) return;
+    const AttentionGradStep g = attention_grad_step(p, s, j, q_h, block, o_h, do_h, lse, f[1], f[2]);
+    backward(g);
+    attention_add_rows(f[0], f[1], B, L, w.q_begin, w.q_len, Hq * D, false);
+  };
+  auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2]); };
+  const float* home = attention_steps<true>(p, rc, own, kv, gr, body, after);
+  const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2), eb = p.specs().q.elem_bytes;
+  attention_store(f[0], g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
+  attention_store(home, g_t + nq, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
+  seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws);
+}
+}  // namespace detail
+
+/// The backward of distributed_attention() on this rank, around the engine's attention backward
+/// (ring-flash-attention's ring_flash_attn_backward: per step FlashAttention-2's backward with
+/// the merged out and lse; dk|dv travel the ring with their block and come home; yunchang's
+/// LongContextAttention backward: the Ulysses exchanges' adjoints). Call it after the forward
+/// with the same plan, communicators and `saved`. Collective over both communicators.
+///
+/// 1. head_to_seq_backward() of do (seq→head); 2. per ring step with work, `backward(step)` into
+/// the zeroed fp32 partials; dq added into an fp32 accumulator in step order, dk|dv into the
+/// accumulator of the block held at the step (RingGradRotation: the sum of every ring rank's
+/// contribution in step order from the block's owner); 3. dq, dk, dv rounded once to the element
+/// type; seq_to_head_backward() (the kv heads replicated on several Ulysses ranks summed in
+/// ascending rank order).
+/// @param plan, ulysses, ring  the forward's
+/// @param dout      seq-sharded do [B, S_w, H, Dv] (plan.out_plan().seq_bytes(0))
+/// @param grads     seq-sharded dq [B, S_w, H, D], dk [B, S_w, Hkv, D], dv [B, S_w, Hkv, Dv] by
+///                  name: QkvGradOut().dq(dq).dk(dk).dv(dv) (plan.qkv_plan().seq_bytes(t))
+/// @param backward  the engine's kernel, callable as backward(const AttentionGradStep&): writes
+///                  (or adds into) the step's fp32 dq [B, q_len, q_count, D], dk and dv [B,
+///                  kv_len, kv_count, D|Dv], from q, k, v, o, do, lse (FlashAttention-2's rule:
+///                  P = exp(scale·q·k − lse), Dsum = rowsum(do · o))
+/// @param saved     what the forward wrote there (plan.saved_bytes())
+/// @param workspace plan.backward_workspace_bytes() of scratch
+/// @throws Error(buffer_too_small) / Error(workspace_too_small) the spans (before any
+///         collective); what the exchanges, the rotation and `backward` throw. Any error breaks
+///         both groups first, as the forward's.
+template <class UlyssesComm, class RingComm, class AttentionBackward>
+void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, ConstByteSpan dout,
+                                    const QkvGradOut& grads, AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace) {
+  detail::attention_guard(ulysses, &ring, "distributed_attention_backward",
+                          [&] { detail::attention_backward(plan, ulysses, &ring, dout, grads, backward, saved, workspace); });
+}
+
+/// Plain Ulysses' backward (no ring, a plan of R = 1), as above.
+/// @throws Error(comm_mismatch) a plan with R > 1; as above.
+template <class UlyssesComm, class AttentionBackward>
+void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, ConstByteSpan dout, const QkvGradOut& grads,
+                                    AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace) {
+  if (plan.steps() != 1)
+    detail::fail(Errc::comm_mismatch, "distributed_attention_backward: the plan has R=" + std::to_string(plan.steps()) +
+                                          " ring steps; pass its ring communicator too (the overload with `ring`)");
+  detail::NoRing* none = nullptr;
+  detail::attention_guard(ulysses, none, "distributed_attention_backward",
+                          [&] { detail::attention_backward(plan, ulysses, none, dout, grads, backward, saved, workspace); });
+}
+
+ULYSSES_NAMESPACE_END

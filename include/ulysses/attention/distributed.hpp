@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Drop-in distributed attention: distributed_attention() (forward) and
+///        distributed_attention_backward() drive a whole attention layer through plain Ulysses
+///        or Ulysses × Ring around the engine's own attention kernel, called once per ring step
+///        (AttentionStep, attention/step.hpp): the configuration check, seq→head of q|k|v in one
+///        exchange, the ring rotation, the LSE merge in step order, head→seq of o; the backward
+///        with the fp32 dk|dv ring and the summed inverse. Host buffers (HostExecutor) today.
+///        See docs/attention.md.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "../attention_call.hpp"
+#include "../host/executor.hpp"
+#include "../redistribute.hpp"
+#include "../ring/agreement.hpp"
+#include "../ring/merge.hpp"
+#include "detail/steps.hpp"
+#include "plan.hpp"
+#include "step.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+namespace detail {
+/// The forward on this rank (see distributed_attention()).
+template <class UC, class RC, class F>
+void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvIn& in, ByteSpan out, F& attention, ByteSpan saved,
+                       Workspace ws) {
+  const char* call = "distributed_attention";
+  check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
+  check_attention_span(call, "workspace", ws.data, ws.bytes, p.forward_workspace_bytes(), Errc::workspace_too_small, "forward_workspace_bytes");
+  if constexpr (!std::is_same_v<RC, NoRing>) check_ring_config(p.qkv_plan(), uc, *rc);  // every rank of the block, before any data moves
+  const AttentionRegions& r = p.regions();
+  AttentionCarve sv(saved.data), wk(ws.data);
+  std::byte *q_h = sv.take(r.saved[0]), *own = sv.take(r.saved[1]), *o_h = sv.take(r.saved[2]);
+  auto* lse = static_cast<float*>(static_cast<void*>(sv.take(r.saved[3])));
+  std::byte* const kv[2] = {wk.take(r.fwd[0]), wk.take(r.fwd[1])};
+  auto* acc = static_cast<float*>(static_cast<void*>(wk.take(r.fwd[2])));
+  std::byte* pout = wk.take(r.fwd[3]);
+  auto* plse = static_cast<float*>(static_cast<void*>(wk.take(r.fwd[4])));
+  const ByteSpan xws(wk.take(r.fwd[5]), r.fwd[5]);
+  const Plan& qkv = p.qkv_plan();
+  HostExecutor exec;
+  seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({own, qkv.head_bytes(1)}).v({own + qkv.head_bytes(1), qkv.head_bytes(2)}), xws);
+  const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
+  ring_merge_init(ms, acc, lse);
+  const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
+  const ElementType type = p.element_type();
+  auto body = [&](int s, const std::byte* block) {
+    const RingWork& w = p.work(s);
+    if (w.empty()) return;
+    AttentionStep a = attention_step(p, s, j, q_h, block);
+    a.out = pout;
+    a.lse = plse;
+    const RingMergeShape part{p.batch(), w.q_len, p.query_heads(), p.specs().v.head_dim};
+    std::memset(pout, 0, static_cast<std::size_t>(part.out_elems()) * p.specs().q.elem_bytes);
+    for (std::int64_t i = 0; i < part.lse_elems(); ++i) plse[i] = -INFINITY;
+    attention(static_cast<const AttentionStep&>(a));
+    ring_merge_block(ms, acc, lse, pout, type, plse, w.q_begin, w.q_len);
+  };
+  attention_steps<false>(p, rc, own, kv, kv, body, [](int, float*) {});
+  ring_merge_finish(ms, acc, o_h, type);
+  head_to_seq(p.out_plan(), uc, exec, ConstByteSpan(o_h, r.saved[2]), out, xws);
+}
+
+}  // namespace detail
+
+/// The forward of one attention layer on this rank of a Ulysses × Ring block (R >= 1), around
+/// the engine's attention. Collective over `ulysses` and `ring`, every rank of the block the same
+/// call. Follows yunchang's LongContextAttention (seq→head, ring attention, head→seq) and
+/// zhuzilin's ring-flash-attention (the step loop: transfer of step s + 1 posted before step s's
+/// attention, completed after it; out and lse merged by LSE in step order).
+///
+/// 1. checks the spans (locally), then check_ring_config(plan.qkv_plan(), ulysses, ring): U, R,
+///    layout, causal, S, and every plan field on every rank of the block, before any data moves;
+/// 2. seq→head of q, k, v in ONE exchange (attention_specs().qkv()) into `saved`;
+/// 3. per ring step s with work (RingWork::empty() steps are skipped): `attention(step)` with
+///    step's out pre-filled with 0 and lse with −inf, then merged (ring_merge_block(), fp32);
+/// 4. the merged o rounded once to the element type, head→seq into `out`.
+/// @param plan      this rank's DistributedAttentionPlan (made from a RingPlan, or a plain one for R = 1)
+/// @param ulysses   this rank's Ulysses group (U ranks, rank = its Ulysses rank); any communicator
+/// @param ring      this rank's ring (R ranks, rank = its ring rank); with exchange_messages()
+/// @param qkv       seq-sharded q [B, S_w, H, D], k [B, S_w, Hkv, D], v [B, S_w, Hkv, Dv] (bshd,
+///                  by name: QkvIn().q(q).k(k).v(v); sizes Plan::seq_bytes(t) of plan.qkv_plan())
+/// @param out       seq-sharded o [B, S_w, H, Dv] (plan.out_plan().seq_bytes(0))
+/// @param attention the engine's kernel, callable as attention(const AttentionStep&): writes the
+///                  step's partial out [B, q_len, q_count, Dv] and fp32 lse [B, q_count, q_len]
+///                  (natural log) from the step's q, k, v views (attention/step.hpp)
+/// @param saved     plan.saved_bytes(): head-sharded q, k|v, the merged o and LSE, for the backward
+/// @param workspace plan.forward_workspace_bytes() of scratch
+/// Host memory (HostExecutor). No tensor-sized allocation beyond the spans: a call makes its ring
+/// rotation (lists of R entries; with thread progress its worker thread) and the check's small records.
+/// @throws Error(buffer_too_small) `saved` too small, Error(workspace_too_small) the workspace
+///         (both before any collective); what check_ring_config() throws (comm_mismatch: a
+///         communicator of another size, locally; plan_mismatch on every rank of the block);
+///         what seq_to_head(), head_to_seq() and the rotation throw; what `attention` throws. Any
+///         error after the check breaks both groups first (their abort()), so that the peers
+///         throw Error(aborted) naming this rank at once instead of waiting out their deadline
+///         (in this call where what is left of it waits on a broken group, else at their next
+///         call on these communicators).
+template <class UlyssesComm, class RingComm, class Attention>
+void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, const QkvIn& qkv, ByteSpan out,
+                           Attention&& attention, ByteSpan saved, Workspace workspace) {
+  detail::attention_guard(ulysses, &ring, "distributed_attention",
+                          [&] { detail::attention_forward(plan, ulysses, &ring, qkv, out, attention, saved, workspace); });
+}
+
+/// Plain Ulysses (DeepSpeed's DistributedAttention: seq→head, the local attention over all S
+/// tokens, head→seq): distributed_attention() with no ring, for a plan of R = 1. The causal flag
+/// and the partition are agreed in the plans' own agreement check (their first exchange).
+/// @throws Error(comm_mismatch) a plan with R > 1 (it needs its ring); as above.
+template <class UlyssesComm, class Attention>
+void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, const QkvIn& qkv, ByteSpan out, Attention&& attention,
+                           ByteSpan saved, Workspace workspace) {
+  if (plan.steps() != 1)
+    detail::fail(Errc::comm_mismatch, "distributed_attention: the plan has R=" + std::to_string(plan.steps()) +
+                                          " ring steps; pass its ring communicator too (the overload with `ring`)");
+  detail::NoRing* none = nullptr;
+  detail::attention_guard(ulysses, none, "distributed_attention",
+                          [&] { detail::attention_forward(plan, ulysses, none, qkv, out, attention, saved, workspace); });
+}
+
+ULYSSES_NAMESPACE_END
+
+#include "backward.hpp"  // distributed_attention_backward()

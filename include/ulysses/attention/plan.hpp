@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief DistributedAttentionPlan: one rank's plan of a whole distributed attention layer
+///        (plain Ulysses, or Ulysses × Ring from a RingPlan): the Ulysses group's q|k|v and o
+///        plans, the step schedule, the heads and tokens a call sees, and the byte sizes of the
+///        engine's buffers (saved_bytes(), forward_workspace_bytes(), backward_workspace_bytes()).
+///        Pure host code, no communication. See docs/attention.md.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../merge/lse.hpp"
+#include "../plan/attention.hpp"
+#include "../layout/byte_span.hpp"
+#include "../plan/plan.hpp"
+#include "../ring/plan.hpp"
+#include "../transport/ring_step.hpp"
+#include "step.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// Options of a DistributedAttentionPlan (every rank the same).
+struct DistributedAttentionOptions {
+  float softmax_scale = 0.0f;                       ///< the scale of q·k; 0: 1/sqrt(D)
+  RingProgress progress = RingProgress::automatic;  ///< how a ring step's transfer overlaps the attention (ring/rotation.hpp)
+  PlanOptions plan = {};                            ///< the Ulysses plans' options (path, stages); `ring` is set by the plan
+};
+
+namespace detail {
+/// The buffers a call carves out of the engine's spans, in bytes, in order (each rounded up to 64).
+struct AttentionRegions {
+  std::size_t saved[4] = {};  // q_h, the own k|v block, o_h, lse
+  std::size_t fwd[6] = {};    // kv0, kv1, merge acc (fp32), partial out, partial lse, exchange workspace
+  std::size_t bwd[10] = {};   // do_h, kv0, kv1, g0, g1, dq acc, dq partial, dk|dv partial, dq|dk|dv in the element type, exchange workspace
+};
+constexpr std::size_t kAttentionAlign = 64;
+inline std::size_t attention_round(std::size_t n) { return (n + kAttentionAlign - 1) / kAttentionAlign * kAttentionAlign; }
+template <std::size_t N>
+std::size_t attention_total(const std::size_t (&r)[N]) {
+  std::size_t t = kAttentionAlign;  // (the span's own misalignment)
+  for (std::size_t n : r) t += attention_round(n);
+  return t;
+}
+/// Hands out the regions of one of the engine's spans in order, each 64-byte aligned.
+class AttentionCarve {
+ public:
+  explicit AttentionCarve(const void* base)
+      : p_(static_cast<std::byte*>(const_cast<void*>(base)) +
+           (kAttentionAlign - reinterpret_cast<std::uintptr_t>(base) % kAttentionAlign) % kAttentionAlign) {}
+  /// The next region of n bytes (null when n is 0).
+  std::byte* take(std::size_t n) {
+    std::byte* r = n ? p_ : nullptr;
+    p_ += attention_round(n);
+    return r;
+  }
+
+ private:
+  std::byte* p_;
+};
+
+}  // namespace detail
+
+/// One rank's plan of a distributed attention layer (see the file comment). Immutable; every rank
+/// makes its own from the same inputs. Head-sharded tensors are bshd contiguous: q [B, L, H_u, D],
+/// k [B, L, Hkv_u, D], v [B, L, Hkv_u, Dv], o [B, L, H_u, Dv] (L: the ring group's tokens, S for
+/// plain Ulysses); seq-sharded ones [B, S_w, H|Hkv, D|Dv] bshd too (the plans' Format::bshd).
+/// Sources: DeepSpeed's DistributedAttention (seq→head, local attention, head→seq), yunchang's
+/// LongContextAttention (Ulysses × Ring), zhuzilin's ring-flash-attention (the step loop, the LSE merge).
+class DistributedAttentionPlan {
+ public:
+  /// Ulysses × Ring (R >= 1) of `ring`: its Ulysses plans, schedule and rotation sizes.
+  /// @throws Error(tensor_mismatch) q, k, v, o not all of one mergeable type (float32, float16,
+  ///         bfloat16); what Plan's constructor throws for the options.
+  explicit DistributedAttentionPlan(const RingPlan& ring, const DistributedAttentionOptions& o = {})
+      : ring_(ring), specs_(ring.specs()), B_(ring.batch()), causal_(ring.causal()), u_(ring.ulysses_rank()), opt_(o),
+        qkv_(ring.qkv_plan(Format::bshd, o.plan)), out_(ring.out_plan(Format::bshd, o.plan)) {
+    work_ = ring.schedule();
+    const RingPartition& p = ring.partition();
+    for (int j = 0; j < p.ring_degree(); ++j) chunks_.push_back(p.ring_chunks(j));
+    init(ring.tokens());
+  }
+  /// Plain Ulysses over any sequence partition: one step, all S tokens, causal or not.
+  /// @param group  the Ulysses group (P ranks, this rank)
+  /// @param batch  B >= 1
+  /// @param seq    the sequence partition of the seq-sharded tensors (even, balanced, zigzag, ...)
+  /// @param specs  attention_specs(P, shape, type, policy)
+  /// @param causal causal attention (token i attends keys <= i, global order)
+  /// @throws what Plan's constructor throws; Error(tensor_mismatch) as above.
+  DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
+                           const DistributedAttentionOptions& o = {})
+      : specs_(specs), B_(batch), causal_(causal), u_(group.rank), opt_(o),
+        qkv_(group, batch, seq, specs.qkv(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal)),
+        out_(group, batch, seq, specs.out(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal)) {
+    const RingPartition p(seq.seq_len(), group.size, 1, RingLayout::contiguous);
+    work_.push_back(ring_work(p, 0, 0, causal));
+    chunks_.push_back({SeqChunk{0, 0, seq.seq_len(), 0}});
+    init(seq.seq_len());
+  }
+
+  int steps() const { return static_cast<int>(work_.size()); }   ///< R (1: plain Ulysses)
+  bool has_ring_plan() const { return ring_.has_value(); }        ///< made from a RingPlan
+  /// The RingPlan it was made from. @throws Error(invalid_mesh) a plain Ulysses plan.
+  const RingPlan& ring_plan() const {
+    if (!ring_) detail::fail(Errc::invalid_mesh, "DistributedAttentionPlan: a plain Ulysses plan has no RingPlan");
+    return *ring_;
+  }
+  const Plan& qkv_plan() const { return qkv_; }                   ///< the Ulysses group's q|k|v plan (one exchange)
+  const Plan& out_plan() const { return out_; }                   ///< the Ulysses group's o plan
+  const AttentionSpecs& specs() const { return specs_; }          ///< q, k, v, o
+  const DistributedAttentionOptions& options() const { return opt_; }  ///< the options
+  std::int64_t batch() const { return B_; }                       ///< B
+  bool causal() const { return causal_; }                         ///< causal attention
+  std::int64_t tokens() const { return L_; }                      ///< L: rows of the head-sharded tensors
+  std::int64_t query_heads() const { return Hq_; }                ///< H_u
+  std::int64_t kv_heads() const { return Hk_; }                   ///< Hkv_u
+  ElementType element_type() const { return specs_.q.type; }     ///< q's element type
+  float softmax_scale() const { return scale_; }                  ///< the scale a step gets
+  const RingWork& work(int s) const { return work_.at(static_cast<std::size_t>(s)); }  ///< step s's ranges
+  /// The call's heads (the whole local range; views start at head 0).
+  AttentionHeads heads() const {
+    return {0, Hq_, 0, Hk_, specs_.query_heads.begin(u_), specs_.kv_heads.begin(u_), grouped_, kv_map_.data()};
+  }
+  /// The global tokens of rows [begin, begin + len) of ring rank j's tokens (j = 0 for plain Ulysses).
+  TokenRanges token_ranges(int j, std::int64_t begin, std::int64_t len) const {
+    TokenRanges t;
+    std::int64_t at = 0;  // ring-local row of the chunk's first token
+    for (const SeqChunk& c : chunks_.at(static_cast<std::size_t>(j))) {
+      const std::int64_t lo = std::max(begin, at), hi = std::min(begin + len, at + c.length);
+      if (hi > lo && t.count < 2) {
+        t.begin[t.count] = c.offset + (lo - at);
+        t.length[t.count++] = hi - lo;
+      }
+      at += c.length;
+    }
+    return t;
+  }
+  /// Bytes of the engine's `saved` span: what the forward keeps for the backward (head-sharded q,
+  /// this rank's k|v block, the merged o, the merged LSE). The forward needs it too (inference: scratch).
+  std::size_t saved_bytes() const { return detail::attention_total(regions_.saved); }
+  /// Bytes of distributed_attention()'s workspace.
+  std::size_t forward_workspace_bytes() const { return detail::attention_total(regions_.fwd); }
+  /// Bytes of distributed_attention_backward()'s workspace.
+  std::size_t backward_workspace_bytes() const { return detail::attention_total(regions_.bwd); }
+  /// The merged o in a `saved` span after the forward: head-sharded [B, L, H_u, Dv] of the element type.
+  const void* saved_out(ConstByteSpan saved) const { return saved_region(saved, 2); }
+  /// The merged LSE in a `saved` span after the forward: fp32 [B, H_u, L] (FlashAttention's softmax_lse), natural log.
+  const float* saved_lse(ConstByteSpan saved) const { return static_cast<const float*>(saved_region(saved, 3)); }
+  /// The regions of the spans (internal).
+  const detail::AttentionRegions& regions() const { return regions_; }
+
+ private:
+  const void* saved_region(ConstByteSpan saved, int i) const {
+    detail::AttentionCarve c(saved.data);
+    for (int k = 0; k < i; ++k) c.take(regions_.saved[k]);
+    return c.take(regions_.saved[i]);
+  }
+  static PlanOptions with_ring(PlanOptions o, int U, std::int64_t S, bool causal) {
+    o.ring = RingConfig{U, 1, RingLayout::contiguous, causal, S, 1};
+    return o;
+  }
+  void init(std::int64_t L) {
+    L_ = L;
+    Hq_ = specs_.query_heads.count(u_);
+    Hk_ = specs_.kv_heads.count(u_);
+    const ElementType t = specs_.q.type;
+    for (const TensorSpec* s : {&specs_.k, &specs_.v, &specs_.o})
+      if (s->type != t || !mergeable(t))
+        detail::fail(Errc::tensor_mismatch, std::string("DistributedAttentionPlan: q, k, v, o must be of one type of float32, float16, "
+                                                        "bfloat16 (attention_specs<T>(P, shape, type)); q is ") + to_string(t) +
+                                                ", and " + to_string(s->type) + " is among them");
+    for (std::int64_t h = 0; h < Hq_; ++h) kv_map_.push_back(specs_.local_kv_head(u_, h));
+    for (std::int64_t h = 0; h < Hq_; ++h) grouped_ = grouped_ && Hq_ % Hk_ == 0 && kv_map_[static_cast<std::size_t>(h)] == h / (Hq_ / Hk_);
+    scale_ = opt_.softmax_scale != 0.0f ? opt_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(specs_.q.head_dim));
+    sizes();
+  }
+  void sizes() {
+    const std::size_t eb = specs_.q.elem_bytes, f = sizeof(float);
+    const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+    const std::size_t D = n(specs_.q.head_dim), Dv = n(specs_.v.head_dim), rows = n(B_ * L_), Hq = n(Hq_), Hk = n(Hk_);
+    std::size_t kvmax = rows * Hk * (D + Dv) * eb, gmax = rows * Hk * (D + Dv) * f;
+    if (ring_) {
+      kvmax = ring_->kv_buffer_bytes();
+      gmax = ring_->grad_buffer_bytes();
+    }
+    const bool R = steps() > 1;
+    const std::size_t ws = std::max(qkv_.workspace_bytes(), out_.workspace_bytes());
+    regions_.saved[0] = rows * Hq * D * eb;
+    regions_.saved[1] = rows * Hk * (D + Dv) * eb;
+    regions_.saved[2] = rows * Hq * Dv * eb;
+    regions_.saved[3] = rows * Hq * f;
+    const std::size_t fwd[6] = {R ? kvmax : 0, R ? kvmax : 0, rows * Hq * Dv * f, rows * Hq * Dv * eb, rows * Hq * f, ws};
+    std::copy(fwd, fwd + 6, regions_.fwd);
+    const std::size_t bwd[10] = {rows * Hq * Dv * eb, R ? kvmax : 0, R ? kvmax : 0, gmax, R ? gmax : 0, rows * Hq * D * f,
+                                 rows * Hq * D * f, gmax, (rows * Hq * D + rows * Hk * (D + Dv)) * eb, ws};
+    std::copy(bwd, bwd + 10, regions_.bwd);
+  }
+
+  std::optional<RingPlan> ring_;
+  AttentionSpecs specs_;
+  std::int64_t B_ = 1;
+  bool causal_ = false;
+  int u_ = 0;
+  DistributedAttentionOptions opt_;
+  Plan qkv_, out_;
+  std::vector<RingWork> work_;                 // by step
+  std::vector<std::vector<SeqChunk>> chunks_;  // global chunks of ring rank j's tokens, ascending
+  std::int64_t L_ = 0, Hq_ = 0, Hk_ = 0;
+  std::vector<std::int64_t> kv_map_;
+  bool grouped_ = true;
+  float scale_ = 1.0f;
+  detail::AttentionRegions regions_;
+};
+
+ULYSSES_NAMESPACE_END

@@ -1,0 +1,421 @@
+// SPDX-License-Identifier: Apache-2.0
+// The drop-in distributed attention (attention/distributed.hpp), in-process: plain Ulysses and
+// Ulysses × Ring (U × R = 2 × 2, 4 × 1, 1 × 4; GQA and MQA with kv heads replicated on several
+// Ulysses ranks; causal zigzag and non-causal; uneven S; B = 2), forward and backward, through the
+// example's fp32 kernels (examples/common/ring_attention.hpp): the same bits as the hand-written
+// driver it replaced, within 2e-5 of the double-precision reference, the same bits between
+// equivalent configurations; bfloat16 (the kernel on widened views) within bf16 rounding of the
+// reference; the step the kernel sees; and the errors (communicator sizes, a
+// mismatched configuration, a short span or a kernel that throws on one rank: a coded error on
+// every rank, no hang).
+#include <doctest/doctest.h>
+
+#include <ulysses/attention/distributed.hpp>
+#include <ulysses/ulysses.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "ring_attention.hpp"
+
+using namespace ulysses;
+namespace rd = ulysses_ring_demo;
+
+namespace {
+struct DaCase {
+  int U, R;
+  std::int64_t S, H, Hkv, B;
+  bool causal;
+};
+/// FNV-1a 64 of the bits of x, continuing h.
+std::uint64_t hash_bits(std::uint64_t h, const std::vector<float>& x) {
+  for (float f : x) {
+    std::uint32_t b;
+    std::memcpy(&b, &f, 4);
+    for (int i = 0; i < 4; ++i) h = (h ^ ((b >> (8 * i)) & 0xffu)) * 0x100000001b3ull;
+  }
+  return h;
+}
+rd::RingCase ring_case(const DaCase& d) {
+  rd::RingCase c;
+  c.U = d.U, c.R = d.R, c.S = d.S, c.H = d.H, c.Hkv = d.Hkv, c.B = d.B, c.causal = d.causal;
+  c.layout = d.causal ? RingLayout::zigzag : RingLayout::contiguous;
+  return c;
+}
+// The cases, and the hashes (out, lse, dq, dk, dv over the ranks in order) that the hand-written
+// driver of examples/common/ring_attention.hpp at commit 7000e07 (ring_forward(), ring_backward():
+// dq accumulated in place across the steps) gave for them, built with g++ -O3.
+const DaCase kCases[] = {{2, 2, 22, 4, 4, 1, true}, {2, 2, 22, 4, 4, 1, false}, {4, 1, 22, 8, 8, 1, true}, {4, 1, 22, 8, 8, 1, false},
+                         {1, 4, 22, 4, 2, 1, true}, {1, 4, 22, 4, 2, 1, false}, {4, 1, 22, 8, 2, 1, true}, {2, 2, 22, 4, 1, 2, true},
+                         {4, 1, 22, 8, 1, 1, false}, {2, 2, 23, 4, 1, 1, false}};
+const std::uint64_t kOld[][5] = {
+    {0x0e4bcb216c83c139ull, 0x74e28c336a7ef65eull, 0x31a03440cb3c6e2dull, 0x857d1636692fbf4dull, 0x1960f6b29989427full},
+    {0x01cb99592477d2c3ull, 0xbcbd5fdbdd0afbd8ull, 0x1c1f4e1726cefab7ull, 0xb336885484ac4398ull, 0x5e955a4cf40f75deull},
+    {0xfadb8b00c5e7a64eull, 0xfdc8fe4b976bb7a5ull, 0xac1459a53fdfda93ull, 0xd99057a640cdb06cull, 0xaf4b9dcab8349c4cull},
+    {0xe02da2ba5864b97aull, 0x658b6189f961f05aull, 0xf334f284aa534e8full, 0x68dc59657a9b63d3ull, 0x01bd4b7dabdfcb40ull},
+    {0x6ec1d63dcf27d4cbull, 0xea6304c0c279175eull, 0xaccb5e80f37d2a9aull, 0x7031bc98be113850ull, 0x7918ee1782b34639ull},
+    {0x03f1936b874d5b63ull, 0xd951952c6f1cc483ull, 0x19f3e690cf929199ull, 0x8658aad8354d94b4ull, 0xe79d88a7f92a4f0bull},
+    {0x47db4918d1dabf85ull, 0xe5b5e60bf48e5faaull, 0xeefe2eae0852e4aeull, 0xfcb2b5685c46d583ull, 0xf3765b66f0ef438aull},
+    {0xc9c023b01c140c80ull, 0xd059a1fe7d127ceaull, 0x1b49250ecacb49cbull, 0x802b2f6e427e5010ull, 0x05fb59c7b6c6c06dull},
+    {0xeefd39202e0169acull, 0x63e151d32ced1f32ull, 0x3aa54e1416222060ull, 0x6ff05e7eb8ffb9dcull, 0x7fb09815ee7780e9ull},
+    {0x5d7847dd57bf6cfcull, 0x0f1ba1d538323b60ull, 0x5d6ce23003e99adeull, 0x52aa0bda39c31381ull, 0x333af7f5d23c3b78ull},
+};
+
+/// Whether a and b hold the same bits.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a[i], b[i])) return false;
+  return true;
+}
+
+/// The global [B, S, Hx, Dx] tensor of every rank's seq shard (seq: the world's partition).
+std::vector<float> gather(const SeqPartition& seq, std::int64_t B, std::int64_t Hx, std::int64_t Dx, const std::vector<std::vector<float>>& shards) {
+  const std::int64_t S = seq.seq_len(), n = Hx * Dx;
+  std::vector<float> g(static_cast<std::size_t>(B * S * n));
+  for (int w = 0; w < seq.degree(); ++w) {
+    const std::int64_t Sw = seq.local_length(w);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < Sw; ++i)
+        std::memcpy(&g[static_cast<std::size_t>((b * S + seq.global_token(w, i)) * n)], &shards[static_cast<std::size_t>(w)][static_cast<std::size_t>((b * Sw + i) * n)],
+                    static_cast<std::size_t>(n) * sizeof(float));
+  }
+  return g;
+}
+
+/// Plain Ulysses through the Ulysses-only overloads over `seq` (P ranks): every rank's out, dq, dk, dv gathered to global tensors.
+std::vector<std::vector<float>> plain_ulysses(const rd::RingCase& c, const rd::RingGlobals& g, const SeqPartition& seq) {
+  const int P = c.U;
+  std::vector<std::vector<std::vector<float>>> r(4, std::vector<std::vector<float>>(static_cast<std::size_t>(P)));
+  LocalGroup group(P, std::chrono::seconds(60));
+  group.spawn([&](LocalGroup::Comm& comm) {
+    const int w = comm.rank();
+    const AttentionSpecs specs = attention_specs<float>(P, {c.H, c.Hkv, c.D, c.Dv});
+    const DistributedAttentionPlan plan({P, w}, c.B, seq, specs, c.causal);
+    CHECK(plan.steps() == 1);
+    auto shard = [&](const std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) {
+      std::vector<float> s(static_cast<std::size_t>(c.B * seq.local_length(w) * Hx * Dx));
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t i = 0; i < seq.local_length(w); ++i)
+          std::memcpy(&s[static_cast<std::size_t>((b * seq.local_length(w) + i) * Hx * Dx)], &x[static_cast<std::size_t>((b * c.S + seq.global_token(w, i)) * Hx * Dx)],
+                      static_cast<std::size_t>(Hx * Dx) * sizeof(float));
+      return s;
+    };
+    const std::vector<float> q = shard(g.q, c.H, c.D), k = shard(g.k, c.Hkv, c.D), v = shard(g.v, c.Hkv, c.Dv), dos = shard(g.dout, c.H, c.Dv);
+    std::vector<float> o(dos.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
+    distributed_attention(plan, comm, QkvIn().q(q).k(k).v(v), ByteSpan(o), rd::step_attention, saved, ws);
+    distributed_attention_backward(plan, comm, ConstByteSpan(dos), QkvGradOut().dq(dq).dk(dk).dv(dv), rd::step_backward, saved, ws);
+    const auto W = static_cast<std::size_t>(w);
+    r[0][W] = o, r[1][W] = dq, r[2][W] = dk, r[3][W] = dv;
+  });
+  return {gather(seq, c.B, c.H, c.Dv, r[0]), gather(seq, c.B, c.H, c.D, r[1]), gather(seq, c.B, c.Hkv, c.D, r[2]),
+          gather(seq, c.B, c.Hkv, c.Dv, r[3])};
+}
+}  // namespace
+
+TEST_CASE("the same bits as the hand-written driver it replaced (dq: from R = 1), and within 2e-5 of the double reference") {
+  for (std::size_t i = 0; i < sizeof(kCases) / sizeof(kCases[0]); ++i) {
+    const rd::RingCase c = ring_case(kCases[i]);
+    INFO("case " << i << ": U=" << c.U << " R=" << c.R << " S=" << c.S << " H=" << c.H << " Hkv=" << c.Hkv << " B=" << c.B << (c.causal ? " causal" : ""));
+    const rd::RingGlobals g(c);
+    const auto res = rd::run_ring_attention(c, g, true);
+    std::uint64_t h[5];
+    for (auto& x : h) x = 0xcbf29ce484222325ull;
+    for (const auto& r : res)
+      h[0] = hash_bits(h[0], r.out), h[1] = hash_bits(h[1], r.lse), h[2] = hash_bits(h[2], r.dq), h[3] = hash_bits(h[3], r.dk), h[4] = hash_bits(h[4], r.dv);
+    CHECK(h[0] == kOld[i][0]);
+    CHECK(h[1] == kOld[i][1]);
+    if (c.R == 1) CHECK(h[2] == kOld[i][2]);  // R > 1: each step's dq partial is summed in fp32 (ring-flash-attention's order)
+    CHECK(h[3] == kOld[i][3]);
+    CHECK(h[4] == kOld[i][4]);
+    const rd::RingErrors e = rd::max_errors(c, rd::RingReference(c, g, true), res);
+    CHECK(e.max() < 2e-5);
+  }
+}
+
+TEST_CASE("plain Ulysses (no ring communicator): any sequence partition, the same bits as R = 1 through the ring overload") {
+  for (auto [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{8, 8}, {8, 2}, {8, 1}})
+    for (bool causal : {true, false}) {
+      rd::RingCase c;
+      c.U = 4, c.R = 1, c.S = 22, c.H = H, c.Hkv = Hkv, c.B = 2, c.causal = causal;
+      c.layout = RingLayout::contiguous;
+      INFO("H=" << H << " Hkv=" << Hkv << (causal ? " causal" : ""));
+      const rd::RingGlobals g(c);
+      const auto ring = rd::run_ring_attention(c, g, true);  // R = 1 through a ring of one rank
+      const SeqPartition world = RingPartition(c.S, c.U, 1, c.layout).seq_partition();
+      std::vector<std::vector<float>> o(4), dq(4), dk(4), dv(4);
+      for (std::size_t w = 0; w < 4; ++w) o[w] = ring[w].out, dq[w] = ring[w].dq, dk[w] = ring[w].dk, dv[w] = ring[w].dv;
+      const std::vector<std::vector<float>> want = {gather(world, c.B, c.H, c.Dv, o), gather(world, c.B, c.H, c.D, dq), gather(world, c.B, c.Hkv, c.D, dk),
+                                                    gather(world, c.B, c.Hkv, c.Dv, dv)};
+      for (const SeqPartition& seq : {SeqPartition::balanced(c.S, 4), SeqPartition::zigzag(c.S, 4), SeqPartition::lengths({3, 9, 4, 6})})
+        CHECK(same_bits(plain_ulysses(c, g, seq), want));  // the head side sees the whole sequence in global order: the same bits
+    }
+}
+
+TEST_CASE("the same bits with either progress mode, and on every run") {
+  rd::RingCase c = ring_case({2, 2, 22, 4, 1, 2, true});
+  const rd::RingGlobals g(c);
+  const auto a = rd::run_ring_attention(c, g, true, RingProgress::thread);
+  const auto b = rd::run_ring_attention(c, g, true, RingProgress::in_start);
+  const auto d = rd::run_ring_attention(c, g, true);
+  for (std::size_t w = 0; w < a.size(); ++w)
+    for (const auto* x : {&b, &d}) {
+      CHECK(same_bits(a[w].out, (*x)[w].out));
+      CHECK(same_bits(a[w].lse, (*x)[w].lse));
+      CHECK(same_bits(a[w].dq, (*x)[w].dq));
+      CHECK(same_bits(a[w].dk, (*x)[w].dk));
+      CHECK(same_bits(a[w].dv, (*x)[w].dv));
+    }
+}
+
+namespace {
+/// One rank of a U × R hybrid of case c with hooks: `make` may change the rank's RingPlan inputs,
+/// `attn` / `bwd` wrap the example's kernels; the rank's result (out) is returned.
+struct Hooks {
+  std::function<void(int w, bool& causal)> config = [](int, bool&) {};
+  std::function<void(int w, const AttentionStep&)> step = [](int, const AttentionStep&) {};
+  std::function<void(int w, const AttentionGradStep&)> grad = [](int, const AttentionGradStep&) {};
+  std::function<std::size_t(int w, std::size_t)> saved = [](int, std::size_t n) { return n; };
+};
+template <class RC>
+void hooked_rank(const rd::RingCase& c, const rd::RingGlobals& g, int w, LocalGroup::Comm& uc, RC& rc, const Hooks& hk) {
+  const RingPartition part(c.S, c.U, c.R, c.layout);
+  bool causal = c.causal;
+  hk.config(w, causal);
+  const RingPlan rp(part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, attention_specs<float>(c.U, {c.H, c.Hkv, c.D, c.Dv}), causal);
+  const DistributedAttentionPlan plan(rp);
+  const SeqPartition world = part.seq_partition();
+  const auto q = rd::ring_shard(c, world, w, g.q, c.H, c.D), k = rd::ring_shard(c, world, w, g.k, c.Hkv, c.D), v = rd::ring_shard(c, world, w, g.v, c.Hkv, c.Dv);
+  const auto dos = rd::ring_shard(c, world, w, g.dout, c.H, c.Dv);
+  std::vector<float> o(dos.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<std::byte> saved(hk.saved(w, plan.saved_bytes())), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
+  distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(o), [&](const AttentionStep& st) { hk.step(w, st), rd::step_attention(st); }, saved, ws);
+  distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(dq).dk(dk).dv(dv),
+                                 [&](const AttentionGradStep& st) { hk.grad(w, st), rd::step_backward(st); }, saved, ws);
+}
+/// Runs hooked_rank() on every rank of a LocalMesh (timeout 30 s); each rank's error code
+/// (Errc{} when none) and message; `ms` the time until every rank returned.
+std::vector<std::pair<Errc, std::string>> run_hooked(const rd::RingCase& c, const Hooks& hk, double* ms = nullptr) {
+  const rd::RingGlobals g(c);
+  std::vector<std::pair<Errc, std::string>> res(static_cast<std::size_t>(c.U * c.R));
+  const auto t0 = std::chrono::steady_clock::now();
+  LocalMesh(c.U, c.R, std::chrono::seconds(30)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm& rc) {
+    try {
+      hooked_rank(c, g, w, uc, rc, hk);
+    } catch (const Error& e) {
+      res[static_cast<std::size_t>(w)] = {e.code(), e.what()};
+    } catch (const std::exception& e) {
+      res[static_cast<std::size_t>(w)] = {Errc::backend, std::string("not an Error: ") + e.what()};
+    }
+  });
+  if (ms) *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+}  // namespace
+
+TEST_CASE("the step the kernel sees: ranges, global tokens, mask, heads, strides (U x R = 2 x 2, causal zigzag, GQA)") {
+  rd::RingCase c = ring_case({2, 2, 22, 4, 2, 2, true});
+  const RingPartition part(c.S, c.U, c.R, c.layout);
+  std::mutex m;
+  std::vector<std::vector<int>> steps(4);
+  Hooks hk;
+  hk.step = [&](int w, const AttentionStep& st) {
+    const int j = w / c.U, u = w % c.U;
+    const RingWork want = ring_work(part, j, st.step, true);
+    std::lock_guard<std::mutex> lock(m);
+    steps[static_cast<std::size_t>(w)].push_back(st.step);
+    CHECK(st.steps == 2);
+    CHECK(st.source == want.source);
+    CHECK(st.q_len == want.q_len);
+    CHECK(st.kv_len == want.kv_len);
+    CHECK(st.mask == want.mask);
+    CHECK(st.causal() == (st.step == 0));
+    CHECK(st.batch == 2);
+    CHECK(st.softmax_scale == 1.0f / std::sqrt(8.0f));
+    CHECK(st.heads.q_count == 2);
+    CHECK(st.heads.kv_count == 1);
+    CHECK(st.heads.q_global == 2 * u);
+    CHECK(st.heads.kv_global == u);
+    CHECK(st.heads.grouped);
+    CHECK(st.heads.kv_of(1) == 0);
+    CHECK(st.q_stride.row == 2 * 8);
+    CHECK(st.q_stride.batch == part.ring_length(j) * 2 * 8);
+    CHECK(st.k_stride.batch == part.ring_length(want.source) * 8);
+    CHECK(st.lse_stride.head == st.q_len);
+    CHECK(st.q_tokens.rows() == st.q_len);
+    CHECK(st.kv_tokens.rows() == st.kv_len);
+    for (std::int64_t i = 0; i < st.q_len; ++i) CHECK(st.q_tokens.global(i) == part.ring_token(j, want.q_begin + i));
+    for (std::int64_t i = 0; i < st.kv_len; ++i) CHECK(st.kv_tokens.global(i) == part.ring_token(want.source, want.kv_begin + i));
+  };
+  hk.grad = [&](int, const AttentionGradStep& st) {
+    CHECK(st.o_stride.row == 2 * 8);
+    CHECK(st.dk_stride.row == 8);
+    CHECK(st.lse_stride.head == st.fwd.work.L_q);
+  };
+  for (const auto& r : run_hooked(c, hk)) CHECK(r.first == Errc{});
+  for (const auto& s : steps) CHECK(s == std::vector<int>{0, 1});  // once per step, in order
+}
+
+TEST_CASE("errors: communicator sizes, the Ulysses-only overload of a ring plan, a configuration that differs") {
+  const rd::RingCase c = ring_case({2, 2, 22, 4, 4, 1, true});
+  const rd::RingGlobals g(c);
+  std::vector<Errc> codes(4), plain(4);
+  LocalMesh(2, 2, std::chrono::seconds(30)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm&) {
+    LocalGroup one(1);  // a ring of one rank for R = 2 (bug case C14: the hybrid that would run as CP=1)
+    LocalGroup::Comm rc = one.comm(0);
+    Hooks hk;
+    codes[static_cast<std::size_t>(w)] = ut::code_of([&] { hooked_rank(c, g, w, uc, rc, hk); });
+    const RingPlan rp(RingPartition(c.S, 2, 2, c.layout), Mesh(4, 2, 2, 4), w, 1, attention_specs<float>(2, {4, 4, 8}), true);
+    const DistributedAttentionPlan plan(rp);
+    std::vector<float> x(1 << 12);
+    std::vector<std::byte> b(1 << 16);
+    plain[static_cast<std::size_t>(w)] =
+        ut::code_of([&] { distributed_attention(plan, uc, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, b, b); });
+  });
+  for (int w = 0; w < 4; ++w) CHECK(codes[static_cast<std::size_t>(w)] == Errc::comm_mismatch);
+  for (int w = 0; w < 4; ++w) CHECK(plain[static_cast<std::size_t>(w)] == Errc::comm_mismatch);
+  Hooks hk;
+  hk.config = [](int w, bool& causal) { causal = w != 3; };  // rank 3 plans a non-causal attention
+  for (const auto& r : run_hooked(c, hk)) CHECK(r.first == Errc::plan_mismatch);
+}
+
+TEST_CASE("errors: a short span or a kernel that throws on one rank is a coded error on every rank, at once") {
+  const rd::RingCase c = ring_case({2, 2, 22, 4, 2, 1, true});
+  for (int what = 0; what < 3; ++what) {
+    Hooks hk;
+    if (what == 0) hk.saved = [](int w, std::size_t n) { return w == 2 ? n - 64 : n; };
+    if (what == 1)
+      hk.step = [](int w, const AttentionStep& st) {
+        if (w == 1 && st.step == 1) throw std::runtime_error("the engine's kernel failed");
+      };
+    if (what == 2)
+      hk.grad = [](int w, const AttentionGradStep& st) {
+        if (w == 3 && st.fwd.step == 0) throw Error(Errc::invalid_shape, "the engine's backward kernel failed");
+      };
+    double ms = 0;
+    const auto r = run_hooked(c, hk, &ms);
+    INFO("case " << what << ": " << r[0].second << " | " << r[1].second << " | " << r[2].second << " | " << r[3].second);
+    const int bad = what == 0 ? 2 : what == 1 ? 1 : 3;
+    for (int w = 0; w < 4; ++w) {
+      const Errc want = w != bad ? Errc::aborted : what == 0 ? Errc::buffer_too_small : what == 1 ? Errc::backend : Errc::invalid_shape;
+      CHECK(r[static_cast<std::size_t>(w)].first == want);
+    }
+    CHECK(ms < 10000);  // the peers heard at once (the groups' deadline is 30 s)
+  }
+}
+
+namespace {
+struct bf16 {
+  std::uint16_t bits;
+};
+float to_float(bf16 x) {
+  const std::uint32_t u = std::uint32_t{x.bits} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+bf16 to_bf16(float f) {  // to nearest, ties to even (finite inputs)
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return {static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+/// A bf16 view [B, rows, heads, dim] at its strides, as an fp32 contiguous copy (strides back in `st`).
+std::vector<float> widen(const void* p, AttentionStrides& st, std::int64_t B, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+  std::vector<float> x;
+  const auto* b16 = static_cast<const bf16*>(p);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t d = 0; d < dim; ++d) x.push_back(to_float(b16[b * st.batch + i * st.row + h * st.head + d]));
+  st = {rows * heads * dim, heads * dim, dim};
+  return x;
+}
+/// The example's fp32 kernel on a bf16 step: q, k, v widened, out rounded once to bf16.
+void bf16_attention(const AttentionStep& st) {
+  AttentionStep f = st;
+  const std::int64_t B = st.batch, Hq = st.heads.q_count, Hk = st.heads.kv_count;
+  const std::vector<float> q = widen(st.q, f.q_stride, B, st.q_len, Hq, st.head_dim), k = widen(st.k, f.k_stride, B, st.kv_len, Hk, st.head_dim),
+                           v = widen(st.v, f.v_stride, B, st.kv_len, Hk, st.v_head_dim);
+  std::vector<float> o(static_cast<std::size_t>(B * st.q_len * Hq * st.v_head_dim), 0.0f);
+  f.q = q.data(), f.k = k.data(), f.v = v.data(), f.out = o.data();
+  f.out_stride = {st.q_len * Hq * st.v_head_dim, Hq * st.v_head_dim, st.v_head_dim};
+  rd::step_attention(f);
+  auto* out = static_cast<bf16*>(st.out);
+  for (std::int64_t b = 0, e = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < st.q_len; ++i)
+      for (std::int64_t h = 0; h < Hq; ++h)
+        for (std::int64_t d = 0; d < st.v_head_dim; ++d) out[b * st.out_stride.batch + i * st.out_stride.row + h * st.out_stride.head + d] = to_bf16(o[std::size_t(e++)]);
+}
+/// The example's fp32 backward on a bf16 step (the partials are fp32 already).
+void bf16_backward(const AttentionGradStep& g) {
+  AttentionGradStep f = g;
+  const AttentionStep& st = g.fwd;
+  const std::int64_t B = st.batch, Hq = st.heads.q_count, Hk = st.heads.kv_count;
+  const std::vector<float> q = widen(st.q, f.fwd.q_stride, B, st.q_len, Hq, st.head_dim), k = widen(st.k, f.fwd.k_stride, B, st.kv_len, Hk, st.head_dim),
+                           v = widen(st.v, f.fwd.v_stride, B, st.kv_len, Hk, st.v_head_dim);
+  AttentionStrides os = g.o_stride;
+  const std::vector<float> o = widen(g.o, os, B, st.q_len, Hq, st.v_head_dim), dout = widen(g.dout, f.o_stride, B, st.q_len, Hq, st.v_head_dim);
+  f.fwd.q = q.data(), f.fwd.k = k.data(), f.fwd.v = v.data(), f.o = o.data(), f.dout = dout.data();
+  rd::step_backward(f);
+}
+}  // namespace
+
+TEST_CASE("bfloat16: U x R = 2 x 2 causal zigzag, MQA, B = 2, forward and backward, within bf16 rounding of the double reference") {
+  for (auto [U, R] : {std::pair{2, 2}, {4, 1}}) {
+    rd::RingCase c = ring_case({U, R, 22, 4, 1, 2, true});
+    rd::RingGlobals g(c);
+    for (auto* x : {&g.q, &g.k, &g.v, &g.dout})
+      for (float& e : *x) e = to_float(to_bf16(e));  // the inputs as bf16 hold them
+    const rd::RingReference ref(c, g, true);
+    rd::RingErrors err;
+    std::mutex m;
+    LocalMesh(U, R, std::chrono::seconds(60)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm& rc) {
+      const RingPartition part(c.S, c.U, c.R, c.layout);
+      const AttentionSpecs specs = attention_specs<bf16>(c.U, {c.H, c.Hkv, c.D, c.Dv}, ElementType::bfloat16);
+      const DistributedAttentionPlan plan(RingPlan(part, Mesh(U * R, U, R, U * R), w, c.B, specs, true));
+      const SeqPartition world = part.seq_partition();
+      auto shard = [&](const std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) {
+        std::vector<bf16> s;
+        for (float e : rd::ring_shard(c, world, w, x, Hx, Dx)) s.push_back(to_bf16(e));
+        return s;
+      };
+      const auto q = shard(g.q, c.H, c.D), k = shard(g.k, c.Hkv, c.D), v = shard(g.v, c.Hkv, c.Dv), dos = shard(g.dout, c.H, c.Dv);
+      std::vector<bf16> o(dos.size()), dq(q.size()), dk(k.size()), dv(v.size());
+      std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
+      distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(o), bf16_attention, saved, ws);
+      distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(dq).dk(dk).dv(dv), bf16_backward, saved, ws);
+      rd::RingRankResult rr;
+      auto wide = [](const std::vector<bf16>& x) {
+        std::vector<float> f;
+        for (bf16 e : x) f.push_back(to_float(e));
+        return f;
+      };
+      rr.out = wide(o), rr.dq = wide(dq), rr.dk = wide(dk), rr.dv = wide(dv);
+      const float* lse = plan.saved_lse(saved);
+      rr.lse.assign(lse, lse + c.B * plan.query_heads() * plan.tokens());
+      rr.h0 = specs.query_heads.begin(w % U), rr.Hq = plan.query_heads(), rr.L = plan.tokens();
+      for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(part.ring_token(w / U, i));
+      const rd::RingErrors e = rd::rank_errors(c, ref, w, rr);
+      std::lock_guard<std::mutex> lock(m);
+      err.max_with(e);
+    });
+    INFO("U=" << U << " R=" << R << ": o " << err.out << ", lse " << err.lse << ", dq " << err.dq << ", dk " << err.dk << ", dv " << err.dv);
+    CHECK(err.out < 2e-2);
+    CHECK(err.lse < 1e-4);  // fp32 from bf16 inputs: only the partials' rounding
+    CHECK(err.dq < 2e-2);
+    CHECK(err.dk < 2e-2);
+    CHECK(err.dv < 2e-2);
+    CHECK(err.max() > 0);  // (bf16 did round)
+  }
+}
