@@ -4,16 +4,18 @@
 // q, k, v + the attention + head->seq of o. The attention is a stand-in that takes f times the
 // serial exchange (seq->head + head->seq, measured first in the same run), split over the bands
 // by their share of the rank's query heads: `sleep` (a device kernel: the host is free while it
-// runs), `spin` (host compute: it needs the cores the copies need), or under SMPI simulated
-// compute (smpi_execute). Each row: the layer's time (the slowest rank's, median), its ratio to
+// runs), `spin` (host compute: it needs the cores the copies need), or under SMPI a simulated
+// sleep (smpi_nanosleep). Each row: the layer's time (the slowest rank's, median), its ratio to
 // the serial layer of the same run (G = 1 with blocking calls), and the exposed communication
 // (time - attention) / serial exchange. Included by ulysses_perf.cpp after its Options and clocks.
 #pragma once
 
 #include <ulysses/bands.hpp>
+#include <ulysses/tune/band_cost.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <cstdio>
@@ -25,12 +27,13 @@ namespace band_bench {
 
 using namespace ulysses;
 
-/// The stand-in attention: `seconds` of `kind` ("sleep", "spin"); simulated compute under SMPI.
+/// The stand-in attention: `seconds` of `kind` ("sleep", "spin"); a simulated sleep under SMPI.
 inline void stand_in(double seconds, const std::string& kind) {
   if (seconds <= 0) return;
 #ifdef SMPI_H
-  (void)kind;
-  smpi_execute(seconds);
+  (void)kind;  // simulated time: a sleep of the simulated host (smpi_execute() scales by the real host's speed)
+  const timespec ts{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<double>(static_cast<time_t>(seconds))) * 1e9)};
+  smpi_nanosleep(&ts, nullptr);
 #else
   if (kind == "sleep") {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
@@ -75,18 +78,25 @@ struct BandRow {
   double f = 0;
   int G = 0;
   double exchange_us = 0, attention_us = 0, us = 0, serial_us = 0;
+  double model_us = 0;   // the cost model's pipelined time (band_cost()) from the measured exchanges; 0: G > the units
+  bool advised = false;  // the G best_bands() picks among those timed
   std::string progress;
 };
 
-/// The sweep on one rank of `comm` (every rank calls it alike): rows on every rank.
-/// `now()` is the backend's clock in seconds; `alternate(calls)` the tool's alternate_all().
-template <class Comm, class Now, class Alternate>
+/// The sweep on one rank of `comm` (every rank calls it alike): rows on every rank. Exec: the
+/// executor of the copies (HostExecutor; ulysses_perf's SkipCopies with --copies 0: the messages
+/// alone, for simulated time). `now()` is the backend's clock in seconds; `alternate(calls)` the
+/// tool's alternate_all().
+/// The advice of each (S, f) comes from the cost model fed with this run's measured seq->head and
+/// head->seq (BandWork: no fixed part; `call_s` a call; the transport shares the attention's
+/// cores when the stand-in spins): band_cost() of each G timed, the least (ties: the smaller G).
+template <class Exec, class Comm, class Now, class Alternate>
 std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t B, const std::vector<std::int64_t>& sizes,
                            const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress,
-                           Now&& now, Alternate&& alternate) {
+                           double call_s, Now&& now, Alternate&& alternate) {
   const int P = comm.size(), r = comm.rank();
   const AttentionSpecs specs = attention_specs<std::uint16_t>(P, shape, ElementType::bfloat16, HeadPolicy::automatic);
-  HostExecutor exec;
+  Exec exec;
   std::vector<BandRow> rows;
   auto slowest = [&](auto&& fn) {
     ulysses_group::barrier(comm);
@@ -99,12 +109,13 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
   for (std::int64_t S : sizes) {
     Layer L(P, r, B, S, specs, all);
     const HeadBands& one = *L.bands[0];
-    Exchange<Comm, HostExecutor> h(comm, exec, progress);
-    auto exchange = [&] {  // the serial exchange: seq->head, head->seq, blocking
-      seq_to_head(one.qkv(), comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv);
-      head_to_seq(one.out(), comm, exec, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]), L.ws_o);
-    };
-    const double x_us = alternate(std::vector<std::function<double()>>{[&] { return slowest(exchange); }})[0];
+    Exchange<Comm, Exec> h(comm, exec, progress);
+    const std::vector<double> x = alternate(std::vector<std::function<double()>>{  // the serial exchange, blocking
+        [&] { return slowest([&] { seq_to_head(one.qkv(), comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv); }); },
+        [&] { return slowest([&] { head_to_seq(one.out(), comm, exec, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]), L.ws_o); }); }});
+    const double x_us = x[0] + x[1];
+    std::int64_t units = shape.num_heads;  // the fewest local query heads of a rank: the bands' units
+    for (int q = 0; q < P; ++q) units = std::min(units, specs.query_heads.count(q));
     for (double f : ratios) {
       const double attn_s = f * x_us * 1e-6;
       std::vector<std::function<double()>> calls;
@@ -125,33 +136,66 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
           });
         });
       const std::vector<double> t = alternate(calls);
+      BandWork work;
+      work.seq_to_head = {x[0] * 1e-6, 0};
+      work.head_to_seq = {x[1] * 1e-6, 0};
+      work.attention_s = attn_s;
+      work.units = static_cast<int>(std::max<std::int64_t>(1, units));
+      work.overhead = {call_s, call_s};
+      work.shares_compute = kind == "spin";
+      const std::size_t first = rows.size();
+      double best = 0;
       for (std::size_t i = 0; i < G.size(); ++i) {
         BandRow w;
         w.S = S, w.f = f, w.G = G[i], w.exchange_us = x_us, w.attention_us = attn_s * 1e6, w.us = t[i + 1], w.serial_us = t[0];
+        if (G[i] <= work.units) w.model_us = band_cost(work, G[i]).pipelined_s * 1e6;
         {
           const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
           h.start(&c, 1);
-          w.progress = G[i] == 1 ? "blocking" : h.progress_name();
+          w.progress = h.progress_name();
           h.finish();
         }
+        if (w.model_us > 0 && (best == 0 || w.model_us < best * (1 - 1e-9))) best = w.model_us;
         rows.push_back(w);
       }
+      for (std::size_t i = first; i < rows.size(); ++i)
+        if (rows[i].model_us == best) {
+          rows[i].advised = true;
+          break;
+        }
     }
   }
   return rows;
 }
 
-/// Prints the rows (rank 0) as a markdown table.
+/// Prints the rows (rank 0) as a markdown table, then per (S, f) the advised G's time against the
+/// best G timed.
 inline void print(const std::vector<BandRow>& rows, const std::string& what) {
   std::printf("# ulysses_perf --op bands: %s\n", what.c_str());
   std::printf("# time: the slowest rank's, median; serial: seq->head + attention + head->seq blocking, same run;\n"
-              "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden)\n");
-  std::printf("| S | f | G | progress | exchange (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+              "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden); model: band_cost() of the\n"
+              "# measured exchanges; *: the G the model advises\n");
+  std::printf("| S | f | G | progress | exchange (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed | model (us) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BandRow& w : rows)
-    std::printf("| %lld | %g | %d | %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f |\n", static_cast<long long>(w.S), w.f, w.G,
-                w.progress.c_str(), w.exchange_us, w.attention_us, w.serial_us, w.us, w.us / w.serial_us,
-                (w.us - w.attention_us) / w.exchange_us);
+    std::printf("| %lld | %g | %d%s | %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.1f |\n", static_cast<long long>(w.S), w.f, w.G,
+                w.advised ? "*" : "", w.progress.c_str(), w.exchange_us, w.attention_us, w.serial_us, w.us, w.us / w.serial_us,
+                (w.us - w.attention_us) / w.exchange_us, w.model_us);
+  std::printf("\n| S | f | advised G | its time / best timed | best timed G | advised / serial |\n|---|---|---|---|---|---|\n");
+  for (std::size_t a = 0; a < rows.size();) {
+    std::size_t b = a;
+    while (b < rows.size() && rows[b].S == rows[a].S && rows[b].f == rows[a].f) ++b;
+    const BandRow* adv = nullptr;
+    const BandRow* best = &rows[a];
+    for (std::size_t i = a; i < b; ++i) {
+      if (rows[i].advised) adv = &rows[i];
+      if (rows[i].us < best->us) best = &rows[i];
+    }
+    if (adv)
+      std::printf("| %lld | %g | %d | %.3f | %d | %.3f |\n", static_cast<long long>(rows[a].S), rows[a].f, adv->G, adv->us / best->us,
+                  best->G, adv->us / adv->serial_us);
+    a = b;
+  }
 }
 
 }  // namespace band_bench

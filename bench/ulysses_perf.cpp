@@ -86,7 +86,7 @@ struct Options {
   int world = 64;                       // --advise
   double budget_GiB = 0;                // --advise
   double attn_TFLOPS = AttentionRate::h100_bf16() * 1e-12;  // --advise: a rank's attention rate for the ring's overlap and the bands
-  double attn_ratio = 0;                // --advise --attn-ratio: the bands' attention as a multiple of the exchanges (0: the rate)
+  double attn_ratio = 0;                // --advise --attn-ratio F: the bands' attention as a multiple of the exchanges (0: the rate; a list: its first)
   double band_call_us = 0;              // --advise --band-call-us: what each band's exchange and attention call adds
   perf_model::LinkFlags links;          // --advise
 };
@@ -1047,7 +1047,6 @@ bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
   else if (a == "--check") o.mode = "check", o.params = ulysses_cli::value(argc, argv, i);
   else if (a == "--check-ring") o.mode = "check_ring", o.params = ulysses_cli::value(argc, argv, i);
   else if (a == "--attn-TFLOPS") o.attn_TFLOPS = ulysses_cli::real(argc, argv, i, 1e-9);
-  else if (a == "--attn-ratio") o.attn_ratio = ulysses_cli::real(argc, argv, i, 0);
   else if (a == "--band-call-us") o.band_call_us = ulysses_cli::real(argc, argv, i, 0);
   else if (a == "--rows") o.rows = true;
   else if (a == "--params") o.params = ulysses_cli::value(argc, argv, i);
@@ -1151,6 +1150,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--attn-ratio") {
       o.attn_ratios.clear();
       for (const std::string& x : split_list(need(i))) o.attn_ratios.push_back(list_number(x, 0, 1e6, "--attn-ratio"));
+      o.attn_ratio = o.attn_ratios.front();  // --advise: the first
     } else if (a == "--attn-kind") {
       o.attn_kind = ulysses_cli::one_of(argc, argv, i, {"sleep", "spin"}) == 0 ? "sleep" : "spin";
     } else if (a == "--progress") {
@@ -1224,12 +1224,16 @@ template <class Comm>
 void run_bands_on(Comm& comm, const Options& o, const std::string& what) {
   std::vector<std::int64_t> sizes;
   for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) sizes.push_back(n);
-  const std::vector<band_bench::BandRow> rows = band_bench::sweep(
-      comm, o.shape, o.batch, sizes, o.bands, o.attn_ratios, o.attn_kind, o.progress, [&] { return seconds_now(comm); },
-      [&](const std::vector<std::function<double()>>& calls) { return alternate_all(o, calls); });
+  auto run = [&](auto exec) {
+    return band_bench::sweep<decltype(exec)>(
+        comm, o.shape, o.batch, sizes, o.bands, o.attn_ratios, o.attn_kind, o.progress, o.band_call_us * 1e-6,
+        [&] { return seconds_now(comm); },
+        [&](const std::vector<std::function<double()>>& calls) { return alternate_all(o, calls); });
+  };
+  const std::vector<band_bench::BandRow> rows = o.copies ? run(HostExecutor{}) : run(SkipCopies{});
   if (comm.rank() == 0)
     band_bench::print(rows, what + ", " + o.model + ", P=" + std::to_string(comm.size()) + ", B=" + std::to_string(o.batch) +
-                                ", attention " + o.attn_kind);
+                                ", attention " + o.attn_kind + (o.copies ? "" : ", --copies 0 (the messages alone)"));
 }
 /// --backend local --op bands: --ranks P ranks on threads. @returns the exit status.
 int run_bands_local(const Options& o) {

@@ -193,8 +193,38 @@ check() {
 }
 
 verb="${1:-}"; [ $# -gt 0 ] && shift
+# bands [OUTDIR]: the band pipeline (ulysses_perf --op bands) across the throttled link, 1 rank in each
+# namespace (2 ranks) and 2 in each (4 ranks), the handles' progress on a worker thread (MPI's TCP
+# transport moves bytes only while a thread is in MPI) and posted in start() (split): OUTDIR/bands.txt.
+# Knobs: BAND_RATE (1gbit), BAND_MODEL (Llama-3.1-8B), BAND_S (4096), BAND_ITERS (5), BANDS (1,2,4,8),
+# RATIOS (0.25,1,4).
+bands() {
+  local out="${1:-$root/bench/results/netns}" perf="${PERF:-$root/build/bench/ulysses_perf}"
+  [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
+  mkdir -p "$out"
+  RATE="${BAND_RATE:-1gbit}" throttle
+  {
+    echo "# bench/netns/netns.sh bands, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at ${BAND_RATE:-1gbit} (tbf)"
+    for layout in "1 1" "2 2"; do
+      for pr in thread in_start; do
+        set -- $layout
+        launch "$1" "$2" "$perf" --op bands --backend mpi --model "${BAND_MODEL:-Llama-3.1-8B}" --dtype bf16 \
+          -b "${BAND_S:-4096}" -e "${BAND_S:-4096}" -n "${BAND_ITERS:-5}" -w 1 --bands "${BANDS:-1,2,4,8}" \
+          --attn-ratio "${RATIOS:-0.25,1,4}" --attn-kind sleep --progress "$pr" --mpi-window 0 || return 1
+      done
+    done
+  } | tee "$out/bands.txt"
+  RATE=none throttle
+}
+
 case "$verb" in
   agent) agent "$@" ;;
+  bands)
+    allowed || { echo "netns.sh: skipped"; exit 0; }
+    trap 'down || true' EXIT INT TERM
+    up
+    bands "$@"
+    ;;
   up) allowed || { echo "netns.sh: skipped"; exit 0; }; up ;;
   down) down ;;
   run) run "$@" ;;
