@@ -78,6 +78,7 @@ struct BandRow {
   double f = 0;
   int G = 0;
   double exchange_us = 0, attention_us = 0, us = 0, serial_us = 0;
+  double bands_exchange_us = 0;  // the G bands' exchanges alone (the pipeline without attention)
   double model_us = 0;   // the cost model's pipelined time (band_cost()) from the measured exchanges; 0: G > the units
   bool advised = false;  // the G best_bands() picks among those timed
   std::string progress;
@@ -87,9 +88,11 @@ struct BandRow {
 /// executor of the copies (HostExecutor; ulysses_perf's SkipCopies with --copies 0: the messages
 /// alone, for simulated time). `now()` is the backend's clock in seconds; `alternate(calls)` the
 /// tool's alternate_all().
-/// The advice of each (S, f) comes from the cost model fed with this run's measured seq->head and
-/// head->seq (BandWork: no fixed part; `call_s` a call; the transport shares the attention's
-/// cores when the stand-in spins): band_cost() of each G timed, the least (ties: the smaller G).
+/// The advice of each (S, f) comes from the cost model fed with this run's measurements: per G
+/// the exchanges of G bands alone (the pipeline without attention), split as the serial
+/// seq->head and head->seq (BandWork: no fixed part; `call_s` a call; the transport shares the
+/// attention's cores when the stand-in spins): band_cost() of each G timed, the least (ties: the
+/// smaller G).
 template <class Exec, class Comm, class Now, class Alternate>
 std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t B, const std::vector<std::int64_t>& sizes,
                            const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress,
@@ -114,6 +117,18 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
         [&] { return slowest([&] { seq_to_head(one.qkv(), comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv); }); },
         [&] { return slowest([&] { head_to_seq(one.out(), comm, exec, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]), L.ws_o); }); }});
     const double x_us = x[0] + x[1];
+    // The exchanges of G bands alone (the pipeline with no attention): what G bands cost on the
+    // link, which the model takes as each G's exchange time (a band may take another transport
+    // than the serial exchange: over MpiWindowComm messages instead of the peer copy).
+    std::vector<std::function<double()>> bare;
+    for (std::size_t i = 0; i < G.size(); ++i)
+      bare.push_back([&, i] {
+        return slowest([&] {
+          banded_attention(*L.bands[i + 1], comm, exec, L.qkv_seq(), L.qkv_head(), L.ws_qkv, ConstByteSpan(L.head[3]), ByteSpan(L.seq[3]),
+                           L.ws_o, [](const Band&) {}, progress);
+        });
+      });
+    const std::vector<double> x_bands = alternate(bare);
     std::int64_t units = shape.num_heads;  // the fewest local query heads of a rank: the bands' units
     for (int q = 0; q < P; ++q) units = std::min(units, specs.query_heads.count(q));
     for (double f : ratios) {
@@ -137,8 +152,6 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
         });
       const std::vector<double> t = alternate(calls);
       BandWork work;
-      work.seq_to_head = {x[0] * 1e-6, 0};
-      work.head_to_seq = {x[1] * 1e-6, 0};
       work.attention_s = attn_s;
       work.units = static_cast<int>(std::max<std::int64_t>(1, units));
       work.overhead = {call_s, call_s};
@@ -148,6 +161,10 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
       for (std::size_t i = 0; i < G.size(); ++i) {
         BandRow w;
         w.S = S, w.f = f, w.G = G[i], w.exchange_us = x_us, w.attention_us = attn_s * 1e6, w.us = t[i + 1], w.serial_us = t[0];
+        const double scale = x_bands[i] / x_us;  // G bands' exchanges against the serial exchange's
+        work.seq_to_head = {x[0] * scale * 1e-6, 0};
+        work.head_to_seq = {x[1] * scale * 1e-6, 0};
+        w.bands_exchange_us = x_bands[i];
         if (G[i] <= work.units) w.model_us = band_cost(work, G[i]).pipelined_s * 1e6;
         {
           const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
@@ -173,14 +190,14 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
 inline void print(const std::vector<BandRow>& rows, const std::string& what) {
   std::printf("# ulysses_perf --op bands: %s\n", what.c_str());
   std::printf("# time: the slowest rank's, median; serial: seq->head + attention + head->seq blocking, same run;\n"
-              "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden); model: band_cost() of the\n"
-              "# measured exchanges; *: the G the model advises\n");
-  std::printf("| S | f | G | progress | exchange (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed | model (us) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden); G exch: the G bands'\n"
+              "# exchanges alone; model: band_cost() of the measured exchanges; *: the G the model advises\n");
+  std::printf("| S | f | G | progress | exchange (us) | G exch (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed | model (us) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BandRow& w : rows)
-    std::printf("| %lld | %g | %d%s | %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.1f |\n", static_cast<long long>(w.S), w.f, w.G,
-                w.advised ? "*" : "", w.progress.c_str(), w.exchange_us, w.attention_us, w.serial_us, w.us, w.us / w.serial_us,
-                (w.us - w.attention_us) / w.exchange_us, w.model_us);
+    std::printf("| %lld | %g | %d%s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.1f |\n", static_cast<long long>(w.S), w.f, w.G,
+                w.advised ? "*" : "", w.progress.c_str(), w.exchange_us, w.bands_exchange_us, w.attention_us, w.serial_us, w.us,
+                w.us / w.serial_us, (w.us - w.attention_us) / w.exchange_us, w.model_us);
   std::printf("\n| S | f | advised G | its time / best timed | best timed G | advised / serial |\n|---|---|---|---|---|---|\n");
   for (std::size_t a = 0; a < rows.size();) {
     std::size_t b = a;

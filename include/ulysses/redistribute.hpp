@@ -66,9 +66,12 @@ struct ExchangePart {
   StageRange stages;  // resolved: count >= 1
 };
 /// Local: a refusal is told to the peers by the caller's tell_peers_on_failure() (comm/tell_peers.hpp).
-/// A call of some stages of a plan whose path is direct runs the peer copy stage by stage with a
-/// host executor; with a device executor (whose uploaded lists are all stages at once) it takes
-/// the message path where the types have it, else the all-to-all-v (the same on every rank).
+/// A call of some stages of a plan whose path is direct runs the peer copy stage by stage between
+/// the threads of one process with a host executor (LocalGroup). Across processes (MpiWindowComm:
+/// its inputs outside the window are staged or read by Cross Memory Attach whole, for every
+/// stage: 3x the serial layer at 2 bands, bench/results/bands.md) and with a device executor
+/// (whose uploaded lists are all stages at once) it takes the message path where the types have
+/// it, else the all-to-all-v (the same on every rank).
 /// @throws Error(invalid_shape) a stage range outside [0, plan.num_stages()); what check_comm(),
 ///         check_streams(), choose_path() and bind_table() throw.
 template <class Comm, class Exec>
@@ -82,7 +85,7 @@ ExchangePart bind_part(const Plan& plan, Direction dir, Comm& comm, const Exec& 
     fail(Errc::invalid_shape, std::string(call_name(dir)) + ": stages [" + std::to_string(stages.first) + ", " +
                                   std::to_string(stages.first + count) + ") are not a run of the plan's " + std::to_string(K) + " stages");
   Path path = choose_path<Comm, Exec>(plan);
-  if (path == Path::direct && count < K && !executor_traits<Exec>::runs_on_host)
+  if (path == Path::direct && count < K && !(executor_traits<Exec>::runs_on_host && comm_traits<Comm>::one_address_space))
     path = PathSupport<Comm, Exec>::messages && plan.options().messages_enabled() ? Path::messages : Path::alltoallv;
   return {&plan, dir, path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes()), {stages.first, count}};
 }
