@@ -35,7 +35,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$here/.." && pwd)
-BINARIES=(ulysses_gpu_probe test_cuda_copy test_cuda_merge test_comm_nccl ulysses_attention bench_cuda ulysses_perf)
+BINARIES=(ulysses_gpu_probe test_cuda_copy test_cuda_merge test_cuda_bands test_comm_nccl ulysses_attention bench_cuda ulysses_perf)
 # Built with MPI (a second build dir), optional: the IPC steps say "not available" without them.
 IPC_BINARIES=(test_comm_mpi_device_window ulysses_perf_mpi)
 
@@ -260,6 +260,7 @@ run_half() {
   [ -n "$sanitizer" ] && reserve=${SANITIZER_RESERVE:-140}
   rung 6a tests_copy 120 1 test_cuda_copy.log "$bin/test_cuda_copy"
   rung 6b tests_merge 60 1 test_cuda_merge.log "$bin/test_cuda_merge"
+  rung 6b2 tests_bands 60 1 test_cuda_bands.log "$bin/test_cuda_bands"
   rung 6c demo 40 1 demo.log "$bin/ulysses_attention" --device cuda --seq 1024
   rung 6d demo_backward 40 1 demo_backward.log "$bin/ulysses_attention" --device cuda --backward
   rung 6e0 bench_throwing_rank 20 1 bench_throwing_rank.log "$bin/bench_cuda" --check-throwing-rank
@@ -308,10 +309,10 @@ rebuild_here() {
   local dir=$1 out=$2 nccl=$3 build=$2/build
   timeout 300 cmake -S "$SRC" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DULYSSES_ENABLE_MPI=OFF \
     -DULYSSES_BUILD_BENCHMARKS=ON -Ddoctest_DIR="$dir/doctest/cmake" ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")} >"$out/rebuild.log" 2>&1 &&
-    timeout 300 cmake --build "$build" -j 16 --target ulysses_gpu_probe test_cuda_copy test_cuda_merge test_comm_nccl ulysses_attention ulysses_perf \
+    timeout 300 cmake --build "$build" -j 16 --target ulysses_gpu_probe test_cuda_copy test_cuda_merge test_cuda_bands test_comm_nccl ulysses_attention ulysses_perf \
       >>"$out/rebuild.log" 2>&1 || { note "rebuild failed: see rebuild.log"; return 1; }
   mkdir -p "$out/bin"
-  for b in ulysses_gpu_probe test_cuda_copy test_cuda_merge test_comm_nccl ulysses_attention ulysses_perf; do
+  for b in ulysses_gpu_probe test_cuda_copy test_cuda_merge test_cuda_bands test_comm_nccl ulysses_attention ulysses_perf; do
     cp "$(find "$build" -type f -name "$b" -perm -u+x | head -n 1)" "$out/bin/" 2>/dev/null || note "$b: not rebuilt"
   done
 }

@@ -11,11 +11,15 @@
 //       on a survivor whose deadline passed first, or Error(aborted) on one that saw the other
 //       break the group first, each naming rank 2 among the ranks that did not arrive; then the
 //       survivors' window destructors return within the window's timeout (they leak the window:
-//       the dead rank never frees it).
+//       the dead rank never frees it);
+//   `split`: a split-phase seq_to_head over MpiComm (split_phase.hpp), rank 2 killed between its
+//       start() and its finish(): the survivors' finish() throws Error(timeout) naming it, or
+//       Error(backend) / Error(aborted).
 // Each survivor prints one line, "mpi_kill: rank R: OK ..." or "mpi_kill: rank R: WRONG ...", for
 // mpi_kill.cmake to judge; Open MPI's runtime may end the job before the survivors get that far
 // (see there).
 #include <ulysses/comm/mpi.hpp>
+#include <ulysses/split_phase.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <chrono>
@@ -110,11 +114,46 @@ bool window_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
            " ms: " + what;
   return ok;
 }
+/// The split-phase path: one split-phase seq->head of all ranks (the agreement check done), then
+/// every rank starts a second (its messages posted) and rank `dead` is killed between its start()
+/// and its finish(): the survivors' finish() leaves with Error(timeout) naming it, or
+/// Error(backend) / Error(aborted) (MPI noticed, or a peer broke the group first).
+bool split_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
+  const std::chrono::seconds first_deadline(60);
+  mc.set_timeout(first_deadline);
+  const auto heads = HeadPartition::even(2 * n, n);
+  const Plan plan({n, r}, 1, SeqPartition::even(2 * n, n), {TensorSpec::of<float>(heads, 4)});
+  std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
+  std::vector<std::byte> ws(plan.workspace_bytes());
+  HostExecutor ex;
+  auto start = [&] { return start_seq_to_head(plan, mc, ex, {ConstByteSpan(in)}, {ByteSpan(out)}, ws); };
+  const auto [first, first_what] = error_of([&] {
+    auto h = start();
+    finish(h);
+  });
+  if (first != Errc{}) {
+    report = "the first exchange (every rank alive) failed: " + first_what;
+    return false;
+  }
+  mc.set_timeout(kDeadline);
+  MPI_Barrier(MPI_COMM_WORLD);  // from here on, no collective on the world
+  auto h = start();
+  if (r == dead) std::raise(SIGKILL);
+  const auto t0 = clock_type::now();
+  const auto [code, what] = error_of([&] { finish(h); });
+  const double ms = ms_since(t0);
+  const bool named = what.find(std::to_string(dead)) != std::string::npos;
+  const bool ok = ((code == Errc::timeout && named) || code == Errc::backend || code == Errc::aborted) &&
+                  ms < static_cast<double>(kDeadline.count()) + kMarginMs;
+  report = std::string(to_string(code)) + " after " + std::to_string(ms) + " ms: " + what;
+  return ok;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const bool window = argc > 1 && std::string(argv[1]) == "window";
+  const std::string mode = argc > 1 ? argv[1] : "message";
+  const bool window = mode == "window";
   int r = 0, n = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -123,8 +162,9 @@ int main(int argc, char** argv) {
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   MpiComm mc(comm, MpiComm::kIntMaxBytes, kDeadline);
   std::string report;
-  const bool ok = window ? window_case(mc, r, n, n - 1, report) : messages_case(mc, r, n, n - 1, report);
-  std::printf("mpi_kill: rank %d: %s (%s path, deadline %lld ms): %s\n", r, ok ? "OK" : "WRONG", window ? "window" : "message",
+  const bool ok = window ? window_case(mc, r, n, n - 1, report)
+                  : mode == "split" ? split_case(mc, r, n, n - 1, report) : messages_case(mc, r, n, n - 1, report);
+  std::printf("mpi_kill: rank %d: %s (%s path, deadline %lld ms): %s\n", r, ok ? "OK" : "WRONG", mode.c_str(),
               static_cast<long long>(kDeadline.count()), report.c_str());
   std::fflush(stdout);
   MPI_Finalize();

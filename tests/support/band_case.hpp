@@ -114,17 +114,32 @@ struct Engine {
   }
 };
 
+/// One rank's plans of case c: unbanded (`bands` 0: the plain q, k, v and o plans) or the
+/// HeadBands of that many bands.
+struct LayerPlans {
+  AttentionSpecs specs;
+  SeqPartition seq;
+  HeadBands bands;
+  Plan qkv0, out0;
+  bool banded;
+  LayerPlans(const BandCase& c, int r, int G)
+      : specs(c.specs()), seq(SeqPartition::balanced(c.S, c.P)), bands({c.P, r}, c.B, seq, specs, G ? G : 1),
+        qkv0({c.P, r}, c.B, seq, specs.qkv()), out0({c.P, r}, c.B, seq, specs.out()), banded(G > 0) {}
+  const Plan& qkv() const { return banded ? bands.qkv() : qkv0; }
+  const Plan& out() const { return banded ? bands.out() : out0; }
+};
+
 /// Runs the layer forward and backward on this rank: unbanded with `bands` 0, else over that many
 /// head bands with `progress`. Every rank of `comm` calls it alike.
 template <class Comm, class Exec>
 BandResult run_layer(const BandCase& c, Comm& comm, Exec& exec, int bands, Progress progress = Progress::automatic) {
   const int r = comm.rank();
-  const AttentionSpecs specs = c.specs();
-  const SeqPartition seq = SeqPartition::balanced(c.S, c.P);
-  HeadBands hb({c.P, r}, c.B, seq, specs, bands ? bands : 1);
-  const Plan qkv0({c.P, r}, c.B, seq, specs.qkv()), out0({c.P, r}, c.B, seq, specs.out());
-  const Plan& qkv = bands ? hb.qkv() : qkv0;
-  const Plan& out = bands ? hb.out() : out0;
+  const LayerPlans lp(c, r, bands);
+  const AttentionSpecs& specs = lp.specs;
+  const SeqPartition& seq = lp.seq;
+  const HeadBands& hb = lp.bands;
+  const Plan& qkv = lp.qkv();
+  const Plan& out = lp.out();
   const std::int64_t Hr = specs.query_heads.count(r), Kr = specs.kv_heads.count(r);
   const Engine eng{c, specs, r, Hr, Kr};
   std::vector<float> q = seq_part(c, seq, r, 0, c.H), k = seq_part(c, seq, r, 1, c.Hkv), v = seq_part(c, seq, r, 2, c.Hkv),
