@@ -84,7 +84,7 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
     if (bands.attention_ratio > 0) std::snprintf(attn, sizeof attn, "%.4g x the row's exchanges", bands.attention_ratio);
     else std::snprintf(attn, sizeof attn, "at %.4g TFLOP/s a rank, causal", bands.flops_per_s * 1e-12);
     std::printf("# bands: head bands G of the forward (best_bands(): seq->head of band g+1 and head->seq of g-1 on the link while band\n"
-                "# g's attention runs; a band holds whole GQA groups: G <= a rank's kv heads; 1 where overlap loses), attention\n"
+                "# g's attention runs; a band is a run of a rank's query heads: G <= H/P; 1 where overlap loses), attention\n"
                 "# %s, %.4g us a call; band(ms): the exchanges the bands leave exposed (pipelined - attention)\n",
                 attn, bands.overhead.exchange_call_s * 1e6);
   }

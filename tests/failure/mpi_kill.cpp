@@ -121,8 +121,8 @@ bool window_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
 bool split_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
   const std::chrono::seconds first_deadline(60);
   mc.set_timeout(first_deadline);
-  const auto heads = HeadPartition::even(2 * n, n);
-  const Plan plan({n, r}, 1, SeqPartition::even(2 * n, n), {TensorSpec::of<float>(heads, 4)});
+  const auto heads = HeadPartition::even(2 * n, n);  // 4 MiB messages: past any eager limit, so that none is delivered
+  const Plan plan({n, r}, 1, SeqPartition::even(4096 * n, n), {TensorSpec::of<float>(heads, 128)});  // before its receiver takes part
   std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
   std::vector<std::byte> ws(plan.workspace_bytes());
   HostExecutor ex;
