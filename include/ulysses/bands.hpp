@@ -38,7 +38,12 @@ struct Band {
 class HeadBands {
  public:
   /// The bands of the layer `specs` (attention_specs(P, ...)) on `group` over `seq`, batch B.
-  /// @param bands G in [1, kMaxStages]
+  /// @param group   the Ulysses group (P ranks, this rank)
+  /// @param batch   B >= 1
+  /// @param seq     the sequence partition of the seq-sharded tensors
+  /// @param specs   the layer's q, k, v, o specs (attention_specs(P, ...))
+  /// @param bands   G in [1, kMaxStages]
+  /// @param format  the local layouts' memory order (Format::bshd by default)
   /// @param options the plans' other options (stages and head_bands are set here)
   /// @throws Error(invalid_shape) G outside [1, kMaxStages]; what Plan() throws.
   HeadBands(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, int bands,
@@ -110,6 +115,9 @@ void run_band_pipeline(const HeadBands& bands, Comm& comm, Exec& exec, Progress 
 /// engine's attention of band g while seq→head of band g + 1 and head→seq of band g − 1 move,
 /// head→seq of o. The same bytes as seq_to_head(bands.qkv()), attention, head_to_seq(bands.out())
 /// unbanded, for every G and every backend.
+/// @param bands    the layer's bands (HeadBands) on this rank
+/// @param comm     this rank's communicator of the group; every rank calls alike
+/// @param exec     the executor of the copies (its memory the communicator's)
 /// @param qkv_seq  this rank's seq-sharded q, k, v [B, S_r, H|Hkv, D|Dv] (bands.qkv()'s inputs)
 /// @param qkv_head head-sharded q, k, v [B, S, H_r|Hkv_r, D|Dv]: filled band by band
 /// @param qkv_ws   at least bands.qkv().workspace_bytes()
@@ -118,6 +126,7 @@ void run_band_pipeline(const HeadBands& bands, Comm& comm, Exec& exec, Progress 
 /// @param o_ws     at least bands.out().workspace_bytes() (a workspace of its own)
 /// @param attend   `attend(const Band& b)`: the attention of b's local query heads (reading qkv_head's
 ///                 q heads b.query and k, v heads b.kv, which have arrived) into o_head's heads b.query
+/// @param progress how the exchanges progress during `attend` (Progress; docs/overlap.md)
 /// @throws what the exchanges throw (Exchange::start(), finish()); what `attend` throws, after
 ///         breaking the group (break_group_on_failure()), so that every rank throws.
 template <class Comm, class Exec, class Attend>
@@ -139,6 +148,9 @@ void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const Tens
 /// held by several ranks summed in ascending rank order, as seq_to_head_backward()). The same
 /// bytes as the unbanded backward for every G, when the engine's per-band gradients of a kv head
 /// add up as its unbanded kernel's do (e.g. accumulated in query-head order).
+/// @param bands     the layer's bands (HeadBands) on this rank
+/// @param comm      this rank's communicator of the group; every rank calls alike
+/// @param exec      the executor of the copies (its memory the communicator's)
 /// @param do_seq    seq-sharded do [B, S_r, H, Dv]
 /// @param do_head   head-sharded do [B, S, H_r, Dv]: filled band by band
 /// @param o_ws      at least bands.out().workspace_bytes()
@@ -147,6 +159,7 @@ void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const Tens
 /// @param dqkv_seq  seq-sharded dq, dk, dv: the result
 /// @param qkv_ws    at least bands.qkv().workspace_bytes()
 /// @param attend_backward `attend_backward(const Band& b)`
+/// @param progress  how the exchanges progress during `attend_backward` (Progress)
 /// @throws Error(not_adjoint) the q, k, v plan takes replicas from their owner; as banded_attention().
 template <class Comm, class Exec, class AttendBackward>
 void banded_attention_backward(const HeadBands& bands, Comm& comm, Exec& exec, ConstByteSpan do_seq, ByteSpan do_head, Workspace o_ws,

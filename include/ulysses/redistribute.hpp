@@ -179,7 +179,7 @@ void exchange_two_level(const Plan& plan, Direction dir, Comm& comm, const Buffe
 /// and kept in the communicator's ExchangeState (allocation, once).
 /// @pre `buffers` from bind_buffers() (or with no workspace); PathSupport<Comm, Exec>::direct.
 /// @throws as stage_exchange(); Error(plan_mismatch) when a peer's layouts do not fit this rank's plan.
-/// @param stage -1: every stage at once; else that stage alone (a head band; a host executor).
+/// `stage` -1: every stage at once; else that stage alone (a head band; a host executor).
 template <class Comm, class Exec>
 void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const BufferTable& buffers, int stage = -1) {
   static_assert(PathSupport<Comm, Exec>::direct, "exchange_direct needs with_peers(), allgather() and an executor of the same memory");

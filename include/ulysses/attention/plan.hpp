@@ -92,6 +92,7 @@ class DistributedAttentionPlan {
   /// @param seq    the sequence partition of the seq-sharded tensors (even, balanced, zigzag, ...)
   /// @param specs  attention_specs(P, shape, type, policy)
   /// @param causal causal attention (token i attends keys <= i, global order)
+  /// @param o      the softmax scale, the ring progress and the plans' options (DistributedAttentionOptions)
   /// @throws what Plan's constructor throws; Error(tensor_mismatch) as above.
   DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
                            const DistributedAttentionOptions& o = {})
