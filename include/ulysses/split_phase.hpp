@@ -98,10 +98,14 @@ class Exchange {
       });
     }
     std::uint64_t what = detail::kFnvBasis;
-    for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i)
+    for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i) {
+      // the stages as resolved (StageRange::all() and {0, K} are one exchange on every rank)
+      const StageRange& s = calls[i].stages;
+      const std::int64_t count = s.count == -1 && calls[i].plan ? calls[i].plan->num_stages() - s.first : s.count;
       what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
                                          static_cast<int>(calls[i].dir)),
-                           calls[i].stages.first * 65536 + calls[i].stages.count);
+                           static_cast<std::int64_t>(s.first) * 65536 + count);
+    }
     detail::begin_call(*comm_, name_, what);
     detail::tell_peers_on_failure(*comm_, comm_->rank(), name_, [&] {
       if (!calls || n < 1 || n > kMaxExchangeParts)

@@ -149,3 +149,147 @@ TEST_CASE("banded_attention: an attention that throws on one rank is every rank'
   CHECK(whats[0].find("rank 1 failed in the attention of a head band") != std::string::npos);
   CHECK(codes[1] == Errc{});  // rank 1 threw the engine's own exception, unchanged
 }
+
+// ---- break31: the bands against the unbanded layer on formats, shared kv heads, G past H_r ------
+
+namespace {
+using bt::FmtCase;
+using bt::FmtResult;
+using bt::fmt_layer;
+void check_fmt_case(const FmtCase& c, const std::vector<int>& Gs) {
+  std::vector<FmtResult> ref(static_cast<std::size_t>(c.P));
+  std::vector<std::vector<float>> rq(static_cast<std::size_t>(c.P)), rdo(static_cast<std::size_t>(c.P));
+  {
+    LocalGroup g(c.P);
+    g.spawn([&](LocalGroup::Comm& comm) {
+      const auto i = static_cast<std::size_t>(comm.rank());
+      ref[i] = fmt_layer(c, comm, 0, Progress::automatic, nullptr, nullptr, &rq[i], &rdo[i]);
+    });
+  }
+  for (int G : Gs)
+    for (Progress pr : {Progress::thread, Progress::in_start}) {
+      CAPTURE(G);
+      CAPTURE(static_cast<int>(pr));
+      std::vector<FmtResult> got(static_cast<std::size_t>(c.P));
+      LocalGroup g(c.P);
+      g.spawn([&](LocalGroup::Comm& comm) {
+        const auto i = static_cast<std::size_t>(comm.rank());
+        got[i] = fmt_layer(c, comm, G, pr, &rq[i], &rdo[i]);
+      });
+      for (int r = 0; r < c.P; ++r) {
+        CAPTURE(r);
+        CHECK(got[static_cast<std::size_t>(r)] == ref[static_cast<std::size_t>(r)]);
+        CHECK(got[static_cast<std::size_t>(r)].wrong_in == 0);
+      }
+    }
+}
+}  // namespace
+
+TEST_CASE("break31: banded = unbanded on sbhd, bhsd, uneven sequences, B > 1, balanced GQA with shared kv heads, G up to kMaxStages") {
+  const std::vector<int> Gs{1, 2, 3, 5, 7, kMaxStages};
+  const FmtCase cases[] = {
+      {2, 2, 7, 4, 2, 3, HeadPolicy::automatic, Format::sbhd, false},   // GQA split, uneven S
+      {3, 2, 8, 6, 3, 2, HeadPolicy::automatic, Format::bhsd, false},   // Hkv = P
+      {4, 1, 9, 6, 2, 2, HeadPolicy::balanced, Format::sbhd, false},    // balanced: kv heads shared unevenly
+      {3, 2, 5, 4, 2, 2, HeadPolicy::balanced, Format::bhsd, false},    // balanced GQA, H_r 2, 1, 1
+      {4, 3, 8, 8, 1, 2, HeadPolicy::automatic, Format::bhsd, true},    // MQA, B = 3
+      {2, 1, 6, 8, 8, 2, HeadPolicy::automatic, Format::bshd, true},    // MHA (Hkv = H)
+      {4, 2, 6, 5, 5, 2, HeadPolicy::balanced, Format::sbhd, false},    // MHA balanced, a rank with 1 head
+      {3, 1, 6, 3, 1, 2, HeadPolicy::balanced, Format::bshd, false},    // one query head per rank, G >> H_r
+  };
+  for (const FmtCase& c : cases) {
+    CAPTURE(c.P);
+    CAPTURE(c.H);
+    CAPTURE(c.Hkv);
+    CAPTURE(to_string(c.format));
+    check_fmt_case(c, Gs);
+  }
+}
+
+namespace {
+template <class F>
+std::pair<std::vector<Errc>, std::vector<std::string>> every_rank_bands(int P, F&& body) {
+  LocalGroup g(P, std::chrono::seconds(20));
+  std::vector<Errc> codes(static_cast<std::size_t>(P), Errc{});
+  std::vector<std::string> whats(static_cast<std::size_t>(P));
+  const auto t0 = std::chrono::steady_clock::now();
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const auto [code, what] = ut::error_of([&] { body(comm, comm.rank()); });
+    codes[static_cast<std::size_t>(comm.rank())] = code;
+    whats[static_cast<std::size_t>(comm.rank())] = what;
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  return {codes, whats};
+}
+}  // namespace
+
+TEST_CASE("break31: band counts that differ between ranks are plan_mismatch on every rank, forward and backward") {
+  const bt::BandCase c{3, 1, 6, 12, 3, 4};
+  for (int back = 0; back < 2; ++back)
+    for (Progress pr : {Progress::thread, Progress::in_start})
+      for (int odd : {0, 2}) {
+        CAPTURE(back);
+        CAPTURE(odd);
+        CAPTURE(static_cast<int>(pr));
+        const auto [codes, whats] = every_rank_bands(c.P, [&](LocalGroup::Comm& comm, int r) {
+          HostExecutor exec;
+          const AttentionSpecs specs = c.specs();
+          const SeqPartition seq = SeqPartition::balanced(c.S, c.P);
+          HeadBands hb({c.P, r}, c.B, seq, specs, r == odd ? 3 : 2);
+          std::vector<float> q(hb.qkv().seq_bytes(0) / 4), k(hb.qkv().seq_bytes(1) / 4), v(hb.qkv().seq_bytes(2) / 4);
+          std::vector<float> q2(hb.qkv().head_bytes(0) / 4), k2(hb.qkv().head_bytes(1) / 4), v2(hb.qkv().head_bytes(2) / 4);
+          std::vector<float> o2(hb.out().head_bytes(0) / 4), o(hb.out().seq_bytes(0) / 4);
+          std::vector<std::byte> w1(hb.qkv().workspace_bytes()), w2(hb.out().workspace_bytes());
+          int ran = 0;
+          if (!back)
+            banded_attention(hb, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1, ConstByteSpan(o2),
+                             ByteSpan(o), w2, [&](const Band&) { ++ran; }, pr);
+          else
+            banded_attention_backward(hb, comm, exec, ConstByteSpan(o), ByteSpan(o2), w2, TensorList<ConstByteSpan>{q2, k2, v2},
+                                      TensorList<ByteSpan>{q, k, v}, w1, [&](const Band&) { ++ran; }, pr);
+          CHECK(ran == 0);  // nothing ran: the first band's exchange failed
+        });
+        for (int r = 0; r < c.P; ++r) {
+          CAPTURE(r);
+          CAPTURE(whats[static_cast<std::size_t>(r)]);
+          CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+        }
+      }
+}
+
+TEST_CASE("break31: an attention backward that throws on one rank, in any band, is every rank's error") {
+  const bt::BandCase c{3, 1, 6, 9, 3, 4};
+  for (int band = 0; band < 3; ++band)
+    for (Progress pr : {Progress::thread, Progress::in_start}) {
+      CAPTURE(band);
+      CAPTURE(static_cast<int>(pr));
+      bool engine_error = false;
+      const auto [codes, whats] = every_rank_bands(c.P, [&](LocalGroup::Comm& comm, int r) {
+        HostExecutor exec;
+        HeadBands hb({c.P, r}, c.B, SeqPartition::balanced(c.S, c.P), c.specs(), 3);
+        std::vector<float> q(hb.qkv().seq_bytes(0) / 4), k(hb.qkv().seq_bytes(1) / 4), v(hb.qkv().seq_bytes(2) / 4);
+        std::vector<float> q2(hb.qkv().head_bytes(0) / 4), k2(hb.qkv().head_bytes(1) / 4), v2(hb.qkv().head_bytes(2) / 4);
+        std::vector<float> o2(hb.out().head_bytes(0) / 4), o(hb.out().seq_bytes(0) / 4);
+        std::vector<std::byte> w1(hb.qkv().workspace_bytes()), w2(hb.out().workspace_bytes());
+        try {
+          banded_attention_backward(hb, comm, exec, ConstByteSpan(o), ByteSpan(o2), w2, TensorList<ConstByteSpan>{q2, k2, v2},
+                                    TensorList<ByteSpan>{q, k, v}, w1,
+                                    [&](const Band& b) {
+                                      if (r == 2 && b.index == band) throw std::logic_error("backward kernel failed");
+                                    },
+                                    pr);
+        } catch (const std::logic_error&) {
+          engine_error = true;
+          throw Error(Errc::backend, "engine");
+        }
+        // a second layer after the failure must not hang either
+        seq_to_head(hb.qkv(), comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1);
+      });
+      CHECK(engine_error);
+      for (int r = 0; r < 2; ++r) {
+        CAPTURE(whats[static_cast<std::size_t>(r)]);
+        CHECK(codes[static_cast<std::size_t>(r)] == Errc::aborted);
+        CHECK(whats[static_cast<std::size_t>(r)].find("rank 2 failed in the attention backward of a head band") != std::string::npos);
+      }
+    }
+}

@@ -11,6 +11,7 @@
 #include <ulysses/host/executor.hpp>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,90 @@ TEST_CASE("banded_attention over MpiWindowComm: the bits of the unbanded layer f
     });
 }
 
+// ---- break31 -------------------------------------------------------------------------------------
+
+namespace {
+/// Every rank's error of `body` over a P-rank MpiComm (20 s deadline), gathered to every rank.
+template <class F>
+void every_rank_mpi(int P, F&& body, const std::function<void(int, Errc, const std::string&)>& check) {
+  ut::on_groups_of(P, [&](MPI_Comm sub) {
+    MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+    const auto t = ut::timed_error_of([&] { body(comm, comm.rank()); });
+    check(comm.rank(), t.code, t.message);
+    CHECK(t.ms < 15000);
+  });
+}
+}  // namespace
+
+TEST_CASE("break31: banded = unbanded over MpiComm and MpiWindowComm on sbhd, bhsd, uneven S, B > 1, balanced GQA, G past H_r") {
+  const bt::FmtCase cases[] = {
+      {3, 2, 7, 6, 3, 2, HeadPolicy::automatic, Format::sbhd, false},
+      {3, 2, 5, 4, 2, 2, HeadPolicy::balanced, Format::bhsd, false},
+      {4, 1, 9, 6, 2, 2, HeadPolicy::balanced, Format::sbhd, false},
+      {4, 3, 8, 8, 1, 2, HeadPolicy::automatic, Format::bhsd, true},
+      {2, 2, 5, 6, 6, 2, HeadPolicy::automatic, Format::bshd, false},
+  };
+  for (const bt::FmtCase& c : cases)
+    ut::on_groups_of(c.P, [&](MPI_Comm sub) {
+      CAPTURE(c.P);
+      CAPTURE(c.H);
+      CAPTURE(to_string(c.format));
+      MpiComm comm(sub);
+      std::vector<float> rq, rdo;
+      const bt::FmtResult ref = bt::fmt_layer(c, comm, 0, Progress::automatic, nullptr, nullptr, &rq, &rdo);
+      MpiWindow win(comm, static_cast<std::size_t>(c.B * c.S * (c.H + 2 * c.Hkv) * c.D) * sizeof(float) * 8 + (1u << 16));
+      MpiWindowComm wc(comm, win);
+      for (int G : {1, 2, 3, 7, kMaxStages}) {
+        CAPTURE(G);
+        const bt::FmtResult got = bt::fmt_layer(c, comm, G, Progress::automatic, &rq, &rdo);
+        CHECK(got == ref);
+        CHECK(got.wrong_in == 0);
+        const bt::FmtResult w = bt::fmt_layer(c, wc, G, Progress::automatic, &rq, &rdo);
+        CHECK(w == ref);
+        CHECK(w.wrong_in == 0);
+      }
+    });
+}
+
+TEST_CASE("break31: band counts or head_bands differing between ranks over MpiComm: plan_mismatch on every rank") {
+  for (int variant = 0; variant < 3; ++variant) {
+    CAPTURE(variant);
+    every_rank_mpi(
+        3,
+        [&](MpiComm& comm, int r) {
+          HostExecutor exec;
+          const AttentionSpecs specs = attention_specs<float>(3, AttentionShape{12, 3, 4, 4});
+          const SeqPartition seq = SeqPartition::balanced(6, 3);
+          if (variant < 2) {
+            HeadBands hb({3, r}, 1, seq, specs, r == (variant ? 0 : 2) ? 3 : 2);
+            std::vector<float> q(hb.qkv().seq_bytes(0) / 4), k(hb.qkv().seq_bytes(1) / 4), v(hb.qkv().seq_bytes(2) / 4);
+            std::vector<float> q2(hb.qkv().head_bytes(0) / 4), k2(hb.qkv().head_bytes(1) / 4), v2(hb.qkv().head_bytes(2) / 4);
+            std::vector<float> o2(hb.out().head_bytes(0) / 4), o(hb.out().seq_bytes(0) / 4);
+            std::vector<std::byte> w1(hb.qkv().workspace_bytes()), w2(hb.out().workspace_bytes());
+            banded_attention(hb, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1, ConstByteSpan(o2),
+                             ByteSpan(o), w2, [&](const Band&) {});
+          } else {
+            PlanOptions o;
+            o.stages = 2;
+            o.head_bands = r != 1;
+            const Plan plan({3, r}, 1, seq, specs.qkv(), Format::bshd, o);
+            std::vector<float> q(plan.seq_bytes(0) / 4), k(plan.seq_bytes(1) / 4), v(plan.seq_bytes(2) / 4);
+            std::vector<float> q2(plan.head_bytes(0) / 4), k2(plan.head_bytes(1) / 4), v2(plan.head_bytes(2) / 4);
+            std::vector<std::byte> ws(plan.workspace_bytes());
+            auto h = start_seq_to_head(plan, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, ws);
+            finish(h);
+          }
+        },
+        [&](int, Errc code, const std::string& what) {
+          CAPTURE(what);
+          CHECK(code == Errc::plan_mismatch);
+        });
+  }
+}
+
+// The tests below break their groups. A broken MpiComm can upset the next MpiComm over a fresh
+// MPI_Comm_split of the same ranks (Error(aborted) from a stale notice, or Error(timeout) in its
+// first agreement; see the break31 report), so the tests that need a healthy group run first.
 TEST_CASE("split-phase over MpiComm: a rank that destroys its handle before finish() is every rank's error, in time") {
   ut::on_groups_of(3, [&](MPI_Comm sub) {
     MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
@@ -84,6 +169,94 @@ TEST_CASE("split-phase over MpiComm: a rank that destroys its handle before fini
     CHECK(t.code == Errc::aborted);
     CHECK(t.message.find("rank 1 destroyed a split-phase seq_to_head before its finish()") != std::string::npos);
     CHECK(t.ms < 10000);
+  });
+}
+
+
+namespace {
+struct MpiLayer {
+  Plan plan;
+  std::vector<float> q, k, v, q2, k2, v2;
+  std::vector<std::byte> ws;
+  MpiLayer(int r, int stages = 1)
+      : plan({3, r}, 1, SeqPartition::even(9, 3), attention_specs<float>(3, AttentionShape{6, 3, 4, 4}).qkv(), Format::bshd, opts(stages)) {
+    q.assign(plan.seq_bytes(0) / 4, 1.0f + static_cast<float>(r)), k.assign(plan.seq_bytes(1) / 4, 2.0f), v.assign(plan.seq_bytes(2) / 4, 3.0f);
+    q2.assign(plan.head_bytes(0) / 4, 0), k2.assign(plan.head_bytes(1) / 4, 0), v2.assign(plan.head_bytes(2) / 4, 0);
+    ws.resize(plan.workspace_bytes());
+  }
+  static PlanOptions opts(int stages) {
+    PlanOptions o;
+    o.stages = stages;
+    return o;
+  }
+  ExchangeCall call(StageRange s = StageRange::all()) {
+    return {&plan, Direction::seq_to_head, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, ws, s};
+  }
+};
+}  // namespace
+
+TEST_CASE("break31: two handles in flight on one MpiComm: the second start() is every rank's coded error, in time") {
+  every_rank_mpi(
+      3,
+      [&](MpiComm& comm, int r) {
+        HostExecutor exec;
+        MpiLayer a(r), b(r);
+        Exchange<MpiComm, HostExecutor> h1(comm, exec), h2(comm, exec);
+        const ExchangeCall ca = a.call(), cb = b.call();
+        h1.start(&ca, 1);
+        CHECK(std::string(h1.progress_name()) == "split");
+        if (r == 0) {
+          CHECK(ut::code_of([&] { h2.start(&cb, 1); }) == Errc::invalid_shape);
+        }
+        h1.finish();
+        seq_to_head(a.plan, comm, exec, TensorList<ConstByteSpan>{a.q, a.k, a.v}, TensorList<ByteSpan>{a.q2, a.k2, a.v2}, a.ws);
+      },
+      [&](int, Errc code, const std::string& what) {
+        CAPTURE(what);
+        CHECK(code == Errc::aborted);
+      });
+}
+
+// (Ranks giving different counts, or another stage of the same plan, reach Error(timeout) at the
+// deadline on every rank, the communicator then unusable: not run here; see the break31 report.)
+TEST_CASE("break31: ranks giving one MpiComm handle the exchanges in different orders: a coded error on every rank, in time") {
+  for (int variant = 0; variant < 1; ++variant) {
+    CAPTURE(variant);
+    every_rank_mpi(
+        3,
+        [&](MpiComm& comm, int r) {
+          HostExecutor exec;
+          MpiLayer a(r, 2), c(r);
+          Exchange<MpiComm, HostExecutor> h(comm, exec);
+          ExchangeCall calls[2] = {a.call(StageRange::one(0)), c.call()};
+          int n = 2;
+          if (r == 1 && variant == 0) calls[0] = c.call(), calls[1] = a.call(StageRange::one(0));
+          if (r == 1 && variant == 1) n = 1;
+          if (r == 1 && variant == 2) calls[0] = a.call(StageRange::one(1));
+          h.start(calls, n);
+          h.finish();
+        },
+        [&](int, Errc code, const std::string& what) {
+          CAPTURE(what);
+          CHECK(code != Errc{});
+        });
+  }
+}
+
+
+TEST_CASE("break31: Progress::thread on an MpiComm without MPI_THREAD_SERIALIZED is invalid_shape on every rank") {
+  ut::on_groups_of(2, [&](MPI_Comm sub) {
+    MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+    if (comm.allows_worker_thread()) return;
+    HostExecutor exec;
+    const int r = comm.rank();
+    const Plan plan({2, r}, 1, SeqPartition::even(4, 2), attention_specs<float>(2, AttentionShape{2, 2, 4, 4}).qkv());
+    std::vector<float> q(plan.seq_bytes(0) / 4), k(plan.seq_bytes(1) / 4), v(plan.seq_bytes(2) / 4);
+    std::vector<float> q2(plan.head_bytes(0) / 4), k2(plan.head_bytes(1) / 4), v2(plan.head_bytes(2) / 4);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    const TensorList<ConstByteSpan> in{q, k, v};
+    const TensorList<ByteSpan> out{q2, k2, v2};
+    CHECK(ut::code_of([&] { auto h = start_seq_to_head(plan, comm, exec, in, out, ws, Progress::thread); finish(h); }) == Errc::invalid_shape);
   });
 }
 
