@@ -98,13 +98,20 @@ class Exchange {
       });
     }
     std::uint64_t what = detail::kFnvBasis;
-    for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i) {
-      // the stages as resolved (StageRange::all() and {0, K} are one exchange on every rank)
-      const StageRange& s = calls[i].stages;
-      const std::int64_t count = s.count == -1 && calls[i].plan ? calls[i].plan->num_stages() - s.first : s.count;
-      what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
-                                         static_cast<int>(calls[i].dir)),
-                           static_cast<std::int64_t>(s.first) * 65536 + count);
+    if (calls && n == 1 && calls[0].plan && calls[0].stages.first == 0 &&
+        (calls[0].stages.count == -1 || calls[0].stages.count == calls[0].plan->num_stages())) {
+      // one exchange of every stage: numbered as the blocking call (redistribute()), so that a
+      // rank's seq_to_head() pairs with its peers' start_seq_to_head() + finish()
+      what = detail::fnv1a(calls[0].plan->fingerprint(), static_cast<int>(calls[0].dir));
+    } else {
+      for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i) {
+        // the stages as resolved (StageRange::all() and {0, K} are one exchange on every rank)
+        const StageRange& s = calls[i].stages;
+        const std::int64_t count = s.count == -1 && calls[i].plan ? calls[i].plan->num_stages() - s.first : s.count;
+        what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
+                                           static_cast<int>(calls[i].dir)),
+                             static_cast<std::int64_t>(s.first) * 65536 + count);
+      }
     }
     detail::begin_call(*comm_, name_, what);
     detail::tell_peers_on_failure(*comm_, comm_->rank(), name_, [&] {

@@ -196,6 +196,9 @@ TEST_CASE("break31: banded = unbanded on sbhd, bhsd, uneven sequences, B > 1, ba
       {2, 1, 6, 8, 8, 2, HeadPolicy::automatic, Format::bshd, true},    // MHA (Hkv = H)
       {4, 2, 6, 5, 5, 2, HeadPolicy::balanced, Format::sbhd, false},    // MHA balanced, a rank with 1 head
       {3, 1, 6, 3, 1, 2, HeadPolicy::balanced, Format::bshd, false},    // one query head per rank, G >> H_r
+      {4, 2, 5, 3, 1, 2, HeadPolicy::balanced, Format::sbhd, false},    // H < P: rank 3 holds no query head
+      {4, 1, 6, 2, 2, 2, HeadPolicy::balanced, Format::bhsd, false},    // two ranks without heads, MHA
+      {3, 1, 6, 4, 4, 2, HeadPolicy::balanced, Format::bshd, true},     // MHA balanced 2, 1, 1
   };
   for (const FmtCase& c : cases) {
     CAPTURE(c.P);
@@ -407,4 +410,12 @@ TEST_CASE("break31: banded = unbanded on strided views (padded seq and head layo
     for (float f : x.o) pad += f == -1.0f;
     CHECK(pad > 0);
   }
+}
+
+TEST_CASE("break31: one handle carrying several stages of one plan (one workspace) and four parts at once: the unbanded bytes") {
+  const bt::BandCase c{3, 2, 7, 9, 3, 4};
+  LocalGroup g(c.P);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    for (Progress pr : {Progress::thread, Progress::in_start}) CHECK(bt::multi_part_mismatches(c, comm, pr) == 0);
+  });
 }

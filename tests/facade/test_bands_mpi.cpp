@@ -170,6 +170,44 @@ TEST_CASE("break31: band counts or head_bands differing between ranks over MpiCo
   }
 }
 
+TEST_CASE("break31: one MpiComm handle carrying several stages of one plan (one workspace) and four parts: the unbanded bytes") {
+  ut::on_groups_of(3, [&](MPI_Comm sub) {
+    MpiComm comm(sub);
+    CHECK(bt::multi_part_mismatches(bt::BandCase{3, 2, 7, 9, 3, 4}, comm, Progress::automatic) == 0);
+    MpiWindow win(comm, 1u << 20);
+    MpiWindowComm wc(comm, win);
+    CHECK(bt::multi_part_mismatches(bt::BandCase{3, 2, 7, 9, 3, 4}, wc, Progress::automatic) == 0);
+  });
+}
+
+TEST_CASE("break31: a blocking seq_to_head on one rank pairs with its peers' start_seq_to_head + finish over MpiComm") {
+  ut::on_groups_of(3, [&](MPI_Comm sub) {
+    MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+    HostExecutor exec;
+    const int r = comm.rank();
+    const Plan plan({3, r}, 2, SeqPartition::balanced(7, 3), attention_specs<float>(3, AttentionShape{6, 3, 4, 4}).qkv());
+    std::vector<float> q = bt::ints(plan.seq_bytes(0) / 4, r), k = bt::ints(plan.seq_bytes(1) / 4, r + 3), v = bt::ints(plan.seq_bytes(2) / 4, r + 5);
+    std::vector<float> q2(plan.head_bytes(0) / 4), k2(plan.head_bytes(1) / 4), v2(plan.head_bytes(2) / 4);
+    std::vector<float> a(q2.size()), b(k2.size()), c(v2.size());
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    const TensorList<ConstByteSpan> in{q, k, v};
+    seq_to_head(plan, comm, exec, in, TensorList<ByteSpan>{q2, k2, v2}, ws);
+    const auto t = ut::timed_error_of([&] {
+      if (r == 1) {
+        seq_to_head(plan, comm, exec, in, TensorList<ByteSpan>{a, b, c}, ws);
+      } else {
+        auto h = start_seq_to_head(plan, comm, exec, in, TensorList<ByteSpan>{a, b, c}, ws);
+        finish(h);
+      }
+    });
+    CHECK(t.code == Errc{});
+    CHECK(t.ms < 5000);
+    CHECK(a == q2);
+    CHECK(b == k2);
+    CHECK(c == v2);
+  });
+}
+
 TEST_CASE("break31: Progress::thread on an MpiComm without MPI_THREAD_SERIALIZED is invalid_shape on every rank") {
   every_rank_mpi(
       2,

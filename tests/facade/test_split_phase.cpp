@@ -318,3 +318,26 @@ TEST_CASE("break31: StageRange::all() on some ranks and {0, K} on others is one 
     }
   }
 }
+
+TEST_CASE("break31: a blocking call on some ranks and the split-phase call of the same exchange on others pair up") {
+  for (Progress pr : {Progress::thread, Progress::in_start}) {
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      Layer a(r), b(r);
+      seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws);  // the reference (every rank blocking)
+      if (r == 1) {
+        seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+      } else {
+        auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, pr);
+        finish(h);
+      }
+      CHECK(a.q2 == b.q2);
+      CHECK(a.k2 == b.k2);
+      CHECK(a.v2 == b.v2);
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc{});
+    }
+  }
+}

@@ -299,4 +299,47 @@ FmtResult fmt_layer(const FmtCase& c, Comm& comm, int G, Progress pr, const std:
   if (do2_out) *do2_out = do2;
   return res;
 }
+
+/// One handle carrying the three bands of a HeadBands q, k, v plan out of order (one workspace),
+/// then head→seq of the three and the plain plan's as four parts: how many results differ from
+/// the blocking unbanded calls' (0 expected).
+template <class Comm>
+int multi_part_mismatches(const BandCase& c, Comm& comm, Progress pr) {
+  HostExecutor exec;
+  const int r = comm.rank();
+  const AttentionSpecs specs = c.specs();
+  const SeqPartition seq = SeqPartition::balanced(c.S, c.P);
+  const HeadBands hb({c.P, r}, c.B, seq, specs, 3);
+  const Plan plain({c.P, r}, c.B, seq, specs.qkv());
+  std::vector<float> q = ints(plain.seq_bytes(0) / 4, r), k = ints(plain.seq_bytes(1) / 4, r + 7), v = ints(plain.seq_bytes(2) / 4, r + 9);
+  auto head = [&] {
+    return std::vector<std::vector<float>>{std::vector<float>(plain.head_bytes(0) / 4), std::vector<float>(plain.head_bytes(1) / 4),
+                                           std::vector<float>(plain.head_bytes(2) / 4)};
+  };
+  auto ref = head(), got = head();
+  std::vector<std::byte> w0(plain.workspace_bytes()), w1(hb.qkv().workspace_bytes()), w2(plain.workspace_bytes());
+  const TensorList<ConstByteSpan> in{q, k, v};
+  seq_to_head(plain, comm, exec, in, TensorList<ByteSpan>{ref[0], ref[1], ref[2]}, w0);
+  Exchange<Comm, HostExecutor> h(comm, exec, pr);
+  const TensorList<ByteSpan> out{got[0], got[1], got[2]};
+  const ExchangeCall calls[3] = {{&hb.qkv(), Direction::seq_to_head, in, out, w1, StageRange::one(2)},
+                                 {&hb.qkv(), Direction::seq_to_head, in, out, w1, StageRange::one(0)},
+                                 {&hb.qkv(), Direction::seq_to_head, in, out, w1, StageRange::one(1)}};
+  h.start(calls, 3);
+  h.finish();
+  int bad = got == ref ? 0 : 1;
+  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), dq0(q.size()), dk0(k.size()), dv0(v.size()), x(q.size()), y(k.size()),
+      z(v.size());
+  seq_to_head_backward(plain, comm, exec, TensorList<ConstByteSpan>{ref[0], ref[1], ref[2]}, TensorList<ByteSpan>{dq0, dk0, dv0}, w0);
+  const TensorList<ConstByteSpan> hin{got[0], got[1], got[2]};
+  const ExchangeCall back[4] = {{&hb.qkv(), Direction::head_to_seq, hin, TensorList<ByteSpan>{dq, dk, dv}, w1, StageRange::one(1)},
+                                {&plain, Direction::head_to_seq, hin, TensorList<ByteSpan>{x, y, z}, w2},
+                                {&hb.qkv(), Direction::head_to_seq, hin, TensorList<ByteSpan>{dq, dk, dv}, w1, StageRange::one(0)},
+                                {&hb.qkv(), Direction::head_to_seq, hin, TensorList<ByteSpan>{dq, dk, dv}, w1, StageRange::one(2)}};
+  h.start(back, 4);
+  h.finish();
+  bad += (dq != dq0) + (dk != dk0) + (dv != dv0) + (x != dq0) + (y != dk0) + (z != dv0);
+  return bad;
+}
+
 }  // namespace bt
