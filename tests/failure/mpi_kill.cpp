@@ -122,7 +122,10 @@ bool split_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
   const std::chrono::seconds first_deadline(60);
   mc.set_timeout(first_deadline);
   const auto heads = HeadPartition::even(2 * n, n);
-  const Plan plan({n, r}, 1, SeqPartition::even(2 * n, n), {TensorSpec::of<float>(heads, 4)});
+  // 1 MiB a message: past every transport's eager limit, so that the killed rank's posted sends
+  // cannot have completed on their own (with 64-byte messages they had, and the survivors'
+  // finish() succeeded: the exchange was whole before the kill)
+  const Plan plan({n, r}, 1, SeqPartition::even(2 * n, n), {TensorSpec::of<float>(heads, std::int64_t{1} << 16)});
   std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
   std::vector<std::byte> ws(plan.workspace_bytes());
   HostExecutor ex;
