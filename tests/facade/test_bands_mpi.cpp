@@ -208,23 +208,31 @@ TEST_CASE("break31: a blocking seq_to_head on one rank pairs with its peers' sta
   });
 }
 
-TEST_CASE("break31: Progress::thread on an MpiComm without MPI_THREAD_SERIALIZED is invalid_shape on every rank") {
-  every_rank_mpi(
-      2,
-      [&](MpiComm& comm, int r) {
-        if (comm.allows_worker_thread()) throw Error(Errc::invalid_shape, "(MPI allows a worker: nothing to check)");
-        HostExecutor exec;
-        const Plan plan({2, r}, 1, SeqPartition::even(4, 2), attention_specs<float>(2, AttentionShape{2, 2, 4, 4}).qkv());
-        std::vector<float> q(plan.seq_bytes(0) / 4), k(plan.seq_bytes(1) / 4), v(plan.seq_bytes(2) / 4);
-        std::vector<float> q2(plan.head_bytes(0) / 4), k2(plan.head_bytes(1) / 4), v2(plan.head_bytes(2) / 4);
-        std::vector<std::byte> ws(plan.workspace_bytes());
-        auto h = start_seq_to_head(plan, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, ws, Progress::thread);
-        finish(h);
-      },
-      [&](int, Errc code, const std::string& what) {
-        CAPTURE(what);
-        CHECK(code == Errc::invalid_shape);
-      });
+TEST_CASE("break31: banded = unbanded with Progress::thread (a worker in MPI) over MpiComm and MpiWindowComm") {
+  const bt::FmtCase cases[] = {
+      {3, 2, 7, 6, 3, 2, HeadPolicy::automatic, Format::sbhd, false},
+      {4, 1, 9, 9, 1, 2, HeadPolicy::balanced, Format::bhsd, false},
+      {2, 2, 5, 4, 2, 2, HeadPolicy::automatic, Format::bshd, false},
+  };
+  for (const bt::FmtCase& c : cases)
+    ut::on_groups_of(c.P, [&](MPI_Comm sub) {
+      CAPTURE(c.P);
+      MpiComm comm(sub);
+      REQUIRE(comm.allows_worker_thread());  // main() asks for MPI_THREAD_SERIALIZED
+      std::vector<float> rq, rdo;
+      const bt::FmtResult ref = bt::fmt_layer(c, comm, 0, Progress::automatic, nullptr, nullptr, &rq, &rdo);
+      MpiWindow win(comm, 1u << 20);
+      MpiWindowComm wc(comm, win);
+      for (int G : {1, 2, 3, kMaxStages}) {
+        CAPTURE(G);
+        const bt::FmtResult a = bt::fmt_layer(c, comm, G, Progress::thread, &rq, &rdo);
+        CHECK(a == ref);
+        CHECK(a.wrong_in == 0);
+        const bt::FmtResult w = bt::fmt_layer(c, wc, G, Progress::thread, &rq, &rdo);
+        CHECK(w == ref);
+        CHECK(w.wrong_in == 0);
+      }
+    });
 }
 
 // The tests below break their groups. A broken MpiComm can upset the next MpiComm over a fresh
@@ -328,8 +336,10 @@ TEST_CASE("break31: ranks giving one MpiComm handle the exchanges in different o
 
 
 TEST_CASE("break31: an attention (or its backward) that throws on one rank over MpiComm is every rank's error, in time") {
+  for (Progress pr : {Progress::automatic, Progress::thread})
   for (int back = 0; back < 2; ++back)
     for (int band = 0; band < 3; ++band) {
+      CAPTURE(static_cast<int>(pr));
       CAPTURE(back);
       CAPTURE(band);
       every_rank_mpi(
@@ -346,10 +356,10 @@ TEST_CASE("break31: an attention (or its backward) that throws on one rank over 
             };
             if (!back)
               banded_attention(hb, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1, ConstByteSpan(o2),
-                               ByteSpan(o), w2, attend);
+                               ByteSpan(o), w2, attend, pr);
             else
               banded_attention_backward(hb, comm, exec, ConstByteSpan(o), ByteSpan(o2), w2, TensorList<ConstByteSpan>{q2, k2, v2},
-                                        TensorList<ByteSpan>{q, k, v}, w1, attend);
+                                        TensorList<ByteSpan>{q, k, v}, w1, attend, pr);
             seq_to_head(hb.qkv(), comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1);
           },
           [&](int r, Errc code, const std::string& what) {
@@ -360,4 +370,17 @@ TEST_CASE("break31: an attention (or its backward) that throws on one rank over 
 }
 
 
-int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }
+/// As ut::mpi_doctest_main(), with MPI_THREAD_SERIALIZED (Progress::thread: a worker in MPI).
+int main(int argc, char** argv) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  doctest::Context ctx(argc, argv);
+  if (rank != 0) ctx.setOption("minimal", true);
+  const int failed = ctx.run();
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}
