@@ -341,3 +341,48 @@ TEST_CASE("break31: a blocking call on some ranks and the split-phase call of th
     }
   }
 }
+
+TEST_CASE("break31: two handles in flight on one LocalGroup communicator: the blocking bytes, or a coded error on every rank") {
+  for (Progress pr : {Progress::thread, Progress::in_start}) {
+    CAPTURE(static_cast<int>(pr));
+    std::vector<int> same(kP, 0);
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      PlanOptions staged;
+      staged.stages = 2;
+      Layer a(r), b(r, staged), ref(r);
+      seq_to_head(ref.plan, comm, exec, ref.in(), ref.head(), ref.ws);
+      auto h1 = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, pr);
+      auto h2 = start_seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws, pr);
+      finish(h1);
+      finish(h2);
+      same[static_cast<std::size_t>(r)] = a.q2 == ref.q2 && a.k2 == ref.k2 && a.v2 == ref.v2 && b.q2 == ref.q2 && b.k2 == ref.k2 && b.v2 == ref.v2;
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(r);
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      if (pr == Progress::thread)  // the second start() would enter the communicator beside the first's worker
+        CHECK(codes[static_cast<std::size_t>(r)] == Errc::invalid_shape);
+      else
+        CHECK((codes[static_cast<std::size_t>(r)] == Errc{} && same[static_cast<std::size_t>(r)] == 1));
+    }
+  }
+}
+
+TEST_CASE("break31: a blocking call on a communicator whose handle's worker is in flight: invalid_shape there, every rank's error") {
+  const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+    HostExecutor exec;
+    Layer a(r), b(r);
+    auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, Progress::thread);
+    if (r == 2) {
+      CHECK(ut::code_of([&] { seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws); }) == Errc::invalid_shape);
+      return;  // h destroyed unfinished: the exchange completes, the group breaks
+    }
+    finish(h);
+    seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws);
+  });
+  CHECK(codes[0] == Errc::aborted);
+  CHECK(codes[1] == Errc::aborted);
+  CHECK(codes[2] == Errc{});
+  CHECK(whats[0].find("rank 2 destroyed a split-phase seq_to_head") != std::string::npos);
+}
