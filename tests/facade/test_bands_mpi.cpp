@@ -370,6 +370,32 @@ TEST_CASE("break31: an attention (or its backward) that throws on one rank over 
 }
 
 
+TEST_CASE("break31: the band pipeline on an MpiWindowComm whose window is too small: the bits, or a coded error on every rank") {
+  const bt::FmtCase c{3, 2, 7, 6, 3, 4, HeadPolicy::automatic, Format::bshd, false};
+  for (int G : {0, 2}) {
+    CAPTURE(G);
+    std::vector<float> rq, rdo;
+    bt::FmtResult ref;
+    ut::on_groups_of(3, [&](MPI_Comm sub) {
+      MpiComm comm(sub);
+      ref = bt::fmt_layer(c, comm, 0, Progress::automatic, nullptr, nullptr, &rq, &rdo);
+    });
+    every_rank_mpi(
+        3,
+        [&](MpiComm& comm, int) {
+          MpiWindow win(comm, 256);
+          MpiWindowComm wc(comm, win);
+          const bt::FmtResult got = bt::fmt_layer(c, wc, G, Progress::automatic, &rq, &rdo);
+          CHECK(got == ref);
+        },
+        [&](int, Errc code, const std::string& what) {
+          CAPTURE(what);
+          CHECK((code == Errc{} || code == Errc::buffer_too_small || code == Errc::aborted));
+        });
+  }
+}
+
+
 /// As ut::mpi_doctest_main(), with MPI_THREAD_SERIALIZED (Progress::thread: a worker in MPI).
 int main(int argc, char** argv) {
   int provided = MPI_THREAD_SINGLE;
