@@ -199,6 +199,8 @@ TEST_CASE("break31: banded = unbanded on sbhd, bhsd, uneven sequences, B > 1, ba
       {4, 2, 5, 3, 1, 2, HeadPolicy::balanced, Format::sbhd, false},    // H < P: rank 3 holds no query head
       {4, 1, 6, 2, 2, 2, HeadPolicy::balanced, Format::bhsd, false},    // two ranks without heads, MHA
       {3, 1, 6, 4, 4, 2, HeadPolicy::balanced, Format::bshd, true},     // MHA balanced 2, 1, 1
+      {4, 2, 5, 9, 3, 2, HeadPolicy::balanced, Format::sbhd, false},    // kv 1 on ranks 1, 2; kv 2 on ranks 2, 3
+      {3, 1, 7, 8, 4, 2, HeadPolicy::balanced, Format::bhsd, false},    // kv 1 on ranks 0, 1 mid-band
   };
   for (const FmtCase& c : cases) {
     CAPTURE(c.P);
