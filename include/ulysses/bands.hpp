@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -102,7 +103,24 @@ void run_band_pipeline(const HeadBands& bands, Comm& comm, Exec& exec, Progress 
     if (g > 0) calls[n++] = out(g - 1);
     if (n) h.start(calls, n);
     const Band b = bands.band(g);
-    break_group_on_failure(comm, what, [&] { work(b); });
+    std::exception_ptr failed;
+    try {
+      work(b);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (failed) {
+      // Complete the exchange in flight before breaking the group: its worker may be inside the
+      // communicator, which serves one thread at a time (MpiComm: MPI_THREAD_SERIALIZED, and its
+      // failure state is unsynchronised). Then every rank's error, as break_group_on_failure().
+      if (n) {
+        try {
+          h.finish();
+        } catch (...) {  // (the group is broken already; the engine's error is the one to throw)
+        }
+      }
+      break_group_on_failure(comm, what, [&] { std::rethrow_exception(failed); });
+    }
     if (n) h.finish();
   }
   calls[0] = out(G - 1);

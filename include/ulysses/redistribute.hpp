@@ -44,6 +44,23 @@ inline void require_adjoint(const Plan& plan, const char* what) {
 }
 }  // namespace detail
 
+namespace detail {
+/// Throws Error(invalid_shape), on this rank alone (the group is not broken: that would enter the
+/// communicator beside the worker), when a split-phase handle's worker is inside `comm`: a library
+/// call on it now would race with the worker. Call it before begin_call().
+template <class Comm>
+void refuse_beside_worker(Comm& comm, const char* name) {
+  if constexpr (comm_traits<Comm>::exchange_state) {
+    if (comm.exchange_state().workers_in_flight() > 0)
+      fail(Errc::invalid_shape, std::string(name) + ": a split-phase handle's exchange is in flight on a worker thread of this "
+                                                    "communicator (finish() it first, or put the exchanges that overlap in one handle)");
+  } else {
+    (void)comm;
+    (void)name;
+  }
+}
+}  // namespace detail
+
 /// A run of a plan's stages, [first, first + count) (count -1: every stage from `first`): what a
 /// split-phase exchange moves (ExchangeCall, split_phase.hpp); one stage of a HeadBands plan is
 /// one head band.
@@ -206,6 +223,7 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
 template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
                   const TensorList<ByteSpan>& out, Workspace ws) {
+  detail::refuse_beside_worker(comm, detail::call_name(dir));
   detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
   detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir),
                                 [&] { detail::run_part(detail::bind_part(plan, dir, comm, exec, in, out, ws), comm, exec); });

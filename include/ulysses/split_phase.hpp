@@ -97,11 +97,23 @@ class Exchange {
         detail::fail(Errc::invalid_group, std::string(name_) + ": start() of a split-phase handle in flight (call finish() first)");
       });
     }
+    detail::refuse_beside_worker(*comm_, name_);  // another handle's worker is in the communicator
     std::uint64_t what = detail::kFnvBasis;
-    for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i)
-      what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
-                                         static_cast<int>(calls[i].dir)),
-                           calls[i].stages.first * 65536 + calls[i].stages.count);
+    if (calls && n == 1 && calls[0].plan && calls[0].stages.first == 0 &&
+        (calls[0].stages.count == -1 || calls[0].stages.count == calls[0].plan->num_stages())) {
+      // one exchange of every stage: numbered as the blocking call (redistribute()), so that a
+      // rank's seq_to_head() pairs with its peers' start_seq_to_head() + finish()
+      what = detail::fnv1a(calls[0].plan->fingerprint(), static_cast<int>(calls[0].dir));
+    } else {
+      for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i) {
+        // the stages as resolved (StageRange::all() and {0, K} are one exchange on every rank)
+        const StageRange& s = calls[i].stages;
+        const std::int64_t count = s.count == -1 && calls[i].plan ? calls[i].plan->num_stages() - s.first : s.count;
+        what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
+                                           static_cast<int>(calls[i].dir)),
+                             static_cast<std::int64_t>(s.first) * 65536 + count);
+      }
+    }
     detail::begin_call(*comm_, name_, what);
     detail::tell_peers_on_failure(*comm_, comm_->rank(), name_, [&] {
       if (!calls || n < 1 || n > kMaxExchangeParts)
@@ -121,6 +133,7 @@ class Exchange {
         if (!worker_) worker_ = std::make_unique<detail::Worker>();
         pending_ = true;
         worker_->start(job_);
+        set_worker_in_flight(true);
       } else if (mode_ == Mode::split) {
         post();
         pending_ = true;
@@ -189,6 +202,10 @@ class Exchange {
   void complete(bool unpack) {
     pending_ = false;
     if (mode_ == Mode::thread) {
+      struct Clear {  // the worker is out of the communicator once finish_here() returned or threw
+        Exchange* x;
+        ~Clear() { x->set_worker_in_flight(false); }
+      } clear{this};
       worker_->finish_here();
     } else if (mode_ == Mode::split) {
       if constexpr (comm_traits<Comm>::split_messages) {
@@ -201,6 +218,12 @@ class Exchange {
       }
     }
   }
+  void set_worker_in_flight(bool on) noexcept {
+    if constexpr (comm_traits<Comm>::exchange_state) {
+      if (on != worker_counted_) comm_->exchange_state().add_worker_in_flight(on ? 1 : -1);
+      worker_counted_ = on;
+    }
+  }
   struct Job {
     Exchange* x;
     void operator()() const { x->run_parts(); }
@@ -211,6 +234,7 @@ class Exchange {
   Progress progress_;
   Mode mode_ = Mode::run;
   bool pending_ = false;
+  bool worker_counted_ = false;  // counted in the communicator's workers_in_flight()
   const char* name_ = "exchange";
   int n_ = 0;
   detail::ExchangePart parts_[kMaxExchangeParts];

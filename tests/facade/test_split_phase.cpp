@@ -161,3 +161,228 @@ TEST_CASE("Exchange: a second start() while in flight, or a handle destroyed bef
     }
   }
 }
+
+// ---- break31: misuses of one handle across ranks ------------------------------------------------
+
+namespace {
+/// Runs `body(comm, r)` on kP ranks with a 20 s deadline; every rank's error code and message.
+template <class F>
+std::pair<std::vector<Errc>, std::vector<std::string>> every_rank(F&& body, int P = kP) {
+  LocalGroup g(P, std::chrono::seconds(20));
+  std::vector<Errc> codes(static_cast<std::size_t>(P), Errc{});
+  std::vector<std::string> whats(static_cast<std::size_t>(P));
+  const auto t0 = std::chrono::steady_clock::now();
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const auto [code, what] = ut::error_of([&] { body(comm, comm.rank()); });
+    codes[static_cast<std::size_t>(comm.rank())] = code;
+    whats[static_cast<std::size_t>(comm.rank())] = what;
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  return {codes, whats};
+}
+}  // namespace
+
+TEST_CASE("break31: ranks giving one handle different exchanges, orders or counts: a coded error on every rank") {
+  for (int variant = 0; variant < 3; ++variant)
+    for (Progress pr : {Progress::thread, Progress::in_start}) {
+      CAPTURE(variant);
+      CAPTURE(static_cast<int>(pr));
+      const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+        HostExecutor exec;
+        PlanOptions staged;
+        staged.stages = 2;
+        Layer a(r, staged), c(r);
+        Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec, pr);
+        const ExchangeCall A{&a.plan, Direction::seq_to_head, a.in(), a.head(), a.ws, StageRange::one(0)};
+        const ExchangeCall C{&c.plan, Direction::seq_to_head, c.in(), c.head(), c.ws};
+        const ExchangeCall A1{&a.plan, Direction::seq_to_head, a.in(), a.head(), a.ws, StageRange::one(1)};
+        ExchangeCall calls[2] = {A, C};
+        int n = 2;
+        if (r == 1 && variant == 0) calls[0] = C, calls[1] = A;  // another order
+        if (r == 1 && variant == 1) n = 1;                        // fewer exchanges
+        if (r == 1 && variant == 2) calls[0] = A1;                // another stage of the same plan
+        h.start(calls, n);
+        h.finish();
+      });
+      for (int r = 0; r < kP; ++r) {
+        CAPTURE(r);
+        CAPTURE(whats[static_cast<std::size_t>(r)]);
+        CHECK(codes[static_cast<std::size_t>(r)] != Errc{});
+      }
+    }
+}
+
+TEST_CASE("break31: head_bands or the stage count differing between ranks is plan_mismatch on every rank") {
+  for (int variant = 0; variant < 2; ++variant)
+    for (int split = 0; split < 2; ++split) {
+      CAPTURE(variant);
+      CAPTURE(split);
+      const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+        HostExecutor exec;
+        PlanOptions o;
+        o.stages = 2;
+        o.head_bands = variant == 0 ? r != 1 : true;
+        if (variant == 1 && r == 2) o.stages = 3;
+        Layer a(r, o);
+        if (split) {
+          auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+          finish(h);
+        } else {
+          seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+        }
+      });
+      for (int r = 0; r < kP; ++r) {
+        CAPTURE(r);
+        CAPTURE(whats[static_cast<std::size_t>(r)]);
+        CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+      }
+    }
+}
+
+TEST_CASE("break31: a handle destroyed unfinished with the worker thread, and a wrong stage range on one rank") {
+  {
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      Layer a(r);
+      {
+        auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, Progress::thread);
+        CHECK(std::string(h.progress_name()) == "thread");
+        if (r != 2) finish(h);
+      }
+      seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+    });
+    for (int r = 0; r < kP; ++r) {
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc::aborted);
+      CHECK(whats[static_cast<std::size_t>(r)].find("rank 2 destroyed a split-phase seq_to_head") != std::string::npos);
+    }
+  }
+  const StageRange bad[] = {{-1, 1}, {0, 0}, {0, 3}, {2, 1}, {1, 2}, {0, -2}, {2, -1}};
+  for (const StageRange& s : bad) {
+    CAPTURE(s.first);
+    CAPTURE(s.count);
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      PlanOptions staged;
+      staged.stages = 2;
+      Layer a(r, staged);
+      const ExchangeCall call{&a.plan, Direction::seq_to_head, a.in(), a.head(), a.ws, r == 0 ? s : StageRange::all()};
+      Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec);
+      h.start(&call, 1);
+      h.finish();
+    });
+    CHECK(codes[0] == Errc::invalid_shape);
+    CHECK(codes[1] == Errc::aborted);
+    CHECK(codes[2] == Errc::aborted);
+  }
+}
+
+TEST_CASE("break31: a plan of another group in one handle is a coded error on every rank") {
+  const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+    HostExecutor exec;
+    Layer a(r);
+    const Plan other({2, r % 2}, 1, SeqPartition::even(4, 2), attention_specs<float>(2, AttentionShape{2, 2, 4, 4}).qkv());
+    std::vector<float> x(other.seq_bytes(0) / 4), y(other.seq_bytes(1) / 4), z(other.seq_bytes(2) / 4);
+    std::vector<float> x2(other.head_bytes(0) / 4), y2(other.head_bytes(1) / 4), z2(other.head_bytes(2) / 4);
+    std::vector<std::byte> ws(other.workspace_bytes());
+    const ExchangeCall calls[2] = {{&a.plan, Direction::seq_to_head, a.in(), a.head(), a.ws},
+                                   {&other, Direction::seq_to_head, TensorList<ConstByteSpan>{x, y, z}, TensorList<ByteSpan>{x2, y2, z2}, ws}};
+    Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec);
+    h.start(calls, 2);
+    h.finish();
+  });
+  for (int r = 0; r < kP; ++r) {
+    CAPTURE(whats[static_cast<std::size_t>(r)]);
+    CHECK(codes[static_cast<std::size_t>(r)] != Errc{});
+  }
+}
+
+TEST_CASE("break31: StageRange::all() on some ranks and {0, K} on others is one exchange, not a mismatch") {
+  for (Progress pr : {Progress::thread, Progress::in_start}) {
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      PlanOptions staged;
+      staged.stages = 2;
+      Layer a(r, staged), b(r);
+      seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws);
+      const ExchangeCall call{&a.plan, Direction::seq_to_head, a.in(), a.head(), a.ws, r == 0 ? StageRange{0, 2} : StageRange::all()};
+      Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec, pr);
+      h.start(&call, 1);
+      h.finish();
+      CHECK(a.q2 == b.q2);
+      CHECK(a.k2 == b.k2);
+      CHECK(a.v2 == b.v2);
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc{});
+    }
+  }
+}
+
+TEST_CASE("break31: a blocking call on some ranks and the split-phase call of the same exchange on others pair up") {
+  for (Progress pr : {Progress::thread, Progress::in_start}) {
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      Layer a(r), b(r);
+      seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws);  // the reference (every rank blocking)
+      if (r == 1) {
+        seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+      } else {
+        auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, pr);
+        finish(h);
+      }
+      CHECK(a.q2 == b.q2);
+      CHECK(a.k2 == b.k2);
+      CHECK(a.v2 == b.v2);
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc{});
+    }
+  }
+}
+
+TEST_CASE("break31: two handles in flight on one LocalGroup communicator: the blocking bytes, or a coded error on every rank") {
+  for (Progress pr : {Progress::thread, Progress::in_start}) {
+    CAPTURE(static_cast<int>(pr));
+    std::vector<int> same(kP, 0);
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      PlanOptions staged;
+      staged.stages = 2;
+      Layer a(r), b(r, staged), ref(r);
+      seq_to_head(ref.plan, comm, exec, ref.in(), ref.head(), ref.ws);
+      auto h1 = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, pr);
+      auto h2 = start_seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws, pr);
+      finish(h1);
+      finish(h2);
+      same[static_cast<std::size_t>(r)] = a.q2 == ref.q2 && a.k2 == ref.k2 && a.v2 == ref.v2 && b.q2 == ref.q2 && b.k2 == ref.k2 && b.v2 == ref.v2;
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(r);
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      if (pr == Progress::thread)  // the second start() would enter the communicator beside the first's worker
+        CHECK(codes[static_cast<std::size_t>(r)] == Errc::invalid_shape);
+      else
+        CHECK((codes[static_cast<std::size_t>(r)] == Errc{} && same[static_cast<std::size_t>(r)] == 1));
+    }
+  }
+}
+
+TEST_CASE("break31: a blocking call on a communicator whose handle's worker is in flight: invalid_shape there, every rank's error") {
+  const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+    HostExecutor exec;
+    Layer a(r), b(r);
+    auto h = start_seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws, Progress::thread);
+    if (r == 2) {
+      CHECK(ut::code_of([&] { seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws); }) == Errc::invalid_shape);
+      return;  // h destroyed unfinished: the exchange completes, the group breaks
+    }
+    finish(h);
+    seq_to_head(b.plan, comm, exec, b.in(), b.head(), b.ws);
+  });
+  CHECK(codes[0] == Errc::aborted);
+  CHECK(codes[1] == Errc::aborted);
+  CHECK(codes[2] == Errc{});
+  CHECK(whats[0].find("rank 2 destroyed a split-phase seq_to_head") != std::string::npos);
+}

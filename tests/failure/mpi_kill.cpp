@@ -121,8 +121,11 @@ bool window_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
 bool split_case(MpiComm& mc, int r, int n, int dead, std::string& report) {
   const std::chrono::seconds first_deadline(60);
   mc.set_timeout(first_deadline);
-  const auto heads = HeadPartition::even(2 * n, n);  // 4 MiB messages: past any eager limit, so that none is delivered
-  const Plan plan({n, r}, 1, SeqPartition::even(4096 * n, n), {TensorSpec::of<float>(heads, 128)});  // before its receiver takes part
+  const auto heads = HeadPartition::even(2 * n, n);
+  // 1 MiB a message: past every transport's eager limit, so that the killed rank's posted sends
+  // cannot have completed on their own (with 64-byte messages they had, and the survivors'
+  // finish() succeeded: the exchange was whole before the kill)
+  const Plan plan({n, r}, 1, SeqPartition::even(2 * n, n), {TensorSpec::of<float>(heads, std::int64_t{1} << 16)});
   std::vector<float> in(plan.seq_bytes(0) / sizeof(float)), out(plan.head_bytes(0) / sizeof(float));
   std::vector<std::byte> ws(plan.workspace_bytes());
   HostExecutor ex;

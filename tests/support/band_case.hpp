@@ -9,6 +9,7 @@
 // unbanded ones bit for bit.
 #pragma once
 
+#include <ulysses/host/executor.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <algorithm>
@@ -204,6 +205,141 @@ inline int max_bands(const BandCase& c) {
   std::int64_t m = 1;
   for (int r = 0; r < c.P; ++r) m = std::max(m, s.query_heads.count(r));
   return static_cast<int>(m);
+}
+
+
+// ---- break31: a layout-agnostic layer (any Format, integer data: sums exact in any order) ----
+
+/// A layer case for the layout-agnostic check: integer-valued data (sums exact in any order).
+struct FmtCase {
+  int P;
+  std::int64_t B, S, H, Hkv, D;
+  HeadPolicy policy;
+  Format format;
+  bool even_seq;
+};
+/// Index of element (b, s, h, d) of a head-sharded [.., S, n heads, D] tensor in format f.
+inline std::size_t head_at(const FmtCase& c, std::int64_t n, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) {
+  switch (c.format) {
+    case Format::sbhd: return static_cast<std::size_t>(((s * c.B + b) * n + h) * c.D + d);
+    case Format::bhsd: return static_cast<std::size_t>(((b * n + h) * c.S + s) * c.D + d);
+    default: return static_cast<std::size_t>(((b * c.S + s) * n + h) * c.D + d);
+  }
+}
+inline std::vector<float> ints(std::size_t n, int salt) {
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<long>((i * 7 + static_cast<std::size_t>(salt) * 131) % 61) - 30);
+  return x;
+}
+struct FmtResult {
+  std::vector<float> o, dq, dk, dv;
+  long wrong_in = 0;  // head-side elements of a band's heads that differ from the unbanded ones when the band runs
+  bool operator==(const FmtResult& x) const { return o == x.o && dq == x.dq && dk == x.dk && dv == x.dv; }
+};
+/// One rank: unbanded (G 0) or banded; the engine: o = 2 q + 1 per query head; dq = do - 1; dk, dv
+/// of kv head of query head j += do of j (and 3 do), query head by query head (integers: exact).
+template <class Comm>
+FmtResult fmt_layer(const FmtCase& c, Comm& comm, int G, Progress pr, const std::vector<float>* ref_q2 = nullptr,
+                    const std::vector<float>* ref_do2 = nullptr, std::vector<float>* q2_out = nullptr, std::vector<float>* do2_out = nullptr) {
+  HostExecutor exec;
+  const int r = comm.rank();
+  const AttentionSpecs specs = attention_specs<float>(c.P, AttentionShape{c.H, c.Hkv, c.D, c.D}, c.policy);
+  const SeqPartition seq = c.even_seq ? SeqPartition::even(c.S, c.P) : SeqPartition::balanced(c.S, c.P);
+  const HeadBands hb({c.P, r}, c.B, seq, specs, G ? G : 1, c.format);
+  const Plan qkv0({c.P, r}, c.B, seq, specs.qkv(), c.format), out0({c.P, r}, c.B, seq, specs.out(), c.format);
+  const Plan& qkv = G ? hb.qkv() : qkv0;
+  const Plan& out = G ? hb.out() : out0;
+  const std::int64_t Hr = specs.query_heads.count(r), Kr = specs.kv_heads.count(r);
+  std::vector<float> q = ints(qkv.seq_bytes(0) / 4, r * 4 + 0), k = ints(qkv.seq_bytes(1) / 4, r * 4 + 1),
+                     v = ints(qkv.seq_bytes(2) / 4, r * 4 + 2), dout = ints(out.seq_bytes(0) / 4, r * 4 + 3);
+  std::vector<float> q2(qkv.head_bytes(0) / 4, 9999.0f), k2(qkv.head_bytes(1) / 4), v2(qkv.head_bytes(2) / 4), o2(out.head_bytes(0) / 4),
+      do2(out.head_bytes(0) / 4, 9999.0f), dq2(q2.size()), dk2(k2.size()), dv2(v2.size());
+  FmtResult res;
+  res.o.assign(q.size(), 0), res.dq.assign(q.size(), 0), res.dk.assign(k.size(), 0), res.dv.assign(v.size(), 0);
+  std::vector<std::byte> wq(qkv.workspace_bytes()), wo(out.workspace_bytes());
+  auto fwd = [&](HeadRun heads) {
+    for (std::int64_t j = heads.lo; j < heads.hi; ++j)
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t s = 0; s < c.S; ++s)
+          for (std::int64_t d = 0; d < c.D; ++d) {
+            const std::size_t i = head_at(c, Hr, b, s, j, d);
+            if (ref_q2 && q2[i] != (*ref_q2)[i]) ++res.wrong_in;
+            o2[i] = 2 * q2[i] + 1;
+          }
+  };
+  auto bwd = [&](HeadRun heads) {
+    for (std::int64_t j = heads.lo; j < heads.hi; ++j) {
+      const std::int64_t kv = specs.local_kv_head(r, j);
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t s = 0; s < c.S; ++s)
+          for (std::int64_t d = 0; d < c.D; ++d) {
+            const std::size_t i = head_at(c, Hr, b, s, j, d), x = head_at(c, Kr, b, s, kv, d);
+            if (ref_do2 && do2[i] != (*ref_do2)[i]) ++res.wrong_in;
+            dq2[i] = do2[i] - 1;
+            dk2[x] += do2[i];
+            dv2[x] += 3 * do2[i];
+          }
+    }
+  };
+  const TensorList<ConstByteSpan> qkv_in{q, k, v};
+  const TensorList<ByteSpan> qkv_head{q2, k2, v2};
+  if (!G) {
+    seq_to_head(qkv, comm, exec, qkv_in, qkv_head, wq);
+    fwd({0, Hr});
+    head_to_seq(out, comm, exec, ConstByteSpan(o2), ByteSpan(res.o), wo);
+    head_to_seq_backward(out, comm, exec, ConstByteSpan(dout), ByteSpan(do2), wo);
+    bwd({0, Hr});
+    seq_to_head_backward(qkv, comm, exec, TensorList<ConstByteSpan>{dq2, dk2, dv2}, TensorList<ByteSpan>{res.dq, res.dk, res.dv}, wq);
+  } else {
+    banded_attention(hb, comm, exec, qkv_in, qkv_head, wq, ConstByteSpan(o2), ByteSpan(res.o), wo, [&](const Band& b) { fwd(b.query); }, pr);
+    banded_attention_backward(hb, comm, exec, ConstByteSpan(dout), ByteSpan(do2), wo, TensorList<ConstByteSpan>{dq2, dk2, dv2},
+                              TensorList<ByteSpan>{res.dq, res.dk, res.dv}, wq, [&](const Band& b) { bwd(b.query); }, pr);
+  }
+  if (q2_out) *q2_out = q2;
+  if (do2_out) *do2_out = do2;
+  return res;
+}
+
+/// One handle carrying the three bands of a HeadBands q, k, v plan out of order (one workspace),
+/// then head→seq of the three and the plain plan's as four parts: how many results differ from
+/// the blocking unbanded calls' (0 expected).
+template <class Comm>
+int multi_part_mismatches(const BandCase& c, Comm& comm, Progress pr) {
+  HostExecutor exec;
+  const int r = comm.rank();
+  const AttentionSpecs specs = c.specs();
+  const SeqPartition seq = SeqPartition::balanced(c.S, c.P);
+  const HeadBands hb({c.P, r}, c.B, seq, specs, 3);
+  const Plan plain({c.P, r}, c.B, seq, specs.qkv());
+  std::vector<float> q = ints(plain.seq_bytes(0) / 4, r), k = ints(plain.seq_bytes(1) / 4, r + 7), v = ints(plain.seq_bytes(2) / 4, r + 9);
+  auto head = [&] {
+    return std::vector<std::vector<float>>{std::vector<float>(plain.head_bytes(0) / 4), std::vector<float>(plain.head_bytes(1) / 4),
+                                           std::vector<float>(plain.head_bytes(2) / 4)};
+  };
+  auto ref = head(), got = head();
+  std::vector<std::byte> w0(plain.workspace_bytes()), w1(hb.qkv().workspace_bytes()), w2(plain.workspace_bytes());
+  const TensorList<ConstByteSpan> in{q, k, v};
+  seq_to_head(plain, comm, exec, in, TensorList<ByteSpan>{ref[0], ref[1], ref[2]}, w0);
+  Exchange<Comm, HostExecutor> h(comm, exec, pr);
+  const TensorList<ByteSpan> out{got[0], got[1], got[2]};
+  const ExchangeCall calls[3] = {{&hb.qkv(), Direction::seq_to_head, in, out, w1, StageRange::one(2)},
+                                 {&hb.qkv(), Direction::seq_to_head, in, out, w1, StageRange::one(0)},
+                                 {&hb.qkv(), Direction::seq_to_head, in, out, w1, StageRange::one(1)}};
+  h.start(calls, 3);
+  h.finish();
+  int bad = got == ref ? 0 : 1;
+  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), dq0(q.size()), dk0(k.size()), dv0(v.size()), x(q.size()), y(k.size()),
+      z(v.size());
+  seq_to_head_backward(plain, comm, exec, TensorList<ConstByteSpan>{ref[0], ref[1], ref[2]}, TensorList<ByteSpan>{dq0, dk0, dv0}, w0);
+  const TensorList<ConstByteSpan> hin{got[0], got[1], got[2]};
+  const ExchangeCall back[4] = {{&hb.qkv(), Direction::head_to_seq, hin, TensorList<ByteSpan>{dq, dk, dv}, w1, StageRange::one(1)},
+                                {&plain, Direction::head_to_seq, hin, TensorList<ByteSpan>{x, y, z}, w2},
+                                {&hb.qkv(), Direction::head_to_seq, hin, TensorList<ByteSpan>{dq, dk, dv}, w1, StageRange::one(0)},
+                                {&hb.qkv(), Direction::head_to_seq, hin, TensorList<ByteSpan>{dq, dk, dv}, w1, StageRange::one(2)}};
+  h.start(back, 4);
+  h.finish();
+  bad += (dq != dq0) + (dk != dk0) + (dv != dv0) + (x != dq0) + (y != dk0) + (z != dv0);
+  return bad;
 }
 
 }  // namespace bt

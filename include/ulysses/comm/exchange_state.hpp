@@ -123,6 +123,11 @@ class ExchangeState {
   std::vector<Message>& recv_messages() noexcept { return recv_; }  ///< see send_messages()
   /// Scratch: the peer copy's view of the group, peers[p * kMaxTensors + t] = rank p's input t.
   std::vector<std::byte*>& peer_inputs() noexcept { return peers_; }
+  /// Split-phase handles (split_phase.hpp) whose exchange runs on a worker thread now: while one
+  /// does, the worker is in the communicator, and no other call may enter it from this rank.
+  /// Only the handles' owning thread reads and writes it.
+  int workers_in_flight() const noexcept { return workers_.n; }
+  void add_worker_in_flight(int d) noexcept { workers_.n += d; }  ///< see workers_in_flight()
 
  private:
   Call call_;
@@ -132,6 +137,12 @@ class ExchangeState {
   std::vector<std::pair<std::uint64_t, std::shared_ptr<const PeerCopyLists>>> peer_copy_;
   std::vector<Message> send_, recv_;
   std::vector<std::byte*> peers_;
+  struct WorkerCount {  // a copy of the state (of a communicator) has no handle of its own in flight
+    int n = 0;
+    WorkerCount() = default;
+    WorkerCount(const WorkerCount&) noexcept {}
+    WorkerCount& operator=(const WorkerCount&) noexcept { return *this; }
+  } workers_;
 };
 
 
