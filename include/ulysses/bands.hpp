@@ -87,12 +87,14 @@ class HeadBands {
 namespace detail {
 /// The pipeline over G bands: `in(g)` and `out(g)` make band g's two exchanges, `work(band)` the
 /// engine's step. seq→head of band 0; then for each band g, one handle carrying seq→head of band
-/// g + 1 and head→seq of band g − 1 around work(g); last head→seq of band G − 1.
+/// g + 1 and head→seq of band g − 1 around work(g); last head→seq of band G − 1. With G = 1 the
+/// exchanges progress in start() whatever `progress` says (nothing to overlap).
 template <class Comm, class Exec, class In, class Out, class Work>
 void run_band_pipeline(const HeadBands& bands, Comm& comm, Exec& exec, Progress progress, In&& in, Out&& out, Work&& work,
                        const char* what) {
   const int G = bands.count();
-  Exchange<Comm, Exec> h(comm, exec, progress);
+  // One band overlaps nothing: its exchanges run as the blocking calls do (no hand-over to a worker).
+  Exchange<Comm, Exec> h(comm, exec, G == 1 ? Progress::in_start : progress);
   ExchangeCall calls[2];
   calls[0] = in(0);
   h.start(calls, 1);
