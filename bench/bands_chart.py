@@ -13,24 +13,28 @@ here = os.path.dirname(os.path.abspath(__file__))
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "results", "bands.md")
 dst = sys.argv[2] if len(sys.argv) > 2 else os.path.splitext(src)[0] + ".svg"
 
-series, name, seen = [], None, set()
+tables, name = [], None  # (title, progress, {G: exposed at f = 1})
 for line in open(src):
     m = re.match(r"# ulysses_perf --op bands: (.*)", line)
     if m:
         name = m.group(1)
-        if name in seen:  # (one table a group under SMPI: the same line again)
-            name = None
-        else:
-            seen.add(name)
-            series.append((name, {}))
+        tables.append([name, "", {}])
         continue
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if name is None or len(cells) != 12 or not re.match(r"^\d+$", cells[0]):
         continue
     f, g, exposed = float(cells[1]), int(cells[2].rstrip("*")), float(cells[10])
+    if g > 1 and not tables[-1][1]:
+        tables[-1][1] = cells[3]
     if f == 1:
-        series[-1][1][g] = exposed
-
+        tables[-1][2][g] = exposed
+series, seen = [], set()
+for title, progress, pts in tables:  # (under SMPI every group prints the same table: one line)
+    key = (title, progress, tuple(sorted(pts.items())))
+    if key in seen:
+        continue
+    seen.add(key)
+    series.append((title + (", " + progress if progress else ""), pts))
 series = [(n, pts) for n, pts in series if pts]
 W, H, L, R, T, B = 900, 520, 70, 330, 30, 60
 gs = sorted({g for _, pts in series for g in pts})
