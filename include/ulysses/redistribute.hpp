@@ -86,7 +86,7 @@ struct ExchangePart {
 /// A call of some stages of a plan whose path is direct runs the peer copy stage by stage between
 /// the threads of one process with a host executor (LocalGroup). Across processes (MpiWindowComm:
 /// its inputs outside the window are staged or read by Cross Memory Attach whole, for every
-/// stage: 3x the serial layer at 2 bands, bench/results/bands.md) and with a device executor
+/// stage: docs/overlap.md, "Head bands") and with a device executor
 /// (whose uploaded lists are all stages at once) it takes the message path where the types have
 /// it, else the all-to-all-v (the same on every rank).
 /// @throws Error(invalid_shape) a stage range outside [0, plan.num_stages()); what check_comm(),
