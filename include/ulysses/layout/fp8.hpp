@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The OCP FP8 codec (E4M3FN, E5M2) and per-row fp8 scales: float ↔ fp8 bits, rounded to
+///        nearest, ties to even, saturating; the scale of a row floored at FLT_MIN (fault case C23).
+///
+/// Host and device give the same bytes (integer bit manipulation and IEEE division and
+/// multiplication only; no -ffast-math / --use_fast_math / -ftz=true). The rules: docs/headers.md,
+/// "fp8 codec (layout/fp8.hpp)".
+#pragma once
+
+#include <cstdint>
+
+#include "../version.hpp"
+#include "element.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// An OCP 8-bit floating-point format (OCP "OFP8" specification, 2023).
+enum class Fp8Format : int {
+  e4m3 = 1,  ///< E4M3FN: 4 exponent bits (bias 7), 3 mantissa bits; max 448, no infinity, NaN = S.1111.111
+  e5m2 = 2,  ///< E5M2: 5 exponent bits (bias 15), 2 mantissa bits; max 57344; IEEE-like infinities and NaNs
+};
+
+/// Name of an fp8 format: "e4m3" or "e5m2" ("?" for any other value).
+inline const char* to_string(Fp8Format f) noexcept {
+  switch (f) {
+    case Fp8Format::e4m3: return "e4m3";
+    case Fp8Format::e5m2: return "e5m2";
+  }
+  return "?";
+}
+
+namespace detail {
+
+/// The constants of an fp8 format: mantissa bits, exponent bias, the largest finite magnitude's
+/// code, the canonical NaN code (sign clear).
+struct Fp8Params {
+  std::uint32_t mant_bits;
+  std::uint32_t bias;
+  std::uint32_t max_code;
+  std::uint8_t nan_code;
+};
+
+/// The constants of f (any value other than e4m3 is taken as e5m2).
+ULYSSES_HOST_DEVICE inline Fp8Params fp8_params(Fp8Format f) {
+  if (f == Fp8Format::e4m3) return Fp8Params{3u, 7u, 0x7eu, 0x7fu};
+  return Fp8Params{2u, 15u, 0x7bu, 0x7eu};
+}
+
+/// The smallest normal float32, FLT_MIN = 2^-126 (1.17549435e-38f), as bits.
+inline constexpr std::uint32_t kFloatMinBits = 0x00800000u;
+/// The largest finite float32, FLT_MAX (3.40282347e38f), as bits.
+inline constexpr std::uint32_t kFloatMaxBits = 0x7f7fffffu;
+/// The canonical quiet float32 NaN.
+inline constexpr std::uint32_t kFloatNanBits = 0x7fc00000u;
+
+/// Magnitude bits (sign clear) of the fp8 value nearest |x| for a finite |x| below the format's
+/// smallest normal: a subnormal or zero code, rounded to nearest, ties to even.
+/// @param ax  the float32 bits of |x|, below the format's smallest normal
+/// @param p   the format's constants
+ULYSSES_HOST_DEVICE inline std::uint32_t fp8_subnormal_code(std::uint32_t ax, const Fp8Params& p) {
+  const std::uint32_t e = ax >> 23;  // biased float32 exponent
+  if (e == 0) return 0;              // float32 zero or subnormal: far below half the smallest fp8 step
+  // |x| = m * 2^(e - 150); the fp8 step is 2^(1 - bias - mant_bits): |x| / step = m >> shift.
+  const std::uint32_t shift = 151u - p.bias - p.mant_bits - e;
+  if (shift > 24) return 0;  // |x| < step / 2: rounds to zero
+  const std::uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+  std::uint32_t q = m >> shift;
+  const std::uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;  // q == 2^mant_bits is the smallest normal's code
+  return q;
+}
+
+}  // namespace detail
+
+/// The largest finite magnitude of format f: 448 (e4m3) or 57344 (e5m2).
+/// @pre f is Fp8Format::e4m3 or Fp8Format::e5m2 (any other value is taken as e5m2)
+ULYSSES_HOST_DEVICE inline float fp8_max(Fp8Format f) { return f == Fp8Format::e4m3 ? 448.0f : 57344.0f; }
+
+/// float32 → fp8 bits of format f: rounded to nearest, ties to even (an even last mantissa bit),
+/// saturating. Rules:
+/// - a finite |x| that rounds beyond fp8_max(f), and ±infinity, give ±fp8_max(f) (0x7e / 0xfe for
+///   e4m3, 0x7b / 0xfb for e5m2): no infinity is ever produced, in either format;
+/// - a NaN (any sign, any payload) gives the canonical NaN with the sign bit clear: 0x7f (e4m3),
+///   0x7e (e5m2);
+/// - values below the smallest normal (2^-6 for e4m3, 2^-14 for e5m2) give the format's
+///   subnormals (steps of 2^-9 and 2^-16) or zero; a zero keeps the sign of x (-0 → 0x80, and a
+///   negative value that rounds to zero → 0x80).
+/// Integer arithmetic only: the same bits on the host and on the device.
+/// @param x  the value
+/// @param f  the format (e4m3 or e5m2; any other value is taken as e5m2)
+/// @return the fp8 code: bit 7 the sign, then the exponent and mantissa fields
+ULYSSES_HOST_DEVICE inline std::uint8_t float_to_fp8(float x, Fp8Format f) {
+  const detail::Fp8Params p = detail::fp8_params(f);
+  const std::uint32_t u = detail::float_bits(x), ax = u & 0x7fffffffu;
+  const auto sign = static_cast<std::uint32_t>((u >> 24) & 0x80u);
+  if (ax > 0x7f800000u) return p.nan_code;
+  const std::uint32_t min_normal = (128u - p.bias) << 23;  // the float32 bits of 2^(1 - bias)
+  if (ax < min_normal) return static_cast<std::uint8_t>(sign | detail::fp8_subnormal_code(ax, p));
+  const std::uint32_t drop = 23u - p.mant_bits;  // float32 mantissa bits dropped
+  std::uint32_t r = ax - ((127u - p.bias) << 23);  // rebias the exponent (127 → bias)
+  r += (1u << (drop - 1u)) - 1u + ((r >> drop) & 1u);
+  const std::uint32_t code = r >> drop;
+  return static_cast<std::uint8_t>(sign | (code > p.max_code ? p.max_code : code));
+}
+
+/// fp8 bits of format f → float32, exactly (every fp8 value is a float32). A NaN code (e4m3:
+/// S.1111.111; e5m2: S.11111.mm with mm ≠ 0) gives a quiet float32 NaN with b's sign bit;
+/// e5m2's S.11111.00 gives ±infinity; 0x80 gives -0.
+/// @param b  the fp8 code
+/// @param f  the format (e4m3 or e5m2; any other value is taken as e5m2)
+ULYSSES_HOST_DEVICE inline float fp8_to_float(std::uint8_t b, Fp8Format f) {
+  const detail::Fp8Params p = detail::fp8_params(f);
+  const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24, mag = b & 0x7fu;
+  const std::uint32_t exp = mag >> p.mant_bits, mant = mag & ((1u << p.mant_bits) - 1u);
+  const std::uint32_t top = (1u << (7u - p.mant_bits)) - 1u;  // the all-ones exponent field
+  if (f == Fp8Format::e4m3 ? mag == 0x7fu : exp == top) {
+    return detail::bits_float(sign | (mant == 0 ? 0x7f800000u : detail::kFloatNanBits));  // e4m3: mant != 0
+  }
+  if (exp == 0) {  // zero or subnormal: mant * 2^(1 - bias - mant_bits), one exact multiplication
+    const float step = detail::bits_float((128u - p.bias - p.mant_bits) << 23);
+    const float v = static_cast<float>(mant) * step;
+    return detail::bits_float(sign | detail::float_bits(v));
+  }
+  return detail::bits_float(sign | ((exp + 127u - p.bias) << 23) | (mant << (23u - p.mant_bits)));
+}
+
+/// The scale of a row whose largest magnitude is amax: the row is stored as fp8(x / scale), read
+/// back as fp8_to_float(q) * scale. So that no NaN or infinity can appear on the wire or on the
+/// way back (fault case C23: an unfloored max|x| / 448 is 0 for a row of zeros, and 0 / 0 = NaN):
+/// - finite amax: scale = amax / fp8_max(f), one IEEE float32 division (rounded to nearest),
+///   floored at FLT_MIN = 2^-126 (1.17549435e-38f): never 0 nor subnormal, so x / scale is never
+///   0 / 0 and 1 / scale is finite. A row of ±0 (amax = 0) gets FLT_MIN and every element
+///   quantizes to a zero of its own sign. Rows with amax < fp8_max(f) * FLT_MIN use the floor and
+///   so only part of the fp8 range (tiny values may quantize to ±0);
+/// - fp8_max(f) * scale, the largest dequantized magnitude, is finite for every amax but NaN:
+///   FLT_MAX / fp8_max(f) rounds down in float32 for both formats, and both operations are
+///   monotonic (tests/layout/test_fp8.cpp checks it);
+/// - amax = ±infinity: the scale of amax = FLT_MAX, FLT_MAX / fp8_max(f) rounded: finite elements stay
+///   finite, infinite ones saturate to ±fp8_max(f) (and come back as ±fp8_max(f) * scale);
+/// - amax NaN: a quiet NaN scale; the whole row then quantizes to the canonical NaN code and
+///   dequantizes to NaN (a NaN row stays NaN: the NaN is not hidden).
+/// The sign of amax is ignored (|amax| is used).
+/// @param amax  the row's largest magnitude (row_amax()), any float
+/// @param f     the format (e4m3 or e5m2; any other value is taken as e5m2)
+/// @return the scale: a normal float32 in [FLT_MIN, FLT_MAX / fp8_max(f)], or NaN when amax is NaN
+ULYSSES_HOST_DEVICE inline float fp8_scale_of(float amax, Fp8Format f) {
+  std::uint32_t a = detail::float_bits(amax) & 0x7fffffffu;
+  if (a > 0x7f800000u) return detail::bits_float(detail::kFloatNanBits);
+  if (a == 0x7f800000u) a = detail::kFloatMaxBits;
+  const float m = fp8_max(f);
+  const float s = detail::bits_float(a) / m;
+  return detail::float_bits(s) < detail::kFloatMinBits ? detail::bits_float(detail::kFloatMinBits) : s;
+}
+
+/// The largest magnitude max |x_i| of x[0..n), NaN-propagating: any NaN element gives a (quiet)
+/// NaN; an infinite element gives +infinity; n <= 0 or an all-±0 row gives +0. The result does not
+/// depend on the order of the elements (it is exact: no rounding).
+/// @param x  n floats (may be null when n <= 0)
+/// @param n  the number of elements
+ULYSSES_HOST_DEVICE inline float row_amax(const float* x, std::int64_t n) {
+  std::uint32_t m = 0;  // magnitudes compare as unsigned integers
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t a = detail::float_bits(x[i]) & 0x7fffffffu;
+    if (a > 0x7f800000u) return detail::bits_float(detail::kFloatNanBits);
+    if (a > m) m = a;
+  }
+  return detail::bits_float(m);
+}
+
+/// Quantizes n floats with the given scale into out[0..n): out[i] = float_to_fp8(x[i] / scale, f),
+/// the division one IEEE float32 division (rounded to nearest; deterministic on host and device
+/// under nvcc's default -prec-div=true). With a scale from fp8_scale_of() no element gives NaN
+/// unless it is NaN or the scale is (a NaN amax); ±0 elements give 0x00 / 0x80.
+/// @param x      n floats
+/// @param n      the number of elements (nothing is written when n <= 0)
+/// @param scale  the row's scale (fp8_scale_of())
+/// @param f      the format
+/// @param out    n bytes (not overlapping x)
+/// @pre scale is a positive normal float32 (as fp8_scale_of() gives), or NaN
+ULYSSES_HOST_DEVICE inline void quantize_fp8(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_fp8(x[i] / scale, f);
+}
+
+/// Dequantizes n fp8 codes: out[i] = fp8_to_float(q[i], f) * scale, one IEEE float32
+/// multiplication (rounded to nearest). Zero codes give zeros of their sign (0x80 → -0) for any
+/// positive finite scale; a NaN code or a NaN scale gives NaN.
+/// @param q      n fp8 codes
+/// @param n      the number of elements (nothing is written when n <= 0)
+/// @param scale  the row's scale (fp8_scale_of())
+/// @param f      the format
+/// @param out    n floats
+ULYSSES_HOST_DEVICE inline void dequantize_fp8(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = fp8_to_float(q[i], f) * scale;
+}
+
+ULYSSES_NAMESPACE_END
