@@ -19,6 +19,14 @@ add_test(NAME "concepts: a mistyped exchange_messages() does not compile, and sa
     "-DEXPECT=member named exchange_messages whose signature is not"
     -P ${CMAKE_CURRENT_SOURCE_DIR}/concepts/expect_compile.cmake)
 
+# The row-transform concept is loud too (layout/transform.hpp): a call operator of another
+# signature is a compile error saying which one it needs, not a transform silently not applied.
+add_test(NAME "concepts: a mistyped row transform does not compile, and says so"
+  COMMAND ${CMAKE_COMMAND} -DCOMPILER=${CMAKE_CXX_COMPILER} "-DARGS=-std=c++17;-fsyntax-only;-I${PROJECT_SOURCE_DIR}/include"
+    -DSOURCE=${CMAKE_CURRENT_SOURCE_DIR}/concepts/mistyped_transform.cpp -DGOOD_DEFINE=ULYSSES_TEST_CORRECT_SIGNATURE
+    "-DEXPECT=has an operator\\(\\) whose signature is not"
+    -P ${CMAKE_CURRENT_SOURCE_DIR}/concepts/expect_compile.cmake)
+
 # Layering (docs/design.md): no header includes one of a higher layer. The second entry runs the
 # same check on a tree with one such include and must fail, so a check that passes everything fails.
 add_test(NAME "layering: include/ulysses"

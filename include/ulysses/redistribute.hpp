@@ -24,6 +24,7 @@
 #include "error.hpp"
 #include "layout/algebra.hpp"
 #include "layout/blocks.hpp"
+#include "layout/transform.hpp"
 #include "plan/buffers.hpp"  // ConstByteSpan, ByteSpan, TensorList, Workspace, bind_buffers()
 #include "plan/plan.hpp"
 #include "transport/dispatch.hpp"
@@ -82,6 +83,34 @@ struct ExchangePart {
   BufferTable table;
   StageRange stages;  // resolved: count >= 1
 };
+/// Sets a call's row transforms into its buffer table, after checking them: every tensor given
+/// is one of the plan's, planned with TensorSpec::with_row_transforms(), and the executor applies
+/// transforms (executor_traits::row_transforms). Nothing for none (null or empty).
+/// @throws Error(invalid_shape) naming the tensor or the executor, before any byte moves.
+template <class Exec>
+void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, BufferTable& table) {
+  if (!tx || (tx->empty() && tx->bad_index() < 0)) return;
+  const std::string call = call_name(dir);
+  if (tx->bad_index() >= 0)
+    fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(tx->bad_index()) +
+                                  ", outside the plan's " + std::to_string(plan.num_tensors()) + " tensors");
+  for (int t = 0; t < kMaxTensors; ++t) {
+    if (!tx->any(t)) continue;
+    if (t >= plan.num_tensors())
+      fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) + ", but the plan moves " +
+                                    std::to_string(plan.num_tensors()) + " tensors");
+    if (!plan.tensor(t).row_transforms)
+      fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) +
+                                    ", whose plan was not built for them: plan it with TensorSpec::with_row_transforms()");
+    for (const RowTransformRef& r : {tx->pack(t), tx->unpack(t)})
+      if (r && r.check) r.check(r.object, plan.batch(), plan.seq().seq_len(), plan.tensor(t).head_dim);
+  }
+  if constexpr (!executor_traits<Exec>::row_transforms)
+    fail(Errc::invalid_shape, call + ": row transforms were given, but the executor applies none (HostExecutor does; "
+                                     "executor_traits::row_transforms)");
+  table.transforms = tx;
+}
+
 /// Local: a refusal is told to the peers by the caller's tell_peers_on_failure() (comm/tell_peers.hpp).
 /// A call of some stages of a plan whose path is direct runs the peer copy stage by stage between
 /// the threads of one process with a host executor (LocalGroup). Across processes (MpiWindowComm:
@@ -90,10 +119,11 @@ struct ExchangePart {
 /// (whose uploaded lists are all stages at once) it takes the message path where the types have
 /// it, else the all-to-all-v (the same on every rank).
 /// @throws Error(invalid_shape) a stage range outside [0, plan.num_stages()); what check_comm(),
-///         check_streams(), choose_path() and bind_table() throw.
+///         check_streams(), choose_path(), bind_table() and bind_transforms() throw.
 template <class Comm, class Exec>
 ExchangePart bind_part(const Plan& plan, Direction dir, Comm& comm, const Exec& exec, const TensorList<ConstByteSpan>& in,
-                       const TensorList<ByteSpan>& out, Workspace ws, StageRange stages = StageRange::all()) {
+                       const TensorList<ByteSpan>& out, Workspace ws, StageRange stages = StageRange::all(),
+                       const RowTransforms* transforms = nullptr) {
   check_comm(plan, comm);
   check_streams(comm, exec);
   const int K = plan.num_stages();
@@ -104,7 +134,9 @@ ExchangePart bind_part(const Plan& plan, Direction dir, Comm& comm, const Exec& 
   Path path = choose_path<Comm, Exec>(plan);
   if (path == Path::direct && count < K && !(executor_traits<Exec>::runs_on_host && comm_traits<Comm>::one_address_space))
     path = PathSupport<Comm, Exec>::messages && plan.options().messages_enabled() ? Path::messages : Path::alltoallv;
-  return {&plan, dir, path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes()), {stages.first, count}};
+  ExchangePart part{&plan, dir, path, bind_table(plan, dir, in, out, ws, path == Path::direct ? 0 : plan.workspace_bytes()), {stages.first, count}};
+  bind_transforms<Exec>(plan, dir, transforms, part.table);
+  return part;
 }
 /// Runs one bound exchange to its end: the peer copy, or per stage pack, exchange, unpack (the
 /// stages one after the other; see HostPipeline to overlap them). What redistribute() and a
@@ -220,13 +252,19 @@ void exchange_direct(const Plan& plan, Direction dir, Comm& comm, Exec& exec, co
 ///         plan_mismatch) breaks the group first where the communicator can carry it (its abort():
 ///         LocalGroup, MpiComm, MpiWindowComm, NcclComm, the device groups), so that the peers throw
 ///         Error(aborted) naming this rank and its code at once (comm/tell_peers.hpp).
+///
+/// `transforms` (optional): the call's row transforms (layout/transform.hpp: RoPE, a scale, your
+/// own), applied in the copy to the tensors planned with TensorSpec::with_row_transforms():
+/// on pack as rows are read from `in`, on unpack as they are written into `out`. Same bits on
+/// every path. Errors: bind_transforms().
 template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
-                  const TensorList<ByteSpan>& out, Workspace ws) {
+                  const TensorList<ByteSpan>& out, Workspace ws, const RowTransforms* transforms = nullptr) {
   detail::refuse_beside_worker(comm, detail::call_name(dir));
   detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
-  detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir),
-                                [&] { detail::run_part(detail::bind_part(plan, dir, comm, exec, in, out, ws), comm, exec); });
+  detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir), [&] {
+    detail::run_part(detail::bind_part(plan, dir, comm, exec, in, out, ws, StageRange::all(), transforms), comm, exec);
+  });
 }
 
 namespace detail {
@@ -252,8 +290,8 @@ void run_part(const ExchangePart& p, Comm& comm, Exec& exec) {
 /// heads when Hkv < P) is sent to each of them. See redistribute().
 template <class Comm, class Exec>
 void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
-                 Workspace ws) {
-  redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws);
+                 Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
+  redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws, &transforms);
 }
 
 /// head→seq (forward, after attention): head-sharded inputs [B, S, H_r, D] → seq-sharded outputs
@@ -263,8 +301,8 @@ void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const TensorList<Cons
 /// both are the same. See redistribute().
 template <class Comm, class Exec>
 void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
-                 Workspace ws) {
-  redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws);
+                 Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
+  redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws, &transforms);
 }
 
 /// The backward of seq_to_head (its adjoint; DeepSpeed-Ulysses' backward of the first
@@ -278,9 +316,9 @@ void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const TensorList<Cons
 ///         anything moves, on every rank alike); otherwise as redistribute().
 template <class Comm, class Exec>
 void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_head,
-                          const TensorList<ByteSpan>& grad_seq, Workspace ws) {
+                          const TensorList<ByteSpan>& grad_seq, Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
   detail::require_adjoint(plan, "seq_to_head_backward");
-  redistribute(plan, Direction::head_to_seq, comm, exec, grad_head, grad_seq, ws);
+  redistribute(plan, Direction::head_to_seq, comm, exec, grad_head, grad_seq, ws, &transforms);
 }
 
 /// The backward of head_to_seq (its adjoint): seq-sharded gradients [B, S_r, H, D] (do) →
@@ -290,9 +328,9 @@ void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const Tensor
 ///         taking the owner's copy is not seq→head); otherwise as redistribute().
 template <class Comm, class Exec>
 void head_to_seq_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_seq,
-                          const TensorList<ByteSpan>& grad_head, Workspace ws) {
+                          const TensorList<ByteSpan>& grad_head, Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
   detail::require_adjoint(plan, "head_to_seq_backward");
-  redistribute(plan, Direction::seq_to_head, comm, exec, grad_seq, grad_head, ws);
+  redistribute(plan, Direction::seq_to_head, comm, exec, grad_seq, grad_head, ws, &transforms);
 }
 
 /// The direction that runs the backward of direction d (seq_to_head ↔ head_to_seq), for engines

@@ -35,6 +35,7 @@ struct ExchangeCall {
   TensorList<ByteSpan> out;                  ///< its outputs
   Workspace ws;                              ///< its workspace
   StageRange stages = StageRange::all();     ///< which stages (head bands) it moves
+  const RowTransforms* transforms = nullptr;  ///< its row transforms (redistribute()), or none; must outlive finish()
 };
 
 /// A split-phase exchange on communicator type Comm with executor type Exec: start() does every
@@ -122,7 +123,8 @@ class Exchange {
       n_ = 0;
       for (int i = 0; i < n; ++i) {
         if (!calls[i].plan) detail::fail(Errc::invalid_shape, std::string(name_) + ": exchange " + std::to_string(i) + " has no plan");
-        parts_[n_++] = detail::bind_part(*calls[i].plan, calls[i].dir, *comm_, *exec_, calls[i].in, calls[i].out, calls[i].ws, calls[i].stages);
+        parts_[n_++] = detail::bind_part(*calls[i].plan, calls[i].dir, *comm_, *exec_, calls[i].in, calls[i].out, calls[i].ws, calls[i].stages,
+                                        calls[i].transforms);
       }
       mode_ = mode_of();
       if (mode_ == Mode::thread) {

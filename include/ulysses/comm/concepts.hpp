@@ -97,6 +97,11 @@ struct runs_on_host : std::false_type {};
 template <class E>
 struct runs_on_host<E, std::enable_if_t<E::runs_on_host>> : std::true_type {};
 
+template <class E, class = void>
+struct row_transforms : std::false_type {};
+template <class E>
+struct row_transforms<E, std::enable_if_t<E::row_transforms>> : std::true_type {};
+
 template <class C, class = void>
 struct has_abort : std::false_type {};
 template <class C>
@@ -168,6 +173,7 @@ struct comm_traits {
 template <class Exec>
 struct executor_traits {
   static constexpr bool runs_on_host = detail::runs_on_host<Exec>::value;        ///< host loads and stores, done on return
+  static constexpr bool row_transforms = detail::row_transforms<Exec>::value;    ///< applies BufferTable::transforms (layout/transform.hpp)
   static constexpr bool device_memory = detail::device_memory<Exec>::value;      ///< stream-ordered device work
   static constexpr bool prepare_direct = detail::has_prepare_direct<Exec>::value;  ///< uploads the peer copy's lists
   static constexpr bool stream = detail::has_stream<Exec>::value;                ///< stream() for the stream check

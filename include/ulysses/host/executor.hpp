@@ -28,6 +28,7 @@
 #include "../layout/rows.hpp"
 #include "detail/copy_rows.hpp"  // copy_rows(), the streaming stores
 #include "detail/sum.hpp"        // run_sum_range()
+#include "detail/transform_rows.hpp"  // run_transformed_rows(), run_transformed_sum()
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -39,6 +40,7 @@ ULYSSES_NAMESPACE_BEGIN
 ///                  another thread. Same bytes either way.
 /// @pre the table holds valid pointers for the block's buffers; source and destination do not overlap.
 inline void run_block_host(const BlockCopy& c, const BufferTable& t, bool streaming = false) {
+  if (detail::transforms_rows(c, t)) return detail::run_transformed_rows(c, t, 0, c.rows());
   const std::byte* src = detail::buffer_at(t, c.src_buffer);
   std::byte* dst = detail::buffer_at(t, c.dst_buffer);
   detail::for_each_row_run(c, [&](std::int64_t so, std::int64_t dso) {
@@ -76,10 +78,12 @@ inline BlockCopy host_order(const BlockCopy& c) {
     o.extent[i] = c.extent[i + 1];
     o.src_stride[i] = c.src_stride[i + 1];
     o.dst_stride[i] = c.dst_stride[i + 1];
+    o.axis[i] = c.axis[i + 1];
   }
   o.extent[3] = c.extent[best];
   o.src_stride[3] = c.src_stride[best];
   o.dst_stride[3] = c.dst_stride[best];
+  o.axis[3] = c.axis[best];
   return o;
 }
 
@@ -89,6 +93,8 @@ inline BlockCopy host_order(const BlockCopy& c) {
 /// @pre 0 <= lo <= hi <= c.bytes()
 inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64_t lo, std::int64_t hi, bool streaming) {
   if (lo == 0 && hi == c.bytes()) return run_block_host(c, t, streaming);
+  if (transforms_rows(c, t))  // whole rows: those that start in [lo, hi) (neighbouring ranges meet exactly)
+    return run_transformed_rows(c, t, (lo + c.row_bytes - 1) / c.row_bytes, (hi + c.row_bytes - 1) / c.row_bytes);
   const std::byte* src = detail::buffer_at(t, c.src_buffer) + c.src_offset;
   std::byte* dst = detail::buffer_at(t, c.dst_buffer) + c.dst_offset;
   const std::int64_t R = c.row_bytes, e3 = c.extent[3];
@@ -121,7 +127,9 @@ inline void run_blocks_range(const BlockCopy* blocks, std::size_t n, const Buffe
     const std::int64_t b = c.written_bytes(), end = start + b;
     if (end > lo && b > 0) {
       const std::int64_t a = std::max(lo, start) - start, z = std::min(hi, end) - start;
-      if (c.op == BlockOp::sum) {
+      if (c.op == BlockOp::sum && transforms_rows(c, t)) {  // whole rows, as run_block_range
+        run_transformed_sum(&c, t, (a + c.row_bytes - 1) / c.row_bytes, (z + c.row_bytes - 1) / c.row_bytes);
+      } else if (c.op == BlockOp::sum) {
         const std::int64_t E = c.elem_bytes;
         run_sum_range(&c, t, a / E * E, z / E * E, streaming);
       } else {
@@ -217,6 +225,9 @@ class HostExecutor {
   /// Runs its copies with host loads and stores, and returns when they are done (redistribute()
   /// may then hand the caller's pointers straight to a host communicator).
   static constexpr bool runs_on_host = true;
+  /// Applies a call's row transforms (BufferTable::transforms, layout/transform.hpp) to the
+  /// blocks of tensors planned with TensorSpec::with_row_transforms().
+  static constexpr bool row_transforms = true;
 
   /// Single-threaded executor with the default options: runs on the calling thread, owns no threads.
   HostExecutor() = default;
@@ -273,6 +284,8 @@ class HostExecutor {
     if (parts <= 1) {
       for (std::size_t i = 0; i < n; ++i) {
         if (blocks[i].op == BlockOp::copy) run_block_host(detail::host_order(blocks[i]), t, streaming);
+        else if (blocks[i].op == BlockOp::sum && detail::transforms_rows(blocks[i], t))
+          detail::run_transformed_sum(&blocks[i], t, 0, blocks[i].rows());
         else if (blocks[i].op == BlockOp::sum) detail::run_sum_range(&blocks[i], t, 0, blocks[i].bytes(), streaming);
       }
       if (streaming) detail::stream_fence();

@@ -43,6 +43,8 @@ struct BufferIndex {
   static constexpr int bounce(int degree) { return count + 2 * degree * kMaxTensors; }
 };
 
+class RowTransforms;  // layout/transform.hpp
+
 /// The base pointers one execution of a plan works on (trivially copyable: passed by value to
 /// CUDA kernels). Unused entries are null.
 struct BufferTable {
@@ -52,6 +54,8 @@ struct BufferTable {
   /// address space) peers[(P + p) * kMaxTensors + t] is rank p's output t, in a group of P ranks.
   /// Null on the other transports.
   std::byte* const* peers = nullptr;
+  /// The call's row transforms (layout/transform.hpp; host executors), or null: none.
+  const RowTransforms* transforms = nullptr;
 };
 
 namespace detail {
@@ -97,7 +101,19 @@ struct BlockCopy {
   std::int32_t elem_bytes;     ///< element size (the alignment every pointer keeps)
   BlockOp op = BlockOp::copy;  ///< copy, or a term of a sum
   std::int32_t sources = 1;    ///< BlockOp::sum: the number of terms (this block and the sources-1 after it); else 1
-  ElementType type = ElementType::opaque;  ///< the element type a sum adds (op != copy)
+  ElementType type = ElementType::opaque;  ///< the element type a sum adds (op != copy), or a transformed block's
+  /// >= 0: the block's rows are single head rows of D elements of this tensor (its index in the
+  /// plan), planned with TensorSpec::with_row_transforms(); origin and axis give each row's
+  /// RowCoord (layout/transform.hpp), and `type` is the element type. -1: plain bytes.
+  std::int32_t row_tensor = -1;
+  /// row_tensor >= 0: bit 0 set when the source is an input (own or a peer's: the pack transform
+  /// applies), bit 1 when the destination is an output (own or a peer's: the unpack transform).
+  std::int32_t row_sides = 0;
+  /// row_tensor >= 0: the (batch, global token, global head) of the block's first row.
+  std::int64_t origin[3] = {0, 0, 0};
+  /// row_tensor >= 0: which coordinate each of the 4 outer loops advances by one per step (0
+  /// batch, 1 token, 2 head; -1 none).
+  std::int32_t axis[4] = {-1, -1, -1, -1};
 
   /// Rows this block copies.
   ULYSSES_HOST_DEVICE constexpr std::int64_t rows() const { return extent[0] * extent[1] * extent[2] * extent[3]; }
@@ -167,8 +183,8 @@ class BlockDims {
               std::int64_t elem_bytes) {
     for (int i = 0; i < 4; ++i) {
       if (ext[i] == 0) return false;
-      if (ext[i] > 1) {
-        dims_[nd_] = {ext[i], dst_stride_elems[i] * elem_bytes, nd_ * n_};
+      if (ext[i] > 1 || (rows_ && i == 3)) {  // (a transformed block keeps its D dim, even of extent 1)
+        dims_[nd_] = {ext[i], dst_stride_elems[i] * elem_bytes, nd_ * n_, i};
         for (int j = 0; j < n_; ++j) ss_[nd_ * n_ + j] = src_stride_elems[j][i] * elem_bytes;
         ++nd_;
       }
@@ -180,14 +196,14 @@ class BlockDims {
   /// the destination and every source are contiguous.
   void merge(std::int64_t elem_bytes) {
     std::stable_sort(dims_, dims_ + nd_, [](const Dim& a, const Dim& b) { return a.ds > b.ds; });
-    dims_[nd_] = {elem_bytes, 1, nd_ * n_};  // the bytes of one element, always contiguous
+    dims_[nd_] = {elem_bytes, 1, nd_ * n_, 4};  // the bytes of one element, always contiguous
     for (int j = 0; j < n_; ++j) ss_[nd_ * n_ + j] = 1;
     ++nd_;
     w_ = nd_ - 1;
     for (int k = nd_ - 2; k >= 0; --k) {
       Dim& in = dims_[w_];
       const Dim& o = dims_[k];
-      bool joins = o.ds == in.n * in.ds;
+      bool joins = o.ds == in.n * in.ds && (!rows_ || (o.axis == 3 && in.axis == 4));  // a transformed row: D elements, no more
       for (int j = 0; j < n_ && joins; ++j) joins = ss_[o.at + j] == in.n * ss_[in.at + j];
       if (joins) {
         in.n *= o.n;
@@ -206,20 +222,42 @@ class BlockDims {
       b.extent[i] = k >= 0 ? dims_[w_ + k].n : 1;
       b.src_stride[i] = k >= 0 ? ss_[dims_[w_ + k].at + j] : 0;
       b.dst_stride[i] = k >= 0 ? dims_[w_ + k].ds : 0;
+      b.axis[i] = k >= 0 && rows_ ? dims_[w_ + k].axis : -1;
     }
   }
+  /// Keeps every dimension apart but D's (rows of one head row each, their loops labelled with
+  /// their coordinate): the geometry of a transformed block. Before gather().
+  void keep_rows() { rows_ = true; }
 
  private:
   struct Dim {
     std::int64_t n, ds;
-    int at;  // index of this dim's first source stride in ss_
+    int at;    // index of this dim's first source stride in ss_
+    int axis;  // 0 batch, 1 token, 2 head, 3 D, 4 the element's bytes (3 or 4 once merged into the row)
   };
   int n_;
+  bool rows_ = false;
   Dim dims_[5];
   std::int64_t small_[5 * 4];
   std::vector<std::int64_t> big_;
   std::int64_t* ss_ = small_;
   int nd_ = 0, w_ = 0;
+};
+
+/// What makes a block transformed (make_blocks()): the RowCoord of its first row, its tensor,
+/// and the group's degree (to tell inputs and outputs, own or a peer's, from the wire by buffer index).
+struct RowOrigin {
+  std::int64_t at[3] = {0, 0, 0};  ///< (batch, global token, global head) of the first row
+  int tensor = 0;                  ///< the tensor's index in the plan
+  int degree = 1;                  ///< the group's size P
+  /// Bit 0 when buffer `src` is an input, bit 1 when `dst` is an output (BlockCopy::row_sides).
+  int sides(int src, int dst) const {
+    auto input = [&](int i) { return i < kMaxTensors || (i >= BufferIndex::count && i < BufferIndex::peer_output(0, 0, degree)); };
+    auto output = [&](int i) {
+      return (i >= kMaxTensors && i < 2 * kMaxTensors) || (i >= BufferIndex::peer_output(0, 0, degree) && i < BufferIndex::bounce(degree));
+    };
+    return (input(src) ? 1 : 0) | (output(dst) ? 2 : 0);
+  }
 };
 
 /// Builds the blocks of a (b, s, h, d) block of extents `ext` from `n` sources to one
@@ -228,12 +266,15 @@ class BlockDims {
 /// is valid), extent-1 dimensions dropped, and neighbours merged where every source and the
 /// destination are contiguous, so that all n blocks share one geometry. Writes out[0..n) and
 /// returns true; returns false (and builds nothing) for an empty block. Allocates for n > 4
-/// (planning only).
-/// @pre n >= 1; for n >= 2, summable(type) and elem_bytes == size_of(type)
+/// (planning only). With `origin` the blocks are transformed (BlockCopy::row_tensor): no dimension is merged but D, whose
+/// stride must then be one element on every side, so each row is one head row.
+/// @pre n >= 1; for n >= 2 or an origin, summable(type) and elem_bytes == size_of(type)
 inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* const* src_stride_elems,
                         const std::int64_t dst_stride_elems[4], std::int64_t elem_bytes, const std::int64_t* src_offset_bytes,
-                        std::int64_t dst_offset_bytes, const int* src_buffer, int dst_buffer, ElementType type, BlockCopy* out) {
+                        std::int64_t dst_offset_bytes, const int* src_buffer, int dst_buffer, ElementType type, BlockCopy* out,
+                        const RowOrigin* origin = nullptr) {
   BlockDims dims(n);
+  if (origin) dims.keep_rows();
   if (!dims.gather(ext, src_stride_elems, dst_stride_elems, elem_bytes)) return false;
   dims.merge(elem_bytes);
   for (int j = 0; j < n; ++j) {
@@ -250,6 +291,12 @@ inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* co
       b.sources = j == 0 ? n : 1;
       b.type = type;
     }
+    if (origin) {
+      b.row_tensor = origin->tensor;
+      b.row_sides = origin->sides(src_buffer[j], dst_buffer);
+      b.type = type;
+      for (int a = 0; a < 3; ++a) b.origin[a] = origin->at[a];
+    }
   }
   return true;
 }
@@ -257,12 +304,14 @@ inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* co
 /// Builds the BlockCopy of a (b, s, h, d) block of extents `ext`, whose source and destination
 /// strides are in elements of `elem_bytes` bytes (make_blocks() with one source). Returns false
 /// (and builds nothing) for an empty block.
+/// With `origin`, a transformed block of elements of `type` (see make_blocks()).
 inline bool make_block(const std::int64_t ext[4], const std::int64_t src_stride_elems[4],
                        const std::int64_t dst_stride_elems[4], std::int64_t elem_bytes, std::int64_t src_offset_bytes,
-                       std::int64_t dst_offset_bytes, int src_buffer, int dst_buffer, BlockCopy& out) {
+                       std::int64_t dst_offset_bytes, int src_buffer, int dst_buffer, BlockCopy& out,
+                       const RowOrigin* origin = nullptr, ElementType type = ElementType::opaque) {
   const std::int64_t* ss[1] = {src_stride_elems};
   return make_blocks(ext, 1, ss, dst_stride_elems, elem_bytes, &src_offset_bytes, dst_offset_bytes, &src_buffer, dst_buffer,
-                     ElementType::opaque, &out);
+                     type, &out, origin);
 }
 
 }  // namespace detail

@@ -65,8 +65,9 @@ inline void peer_copy_seq_to_head(const Plan& plan, const LayoutRecord* all, int
     for (const SeqChunk& c : plan.seq().chunks_of(p))
       for (const HeadRun& h : runs) {
         const std::int64_t ext[4] = {plan.batch(), c.length, h.size(), x.head_dim};
+        RowOrigin o;
         add_block(out, ext, e, BufferIndex::peer_input(p, t), lp.offset(0, c.local_offset, h.lo, 0) * e, lp.stride, BufferIndex::output(t),
-                  hl.offset(0, c.offset, h.lo - hb, 0) * e, hl.stride);
+                  hl.offset(0, c.offset, h.lo - hb, 0) * e, hl.stride, row_origin(x, t, plan.degree(), 0, c.offset, h.lo, o), x.type);
       }
   }
 }
@@ -101,8 +102,10 @@ inline void peer_push_seq_to_head(const Plan& plan, const LayoutRecord* all, int
       for (int i = 0; i < P; ++i) {
         const int p = (me + i) % P;
         const std::int64_t ext[4] = {plan.batch(), len, x.heads.count(p), x.head_dim};
+        RowOrigin o;
         add_block(out, ext, e, BufferIndex::input(t), sl.offset(0, c.local_offset + k0, x.heads.begin(p), 0) * e, sl.stride,
-                  BufferIndex::peer_output(p, t, P), lp[at(p)].offset(0, c.offset + k0, 0, 0) * e, lp[at(p)].stride);
+                  BufferIndex::peer_output(p, t, P), lp[at(p)].offset(0, c.offset + k0, 0, 0) * e, lp[at(p)].stride,
+                  row_origin(x, t, P, 0, c.offset + k0, x.heads.begin(p), o), x.type);
       }
     }
 }
@@ -144,8 +147,9 @@ inline void peer_copy_head_to_seq(const Plan& plan, const LayoutRecord* all, int
         offsets.push_back(lq[at(j)].offset(0, c.offset, a - hp.begin(first + j), 0) * e);
       }
       std::vector<BlockCopy> g(at(n));
+      RowOrigin o;
       if (make_blocks(ext, n, strides.data(), sl.stride, e, offsets.data(), sl.offset(0, c.local_offset, a, 0) * e, bufs.data(),
-                      BufferIndex::output(t), x.type, g.data()))
+                      BufferIndex::output(t), x.type, g.data(), row_origin(x, t, plan.degree(), 0, c.offset, a, o)))
         for (const BlockCopy& b : g)
           if (source < 0 || b.src_buffer == BufferIndex::peer_input(source, t)) out.push_back(b);
     }

@@ -60,6 +60,11 @@ struct TensorSpec {
   ElementType type = ElementType::opaque;  ///< what the elements are (needed to sum replicated heads)
   Replicas replicas = Replicas::sum;       ///< head→seq of a head held by several ranks (only matters then)
   int serves = kAuto;  ///< for a kv tensor: index (in the plan) of the query tensor it serves; kNone; or kAuto
+  /// Plan the tensor's blocks row by row, each row one head row of D elements with its RowCoord,
+  /// so that a call's RowTransforms (layout/transform.hpp: RoPE, a scale, your own) can be
+  /// applied to it in the copy (with_row_transforms()). Its pieces are then always staged (never
+  /// sent from or received into the tensor in place). In the agreement record.
+  bool row_transforms = false;
 
   /// `serves`: decide from the head counts (see Plan): a tensor after the first whose head count
   /// divides the first tensor's and is smaller serves the first (the q, k, v convention).
@@ -100,6 +105,13 @@ struct TensorSpec {
   /// Declares the element type (its size must be elem_bytes).
   TensorSpec& with_type(ElementType t) {
     type = t;
+    return *this;
+  }
+  /// Plans the tensor for row transforms (see `row_transforms`). Plan then requires its element
+  /// type to be float16, bfloat16, float32 or float64, D <= 1024 and D contiguous (stride 1) in
+  /// both layouts: else Error(invalid_shape).
+  TensorSpec& with_row_transforms(bool on = true) {
+    row_transforms = on;
     return *this;
   }
   /// Declares that this kv tensor serves the query tensor at index `query` of the plan (or kNone).

@@ -153,9 +153,12 @@ struct PeerCopyWork {
       return in->cross_memory && in->cross_memory->pid && !in->data[i % kMaxTensors] ? in->cross_memory : nullptr;
     };
     auto padded = [](const BlockCopy& b) { return (static_cast<std::size_t>(b.bytes()) + 63) / 64 * 64; };  // each term 64-byte aligned
+    // A transformed block (a call with row transforms) is read into the bounce buffer too, and
+    // the executor transforms it from there; its owner then does not push it (push(): the same test).
+    auto bounced = [&](const BlockCopy& b) { return b.op != BlockOp::copy || (b.row_tensor >= 0 && t.transforms); };
     std::size_t bounce = 0;
     for (const BlockCopy& b : *w.list)
-      if (b.op != BlockOp::copy && remote_of(b)) bounce += padded(b);
+      if (bounced(b) && remote_of(b)) bounce += padded(b);
     if (s.bounce.size() < bounce) s.bounce.resize(bounce);
     (*w.peers)[static_cast<std::size_t>(BufferIndex::bounce(w.P) - BufferIndex::count)] = s.bounce.data();
     s.blocks.clear();
@@ -170,12 +173,12 @@ struct PeerCopyWork {
       const int i = b.src_buffer - BufferIndex::count;
       if (i / kMaxTensors != owner) s.reader.begin(in->pid, owner = i / kMaxTensors);
       const std::uint64_t src = in->remote[i % kMaxTensors];
-      if (b.op == BlockOp::copy) {
+      if (!bounced(b)) {
         if (!pushed_by_owner(b)) read_block(s.reader, b, src, buffer_at(t, b.dst_buffer), false);
         continue;
       }
       read_block(s.reader, b, src, s.bounce.data() + off, true);
-      BlockCopy c = b;  // the term, from its packed rows in the bounce buffer
+      BlockCopy c = b;  // the term (or transformed copy), from its packed rows in the bounce buffer
       c.src_buffer = BufferIndex::bounce(w.P);
       c.src_offset = static_cast<std::int64_t>(off);
       c.src_stride[3] = b.row_bytes;
@@ -211,6 +214,7 @@ struct PeerCopyWork {
       for (const BlockCopy& c : s.peer_list) {
         const int i = c.src_buffer - BufferIndex::count;
         if (i < 0 || i / kMaxTensors != w.rank || !own.remote[i % kMaxTensors] || !pushed_by_owner(c)) continue;
+        if (c.row_tensor >= 0 && table.transforms) continue;  // the peer reads it to transform it (run_remote())
         write_block(s.reader, c, mine.data[i % kMaxTensors], reinterpret_cast<std::uintptr_t>(table.base[c.dst_buffer]));
       }
     }

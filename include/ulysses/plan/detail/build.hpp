@@ -41,13 +41,24 @@ struct PlanInputs {
   std::vector<char> sums;
 };
 
+/// The RowOrigin of a block of tensor t (spec x) whose first row is (b, token, head), in a
+/// group of P ranks; null (a plain block) unless x is planned with_row_transforms().
+inline const RowOrigin* row_origin(const TensorSpec& x, int t, int P, std::int64_t b, std::int64_t token, std::int64_t head,
+                                   RowOrigin& o) {
+  if (!x.row_transforms) return nullptr;
+  o = RowOrigin{{b, token, head}, t, P};
+  return &o;
+}
+
 /// Appends the block copying extents `ext` from (src buffer, byte offset, element strides) to
-/// (dst buffer, byte offset, element strides); nothing for an empty block.
+/// (dst buffer, byte offset, element strides); nothing for an empty block. With `rows`, a
+/// transformed block of elements of `type` (make_blocks()).
 inline void add_block(std::vector<BlockCopy>& list, const std::int64_t ext[4], std::int64_t elem_bytes, int src_buffer,
                       std::int64_t src_offset, const std::int64_t src_stride[4], int dst_buffer, std::int64_t dst_offset,
-                      const std::int64_t dst_stride[4]) {
+                      const std::int64_t dst_stride[4], const RowOrigin* rows = nullptr, ElementType type = ElementType::opaque) {
   BlockCopy c;
-  if (make_block(ext, src_stride, dst_stride, elem_bytes, src_offset, dst_offset, src_buffer, dst_buffer, c)) list.push_back(c);
+  if (make_block(ext, src_stride, dst_stride, elem_bytes, src_offset, dst_offset, src_buffer, dst_buffer, c, rows, type))
+    list.push_back(c);
 }
 
 /// Marks a piece in place when its blocks are one contiguous range of the user's tensor that
@@ -56,7 +67,7 @@ inline void add_block(std::vector<BlockCopy>& list, const std::int64_t ext[4], s
 inline Piece place_piece(Piece pc, const std::vector<BlockCopy>& list, bool sending) {
   if (pc.last - pc.first != 1) return pc;
   const BlockCopy& c = list[pc.first];
-  if (c.rows() != 1 || static_cast<std::size_t>(c.bytes()) != pc.bytes) return pc;
+  if (c.row_tensor >= 0 || c.rows() != 1 || static_cast<std::size_t>(c.bytes()) != pc.bytes) return pc;
   pc.buffer = sending ? c.src_buffer : c.dst_buffer;
   pc.offset = sending ? c.src_offset : c.dst_offset;
   return pc;
@@ -197,10 +208,12 @@ class StageBuilder {
           const std::int64_t user = (seq_is_me ? sl.offset(b, c.local_offset, r.lo, 0) : hl.offset(b, c.offset, r.lo - hb, 0)) * e;
           const std::int64_t* user_stride = seq_is_me ? sl.stride : hl.stride;
           const std::int64_t on_wire = off + position_of(hs, r.lo) * D * e;
+          RowOrigin o;
+          const RowOrigin* rows = row_origin(x, t, in_.group.size, b, c.offset, r.lo, o);
           if (sending)
-            add_block(list, ext, e, BufferIndex::input(t), user, user_stride, wire_buffer, on_wire, wire_stride);
+            add_block(list, ext, e, BufferIndex::input(t), user, user_stride, wire_buffer, on_wire, wire_stride, rows, x.type);
           else
-            add_block(list, ext, e, wire_buffer, on_wire, wire_stride, BufferIndex::output(t), user, user_stride);
+            add_block(list, ext, e, wire_buffer, on_wire, wire_stride, BufferIndex::output(t), user, user_stride, rows, x.type);
         }
         pc.last = static_cast<std::uint32_t>(list.size());
         if (pc.bytes) (sending ? sc.send_pieces : sc.recv_pieces).push_back(place_piece(pc, list, sending));
@@ -222,10 +235,12 @@ class StageBuilder {
         for (const SeqChunk& c : chunks) {
           const std::int64_t ext[4] = {in_.batch, c.length, r.size(), D};
           const std::int64_t seq_off = sl.offset(0, c.local_offset, r.lo, 0) * e, head_off = hl.offset(0, c.offset, r.lo - hb, 0) * e;
+          RowOrigin o;
+          const RowOrigin* rows = row_origin(x, t, in_.group.size, 0, c.offset, r.lo, o);
           if (s2h_)
-            add_block(sc.unpack, ext, e, in, seq_off, sl.stride, out, head_off, hl.stride);
+            add_block(sc.unpack, ext, e, in, seq_off, sl.stride, out, head_off, hl.stride, rows, x.type);
           else
-            add_block(sc.unpack, ext, e, in, head_off, hl.stride, out, seq_off, sl.stride);
+            add_block(sc.unpack, ext, e, in, head_off, hl.stride, out, seq_off, sl.stride, rows, x.type);
         }
     }
   }
@@ -273,8 +288,10 @@ class StageBuilder {
       stride_of[at(j)] = strides[at(j)].data();
     }
     std::vector<BlockCopy> g(at(n));
+    RowOrigin o;
+    const RowOrigin* rows = row_origin(x, t, in_.group.size, 0, c.offset, heads.lo, o);
     if (make_blocks(ext, n, stride_of.data(), sl.stride, e, src_off.data(), sl.offset(0, c.local_offset, heads.lo, 0) * e,
-                    src_buf.data(), BufferIndex::output(t), x.type, g.data()))
+                    src_buf.data(), BufferIndex::output(t), x.type, g.data(), rows))
       sc.unpack.insert(sc.unpack.end(), g.begin(), g.end());
   }
 

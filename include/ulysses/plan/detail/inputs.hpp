@@ -180,6 +180,21 @@ class PlanFields {
     check_layout(*x.seq_layout, {batch_, Sr, H, D}, x.elem_bytes, "seq-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
     check_layout(*x.head_layout, {batch_, seq_.seq_len(), Hr, D}, x.elem_bytes,
                  "head-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
+    if (x.row_transforms) check_row_transforms(x, t);
+  }
+
+  /// What a tensor planned with_row_transforms() needs: a type the rows can be loaded as, rows
+  /// that fit the executor's row buffer, D contiguous on both sides.
+  static void check_row_transforms(const TensorSpec& x, int t) {
+    const std::string name = "tensor " + std::to_string(t) + " (with_row_transforms)";
+    if (!summable(x.type))
+      detail::fail(Errc::invalid_shape, name + ": row transforms load float16, bfloat16, float32 or float64 elements, but the element "
+                                               "type is opaque: declare it (TensorSpec::of<T>(heads, D, ElementType::bfloat16) or with_type())");
+    if (x.head_dim > 1024)
+      detail::fail(Errc::invalid_shape, name + ": head_dim D=" + std::to_string(x.head_dim) + " is above the 1024 a transformed row may have");
+    if (x.seq_layout->stride[3] != 1 || x.head_layout->stride[3] != 1)
+      detail::fail(Errc::invalid_shape, name + ": the head dim must be contiguous (stride 1) in both layouts, but they are " +
+                                               x.seq_layout->str() + " and " + x.head_layout->str());
   }
 
   static void check_layout(const Layout& l, std::array<std::int64_t, 4> want, std::size_t elem_bytes, const std::string& what) {

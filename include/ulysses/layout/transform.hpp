@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief Row transforms fused into the block copy: RowCoord (where a row of D elements lies),
+///        the row-transform concept and its loud check, RowTransforms (one call's transforms per
+///        tensor, on pack and on unpack), and the one-rounding load / store of a row in double.
+///        Built-in transforms: Scale here, Rope in layout/rope.hpp. Notes: docs/transforms.md.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "blocks.hpp"
+#include "element.hpp"
+
+ULYSSES_NAMESPACE_BEGIN
+
+/// Where one head row of D elements lies in the whole tensor: its batch index, its GLOBAL token
+/// index (0 <= token < S, in the sequence's order, whichever rank holds it) and its GLOBAL head
+/// index (0 <= head < H). The same on every path and rank for the same element.
+struct RowCoord {
+  std::int64_t batch = 0;  ///< b in [0, B)
+  std::int64_t token = 0;  ///< global token index in [0, S)
+  std::int64_t head = 0;   ///< global head index in [0, H)
+};
+
+namespace detail {
+/// Whether X has `void operator()(const RowCoord&, double*, std::int64_t) const`.
+template <class X, class = void>
+struct has_row_call : std::false_type {};
+template <class X>
+struct has_row_call<X, std::void_t<decltype(std::declval<const X&>()(std::declval<const RowCoord&>(), std::declval<double*>(),
+                                                                      std::declval<std::int64_t>()))>> : std::true_type {};
+/// Whether X names an operator() at all (a mistyped one is then an error, not an absent transform).
+template <class X, class = void>
+struct names_call : std::false_type {};
+template <class X>
+struct names_call<X, std::void_t<decltype(&X::operator())>> : std::true_type {};
+}  // namespace detail
+
+/// Compile-time check of a row-transform type X (the concept): X must be callable as
+/// `void operator()(const RowCoord& at, double* row, std::int64_t n) const`, transforming the n
+/// elements of one head row in place (n == D; the row's elements widened exactly to double; the
+/// library rounds the result once to the tensor's element type). It must not throw, must be
+/// safe to call from several threads at once (const, no shared mutable state), and must give the
+/// same result for the same (at, row) on every call: every path and rank then writes the same
+/// bits. True when X passes; else a static_assert names what is wrong.
+template <class X>
+constexpr bool check_row_transform() {
+  static_assert(detail::names_call<X>::value || detail::has_row_call<X>::value,
+                "ulysses row-transform concept: the type needs `void operator()(const RowCoord& at, double* row, std::int64_t n) "
+                "const` (layout/transform.hpp)");
+  static_assert(detail::has_row_call<X>::value,
+                "ulysses row-transform concept: the type has an operator() whose signature is not `void operator()(const RowCoord& at, "
+                "double* row, std::int64_t n) const` (rows are transformed in place, in double; layout/transform.hpp)");
+  static_assert(std::is_void_v<decltype(std::declval<const X&>()(std::declval<const RowCoord&>(), std::declval<double*>(),
+                                                                 std::declval<std::int64_t>()))>,
+                "ulysses row-transform concept: operator()(const RowCoord&, double*, std::int64_t) must return void");
+  return true;
+}
+
+namespace detail {
+/// Whether X has the optional `void check_rows(std::int64_t B, std::int64_t S, std::int64_t D) const`.
+template <class X, class = void>
+struct has_check_rows : std::false_type {};
+template <class X>
+struct has_check_rows<X, std::void_t<decltype(std::declval<const X&>().check_rows(std::int64_t{}, std::int64_t{}, std::int64_t{}))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// A non-owning reference to one row transform (what RowTransforms holds per tensor and side).
+struct RowTransformRef {
+  const void* object = nullptr;                                          ///< the transform (the caller's object)
+  void (*apply)(const void*, const RowCoord&, double*, std::int64_t) = nullptr;  ///< calls it
+  /// The transform's check_rows(B, S, D) (optional: null when it has none), called by every call
+  /// before any byte moves with the plan's batch, sequence length and the tensor's head dim.
+  void (*check)(const void*, std::int64_t, std::int64_t, std::int64_t) = nullptr;
+  /// Whether a transform is set.
+  constexpr explicit operator bool() const noexcept { return apply != nullptr; }
+  /// Applies it to the row (n elements) at `at`. @pre a transform is set.
+  void operator()(const RowCoord& at, double* row, std::int64_t n) const { apply(object, at, row, n); }
+};
+
+/// The row transforms of one call, per tensor (its index in the plan): `on_pack(t, x)` applies x
+/// to tensor t's rows as they are read from the call's INPUT (the sender's side: in seq→head the
+/// seq-sharded rows, where they are contiguous), `on_unpack(t, x)` to its rows as they are
+/// written into the call's OUTPUT (the receiver's side). Each transform sees the row's RowCoord.
+/// A path that copies an input row straight into an output (the peer copy, a rank's own chunk)
+/// applies the pack transform, rounds to the element type as the wire would, then applies the
+/// unpack transform: every path gives the same bits. A sum of replicated heads (head→seq)
+/// applies the pack transform to each input term (rounded), adds the terms by the sum rules of
+/// element.hpp and applies the unpack transform to the float32 sum before its one rounding.
+///
+/// Non-owning: the transform objects must outlive the call (for a split-phase exchange, its
+/// finish()). Every rank passes the same transforms (not checked: they travel as code, not
+/// data). The plan's tensor must have been built with TensorSpec::with_row_transforms(), and the
+/// executor must run transforms (executor_traits::row_transforms: HostExecutor); else the call
+/// throws Error(invalid_shape) before any byte moves.
+class RowTransforms {
+ public:
+  /// Applies `x` to tensor t's rows on pack (see the class comment). Keeps a reference to x.
+  /// @pre 0 <= t < kMaxTensors (else the call that uses it throws Error(invalid_shape))
+  template <class X>
+  RowTransforms& on_pack(int t, const X& x) {
+    return set(pack_, t, x);
+  }
+  /// Applies `x` to tensor t's rows on unpack (see the class comment). Keeps a reference to x.
+  template <class X>
+  RowTransforms& on_unpack(int t, const X& x) {
+    return set(unpack_, t, x);
+  }
+  /// A temporary would be gone before the call runs: refused at compile time.
+  template <class X>
+  RowTransforms& on_pack(int t, const X&& x) = delete;
+  /// A temporary would be gone before the call runs: refused at compile time.
+  template <class X>
+  RowTransforms& on_unpack(int t, const X&& x) = delete;
+  /// Tensor t's pack transform (empty when none or t is out of range).
+  RowTransformRef pack(int t) const { return t >= 0 && t < kMaxTensors ? pack_[t] : RowTransformRef{}; }
+  /// Tensor t's unpack transform (empty when none or t is out of range).
+  RowTransformRef unpack(int t) const { return t >= 0 && t < kMaxTensors ? unpack_[t] : RowTransformRef{}; }
+  /// Whether tensor t has a transform on either side.
+  bool any(int t) const { return static_cast<bool>(pack(t)) || static_cast<bool>(unpack(t)); }
+  /// Whether any tensor has a transform.
+  bool empty() const {
+    for (int t = 0; t < kMaxTensors; ++t)
+      if (any(t)) return false;
+    return true;
+  }
+  /// The first tensor index given that is outside [0, kMaxTensors), or -1.
+  int bad_index() const { return bad_; }
+
+ private:
+  template <class X>
+  RowTransforms& set(RowTransformRef* side, int t, const X& x) {
+    static_assert(check_row_transform<X>());
+    if (t < 0 || t >= kMaxTensors) {
+      bad_ = t;
+      return *this;
+    }
+    side[t] = {&x, [](const void* o, const RowCoord& at, double* row, std::int64_t n) { (*static_cast<const X*>(o))(at, row, n); }};
+    if constexpr (detail::has_check_rows<X>::value)
+      side[t].check = [](const void* o, std::int64_t B, std::int64_t S, std::int64_t D) { static_cast<const X*>(o)->check_rows(B, S, D); };
+    return *this;
+  }
+  RowTransformRef pack_[kMaxTensors] = {};
+  RowTransformRef unpack_[kMaxTensors] = {};
+  int bad_ = -1;
+};
+
+/// Built-in transform: every element times `factor` (a QK scale, a softmax scale folded into q),
+/// in double, rounded once. Its inverse is Scale{1 / factor} (exact only for powers of two).
+struct Scale {
+  double factor = 1.0;  ///< the multiplier
+  /// row[i] *= factor.
+  void operator()(const RowCoord&, double* row, std::int64_t n) const {
+    for (std::int64_t i = 0; i < n; ++i) row[i] *= factor;
+  }
+};
+
+namespace detail {
+/// double → float rounded to odd (truncate, then set the last bit when inexact): a later rounding
+/// to a type of at most 22 fraction bits (bfloat16, float16) then rounds once, as if from the
+/// double (Boldo & Melquiond, "When double rounding is odd", 2005). NaN and infinities pass.
+inline float float_round_odd(double d) {
+  float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || d != d) return f;
+  std::uint32_t u = float_bits(f);
+  if ((f > 0 && static_cast<double>(f) > d) || (f < 0 && static_cast<double>(f) < d)) --u;  // toward zero
+  return bits_float(u | 1u);
+}
+
+/// Loads n elements of `type` at p (misaligned allowed) into row, exactly.
+/// @pre type is float16, bfloat16, float32 or float64
+inline void load_row(ElementType type, const std::byte* p, double* row, std::int64_t n) {
+  with_sum_arith(type, [&](auto a) {
+    using A = decltype(a);
+    for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<double>(A::load(p + i * static_cast<std::int64_t>(sizeof(typename A::Bits))));
+  });
+}
+
+/// The element of `type` nearest to x (one rounding, ties to even; a NaN the canonical NaN of
+/// element.hpp), as stored bits widened back to double: what a store then load gives.
+/// @pre type is float16, bfloat16, float32 or float64
+inline double round_to(ElementType type, double x) {
+  switch (type) {
+    case ElementType::float64: return x;  // (a NaN is stored as the canonical NaN: SumArith::narrow)
+    case ElementType::float32: return x != x ? static_cast<double>(bits_float(0x7fc00000u)) : static_cast<double>(static_cast<float>(x));
+    case ElementType::bfloat16:
+      return static_cast<double>(SumArith<ElementType::bfloat16>::widen(SumArith<ElementType::bfloat16>::narrow(float_round_odd(x))));
+    case ElementType::float16:
+      return static_cast<double>(SumArith<ElementType::float16>::widen(SumArith<ElementType::float16>::narrow(float_round_odd(x))));
+    case ElementType::opaque: break;
+  }
+  return x;
+}
+
+/// Stores row (n values) as elements of `type` at p, each rounded once (round_to()).
+inline void store_row(ElementType type, std::byte* p, const double* row, std::int64_t n) {
+  with_sum_arith(type, [&](auto a) {
+    using A = decltype(a);
+    using Acc = typename A::Acc;
+    constexpr auto E = static_cast<std::int64_t>(sizeof(typename A::Bits));
+    for (std::int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<Acc, double>) A::store(p + i * E, row[i]);
+      else if constexpr (E == 4) A::store(p + i * E, static_cast<float>(row[i]));
+      else A::store(p + i * E, static_cast<Acc>(float_round_odd(row[i])));
+    }
+  });
+}
+}  // namespace detail
+
+ULYSSES_NAMESPACE_END

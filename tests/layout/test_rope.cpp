@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: Apache-2.0
+// layout/rope.hpp: the rotation against a double-precision rotation (within 1 ulp of float32), both
+// pairings, the inverse (the adjoint: <R x, y> = <x, R^T y>), given tables, and the position modes
+// of C22 (global token, position ids read at the global token, per document), through the fused
+// seq→head on P=2 as well as row by row; the checks every call makes before a byte moves.
+#include <doctest/doctest.h>
+#include <ulysses/layout/rope.hpp>
+#include <ulysses/ulysses.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "expect_error.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+/// The exact rotation of (x, y) by angle a in long double, rounded to float once.
+void exact_rotation(double x, double y, long double a, float& ox, float& oy) {
+  const long double c = std::cos(a), s = std::sin(a);
+  ox = static_cast<float>(x * c - y * s);
+  oy = static_cast<float>(y * c + x * s);
+}
+
+/// ulps of float between a and b (same sign or zero).
+std::int64_t ulps(float a, float b) {
+  std::int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  if (ia < 0) ia = INT32_MIN - ia;
+  if (ib < 0) ib = INT32_MIN - ib;
+  return std::abs(static_cast<std::int64_t>(ia) - ib);
+}
+
+std::vector<double> random_row(std::int64_t D, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<double> r;
+  for (std::int64_t i = 0; i < D; ++i) r.push_back(static_cast<double>(u(rng)));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("Rope against an exact rotation: within 1 ulp of float32, both pairings, partial rotary dims, positions up to 128k") {
+  std::int64_t worst = 0;
+  for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
+    for (std::int64_t rd : {16, 8}) {
+      const std::int64_t D = 16, maxp = 131072;
+      const double theta = 500000.0;
+      const Rope rope(D, maxp, theta, rd, style);
+      for (std::int64_t p : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{4095}, std::int64_t{131071}}) {
+        std::vector<double> row = random_row(D, static_cast<unsigned>(p + rd));
+        const std::vector<double> x = row;
+        rope(RowCoord{0, p, 0}, row.data(), D);
+        for (std::int64_t i = 0; i < rd / 2; ++i) {
+          const std::int64_t a = style == RopeStyle::half ? i : 2 * i, b = style == RopeStyle::half ? i + rd / 2 : 2 * i + 1;
+          const long double ang = static_cast<long double>(p) * std::pow(static_cast<long double>(theta), -2.0L * i / rd);
+          float ex, ey;
+          exact_rotation(x[static_cast<std::size_t>(a)], x[static_cast<std::size_t>(b)], ang, ex, ey);
+          const std::int64_t da = ulps(static_cast<float>(row[static_cast<std::size_t>(a)]), ex);
+          const std::int64_t db = ulps(static_cast<float>(row[static_cast<std::size_t>(b)]), ey);
+          worst = std::max({worst, da, db});
+        }
+        for (std::int64_t i = rd; i < D; ++i) CHECK(row[static_cast<std::size_t>(i)] == x[static_cast<std::size_t>(i)]);  // not rotated
+      }
+    }
+  CHECK(worst <= 1);
+}
+
+TEST_CASE("Rope's inverse is its adjoint: <R x, y> == <x, R^T y> (C22's backward check), and R^T R x == x within 1 ulp") {
+  const std::int64_t D = 8;
+  for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved}) {
+    const Rope r(D, 64, 10000.0, 0, style);
+    const Rope rt = r.inverse();
+    for (std::int64_t p : {3, 17, 63}) {
+      std::vector<double> x = random_row(D, 5), y = random_row(D, 6), rx = x, rty = y;
+      r(RowCoord{0, p, 1}, rx.data(), D);
+      rt(RowCoord{0, p, 1}, rty.data(), D);
+      long double a = 0, b = 0;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(D); ++i) {
+        a += static_cast<long double>(rx[i]) * y[i];
+        b += static_cast<long double>(x[i]) * rty[i];
+      }
+      CHECK(std::abs(static_cast<double>(a - b)) < 1e-12);
+      std::vector<double> back = rx;
+      for (double& v : back) v = static_cast<float>(v);
+      rt(RowCoord{0, p, 1}, back.data(), D);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(D); ++i) CHECK(ulps(static_cast<float>(back[i]), static_cast<float>(x[i])) <= 1);
+    }
+  }
+}
+
+TEST_CASE("Rope from float tables: the tables' values, the same bits as theta's tables rounded to float") {
+  const std::int64_t D = 8, maxp = 16, half = D / 2;
+  std::vector<float> c(static_cast<std::size_t>(maxp * half)), s(c.size());
+  for (std::int64_t p = 0; p < maxp; ++p)
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(p) * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      c[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+      s[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+    }
+  const Rope t = Rope::from_tables(D, D, maxp, c.data(), s.data());
+  std::vector<double> row = random_row(D, 9), want = row;
+  t(RowCoord{0, 5, 0}, row.data(), D);
+  for (std::int64_t i = 0; i < half; ++i) {  // x' = x c - y s exactly in double (float products), then one rounding
+    const double x = want[static_cast<std::size_t>(i)], y = want[static_cast<std::size_t>(i + half)];
+    const double cc = c[static_cast<std::size_t>(5 * half + i)], ss = s[static_cast<std::size_t>(5 * half + i)];
+    CHECK(row[static_cast<std::size_t>(i)] == x * cc - y * ss);
+    CHECK(row[static_cast<std::size_t>(i + half)] == y * cc + x * ss);
+  }
+}
+
+TEST_CASE("C22: positions of packed documents: global, position ids read at the global token, per document; identical documents give identical rows") {
+  const std::int64_t D = 8;
+  const Rope global(D, 16);
+  Rope docs(D, 16);
+  docs.with_documents({0, 4, 8});
+  Rope ids(D, 16);
+  const std::vector<std::int64_t> pos = {0, 1, 2, 3, 0, 1, 2, 3};
+  ids.with_position_ids(pos.data(), static_cast<std::int64_t>(pos.size()));
+  // The rows zigzag rank 0 of [0,4,8] over a ring of 2 holds: global tokens 0, 3, 4, 7.
+  const std::int64_t rank0[] = {0, 3, 4, 7};
+  const std::int64_t want_global[] = {0, 3, 4, 7}, want_doc[] = {0, 3, 0, 3};
+  for (int k = 0; k < 4; ++k) {
+    CHECK(global.position(RowCoord{0, rank0[k], 0}) == want_global[k]);
+    CHECK(docs.position(RowCoord{0, rank0[k], 0}) == want_doc[k]);
+    CHECK(ids.position(RowCoord{0, rank0[k], 0}) == want_doc[k]);
+  }
+  Rope docs2(D, 16);
+  docs2.with_documents({0, 5, 12});
+  CHECK(docs2.position(RowCoord{0, 4, 0}) == 4);
+  CHECK(docs2.position(RowCoord{0, 5, 0}) == 0);
+  CHECK(docs2.position(RowCoord{0, 11, 0}) == 6);
+  // Two identical documents: the same rows, rotated, give the same bits.
+  std::vector<double> a = random_row(D, 3), b = a;
+  docs(RowCoord{0, 2, 1}, a.data(), D);
+  docs(RowCoord{0, 6, 1}, b.data(), D);
+  CHECK(a == b);
+  // Zero-length documents (C20's padded forms) change no position.
+  Rope padded(D, 64);
+  padded.with_documents({0, 16, 40, 40, 40});
+  Rope leading(D, 64);
+  leading.with_documents({0, 0, 16, 40});
+  for (std::int64_t s : {0, 15, 16, 39}) CHECK(padded.position(RowCoord{0, s, 0}) == leading.position(RowCoord{0, s, 0}));
+}
+
+TEST_CASE("C22 through seq->head (P=2, fp32): rank r's head-sharded rows are rotated at the positions of their global tokens") {
+  const int P = 2;
+  const std::int64_t S = 8, D = 8, H = 2;
+  Rope per_doc(D, S);
+  per_doc.with_documents({0, 4, 8});
+  LocalGroup g(P);
+  std::vector<std::vector<float>> out(P);
+  std::vector<float> x(static_cast<std::size_t>(S * H * D));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    const SeqPartition seq = SeqPartition::zigzag(S, P);  // rank 0: tokens {0,1} and {6,7}
+    Plan plan({P, r}, 1, seq, {TensorSpec::of<float>(HeadPartition::even(H, P), D).with_row_transforms()});
+    std::vector<float> in;
+    for (const SeqChunk& c : seq.chunks_of(r))
+      in.insert(in.end(), x.begin() + c.offset * H * D, x.begin() + (c.offset + c.length) * H * D);
+    out[static_cast<std::size_t>(r)].resize(static_cast<std::size_t>(S * D));
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    RowTransforms tx;
+    tx.on_pack(0, per_doc);
+    seq_to_head(plan, comm, ex, {ConstByteSpan(in)}, {ByteSpan(out[static_cast<std::size_t>(r)])}, ws, tx);
+  });
+  for (int r = 0; r < P; ++r)
+    for (std::int64_t s = 0; s < S; ++s) {
+      std::vector<double> row(x.begin() + (s * H + r) * D, x.begin() + (s * H + r + 1) * D);
+      per_doc(RowCoord{0, s, r}, row.data(), D);
+      for (std::int64_t d = 0; d < D; ++d) CHECK(out[static_cast<std::size_t>(r)][static_cast<std::size_t>(s * D + d)] == static_cast<float>(row[static_cast<std::size_t>(d)]));
+    }
+}
+
+TEST_CASE("Rope's checks: odd or too large rotary dims, theta <= 0, ids out of range, a decreasing cu_seqlens; a call whose S or D the Rope does not cover") {
+  CHECK(ut::code_of([] { Rope(8, 16, 10000.0, 3); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 16, 10000.0, 10); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 16, 0.0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] {
+          Rope r(8, 4);
+          const std::int64_t ids[] = {0, 4};
+          r.with_position_ids(ids, 2);
+        }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 64).with_documents({0, 16, 10, 40}); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 4).with_documents({0, 8}); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 64).check_rows(1, 65, 8); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 64).check_rows(1, 64, 16); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(8, 64).check_rows(1, 64, 8); }) == Errc{});
+}
