@@ -250,3 +250,187 @@ TEST_CASE("seq->head with RoPE (half and interleaved) and a scale fused on pack 
               CHECK(run_forward<bf16>(c) == "");
             }
 }
+
+namespace {
+
+/// head→seq (the backward of seq→head: seq_to_head_backward) of dq and dk, each rank's head-side
+/// gradients its own random values, with `inv` (the inverse rotation) on unpack or on pack. The
+/// reference: per element, the holders' copies in ascending rank order (on pack: each rotated
+/// and rounded first) added in float32, then (on unpack) rotated in double, rounded once.
+template <class T>
+std::string run_backward(int P, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t Hkv, std::int64_t D, Path path,
+                         bool on_unpack) {
+  const Rope inv = Rope(D, S, 10000.0, 0, RopeStyle::half).inverse();
+  const HeadPartition qh = HeadPartition::even(H, P), kvh = HeadPartition::gqa(qh, Hkv);
+  const HeadPartition* parts[2] = {&qh, &kvh};
+  // grads[t][r]: rank r's head-side gradient of tensor t, as a global-shaped tensor (its held heads filled).
+  std::vector<std::vector<Global<T>>> grads(2);
+  for (int t = 0; t < 2; ++t)
+    for (int r = 0; r < P; ++r) grads[t].push_back(random_tensor<T>(B, S, t ? Hkv : H, D, static_cast<unsigned>(10 + 7 * r + t)));
+  std::vector<Global<T>> want;
+  for (int t = 0; t < 2; ++t) {
+    Global<T> w = grads[t][0];
+    std::vector<double> row(static_cast<std::size_t>(D)), sum(static_cast<std::size_t>(D));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t h = 0; h < w.H; ++h) {
+          const auto [first, last] = parts[t]->holders(h);
+          for (int j = first; j < last; ++j) {
+            for (std::int64_t d = 0; d < D; ++d) row[static_cast<std::size_t>(d)] = E<T>::value(grads[t][static_cast<std::size_t>(j)].at(b, s, h, d));
+            if (!on_unpack) {
+              inv(RowCoord{b, s, h}, row.data(), D);
+              for (double& x : row) x = E<T>::value(E<T>::of(x));
+            }
+            for (std::size_t d = 0; d < row.size(); ++d)
+              sum[d] = j == first ? row[d] : static_cast<double>(static_cast<float>(sum[d]) + static_cast<float>(row[d]));
+          }
+          if (on_unpack) inv(RowCoord{b, s, h}, sum.data(), D);
+          for (std::int64_t d = 0; d < D; ++d) w.at(b, s, h, d) = E<T>::of(sum[static_cast<std::size_t>(d)]);
+        }
+    want.push_back(w);
+  }
+  const SeqPartition seq = SeqPartition::zigzag(S, P);
+  LocalGroup group(P);
+  std::vector<std::string> err(static_cast<std::size_t>(P));
+  group.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    PlanOptions opt;
+    opt.path = path;
+    Plan plan({P, r}, B, seq, {TensorSpec::of<T>(qh, D).with_row_transforms(), TensorSpec::of<T>(kvh, D).with_row_transforms()},
+              Format::bshd, opt);
+    std::vector<std::vector<T>> ins, outs;
+    for (int t = 0; t < 2; ++t) {
+      const Layout& hl = plan.head_layout(t);
+      std::vector<T> v(static_cast<std::size_t>(hl.span_elems()));
+      const Global<T>& g = grads[t][static_cast<std::size_t>(r)];
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t s = 0; s < S; ++s)
+          for (std::int64_t h = parts[t]->begin(r); h < parts[t]->end(r); ++h)
+            for (std::int64_t d = 0; d < D; ++d) v[static_cast<std::size_t>(hl.offset(b, s, h - parts[t]->begin(r), d))] = g.at(b, s, h, d);
+      ins.push_back(v);
+      outs.emplace_back(static_cast<std::size_t>(plan.seq_layout(t).span_elems()), E<T>::of(-99.0));
+    }
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    RowTransforms tx;
+    if (on_unpack) tx.on_unpack(0, inv).on_unpack(1, inv);
+    else tx.on_pack(0, inv).on_pack(1, inv);
+    HostExecutor ex(r % 2 ? 2 : 1);
+    try {
+      seq_to_head_backward(plan, comm, ex, {ins[0], ins[1]}, {outs[0], outs[1]}, ws, tx);
+    } catch (const std::exception& e) {
+      err[static_cast<std::size_t>(r)] = e.what();
+      return;
+    }
+    for (int t = 0; t < 2; ++t) {
+      const Layout& sl = plan.seq_layout(t);
+      for (const SeqChunk& c : seq.chunks_of(r))
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t i = 0; i < c.length; ++i)
+            for (std::int64_t h = 0; h < want[static_cast<std::size_t>(t)].H; ++h)
+              for (std::int64_t d = 0; d < D; ++d)
+                if (!same_bits(outs[static_cast<std::size_t>(t)][static_cast<std::size_t>(sl.offset(b, c.local_offset + i, h, d))],
+                               want[static_cast<std::size_t>(t)].at(b, c.offset + i, h, d))) {
+                  err[static_cast<std::size_t>(r)] = "tensor " + std::to_string(t) + " token " + std::to_string(c.offset + i) + " head " + std::to_string(h);
+                  return;
+                }
+    }
+  });
+  std::string all;
+  for (int r = 0; r < P; ++r)
+    if (!err[static_cast<std::size_t>(r)].empty()) all += "rank " + std::to_string(r) + ": " + err[static_cast<std::size_t>(r)] + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("backward: head->seq of dq and dk with the inverse rotation; replicated kv heads (GQA, MQA) summed in float32, rotated, rounded once") {
+  struct Shape {
+    int P;
+    std::int64_t B, S, H, Hkv, D;
+  };
+  const Shape shapes[] = {{4, 2, 8, 8, 2, 8}, {4, 1, 9, 4, 1, 6}, {2, 1, 8, 4, 4, 8}};
+  for (const Shape& s : shapes)
+    for (Path path : {Path::direct, Path::messages, Path::alltoallv})
+      for (bool unpack : {true, false}) {
+        CAPTURE(s.P);
+        CAPTURE(s.Hkv);
+        CAPTURE(to_string(path));
+        CAPTURE(unpack);
+        CHECK(run_backward<float>(s.P, s.B, s.S, s.H, s.Hkv, s.D, path, unpack) == "");
+        CHECK(run_backward<bf16>(s.P, s.B, s.S, s.H, s.Hkv, s.D, path, unpack) == "");
+      }
+}
+
+namespace {
+struct NoTransformExec {  // a host executor that applies no transforms
+  static constexpr bool runs_on_host = true;
+  void run(const BlockCopy* b, std::size_t n, const BufferTable& t) const { HostExecutor{}.run(b, n, t); }
+};
+}  // namespace
+
+TEST_CASE("a row transform's errors, on every rank before any byte moves: a tensor not planned for them, out of range, an executor without them, a Rope that does not cover S, an opaque type") {
+  const int P = 2;
+  LocalGroup g(P);
+  std::vector<std::vector<std::pair<Errc, std::string>>> got(P);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    const HeadPartition h = HeadPartition::even(2, P);
+    Plan plan({P, r}, 1, SeqPartition::even(4, P), {TensorSpec::of<float>(h, 4).with_row_transforms(), TensorSpec::of<float>(h, 4)});
+    std::vector<float> a(16, 1.0f), b(16, 1.0f), oa(16), ob(16);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    const Rope rope(4, 4), short_rope(4, 2);
+    auto call = [&](const RowTransforms& tx, auto& exec) {
+      return ut::error_of([&] { seq_to_head(plan, comm, exec, {a, b}, {oa, ob}, ws, tx); });
+    };
+    RowTransforms not_planned, out_of_range, too_short, fine;
+    not_planned.on_pack(1, rope);
+    out_of_range.on_pack(5, rope);
+    too_short.on_unpack(0, short_rope);
+    fine.on_pack(0, rope);
+    NoTransformExec plain;
+    auto& mine = got[static_cast<std::size_t>(r)];
+    mine.push_back(call(fine, ex));  // first: a refused call breaks the group (its peers hear of it at once)
+    mine.push_back(call(not_planned, ex));
+    mine.push_back(call(out_of_range, ex));
+    mine.push_back(call(too_short, ex));
+    mine.push_back(call(fine, plain));
+  });
+  for (int r = 0; r < P; ++r) {
+    const auto& e = got[static_cast<std::size_t>(r)];
+    REQUIRE(e.size() == 5);
+    CHECK(e[0].first == Errc{});
+    for (int i = 1; i < 5; ++i) CHECK(e[static_cast<std::size_t>(i)].first == Errc::invalid_shape);
+    CHECK(e[1].second.find("with_row_transforms") != std::string::npos);
+    CHECK(e[2].second.find("tensor 5") != std::string::npos);
+    CHECK(e[3].second.find("max_position") != std::string::npos);
+    CHECK(e[4].second.find("executor") != std::string::npos);
+  }
+  CHECK(ut::code_of([] {
+          struct Opaque {
+            char c[4];
+          };
+          Plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<Opaque>(HeadPartition::even(2, 1), 4).with_row_transforms()});
+        }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] {
+          Plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 2048).with_row_transforms()});
+        }) == Errc::invalid_shape);
+}
+
+TEST_CASE("with_row_transforms() is in the agreement record: ranks that differ get plan_mismatch on every rank") {
+  const int P = 2;
+  LocalGroup g(P);
+  std::vector<Errc> codes(P);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    TensorSpec s = TensorSpec::of<float>(HeadPartition::even(2, P), 4);
+    if (r == 1) s.with_row_transforms();
+    Plan plan({P, r}, 1, SeqPartition::even(4, P), {s});
+    std::vector<float> a(16, 1.0f), o(16);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    codes[static_cast<std::size_t>(r)] = ut::code_of([&] { seq_to_head(plan, comm, ex, a, o, ws); });
+  });
+  CHECK(codes[0] == Errc::plan_mismatch);
+  CHECK(codes[1] == Errc::plan_mismatch);
+}
