@@ -85,10 +85,18 @@ struct ExchangePart {
 };
 /// Sets a call's row transforms into its buffer table, after checking them: every tensor given
 /// is one of the plan's, planned with TensorSpec::with_row_transforms(), and the executor applies
-/// transforms (executor_traits::row_transforms). Nothing for none (null or empty).
+/// transforms (executor_traits::row_transforms). Nothing for none (null or empty). A plan with an
+/// fp8 wire (TensorSpec::with_wire()) needs such an executor too.
 /// @throws Error(invalid_shape) naming the tensor or the executor, before any byte moves.
 template <class Exec>
 void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, BufferTable& table) {
+  if constexpr (!executor_traits<Exec>::row_transforms) {
+    for (int t = 0; t < plan.num_tensors(); ++t)
+      if (plan.tensor(t).wire != Wire::element)
+        fail(Errc::invalid_shape, std::string(call_name(dir)) + ": tensor " + std::to_string(t) + " travels as " +
+                                      to_string(plan.tensor(t).wire) + ", but the executor applies no row work (HostExecutor does; "
+                                      "executor_traits::row_transforms)");
+  }
   if (!tx || (tx->empty() && tx->bad_index() < 0)) return;
   const std::string call = call_name(dir);
   if (tx->bad_index() >= 0)
@@ -99,7 +107,7 @@ void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, B
     if (t >= plan.num_tensors())
       fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) + ", but the plan moves " +
                                     std::to_string(plan.num_tensors()) + " tensors");
-    if (!plan.tensor(t).row_transforms)
+    if (!plan.tensor(t).by_rows())
       fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) +
                                     ", whose plan was not built for them: plan it with TensorSpec::with_row_transforms()");
     for (const RowTransformRef& r : {tx->pack(t), tx->unpack(t)})

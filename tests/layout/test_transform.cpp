@@ -434,3 +434,280 @@ TEST_CASE("with_row_transforms() is in the agreement record: ranks that differ g
   CHECK(codes[0] == Errc::plan_mismatch);
   CHECK(codes[1] == Errc::plan_mismatch);
 }
+
+// ---- the fp8 wire (TensorSpec::with_wire) --------------------------------------------------------
+
+namespace {
+
+/// The reference of an fp8 wire row: the values (already rounded to the type) quantized with the
+/// scale of their amax and dequantized in float32 (layout/fp8.hpp's codec, tested on its own in
+/// test_fp8), as doubles.
+void fp8_round_trip(double* row, std::int64_t n, Fp8Format f) {
+  std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+  std::vector<std::uint8_t> q(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(row[i]);
+  const float scale = fp8_scale_of(row_amax(x.data(), n), f);
+  quantize_fp8(x.data(), n, scale, f, q.data());
+  dequantize_fp8(q.data(), n, scale, f, y.data());
+  for (std::size_t i = 0; i < x.size(); ++i) row[i] = y[i];
+}
+
+/// seq→head of q and k on an fp8 wire (`wire`) and v as its elements, RoPE on pack of q and k
+/// when `rope`; every rank's outputs against the reference (rotate, round to T, fp8 round trip,
+/// round to T). Returns the failures.
+template <class T>
+std::string run_fp8_forward(const Config& c, Wire wire, bool rope_on, const std::vector<Global<T>>* given = nullptr,
+                            std::vector<std::vector<T>>* heads_out = nullptr) {
+  const Rope rope(c.D, c.S);
+  const auto f = static_cast<Fp8Format>(wire);
+  auto ref = [&](const RowCoord& at, double* row, std::int64_t n) {
+    if (rope_on) rope(at, row, n);
+    for (std::int64_t i = 0; i < n; ++i) row[i] = E<T>::value(E<T>::of(row[i]));
+    if (wire == Wire::bfloat16)
+      for (std::int64_t i = 0; i < n; ++i) row[i] = bf16_value(bf16_of(row[i]));
+    else if (wire == Wire::float16)
+      for (std::int64_t i = 0; i < n; ++i) row[i] = detail::half_to_float(detail::float_to_half(static_cast<float>(row[i])));
+    else
+      fp8_round_trip(row, n, f);
+  };
+  std::vector<Global<T>> in = given ? *given
+                                    : std::vector<Global<T>>{random_tensor<T>(c.B, c.S, c.H, c.D, 21), random_tensor<T>(c.B, c.S, c.Hkv, c.D, 22),
+                                                             random_tensor<T>(c.B, c.S, c.Hkv, c.D, 23)};
+  const Global<T> want[3] = {transformed(in[0], ref), transformed(in[1], ref), in[2]};
+  LocalGroup group(c.P);
+  std::vector<std::string> err(static_cast<std::size_t>(c.P));
+  if (heads_out) heads_out->assign(static_cast<std::size_t>(c.P), {});
+  group.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    const HeadPartition qh = HeadPartition::even(c.H, c.P), kvh = HeadPartition::gqa(qh, c.Hkv);
+    PlanOptions opt;
+    opt.path = c.path;
+    Plan plan({c.P, r}, c.B, c.seq,
+              {TensorSpec::of<T>(qh, c.D).with_wire(wire), TensorSpec::of<T>(kvh, c.D).with_wire(wire), TensorSpec::of<T>(kvh, c.D)}, c.format,
+              opt);
+    std::vector<std::vector<T>> ins, outs;
+    for (int t = 0; t < 3; ++t) {
+      ins.push_back(seq_local(in[static_cast<std::size_t>(t)], c.seq, r, plan.seq_layout(t)));
+      outs.emplace_back(static_cast<std::size_t>(plan.head_layout(t).span_elems()), E<T>::of(-99.0));
+    }
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    RowTransforms tx;
+    if (rope_on) tx.on_pack(0, rope).on_pack(1, rope);
+    HostExecutor ex(r % 2 ? 2 : 1);
+    try {
+      if (c.pull) {
+        ut::PullingComm pc(comm);
+        seq_to_head(plan, pc, ex, {ins[0], ins[1], ins[2]}, {outs[0], outs[1], outs[2]}, ws, tx);
+      } else {
+        seq_to_head(plan, comm, ex, {ins[0], ins[1], ins[2]}, {outs[0], outs[1], outs[2]}, ws, tx);
+      }
+    } catch (const std::exception& e) {
+      err[static_cast<std::size_t>(r)] = e.what();
+      return;
+    }
+    const HeadPartition* parts[3] = {&qh, &kvh, &kvh};
+    for (int t = 0; t < 3; ++t) {
+      const std::string m = head_mismatch(want[t], outs[static_cast<std::size_t>(t)], plan.head_layout(t), parts[t]->begin(r), parts[t]->end(r));
+      if (!m.empty()) err[static_cast<std::size_t>(r)] += "tensor " + std::to_string(t) + " at " + m + "; ";
+    }
+    if (heads_out) (*heads_out)[static_cast<std::size_t>(r)] = outs[0];
+  });
+  std::string all;
+  for (int r = 0; r < c.P; ++r)
+    if (!err[static_cast<std::size_t>(r)].empty()) all += "rank " + std::to_string(r) + ": " + err[static_cast<std::size_t>(r)] + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 wire: q and k as fp8 (E4M3, E5M2) with v as bf16 in ONE exchange, RoPE before the quantization: bit-exact on every path, format and split") {
+  struct Shape {
+    int P;
+    std::int64_t B, S, H, Hkv, D;
+  };
+  const Shape shapes[] = {{2, 2, 8, 4, 2, 8}, {4, 1, 12, 8, 2, 16}, {3, 1, 9, 6, 3, 6}};
+  for (const Shape& s : shapes)
+    for (Wire wire : {Wire::fp8_e4m3, Wire::fp8_e5m2})
+      for (Format f : {Format::bshd, Format::bhsd})
+        for (Path path : {Path::direct, Path::messages, Path::alltoallv})
+          for (bool pull : {false, true})
+            for (bool rope : {false, true}) {
+              if (pull && path != Path::direct) continue;
+              const Config c{s.P, s.B, s.S, s.H, s.Hkv, s.D, SeqPartition::zigzag(s.S, s.P), f, path, pull, false};
+              CAPTURE(s.P);
+              CAPTURE(to_string(wire));
+              CAPTURE(static_cast<int>(f));
+              CAPTURE(to_string(path));
+              CAPTURE(pull);
+              CAPTURE(rope);
+              CHECK(run_fp8_forward<bf16>(c, wire, rope) == "");
+              CHECK(run_fp8_forward<float>(c, wire, rope) == "");
+            }
+}
+
+TEST_CASE("cast wires: a float32 tensor on a bfloat16 wire, a bfloat16 tensor on a float16 wire, each element rounded once to the wire's type, beside v as itself") {
+  for (Path path : {Path::direct, Path::messages, Path::alltoallv})
+    for (bool rope : {false, true}) {
+      const Config c{4, 2, 12, 8, 2, 16, SeqPartition::zigzag(12, 4), Format::bshd, path, false, false};
+      CAPTURE(to_string(path));
+      CAPTURE(rope);
+      CHECK(run_fp8_forward<float>(c, Wire::bfloat16, rope) == "");
+      CHECK(run_fp8_forward<bf16>(c, Wire::float16, rope) == "");
+    }
+  const HeadPartition h = HeadPartition::even(4, 2);
+  const Plan f32({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(h, 64)});
+  const Plan on_bf16({2, 0}, 1, SeqPartition::even(8, 2), {TensorSpec::of<float>(h, 64).with_wire(Wire::bfloat16)});
+  CHECK(on_bf16.stage_lists(Direction::seq_to_head).send_total * 2 == f32.stage_lists(Direction::seq_to_head).send_total);
+}
+
+TEST_CASE("fp8 wire bytes: (D + 4) / (2 D) of the bf16 wire for the fp8 tensors, exactly; the agreement record carries the wire") {
+  const int P = 4;
+  const std::int64_t D = 128;
+  const HeadPartition qh = HeadPartition::even(32, P), kvh = HeadPartition::gqa(qh, 8);
+  const SeqPartition seq = SeqPartition::even(64, P);
+  const Plan bf({P, 1}, 1, seq, {TensorSpec::of<bf16>(qh, D), TensorSpec::of<bf16>(kvh, D)});
+  const Plan f8({P, 1}, 1, seq, {TensorSpec::of<bf16>(qh, D).with_wire(Wire::fp8_e4m3), TensorSpec::of<bf16>(kvh, D).with_wire(Wire::fp8_e4m3)});
+  const std::size_t a = bf.stage_lists(Direction::seq_to_head).send_total, b = f8.stage_lists(Direction::seq_to_head).send_total;
+  CHECK(b * 2 * D == a * (D + 4));  // 0.515625 at D = 128
+  CHECK(f8.agreement_record() != bf.agreement_record());
+  CHECK(Plan::agreement_field(detail::kElementWord) == "the head dim and element size of tensor 0");
+  CHECK(detail::agreement_value(detail::kElementWord, f8.agreement_record()[detail::kElementWord]) ==
+        "D=128, 2-byte elements, row transforms, wire fp8_e4m3");
+}
+
+TEST_CASE("fp8 wire: a rank whose wire differs gets plan_mismatch, as does every other rank") {
+  const int P = 3;
+  LocalGroup g(P);
+  std::vector<Errc> codes(P);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    TensorSpec s = TensorSpec::of<float>(HeadPartition::even(3, P), 4);
+    s.with_wire(r == 2 ? Wire::fp8_e5m2 : Wire::fp8_e4m3);
+    Plan plan({P, r}, 1, SeqPartition::even(6, P), {s});
+    std::vector<float> a(24, 1.0f), o(24);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    codes[static_cast<std::size_t>(r)] = ut::code_of([&] { seq_to_head(plan, comm, ex, a, o, ws); });
+  });
+  for (Errc e : codes) CHECK(e == Errc::plan_mismatch);
+}
+
+TEST_CASE("C23: fp8 rows of zeros, -0, tiny and huge values through the exchange: no NaN or inf, zeros keep their sign, tiny rows 0 or within a step") {
+  // P = 2 and 4, B = 2, S = 8, H = 4, D = 16, per-(token, head) scales; the rows of q by token:
+  // 0 all +0, 1 all -0, 2 one 1e-43, 3 amax 1e-40, 4 amax FLT_MIN, 5 amax 3e38, 6 padding zeros, 7 ordinary.
+  for (int P : {2, 4})
+    for (Wire wire : {Wire::fp8_e4m3, Wire::fp8_e5m2}) {
+      const std::int64_t B = 2, S = 8, H = 4, D = 16;
+      Global<float> q{B, S, H, D, std::vector<float>(static_cast<std::size_t>(B * S * H * D), 0.0f)};
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d) {
+            q.at(b, 1, h, d) = -0.0f;
+            q.at(b, 2, h, d) = d == 3 ? 1e-43f : 0.0f;
+            q.at(b, 3, h, d) = d == 0 ? 1e-40f : (d % 3 == 0 ? -5e-41f : 0.0f);
+            q.at(b, 4, h, d) = d == 1 ? 1.17549435e-38f : 1e-39f;
+            q.at(b, 5, h, d) = d == 2 ? 3e38f : static_cast<float>(d) * 1e37f;
+            q.at(b, 7, h, d) = static_cast<float>(d) * 0.37f - 2.0f;
+          }
+      const std::vector<Global<float>> in = {q, random_tensor<float>(B, S, 2, D, 3), random_tensor<float>(B, S, 2, D, 4)};
+      const Config c{P, B, S, H, 2, D, SeqPartition::even(S, P), Format::bshd, Path::automatic, false, false};
+      std::vector<std::vector<float>> outs;
+      CAPTURE(P);
+      CAPTURE(to_string(wire));
+      CHECK(run_fp8_forward<float>(c, wire, false, &in, &outs) == "");  // the codec's bits, as the reference gives them
+      const HeadPartition qh = HeadPartition::even(H, P);
+      for (int r = 0; r < P; ++r)
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t s = 0; s < S; ++s)
+            for (std::int64_t h = 0; h < qh.count(r); ++h)
+              for (std::int64_t d = 0; d < D; ++d) {
+                const float y = outs[static_cast<std::size_t>(r)][static_cast<std::size_t>(((b * S + s) * qh.count(r) + h) * D + d)];
+                const float x = q.at(b, s, qh.begin(r) + h, d);
+                CHECK(std::isfinite(y));
+                if (x == 0.0f) CHECK(std::memcmp(&x, &y, 4) == 0);  // +0 -> +0, -0 -> -0
+                if (s == 2 || s == 3) CHECK((y == 0.0f || std::abs(y - x) <= 2.0f * std::abs(x)));  // tiny: 0 or within a step
+                if (s == 7) {  // ordinary: within half an fp8 ulp of the scaled value x / scale (and float32 rounding)
+                  float amax = 0;
+                  for (std::int64_t e = 0; e < D; ++e) amax = std::max(amax, std::abs(q.at(b, s, qh.begin(r) + h, e)));
+                  const float scale = amax / (wire == Wire::fp8_e4m3 ? 448.0f : 57344.0f);
+                  const int mant = wire == Wire::fp8_e4m3 ? 3 : 2, emin = wire == Wire::fp8_e4m3 ? -6 : -14;
+                  const double v = std::abs(static_cast<double>(x) / scale);
+                  const double ulp = std::ldexp(1.0, std::max(v > 0 ? static_cast<int>(std::floor(std::log2(v))) : emin, emin) - mant);
+                  CHECK(std::abs(static_cast<double>(y) - x) <= 0.5 * ulp * scale * (1 + 1e-6) + 1e-7 * std::abs(x));
+                }
+              }
+    }
+}
+
+namespace {
+
+/// head→seq of dk (replicated kv heads summed) with an fp8 wire: each holder's copy quantized
+/// and dequantized as the wire carries it (this rank's own too), the copies added in float32 in
+/// ascending rank order, rounded once.
+template <class T>
+std::string run_fp8_backward(int P, std::int64_t S, std::int64_t H, std::int64_t Hkv, std::int64_t D, Path path, Wire wire) {
+  const std::int64_t B = 1;
+  const HeadPartition qh = HeadPartition::even(H, P), kvh = HeadPartition::gqa(qh, Hkv);
+  std::vector<Global<T>> grads;
+  for (int r = 0; r < P; ++r) grads.push_back(random_tensor<T>(B, S, Hkv, D, static_cast<unsigned>(40 + r)));
+  Global<T> want = grads[0];
+  std::vector<double> row(static_cast<std::size_t>(D)), sum(row.size());
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t h = 0; h < Hkv; ++h) {
+      const auto [first, last] = kvh.holders(h);
+      for (int j = first; j < last; ++j) {
+        for (std::int64_t d = 0; d < D; ++d) row[static_cast<std::size_t>(d)] = E<T>::value(grads[static_cast<std::size_t>(j)].at(0, s, h, d));
+        fp8_round_trip(row.data(), D, static_cast<Fp8Format>(wire));
+        for (std::size_t d = 0; d < row.size(); ++d)
+          sum[d] = j == first ? row[d] : static_cast<double>(static_cast<float>(sum[d]) + static_cast<float>(row[d]));
+      }
+      for (std::int64_t d = 0; d < D; ++d) want.at(0, s, h, d) = E<T>::of(sum[static_cast<std::size_t>(d)]);
+    }
+  const SeqPartition seq = SeqPartition::zigzag(S, P);
+  LocalGroup group(P);
+  std::vector<std::string> err(static_cast<std::size_t>(P));
+  group.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    PlanOptions opt;
+    opt.path = path;
+    Plan plan({P, r}, B, seq, {TensorSpec::of<T>(kvh, D).with_wire(wire)}, Format::bshd, opt);
+    const Layout& hl = plan.head_layout(0);
+    std::vector<T> in(static_cast<std::size_t>(hl.span_elems())), out(static_cast<std::size_t>(plan.seq_layout(0).span_elems()));
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = kvh.begin(r); h < kvh.end(r); ++h)
+        for (std::int64_t d = 0; d < D; ++d) in[static_cast<std::size_t>(hl.offset(0, s, h - kvh.begin(r), d))] = grads[static_cast<std::size_t>(r)].at(0, s, h, d);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    try {
+      seq_to_head_backward(plan, comm, ex, in, out, ws);
+    } catch (const std::exception& e) {
+      err[static_cast<std::size_t>(r)] = e.what();
+      return;
+    }
+    const Layout& sl = plan.seq_layout(0);
+    for (const SeqChunk& c : seq.chunks_of(r))
+      for (std::int64_t i = 0; i < c.length; ++i)
+        for (std::int64_t h = 0; h < Hkv; ++h)
+          for (std::int64_t d = 0; d < D; ++d)
+            if (!same_bits(out[static_cast<std::size_t>(sl.offset(0, c.local_offset + i, h, d))], want.at(0, c.offset + i, h, d))) {
+              err[static_cast<std::size_t>(r)] = "token " + std::to_string(c.offset + i) + " head " + std::to_string(h);
+              return;
+            }
+  });
+  std::string all;
+  for (int r = 0; r < P; ++r)
+    if (!err[static_cast<std::size_t>(r)].empty()) all += "rank " + std::to_string(r) + ": " + err[static_cast<std::size_t>(r)] + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 wire backward: replicated kv heads (GQA, MQA) summed from their fp8 copies in float32, rounded once, on every path") {
+  for (Wire wire : {Wire::fp8_e4m3, Wire::fp8_e5m2})
+    for (Path path : {Path::direct, Path::messages, Path::alltoallv}) {
+      CAPTURE(to_string(wire));
+      CAPTURE(to_string(path));
+      CHECK(run_fp8_backward<bf16>(4, 8, 8, 2, 8, path, wire) == "");
+      CHECK(run_fp8_backward<float>(4, 9, 4, 1, 6, path, wire) == "");
+    }
+}

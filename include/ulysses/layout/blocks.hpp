@@ -114,6 +114,13 @@ struct BlockCopy {
   /// row_tensor >= 0: which coordinate each of the 4 outer loops advances by one per step (0
   /// batch, 1 token, 2 head; -1 none).
   std::int32_t axis[4] = {-1, -1, -1, -1};
+  /// row_tensor >= 0: bytes of a source row (row_bytes is the destination's): they differ where
+  /// one side is an fp8 wire row (D bytes and a float32 scale).
+  std::int64_t src_row_bytes = 0;
+  /// row_tensor >= 0: the tensor's wire (TensorSpec::wire: 1 fp8 E4M3FN, 2 fp8 E5M2 (Fp8Format's
+  /// values), 3 bfloat16, 4 float16), 0 its own elements. The side that is not an input or
+  /// output (row_sides) is then a row of that wire.
+  std::int32_t wire = 0;
 
   /// Rows this block copies.
   ULYSSES_HOST_DEVICE constexpr std::int64_t rows() const { return extent[0] * extent[1] * extent[2] * extent[3]; }
@@ -250,6 +257,7 @@ struct RowOrigin {
   std::int64_t at[3] = {0, 0, 0};  ///< (batch, global token, global head) of the first row
   int tensor = 0;                  ///< the tensor's index in the plan
   int degree = 1;                  ///< the group's size P
+  int wire = 0;                    ///< the tensor's fp8 wire (BlockCopy::wire), 0 none
   /// Bit 0 when buffer `src` is an input, bit 1 when `dst` is an output (BlockCopy::row_sides).
   int sides(int src, int dst) const {
     auto input = [&](int i) { return i < kMaxTensors || (i >= BufferIndex::count && i < BufferIndex::peer_output(0, 0, degree)); };
@@ -294,6 +302,8 @@ inline bool make_blocks(const std::int64_t ext[4], int n, const std::int64_t* co
     if (origin) {
       b.row_tensor = origin->tensor;
       b.row_sides = origin->sides(src_buffer[j], dst_buffer);
+      b.src_row_bytes = b.row_bytes;
+      b.wire = origin->wire;
       b.type = type;
       for (int a = 0; a < 3; ++a) b.origin[a] = origin->at[a];
     }

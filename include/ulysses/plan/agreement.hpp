@@ -33,12 +33,13 @@ static_assert(kRingWord < kAgreementWords, "the agreement record holds every fie
 /// A tensor's head dim and element size as one word of the record: D · 2^16 + bytes, printed as
 /// "D=128, 4-byte elements"; a hash (top bit set, not printed) for elements of 2^16 bytes or more.
 /// Bit 62: the tensor is planned with row transforms (TensorSpec::row_transforms: its pieces are
-/// staged, so the ranks' message pairing depends on it), printed ", row transforms".
-inline std::uint64_t element_word(std::int64_t head_dim, std::size_t elem_bytes, bool row_transforms = false) {
-  const std::uint64_t rows = row_transforms ? std::uint64_t{1} << 62 : 0;
+/// staged, so the ranks' message pairing depends on it), printed ", row transforms"; bits 56-59
+/// its Wire (printed ", wire fp8_e4m3").
+inline std::uint64_t element_word(std::int64_t head_dim, std::size_t elem_bytes, bool row_transforms = false, Wire wire = Wire::element) {
+  const std::uint64_t rows = (row_transforms ? std::uint64_t{1} << 62 : 0) | static_cast<std::uint64_t>(wire) << 56;
   if (elem_bytes < 65536 && head_dim >= 0 && head_dim < (std::int64_t{1} << 40))
     return (static_cast<std::uint64_t>(head_dim) << 16 | elem_bytes) | rows;
-  return fnv1a(fnv1a(fnv1a(kFnvBasis, head_dim), static_cast<std::int64_t>(elem_bytes)), row_transforms ? 1 : 0) | std::uint64_t{1} << 63;
+  return fnv1a(fnv1a(fnv1a(kFnvBasis, head_dim), static_cast<std::int64_t>(elem_bytes)), static_cast<std::int64_t>(rows)) | std::uint64_t{1} << 63;
 }
 
 /// Word i of a plan's record as the mismatch message prints it: P, B, S, the tensor count and the
@@ -46,8 +47,9 @@ inline std::uint64_t element_word(std::int64_t head_dim, std::size_t elem_bytes,
 inline std::string agreement_value(int i, std::uint64_t v) {
   if (i >= 1 && i <= 6 && i != 4) return std::to_string(v);
   if (i >= kElementWord && i < kReplicasWord && !(v >> 63))
-    return "D=" + std::to_string((v & ~(std::uint64_t{1} << 62)) >> 16) + ", " + std::to_string(v & 0xffff) + "-byte elements" +
-           ((v >> 62 & 1) ? ", row transforms" : "");
+    return "D=" + std::to_string((v & ((std::uint64_t{1} << 56) - 1)) >> 16) + ", " + std::to_string(v & 0xffff) + "-byte elements" +
+           ((v >> 62 & 1) ? ", row transforms" : "") +
+           ((v >> 56 & 15) ? std::string(", wire ") + to_string(static_cast<Wire>(v >> 56 & 15)) : std::string());
   return "";
 }
 }  // namespace detail
@@ -81,7 +83,7 @@ inline AgreementRecord Plan::agreement_record() const {
     h = hash(h0, x.heads.num_heads());
     for (int r = 0; r < group_.size; ++r) h = hash(hash(h, x.heads.begin(r)), x.heads.end(r));
     w[detail::kHeadsWord + t] = h;
-    w[detail::kElementWord + t] = detail::element_word(x.head_dim, x.elem_bytes, x.row_transforms);
+    w[detail::kElementWord + t] = detail::element_word(x.head_dim, x.elem_bytes, x.by_rows(), x.wire);
     const bool sums = sums_replicas(static_cast<int>(t));
     w[detail::kReplicasWord + t] = hash(hash(h0, sums ? 1 : 0), sums ? static_cast<std::int64_t>(x.type) : 0);
   }

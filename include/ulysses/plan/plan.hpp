@@ -146,7 +146,7 @@ class Plan : private detail::PlanFields {
     for (int t = 0; t < T; ++t) {
       const TensorSpec& x = tensors_[detail::at(t)];
       const WireHeads which = s2h ? WireHeads::held : sums_replicas(t) ? WireHeads::held_for_sum : WireHeads::owned;
-      const auto row = static_cast<std::size_t>(batch_ * x.head_dim) * x.elem_bytes;  // bytes of one token of one head
+      const auto row = static_cast<std::size_t>(batch_) * x.wire_row_bytes();  // bytes of one token of one head
       std::vector<std::int64_t> n(detail::at(P));
       for (int r = 0; r < P; ++r) n[detail::at(r)] = total_heads(wire_heads(x.heads, r, which, k, stage_cut(t)));
       for (int i = 0; i < P; ++i)

@@ -45,6 +45,27 @@ enum class Replicas {
 /// Name of a Replicas value ("sum", "owner").
 inline const char* to_string(Replicas r) noexcept { return r == Replicas::sum ? "sum" : "owner"; }
 
+/// What a tensor's elements are on the wire (TensorSpec::wire; docs/wire-format.md, "fp8 rows").
+enum class Wire : int {
+  element = 0,   ///< the tensor's own elements (the default): the bytes as they are
+  fp8_e4m3 = 1,  ///< each head row as D fp8 E4M3FN bytes then its float32 scale (layout/fp8.hpp)
+  fp8_e5m2 = 2,  ///< each head row as D fp8 E5M2 bytes then its float32 scale
+  bfloat16 = 3,  ///< each element cast to bfloat16 (a float32 tensor on half the bytes), back on unpack
+  float16 = 4,   ///< each element cast to float16 (e.g. a bfloat16 tensor), back on unpack
+};
+
+/// Name of a wire ("element", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16").
+inline const char* to_string(Wire w) noexcept {
+  switch (w) {
+    case Wire::fp8_e4m3: return "fp8_e4m3";
+    case Wire::fp8_e5m2: return "fp8_e5m2";
+    case Wire::bfloat16: return "bfloat16";
+    case Wire::float16: return "float16";
+    case Wire::element: break;
+  }
+  return "element";
+}
+
 /// One tensor of a redistribution (q, k, v, ...): its head partition, head dimension, element
 /// size and type, what head→seq does with replicated heads, which query tensor it serves (kv
 /// tensors), and optionally this rank's local layouts (default: dense in the plan's Format).
@@ -65,6 +86,9 @@ struct TensorSpec {
   /// applied to it in the copy (with_row_transforms()). Its pieces are then always staged (never
   /// sent from or received into the tensor in place). In the agreement record.
   bool row_transforms = false;
+  /// How the tensor travels (Wire): its elements, or an fp8 wire of D bytes and one float32
+  /// scale per head row (with_wire()). In the agreement record.
+  Wire wire = Wire::element;
 
   /// `serves`: decide from the head counts (see Plan): a tensor after the first whose head count
   /// divides the first tensor's and is smaller serves the first (the q, k, v convention).
@@ -113,6 +137,30 @@ struct TensorSpec {
   TensorSpec& with_row_transforms(bool on = true) {
     row_transforms = on;
     return *this;
+  }
+  /// Sends the tensor on a cast wire (Wire::bfloat16, Wire::float16): each element (after a
+  /// call's pack transform, rounded to the element type) converted to the wire's type, rounded to
+  /// nearest even, and back to the element type on unpack (exact). Or as an fp8 wire
+  /// (Wire::fp8_e4m3 or fp8_e5m2): each head row quantized on
+  /// pack with the scale of its own amax (layout/fp8.hpp: fp8_scale_of(), floored at FLT_MIN),
+  /// the scale sent after the row's D bytes in the same exchange, dequantized on unpack as
+  /// fp8_to_float(q) * scale in float32 and rounded once to the element type. A path without a
+  /// wire (the peer copy, a rank's own chunk) quantizes and dequantizes the same way, so every
+  /// path gives the same bits. Implies with_row_transforms() (and its requirements); a call's
+  /// pack transform runs before the quantization, its unpack transform after.
+  TensorSpec& with_wire(Wire w) {
+    wire = w;
+    if (w != Wire::element) row_transforms = true;
+    return *this;
+  }
+  /// Whether the tensor's blocks are planned row by row (row transforms, or an fp8 wire).
+  bool by_rows() const { return row_transforms || wire != Wire::element; }
+  /// Bytes of one head row on the wire: D elements, D fp8 bytes and a 4-byte scale, or D 2-byte
+  /// elements of a cast wire.
+  std::size_t wire_row_bytes() const {
+    const auto D = static_cast<std::size_t>(head_dim);
+    if (wire == Wire::element) return D * elem_bytes;
+    return wire == Wire::bfloat16 || wire == Wire::float16 ? 2 * D : D + 4;
   }
   /// Declares that this kv tensor serves the query tensor at index `query` of the plan (or kNone).
   TensorSpec& serving(int query) {

@@ -155,7 +155,7 @@ struct PeerCopyWork {
     auto padded = [](const BlockCopy& b) { return (static_cast<std::size_t>(b.bytes()) + 63) / 64 * 64; };  // each term 64-byte aligned
     // A transformed block (a call with row transforms) is read into the bounce buffer too, and
     // the executor transforms it from there; its owner then does not push it (push(): the same test).
-    auto bounced = [&](const BlockCopy& b) { return b.op != BlockOp::copy || (b.row_tensor >= 0 && t.transforms); };
+    auto bounced = [&](const BlockCopy& b) { return b.op != BlockOp::copy || (b.row_tensor >= 0 && (t.transforms || b.wire)); };
     std::size_t bounce = 0;
     for (const BlockCopy& b : *w.list)
       if (bounced(b) && remote_of(b)) bounce += padded(b);
@@ -214,7 +214,7 @@ struct PeerCopyWork {
       for (const BlockCopy& c : s.peer_list) {
         const int i = c.src_buffer - BufferIndex::count;
         if (i < 0 || i / kMaxTensors != w.rank || !own.remote[i % kMaxTensors] || !pushed_by_owner(c)) continue;
-        if (c.row_tensor >= 0 && table.transforms) continue;  // the peer reads it to transform it (run_remote())
+        if (c.row_tensor >= 0 && (table.transforms || c.wire)) continue;  // the peer reads it to transform it (run_remote())
         write_block(s.reader, c, mine.data[i % kMaxTensors], reinterpret_cast<std::uintptr_t>(table.base[c.dst_buffer]));
       }
     }

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "../../layout/blocks.hpp"
 #include "../../layout/element.hpp"
+#include "../../layout/fp8.hpp"
 #include "../../layout/rows.hpp"
 #include "../../layout/transform.hpp"
 
@@ -20,11 +22,13 @@ namespace detail {
 /// Most elements of one transformed row (D): Plan refuses a larger head dim with row transforms.
 inline constexpr std::int64_t kMaxTransformedRow = 1024;
 
-/// Whether block c runs through the transforms of table t: a transformed block whose tensor has
-/// a transform on a side the block touches. Otherwise it is copied (or summed) as bytes: the
-/// same bits as with no transform.
+/// Whether block c takes the row path: a block of a tensor planned by rows with an fp8 wire, or
+/// whose call has a transform on a side the block touches. Otherwise it is copied (or summed) as
+/// bytes: the same bits as with no transform.
 inline bool transforms_rows(const BlockCopy& c, const BufferTable& t) {
-  if (c.row_tensor < 0 || !t.transforms || c.op == BlockOp::sum_term) return false;
+  if (c.row_tensor < 0 || c.op == BlockOp::sum_term) return false;
+  if (c.wire) return true;
+  if (!t.transforms) return false;
   const RowTransforms& x = *t.transforms;
   if (c.op == BlockOp::sum) return static_cast<bool>(x.unpack(c.row_tensor)) || static_cast<bool>(x.pack(c.row_tensor));
   return ((c.row_sides & 1) && x.pack(c.row_tensor)) || ((c.row_sides & 2) && x.unpack(c.row_tensor));
@@ -38,60 +42,122 @@ inline RowCoord row_coord(const BlockCopy& c, const RowCursor& at) {
   return {v[0], v[1], v[2]};
 }
 
-/// Rows [r0, r1) of the transformed copy block c: load, the pack transform (a source that is an
-/// input), a rounding to the element type when both sides apply (what the wire would carry), the
-/// unpack transform (a destination that is an output), store rounded once.
-/// @pre transforms_rows(c, t); c.row_bytes == D * elem_bytes with D <= kMaxTransformedRow
+/// One row's work space and the call's transforms of the block's tensor.
+struct RowWork {
+  RowTransformRef pack, unpack;  // the call's, for this tensor (empty: none)
+  ElementType type;              // the tensor's elements
+  Fp8Format wire;                // its fp8 wire (when fp8)
+  bool fp8;                      // whether it has one
+  ElementType cast;              // its cast wire's type (opaque: none)
+  std::int64_t n;                // D
+  double v[kMaxTransformedRow];
+  float f[kMaxTransformedRow];
+  std::uint8_t q[kMaxTransformedRow];
+
+  RowWork(const BlockCopy& c, const BufferTable& t)
+      : pack(t.transforms ? t.transforms->pack(c.row_tensor) : RowTransformRef{}),
+        unpack(t.transforms ? t.transforms->unpack(c.row_tensor) : RowTransformRef{}),
+        type(c.type), wire(static_cast<Fp8Format>(c.wire)), fp8(c.wire == 1 || c.wire == 2),
+        cast(c.wire == 3 ? ElementType::bfloat16 : c.wire == 4 ? ElementType::float16 : ElementType::opaque),
+        n((c.row_sides & 2) ? c.row_bytes / c.elem_bytes : c.src_row_bytes / c.elem_bytes) {}  // (a wire side's rows differ)
+  /// v rounded to the element type (and, through a cast wire, to the wire's type).
+  void round() {
+    for (std::int64_t i = 0; i < n; ++i) v[i] = round_to(type, v[i]);
+    if (cast != ElementType::opaque)
+      for (std::int64_t i = 0; i < n; ++i) v[i] = round_to(cast, v[i]);
+  }
+  /// v (rounded to the type) as D fp8 bytes and the float32 scale of its amax, at p.
+  void quantize(std::byte* p) {
+    for (std::int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(v[i]);
+    const float scale = fp8_scale_of(row_amax(f, n), wire);
+    quantize_fp8(f, n, scale, wire, q);
+    std::memcpy(p, q, static_cast<std::size_t>(n));
+    std::memcpy(p + n, &scale, 4);
+  }
+  /// v = the fp8 row at p, dequantized in float32.
+  void dequantize(const std::byte* p) {
+    float scale;
+    std::memcpy(q, p, static_cast<std::size_t>(n));
+    std::memcpy(&scale, p + n, 4);
+    dequantize_fp8(q, n, scale, wire, f);
+    for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(f[i]);
+  }
+  /// v = the row at p of a source that is an input (`input`) or the wire, as the receiver sees it
+  /// before its unpack transform. From an input: the pack transform, then, as the wire would
+  /// carry it when something follows (`carried`: the destination is not the wire), rounded to
+  /// the type and, for an fp8 wire, quantized and dequantized.
+  void read(const std::byte* p, bool input, bool carried, const RowCoord& rc) {
+    if (!input && fp8) return dequantize(p);
+    load_row(!input && cast != ElementType::opaque ? cast : type, p, v, n);
+    if (!input) return;
+    if (pack) pack(rc, v, n);
+    if (!carried) return;
+    if (fp8 || pack || cast != ElementType::opaque) round();
+    if (!fp8) return;
+    for (std::int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(v[i]);
+    const float scale = fp8_scale_of(row_amax(f, n), wire);
+    quantize_fp8(f, n, scale, wire, q);
+    dequantize_fp8(q, n, scale, wire, f);
+    for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(f[i]);
+  }
+  /// Writes v at p: to an output through the unpack transform, rounded once; to the wire
+  /// rounded to the type (fp8: quantized).
+  void write(std::byte* p, bool output, const RowCoord& rc) {
+    if (output) {
+      if (unpack) unpack(rc, v, n);
+      return store_row(type, p, v, n);
+    }
+    if (!fp8) {
+      if (cast == ElementType::opaque) return store_row(type, p, v, n);
+      round();
+      return store_row(cast, p, v, n);
+    }
+    round();
+    quantize(p);
+  }
+};
+
+/// Rows [r0, r1) of the row-path copy block c: each row read (RowWork::read()) and written
+/// (RowWork::write()) with its RowCoord.
+/// @pre transforms_rows(c, t); D <= kMaxTransformedRow
 inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::int64_t r0, std::int64_t r1) {
   if (r0 >= r1) return;
-  const RowTransforms& x = *t.transforms;
-  const RowTransformRef pack = (c.row_sides & 1) ? x.pack(c.row_tensor) : RowTransformRef{};
-  const RowTransformRef unpack = (c.row_sides & 2) ? x.unpack(c.row_tensor) : RowTransformRef{};
-  const std::int64_t n = c.row_bytes / c.elem_bytes;
   const std::byte* src = buffer_at(t, c.src_buffer) + c.src_offset;
   std::byte* dst = buffer_at(t, c.dst_buffer) + c.dst_offset;
-  double row[kMaxTransformedRow];
+  const bool input = c.row_sides & 1, output = c.row_sides & 2;
+  RowWork w(c, t);
   RowCursor at(c, r0);
   for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
     const RowCoord rc = row_coord(c, at);
-    load_row(c.type, src + at.offset(c, true), row, n);
-    if (pack) pack(rc, row, n);
-    if (pack && unpack)
-      for (std::int64_t i = 0; i < n; ++i) row[i] = round_to(c.type, row[i]);
-    if (unpack) unpack(rc, row, n);
-    store_row(c.type, dst + at.offset(c, false), row, n);
+    w.read(src + at.offset(c, true), input, output, rc);
+    w.write(dst + at.offset(c, false), output, rc);
   }
 }
 
-/// Rows [r0, r1) of the transformed sum g[0..g[0].sources): each term loaded (an input term
-/// through the pack transform, rounded to the element type as the wire carries it), the terms
-/// added in order in the sum's accumulator type (SumArith: float32 for 16-bit types), the unpack
-/// transform applied to that sum in double, stored rounded once.
+/// Rows [r0, r1) of the row-path sum g[0..g[0].sources): each term read as the receiver sees it
+/// (RowWork::read(): an input term through the pack transform and rounded as the wire carries
+/// it, an fp8 term dequantized), the terms added in order in the sum's accumulator type
+/// (SumArith: float32 for 16-bit types), then the unpack transform on that sum in double, and
+/// one rounding.
 /// @pre g[0].op == BlockOp::sum, transforms_rows(g[0], t), as run_transformed_rows()
 inline void run_transformed_sum(const BlockCopy* g, const BufferTable& t, std::int64_t r0, std::int64_t r1) {
   if (r0 >= r1) return;
   const BlockCopy& c = g[0];
-  const RowTransforms& x = *t.transforms;
-  const RowTransformRef pack = x.pack(c.row_tensor), unpack = x.unpack(c.row_tensor);
-  const std::int64_t n = c.row_bytes / c.elem_bytes;
   std::byte* dst = buffer_at(t, c.dst_buffer) + c.dst_offset;
-  double row[kMaxTransformedRow], sum[kMaxTransformedRow];
+  RowWork w(c, t);
+  double sum[kMaxTransformedRow];
   RowCursor at(c, r0);
   with_sum_arith(c.type, [&](auto a) {
     using Acc = typename decltype(a)::Acc;
     for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
       const RowCoord rc = row_coord(c, at);
       for (int j = 0; j < c.sources; ++j) {
-        load_row(c.type, buffer_at(t, g[j].src_buffer) + g[j].src_offset + at.offset(g[j], true), row, n);
-        if (pack && (g[j].row_sides & 1)) {
-          pack(rc, row, n);
-          for (std::int64_t i = 0; i < n; ++i) row[i] = round_to(c.type, row[i]);
-        }
-        for (std::int64_t i = 0; i < n; ++i)  // the sum rules: ascending order, in Acc
-          sum[i] = j == 0 ? row[i] : static_cast<double>(static_cast<Acc>(sum[i]) + static_cast<Acc>(row[i]));
+        w.read(buffer_at(t, g[j].src_buffer) + g[j].src_offset + at.offset(g[j], true), g[j].row_sides & 1, true, rc);
+        for (std::int64_t i = 0; i < w.n; ++i)  // the sum rules: ascending order, in Acc
+          sum[i] = j == 0 ? w.v[i] : static_cast<double>(static_cast<Acc>(sum[i]) + static_cast<Acc>(w.v[i]));
       }
-      if (unpack) unpack(rc, sum, n);
-      store_row(c.type, dst + at.offset(c, false), sum, n);
+      for (std::int64_t i = 0; i < w.n; ++i) w.v[i] = sum[i];
+      w.write(dst + at.offset(c, false), true, rc);
     }
   });
 }

@@ -45,9 +45,21 @@ struct PlanInputs {
 /// group of P ranks; null (a plain block) unless x is planned with_row_transforms().
 inline const RowOrigin* row_origin(const TensorSpec& x, int t, int P, std::int64_t b, std::int64_t token, std::int64_t head,
                                    RowOrigin& o) {
-  if (!x.row_transforms) return nullptr;
-  o = RowOrigin{{b, token, head}, t, P};
+  if (!x.by_rows()) return nullptr;
+  o = RowOrigin{{b, token, head}, t, P, static_cast<int>(x.wire)};
   return &o;
+}
+
+/// Makes the wire side (`src`: the source, else the destination) of the transformed block c an
+/// fp8 wire of rows of W bytes: its strides along each coordinate (BlockCopy::axis) become
+/// stride_bytes[axis] (batch, token, head), its offset `offset`; c.wire the format. The geometry
+/// was built with the element strides, so only the wire side's numbers change.
+inline void rewire(BlockCopy& c, bool src, const std::int64_t stride_bytes[3], std::int64_t offset, std::int64_t W, Wire wire) {
+  std::int64_t* st = src ? c.src_stride : c.dst_stride;
+  for (int i = 0; i < 4; ++i) st[i] = c.axis[i] >= 0 ? stride_bytes[c.axis[i]] : 0;
+  (src ? c.src_offset : c.dst_offset) = offset;
+  (src ? c.src_row_bytes : c.row_bytes) = W;  // (row_bytes: the destination's rows)
+  c.wire = static_cast<std::int32_t>(wire);
 }
 
 /// Appends the block copying extents `ext` from (src buffer, byte offset, element strides) to
@@ -120,7 +132,7 @@ class StageBuilder {
   /// Bytes of tensor t in the chunk between seq-sharded rank sr and head-sharded rank hr.
   std::size_t piece_bytes(int t, int sr, int hr) const {
     const TensorSpec& x = tensor(t);
-    return static_cast<std::size_t>(in_.batch * seq().local_length(sr) * total_heads(wire(t, hr)) * x.head_dim) * x.elem_bytes;
+    return static_cast<std::size_t>(in_.batch * seq().local_length(sr) * total_heads(wire(t, hr))) * x.wire_row_bytes();
   }
 
   /// Byte counts and offsets of every chunk, where each tensor's part starts in them, and the
@@ -167,7 +179,7 @@ class StageBuilder {
     const std::int64_t own = x.heads.owned_begin(in_.group.rank);
     std::int64_t n = 0;
     for (const HeadRun& r : wire(t, in_.group.rank)) n += std::max<std::int64_t>(0, std::min(r.hi, own) - r.lo);
-    return static_cast<std::size_t>(in_.batch * seq().local_length(p) * n * x.head_dim) * x.elem_bytes;
+    return static_cast<std::size_t>(in_.batch * seq().local_length(p) * n) * x.wire_row_bytes();
   }
 
   // The chunk between this rank and a peer holds, per tensor, the wire block [B, Ts, n, D] (Ts:
@@ -188,6 +200,7 @@ class StageBuilder {
     const Layout& sl = *x.seq_layout;
     const Layout& hl = *x.head_layout;
     const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, hb = x.heads.begin(me);
+    const auto W = static_cast<std::int64_t>(x.wire_row_bytes());  // bytes of a head row on the wire (D * e but for an fp8 wire)
     const bool seq_is_me = s2h_ == sending;
     const std::vector<SeqChunk> chunks = seq().chunks_of(seq_is_me ? me : p);
     const std::int64_t Ts = seq().local_length(seq_is_me ? me : p);
@@ -200,20 +213,23 @@ class StageBuilder {
     const auto base = static_cast<std::int64_t>(sending ? send_at_[at(p)][at(t)] : recv_at_[at(p)][at(t)]);
     for (std::int64_t b = 0; b < in_.batch; ++b)
       for (const SeqChunk& c : chunks) {
-        const std::int64_t off = base + ((b * Ts + c.local_offset) * n) * D * e;
-        Piece pc{p, t, static_cast<std::size_t>(c.length * n * D * e), wire_buffer, off, static_cast<std::size_t>(off)};
+        const std::int64_t off = base + ((b * Ts + c.local_offset) * n) * W;
+        Piece pc{p, t, static_cast<std::size_t>(c.length * n * W), wire_buffer, off, static_cast<std::size_t>(off)};
         pc.first = static_cast<std::uint32_t>(list.size());
         for (const HeadRun& r : moved) {
           const std::int64_t ext[4] = {1, c.length, r.size(), D};
           const std::int64_t user = (seq_is_me ? sl.offset(b, c.local_offset, r.lo, 0) : hl.offset(b, c.offset, r.lo - hb, 0)) * e;
           const std::int64_t* user_stride = seq_is_me ? sl.stride : hl.stride;
-          const std::int64_t on_wire = off + position_of(hs, r.lo) * D * e;
+          const std::int64_t on_wire = off + position_of(hs, r.lo) * W;
           RowOrigin o;
           const RowOrigin* rows = row_origin(x, t, in_.group.size, b, c.offset, r.lo, o);
+          const std::size_t first = list.size();
           if (sending)
             add_block(list, ext, e, BufferIndex::input(t), user, user_stride, wire_buffer, on_wire, wire_stride, rows, x.type);
           else
             add_block(list, ext, e, wire_buffer, on_wire, wire_stride, BufferIndex::output(t), user, user_stride, rows, x.type);
+          const std::int64_t wire_bytes[3] = {Ts * n * W, n * W, W};  // (b, s, h) on the wire
+          if (x.wire != Wire::element && list.size() > first) rewire(list.back(), !sending, wire_bytes, on_wire, W, x.wire);
         }
         pc.last = static_cast<std::uint32_t>(list.size());
         if (pc.bytes) (sending ? sc.send_pieces : sc.recv_pieces).push_back(place_piece(pc, list, sending));
@@ -266,6 +282,7 @@ class StageBuilder {
     const Layout& sl = *x.seq_layout;
     const Layout& hl = *x.head_layout;
     const std::int64_t e = static_cast<std::int64_t>(x.elem_bytes), D = x.head_dim, Tm = seq().local_length(me);
+    const auto W = static_cast<std::int64_t>(x.wire_row_bytes());
     const auto [first, last] = x.heads.holders(heads.lo);
     const int n = last - first;
     const std::int64_t ext[4] = {in_.batch, c.length, heads.size(), D};
@@ -282,7 +299,7 @@ class StageBuilder {
       } else {
         const std::int64_t nq = total_heads(wire(t, q));
         strides[at(j)] = {Tm * nq * D, nq * D, D, 1};
-        src_off[at(j)] = static_cast<std::int64_t>(recv_at_[at(q)][at(t)]) + (c.local_offset * nq + position_of(wire(t, q), heads.lo)) * D * e;
+        src_off[at(j)] = static_cast<std::int64_t>(recv_at_[at(q)][at(t)]) + (c.local_offset * nq + position_of(wire(t, q), heads.lo)) * W;
         src_buf[at(j)] = BufferIndex::recv;
       }
       stride_of[at(j)] = strides[at(j)].data();
@@ -291,8 +308,14 @@ class StageBuilder {
     RowOrigin o;
     const RowOrigin* rows = row_origin(x, t, in_.group.size, 0, c.offset, heads.lo, o);
     if (make_blocks(ext, n, stride_of.data(), sl.stride, e, src_off.data(), sl.offset(0, c.local_offset, heads.lo, 0) * e,
-                    src_buf.data(), BufferIndex::output(t), x.type, g.data(), rows))
+                    src_buf.data(), BufferIndex::output(t), x.type, g.data(), rows)) {
+      for (int j = 0; j < n && x.wire != Wire::element; ++j) {  // the terms from the receive region: fp8 rows
+        if (src_buf[at(j)] != BufferIndex::recv) continue;
+        const std::int64_t nq = total_heads(wire(t, first + j)), wire_bytes[3] = {Tm * nq * W, nq * W, W};
+        rewire(g[at(j)], true, wire_bytes, src_off[at(j)], W, x.wire);
+      }
       sc.unpack.insert(sc.unpack.end(), g.begin(), g.end());
+    }
   }
 
   /// The message path's lists: the staged blocks of the pieces that are not in place, then (after

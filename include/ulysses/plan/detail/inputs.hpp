@@ -180,7 +180,7 @@ class PlanFields {
     check_layout(*x.seq_layout, {batch_, Sr, H, D}, x.elem_bytes, "seq-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
     check_layout(*x.head_layout, {batch_, seq_.seq_len(), Hr, D}, x.elem_bytes,
                  "head-sharded layout of tensor " + std::to_string(t) + " on rank " + std::to_string(r));
-    if (x.row_transforms) check_row_transforms(x, t);
+    if (x.row_transforms || x.wire != Wire::element) check_row_transforms(x, t);
   }
 
   /// What a tensor planned with_row_transforms() needs: a type the rows can be loaded as, rows
@@ -192,6 +192,11 @@ class PlanFields {
                                                "type is opaque: declare it (TensorSpec::of<T>(heads, D, ElementType::bfloat16) or with_type())");
     if (x.head_dim > 1024)
       detail::fail(Errc::invalid_shape, name + ": head_dim D=" + std::to_string(x.head_dim) + " is above the 1024 a transformed row may have");
+    if (x.wire != Wire::element && x.type == ElementType::float64)
+      detail::fail(Errc::invalid_shape, name + ": a " + std::string(to_string(x.wire)) +
+                                               " wire carries float16, bfloat16 or float32 rows, but the element type is float64");
+    if (static_cast<int>(x.wire) < 0 || static_cast<int>(x.wire) > 4)
+      detail::fail(Errc::invalid_shape, name + ": Wire value " + std::to_string(static_cast<int>(x.wire)) + " is not one of Wire's");
     if (x.seq_layout->stride[3] != 1 || x.head_layout->stride[3] != 1)
       detail::fail(Errc::invalid_shape, name + ": the head dim must be contiguous (stride 1) in both layouts, but they are " +
                                                x.seq_layout->str() + " and " + x.head_layout->str());
