@@ -3,7 +3,7 @@
 # path regexes separated by '|'. A header may include its own layer and lower ones.
 set(ULYSSES_LAYER_NAMES
   "core"        # version, errors, checked arithmetic, the CUDA namespace and error checks
-  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message, the row walk; the LSE merge
+  "layout"      # Layout, ElementType and sums, block copies, buffer indices, Message, the row walk, row transforms (RoPE) and the fp8 codec; the LSE merge
   "partition"   # sequence and head partitions (the ring partition too), node layouts, two-level routes, Mesh; the executors (they run block lists)
   "comm"        # the communicator and executor concepts, ExchangeState, the adapters (no planner) and their mesh splits
   "plan"        # specs and Path, the immutable Plan and its build, the agreement record and check, the peer copy's lists, attention specs; the decode plan and its executors

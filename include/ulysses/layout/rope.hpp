@@ -105,12 +105,13 @@ class Rope {
     const std::int64_t p = position(at), half = rd_ / 2;
     (void)n;
     const float* t = &tab_[static_cast<std::size_t>(p * half * 4)];
-    for (std::int64_t i = 0; i < half; ++i) {
-      const double c_hi = t[4 * i], c_lo = t[4 * i + 1], s_hi = sign_ * t[4 * i + 2], s_lo = sign_ * t[4 * i + 3];
-      const std::int64_t a = style_ == RopeStyle::half ? i : 2 * i, b = style_ == RopeStyle::half ? i + half : 2 * i + 1;
-      const double x = row[a], y = row[b];
-      row[a] = (x * c_hi - y * s_hi) + (x * c_lo - y * s_lo);
-      row[b] = (y * c_hi + x * s_hi) + (y * c_lo + x * s_lo);
+    if (style_ == RopeStyle::half) {
+      rotate(row, row + half, 1, t, half);
+    } else {  // (pairs 2k, 2k + 1: gathered into halves, rotated, scattered back)
+      double x[kMaxPairs], y[kMaxPairs];
+      for (std::int64_t k = 0; k < half; ++k) x[k] = row[2 * k], y[k] = row[2 * k + 1];
+      rotate(x, y, 1, t, half);
+      for (std::int64_t k = 0; k < half; ++k) row[2 * k] = x[k], row[2 * k + 1] = y[k];
     }
   }
   /// What a call checks before any byte moves (the optional check of the row-transform concept):
@@ -138,12 +139,44 @@ class Rope {
   void check(bool ok, const std::string& what) const {
     if (!ok) detail::fail(Errc::invalid_shape, "Rope(head_dim=" + std::to_string(d_) + ", rotary_dim=" + std::to_string(rd_) + "): " + what);
   }
+  /// Rotates the pairs (x[k], y[k]), k < m, by a position's table t: c_hi[m], c_lo[m], s_hi[m],
+  /// s_lo[m] back to back (four contiguous loads: the loop vectorises). `step` is 1.
+  void rotate(double* x, double* y, std::int64_t step, const float* t, std::int64_t m) const {
+    (void)step;
+#if ULYSSES_HOST_AVX2
+    if (detail::host_has_avx2()) return rotate_pairs_avx2(x, y, t, m, sign_);
+#endif
+    rotate_pairs(x, y, t, m, sign_);
+  }
+  /// rotate()'s loop (the plain one, and an AVX2 twin where the float table's widening keeps the
+  /// plain one scalar): the same IEEE operations, the same bits.
+  static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m, double sg) {
+    const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
+    for (std::int64_t k = 0; k < m; ++k) {
+      const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
+      const double a = x[k], b = y[k];
+      x[k] = (a * c_hi - b * s_hi) + (a * c_lo - b * s_lo);
+      y[k] = (b * c_hi + a * s_hi) + (b * c_lo + a * s_lo);
+    }
+  }
+#if ULYSSES_HOST_AVX2
+  ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m, double sg) {
+    const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
+    for (std::int64_t k = 0; k < m; ++k) {
+      const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
+      const double a = x[k], b = y[k];
+      x[k] = (a * c_hi - b * s_hi) + (a * c_lo - b * s_lo);
+      y[k] = (b * c_hi + a * s_hi) + (b * c_lo + a * s_lo);
+    }
+  }
+#endif
+  static constexpr std::int64_t kMaxPairs = 512;  // rotary_dim / 2 for D <= 1024
   double freq(std::int64_t i) const { return std::pow(theta_, -2.0 * static_cast<double>(i) / static_cast<double>(rd_)); }
   static void split(double v, float& hi, float& lo) {
     hi = static_cast<float>(v);
     lo = static_cast<float>(v - static_cast<double>(hi));
   }
-  /// The tables [max_position][rotary_dim / 2][c_hi, c_lo, s_hi, s_lo], from the given float
+  /// The tables [max_position][c_hi, c_lo, s_hi, s_lo][rotary_dim / 2], from the given float
   /// tables (lo = 0) or from theta.
   void tables(const float* cos_t, const float* sin_t, double theta) {
     check(d_ >= 1 && rd_ >= 2 && rd_ % 2 == 0 && rd_ <= d_, "rotary_dim must be even, >= 2 and <= head_dim");
@@ -153,14 +186,14 @@ class Rope {
     tab_.assign(static_cast<std::size_t>(max_pos_ * half * 4), 0.0f);
     for (std::int64_t p = 0; p < max_pos_; ++p)
       for (std::int64_t i = 0; i < half; ++i) {
-        float* e = &tab_[static_cast<std::size_t>((p * half + i) * 4)];
+        float* e = &tab_[static_cast<std::size_t>(p * half * 4 + i)];  // c_hi, c_lo, s_hi, s_lo: `half` apart
         if (cos_t) {
           e[0] = cos_t[p * half + i];
-          e[2] = sin_t[p * half + i];
+          e[2 * half] = sin_t[p * half + i];
           continue;
         }
-        split(std::cos(static_cast<double>(p) * freq(i)), e[0], e[1]);
-        split(std::sin(static_cast<double>(p) * freq(i)), e[2], e[3]);
+        split(std::cos(static_cast<double>(p) * freq(i)), e[0], e[half]);
+        split(std::sin(static_cast<double>(p) * freq(i)), e[2 * half], e[3 * half]);
       }
   }
 

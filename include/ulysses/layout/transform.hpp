@@ -10,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../detail/cpu.hpp"
 #include "blocks.hpp"
 #include "element.hpp"
 
@@ -163,19 +164,27 @@ namespace detail {
 /// to a type of at most 22 fraction bits (bfloat16, float16) then rounds once, as if from the
 /// double (Boldo & Melquiond, "When double rounding is odd", 2005). NaN and infinities pass.
 inline float float_round_odd(double d) {
-  float f = static_cast<float>(d);
-  if (static_cast<double>(f) == d || d != d) return f;
-  std::uint32_t u = float_bits(f);
-  if ((f > 0 && static_cast<double>(f) > d) || (f < 0 && static_cast<double>(f) < d)) --u;  // toward zero
-  return bits_float(u | 1u);
+  const float f = static_cast<float>(d);
+  const double back = static_cast<double>(f);
+  const std::uint32_t inexact = back != d && d == d ? 1u : 0u;  // (branch-free: the loops over rows vectorise)
+  const std::uint32_t away = (back < 0 ? -back : back) > (d < 0 ? -d : d) ? 1u : 0u;  // rounded away from zero
+  return bits_float((float_bits(f) - (inexact & away)) | inexact);
 }
 
 /// Loads n elements of `type` at p (misaligned allowed) into row, exactly.
 /// @pre type is float16, bfloat16, float32 or float64
 inline void load_row(ElementType type, const std::byte* p, double* row, std::int64_t n) {
+  // One copy of the row's bytes into a typed buffer, then a plain loop the compiler vectorises.
+  constexpr std::int64_t kChunk = 256;
   with_sum_arith(type, [&](auto a) {
     using A = decltype(a);
-    for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<double>(A::load(p + i * static_cast<std::int64_t>(sizeof(typename A::Bits))));
+    using Bits = typename A::Bits;
+    Bits b[kChunk];
+    for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
+      std::memcpy(b, p + i0 * static_cast<std::int64_t>(sizeof(Bits)), static_cast<std::size_t>(m) * sizeof(Bits));
+      for (std::int64_t i = 0; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(b[i]));
+    }
   });
 }
 
@@ -195,16 +204,43 @@ inline double round_to(ElementType type, double x) {
   return x;
 }
 
+/// o[i] = float_round_odd(r[i]), i < m: a loop that vectorises with AVX2 only (the double
+/// compares' masks narrowed to float lanes), so it has an AVX2 twin; the same bits either way.
+inline void round_odd_n(const double* r, float* o, std::int64_t m) {
+  for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
+}
+#if ULYSSES_HOST_AVX2
+ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) {
+  for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
+}
+#endif
+
 /// Stores row (n values) as elements of `type` at p, each rounded once (round_to()).
 inline void store_row(ElementType type, std::byte* p, const double* row, std::int64_t n) {
+  constexpr std::int64_t kChunk = 256;
   with_sum_arith(type, [&](auto a) {
     using A = decltype(a);
     using Acc = typename A::Acc;
-    constexpr auto E = static_cast<std::int64_t>(sizeof(typename A::Bits));
-    for (std::int64_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<Acc, double>) A::store(p + i * E, row[i]);
-      else if constexpr (E == 4) A::store(p + i * E, static_cast<float>(row[i]));
-      else A::store(p + i * E, static_cast<Acc>(float_round_odd(row[i])));
+    using Bits = typename A::Bits;
+    Bits b[kChunk];
+    for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
+      const double* r = row + i0;
+      if constexpr (std::is_same_v<Acc, double>) {
+        for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(r[i]);
+      } else if constexpr (sizeof(Bits) == 4) {
+        for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(static_cast<float>(r[i]));
+      } else {
+        float f[kChunk];
+#if ULYSSES_HOST_AVX2
+        if (host_has_avx2()) round_odd_n_avx2(r, f, m);
+        else round_odd_n(r, f, m);
+#else
+        round_odd_n(r, f, m);
+#endif
+        for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(f[i]);
+      }
+      std::memcpy(p + i0 * static_cast<std::int64_t>(sizeof(Bits)), b, static_cast<std::size_t>(m) * sizeof(Bits));
     }
   });
 }

@@ -20,11 +20,9 @@
 // The bfloat16 sums' AVX2 loop (sum_run_bf16 below): compiled for AVX2 by a target
 // attribute (GCC, Clang; not in CUDA translation units, whose front end is not asked to), taken
 // when the CPU has it (checked once at run time); SSE2 otherwise. The same bits either way.
-#if ULYSSES_HOST_STREAMING && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define ULYSSES_HOST_AVX2 1
+#include "../../detail/cpu.hpp"  // ULYSSES_HOST_AVX2, host_has_avx2()
+#if ULYSSES_HOST_AVX2
 #include <immintrin.h>
-#else
-#define ULYSSES_HOST_AVX2 0
 #endif
 
 ULYSSES_NAMESPACE_BEGIN
@@ -64,12 +62,6 @@ inline void narrow_batch(const typename A::Acc* acc, typename A::Bits* raw, std:
 }
 
 #if ULYSSES_HOST_AVX2
-/// Whether this CPU runs AVX2 (asked once).
-inline bool host_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-
 /// sum_run_bf16's loop, 16 lanes at a time with AVX2: the first m - m % 16 elements; returns how
 /// many it did. The 256-bit unpacks and pack work within each 128-bit half, so the widened
 /// elements are permuted (0-3 and 8-11 low, 4-7 and 12-15 high) and the pack puts them back in order.

@@ -84,15 +84,17 @@ struct RowWork {
   }
   /// v = the row at p of a source that is an input (`input`) or the wire, as the receiver sees it
   /// before its unpack transform. From an input: the pack transform, then, as the wire would
-  /// carry it when something follows (`carried`: the destination is not the wire), rounded to
-  /// the type and, for an fp8 wire, quantized and dequantized.
-  void read(const std::byte* p, bool input, bool carried, const RowCoord& rc) {
+  /// carry it when something follows (`carried`: the destination is not the wire; `summed`: a
+  /// term of a sum), rounded to the type and, for an fp8 wire, quantized and dequantized.
+  void read(const std::byte* p, bool input, bool carried, const RowCoord& rc, bool summed = false) {
     if (!input && fp8) return dequantize(p);
     load_row(!input && cast != ElementType::opaque ? cast : type, p, v, n);
     if (!input) return;
     if (pack) pack(rc, v, n);
     if (!carried) return;
-    if (fp8 || pack || cast != ElementType::opaque) round();
+    // Rounded as the wire would carry it where something follows: a sum, an unpack transform, a
+    // cast or fp8 wire (otherwise the store's one rounding gives the same bits).
+    if (fp8 || (pack && (unpack || summed)) || cast != ElementType::opaque) round();
     if (!fp8) return;
     for (std::int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(v[i]);
     const float scale = fp8_scale_of(row_amax(f, n), wire);
@@ -152,7 +154,7 @@ inline void run_transformed_sum(const BlockCopy* g, const BufferTable& t, std::i
     for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
       const RowCoord rc = row_coord(c, at);
       for (int j = 0; j < c.sources; ++j) {
-        w.read(buffer_at(t, g[j].src_buffer) + g[j].src_offset + at.offset(g[j], true), g[j].row_sides & 1, true, rc);
+        w.read(buffer_at(t, g[j].src_buffer) + g[j].src_offset + at.offset(g[j], true), g[j].row_sides & 1, true, rc, true);
         for (std::int64_t i = 0; i < w.n; ++i)  // the sum rules: ascending order, in Acc
           sum[i] = j == 0 ? w.v[i] : static_cast<double>(static_cast<Acc>(sum[i]) + static_cast<Acc>(w.v[i]));
       }
