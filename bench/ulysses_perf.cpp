@@ -1025,7 +1025,7 @@ void usage_model() {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform] [--rope [--rope-theta X]] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
@@ -1045,6 +1045,16 @@ void usage_model() {
       "    --direction both: both tables in one run); decode: decode_exchange() of O and LSE (S: the batch B, T=1;\n"
       "    bare: the all-to-all-v of their bytes); ring: one RingRotation rotation (S: the sequence, R = P, U = --ring-u,\n"
       "    default 1; bare: R-1 one-message exchanges of the same blocks). decode and ring: --backend local or mpi; ring also window.\n"
+      "--rope (--op seq_to_head, --backend local or mpi/window: HostExecutor runs row transforms): per S, three seq->head calls of\n"
+      "  q, k, v in one alternating run: (a) plain (tensors planned without row transforms), (b) RoPE fused on pack of q and k\n"
+      "  (Rope(D, S, --rope-theta X, default 10000), half rotation, positions = global token; q, k planned with_row_transforms()),\n"
+      "  (c) a separate RoPE pass over q and k row by row into a copy (load_row, Rope, store_row), then (a) on the copy;\n"
+      "  columns plain(us), fused(us), separate(us), fused/a, separ/a; -c 1: (a) against the oracle (#wrong) and (b) == (c)\n"
+      "  bit for bit (#diff). No bare column.\n"
+      "--op transform: one thread, no group: rows of T tokens (the sizes) x H heads x D ([T, H, D], the model's H and D): the\n"
+      "  transformed copy of one BlockCopy with Rope on pack (run_block_host(), bf16 and fp32) and the fp8 e4m3 quantize of\n"
+      "  the fp32 rows (row_amax, fp8_scale_of, quantize_fp8 per row), each alternating with std::memcpy of the same input\n"
+      "  bytes; GB/s and ratio = memcpy(us)/time(us); -c 1 checks the bytes against row-by-row references.\n"
       "--op ring: --ring-messages K (default 1): the rotation's pieces a block on a message transport (RingRotation's messages).\n"
       "  Columns after ratio (ratio = time/bare, bare = R-1 MPI_Sendrecv under MPI), each baseline timed in the same alternating\n"
       "  run (every iteration: the rotation, sendrecv, split k=1,2,4,8, rfa, rfa-new), the same blocks on the same communicator:\n"
