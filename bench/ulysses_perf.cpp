@@ -39,6 +39,7 @@
 #include "host_buffer.hpp"
 #include "perf_ops.hpp"
 #include "band_bench.hpp"
+#include "perf_transform.hpp"
 
 namespace {
 
@@ -88,6 +89,8 @@ struct Options {
   double attn_TFLOPS = AttentionRate::h100_bf16() * 1e-12;  // --advise: a rank's attention rate for the ring's overlap and the bands
   double attn_ratio = 0;                // --advise --attn-ratio F: the bands' attention as a multiple of the exchanges (0: the rate; a list: its first)
   double band_call_us = 0;              // --advise --band-call-us: what each band's exchange and attention call adds
+  bool rope = false;                    // --rope (--op seq_to_head, host backends): plain, RoPE fused on pack of q and k, a separate RoPE pass + plain
+  double rope_theta = 10000.0;          // --rope-theta: the rotation's base
   perf_model::LinkFlags links;          // --advise
 };
 
@@ -108,6 +111,10 @@ struct Row {
   // the ratios of the rotation to each, from their own alternating run (ring_row()):
   double split_ratio = 0, rfa_ratio = 0, own_ratio = 0, small_ratio = 0;  // ours/split, rfa/ours, ours/own, ours/small
   long long base_wrong = -1;  // bytes the baselines received wrong (-1: not checked)
+  // --rope (run_rope()): us = (a) plain seq->head; the other two from the same alternating run:
+  double rope_us = 0;       // (b) seq->head with RoPE fused on pack of q and k (RowTransforms)
+  double separate_us = 0;   // (c) a separate RoPE pass over q and k (row by row, into a copy) + plain seq->head
+  long long rope_diff = -1; // -c 1: output elements where (b) and (c) differ (bitwise; -1: not checked)
 };
 
 using ulysses_group::barrier;
@@ -389,8 +396,10 @@ class HostRunner {
     out_ = x.outs();
   }
   void load_bare(std::size_t bytes) { bare_ = std::make_unique<Bare>(comm_.size(), bytes); }  // the same bytes, contiguous
-  void once() { redistribute(x_->plan, x_->dir, comm_, exec_, in_, out_, x_->ws); }
+  void once() { redistribute(x_->plan, x_->dir, comm_, exec_, in_, out_, x_->ws, tx_); }
   void fetch() {}  // the outputs are the Exchange's
+  void transforms(const RowTransforms* tx) { tx_ = tx; }  ///< --rope: the row transforms once() passes (null: none)
+  std::byte* input(int t) { return x_->in[static_cast<std::size_t>(t)].data(); }  ///< where once() reads input t
   double one_us(bool bare) {
     return bare ? slowest_us(comm_, [&] { bare_->run(comm_); }) : slowest_us(comm_, [&] { once(); });
   }
@@ -403,6 +412,7 @@ class HostRunner {
   TensorList<ConstByteSpan> in_;
   TensorList<ByteSpan> out_;
   std::unique_ptr<Bare> bare_;
+  const RowTransforms* tx_ = nullptr;
 };
 
 #if ULYSSES_PERF_MPI
@@ -419,7 +429,10 @@ class WindowRunner {
   std::string path(const Plan& plan) const { return to_string(choose_path<MpiWindowComm, HostExecutor>(plan)); }
   void load(Exchange& x);
   void load_bare(std::size_t bytes) { bare_ = std::make_unique<Bare>(comm_.size(), bytes); }
-  void once() { redistribute(x_->plan, x_->dir, *wc_, exec_, in_, out_, x_->ws); }
+  void once() { redistribute(x_->plan, x_->dir, *wc_, exec_, in_, out_, x_->ws, tx_); }
+  void transforms(const RowTransforms* tx) { tx_ = tx; }  ///< --rope: the row transforms once() passes (null: none)
+  /// Where once() reads input t: its copy in the window (what a separate RoPE pass writes).
+  std::byte* input(int t) { return static_cast<std::byte*>(const_cast<void*>(in_.data[static_cast<std::size_t>(t)].data)); }
   void fetch() {  // the outputs back into the Exchange's for the oracle
     if (outputs_)
       for (std::size_t t = 0; t < x_->out.size(); ++t) std::memcpy(x_->out[t].data(), out_.data[t].data, x_->out[t].size());
@@ -439,6 +452,7 @@ class WindowRunner {
   TensorList<ConstByteSpan> in_;
   TensorList<ByteSpan> out_;
   std::unique_ptr<Bare> bare_;
+  const RowTransforms* tx_ = nullptr;
 };
 
 void WindowRunner::load(Exchange& x) {
@@ -517,14 +531,18 @@ class DeviceRunner {
 /// same verdict on every rank: the largest input over ranks). With -c 1 the inputs hold the
 /// oracle's values; every page is written unless --copies 0 (touch_buffers()). Collective.
 template <class Comm>
-std::unique_ptr<Exchange> make_exchange(Comm& comm, const Options& o, const AttentionSpecs& a, const Step& step, std::int64_t S) {
+std::unique_ptr<Exchange> make_exchange(Comm& comm, const Options& o, const AttentionSpecs& a, const Step& step, std::int64_t S,
+                                        bool transformed = false) {
   const int P = comm.size(), r = comm.rank();
   PlanOptions po;
   po.path = o.path;
   if (o.ranks_per_node > 0) po.nodes = NodeLayout::uniform(P, o.ranks_per_node);
   po.lanes = o.lanes;
   const SeqPartition seq = SeqPartition::balanced(S, P);
-  auto x = std::make_unique<Exchange>(Exchange{Plan({P, r}, o.batch, seq, step.qkv ? a.qkv() : a.out(), o.layout, po), step.dir, {}, {}, {}, 0});
+  auto specs = step.qkv ? a.qkv() : a.out();
+  if (transformed)  // --rope (b): q and k planned row by row, so that a call's RowTransforms rotate them
+    for (std::size_t t = 0; t < 2 && t < specs.size(); ++t) specs[t].with_row_transforms();
+  auto x = std::make_unique<Exchange>(Exchange{Plan({P, r}, o.batch, seq, specs, o.layout, po), step.dir, {}, {}, {}, 0});
   double in = 0;
   for (int t = 0; t < x->plan.num_tensors(); ++t) in += static_cast<double>(x->plan.input_bytes(x->dir, t));
   if (o.max_rank_bytes > 0 && max_over_ranks(comm, in) > o.max_rank_bytes) {
@@ -599,6 +617,96 @@ std::vector<Row> run(Runner& runner, const Options& o) {
       time_row(runner, o, row);
       rows.push_back(row);
     }
+  }
+  return rows;
+}
+
+// ---- --rope: RoPE fused into seq->head against a separate pass (layout/rope.hpp) -------------
+/// (c)'s separate RoPE pass: rows of q and k (tensors 0 and 1) of this rank's seq-sharded inputs
+/// read from `x`'s inputs, each loaded into double, rotated by `rope` at its global token and
+/// stored rounded once (the library's detail::load_row / store_row: the fused pack's arithmetic)
+/// into the inputs `runner` reads (the window's copy under MpiWindowComm). A plain loop, one row
+/// at a time, as a user without the fused transform would write it.
+template <class Runner>
+void rope_pass(const Exchange& x, Runner& runner, const Rope& rope, const SeqPartition& seq, int r) {
+  double row[detail::kMaxTransformedRow];
+  for (int t = 0; t < 2; ++t) {
+    const TensorSpec& spec = x.plan.tensor(t);
+    const std::size_t e = size_of(spec.type);
+    const std::byte* src = x.in[static_cast<std::size_t>(t)].data();
+    std::byte* dst = runner.input(t);
+    for_each_row(x.plan, t, true, seq, r, [&](std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t off, std::int64_t) {
+      detail::load_row(spec.type, src + static_cast<std::size_t>(off) * e, row, spec.head_dim);
+      rope(RowCoord{b, s, h}, row, spec.head_dim);
+      detail::store_row(spec.type, dst + static_cast<std::size_t>(off) * e, row, spec.head_dim);
+    });
+  }
+}
+
+/// Output elements (all tensors) where exchanges x and y differ bitwise.
+long long count_differ(const Exchange& x, const Exchange& y) {
+  long long n = 0;
+  for (int t = 0; t < x.plan.num_tensors(); ++t) {
+    const std::size_t e = size_of(x.plan.tensor(t).type), bytes = x.out[static_cast<std::size_t>(t)].size();
+    for (std::size_t i = 0; i < bytes; i += e)
+      n += std::memcmp(x.out[static_cast<std::size_t>(t)].data() + i, y.out[static_cast<std::size_t>(t)].data() + i, e) != 0;
+  }
+  return n;
+}
+
+/// --rope on one rank of the runners' group (make(): a new HostRunner or WindowRunner, each with
+/// its own buffers and window): per S, three seq->head exchanges of q, k, v timed in one
+/// alternating run (alternate_all(): the median over iterations of the slowest rank's time, each):
+/// (a) plain, the tensors planned without row transforms; (b) RoPE (Rope(D, S, --rope-theta),
+/// half rotation) fused on pack of q and k (planned with_row_transforms(), RowTransforms::on_pack);
+/// (c) rope_pass() over q and k into a copy, then (a)'s plain exchange of the copy. -c 1: (a)
+/// against the oracle (#wrong), and (b) against (c) bit for bit (rope_diff). Collective.
+template <class Make>
+std::vector<Row> run_rope(const Options& o, Make&& make) {
+  auto ra = make(), rb = make(), rc = make();
+  auto& comm = ra->group();
+  const int P = comm.size(), r = comm.rank();
+  std::vector<Row> rows;
+  const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
+  const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
+  const Step step{true, Direction::seq_to_head, "seq_to_head"};
+  for (std::int64_t S = o.begin; S > 0; S = next_size(S, o)) {
+    const std::unique_ptr<Exchange> xa = make_exchange(comm, o, a, step, S);
+    if (!xa) continue;
+    const std::unique_ptr<Exchange> xb = make_exchange(comm, o, a, step, S, true), xc = make_exchange(comm, o, a, step, S);
+    const Rope rope(o.shape.head_dim, S, o.rope_theta, 0, RopeStyle::half);
+    RowTransforms tx;
+    tx.on_pack(0, rope).on_pack(1, rope);
+    ra->load(*xa), rb->load(*xb), rc->load(*xc);
+    rb->transforms(&tx);
+    struct Unload {
+      decltype(ra)& a;
+      decltype(ra)& b;
+      decltype(ra)& c;
+      ~Unload() { a->unload(), b->unload(), c->unload(); }
+    } unload{ra, rb, rc};
+    const SeqPartition seq = SeqPartition::balanced(S, P);
+    Row row;
+    row.S = S;
+    row.direction = "seq_to_head";
+    row.path = ra->path(xa->plan) + "/" + rb->path(xb->plan);
+    row.bytes = max_over_ranks(comm, static_cast<double>(xa->in_bytes));
+    if (o.check) {
+      ra->once(), ra->fetch();
+      rb->once(), rb->fetch();
+      rope_pass(*xa, *rc, rope, seq, r);
+      rc->once(), rc->fetch();
+      row.wrong = sum_over_ranks(comm, count_wrong(*xa, seq, r));
+      row.rope_diff = sum_over_ranks(comm, count_differ(*xb, *xc));
+      if (sum_over_ranks(comm, count_differ(*xa, *xb)) == 0 && S > 1) {  // RoPE rotated nothing: the check would prove nothing
+        if (r == 0) std::fprintf(stderr, "ulysses_perf --rope: the fused RoPE changed no element at S=%lld\n", static_cast<long long>(S));
+        row.rope_diff = std::max(row.rope_diff, 1LL);
+      }
+    }
+    const std::vector<double> m = alternate_all(o, {[&] { return ra->one_us(false); }, [&] { return rb->one_us(false); },
+                                                    [&] { return slowest_us(comm, [&] { rope_pass(*xa, *rc, rope, seq, r), rc->once(); }); }});
+    row.us = m[0], row.rope_us = m[1], row.separate_us = m[2];
+    rows.push_back(row);
   }
   return rows;
 }
@@ -821,6 +929,8 @@ bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Set
                  "\"busbw_GBps\": %.4f, \"wrong\": %lld, \"bare_us\": %.3f, \"bare_algbw_GBps\": %.4f, \"ratio\": %.4f",
                  static_cast<long long>(w.S), w.bytes, o.op.c_str(), w.direction.c_str(), w.path.c_str(), w.us, alg, alg * (P - 1) / P, w.wrong,
                  w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0);
+    if (o.rope)  // --rope: (b) and (c) of the same alternating run as time_us (a)
+      std::fprintf(f, ", \"rope_fused_us\": %.3f, \"rope_separate_us\": %.3f, \"rope_diff\": %lld", w.rope_us, w.separate_us, w.rope_diff);
     if (ring_columns(o))  // --op ring's baselines (the table's split, rfa and rfa-new columns)
       std::fprintf(f, ", \"split_us\": %.3f, \"split_k\": %d, \"rfa_us\": %.3f, \"rfa_fresh_us\": %.3f, \"baselines_wrong\": %lld", w.split_us,
                    w.split_k, w.rfa_us, w.rfa_fresh_us, w.base_wrong);
@@ -830,8 +940,41 @@ bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Set
   return std::fclose(f) == 0;
 }
 
+/// Prints --rope's table (run_rope()'s rows).
+void print_rope(const Options& o, int P, const std::vector<Row>& rows, const Setup& setup) {
+  std::printf("# ulysses_perf --op seq_to_head --rope: %s (H=%lld Hkv=%lld D=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s\n",
+              o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
+              static_cast<long long>(o.shape.head_dim), to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P,
+              o.backend.c_str(), o.iters, o.warmup, o.check ? ", checked bit for bit" : "");
+  print_setup(o, setup);
+  std::printf("# one alternating run of three seq->head calls of q, k, v (each time: the median over iterations of the slowest rank's):\n"
+              "# plain(us): (a) the tensors planned without row transforms; fused(us): (b) RoPE (half rotation, theta %g, positions = global\n"
+              "# token) fused on pack of q and k (with_row_transforms(), RowTransforms::on_pack); separate(us): (c) a RoPE pass over q and k\n"
+              "# row by row into a copy (load_row, Rope, store_row: the same arithmetic), then the plain call on the copy.\n"
+              "# path: (a)'s / (b)'s; #wrong: (a) against the oracle; #diff: output elements where (b) and (c) differ (bitwise)\n",
+              o.rope_theta);
+  std::printf("#%9s %13s %-17s %11s %11s %12s %8s %8s %7s %7s\n", "S", "bytes", "path", "plain(us)", "fused(us)", "separate(us)", "fused/a",
+              "separ/a", "#wrong", "#diff");
+  long long bad = 0;
+  for (const Row& w : rows) {
+    char wrong[24], diff[24];
+    if (w.wrong < 0) std::snprintf(wrong, sizeof wrong, "N/A");
+    else std::snprintf(wrong, sizeof wrong, "%lld", w.wrong);
+    if (w.rope_diff < 0) std::snprintf(diff, sizeof diff, "N/A");
+    else std::snprintf(diff, sizeof diff, "%lld", w.rope_diff);
+    std::printf(" %9lld %13.0f %-17s %11.1f %11.1f %12.1f %8.3f %8.3f %7s %7s\n", static_cast<long long>(w.S), w.bytes, w.path.c_str(), w.us,
+                w.rope_us, w.separate_us, w.rope_us / w.us, w.separate_us / w.us, wrong, diff);
+    bad += std::max(0LL, w.wrong) + std::max(0LL, w.rope_diff);
+  }
+  if (o.check) std::printf("# wrong elements and (b)/(c) differences (all sizes, all ranks): %lld %s\n", bad, bad ? "FAILED" : "OK");
+}
+
 /// Prints the table (and writes --json). @returns false when the JSON file cannot be written.
 bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& setup) {
+  if (o.rope) {
+    print_rope(o, P, rows, setup);
+    return o.json.empty() || write_json(o, P, rows, setup);
+  }
   print_header(o, P, setup);
   for (const Row& w : rows) {
     const double alg = w.bytes / w.us * 1e-3, bare = w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0;
@@ -882,7 +1025,7 @@ void usage_model() {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform] [--rope [--rope-theta X]] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
@@ -902,6 +1045,16 @@ void usage_model() {
       "    --direction both: both tables in one run); decode: decode_exchange() of O and LSE (S: the batch B, T=1;\n"
       "    bare: the all-to-all-v of their bytes); ring: one RingRotation rotation (S: the sequence, R = P, U = --ring-u,\n"
       "    default 1; bare: R-1 one-message exchanges of the same blocks). decode and ring: --backend local or mpi; ring also window.\n"
+      "--rope (--op seq_to_head, --backend local or mpi/window: HostExecutor runs row transforms): per S, three seq->head calls of\n"
+      "  q, k, v in one alternating run: (a) plain (tensors planned without row transforms), (b) RoPE fused on pack of q and k\n"
+      "  (Rope(D, S, --rope-theta X, default 10000), half rotation, positions = global token; q, k planned with_row_transforms()),\n"
+      "  (c) a separate RoPE pass over q and k row by row into a copy (load_row, Rope, store_row), then (a) on the copy;\n"
+      "  columns plain(us), fused(us), separate(us), fused/a, separ/a; -c 1: (a) against the oracle (#wrong) and (b) == (c)\n"
+      "  bit for bit (#diff). No bare column.\n"
+      "--op transform: one thread, no group: rows of T tokens (the sizes) x H heads x D ([T, H, D], the model's H and D): the\n"
+      "  transformed copy of one BlockCopy with Rope on pack (run_block_host(), bf16 and fp32) and the fp8 e4m3 quantize of\n"
+      "  the fp32 rows (row_amax, fp8_scale_of, quantize_fp8 per row), each alternating with std::memcpy of the same input\n"
+      "  bytes; GB/s and ratio = memcpy(us)/time(us); -c 1 checks the bytes against row-by-row references.\n"
       "--op ring: --ring-messages K (default 1): the rotation's pieces a block on a message transport (RingRotation's messages).\n"
       "  Columns after ratio (ratio = time/bare, bare = R-1 MPI_Sendrecv under MPI), each baseline timed in the same alternating\n"
       "  run (every iteration: the rotation, sendrecv, split k=1,2,4,8, rfa, rfa-new), the same blocks on the same communicator:\n"
@@ -951,6 +1104,19 @@ void usage_model() {
 /// The op's rows from --op and --direction (which wins for the seq ops, and gives both in one
 /// run); exits (2) on flags the op cannot honour.
 void check_op(Options& o) {
+  if (o.rope && (o.op != "seq_to_head" || o.direction_given || o.backward || (o.backend != "local" && o.backend != "mpi" && o.backend != "window") ||
+                 o.call_numbers == 2 || !o.copies || o.groups != 1)) {
+    std::fprintf(stderr, "--rope goes with --op seq_to_head on --backend local or mpi (host memory: only HostExecutor runs row transforms), "
+                         "without --direction, --backward, --call-numbers both, --copies 0, --groups\n");
+    std::exit(2);
+  }
+  if (o.op == "transform") {
+    if (o.backend != "local" || o.ranks_given || o.direction_given || o.backward) {
+      std::fprintf(stderr, "--op transform is a one-thread host benchmark: --backend local, no --ranks, --direction, --backward\n");
+      std::exit(2);
+    }
+    return;
+  }
   if (o.op == "bands") {
     if (o.backend != "local" && o.backend != "mpi" && o.backend != "window") {
       std::fprintf(stderr, "--op bands runs on --backend local, mpi or window, not %s\n", o.backend.c_str());
@@ -1135,8 +1301,8 @@ Options parse(int argc, char** argv) {
       o.head_to_seq = d != 0;
       o.direction_given = true;
     } else if (a == "--op") {
-      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands"};
-      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands"})];
+      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform"};
+      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform"})];
     } else if (a == "--bands") {
       o.bands.clear();
       for (const std::string& x : split_list(need(i))) {
@@ -1165,6 +1331,8 @@ Options parse(int argc, char** argv) {
       o.path = paths[ulysses_cli::one_of(argc, argv, i, {"auto", "alltoallv", "messages", "direct", "two_level"})];
     } else if (a == "--balanced") o.balanced = true;
     else if (a == "--backward") o.backward = true;
+    else if (a == "--rope") o.rope = true;
+    else if (a == "--rope-theta") o.rope_theta = ulysses_cli::real(argc, argv, i, 1e-300);
     else if (parse_run_flag(argc, argv, i, o)) continue;
     else if (parse_model_flag(argc, argv, i, o)) continue;
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
@@ -1187,7 +1355,7 @@ Options parse(int argc, char** argv) {
 /// The exit status of a sweep: 1 when some element (or a ring baseline's byte) was wrong, else 0.
 int status_of(const std::vector<Row>& rows) {
   for (const Row& w : rows)
-    if (w.wrong > 0 || w.base_wrong > 0) return 1;
+    if (w.wrong > 0 || w.base_wrong > 0 || w.rope_diff > 0) return 1;
   return 0;
 }
 
@@ -1206,9 +1374,11 @@ std::vector<Row> run_mpi(MpiComm& comm, const Options& o, Setup& setup) {
   if (o.mpi_window == 1 || (o.mpi_window < 0 && o.ranks_per_node == 0 && one_node(comm))) {
     const bool peer_copy = o.path == Path::automatic || o.path == Path::direct;  // (forced paths move messages over the window)
     setup = Setup{"MpiWindowComm", !peer_copy ? "messages" : o.window_outputs ? "push" : "pull", true, ""};
+    if (o.rope) return run_rope(o, [&] { return std::make_unique<WindowRunner>(comm, o.window_outputs); });
     WindowRunner runner(comm, o.window_outputs);  // the peer copy between the processes of the node
     return run(runner, o);
   }
+  if (o.rope) return run_rope(o, [&] { return std::make_unique<HostRunner<MpiComm>>(comm); });
   if (o.copies) {
     HostRunner<MpiComm> runner(comm);
     return run(runner, o);
@@ -1476,11 +1646,21 @@ int main(int argc, char** argv) {
 #endif
     }
     if (o.op == "bands") return run_bands_local(o);
+    if (o.op == "transform") {  // one thread, no group (perf_transform.hpp)
+      std::vector<perf_transform::Line> lines;
+      for (std::int64_t T = o.begin; T > 0; T = next_size(T, o))
+        for (const auto& l : perf_transform::lines_at(T, o.shape.num_heads, o.shape.head_dim, o.rope_theta, o.check,
+                                                      [&](const std::vector<std::function<double()>>& calls) { return alternate_all(o, calls); }))
+          lines.push_back(l);
+      return perf_transform::print(lines, o.shape.num_heads, o.shape.head_dim, o.rope_theta, o.iters, o.warmup, o.check);
+    }
     LocalGroup group(o.ranks);
     std::vector<Row> rows;
     group.spawn([&](LocalGroup::Comm& comm) {
       HostRunner<LocalGroup::Comm> runner(comm);
-      std::vector<Row> mine = o.op == "decode" || o.op == "ring" ? run_op(comm, o) : run(runner, o);
+      std::vector<Row> mine = o.op == "decode" || o.op == "ring" ? run_op(comm, o)
+                              : o.rope ? run_rope(o, [&] { return std::make_unique<HostRunner<LocalGroup::Comm>>(comm); })
+                                       : run(runner, o);
       if (comm.rank() == 0) rows = std::move(mine);
     });
     if (!print(o, o.ranks, rows, Setup{"LocalGroup::Comm", "", false, ""})) return 2;

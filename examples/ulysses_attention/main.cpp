@@ -16,6 +16,10 @@
 //   backward their fp32 dk|dv accumulators) around, the LSE merge in step order, head→seq; causal
 //   (--causal) with the zigzag layout, else contiguous (examples/common/ring_attention.hpp, the
 //   code test_ring_attention.cpp and test_ring_mpi.cpp run).
+// --rope: q and k rotated by RoPE (layout/rope.hpp, half rotation) fused into the pack of
+//   seq→head (RowTransforms::on_pack; q and k planned with_row_transforms()); with --backward dq
+//   and dk get the inverse rotation on the unpack of seq_to_head_backward (Rope::inverse()). The
+//   reference rotates in double on its own (rotate_rows()).
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
 #include <ulysses/comm/mpi.hpp>
@@ -33,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +68,8 @@ struct Config {
   int ring = 0;                // --ring R: Ulysses x Ring with ring degree R (0: Ulysses alone)
   bool causal = false;         // --causal (with --ring): causal attention, zigzag layout
   double tolerance = 1e-4;
+  bool rope = false;           // --rope: q and k rotated (RoPE) in the pack of seq->head
+  double rope_theta = 10000.0; // --rope-theta: its base
   int warmup = 2, repeat = 5;  // timing: untimed runs, then timed runs of each exchange (median)
 };
 
@@ -169,16 +176,19 @@ struct Exchanges {
   HostExecutor exec{};
   double phase_ms[3] = {0, 0, 0};
   Path path(const Plan& p) const { return choose_path<Comm, HostExecutor>(p); }
-  void seq_to_head(const Plan& p, const QkvIn& in, const QkvOut& out, Workspace ws) { ulysses::seq_to_head(p, comm, exec, in, out, ws); }
+  void seq_to_head(const Plan& p, const QkvIn& in, const QkvOut& out, Workspace ws, const RowTransforms& tx = {}) {
+    ulysses::seq_to_head(p, comm, exec, in.list(), out.list(), ws, tx);
+  }
   void head_to_seq(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace ws) { ulysses::head_to_seq(p, comm, exec, in, out, ws); }
   void head_to_seq_backward(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace ws) {
     ulysses::head_to_seq_backward(p, comm, exec, in, out, ws);
   }
-  void seq_to_head_backward(const Plan& p, const QkvGradIn& in, const QkvGradOut& out, Workspace ws) {
-    ulysses::seq_to_head_backward(p, comm, exec, in, out, ws);
+  void seq_to_head_backward(const Plan& p, const QkvGradIn& in, const QkvGradOut& out, Workspace ws, const RowTransforms& tx = {}) {
+    ulysses::seq_to_head_backward(p, comm, exec, in.list(), out.list(), ws, tx);
   }
-  void inverse(const Plan& p, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
-    ulysses::head_to_seq(p, comm, exec, in, out, ws);
+  void inverse(const Plan& p, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws,
+               const RowTransforms& tx = {}) {
+    ulysses::head_to_seq(p, comm, exec, in, out, ws, tx);
   }
 };
 
@@ -191,13 +201,15 @@ struct Exchanges<demo_cuda::Rank> {
   demo_cuda::Rank& comm;
   double phase_ms[3] = {0, 0, 0};
   Path path(const Plan& p) const { return comm.path(p); }
-  void seq_to_head(const Plan& p, const QkvIn& in, const QkvOut& out, Workspace) { run(p, Direction::seq_to_head, in.list(), out.list()); }
+  void seq_to_head(const Plan& p, const QkvIn& in, const QkvOut& out, Workspace, const RowTransforms& = {}) {  // (--rope: refused with --device cuda)
+    run(p, Direction::seq_to_head, in.list(), out.list());
+  }
   void head_to_seq(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace) { run(p, Direction::head_to_seq, {in}, {out}); }
   void head_to_seq_backward(const Plan& p, ConstByteSpan in, ByteSpan out, Workspace) { run(p, Direction::seq_to_head, {in}, {out}); }
-  void seq_to_head_backward(const Plan& p, const QkvGradIn& in, const QkvGradOut& out, Workspace) {
+  void seq_to_head_backward(const Plan& p, const QkvGradIn& in, const QkvGradOut& out, Workspace, const RowTransforms& = {}) {
     run(p, Direction::head_to_seq, in.list(), out.list());
   }
-  void inverse(const Plan& p, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace) {
+  void inverse(const Plan& p, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace, const RowTransforms& = {}) {
     run(p, Direction::head_to_seq, in, out);
   }
   void run(const Plan& p, Direction d, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out) {
@@ -255,6 +267,24 @@ void attention_head(const In* Q, const In* K, const In* V, const In* dO, std::in
   }
 }
 
+/// --rope's rotation of the reference, in double, written here apart from the library's Rope: each
+/// of the S rows of x ([S, D], row s at global token s) has its pairs (i, i + D/2), i < D/2,
+/// rotated by the angle sign * s * theta^(-2i/D): x' = x cos - y sin, y' = y cos + x sin (sign -1:
+/// the transpose R^T, what the gradient of a rotated row needs).
+void rotate_rows(std::vector<double>& x, std::int64_t S, std::int64_t D, double theta, double sign) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double angle = sign * static_cast<double>(s) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      const double cs = std::cos(angle), sn = std::sin(angle);
+      double& a = x[static_cast<std::size_t>(s * D + i)];
+      double& b = x[static_cast<std::size_t>(s * D + i + half)];
+      const double xa = a, yb = b;
+      a = xa * cs - yb * sn;
+      b = yb * cs + xa * sn;
+    }
+}
+
 /// Single-rank attention over the whole sequence in double precision, from the global inputs:
 /// o (and with `backward` dq, dk, dv) dense [B][S][heads][D]. o and dq are computed for the query
 /// rows `rows` only (all rows when backward: every row contributes to dk and dv). kv heads are
@@ -278,14 +308,18 @@ Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool
         for (std::int64_t d = 0; d < dim; ++d) x[static_cast<std::size_t>(s * dim + d)] = input_value(t, b, s, h, d);
       return x;
     };
-    const auto K = global(1, kv, D), V = global(2, kv, Dv);
+    auto K = global(1, kv, D);
+    const auto V = global(2, kv, Dv);
+    if (c.rope) rotate_rows(K, S, D, c.rope_theta, 1.0);  // attention sees the rotated k
     std::vector<double> O(static_cast<std::size_t>(S * Dv)), dQ(static_cast<std::size_t>(S * D)), dK(static_cast<std::size_t>(S * D), 0.0),
         dV(static_cast<std::size_t>(S * Dv), 0.0);
     for (std::int64_t h = kv * g; h < (kv + 1) * g; ++h) {
-      const auto Q = global(0, h, D);
+      auto Q = global(0, h, D);
+      if (c.rope) rotate_rows(Q, S, D, c.rope_theta, 1.0);  // ... and the rotated q
       if (backward) {
         const auto dO = global(3, h, Dv);
         attention_head<double>(Q.data(), K.data(), V.data(), dO.data(), S, D, Dv, 0, S, O.data(), dQ.data(), dK.data(), dV.data());
+        if (c.rope) rotate_rows(dQ, S, D, c.rope_theta, -1.0);  // dq = R^T (the gradient w.r.t. the rotated q)
       }
       for (std::int64_t i : rows) {
         if (!backward) attention_head<double, double>(Q.data(), K.data(), V.data(), nullptr, S, D, Dv, i, i + 1, O.data(), nullptr, nullptr, nullptr);
@@ -294,6 +328,7 @@ Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool
           for (std::int64_t d = 0; d < D; ++d) ref.dq[static_cast<std::size_t>(((b * S + i) * H + h) * D + d)] = dQ[static_cast<std::size_t>(i * D + d)];
       }
     }
+    if (backward && c.rope) rotate_rows(dK, S, D, c.rope_theta, -1.0);  // dk = R^T (the summed gradient w.r.t. the rotated k)
     if (backward)
       for (std::int64_t s = 0; s < S; ++s) {
         for (std::int64_t d = 0; d < D; ++d) ref.dk[static_cast<std::size_t>(((b * S + s) * Hkv + kv) * D + d)] = dK[static_cast<std::size_t>(s * D + d)];
@@ -363,7 +398,20 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   // replicas in head→seq (the backward of seq→head).
   const AttentionSpecs a = attention_specs<float>(P, {c.heads, c.kv_heads, c.head_dim, c.v_head_dim},
                                                   c.balanced ? HeadPolicy::balanced : HeadPolicy::even);
-  Plan qkv({P, r}, c.batch, seq, a.qkv(), c.layout);
+  // --rope: q and k planned row by row, so that the call's RowTransforms rotate them in the copy.
+  std::vector<TensorSpec> qkv_specs = a.qkv();
+  if (c.rope) qkv_specs[0].with_row_transforms(), qkv_specs[1].with_row_transforms();
+  Plan qkv({P, r}, c.batch, seq, qkv_specs, c.layout);
+  // RoPE of q and k fused into the pack of seq->head (positions: the global token), and its
+  // inverse on the unpack of the backward's head->seq of dq and dk (empty without --rope).
+  std::optional<Rope> rope, rope_inv;
+  RowTransforms tx, tx_back;
+  if (c.rope) {
+    rope.emplace(c.head_dim, c.seq, c.rope_theta, 0, RopeStyle::half);
+    rope_inv.emplace(rope->inverse());
+    tx.on_pack(0, *rope).on_pack(1, *rope);
+    tx_back.on_unpack(0, *rope_inv).on_unpack(1, *rope_inv);
+  }
   Plan po({P, r}, c.batch, seq, a.out(), c.layout);
   std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), po.workspace_bytes()));
   Exchanges<Comm> ex{comm};
@@ -374,7 +422,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
                      v = seq_input(2, qkv.seq_layout(2), qkv.seq_bytes(2), mine);
   std::vector<float> q2 = buffer(qkv.head_bytes(0)), k2 = buffer(qkv.head_bytes(1)), v2 = buffer(qkv.head_bytes(2));
   const QkvIn qkv_in = QkvIn().q(q).k(k).v(v);
-  ex.seq_to_head(qkv, qkv_in, QkvOut().q(q2).k(k2).v(v2), ws);
+  ex.seq_to_head(qkv, qkv_in, QkvOut().q(q2).k(k2).v(v2), ws, tx);
 
   // Attention for this rank's query heads over all S tokens (and, with --backward, its gradients
   // from the head-sharded do: dq2 of its query heads, partial dk2, dv2 of the kv heads it holds).
@@ -419,7 +467,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   if constexpr (timed) {  // timing runs after the checked ones, into buffers of their own
     std::vector<float> q3 = buffer(qkv.head_bytes(0)), k3 = buffer(qkv.head_bytes(1)), v3 = buffer(qkv.head_bytes(2)), out2 = buffer(po.seq_bytes(0));
     const QkvOut qkv_out = QkvOut().q(q3).k(k3).v(v3);
-    time_exchange(0, c, comm, input_bytes(qkv, Direction::seq_to_head), [&] { ex.seq_to_head(qkv, qkv_in, qkv_out, ws); }, res);
+    time_exchange(0, c, comm, input_bytes(qkv, Direction::seq_to_head), [&] { ex.seq_to_head(qkv, qkv_in, qkv_out, ws, tx); }, res);
     time_exchange(1, c, comm, input_bytes(po, Direction::head_to_seq), [&] { ex.head_to_seq(po, o, out2, ws); }, res);
   }
   res.bytes_s2h = static_cast<double>(input_bytes(qkv, Direction::seq_to_head));
@@ -431,22 +479,24 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     dq = buffer(qkv.seq_bytes(0)), dk = buffer(qkv.seq_bytes(1)), dv = buffer(qkv.seq_bytes(2));
     // seq_to_head_backward by name: head→seq of qkv, whose k and v sum their replicas.
     const QkvGradIn grad_in = QkvGradIn().dq(dq2).dk(dk2).dv(dv2);
-    ex.seq_to_head_backward(qkv, grad_in, QkvGradOut().dq(dq).dk(dk).dv(dv), ws);
+    ex.seq_to_head_backward(qkv, grad_in, QkvGradOut().dq(dq).dk(dk).dv(dv), ws, tx_back);
     res.bytes_replica = static_cast<double>(qkv.replica_bytes(Direction::head_to_seq));
     if constexpr (timed) {
       std::vector<float> do2b = buffer(po.head_bytes(0)), dqb = buffer(qkv.seq_bytes(0)), dkb = buffer(qkv.seq_bytes(1)),
                          dvb = buffer(qkv.seq_bytes(2));
       const QkvGradOut grad_out = QkvGradOut().dq(dqb).dk(dkb).dv(dvb);
       time_exchange(2, c, comm, input_bytes(po, Direction::seq_to_head), [&] { ex.head_to_seq_backward(po, do_seq, do2b, ws); }, res);
-      time_exchange(3, c, comm, input_bytes(qkv, Direction::head_to_seq), [&] { ex.seq_to_head_backward(qkv, grad_in, grad_out, ws); }, res);
+      time_exchange(3, c, comm, input_bytes(qkv, Direction::head_to_seq), [&] { ex.seq_to_head_backward(qkv, grad_in, grad_out, ws, tx_back); }, res);
     }
     // What an engine that takes one rank's copy instead of the sum gets (the fault this prevents):
     // the same gradients through a plan whose k and v take their owner's copy.
     Plan owner({P, r}, c.batch, seq,
-               {a.q, TensorSpec(a.k).with_replicas(Replicas::owner), TensorSpec(a.v).with_replicas(Replicas::owner)}, c.layout);
+               {TensorSpec(a.q).with_row_transforms(c.rope), TensorSpec(a.k).with_replicas(Replicas::owner).with_row_transforms(c.rope),
+                TensorSpec(a.v).with_replicas(Replicas::owner)},
+               c.layout);
     std::vector<float> dq_u = buffer(owner.seq_bytes(0)), dk_u = buffer(owner.seq_bytes(1)), dv_u = buffer(owner.seq_bytes(2));
     std::vector<std::byte> ws_u(owner.workspace_bytes());
-    ex.inverse(owner, {dq2, dk2, dv2}, {dq_u, dk_u, dv_u}, ws_u);
+    ex.inverse(owner, {dq2, dk2, dv2}, {dq_u, dk_u, dv_u}, ws_u, tx_back);
     dk2 = std::move(dk_u), dv2 = std::move(dv_u);  // kept for the comparison below
   }
 
@@ -478,7 +528,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "                         [--model NAME] [--balanced] [--backward] [--tolerance T]\n"
       "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
-      "                         [--ring R [--causal]]\n"
+      "                         [--ring R [--causal]] [--rope [--rope-theta X]]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
       "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
@@ -494,6 +544,10 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "          the ring. Errors of o, the merged LSE (and dq, dk, dv). Default then P=4, S=256. bshd only.\n"
       "--causal: (with --ring) causal attention, the zigzag layout (ring rank j holds chunks j and 2R-1-j);\n"
       "          without it non-causal, contiguous ranges. --ring 1 is Ulysses alone through the ring code.\n"
+      "--rope: q and k rotated by RoPE (half rotation, positions = global token, theta 10000 or --rope-theta X)\n"
+      "        fused into the pack of seq->head (RowTransforms on q and k, planned with_row_transforms()); with\n"
+      "        --backward dq and dk get the inverse rotation on the unpack of seq_to_head_backward. The reference\n"
+      "        rotates in double. Host executor only (not with --device cuda or --ring).\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -530,6 +584,8 @@ Config parse(int argc, char** argv) {
     else if (a == "--device") c.device = need(i);
     else if (a == "--ring") c.ring = static_cast<int>(number(i));
     else if (a == "--causal") c.causal = true;
+    else if (a == "--rope") c.rope = true;
+    else if (a == "--rope-theta") c.rope_theta = ulysses_cli::real(argc, argv, i, 1e-300), c.rope = true;
     else if (a == "--layout") {
       c.layout_given = true;
       const Format formats[] = {Format::bshd, Format::sbhd, Format::bhsd};
@@ -552,6 +608,10 @@ Config parse(int argc, char** argv) {
   if (c.device != "cpu" && c.device != "cuda") usage(2);
   if (c.device == "cuda" && c.backend != "local") {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
+    std::exit(2);
+  }
+  if (c.rope && (c.device != "cpu" || c.ring > 0)) {
+    std::fprintf(stderr, "--rope runs on the host executor (--device cpu) without --ring: only HostExecutor applies row transforms\n");
     std::exit(2);
   }
   if (c.causal && c.ring == 0) {
@@ -584,6 +644,10 @@ int report(const Config& c, int P, const Result& m) {
               c.model.c_str(), (long long)c.heads, (long long)c.kv_heads, (long long)c.head_dim, (long long)c.v_head_dim,
               (long long)c.batch, (long long)c.seq, P, to_string(c.layout), c.backend == "mpi" ? "MPI" : "in-process",
               c.backward ? ", forward + backward" : "");
+  if (c.rope)
+    std::printf("  RoPE (half rotation, theta %g, positions = global token) fused into the pack of seq->head for q and k%s;\n"
+                "  the reference rotates q and k in double (and takes R^T of the gradients of the rotated q and k)\n",
+                c.rope_theta, c.backward ? ", its inverse into the unpack of seq_to_head_backward for dq and dk" : "");
   if (c.device == "cuda")
     std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
   std::printf("  bytes a rank (its input tensors, own chunk included, as nccl-tests counts an all-to-all; the largest rank's):\n"
