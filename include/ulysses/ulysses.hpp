@@ -30,6 +30,7 @@
 #include "attention_call.hpp"
 #include "split_phase.hpp"
 #include "bands.hpp"
+#include "allgather.hpp"
 #include "comm/local.hpp"
 #include "comm/local_mesh.hpp"
 #include "host/pipeline.hpp"

@@ -20,7 +20,7 @@ set(ULYSSES_LAYERS
   "plan/.*|decode/spec\\.hpp|decode/buffers\\.hpp|decode/detail/.*|decode/plan\\.hpp|decode/agreement\\.hpp|decode/kernels\\.hpp|decode/host\\.hpp|cuda/merge\\.cuh"
   "transport/.*|decode/exchange\\.hpp"
   "ring/.*"
-  "redistribute\\.hpp|attention_call\\.hpp|split_phase\\.hpp|bands\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
+  "redistribute\\.hpp|allgather\\.hpp|attention_call\\.hpp|split_phase\\.hpp|bands\\.hpp|host/pipeline\\.hpp|cuda/pipeline\\.cuh|ulysses\\.hpp"
   "attention/.*"
   "tune/.*|torch/.*")
 # The deprecated names of 0.1 (one header, for code that still uses them): no layer may include it.

@@ -54,6 +54,14 @@ class HeadPartition {
     return p;
   }
 
+  /// Every rank holds every head, [0, H) on each of the P ranks: the partition of an all-gather
+  /// (seq→head then gives every rank the whole sequence of every head; head→seq with
+  /// Replicas::sum is the reduce-scatter: allgather.hpp). @throws as even(), except heads_not_divisible.
+  static HeadPartition all(std::int64_t H, int P) {
+    check(H, P, "num_heads");
+    return ranges(H, std::vector<std::pair<std::int64_t, std::int64_t>>(static_cast<std::size_t>(P), {0, H}));
+  }
+
   /// Balanced split: the first H % P ranks hold one head more (H=7, P=4: [2,2,2,1]; H=3, P=4:
   /// [1,1,1,0]). @throws as even(), except heads_not_divisible.
   static HeadPartition balanced(std::int64_t H, int P) {
