@@ -298,7 +298,14 @@ void run_part(const ExchangePart& p, Comm& comm, Exec& exec) {
 /// heads when Hkv < P) is sent to each of them. See redistribute().
 template <class Comm, class Exec>
 void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
-                 Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
+                 Workspace ws) {
+  redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws);
+}
+/// seq_to_head() with row transforms (layout/transform.hpp), applied in the copy to the tensors
+/// planned for them. @throws as redistribute() (bind_transforms()).
+template <class Comm, class Exec>
+void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
+                 Workspace ws, const RowTransforms& transforms) {
   redistribute(plan, Direction::seq_to_head, comm, exec, in, out, ws, &transforms);
 }
 
@@ -309,7 +316,14 @@ void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const TensorList<Cons
 /// both are the same. See redistribute().
 template <class Comm, class Exec>
 void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
-                 Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
+                 Workspace ws) {
+  redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws);
+}
+/// head_to_seq() with row transforms (layout/transform.hpp), applied in the copy to the tensors
+/// planned for them. @throws as redistribute() (bind_transforms()).
+template <class Comm, class Exec>
+void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
+                 Workspace ws, const RowTransforms& transforms) {
   redistribute(plan, Direction::head_to_seq, comm, exec, in, out, ws, &transforms);
 }
 
@@ -324,7 +338,15 @@ void head_to_seq(const Plan& plan, Comm& comm, Exec& exec, const TensorList<Cons
 ///         anything moves, on every rank alike); otherwise as redistribute().
 template <class Comm, class Exec>
 void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_head,
-                          const TensorList<ByteSpan>& grad_seq, Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
+                          const TensorList<ByteSpan>& grad_seq, Workspace ws) {
+  detail::require_adjoint(plan, "seq_to_head_backward");
+  redistribute(plan, Direction::head_to_seq, comm, exec, grad_head, grad_seq, ws);
+}
+/// seq_to_head_backward() with row transforms (e.g. the inverse RoPE of dq and dk on unpack).
+/// @throws as seq_to_head_backward() and redistribute() (bind_transforms()).
+template <class Comm, class Exec>
+void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_head,
+                          const TensorList<ByteSpan>& grad_seq, Workspace ws, const RowTransforms& transforms) {
   detail::require_adjoint(plan, "seq_to_head_backward");
   redistribute(plan, Direction::head_to_seq, comm, exec, grad_head, grad_seq, ws, &transforms);
 }
@@ -336,7 +358,15 @@ void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const Tensor
 ///         taking the owner's copy is not seq→head); otherwise as redistribute().
 template <class Comm, class Exec>
 void head_to_seq_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_seq,
-                          const TensorList<ByteSpan>& grad_head, Workspace ws, const RowTransforms& transforms = RowTransforms{}) {
+                          const TensorList<ByteSpan>& grad_head, Workspace ws) {
+  detail::require_adjoint(plan, "head_to_seq_backward");
+  redistribute(plan, Direction::seq_to_head, comm, exec, grad_seq, grad_head, ws);
+}
+/// head_to_seq_backward() with row transforms (e.g. the inverse RoPE of dq and dk on unpack).
+/// @throws as head_to_seq_backward() and redistribute() (bind_transforms()).
+template <class Comm, class Exec>
+void head_to_seq_backward(const Plan& plan, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& grad_seq,
+                          const TensorList<ByteSpan>& grad_head, Workspace ws, const RowTransforms& transforms) {
   detail::require_adjoint(plan, "head_to_seq_backward");
   redistribute(plan, Direction::seq_to_head, comm, exec, grad_seq, grad_head, ws, &transforms);
 }
