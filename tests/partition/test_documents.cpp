@@ -82,6 +82,11 @@ double max_over_mean(const Documents& docs, const SeqPartition& p) {
   for (int r = 0; r < p.degree(); ++r) mx = std::max(mx, causal_work(docs, p, r));
   return static_cast<double>(mx) * p.degree() / static_cast<double>(docs.causal_pairs());
 }
+double max_tokens(const SeqPartition& p) {
+  std::int64_t m = 0;
+  for (int r = 0; r < p.degree(); ++r) m = std::max(m, p.local_length(r));
+  return static_cast<double>(m);
+}
 }  // namespace
 
 TEST_CASE("Documents: validation, zero-length placeholders, accessors") {
@@ -227,7 +232,8 @@ TEST_CASE("balance: log-normal documents (mean 2048 tokens) packed to 128k, P = 
     const double bal = max_over_mean(docs, pb), zz = max_over_mean(docs, pz);
     const double even = max_over_mean(docs, SeqPartition::even(S, P));
     MESSAGE("P=", P, " max/mean causal work: balanced ", bal, ", zigzag ", zz, ", contiguous (SeqPartition::even) ", even,
-            "; chunks: balanced ", pb.chunks().size(), ", zigzag ", pz.chunks().size());
+            "; chunks: balanced ", pb.chunks().size(), ", zigzag ", pz.chunks().size(), "; max/mean tokens: balanced ",
+            max_tokens(pb) * P / static_cast<double>(S), ", zigzag ", max_tokens(pz) * P / static_cast<double>(S));
     CHECK(bal <= 1.05);
   }
 }
