@@ -13,6 +13,7 @@
 #include "error.hpp"
 #include "layout/layout.hpp"
 #include "partition/heads.hpp"
+#include "partition/documents.hpp"
 #include "layout/element.hpp"
 #include "layout/blocks.hpp"
 #include "layout/transform.hpp"
