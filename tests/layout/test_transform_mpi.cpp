@@ -276,8 +276,28 @@ HeadPartition query_heads(const Shape& s, int P) { return s.balanced_heads ? Hea
 /// seq→head of q, k, v on this rank of group g (rope and a scale on q, rope on k, v untouched;
 /// v with_row_transforms() or not, as `v_rows` says), against the reference; "" when every
 /// element of this rank's outputs has the reference's bits.
+/// A row as a wire carries it (the values on the element grid of T): fp8 quantized with the
+/// scale of the row's amax and dequantized in float32 (layout/fp8.hpp), or cast to bf16 / fp16.
+void wire_trip(double* row, std::int64_t n, Wire wire) {
+  if (wire == Wire::element) return;
+  std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+  std::vector<std::uint8_t> q(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(row[i]);
+  if (wire == Wire::bfloat16 || wire == Wire::float16) {
+    for (std::size_t i = 0; i < x.size(); ++i)
+      row[i] = wire == Wire::bfloat16 ? bf16_value(bf16_of(row[i])) : detail::half_to_float(detail::float_to_half(x[i]));
+    return;
+  }
+  const auto f = static_cast<Fp8Format>(wire);
+  const float scale = fp8_scale_of(row_amax(x.data(), n), f);
+  quantize_fp8(x.data(), n, scale, f, q.data());
+  dequantize_fp8(q.data(), n, scale, f, y.data());
+  for (std::size_t i = 0; i < x.size(); ++i) row[i] = y[i];
+}
+
 template <class T>
-std::string run_forward(Comms& g, const Shape& sh, const SeqPartition& seq, Format format, int stages, Side side, bool v_rows, Via via) {
+std::string run_forward(Comms& g, const Shape& sh, const SeqPartition& seq, Format format, int stages, Side side, bool v_rows, Via via,
+                        Wire wire = Wire::element) {
   const int P = g.size(), r = g.rank();
   const Rope rope(sh.D, sh.S, 10000.0, sh.D - 2, RopeStyle::half);  // partial rotary: the last 2 elements pass
   const Scale scale{1.0 / std::sqrt(static_cast<double>(sh.D))};    // not a power of two: its rounding shows
@@ -291,7 +311,23 @@ std::string run_forward(Comms& g, const Shape& sh, const SeqPartition& seq, Form
   } q_tx{&rope, &scale};
   const Global<T> q = random_tensor<T>(sh.B, sh.S, sh.H, sh.D, 1), k = random_tensor<T>(sh.B, sh.S, sh.Hkv, sh.D, 2),
                   v = random_tensor<T>(sh.B, sh.S, sh.Hkv, sh.D, 3);
-  const Global<T> want[3] = {side == Side::split ? transformed(transformed(q, rope), scale) : transformed(q, q_tx), transformed(k, rope), v};
+  // The reference: on pack the transform, the rounding to T, the wire; on unpack the wire, then
+  // the transform (the store rounds once).
+  auto through = [&](const Global<T>& x, auto&& tx_row) {
+    if (wire == Wire::element)
+      return transformed(x, tx_row);
+    return transformed(x, [&](const RowCoord& at, double* row, std::int64_t n) {
+      if (side == Side::unpack) {
+        wire_trip(row, n, wire);
+        tx_row(at, row, n);
+        return;
+      }
+      tx_row(at, row, n);
+      for (std::int64_t i = 0; i < n; ++i) row[i] = E<T>::value(E<T>::of(row[i]));
+      wire_trip(row, n, wire);
+    });
+  };
+  const Global<T> want[3] = {side == Side::split ? transformed(transformed(q, rope), scale) : through(q, q_tx), through(k, rope), v};
   const Global<T>* in[3] = {&q, &k, &v};
   const HeadPartition qh = query_heads(sh, P), kvh = HeadPartition::gqa(qh, sh.Hkv);
   const HeadPartition* parts[3] = {&qh, &kvh, &kvh};
@@ -308,7 +344,9 @@ std::string run_forward(Comms& g, const Shape& sh, const SeqPartition& seq, Form
     opt.stages = stages;
     TensorSpec vs = TensorSpec::of<T>(kvh, sh.D);
     if (v_rows) vs.with_row_transforms();
-    const Plan plan({P, r}, sh.B, seq, {TensorSpec::of<T>(qh, sh.D).with_row_transforms(), TensorSpec::of<T>(kvh, sh.D).with_row_transforms(), vs},
+    const Plan plan({P, r}, sh.B, seq,
+                    {TensorSpec::of<T>(qh, sh.D).with_row_transforms().with_wire(wire),
+                     TensorSpec::of<T>(kvh, sh.D).with_row_transforms().with_wire(wire), vs},
                     format, opt);
     TensorList<ConstByteSpan> ins;
     TensorList<ByteSpan> os;
@@ -396,6 +434,28 @@ TEST_CASE("seq->head with Rope (half) on q, k and a Scale on q, on pack / on unp
               CAPTURE(std::string(name_of(via)));
               CHECK(run_forward<float>(g, sh, seq, format, stages, side, v_rows, via) == "");
               CHECK(run_forward<bf16>(g, sh, seq, format, stages, side, v_rows, via) == "");
+            }
+    });
+}
+
+TEST_CASE("wires: q and k as fp8 E4M3 / E5M2 or cast to bf16 beside v as itself in one exchange, RoPE before (pack) or after (unpack) the wire: every rank bit-exact, every communicator") {
+  for (int P = 2; P <= 4; ++P)
+    ut::on_groups_of(P, [&](MPI_Comm sub) {
+      Comms g(sub);
+      const Shape sh0 = shapes_of(P).front();
+      for (Wire wire : {Wire::fp8_e4m3, Wire::fp8_e5m2, Wire::bfloat16})
+        for (Side side : {Side::pack, Side::unpack})
+          for (Via via : {Via::messages, Via::alltoallv, Via::window, Via::outside, Via::staged}) {
+              Shape sh = sh0;
+              sh.S = length_of(Split::zigzag, P);
+              const SeqPartition seq = seq_of(Split::zigzag, sh.S, P);
+              CAPTURE(P);
+              CAPTURE(sh.H);
+              CAPTURE(std::string(to_string(wire)));
+              CAPTURE(std::string(name_of(side)));
+              CAPTURE(std::string(name_of(via)));
+              CHECK(run_forward<float>(g, sh, seq, Format::bshd, 1, side, false, via, wire) == "");
+              if (wire != Wire::bfloat16) CHECK(run_forward<bf16>(g, sh, seq, Format::bshd, 1, side, false, via, wire) == "");
             }
     });
 }

@@ -109,9 +109,15 @@ class Rope {
       rotate(row, row + half, 1, t, half);
     } else {  // (pairs 2k, 2k + 1: gathered into halves, rotated, scattered back)
       double x[kMaxPairs], y[kMaxPairs];
-      for (std::int64_t k = 0; k < half; ++k) x[k] = row[2 * k], y[k] = row[2 * k + 1];
+      for (std::int64_t k = 0; k < half; ++k) {
+        x[k] = row[2 * k];
+        y[k] = row[2 * k + 1];
+      }
       rotate(x, y, 1, t, half);
-      for (std::int64_t k = 0; k < half; ++k) row[2 * k] = x[k], row[2 * k + 1] = y[k];
+      for (std::int64_t k = 0; k < half; ++k) {
+        row[2 * k] = x[k];
+        row[2 * k + 1] = y[k];
+      }
     }
   }
   /// What a call checks before any byte moves (the optional check of the row-transform concept):
