@@ -30,12 +30,12 @@ struct AllGatherSpecs {
 
 /// The k and v specs of an all-gather-KV group of P ranks: Hkv kv heads of D (k) and Dv (v, 0:
 /// D) elements of type T that are `type` (the backward sums them: a summable type).
-/// @throws Error(invalid_group) P < 1; Error(invalid_shape) Hkv, D or Dv < 1.
+/// @throws Error(invalid_group) P < 1; Error(invalid_shape) Hkv or D < 1, or Dv < 0.
 template <class T>
 AllGatherSpecs allgather_kv_specs(int P, std::int64_t Hkv, std::int64_t D, std::int64_t Dv, ElementType type) {
   if (D < 1 || Dv < 0)
-    detail::fail(Errc::invalid_shape, "all-gather KV: head_dim=" + std::to_string(D) + " and v_head_dim=" + std::to_string(Dv) +
-                                          " must be >= 1");
+    detail::fail(Errc::invalid_shape, "all-gather KV: head_dim=" + std::to_string(D) + " must be >= 1 and v_head_dim=" +
+                                          std::to_string(Dv) + " >= 0 (0: head_dim)");
   const HeadPartition all = HeadPartition::all(Hkv, P);
   AllGatherSpecs s{TensorSpec::of<T>(all, D, type), TensorSpec::of<T>(all, Dv ? Dv : D, type)};
   s.k.serving(TensorSpec::kNone).with_replicas(Replicas::sum);

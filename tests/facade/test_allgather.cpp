@@ -13,16 +13,10 @@
 
 #include "expect_error.hpp"
 #include "harness.hpp"
+#include "row_tensors.hpp"
 
 using namespace ulysses;
-
-namespace {
-struct bf16 {
-  std::uint16_t bits;
-};
-}  // namespace
-template <>
-struct ulysses::element_type_of<bf16> : std::integral_constant<ElementType, ElementType::bfloat16> {};
+using ut::bf16;
 
 namespace {
 
