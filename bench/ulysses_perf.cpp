@@ -40,6 +40,7 @@
 #include "perf_ops.hpp"
 #include "band_bench.hpp"
 #include "perf_transform.hpp"
+#include "perf_allgather.hpp"
 
 namespace {
 
@@ -1025,7 +1026,7 @@ void usage_model() {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform] [--rope [--rope-theta X]] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform|allgather_kv | --allgather-kv] [--rope [--rope-theta X]] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
@@ -1055,6 +1056,10 @@ void usage_model() {
       "  transformed copy of one BlockCopy with Rope on pack (run_block_host(), bf16 and fp32) and the fp8 e4m3 quantize of\n"
       "  the fp32 rows (row_amax, fp8_scale_of, quantize_fp8 per row), each alternating with std::memcpy of the same input\n"
       "  bytes; GB/s and ratio = memcpy(us)/time(us); -c 1 checks the bytes against row-by-row references.\n"
+      "--allgather-kv (--op allgather_kv; --backend local, mpi or window): allgather_kv() of k|v (the model's Hkv, D, Dv; bf16\n"
+      "  unless --dtype), each rank's [B, S/P, Hkv, D] gathered whole on every rank, S the sizes, even and zigzag splits, against\n"
+      "  MPI_Allgatherv of the same bytes (in process: exchange_messages() to every peer); over MpiWindowComm (one node, or\n"
+      "  --mpi-window 1, --backend window) also against MPI_Allgatherv between window buffers. -c 1 checks the gathered bytes.\n"
       "--op ring: --ring-messages K (default 1): the rotation's pieces a block on a message transport (RingRotation's messages).\n"
       "  Columns after ratio (ratio = time/bare, bare = R-1 MPI_Sendrecv under MPI), each baseline timed in the same alternating\n"
       "  run (every iteration: the rotation, sendrecv, split k=1,2,4,8, rfa, rfa-new), the same blocks on the same communicator:\n"
@@ -1117,6 +1122,7 @@ void check_op(Options& o) {
     }
     return;
   }
+  if (o.op == "allgather_kv") return perf_allgather::check_options(o);  // (perf_allgather.hpp)
   if (o.op == "bands") {
     if (o.backend != "local" && o.backend != "mpi" && o.backend != "window") {
       std::fprintf(stderr, "--op bands runs on --backend local, mpi or window, not %s\n", o.backend.c_str());
@@ -1301,8 +1307,10 @@ Options parse(int argc, char** argv) {
       o.head_to_seq = d != 0;
       o.direction_given = true;
     } else if (a == "--op") {
-      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform"};
-      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform"})];
+      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform", "allgather_kv"};
+      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform", "allgather_kv"})];
+    } else if (a == "--allgather-kv") {
+      o.op = "allgather_kv";
     } else if (a == "--bands") {
       o.bands.clear();
       for (const std::string& x : split_list(need(i))) {
@@ -1608,6 +1616,9 @@ int main_mpi(int& argc, char**& argv, const Options& o) {
       rc = 2;
     } else if (o.op == "bands") {
       rc = run_bands_mpi(comm, o);
+    } else if (o.op == "allgather_kv") {  // perf_allgather.hpp: over MpiWindowComm as the seq ops choose it, else MpiComm
+      rc = perf_allgather::run_mpi(comm, o, o.backend == "window" || o.mpi_window == 1 || (o.mpi_window < 0 && one_node(comm)),
+                                   [&](std::int64_t n) { return next_size(n, o); }, [&](const auto& c) { return alternate_all(o, c); });
     } else {
       Setup setup;
       const std::vector<Row> rows = run_mpi(comm, o, setup);
@@ -1646,6 +1657,8 @@ int main(int argc, char** argv) {
 #endif
     }
     if (o.op == "bands") return run_bands_local(o);
+    if (o.op == "allgather_kv")
+      return perf_allgather::run_local(o, [&](std::int64_t n) { return next_size(n, o); }, [&](const auto& c) { return alternate_all(o, c); });
     if (o.op == "transform") {  // one thread, no group (perf_transform.hpp)
       std::vector<perf_transform::Line> lines;
       for (std::int64_t T = o.begin; T > 0; T = next_size(T, o))
