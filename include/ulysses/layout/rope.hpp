@@ -154,9 +154,9 @@ class Rope {
 #endif
     rotate_pairs(x, y, t, m, sign_);
   }
-  /// rotate()'s loop (the plain one, and an AVX2 twin where the float table's widening keeps the
-  /// plain one scalar): the same IEEE operations, the same bits.
-  static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m, double sg) {
+  /// rotate()'s loop, written once and compiled twice: plainly, and inside an AVX2 twin (the
+  /// float table's widening keeps the plain one scalar). The same IEEE operations, the same bits.
+  ULYSSES_ALWAYS_INLINE static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m, double sg) {
     const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
     for (std::int64_t k = 0; k < m; ++k) {
       const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
@@ -167,13 +167,7 @@ class Rope {
   }
 #if ULYSSES_HOST_AVX2
   ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m, double sg) {
-    const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
-    for (std::int64_t k = 0; k < m; ++k) {
-      const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
-      const double a = x[k], b = y[k];
-      x[k] = (a * c_hi - b * s_hi) + (a * c_lo - b * s_lo);
-      y[k] = (b * c_hi + a * s_hi) + (b * c_lo + a * s_lo);
-    }
+    rotate_pairs(x, y, t, m, sg);
   }
 #endif
   static constexpr std::int64_t kMaxPairs = 512;  // rotary_dim / 2 for D <= 1024

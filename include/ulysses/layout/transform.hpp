@@ -206,13 +206,11 @@ inline double round_to(ElementType type, double x) {
 
 /// o[i] = float_round_odd(r[i]), i < m: a loop that vectorises with AVX2 only (the double
 /// compares' masks narrowed to float lanes), so it has an AVX2 twin; the same bits either way.
-inline void round_odd_n(const double* r, float* o, std::int64_t m) {
+ULYSSES_ALWAYS_INLINE inline void round_odd_n(const double* r, float* o, std::int64_t m) {
   for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
 }
 #if ULYSSES_HOST_AVX2
-ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) {
-  for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
-}
+ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) { round_odd_n(r, o, m); }
 #endif
 
 /// Stores row (n values) as elements of `type` at p, each rounded once (round_to()).
