@@ -92,6 +92,8 @@ struct Options {
   double band_call_us = 0;              // --advise --band-call-us: what each band's exchange and attention call adds
   bool rope = false;                    // --rope (--op seq_to_head, host backends): plain, RoPE fused on pack of q and k, a separate RoPE pass + plain
   double rope_theta = 10000.0;          // --rope-theta: the rotation's base
+  Wire wire = Wire::element;            // --wire W (--op seq_to_head, host backends): q and k on wire W against every tensor on its element wire
+  bool wire_given = false;
   perf_model::LinkFlags links;          // --advise
 };
 
@@ -116,6 +118,12 @@ struct Row {
   double rope_us = 0;       // (b) seq->head with RoPE fused on pack of q and k (RowTransforms)
   double separate_us = 0;   // (c) a separate RoPE pass over q and k (row by row, into a copy) + plain seq->head
   long long rope_diff = -1; // -c 1: output elements where (b) and (c) differ (bitwise; -1: not checked)
+  // --wire (run_wire()): us = every tensor on its element wire (the baseline); from the same alternating run:
+  double wire_us = 0;       // q and k on the wire W (with_wire), v on its element wire
+  long long wire_wrong = -1;  // -c 1: output elements of the wire call that differ from the reference quantizer (bitwise)
+  // the wire bytes of seq->head (Plan::stage_lists(seq_to_head).send_total, summed over ranks and stages):
+  double qk_bytes = 0, qk_wire_bytes = 0;     // q and k alone: on their element wire, on W
+  double qkv_bytes = 0, qkv_wire_bytes = 0;   // q, k, v: all on their element wire (the baseline's), q and k on W
 };
 
 using ulysses_group::barrier;
@@ -533,7 +541,7 @@ class DeviceRunner {
 /// oracle's values; every page is written unless --copies 0 (touch_buffers()). Collective.
 template <class Comm>
 std::unique_ptr<Exchange> make_exchange(Comm& comm, const Options& o, const AttentionSpecs& a, const Step& step, std::int64_t S,
-                                        bool transformed = false) {
+                                        bool transformed = false, Wire wire = Wire::element) {
   const int P = comm.size(), r = comm.rank();
   PlanOptions po;
   po.path = o.path;
@@ -543,6 +551,8 @@ std::unique_ptr<Exchange> make_exchange(Comm& comm, const Options& o, const Atte
   auto specs = step.qkv ? a.qkv() : a.out();
   if (transformed)  // --rope (b): q and k planned row by row, so that a call's RowTransforms rotate them
     for (std::size_t t = 0; t < 2 && t < specs.size(); ++t) specs[t].with_row_transforms();
+  if (wire != Wire::element)  // --wire: q and k travel on the wire (v on its element wire)
+    for (std::size_t t = 0; t < 2 && t < specs.size(); ++t) specs[t].with_wire(wire);
   auto x = std::make_unique<Exchange>(Exchange{Plan({P, r}, o.batch, seq, specs, o.layout, po), step.dir, {}, {}, {}, 0});
   double in = 0;
   for (int t = 0; t < x->plan.num_tensors(); ++t) in += static_cast<double>(x->plan.input_bytes(x->dir, t));
@@ -707,6 +717,118 @@ std::vector<Row> run_rope(const Options& o, Make&& make) {
     const std::vector<double> m = alternate_all(o, {[&] { return ra->one_us(false); }, [&] { return rb->one_us(false); },
                                                     [&] { return slowest_us(comm, [&] { rope_pass(*xa, *rc, rope, seq, r), rc->once(); }); }});
     row.us = m[0], row.rope_us = m[1], row.separate_us = m[2];
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// ---- --wire: q and k on an fp8 (or cast) wire against every tensor on its element wire --------
+/// --wire's reference of one head row of D elements of `type` at p into `want`: the elements
+/// converted to float (exact for the oracle's values), then on an fp8 wire row_amax(),
+/// fp8_scale_of(), quantize_fp8() and dequantize_fp8() (layout/fp8.hpp), on a cast wire each
+/// element rounded to the wire's type and widened back; then each rounded back to the type.
+void wire_reference_row(ElementType type, Wire wire, const std::byte* p, std::byte* want, std::int64_t D) {
+  double row[detail::kMaxTransformedRow];
+  float x[detail::kMaxTransformedRow], y[detail::kMaxTransformedRow];
+  std::uint8_t q[detail::kMaxTransformedRow];
+  detail::load_row(type, p, row, D);
+  for (std::int64_t d = 0; d < D; ++d) x[d] = static_cast<float>(row[d]);
+  if (wire == Wire::fp8_e4m3 || wire == Wire::fp8_e5m2) {
+    const Fp8Format f = wire == Wire::fp8_e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+    const float scale = fp8_scale_of(row_amax(x, D), f);
+    quantize_fp8(x, D, scale, f, q);
+    dequantize_fp8(q, D, scale, f, y);
+  } else {
+    for (std::int64_t d = 0; d < D; ++d)
+      y[d] = wire == Wire::bfloat16 ? detail::bfloat16_to_float(detail::float_to_bfloat16(x[d]))
+             : wire == Wire::float16 ? detail::half_to_float(detail::float_to_half(x[d]))
+                                     : x[d];
+  }
+  for (std::int64_t d = 0; d < D; ++d) row[d] = static_cast<double>(y[d]);
+  detail::store_row(type, want, row, D);
+}
+
+/// Output elements of seq->head exchange `x` (q and k planned on `wire`, the others on their
+/// element wire) that differ bitwise from the reference: the oracle's input row through
+/// wire_reference_row() for tensors 0 and 1 (q, k), the oracle's value for the others (v).
+long long count_wire_wrong(const Exchange& x, const SeqPartition& seq, int r, Wire wire) {
+  long long wrong = 0;
+  std::byte in[8 * detail::kMaxTransformedRow], want[8 * detail::kMaxTransformedRow];
+  for (int t = 0; t < x.plan.num_tensors(); ++t) {
+    const TensorSpec& spec = x.plan.tensor(t);
+    const std::size_t e = size_of(spec.type);
+    const std::byte* base = x.out[static_cast<std::size_t>(t)].data();
+    for_each_row(x.plan, t, false, seq, r, [&](std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t off, std::int64_t sd) {
+      for (std::int64_t d = 0; d < spec.head_dim; ++d) {
+        const double v = value(spec.type, t, b, s, h, d, -1);
+        store_sum(spec.type, &v, 1, in + static_cast<std::size_t>(d) * e);
+      }
+      if (t < 2) wire_reference_row(spec.type, wire, in, want, spec.head_dim);
+      else std::memcpy(want, in, static_cast<std::size_t>(spec.head_dim) * e);
+      for (std::int64_t d = 0; d < spec.head_dim; ++d)
+        wrong += std::memcmp(want + static_cast<std::size_t>(d) * e, base + static_cast<std::size_t>(off + d * sd) * e, e) != 0;
+    });
+  }
+  return wrong;
+}
+
+/// The wire bytes of seq->head of `specs` (Plan::exchanged_bytes: its stages' send_total, this
+/// rank's own chunk excluded), summed over the ranks of `comm`. Collective.
+template <class Comm>
+double wire_bytes(Comm& comm, const Options& o, const std::vector<TensorSpec>& specs, std::int64_t S) {
+  const int P = comm.size(), r = comm.rank();
+  const Plan plan({P, r}, o.batch, SeqPartition::balanced(S, P), specs, o.layout);
+  return sum_over_ranks(comm, static_cast<double>(plan.exchanged_bytes(Direction::seq_to_head)));
+}
+
+/// --wire W on one rank of the runners' group (make(): a new HostRunner or WindowRunner): per S,
+/// two seq->head exchanges of q, k, v timed in one alternating run (alternate_all()): (a) every
+/// tensor on its element wire (the baseline), (b) q and k on wire W (TensorSpec::with_wire), v on
+/// its element wire. The wire bytes of both (q, k alone and q, k, v) from the plans. -c 1: (a)
+/// against the oracle (#wrong), (b) against the reference quantizer (count_wire_wrong()) bit for
+/// bit; an fp8 wire that changed no element is a failure too (the check would prove nothing). Collective.
+template <class Make>
+std::vector<Row> run_wire(const Options& o, Make&& make) {
+  auto ra = make(), rb = make();
+  auto& comm = ra->group();
+  const int P = comm.size(), r = comm.rank();
+  std::vector<Row> rows;
+  const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
+  const AttentionSpecs a = with_storage(o.type, [&](auto x) { return attention_specs<decltype(x)>(P, o.shape, o.type, policy); });
+  const Step step{true, Direction::seq_to_head, "seq_to_head"};
+  const bool fp8 = o.wire == Wire::fp8_e4m3 || o.wire == Wire::fp8_e5m2;
+  for (std::int64_t S = o.begin; S > 0; S = next_size(S, o)) {
+    const std::unique_ptr<Exchange> xa = make_exchange(comm, o, a, step, S);
+    if (!xa) continue;
+    const std::unique_ptr<Exchange> xb = make_exchange(comm, o, a, step, S, false, o.wire);
+    ra->load(*xa), rb->load(*xb);
+    struct Unload {
+      decltype(ra)& a;
+      decltype(ra)& b;
+      ~Unload() { a->unload(), b->unload(); }
+    } unload{ra, rb};
+    const SeqPartition seq = SeqPartition::balanced(S, P);
+    Row row;
+    row.S = S;
+    row.direction = "seq_to_head";
+    row.path = ra->path(xa->plan) + "/" + rb->path(xb->plan);
+    row.bytes = max_over_ranks(comm, static_cast<double>(xa->in_bytes));
+    std::vector<TensorSpec> base = a.qkv(), wired = base;
+    for (int t = 0; t < 2; ++t) wired[static_cast<std::size_t>(t)].with_wire(o.wire);
+    row.qkv_bytes = wire_bytes(comm, o, base, S), row.qkv_wire_bytes = wire_bytes(comm, o, wired, S);
+    row.qk_bytes = wire_bytes(comm, o, {base[0], base[1]}, S), row.qk_wire_bytes = wire_bytes(comm, o, {wired[0], wired[1]}, S);
+    if (o.check) {
+      ra->once(), ra->fetch();
+      rb->once(), rb->fetch();
+      row.wrong = sum_over_ranks(comm, count_wrong(*xa, seq, r));
+      row.wire_wrong = sum_over_ranks(comm, count_wire_wrong(*xb, seq, r, o.wire));
+      if (fp8 && sum_over_ranks(comm, count_differ(*xa, *xb)) == 0) {  // the fp8 wire rounded nothing: the check would prove nothing
+        if (r == 0) std::fprintf(stderr, "ulysses_perf --wire: the fp8 wire changed no element at S=%lld\n", static_cast<long long>(S));
+        row.wire_wrong = std::max(row.wire_wrong, 1LL);
+      }
+    }
+    const std::vector<double> m = alternate_all(o, {[&] { return ra->one_us(false); }, [&] { return rb->one_us(false); }});
+    row.us = m[0], row.wire_us = m[1];
     rows.push_back(row);
   }
   return rows;
@@ -932,6 +1054,10 @@ bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Set
                  w.bare_us, w.bare_us > 0 ? w.bytes / w.bare_us * 1e-3 : 0, w.bare_us > 0 ? w.us / w.bare_us : 0);
     if (o.rope)  // --rope: (b) and (c) of the same alternating run as time_us (a)
       std::fprintf(f, ", \"rope_fused_us\": %.3f, \"rope_separate_us\": %.3f, \"rope_diff\": %lld", w.rope_us, w.separate_us, w.rope_diff);
+    if (o.wire_given)  // --wire: time_us is (a) every tensor on its element wire; (b) of the same alternating run
+      std::fprintf(f, ", \"wire\": \"%s\", \"wire_us\": %.3f, \"wire_wrong\": %lld, \"qk_wire_bytes\": %.0f, \"qk_element_bytes\": %.0f, "
+                   "\"qkv_wire_bytes\": %.0f, \"qkv_element_bytes\": %.0f", to_string(o.wire), w.wire_us, w.wire_wrong, w.qk_wire_bytes,
+                   w.qk_bytes, w.qkv_wire_bytes, w.qkv_bytes);
     if (ring_columns(o))  // --op ring's baselines (the table's split, rfa and rfa-new columns)
       std::fprintf(f, ", \"split_us\": %.3f, \"split_k\": %d, \"rfa_us\": %.3f, \"rfa_fresh_us\": %.3f, \"baselines_wrong\": %lld", w.split_us,
                    w.split_k, w.rfa_us, w.rfa_fresh_us, w.base_wrong);
@@ -970,10 +1096,41 @@ void print_rope(const Options& o, int P, const std::vector<Row>& rows, const Set
   if (o.check) std::printf("# wrong elements and (b)/(c) differences (all sizes, all ranks): %lld %s\n", bad, bad ? "FAILED" : "OK");
 }
 
+/// Prints --wire's table (run_wire()'s rows).
+void print_wire(const Options& o, int P, const std::vector<Row>& rows, const Setup& setup) {
+  std::printf("# ulysses_perf --op seq_to_head --wire %s: %s (H=%lld Hkv=%lld D=%lld), %s, %s, B=%lld, P=%d, backend %s, %d iters after %d warm-up%s\n",
+              to_string(o.wire), o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
+              static_cast<long long>(o.shape.head_dim), to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P,
+              o.backend.c_str(), o.iters, o.warmup, o.check ? ", checked bit for bit" : "");
+  print_setup(o, setup);
+  std::printf("# one alternating run of two seq->head calls of q, k, v (each time: the median over iterations of the slowest rank's):\n"
+              "# element(us): (a) every tensor on its element wire (the baseline); wire(us): (b) q and k on wire %s (with_wire), v on its\n"
+              "# element wire; wire/el = wire(us) / element(us). Wire bytes: Plan::exchanged_bytes(seq_to_head) (the stages' send_total,\n"
+              "# own chunk excluded) summed over the ranks: qk = (b)'s / (a)'s for q and k alone, qkv = for q, k, v together.\n"
+              "# path: (a)'s / (b)'s; #wrong: (a) against the oracle; #wrong-w: (b) against the reference quantizer (layout/fp8.hpp's\n"
+              "# row_amax, fp8_scale_of, quantize_fp8, dequantize_fp8 on each row as float, rounded back to the type; v: the oracle)\n",
+              to_string(o.wire));
+  std::printf("#%9s %13s %-17s %12s %10s %8s %14s %8s %8s %7s %8s\n", "S", "bytes", "path", "element(us)", "wire(us)", "wire/el",
+              "qkv wire bytes", "qk", "qkv", "#wrong", "#wrong-w");
+  long long bad = 0;
+  for (const Row& w : rows) {
+    char wrong[24], ww[24];
+    if (w.wrong < 0) std::snprintf(wrong, sizeof wrong, "N/A");
+    else std::snprintf(wrong, sizeof wrong, "%lld", w.wrong);
+    if (w.wire_wrong < 0) std::snprintf(ww, sizeof ww, "N/A");
+    else std::snprintf(ww, sizeof ww, "%lld", w.wire_wrong);
+    std::printf(" %9lld %13.0f %-17s %12.1f %10.1f %8.3f %14.0f %8.6f %8.6f %7s %8s\n", static_cast<long long>(w.S), w.bytes, w.path.c_str(), w.us,
+                w.wire_us, w.wire_us / w.us, w.qkv_wire_bytes, w.qk_wire_bytes / w.qk_bytes, w.qkv_wire_bytes / w.qkv_bytes, wrong, ww);
+    bad += std::max(0LL, w.wrong) + std::max(0LL, w.wire_wrong);
+  }
+  if (o.check) std::printf("# wrong elements of (a) and (b) (all sizes, all ranks): %lld %s\n", bad, bad ? "FAILED" : "OK");
+}
+
 /// Prints the table (and writes --json). @returns false when the JSON file cannot be written.
 bool print(const Options& o, int P, const std::vector<Row>& rows, const Setup& setup) {
-  if (o.rope) {
-    print_rope(o, P, rows, setup);
+  if (o.rope || o.wire_given) {
+    if (o.rope) print_rope(o, P, rows, setup);
+    else print_wire(o, P, rows, setup);
     return o.json.empty() || write_json(o, P, rows, setup);
   }
   print_header(o, P, setup);
@@ -1026,7 +1183,8 @@ void usage_model() {
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform|allgather_kv | --allgather-kv] [--rope [--rope-theta X]] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform|allgather_kv | --allgather-kv] [--rope [--rope-theta X]]\n"
+      "                    [--wire fp8_e4m3|fp8_e5m2|bfloat16|float16|element] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
@@ -1052,6 +1210,14 @@ void usage_model() {
       "  (c) a separate RoPE pass over q and k row by row into a copy (load_row, Rope, store_row), then (a) on the copy;\n"
       "  columns plain(us), fused(us), separate(us), fused/a, separ/a; -c 1: (a) against the oracle (#wrong) and (b) == (c)\n"
       "  bit for bit (#diff). No bare column.\n"
+      "--wire W (--op seq_to_head, --backend local or mpi/window, also under SMPI with --mpi-window 0; W = fp8_e4m3, fp8_e5m2,\n"
+      "  bfloat16, float16 or element): per S, two seq->head calls of q, k, v in one alternating run: (a) every tensor on its\n"
+      "  element wire (the baseline; give --dtype bf16 for the bf16 one), (b) q and k on wire W (TensorSpec::with_wire; an fp8\n"
+      "  row: D bytes then its float32 scale), v on its element wire; columns element(us), wire(us), wire/el, and the exact\n"
+      "  wire-byte ratios (b)/(a) of Plan::exchanged_bytes(seq_to_head) (send_total) for q, k alone (qk) and q, k, v (qkv);\n"
+      "  -c 1: (a) against the oracle (#wrong), (b) against a reference quantizer of each row (layout/fp8.hpp's row_amax,\n"
+      "  fp8_scale_of, quantize_fp8, dequantize_fp8 on the row as float, rounded back to the type) bit for bit (#wrong-w).\n"
+      "  --groups G allowed (each group's rank 0 prints). No bare column.\n"
       "--op transform: one thread, no group: rows of T tokens (the sizes) x H heads x D ([T, H, D], the model's H and D): the\n"
       "  transformed copy of one BlockCopy with Rope on pack (run_block_host(), bf16 and fp32) and the fp8 e4m3 quantize of\n"
       "  the fp32 rows (row_amax, fp8_scale_of, quantize_fp8 per row), each alternating with std::memcpy of the same input\n"
@@ -1113,6 +1279,12 @@ void check_op(Options& o) {
                  o.call_numbers == 2 || !o.copies || o.groups != 1)) {
     std::fprintf(stderr, "--rope goes with --op seq_to_head on --backend local or mpi (host memory: only HostExecutor runs row transforms), "
                          "without --direction, --backward, --call-numbers both, --copies 0, --groups\n");
+    std::exit(2);
+  }
+  if (o.wire_given && (o.rope || o.op != "seq_to_head" || o.direction_given || o.backward ||
+                       (o.backend != "local" && o.backend != "mpi" && o.backend != "window") || o.call_numbers == 2 || !o.copies)) {
+    std::fprintf(stderr, "--wire goes with --op seq_to_head on --backend local or mpi (host memory: only HostExecutor runs wires), "
+                         "without --rope, --direction, --backward, --call-numbers both, --copies 0 (SkipCopies runs no wire)\n");
     std::exit(2);
   }
   if (o.op == "transform") {
@@ -1341,6 +1513,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--backward") o.backward = true;
     else if (a == "--rope") o.rope = true;
     else if (a == "--rope-theta") o.rope_theta = ulysses_cli::real(argc, argv, i, 1e-300);
+    else if (a == "--wire") {
+      const Wire wires[] = {Wire::fp8_e4m3, Wire::fp8_e5m2, Wire::bfloat16, Wire::float16, Wire::element};
+      o.wire = wires[ulysses_cli::one_of(argc, argv, i, {"fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "element"})];
+      o.wire_given = true;
+    }
     else if (parse_run_flag(argc, argv, i, o)) continue;
     else if (parse_model_flag(argc, argv, i, o)) continue;
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);
@@ -1363,7 +1540,7 @@ Options parse(int argc, char** argv) {
 /// The exit status of a sweep: 1 when some element (or a ring baseline's byte) was wrong, else 0.
 int status_of(const std::vector<Row>& rows) {
   for (const Row& w : rows)
-    if (w.wrong > 0 || w.base_wrong > 0 || w.rope_diff > 0) return 1;
+    if (w.wrong > 0 || w.base_wrong > 0 || w.rope_diff > 0 || w.wire_wrong > 0) return 1;
   return 0;
 }
 
@@ -1383,10 +1560,12 @@ std::vector<Row> run_mpi(MpiComm& comm, const Options& o, Setup& setup) {
     const bool peer_copy = o.path == Path::automatic || o.path == Path::direct;  // (forced paths move messages over the window)
     setup = Setup{"MpiWindowComm", !peer_copy ? "messages" : o.window_outputs ? "push" : "pull", true, ""};
     if (o.rope) return run_rope(o, [&] { return std::make_unique<WindowRunner>(comm, o.window_outputs); });
+    if (o.wire_given) return run_wire(o, [&] { return std::make_unique<WindowRunner>(comm, o.window_outputs); });
     WindowRunner runner(comm, o.window_outputs);  // the peer copy between the processes of the node
     return run(runner, o);
   }
   if (o.rope) return run_rope(o, [&] { return std::make_unique<HostRunner<MpiComm>>(comm); });
+  if (o.wire_given) return run_wire(o, [&] { return std::make_unique<HostRunner<MpiComm>>(comm); });
   if (o.copies) {
     HostRunner<MpiComm> runner(comm);
     return run(runner, o);
@@ -1673,6 +1852,7 @@ int main(int argc, char** argv) {
       HostRunner<LocalGroup::Comm> runner(comm);
       std::vector<Row> mine = o.op == "decode" || o.op == "ring" ? run_op(comm, o)
                               : o.rope ? run_rope(o, [&] { return std::make_unique<HostRunner<LocalGroup::Comm>>(comm); })
+                              : o.wire_given ? run_wire(o, [&] { return std::make_unique<HostRunner<LocalGroup::Comm>>(comm); })
                                        : run(runner, o);
       if (comm.rank() == 0) rows = std::move(mine);
     });

@@ -8,6 +8,7 @@
 #
 #   bench/netns/netns.sh up | run [OUTDIR] | check [OUTDIR] | down | all [OUTDIR]     (default OUTDIR: bench/results/netns)
 #
+#   (also: netns.sh bands [OUTDIR], the band pipeline; netns.sh wire [OUTDIR], the fp8 wire: see them below)
 #   up    namespaces ulys-n1 (10.77.0.1, veth ulys-v1) and ulys-n2 (10.77.0.2, veth ulys-v2)
 #   run   ulysses_perf --backend mpi -c 1 (bit for bit) into OUTDIR/runs/NAME.{json,txt}: 4 ranks in
 #         ulys-n1 alone (intra_flat: shared memory only); then for every RATES entry, tbf on both
@@ -217,8 +218,38 @@ bands() {
   RATE=none throttle
 }
 
+# wire [OUTDIR]: q and k on an fp8 wire (ulysses_perf --wire) against every tensor on its element wire
+# (the bf16 baseline), plain MpiComm messages (--mpi-window 0) across the throttled link, 1 rank in
+# each namespace (P=2) and 2 in each (P=4), -c 1 (the wire's outputs against the reference
+# quantizer, bit for bit): OUTDIR/wire.txt. Knobs: WIRE (fp8_e4m3), WIRE_RATES (1gbit), WIRE_MODEL
+# (Llama-3.1-8B), WIRE_S0, WIRE_S1 (2048, 8192), WIRE_ITERS (3, after 1 warm-up).
+wire() {
+  local out="${1:-$root/bench/results/netns}" perf="${PERF:-$root/build/bench/ulysses_perf}"
+  [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
+  mkdir -p "$out"
+  {
+    echo "# bench/netns/netns.sh wire, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load: $(uptime | sed 's/.*load average/load average/')"
+    for RATE in ${WIRE_RATES:-1gbit}; do
+      throttle
+      for layout in "1 1" "2 2"; do
+        set -- $layout
+        echo "## the veth at $RATE (tbf), $1 + $2 ranks (P=$(($1 + $2)))"
+        launch "$1" "$2" "$perf" --backend mpi --mpi-window 0 --wire "${WIRE:-fp8_e4m3}" --model "${WIRE_MODEL:-Llama-3.1-8B}" --dtype bf16 \
+          -b "${WIRE_S0:-2048}" -e "${WIRE_S1:-8192}" -f 2 -n "${WIRE_ITERS:-3}" -w 1 -c 1 || return 1
+      done
+    done
+  } | tee "$out/wire.txt"
+  RATE=none throttle
+}
+
 case "$verb" in
   agent) agent "$@" ;;
+  wire)
+    allowed || { echo "netns.sh: skipped"; exit 0; }
+    trap 'down || true' EXIT INT TERM
+    up
+    wire "$@"
+    ;;
   bands)
     allowed || { echo "netns.sh: skipped"; exit 0; }
     trap 'down || true' EXIT INT TERM
@@ -235,5 +266,5 @@ case "$verb" in
     up
     run "$@"
     ;;
-  *) sed -n '3,32p' "$self" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '3,33p' "$self" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -20,6 +20,14 @@
 //   seq→head (RowTransforms::on_pack; q and k planned with_row_transforms()); with --backward dq
 //   and dk get the inverse rotation on the unpack of seq_to_head_backward (Rope::inverse()). The
 //   reference rotates in double on its own (rotate_rows()).
+// --wire fp8_e4m3|fp8_e5m2|bfloat16: q and k (not v) travel seq→head on that wire
+//   (TensorSpec::with_wire: an fp8 row as D bytes and its float32 amax scale); the attention runs
+//   on the dequantized q and k. Checked against a double reference computed from q and k through
+//   the same wire round trip (layout/fp8.hpp), within the tolerance; and against the unquantized
+//   reference within a bound derived from the wire's rounding (wire_bound(): each element within
+//   2^-4 (e4m3), 2^-3 (e5m2), 2^-8 (bf16) relative plus a subnormal step, propagated through the
+//   logits and the softmax).
+#include <ulysses/layout/fp8.hpp>
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
 #include <ulysses/comm/mpi.hpp>
@@ -70,6 +78,7 @@ struct Config {
   double tolerance = 1e-4;
   bool rope = false;           // --rope: q and k rotated (RoPE) in the pack of seq->head
   double rope_theta = 10000.0; // --rope-theta: its base
+  Wire wire = Wire::element;   // --wire: q and k on that wire in seq->head (v on its elements)
   int warmup = 2, repeat = 5;  // timing: untimed runs, then timed runs of each exchange (median)
 };
 
@@ -83,28 +92,33 @@ constexpr const char* kExchangeNames[kExchanges] = {"fwd seq->head q,k,v", "fwd 
 /// of the checked run, and the timed exchanges). Every field is reduced by max over ranks.
 struct Result {
   double err_o = 0, err_dq = 0, err_dk = 0, err_dv = 0, err_unsummed = 0;
+  // --wire: o against the unquantized reference; the largest |dequantized - original| of a received
+  // q or k element over its element bound (<= 1: the bound holds); the largest logit change
+  // |q^.k^ - q.k| / sqrt(D) of the reference (the a posteriori bound's input)
+  double err_unquantized = 0, element_ratio = 0, logit_delta = 0;
   double pack_ms = 0, exchange_ms = 0, unpack_ms = 0, attention_ms = 0;
   double bytes_s2h = 0, bytes_h2s = 0, bytes_replica = 0;
   // Timed between barriers after a warm-up, median of the runs: the exchange, the bare
   // all-to-all of the same bytes, and the bytes (this rank's input tensors, its own chunk included).
   double ms[kExchanges] = {}, bare_ms[kExchanges] = {}, bytes[kExchanges] = {};
   Path path = Path::alltoallv;  // the transport the exchanges took
-  static constexpr int kFields = 12 + 3 * kExchanges;
+  static constexpr int kHead = 15;
+  static constexpr int kFields = kHead + 3 * kExchanges;
   void to(double* v) const {
-    const double head[12] = {err_o, err_dq, err_dk, err_dv, err_unsummed, pack_ms, exchange_ms, unpack_ms, attention_ms,
-                             bytes_s2h, bytes_h2s, bytes_replica};
-    std::copy(head, head + 12, v);
-    std::copy(ms, ms + kExchanges, v + 12);
-    std::copy(bare_ms, bare_ms + kExchanges, v + 12 + kExchanges);
-    std::copy(bytes, bytes + kExchanges, v + 12 + 2 * kExchanges);
+    const double head[kHead] = {err_o, err_dq, err_dk, err_dv, err_unsummed, pack_ms, exchange_ms, unpack_ms, attention_ms,
+                                bytes_s2h, bytes_h2s, bytes_replica, err_unquantized, element_ratio, logit_delta};
+    std::copy(head, head + kHead, v);
+    std::copy(ms, ms + kExchanges, v + kHead);
+    std::copy(bare_ms, bare_ms + kExchanges, v + kHead + kExchanges);
+    std::copy(bytes, bytes + kExchanges, v + kHead + 2 * kExchanges);
   }
   void from(const double* v) {
-    double* head[12] = {&err_o, &err_dq, &err_dk, &err_dv, &err_unsummed, &pack_ms, &exchange_ms, &unpack_ms, &attention_ms,
-                        &bytes_s2h, &bytes_h2s, &bytes_replica};
-    for (int i = 0; i < 12; ++i) *head[i] = v[i];
-    std::copy(v + 12, v + 12 + kExchanges, ms);
-    std::copy(v + 12 + kExchanges, v + 12 + 2 * kExchanges, bare_ms);
-    std::copy(v + 12 + 2 * kExchanges, v + 12 + 3 * kExchanges, bytes);
+    double* head[kHead] = {&err_o, &err_dq, &err_dk, &err_dv, &err_unsummed, &pack_ms, &exchange_ms, &unpack_ms, &attention_ms,
+                           &bytes_s2h, &bytes_h2s, &bytes_replica, &err_unquantized, &element_ratio, &logit_delta};
+    for (int i = 0; i < kHead; ++i) *head[i] = v[i];
+    std::copy(v + kHead, v + kHead + kExchanges, ms);
+    std::copy(v + kHead + kExchanges, v + kHead + 2 * kExchanges, bare_ms);
+    std::copy(v + kHead + 2 * kExchanges, v + kHead + 3 * kExchanges, bytes);
   }
   /// Field-wise max with another rank's result (the path is every rank's same one).
   void max_with(const Result& o) {
@@ -285,12 +299,88 @@ void rotate_rows(std::vector<double>& x, std::int64_t S, std::int64_t D, double 
     }
 }
 
+/// --wire's round trip of one row of n float32 elements, as the library carries a float32 head
+/// row on the wire: fp8, row_amax(), fp8_scale_of(), quantize_fp8(), dequantize_fp8()
+/// (layout/fp8.hpp, the codec the executor runs); bfloat16, each element rounded to nearest even
+/// and widened back (exact). Written from the codec's public functions, not the executor's code.
+void wire_round_trip(Wire w, float* x, std::int64_t n) {
+  if (w == Wire::fp8_e4m3 || w == Wire::fp8_e5m2) {
+    const Fp8Format f = w == Wire::fp8_e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(n));
+    const float scale = fp8_scale_of(row_amax(x, n), f);
+    quantize_fp8(x, n, scale, f, q.data());
+    dequantize_fp8(q.data(), n, scale, f, x);
+  } else if (w == Wire::bfloat16) {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = detail::bfloat16_to_float(detail::float_to_bfloat16(x[i]));
+  }
+}
+
+/// What one wire round trip may do to an element x of a row whose largest magnitude is amax:
+/// |x^ - x| <= eps |x| + unit * amax + abs. fp8 with m mantissa bits: the scaled value x / scale
+/// (scale = amax / fp8_max) rounds to nearest, half an ulp, 2^-(m+1) relative (e4m3 2^-4, e5m2
+/// 2^-3) in the normal range, and half a subnormal step below it (2^(emin-m-1) * scale: e4m3
+/// 2^-10 / 448, e5m2 2^-17 / 57344 of amax); the float32 division, the product and the scale's
+/// own rounding add 2^-24 relative each (2^-22 and 2^-20 cover them). bfloat16: 2^-8 relative
+/// (8 significant bits), subnormals far below these inputs (2^-133 absolute).
+struct WireElementBound {
+  double eps = 0, unit = 0, abs = 0;
+};
+WireElementBound wire_element_bound(Wire w) {
+  const double slack = std::ldexp(1.0, -22), scale_slack = 1 + std::ldexp(1.0, -20);
+  switch (w) {
+    case Wire::fp8_e4m3: return {std::ldexp(1.0, -4) + slack, std::ldexp(1.0, -10) / 448.0 * scale_slack, 0};
+    case Wire::fp8_e5m2: return {std::ldexp(1.0, -3) + slack, std::ldexp(1.0, -17) / 57344.0 * scale_slack, 0};
+    case Wire::bfloat16: return {std::ldexp(1.0, -8), 0, std::ldexp(1.0, -133)};
+    default: return {};
+  }
+}
+
+/// The a priori bound on a logit change |q^.k^ - q.k| / sqrt(D) from the element bound alone
+/// (|dq_d| <= eps |q_d| + dq, dq = unit * amax_q + abs; the same for k):
+///   |dq.k + q.dk + dq.dk| <= (2 eps + eps^2) |q|_2 |k|_2 + (1 + eps)(dq |k|_1 + dk |q|_1) + D dq dk
+/// (Cauchy-Schwarz on sum |q_d||k_d|), with the largest norms and amax over all rows of q and k of
+/// the inputs; and max |v|. Worst case: every element's error aligned with the dot product.
+struct WireBound {
+  double logit = 0, vmax = 0;
+};
+WireBound wire_bound(const Config& c) {
+  const WireElementBound e = wire_element_bound(c.wire);
+  double n2[2] = {0, 0}, n1[2] = {0, 0}, amax[2] = {0, 0}, vmax = 0;
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t s = 0; s < c.seq; ++s) {
+      for (int t = 0; t < 2; ++t)
+        for (std::int64_t h = 0; h < (t == 0 ? c.heads : c.kv_heads); ++h) {
+          double l2 = 0, l1 = 0, m = 0;
+          for (std::int64_t d = 0; d < c.head_dim; ++d) {
+            const double x = std::abs(static_cast<double>(input_value(t, b, s, h, d)));
+            l2 += x * x, l1 += x, m = std::max(m, x);
+          }
+          n2[t] = std::max(n2[t], std::sqrt(l2)), n1[t] = std::max(n1[t], l1), amax[t] = std::max(amax[t], m);
+        }
+      for (std::int64_t h = 0; h < c.kv_heads; ++h)
+        for (std::int64_t d = 0; d < c.v_head_dim; ++d) vmax = std::max(vmax, std::abs(static_cast<double>(input_value(2, b, s, h, d))));
+    }
+  const double dq = e.unit * amax[0] + e.abs, dk = e.unit * amax[1] + e.abs, D = static_cast<double>(c.head_dim);
+  const double dot = (2 * e.eps + e.eps * e.eps) * n2[0] * n2[1] * 1.000001 + (1 + e.eps) * (dq * n1[1] + dk * n1[0]) + D * dq * dk;
+  return {dot / std::sqrt(D), vmax};
+}
+
+/// Softmax attention's output moves by at most (e^(2 delta) - 1) max|v| when every logit of its
+/// row moves by at most delta: p'_j / p_j = e^(ds_j) / sum_l p_l e^(ds_l) lies in [e^-2delta, e^2delta],
+/// so |o' - o| = |sum_j (p'_j - p_j) v_j| <= sum_j |p'_j - p_j| max|v| <= (e^(2 delta) - 1) max|v|.
+double output_bound(double delta, double vmax) { return std::expm1(2 * delta) * vmax; }
+
 /// Single-rank attention over the whole sequence in double precision, from the global inputs:
 /// o (and with `backward` dq, dk, dv) dense [B][S][heads][D]. o and dq are computed for the query
 /// rows `rows` only (all rows when backward: every row contributes to dk and dv). kv heads are
 /// spread over the machine's threads.
+/// --wire: o from q and k through the wire's round trip (wire_round_trip(), what the ranks'
+/// attention sees), o_unquantized from the original q and k, and logit_delta the largest
+/// |q^.k^ - q.k| / sqrt(D) over the rows computed and all keys.
 struct Reference {
   std::vector<double> o, dq, dk, dv;
+  std::vector<double> o_unquantized;
+  double logit_delta = 0;
 };
 Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool backward) {
   const std::int64_t B = c.batch, S = c.seq, H = c.heads, Hkv = c.kv_heads, D = c.head_dim, Dv = c.v_head_dim, g = H / Hkv;
@@ -301,6 +391,9 @@ Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool
     ref.dk.assign(static_cast<std::size_t>(B * S * Hkv * D), 0.0);
     ref.dv.assign(static_cast<std::size_t>(B * S * Hkv * Dv), 0.0);
   }
+  const bool wired = c.wire != Wire::element;
+  if (wired) ref.o_unquantized.assign(ref.o.size(), 0.0);
+  std::vector<double> deltas(static_cast<std::size_t>(B * Hkv), 0.0);
   auto work = [&](std::int64_t b, std::int64_t kv) {
     auto global = [&](int t, std::int64_t h, std::int64_t dim) {
       std::vector<double> x(static_cast<std::size_t>(S * dim));
@@ -308,7 +401,19 @@ Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool
         for (std::int64_t d = 0; d < dim; ++d) x[static_cast<std::size_t>(s * dim + d)] = input_value(t, b, s, h, d);
       return x;
     };
+    auto round_trip = [&](const std::vector<double>& x, std::int64_t dim) {  // --wire: each row through the wire
+      std::vector<double> y(x.size());
+      std::vector<float> row(static_cast<std::size_t>(dim));
+      for (std::int64_t s = 0; s < S; ++s) {
+        for (std::int64_t d = 0; d < dim; ++d) row[static_cast<std::size_t>(d)] = static_cast<float>(x[static_cast<std::size_t>(s * dim + d)]);
+        wire_round_trip(c.wire, row.data(), dim);
+        for (std::int64_t d = 0; d < dim; ++d) y[static_cast<std::size_t>(s * dim + d)] = row[static_cast<std::size_t>(d)];
+      }
+      return y;
+    };
     auto K = global(1, kv, D);
+    std::vector<double> K_raw;
+    if (wired) K_raw = K, K = round_trip(K_raw, D);  // attention sees the dequantized k
     const auto V = global(2, kv, Dv);
     if (c.rope) rotate_rows(K, S, D, c.rope_theta, 1.0);  // attention sees the rotated k
     std::vector<double> O(static_cast<std::size_t>(S * Dv)), dQ(static_cast<std::size_t>(S * D)), dK(static_cast<std::size_t>(S * D), 0.0),
@@ -316,6 +421,24 @@ Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool
     for (std::int64_t h = kv * g; h < (kv + 1) * g; ++h) {
       auto Q = global(0, h, D);
       if (c.rope) rotate_rows(Q, S, D, c.rope_theta, 1.0);  // ... and the rotated q
+      std::vector<double> Q_raw;
+      if (wired) Q_raw = Q, Q = round_trip(Q_raw, D);  // ... and the dequantized q
+      if (wired)  // the unquantized reference, and the logit changes (not with --backward)
+        for (std::int64_t i : rows) {
+          std::vector<double> O2(static_cast<std::size_t>(S * Dv));
+          attention_head<double, double>(Q_raw.data(), K_raw.data(), V.data(), nullptr, S, D, Dv, i, i + 1, O2.data(), nullptr, nullptr, nullptr);
+          for (std::int64_t d = 0; d < Dv; ++d)
+            ref.o_unquantized[static_cast<std::size_t>(((b * S + i) * H + h) * Dv + d)] = O2[static_cast<std::size_t>(i * Dv + d)];
+          double& m = deltas[static_cast<std::size_t>(b * Hkv + kv)];
+          for (std::int64_t j = 0; j < S; ++j) {
+            double a = 0, e = 0;
+            for (std::int64_t d = 0; d < D; ++d) {
+              a += Q_raw[static_cast<std::size_t>(i * D + d)] * K_raw[static_cast<std::size_t>(j * D + d)];
+              e += Q[static_cast<std::size_t>(i * D + d)] * K[static_cast<std::size_t>(j * D + d)];
+            }
+            m = std::max(m, std::abs(e - a) / std::sqrt(static_cast<double>(D)));
+          }
+        }
       if (backward) {
         const auto dO = global(3, h, Dv);
         attention_head<double>(Q.data(), K.data(), V.data(), dO.data(), S, D, Dv, 0, S, O.data(), dQ.data(), dK.data(), dV.data());
@@ -343,6 +466,7 @@ Reference reference(const Config& c, const std::vector<std::int64_t>& rows, bool
       for (std::int64_t j = w; j < jobs; j += nt) work(j / Hkv, j % Hkv);
     });
   for (auto& t : th) t.join();
+  for (double d : deltas) ref.logit_delta = std::max(ref.logit_delta, d);
   return ref;
 }
 
@@ -401,6 +525,8 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   // --rope: q and k planned row by row, so that the call's RowTransforms rotate them in the copy.
   std::vector<TensorSpec> qkv_specs = a.qkv();
   if (c.rope) qkv_specs[0].with_row_transforms(), qkv_specs[1].with_row_transforms();
+  // --wire: q and k travel on that wire (each head row quantized on pack, dequantized on unpack).
+  if (c.wire != Wire::element) qkv_specs[0].with_wire(c.wire), qkv_specs[1].with_wire(c.wire);
   Plan qkv({P, r}, c.batch, seq, qkv_specs, c.layout);
   // RoPE of q and k fused into the pack of seq->head (positions: the global token), and its
   // inverse on the unpack of the backward's head->seq of dq and dk (empty without --rope).
@@ -423,6 +549,25 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   std::vector<float> q2 = buffer(qkv.head_bytes(0)), k2 = buffer(qkv.head_bytes(1)), v2 = buffer(qkv.head_bytes(2));
   const QkvIn qkv_in = QkvIn().q(q).k(k).v(v);
   ex.seq_to_head(qkv, qkv_in, QkvOut().q(q2).k(k2).v(v2), ws, tx);
+  if (c.wire != Wire::element) {  // every received q and k element within the wire's element bound
+    const WireElementBound eb = wire_element_bound(c.wire);
+    for (int t = 0; t < 2; ++t) {
+      const Layout& l = qkv.head_layout(t);
+      const std::vector<float>& x = t == 0 ? q2 : k2;
+      const std::int64_t h0 = qkv.tensor(t).heads.begin(r);
+      for (std::int64_t b = 0; b < c.batch; ++b)
+        for (std::int64_t s = 0; s < c.seq; ++s)
+          for (std::int64_t h = 0; h < l.extent[2]; ++h) {
+            double amax = 0;
+            for (std::int64_t d = 0; d < c.head_dim; ++d) amax = std::max(amax, std::abs(static_cast<double>(input_value(t, b, s, h0 + h, d))));
+            for (std::int64_t d = 0; d < c.head_dim; ++d) {
+              const double want = input_value(t, b, s, h0 + h, d), got = x[static_cast<std::size_t>(l.offset(b, s, h, d))];
+              const double ratio = std::abs(got - want) / (eb.eps * std::abs(want) + eb.unit * amax + eb.abs);
+              res.element_ratio = std::isnan(ratio) ? INFINITY : std::max(res.element_ratio, ratio);
+            }
+          }
+    }
+  }
 
   // Attention for this rank's query heads over all S tokens (and, with --backward, its gradients
   // from the head-sharded do: dq2 of its query heads, partial dk2, dv2 of the kv heads it holds).
@@ -510,6 +655,10 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     shared_ref = &own;
   }
   res.err_o = max_error(out, po.seq_layout(0), mine, shared_ref->o, S);
+  if (c.wire != Wire::element) {
+    res.err_unquantized = max_error(out, po.seq_layout(0), mine, shared_ref->o_unquantized, S);
+    res.logit_delta = shared_ref->logit_delta;
+  }
   if (c.backward) {
     res.err_dq = max_error(dq, qkv.seq_layout(0), mine, shared_ref->dq, S);
     res.err_dk = max_error(dk, qkv.seq_layout(1), mine, shared_ref->dk, S);
@@ -528,7 +677,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "                         [--model NAME] [--balanced] [--backward] [--tolerance T]\n"
       "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
-      "                         [--ring R [--causal]] [--rope [--rope-theta X]]\n"
+      "                         [--ring R [--causal]] [--rope [--rope-theta X]] [--wire fp8_e4m3|fp8_e5m2|bfloat16]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
       "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
@@ -548,6 +697,13 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "        fused into the pack of seq->head (RowTransforms on q and k, planned with_row_transforms()); with\n"
       "        --backward dq and dk get the inverse rotation on the unpack of seq_to_head_backward. The reference\n"
       "        rotates in double. Host executor only (not with --device cuda or --ring).\n"
+      "--wire W: q and k (not v) travel seq->head on wire W (fp8_e4m3, fp8_e5m2: each head row as D fp8 bytes and its\n"
+      "        float32 amax scale; bfloat16: each element rounded to bf16), dequantized to fp32 for the attention.\n"
+      "        Checked: o against a double reference from q, k through the same round trip (within --tolerance); every\n"
+      "        received q, k element within the wire's element bound (2^-4 relative for e4m3, 2^-3 e5m2, 2^-8 bf16,\n"
+      "        plus half a subnormal step of the row's scale); o against the unquantized reference within the bound\n"
+      "        (e^(2 delta) - 1) max|v| + tolerance, delta the largest logit change (measured in the reference; and\n"
+      "        the a priori delta from the element bound, printed). Host executor only; not with --rope, --backward, --ring.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -586,6 +742,10 @@ Config parse(int argc, char** argv) {
     else if (a == "--causal") c.causal = true;
     else if (a == "--rope") c.rope = true;
     else if (a == "--rope-theta") c.rope_theta = ulysses_cli::real(argc, argv, i, 1e-300), c.rope = true;
+    else if (a == "--wire") {
+      const Wire wires[] = {Wire::fp8_e4m3, Wire::fp8_e5m2, Wire::bfloat16};
+      c.wire = wires[ulysses_cli::one_of(argc, argv, i, {"fp8_e4m3", "fp8_e5m2", "bfloat16"})];
+    }
     else if (a == "--layout") {
       c.layout_given = true;
       const Format formats[] = {Format::bshd, Format::sbhd, Format::bhsd};
@@ -612,6 +772,10 @@ Config parse(int argc, char** argv) {
   }
   if (c.rope && (c.device != "cpu" || c.ring > 0)) {
     std::fprintf(stderr, "--rope runs on the host executor (--device cpu) without --ring: only HostExecutor applies row transforms\n");
+    std::exit(2);
+  }
+  if (c.wire != Wire::element && (c.device != "cpu" || c.ring > 0 || c.rope || c.backward)) {
+    std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
     std::exit(2);
   }
   if (c.causal && c.ring == 0) {
@@ -648,6 +812,9 @@ int report(const Config& c, int P, const Result& m) {
     std::printf("  RoPE (half rotation, theta %g, positions = global token) fused into the pack of seq->head for q and k%s;\n"
                 "  the reference rotates q and k in double (and takes R^T of the gradients of the rotated q and k)\n",
                 c.rope_theta, c.backward ? ", its inverse into the unpack of seq_to_head_backward for dq and dk" : "");
+  if (c.wire != Wire::element)
+    std::printf("  q and k travel seq->head on the %s wire (TensorSpec::with_wire; v on its elements); the attention runs on the\n"
+                "  dequantized q, k\n", to_string(c.wire));
   if (c.device == "cuda")
     std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
   std::printf("  bytes a rank (its input tensors, own chunk included, as nccl-tests counts an all-to-all; the largest rank's):\n"
@@ -689,7 +856,21 @@ int report(const Config& c, int P, const Result& m) {
     ok = ok && m.err_dq <= c.tolerance && m.err_dk <= c.tolerance && m.err_dv <= c.tolerance;
     std::printf(", dq %.3g, dk %.3g, dv %.3g", m.err_dq, m.err_dk, m.err_dv);
   }
-  std::printf(" (tolerance %.1g): %s\n", c.tolerance, ok ? "OK" : "FAILED");
+  std::printf(" (tolerance %.1g%s): %s\n", c.tolerance, c.wire != Wire::element ? "; the reference from the dequantized q, k" : "",
+              ok ? "OK" : "FAILED");
+  if (c.wire != Wire::element) {
+    const WireBound wb = wire_bound(c);
+    const WireElementBound eb = wire_element_bound(c.wire);
+    const double post = output_bound(m.logit_delta, wb.vmax) + c.tolerance, prior = output_bound(wb.logit, wb.vmax) + c.tolerance;
+    const bool elems = m.element_ratio <= 1, unq = m.err_unquantized <= post && m.err_unquantized <= prior;
+    std::printf("  wire %s for q and k (v on its elements): every received q, k element within %.3g |x| + %.3g amax(row)%s: "
+                "largest error / bound %.3f: %s\n",
+                to_string(c.wire), eb.eps, eb.unit, eb.abs > 0 ? " + 2^-133" : "", m.element_ratio, elems ? "OK" : "FAILED");
+    std::printf("  max abs error vs the unquantized reference (double): o %.3g; bound (e^(2 delta) - 1) max|v| + tolerance with the\n"
+                "  measured largest logit change delta = %.3g: %.3g; with the a priori delta = %.3g (every element error aligned): %.3g: %s\n",
+                m.err_unquantized, m.logit_delta, post, wb.logit, prior, unq ? "OK" : "FAILED");
+    ok = ok && elems && unq;
+  }
   if (c.backward)
     std::printf("  (dk, dv taking one rank's copy of a replicated kv head instead of the sum: max abs error %.3g)\n",
                 m.err_unsummed);
