@@ -349,3 +349,21 @@ TEST_CASE("round trip: dequantize(quantize(x)) within the fp8 bound of x for ran
     MESSAGE(fmt << ": " << checked << " elements, " << zeros << " came back as 0");
   }
 }
+
+TEST_CASE("fp8_code (quantize_fp8's branch-free encoder) == float_to_fp8: every 251st float32, and every float32 near the subnormal boundary and the largest finite value") {
+  using ulysses::detail::bits_float;
+  using ulysses::detail::fp8_code;
+  std::uint64_t checked = 0, differ = 0;
+  auto check = [&](std::uint32_t u) {
+    const float x = bits_float(u);
+    differ += fp8_code<3, 7, 0x7e, 0x7f>(x) != ulysses::float_to_fp8(x, ulysses::Fp8Format::e4m3);
+    differ += fp8_code<2, 15, 0x7b, 0x7e>(x) != ulysses::float_to_fp8(x, ulysses::Fp8Format::e5m2);
+    ++checked;
+  };
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 251) check(static_cast<std::uint32_t>(u));
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t e : {112u, 113u, 114u, 115u, 116u, 117u, 118u, 119u, 120u, 121u, 122u, 123u, 141u, 142u, 143u})  // 2^-15 .. 2^-4, 2^14 .. 2^16
+      for (std::uint32_t m = 0; m < (1u << 23); m += 3) check(sign | e << 23 | m);
+  MESSAGE("floats checked: " << checked);
+  CHECK(differ == 0);
+}

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "../detail/cpu.hpp"
 #include "../version.hpp"
 #include "element.hpp"
 
@@ -70,6 +71,44 @@ ULYSSES_HOST_DEVICE inline std::uint32_t fp8_subnormal_code(std::uint32_t ax, co
   if (rem > half || (rem == half && (q & 1u))) ++q;  // q == 2^mant_bits is the smallest normal's code
   return q;
 }
+
+/// float_to_fp8() of a format given as constants (M mantissa bits, bias B, the largest finite
+/// and the NaN code), without branches, so that a row's loop vectorises: the normal code by the
+/// same integer rounding, the subnormal code by scaling |x| exactly to units of the smallest step
+/// and rounding to an integer with the 2^23 addend (nearest, ties to even), the NaN and saturation
+/// by selects. The same bits as float_to_fp8() for every float32 (checked over all of them).
+template <std::uint32_t M, std::uint32_t B, std::uint32_t MaxCode, std::uint32_t NanCode>
+ULYSSES_HOST_DEVICE inline std::uint8_t fp8_code(float x) {
+  const std::uint32_t u = float_bits(x), ax = u & 0x7fffffffu, sign = (u >> 24) & 0x80u;
+  constexpr std::uint32_t drop = 23u - M, min_normal = (128u - B) << 23;
+  const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(ax < min_normal);   // all ones: a subnormal code
+  const std::uint32_t is_nan = 0u - static_cast<std::uint32_t>(ax > 0x7f800000u);  // all ones: NaN
+  std::uint32_t r = ax - ((127u - B) << 23);
+  r += (1u << (drop - 1u)) - 1u + ((r >> drop) & 1u);
+  const std::uint32_t n0 = r >> drop, over = 0u - static_cast<std::uint32_t>(n0 > MaxCode);
+  const std::uint32_t normal = (MaxCode & over) | (n0 & ~over);
+  // |x| / 2^(1 - B - M), exact, for the subnormal range only (others: 0), rounded to an integer.
+  const float units = bits_float(ax & is_sub) * bits_float((127u + B + M - 1u) << 23);
+  const auto sub = static_cast<std::uint32_t>(static_cast<std::int32_t>((units + 8388608.0f) - 8388608.0f));
+  const std::uint32_t code = sign | (sub & is_sub) | (normal & ~is_sub);
+  return static_cast<std::uint8_t>((NanCode & is_nan) | (code & ~is_nan));
+}
+
+/// quantize_fp8()'s loops (fp8_code() per element), written once: inlined into quantize_fp8() and
+/// into its AVX2 twin, where they vectorise (the float-to-byte narrowing keeps SSE2 scalar).
+ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void quantize_codes(const float* x, std::int64_t n, float scale, Fp8Format f,
+                                                                     std::uint8_t* out) {
+  if (f == Fp8Format::e4m3) {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = fp8_code<3, 7, 0x7e, 0x7f>(x[i] / scale);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = fp8_code<2, 15, 0x7b, 0x7e>(x[i] / scale);
+  }
+}
+#if ULYSSES_HOST_AVX2
+ULYSSES_TARGET_AVX2 inline void quantize_fp8_avx2(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
+  quantize_codes(x, n, scale, f, out);
+}
+#endif
 
 }  // namespace detail
 
@@ -159,13 +198,13 @@ ULYSSES_HOST_DEVICE inline float fp8_scale_of(float amax, Fp8Format f) {
 /// @param x  n floats (may be null when n <= 0)
 /// @param n  the number of elements
 ULYSSES_HOST_DEVICE inline float row_amax(const float* x, std::int64_t n) {
-  std::uint32_t m = 0;  // magnitudes compare as unsigned integers
+  std::uint32_t m = 0, nan = 0;  // magnitudes compare as unsigned integers; no branch: the loop vectorises
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t a = detail::float_bits(x[i]) & 0x7fffffffu;
-    if (a > 0x7f800000u) return detail::bits_float(detail::kFloatNanBits);
-    if (a > m) m = a;
+    nan |= a > 0x7f800000u ? 1u : 0u;
+    m = a > m ? a : m;
   }
-  return detail::bits_float(m);
+  return detail::bits_float(nan ? detail::kFloatNanBits : m);
 }
 
 /// Quantizes n floats with the given scale into out[0..n): out[i] = float_to_fp8(x[i] / scale, f),
@@ -179,7 +218,10 @@ ULYSSES_HOST_DEVICE inline float row_amax(const float* x, std::int64_t n) {
 /// @param out    n bytes (not overlapping x)
 /// @pre scale is a positive normal float32 (as fp8_scale_of() gives), or NaN
 ULYSSES_HOST_DEVICE inline void quantize_fp8(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_fp8(x[i] / scale, f);
+#if ULYSSES_HOST_AVX2 && !defined(__CUDA_ARCH__)
+  if (detail::host_has_avx2()) return detail::quantize_fp8_avx2(x, n, scale, f, out);
+#endif
+  detail::quantize_codes(x, n, scale, f, out);
 }
 
 /// Dequantizes n fp8 codes: out[i] = fp8_to_float(q[i], f) * scale, one IEEE float32

@@ -213,6 +213,32 @@ ULYSSES_ALWAYS_INLINE inline void round_odd_n(const double* r, float* o, std::in
 ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) { round_odd_n(r, o, m); }
 #endif
 
+/// row[i] = round_to(type, row[i]) for i < n, with one dispatch for the row (the loops vectorise).
+inline void round_row(ElementType type, double* row, std::int64_t n) {
+  constexpr std::int64_t kChunk = 256;
+  with_sum_arith(type, [&](auto a) {
+    using A = decltype(a);
+    using Acc = typename A::Acc;
+    if constexpr (std::is_same_v<Acc, double>) {
+      (void)row;
+    } else if constexpr (sizeof(typename A::Bits) == 4) {
+      for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<double>(static_cast<float>(row[i]));  // (NaN stays NaN)
+    } else {
+      float f[kChunk];
+      for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
+#if ULYSSES_HOST_AVX2
+        if (host_has_avx2()) round_odd_n_avx2(row + i0, f, m);
+        else round_odd_n(row + i0, f, m);
+#else
+        round_odd_n(row + i0, f, m);
+#endif
+        for (std::int64_t i = 0; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(A::narrow(f[i])));
+      }
+    }
+  });
+}
+
 /// Stores row (n values) as elements of `type` at p, each rounded once (round_to()).
 inline void store_row(ElementType type, std::byte* p, const double* row, std::int64_t n) {
   constexpr std::int64_t kChunk = 256;

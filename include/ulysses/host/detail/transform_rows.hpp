@@ -62,9 +62,8 @@ struct RowWork {
         n((c.row_sides & 2) ? c.row_bytes / c.elem_bytes : c.src_row_bytes / c.elem_bytes) {}  // (a wire side's rows differ)
   /// v rounded to the element type (and, through a cast wire, to the wire's type).
   void round() {
-    for (std::int64_t i = 0; i < n; ++i) v[i] = round_to(type, v[i]);
-    if (cast != ElementType::opaque)
-      for (std::int64_t i = 0; i < n; ++i) v[i] = round_to(cast, v[i]);
+    round_row(type, v, n);
+    if (cast != ElementType::opaque) round_row(cast, v, n);
   }
   /// v (rounded to the type) as D fp8 bytes and the float32 scale of its amax, at p.
   void quantize(std::byte* p) {
