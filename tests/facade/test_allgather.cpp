@@ -166,3 +166,26 @@ TEST_CASE("allgather_kv refuses a plan that is not an all-gather, on every rank 
   CHECK(ut::code_of([] { allgather_kv_specs<float>(2, 0, 4); }) == Errc::invalid_shape);
   CHECK(ut::code_of([] { allgather_kv_specs<float>(2, 2, 0); }) == Errc::invalid_shape);
 }
+
+TEST_CASE("packed documents through all-gather KV: every rank gathers the packed sequence in global order; ranks with other document lists get plan_mismatch on every rank") {
+  const int P = 4;
+  const Documents docs({0, 5, 5, 21, 24, 40});  // a zero-length document, a short one, uneven totals
+  for (DocumentSplit split : {DocumentSplit::zigzag, DocumentSplit::balanced}) {
+    CAPTURE(to_string(split));
+    const SeqPartition seq = documents_partition(docs, P, split);
+    for (Path path : {Path::direct, Path::messages, Path::alltoallv}) CHECK(run_gather(P, seq, 1, 2, 8, 8, path, false) == "");
+  }
+  LocalGroup g(P);
+  std::vector<Errc> codes(P);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    const Documents mine = r == 3 ? Documents({0, 8, 21, 24, 40}) : docs;  // rank 3 packed other documents
+    const SeqPartition seq = documents_partition(mine, P, DocumentSplit::zigzag);
+    Plan plan({P, r}, 1, seq, allgather_kv_specs<float>(P, 2, 8).kv());
+    std::vector<float> k(static_cast<std::size_t>(seq.local_length(r) * 16)), v = k, ka(40 * 16), va = ka;
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    codes[static_cast<std::size_t>(r)] = ut::code_of([&] { allgather_kv(plan, comm, ex, {k, v}, {ka, va}, ws); });
+  });
+  for (Errc e : codes) CHECK(e == Errc::plan_mismatch);
+}
