@@ -18,6 +18,7 @@
 //     exact sum 1.02734375 as C25's eight) and 1.00000012f (AG rank 2 1.0f, AG ranks 0 and 1
 //     2^-24), 20 runs, every transport; then head->seq within the Ulysses group, bits unchanged.
 #include "mpi_groups.hpp"
+#include "mpi_vias.hpp"
 
 #include <ulysses/comm/mpi.hpp>
 #include <ulysses/comm/mpi_mesh.hpp>
@@ -72,79 +73,23 @@ const char* type_name() {
   return std::is_same_v<T, float> ? "float32" : "bfloat16";
 }
 
-// ---- the communicators and where the tensors lie ------------------------------------------------
-
-/// How a call runs: over MpiComm (messages, alltoallv), or over MpiWindowComm on the direct path
-/// with the tensors in the window, the inputs only, the outputs only, none (Cross Memory Attach
-/// where permitted), or none and staged (Cross Memory Attach off).
-enum class Via { messages, alltoallv, window, inputs_in_window, outputs_in_window, outside, staged };
+// The communicators and where the tensors lie: tests/support/mpi_vias.hpp (this test runs the
+// first seven ways).
+using ut::Comms;
+using ut::inputs_in;
+using ut::name_of;
+using ut::on_window;
+using ut::outputs_in;
+using ut::Store;
+using ut::Via;
 constexpr Via kVias[] = {Via::messages, Via::alltoallv, Via::window, Via::inputs_in_window, Via::outputs_in_window, Via::outside, Via::staged};
-const char* name_of(Via v) {
-  switch (v) {
-    case Via::messages: return "MpiComm, messages";
-    case Via::alltoallv: return "MpiComm, alltoallv";
-    case Via::window: return "MpiWindowComm, direct, inputs and outputs in the window";
-    case Via::inputs_in_window: return "MpiWindowComm, direct, inputs in the window, outputs outside";
-    case Via::outputs_in_window: return "MpiWindowComm, direct, inputs outside the window, outputs in it";
-    case Via::outside: return "MpiWindowComm, direct, every tensor outside the window (Cross Memory Attach)";
-    case Via::staged: return "MpiWindowComm, direct, every tensor outside the window, staged";
-  }
-  return "?";
-}
-bool on_window(Via v) { return v != Via::messages && v != Via::alltoallv; }
-bool inputs_in(Via v) { return v == Via::window || v == Via::inputs_in_window; }
-bool outputs_in(Via v) { return v == Via::window || v == Via::outputs_in_window; }
 
-/// One group's communicators: an MpiComm, and an MpiWindowComm over a window of kWindow bytes per
-/// rank, the first kArena of them one registration the test hands out in bumps (reset per call).
-constexpr std::size_t kArena = std::size_t{1} << 20, kWindow = 2 * kArena;
-struct Comms {
-  MpiComm comm;
-  MpiWindow win;
-  WindowSpan arena;
-  MpiWindowComm wc;
-  std::size_t used = 0;
-  explicit Comms(MPI_Comm sub) : comm(sub), win(comm, kWindow), arena(win.allocate(kArena)), wc(comm, win) {}
-  int rank() const { return comm.rank(); }
-  int size() const { return comm.size(); }
-};
-
-/// The storage of one call's tensors on this rank: private vectors, or bumps of the group's arena.
-struct Store {
-  Comms& g;
-  std::vector<std::vector<double>> own;
-  explicit Store(Comms& grp) : g(grp) { g.used = 0; }
-  template <class T>
-  T* take(std::size_t n, bool in_window) {
-    const std::size_t bytes = n * sizeof(T);
-    if (!in_window) {
-      own.emplace_back(bytes / sizeof(double) + 1);
-      return reinterpret_cast<T*>(own.back().data());
-    }
-    const std::size_t off = (g.used + 63) / 64 * 64;
-    if (off + bytes > g.arena.size()) throw std::runtime_error("the test's arena is too small");
-    g.used = off + bytes;
-    return reinterpret_cast<T*>(g.arena.data() + off);
-  }
-};
-
-/// Runs `call(comm, path)` the way `via` says; then what the window communicator says of its
-/// copies. Returns this rank's error ("" when none).
+/// Runs `call(comm, path)` the way `via` says (ut::run_via()); then what the window communicator
+/// says of its copies. Returns this rank's error ("" when none).
 template <class F>
 std::string run_via(Comms& g, Via via, bool reads_peers, F&& call) {
-  try {
-    if (!on_window(via)) {
-      call(g.comm, via == Via::messages ? Path::messages : Path::alltoallv);
-      return "";
-    }
-    g.wc.set_cross_memory_attach(via != Via::staged);
-    g.wc.set_cross_memory_min_range(0);  // short rows: read them in place anyway
-    call(g.wc, Path::direct);
-    g.wc.set_cross_memory_attach(true);
-  } catch (const std::exception& e) {
-    g.wc.set_cross_memory_attach(true);
-    return std::string("threw: ") + e.what();
-  }
+  const std::string e = ut::run_via(g, via, call);
+  if (!e.empty() || !on_window(via)) return e;
   const MpiWindowComm& wc = g.wc;
   if (wc.outputs_in_window() != outputs_in(via)) return "outputs_in_window() is " + std::to_string(wc.outputs_in_window());
   if (inputs_in(via) && wc.staged_bytes() + wc.remote_bytes() != 0) return "inputs in the window were staged or read remotely";
