@@ -97,9 +97,9 @@ void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, B
                                       to_string(plan.tensor(t).wire) + ", but the executor applies no row work (HostExecutor does; "
                                       "executor_traits::row_transforms)");
   }
-  if (!tx || (tx->empty() && tx->bad_index() < 0)) return;
+  if (!tx || (tx->empty() && !tx->has_bad_index())) return;
   const std::string call = call_name(dir);
-  if (tx->bad_index() >= 0)
+  if (tx->has_bad_index())
     fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(tx->bad_index()) +
                                   ", outside the plan's " + std::to_string(plan.num_tensors()) + " tensors");
   for (int t = 0; t < kMaxTensors; ++t) {

@@ -196,3 +196,10 @@ TEST_CASE("Rope's checks: odd or too large rotary dims, theta <= 0, ids out of r
   CHECK(ut::code_of([] { Rope(8, 64).check_rows(1, 64, 16); }) == Errc::invalid_shape);
   CHECK(ut::code_of([] { Rope(8, 64).check_rows(1, 64, 8); }) == Errc{});
 }
+
+TEST_CASE("break32: a negative batch_stride is refused; a max_position whose tables overflow is size_overflow, not a crash") {
+  const std::int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(ut::code_of([&] { Rope(4, 16).with_position_ids(ids, 8, -8); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([&] { Rope(4, 16).with_position_ids(nullptr, 8); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(128, std::int64_t{1} << 61); }) == Errc::size_overflow);
+}

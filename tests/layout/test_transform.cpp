@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -631,4 +632,46 @@ TEST_CASE("fp8 wire backward: replicated kv heads (GQA, MQA) summed from their f
       CHECK(run_fp8_backward<bf16>(4, 8, 8, 2, 8, path, wire) == "");
       CHECK(run_fp8_backward<float>(4, 9, 4, 1, 6, path, wire) == "");
     }
+}
+
+namespace {
+/// Every rank's error code of seq→head of one transformed tensor (P = 2) with the set `set` makes.
+std::vector<Errc> call_errors(const std::function<void(RowTransforms&)>& set) {
+  const int P = 2;
+  LocalGroup g(P);
+  std::vector<Errc> got(P);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    Plan plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(2, P), 4).with_row_transforms()});
+    std::vector<float> a(32, 1.0f), o(32, -5.0f);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    RowTransforms tx;
+    set(tx);
+    HostExecutor ex;
+    got[static_cast<std::size_t>(r)] = ut::code_of([&] { seq_to_head(plan, comm, ex, {a}, {o}, ws, tx); });
+  });
+  return got;
+}
+}  // namespace
+
+TEST_CASE("break32: a negative tensor index is refused on every rank, and the first bad index is the one reported") {
+  const Scale s{2.0};
+  for (Errc e : call_errors([&](RowTransforms& tx) { tx.on_pack(-1, s); })) CHECK(e == Errc::invalid_shape);
+  RowTransforms tx;
+  tx.on_pack(20, s).on_unpack(-1, s);
+  CHECK(tx.has_bad_index());
+  CHECK(tx.bad_index() == 20);
+}
+
+TEST_CASE("break32: a Rope whose documents or position ids cover no token refuses a sequence, on every rank") {
+  Rope empty_docs(4, 16);
+  empty_docs.with_documents({0, 0, 0});
+  CHECK(ut::code_of([&] { empty_docs.check_rows(1, 8, 4); }) == Errc::invalid_shape);
+  const std::int64_t ids[1] = {0};
+  Rope no_ids(4, 16);
+  no_ids.with_position_ids(ids, 0);
+  CHECK(ut::code_of([&] { no_ids.check_rows(1, 8, 4); }) == Errc::invalid_shape);
+  Rope r(4, 16);
+  r.with_documents({0, 0});
+  for (Errc e : call_errors([&](RowTransforms& t) { t.on_pack(0, r); })) CHECK(e == Errc::invalid_shape);
 }

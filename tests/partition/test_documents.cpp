@@ -237,3 +237,10 @@ TEST_CASE("balance: log-normal documents (mean 2048 tokens) packed to 128k, P = 
     CHECK(bal <= 1.05);
   }
 }
+
+TEST_CASE("break32: causal_pairs() of a document whose L(L+1)/2 fits int64 although L(L+1) does not") {
+  const std::int64_t L = 4000000000LL;
+  const Documents d({0, L});
+  CHECK(d.causal_pairs() == L / 2 * (L + 1));
+  CHECK(ut::code_of([] { (void)Documents({0, std::int64_t{1} << 33}).causal_pairs(); }) == Errc::size_overflow);
+}

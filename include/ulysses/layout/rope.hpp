@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../detail/checked.hpp"
 #include "../error.hpp"
 #include "transform.hpp"
 
@@ -66,7 +67,10 @@ class Rope {
   /// (batch_stride 0: one list for every batch). `count` entries; each in [0, max_position).
   /// Copied. @throws Error(invalid_shape) an id out of range.
   Rope& with_position_ids(const std::int64_t* ids, std::int64_t count, std::int64_t batch_stride = 0) {
+    check(count >= 0 && batch_stride >= 0, "the position ids' count and batch_stride must be >= 0");
+    check(count == 0 || ids, "the position ids must not be null");
     ids_.assign(ids, ids + count);
+    has_ids_ = true;
     for (std::int64_t v : ids_) check(v >= 0 && v < max_pos_, "position id " + std::to_string(v) + " is outside [0, max_position)");
     batch_stride_ = batch_stride;
     return *this;
@@ -78,6 +82,7 @@ class Rope {
   Rope& with_documents(const std::vector<std::int64_t>& cu_seqlens) {
     check(!cu_seqlens.empty() && cu_seqlens.front() == 0, "cu_seqlens must start at 0");
     ids_.clear();
+    has_ids_ = true;
     for (std::size_t k = 1; k < cu_seqlens.size(); ++k) {
       check(cu_seqlens[k] >= cu_seqlens[k - 1], "cu_seqlens must be non-decreasing");
       for (std::int64_t s = cu_seqlens[k - 1]; s < cu_seqlens[k]; ++s) ids_.push_back(s - cu_seqlens[k - 1]);
@@ -95,7 +100,7 @@ class Rope {
 
   /// The position of the row at (b, token).
   std::int64_t position(const RowCoord& at) const {
-    if (ids_.empty()) return at.token;
+    if (!has_ids_) return at.token;
     const std::int64_t i = at.batch * batch_stride_ + at.token;
     return i >= 0 && i < static_cast<std::int64_t>(ids_.size()) ? ids_[static_cast<std::size_t>(i)] : 0;
   }
@@ -126,7 +131,7 @@ class Rope {
   /// @throws Error(invalid_shape) naming what does not fit.
   void check_rows(std::int64_t B, std::int64_t S, std::int64_t D) const {
     check(D == d_, "the tensor's head dim is D=" + std::to_string(D));
-    if (ids_.empty())
+    if (!has_ids_)
       check(S <= max_pos_, "the sequence has S=" + std::to_string(S) + " tokens, beyond max_position=" + std::to_string(max_pos_));
     else
       check(static_cast<std::int64_t>(ids_.size()) >= (B - 1) * batch_stride_ + S,
@@ -183,7 +188,7 @@ class Rope {
     check(max_pos_ >= 1, "max_position must be >= 1");
     theta_ = theta;
     const std::int64_t half = rd_ / 2;
-    tab_.assign(static_cast<std::size_t>(max_pos_ * half * 4), 0.0f);
+    tab_.assign(static_cast<std::size_t>(detail::mul(detail::mul(max_pos_, half, "Rope table"), 4, "Rope table")), 0.0f);
     for (std::int64_t p = 0; p < max_pos_; ++p)
       for (std::int64_t i = 0; i < half; ++i) {
         float* e = &tab_[static_cast<std::size_t>(p * half * 4 + i)];  // c_hi, c_lo, s_hi, s_lo: `half` apart
@@ -204,6 +209,7 @@ class Rope {
   double sign_ = 1.0;
   std::vector<float> tab_;
   std::vector<std::int64_t> ids_;
+  bool has_ids_ = false;  // positions from ids_ (position ids or documents), even when it is empty
   std::int64_t batch_stride_ = 0;
 };
 

@@ -128,7 +128,9 @@ class RowTransforms {
       if (any(t)) return false;
     return true;
   }
-  /// The first tensor index given that is outside [0, kMaxTensors), or -1.
+  /// Whether a tensor index outside [0, kMaxTensors) was given (the calls then refuse the set).
+  bool has_bad_index() const { return bad_given_; }
+  /// The first tensor index given that is outside [0, kMaxTensors) (when has_bad_index()).
   int bad_index() const { return bad_; }
 
  private:
@@ -136,7 +138,8 @@ class RowTransforms {
   RowTransforms& set(RowTransformRef* side, int t, const X& x) {
     static_assert(check_row_transform<X>());
     if (t < 0 || t >= kMaxTensors) {
-      bad_ = t;
+      if (!bad_given_) bad_ = t;  // the first one, whatever its value (-1 included)
+      bad_given_ = true;
       return *this;
     }
     side[t] = {&x, [](const void* o, const RowCoord& at, double* row, std::int64_t n) { (*static_cast<const X*>(o))(at, row, n); }};
@@ -146,7 +149,8 @@ class RowTransforms {
   }
   RowTransformRef pack_[kMaxTensors] = {};
   RowTransformRef unpack_[kMaxTensors] = {};
-  int bad_ = -1;
+  int bad_ = 0;
+  bool bad_given_ = false;
 };
 
 /// Built-in transform: every element times `factor` (a QK scale, a softmax scale folded into q),

@@ -23,6 +23,14 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+/// x·y / 2 for consecutive integers x, y (one of them even) without overflowing before the
+/// halving. @throws Error(size_overflow) when the result does not fit int64.
+inline std::int64_t half_product(std::int64_t x, std::int64_t y, const char* what) {
+  return x % 2 == 0 ? mul(x / 2, y, what) : mul(x, y / 2, what);
+}
+}  // namespace detail
+
 /// Packed documents: validated cumulative document lengths (cu_seqlens, as flash-attn's varlen
 /// kernels and TransformerEngine's THD format take them). Document d spans global tokens
 /// [cu[d], cu[d+1]); zero-length documents (padding placeholders) are allowed anywhere and own no
@@ -81,7 +89,7 @@ class Documents {
   /// of causal attention masked per document). @throws Error(size_overflow) above int64.
   std::int64_t causal_pairs() const {
     std::int64_t w = 0;
-    for (std::int64_t d = 0; d < count(); ++d) w = detail::add(w, detail::mul(length(d), length(d) + 1, "causal pairs") / 2, "causal pairs");
+    for (std::int64_t d = 0; d < count(); ++d) w = detail::add(w, detail::half_product(length(d), length(d) + 1, "causal pairs"), "causal pairs");
     return w;
   }
 
@@ -115,7 +123,7 @@ namespace detail {
 /// Causal pairs of the queries [a, a + n) of a document starting at b (keys [b, s] each).
 inline std::int64_t piece_work(std::int64_t b, std::int64_t a, std::int64_t n) {
   const std::int64_t first = add(a - b, 1, "causal work");
-  return add(mul(n, first, "causal work"), mul(n, n - 1, "causal work") / 2, "causal work");
+  return add(mul(n, first, "causal work"), half_product(n, n - 1, "causal work"), "causal work");
 }
 /// Chunk j of 2P balanced chunks of the document [b, b + L): {offset, length}.
 inline std::pair<std::int64_t, std::int64_t> doc_chunk(std::int64_t b, std::int64_t L, int P, std::int64_t j) {
