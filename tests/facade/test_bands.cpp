@@ -3,7 +3,7 @@
 // the first band that uses them) and the band pipeline in-process: banded_attention() and
 // banded_attention_backward() over every band count from 1 to the largest H_r give the bits of the
 // unbanded layer (GQA, MQA with replicated kv heads, uneven H; P = 2, 3, 4), with the worker thread
-// and without; a failing attention on one rank is every rank's error.
+// and without; a failing attention on one rank is every rank's error; C24 (bands [7,7] and [5,5,4] of 14 heads a rank, MHA and GQA, new inputs every round, outputs poisoned with NaN).
 #include <doctest/doctest.h>
 #include <ulysses/bands.hpp>
 #include <ulysses/comm/local.hpp>
@@ -420,4 +420,47 @@ TEST_CASE("break31: one handle carrying several stages of one plan (one workspac
   g.spawn([&](LocalGroup::Comm& comm) {
     for (Progress pr : {Progress::thread, Progress::in_start}) CHECK(bt::multi_part_mismatches(c, comm, pr) == 0);
   });
+}
+
+TEST_CASE("C24: P=4, H=56 (14 heads a rank), bands [7,7] and [5,5,4], MHA and GQA Hkv=8; new inputs every round, outputs NaN before the call: the 1-band bits, no head read before it arrived") {
+  const int P = 4;
+  bt::BandCase mha{P, 1, 64, 56, 56, 16};
+  bt::BandCase gqa{P, 1, 64, 56, 8, 16};  // 2 kv heads a rank, 7 query heads each
+  mha.poison = gqa.poison = true;
+  // Every band count from 1 to 14 on one round; an uneven count keeps its short last band.
+  {
+    const std::vector<bt::BandResult> ref = run_all(mha, 0);
+    for (int G = 1; G <= 14; ++G) {
+      CAPTURE(G);
+      const std::vector<bt::BandResult> got = run_all(mha, G);
+      for (int r = 0; r < P; ++r) {
+        CHECK(got[static_cast<std::size_t>(r)] == ref[static_cast<std::size_t>(r)]);  // (NaN != NaN: an unwritten element fails)
+        CHECK(got[static_cast<std::size_t>(r)].late == 0);
+      }
+    }
+  }
+  // [5,5,4] of 14 query heads: the bands.
+  const AttentionSpecs s = mha.specs();
+  const HeadBands hb({P, 1}, 1, SeqPartition::even(64, P), s, 3);
+  CHECK(hb.band(0).query.size() == 5);
+  CHECK(hb.band(1).query.size() == 5);
+  CHECK(hb.band(2).query.size() == 4);
+  // 20 rounds of new inputs: [7,7] and [5,5,4] for MHA; [7,7] for GQA (whole kv groups), and [5,5,4]
+  // for GQA too, where a kv group is split: its kv head travels with the first band that uses it
+  // (documented in bands.hpp), so the bits are still the 1-band run's.
+  for (unsigned round = 0; round < 20; ++round)
+    for (bt::BandCase* c : {&mha, &gqa}) {
+      c->salt = round + 1;
+      CAPTURE(round);
+      CAPTURE(c->Hkv);
+      const std::vector<bt::BandResult> ref = run_all(*c, 1);
+      for (int G : {2, 3}) {
+        CAPTURE(G);
+        const std::vector<bt::BandResult> got = run_all(*c, G);
+        for (int r = 0; r < P; ++r) {
+          CHECK(got[static_cast<std::size_t>(r)] == ref[static_cast<std::size_t>(r)]);
+          CHECK(got[static_cast<std::size_t>(r)].late == 0);
+        }
+      }
+    }
 }

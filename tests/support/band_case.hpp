@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ struct BandCase {
   int P = 2;
   std::int64_t B = 1, S = 8, H = 4, Hkv = 2, D = 4;
   HeadPolicy policy = HeadPolicy::automatic;
+  unsigned salt = 0;    ///< varies the inputs (a new round of the same shapes)
+  bool poison = false;  ///< the outputs start as NaN (every element must be written)
   std::string name() const {
     return "P=" + std::to_string(P) + " B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
            " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
@@ -36,8 +39,9 @@ struct BandCase {
 };
 
 /// The value of global element i of tensor t (0 q, 1 k, 2 v, 3 do): a small float, deterministic.
-inline float value(int t, std::int64_t i) {
-  const std::uint64_t x = (static_cast<std::uint64_t>(i) * 2654435761u + static_cast<std::uint64_t>(t) * 40503u) % 1021u;
+inline float value(int t, std::int64_t i, unsigned salt = 0) {
+  const std::uint64_t x =
+      (static_cast<std::uint64_t>(i) * 2654435761u + static_cast<std::uint64_t>(t) * 40503u + std::uint64_t{salt} * 7919u) % 1021u;
   return static_cast<float>(x) / 512.0f - 1.0f;
 }
 
@@ -50,7 +54,7 @@ inline std::vector<float> seq_part(const BandCase& c, const SeqPartition& seq, i
       for (std::int64_t h = 0; h < n; ++h)
         for (std::int64_t d = 0; d < c.D; ++d)
           x[static_cast<std::size_t>(((b * Sr + i) * n + h) * c.D + d)] =
-              value(t, ((b * c.S + seq.global_token(r, i)) * n + h) * c.D + d);
+              value(t, ((b * c.S + seq.global_token(r, i)) * n + h) * c.D + d, c.salt);
   return x;
 }
 
@@ -149,10 +153,11 @@ BandResult run_layer(const BandCase& c, Comm& comm, Exec& exec, int bands, Progr
   std::vector<float> q2 = head(Hr), k2 = head(Kr), v2 = head(Kr), o2 = head(Hr), do2 = head(Hr), dq2 = head(Hr), dk2 = head(Kr),
                      dv2 = head(Kr);
   BandResult res;
-  res.o.assign(q.size(), 0.0f);
-  res.dq.assign(q.size(), 0.0f);
-  res.dk.assign(k.size(), 0.0f);
-  res.dv.assign(v.size(), 0.0f);
+  const float start = c.poison ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  res.o.assign(q.size(), start);
+  res.dq.assign(q.size(), start);
+  res.dk.assign(k.size(), start);
+  res.dv.assign(v.size(), start);
   std::vector<std::byte> ws_qkv(qkv.workspace_bytes()), ws_o(out.workspace_bytes());
   const TensorList<ConstByteSpan> qkv_in{q, k, v};
   const TensorList<ByteSpan> qkv_head{q2, k2, v2};
