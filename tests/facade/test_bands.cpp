@@ -3,7 +3,8 @@
 // the first band that uses them) and the band pipeline in-process: banded_attention() and
 // banded_attention_backward() over every band count from 1 to the largest H_r give the bits of the
 // unbanded layer (GQA, MQA with replicated kv heads, uneven H; P = 2, 3, 4), with the worker thread
-// and without; a failing attention on one rank is every rank's error; C24 (bands [7,7] and [5,5,4] of 14 heads a rank, MHA and GQA, new inputs every round, outputs poisoned with NaN).
+// and without; a failing attention on one rank is every rank's error; C24 (bands [7,7] and
+// [5,5,4] of 14 heads a rank, MHA and GQA, new inputs every round, outputs poisoned with NaN).
 #include <doctest/doctest.h>
 #include <ulysses/bands.hpp>
 #include <ulysses/comm/local.hpp>
