@@ -21,19 +21,48 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 namespace ulysses_ring_demo {
 
 /// A hybrid attention case: U × R ranks, shapes, causal or not (zigzag when causal unless told).
+/// With `cu_seqlens` (packed documents, last entry S) the attention is masked per document and the
+/// ring cuts every document into 2R chunks (RingPartition(Documents, U, R)); with `allgather` the
+/// U·R ranks form one all-gather-KV group (DistributedAttentionPlan::allgather()) over `allgather_split`.
 struct RingCase {
   int U = 2, R = 2;
   std::int64_t B = 1, S = 16, H = 4, Hkv = 4, D = 8, Dv = 8;
   bool causal = true;
   ulysses::RingLayout layout = ulysses::RingLayout::zigzag;
+  std::vector<std::int64_t> cu_seqlens;  ///< packed documents (empty: one sequence)
+  bool allgather = false;                ///< all-gather KV over P = U·R ranks instead of U × R
+  ulysses::DocumentSplit allgather_split = ulysses::DocumentSplit::zigzag;  ///< the all-gather group's partition of the documents
+  /// Called with every forward step before the kernel (world rank w; tests look at the mask).
+  std::function<void(int w, const ulysses::AttentionStep&)> on_step;
+  /// The document of global token t (0 without documents).
+  std::int64_t document(std::int64_t t) const {
+    std::int64_t d = 0;
+    for (std::size_t i = 1; i < cu_seqlens.size(); ++i)
+      if (t >= cu_seqlens[i]) d = static_cast<std::int64_t>(i);
+    return d;
+  }
+  /// Whether query token i attends key token j: same document, and j <= i when causal.
+  bool attends(std::int64_t i, std::int64_t j) const { return document(i) == document(j) && (!causal || j <= i); }
 };
+
+/// The world's seq-sharded partition of case c (w = j·U + u; all-gather: the P = U·R ranks').
+inline ulysses::SeqPartition world_partition(const RingCase& c) {
+  using namespace ulysses;
+  if (c.allgather)
+    return c.cu_seqlens.empty() ? (c.causal ? SeqPartition::zigzag(c.S, c.U * c.R) : SeqPartition::balanced(c.S, c.U * c.R))
+                                : documents_partition(Documents(c.cu_seqlens, c.S), c.U * c.R, c.allgather_split);
+  if (!c.cu_seqlens.empty()) return RingPartition(Documents(c.cu_seqlens, c.S), c.U, c.R).seq_partition();
+  return RingPartition(c.S, c.U, c.R, c.layout).seq_partition();
+}
 
 /// A deterministic value in [-1, 1) for element i of tensor t.
 inline float rand_value(int t, std::int64_t i) {
@@ -85,6 +114,10 @@ struct RingReference {
           const std::int64_t n = c.causal ? i + 1 : S;
           double m = -INFINITY;
           for (std::int64_t j = 0; j < n; ++j) {
+            if (!c.attends(i, j)) {
+              p[static_cast<std::size_t>(j)] = -INFINITY;
+              continue;
+            }
             double s = 0;
             for (std::int64_t d = 0; d < D; ++d) s += double(g.q[at(b, i, h, d, S, H, D)]) * double(g.k[at(b, j, hk, d, S, Hk, D)]);
             p[static_cast<std::size_t>(j)] = s * scale;
@@ -103,6 +136,7 @@ struct RingReference {
           for (std::int64_t d = 0; d < Dv; ++d) Di += double(g.dout[at(b, i, h, d, S, H, Dv)]) * out[at(b, i, h, d, S, H, Dv)];
           for (std::int64_t j = 0; j < n; ++j) {
             const double pj = p[static_cast<std::size_t>(j)];
+            if (pj == 0) continue;  // masked (exp(-inf) = 0)
             double dp = 0;
             for (std::int64_t d = 0; d < Dv; ++d) {
               dp += double(g.dout[at(b, i, h, d, S, H, Dv)]) * double(g.v[at(b, j, hk, d, S, Hk, Dv)]);
@@ -146,7 +180,7 @@ inline void step_attention(const ulysses::AttentionStep& st) {
         const std::int64_t hk = st.heads.kv_of(h);
         float m = -INFINITY;
         for (std::int64_t kk = 0; kk < st.kv_len; ++kk) {
-          if (st.causal() && kk > ii) {
+          if (!st.attends(ii, kk)) {  // causal, or a packed document's blocks
             s[static_cast<std::size_t>(kk)] = -INFINITY;
             continue;
           }
@@ -190,7 +224,7 @@ inline void step_backward(const ulysses::AttentionGradStep& g) {
         float Di = 0;  // rowsum(dout · out)
         for (std::int64_t d = 0; d < Dv; ++d) Di += dout[b * os.batch + ii * os.row + h * os.head + d] * o[b * os.batch + ii * os.row + h * os.head + d];
         for (std::int64_t kk = 0; kk < st.kv_len; ++kk) {
-          if (st.causal() && kk > ii) continue;
+          if (!st.attends(ii, kk)) continue;
           float a = 0;
           for (std::int64_t d = 0; d < D; ++d) a += q[b * qs.batch + ii * qs.row + h * qs.head + d] * k[b * ks.batch + kk * ks.row + hk * ks.head + d];
           const float p = std::exp(a * scale - l);
@@ -243,33 +277,54 @@ template <class UlyssesComm, class RingComm>
 RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int w, UlyssesComm& uc, RingComm& rc, bool backward,
                                    ulysses::RingProgress progress = ulysses::RingProgress::automatic) {
   using namespace ulysses;
-  const RingPartition part(c.S, c.U, c.R, c.layout);
-  const SeqPartition world = part.seq_partition();
+  const std::optional<Documents> docs = c.cu_seqlens.empty() ? std::nullopt : std::optional<Documents>(Documents(c.cu_seqlens, c.S));
+  const SeqPartition world = world_partition(c);
   const AttentionShape shape{c.H, c.Hkv, c.D, c.Dv};
-  const HeadPolicy policy = c.H % c.U == 0 && (c.Hkv % c.U == 0 || c.U % c.Hkv == 0) ? HeadPolicy::even : HeadPolicy::balanced;
-  const AttentionSpecs specs = attention_specs<float>(c.U, shape, policy);
-  const RingPlan rp(part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
+  const int U = c.allgather ? 1 : c.U;  // all-gather KV: every head on every rank
+  const HeadPolicy policy = c.H % U == 0 && (c.Hkv % U == 0 || U % c.Hkv == 0) ? HeadPolicy::even : HeadPolicy::balanced;
+  const AttentionSpecs specs = attention_specs<float>(U, shape, policy);
   DistributedAttentionOptions opt;
   opt.progress = progress;
-  const DistributedAttentionPlan plan(rp, opt);
+  std::optional<DistributedAttentionPlan> made;
+  std::optional<RingPartition> part;
+  int u = 0, j = 0;
+  if (c.allgather) {
+    made.emplace(DistributedAttentionPlan::allgather({c.U * c.R, w}, c.B, world, specs, c.causal, docs ? &*docs : nullptr, opt));
+  } else {
+    part.emplace(docs ? RingPartition(*docs, c.U, c.R) : RingPartition(c.S, c.U, c.R, c.layout));
+    const RingPlan rp(*part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
+    made.emplace(rp, opt);
+    u = rp.ulysses_rank(), j = rp.ring_rank();
+  }
+  const DistributedAttentionPlan& plan = *made;
   const std::vector<float> q = ring_shard(c, world, w, g.q, c.H, c.D), k = ring_shard(c, world, w, g.k, c.Hkv, c.D),
                            v = ring_shard(c, world, w, g.v, c.Hkv, c.Dv);
   std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
   RingRankResult rr;
   rr.out.resize(static_cast<std::size_t>(c.B * world.local_length(w) * c.H * c.Dv));
-  distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), step_attention, saved, ws);
+  const auto kernel = [&](const AttentionStep& st) {
+    if (c.on_step) c.on_step(w, st);
+    step_attention(st);
+  };
+  if (c.allgather)
+    distributed_attention(plan, uc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws);
+  else
+    distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws);
   const float* lse = plan.saved_lse(saved);
   rr.lse.assign(lse, lse + c.B * plan.query_heads() * plan.tokens());
-  rr.h0 = specs.query_heads.begin(rp.ulysses_rank());
+  rr.h0 = specs.query_heads.begin(u);
   rr.Hq = plan.query_heads();
   rr.L = plan.tokens();
-  for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(part.ring_token(rp.ring_rank(), i));
+  for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(c.allgather ? world.global_token(w, i) : part->ring_token(j, i));
   if (!backward) return rr;
   const std::vector<float> dos = ring_shard(c, world, w, g.dout, c.H, c.Dv);
   rr.dq.assign(q.size(), 0.0f);
   rr.dk.assign(k.size(), 0.0f);
   rr.dv.assign(v.size(), 0.0f);
-  distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
+  if (c.allgather)
+    distributed_attention_backward(plan, uc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
+  else
+    distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
   return rr;
 }
 
@@ -278,16 +333,18 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
 inline std::vector<RingRankResult> run_ring_attention(const RingCase& c, const RingGlobals& g, bool backward,
                                                       ulysses::RingProgress progress = ulysses::RingProgress::automatic) {
   using namespace ulysses;
-  const RingPartition part(c.S, c.U, c.R, c.layout);
   const int P = c.U * c.R;
+  // All-gather KV: one group of P ranks (and a ring of one each, unused); else a Ulysses group per
+  // ring rank and a ring per Ulysses rank (w = j·U + u).
+  const int U = c.allgather ? P : c.U, R = c.allgather ? 1 : c.R;
   std::vector<std::unique_ptr<LocalGroup>> ug, rg;
-  for (int j = 0; j < c.R; ++j) ug.push_back(std::make_unique<LocalGroup>(c.U, std::chrono::seconds(60)));
-  for (int u = 0; u < c.U; ++u) rg.push_back(std::make_unique<LocalGroup>(c.R, std::chrono::seconds(60)));
+  for (int j = 0; j < R; ++j) ug.push_back(std::make_unique<LocalGroup>(U, std::chrono::seconds(60)));
+  for (int u = 0; u < U; ++u) rg.push_back(std::make_unique<LocalGroup>(R, std::chrono::seconds(60)));
   std::vector<RingRankResult> res(static_cast<std::size_t>(P));
   std::vector<std::exception_ptr> err(static_cast<std::size_t>(P));
   auto rank_main = [&](int w) {
-    LocalGroup::Comm uc = ug[static_cast<std::size_t>(part.ring_rank(w))]->comm(part.ulysses_rank(w));
-    LocalGroup::Comm rc = rg[static_cast<std::size_t>(part.ulysses_rank(w))]->comm(part.ring_rank(w));
+    LocalGroup::Comm uc = ug[static_cast<std::size_t>(w / U)]->comm(w % U);
+    LocalGroup::Comm rc = rg[static_cast<std::size_t>(w % U)]->comm(w / U);
     res[static_cast<std::size_t>(w)] = ring_rank_attention(c, g, w, uc, rc, backward, progress);
   };
   std::vector<std::thread> th;
@@ -297,8 +354,8 @@ inline std::vector<RingRankResult> run_ring_attention(const RingCase& c, const R
         rank_main(w);
       } catch (...) {
         err[static_cast<std::size_t>(w)] = std::current_exception();
-        ug[static_cast<std::size_t>(part.ring_rank(w))]->abort();
-        rg[static_cast<std::size_t>(part.ulysses_rank(w))]->abort();
+        ug[static_cast<std::size_t>(w / U)]->abort();
+        rg[static_cast<std::size_t>(w % U)]->abort();
       }
     });
   for (auto& t : th) t.join();
@@ -311,7 +368,7 @@ inline std::vector<RingRankResult> run_ring_attention(const RingCase& c, const R
 /// global reference ref [B, S, Hx, Dx] (NaN counts as infinite).
 inline double rank_error(const RingCase& c, const std::vector<double>& ref, std::int64_t Hx, std::int64_t Dx, int w,
                          const std::vector<float>& x) {
-  const ulysses::SeqPartition world = ulysses::RingPartition(c.S, c.U, c.R, c.layout).seq_partition();
+  const ulysses::SeqPartition world = world_partition(c);
   const std::int64_t Sw = world.local_length(w);
   double e = 0;
   for (std::int64_t b = 0; b < c.B; ++b)

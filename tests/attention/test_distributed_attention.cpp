@@ -419,3 +419,176 @@ TEST_CASE("bfloat16: U x R = 2 x 2 causal zigzag, MQA, B = 2, forward and backwa
     CHECK(err.max() > 0);  // (bf16 did round)
   }
 }
+
+namespace {
+/// Packed-document cases (C20, C21): one path of the case's documents.
+struct DocPath {
+  const char* name;
+  int U, R;
+  bool allgather;
+};
+const DocPath kDocPaths[] = {{"Ulysses P=2", 2, 1, false}, {"Ulysses P=4", 4, 1, false}, {"U=1 x R=2", 1, 2, false},
+                             {"U=2 x R=2", 2, 2, false},   {"all-gather KV P=2", 2, 1, true}, {"all-gather KV P=4", 4, 1, true}};
+rd::RingCase doc_case(const DocPath& p, std::int64_t S, std::vector<std::int64_t> cu, bool causal) {
+  rd::RingCase c;
+  c.U = p.U, c.R = p.R, c.allgather = p.allgather, c.S = S, c.H = 4, c.Hkv = 2, c.D = 8, c.Dv = 8, c.B = 1, c.causal = causal;
+  c.cu_seqlens = std::move(cu);
+  return c;
+}
+/// Every step's mask is document ∧ causal (or document-only): blocks, each row pair as the case says,
+/// no empty block; counts the steps seen.
+void check_masks(rd::RingCase& c, std::atomic<int>& steps, std::atomic<int>& wrong) {
+  c.on_step = [&c, &steps, &wrong](int, const AttentionStep& st) {
+    ++steps;
+    if (st.mask != RingMask::blocks || st.block_count < 1) ++wrong;
+    for (std::int64_t b = 0; b < st.block_count; ++b)
+      if (st.blocks[b].q_len < 1 || st.blocks[b].kv_len < 1) ++wrong;
+    for (std::int64_t i = 0; i < st.q_len; ++i)
+      for (std::int64_t k = 0; k < st.kv_len; ++k)
+        if (st.attends(i, k) != c.attends(st.q_tokens.global(i), st.kv_tokens.global(k))) ++wrong;
+  };
+}
+/// The rows (global tokens) of world rank w's seq shard.
+std::vector<std::int64_t> shard_tokens(const rd::RingCase& c, int w) {
+  const SeqPartition world = rd::world_partition(c);
+  std::vector<std::int64_t> t;
+  for (std::int64_t i = 0; i < world.local_length(w); ++i) t.push_back(world.global_token(w, i));
+  return t;
+}
+/// Whether rows `token` of x [B=1, S_w, n] (seq shard of rank w) hold the same bits in a and b.
+bool same_row(const std::vector<float>& a, const std::vector<float>& b, std::int64_t row, std::int64_t n) {
+  return std::memcmp(&a[static_cast<std::size_t>(row * n)], &b[static_cast<std::size_t>(row * n)], static_cast<std::size_t>(n) * sizeof(float)) == 0;
+}
+bool has_nan(const std::vector<float>& x) {
+  for (float f : x)
+    if (std::isnan(f)) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("C21: packed documents do not see each other (Ulysses, U x R with per-document zigzag, all-gather KV; causal and document-only)") {
+  for (const auto& cu : {std::vector<std::int64_t>{0, 8, 16}, std::vector<std::int64_t>{0, 5, 16}})
+    for (bool causal : {true, false})
+      for (const DocPath& path : kDocPaths) {
+        if (path.U * path.R > 2 && path.U != 2) continue;  // C21: P = 2 and U=2 x R=2
+        rd::RingCase c = doc_case(path, 16, cu, causal);
+        INFO(path.name << " cu_seqlens [0," << cu[1] << ",16]" << (causal ? " causal" : " document-only"));
+        std::atomic<int> steps{0}, wrong{0};
+        check_masks(c, steps, wrong);
+        const rd::RingGlobals g0(c);
+        rd::RingGlobals g1 = g0;  // the probe: +1.0 on q, k, v of token 3 (document 0)
+        for (std::int64_t h = 0; h < c.H * c.D; ++h) g1.q[static_cast<std::size_t>(3 * c.H * c.D + h)] += 1.0f;
+        for (std::int64_t h = 0; h < c.Hkv * c.D; ++h) g1.k[static_cast<std::size_t>(3 * c.Hkv * c.D + h)] += 1.0f;
+        for (std::int64_t h = 0; h < c.Hkv * c.Dv; ++h) g1.v[static_cast<std::size_t>(3 * c.Hkv * c.Dv + h)] += 1.0f;
+        const auto a = rd::run_ring_attention(c, g0, true), b = rd::run_ring_attention(c, g1, true);
+        CHECK(steps.load() > 0);
+        CHECK(wrong.load() == 0);
+        CHECK(rd::max_errors(c, rd::RingReference(c, g0, true), a).max() < 2e-5);
+        CHECK(rd::max_errors(c, rd::RingReference(c, g1, true), b).max() < 2e-5);
+        const std::int64_t d0 = cu[1];  // the first token of document 1
+        int changed_doc1 = 0, changed_early = 0, unchanged_late = 0;
+        for (int w = 0; w < c.U * c.R; ++w) {
+          const auto W = static_cast<std::size_t>(w);
+          const std::vector<std::int64_t> tok = shard_tokens(c, w);
+          for (std::size_t i = 0; i < tok.size(); ++i) {
+            const auto row = static_cast<std::int64_t>(i);
+            const bool o_same = same_row(a[W].out, b[W].out, row, c.H * c.Dv);
+            if (tok[i] >= d0) {  // document 1: o, dk, dv bit for bit
+              changed_doc1 += !o_same + !same_row(a[W].dk, b[W].dk, row, c.Hkv * c.D) + !same_row(a[W].dv, b[W].dv, row, c.Hkv * c.Dv);
+            } else if (causal && tok[i] < 3) {
+              changed_early += !o_same;  // before the probe: unchanged under causal
+            } else {
+              unchanged_late += o_same;  // the probe's document after it (all of it without causal): changed
+            }
+          }
+          for (std::int64_t h = 0; h < a[W].Hq; ++h)  // the LSE rows of document 1 (head-sharded, ring-local)
+            for (std::int64_t i = 0; i < a[W].L; ++i)
+              if (a[W].tokens[static_cast<std::size_t>(i)] >= d0) {
+                const auto at = static_cast<std::size_t>(h * a[W].L + i);
+                changed_doc1 += std::memcmp(&a[W].lse[at], &b[W].lse[at], sizeof(float)) != 0;
+              }
+        }
+        CHECK(changed_doc1 == 0);
+        CHECK(changed_early == 0);
+        CHECK(unchanged_late == 0);
+      }
+}
+
+TEST_CASE("C20: zero-length documents in a padded cu_seqlens give the bits of [0,16,40], through every path, forward and backward") {
+  for (const DocPath& path : kDocPaths) {
+    if (path.U * path.R == 2 && path.R == 1 && path.allgather) continue;  // C20: all-gather KV P = 4
+    INFO(path.name);
+    rd::RingCase base = doc_case(path, 40, {0, 16, 40}, true);
+    const rd::RingGlobals g(base);
+    const auto want = rd::run_ring_attention(base, g, true);
+    CHECK(rd::max_errors(base, rd::RingReference(base, g, true), want).max() < 2e-5);
+    for (const auto& cu : {std::vector<std::int64_t>{0, 16, 40, 40, 40}, std::vector<std::int64_t>{0, 0, 16, 40}, std::vector<std::int64_t>{0, 16, 16, 40}}) {
+      rd::RingCase c = doc_case(path, 40, cu, true);
+      std::atomic<int> steps{0}, wrong{0};
+      check_masks(c, steps, wrong);
+      const auto got = rd::run_ring_attention(c, g, true);
+      CHECK(wrong.load() == 0);
+      for (std::size_t w = 0; w < got.size(); ++w) {
+        CHECK(same_bits(got[w].out, want[w].out));
+        CHECK(same_bits(got[w].lse, want[w].lse));
+        CHECK(same_bits(got[w].dq, want[w].dq));
+        CHECK(same_bits(got[w].dk, want[w].dk));
+        CHECK(same_bits(got[w].dv, want[w].dv));
+        CHECK(!has_nan(got[w].out));
+        CHECK(!has_nan(got[w].dq));
+        CHECK(!has_nan(got[w].dk));
+      }
+    }
+  }
+  // A decreasing entry and a last entry other than S: refused before any plan or exchange.
+  CHECK(ut::code_of([] { Documents({0, 16, 10, 40}, 40); }) == Errc::invalid_partition);
+  CHECK(ut::code_of([] { Documents({0, 16, 39}, 40); }) == Errc::seq_lengths_mismatch);
+}
+
+TEST_CASE("packed documents: the plain Ulysses overload with documents gives the R = 1 bits; other documents on one rank are plan_mismatch on every rank") {
+  for (bool causal : {true, false}) {
+    rd::RingCase c = doc_case(kDocPaths[1], 22, {0, 3, 3, 12, 22}, causal);  // P = 4, a placeholder, uneven
+    c.B = 2;
+    const rd::RingGlobals g(c);
+    const auto want = rd::run_ring_attention(c, g, true);
+    CHECK(rd::max_errors(c, rd::RingReference(c, g, true), want).max() < 2e-5);
+    const SeqPartition world = rd::world_partition(c);
+    std::vector<std::vector<float>> o(4);
+    for (std::size_t w = 0; w < 4; ++w) o[w] = want[w].out;
+    const std::vector<float> ref_o = gather(world, c.B, c.H, c.Dv, o);
+    for (const SeqPartition& seq : {SeqPartition::balanced(c.S, 4), SeqPartition::zigzag(c.S, 4),
+                                    documents_partition(Documents(c.cu_seqlens), 4, DocumentSplit::balanced)}) {
+      std::vector<std::vector<float>> got(4);
+      LocalGroup group(4, std::chrono::seconds(30));
+      group.spawn([&](LocalGroup::Comm& comm) {
+        const int w = comm.rank();
+        const DistributedAttentionPlan plan({4, w}, c.B, seq, attention_specs<float>(4, {c.H, c.Hkv, c.D, c.Dv}), causal, Documents(c.cu_seqlens));
+        CHECK(plan.has_documents());
+        const auto q = rd::ring_shard(c, seq, w, g.q, c.H, c.D), k = rd::ring_shard(c, seq, w, g.k, c.Hkv, c.D), v = rd::ring_shard(c, seq, w, g.v, c.Hkv, c.Dv);
+        std::vector<float> out(static_cast<std::size_t>(c.B * seq.local_length(w) * c.H * c.Dv));
+        std::vector<std::byte> saved(plan.saved_bytes()), ws(plan.forward_workspace_bytes());
+        distributed_attention(plan, comm, QkvIn().q(q).k(k).v(v), ByteSpan(out), rd::step_attention, saved, ws);
+        got[static_cast<std::size_t>(w)] = out;
+      });
+      CHECK(same_bits(gather(seq, c.B, c.H, c.Dv, got), ref_o));
+    }
+  }
+  // Rank 1 packs other documents of the same S: every rank gets plan_mismatch before any data moves.
+  std::vector<Errc> codes(2);
+  LocalGroup group(2, std::chrono::seconds(30));
+  group.spawn([&](LocalGroup::Comm& comm) {
+    const int w = comm.rank();
+    const Documents docs(w == 1 ? std::vector<std::int64_t>{0, 5, 16} : std::vector<std::int64_t>{0, 8, 16});
+    for (bool ag : {false, true}) {
+      const AttentionSpecs specs = attention_specs<float>(ag ? 1 : 2, {4, 2, 8});
+      const SeqPartition seq = SeqPartition::balanced(16, 2);
+      const DistributedAttentionPlan plan =
+          ag ? DistributedAttentionPlan::allgather({2, w}, 1, seq, specs, true, &docs) : DistributedAttentionPlan({2, w}, 1, seq, specs, true, docs);
+      std::vector<float> x(16 * 4 * 8);
+      std::vector<std::byte> saved(plan.saved_bytes()), ws(plan.forward_workspace_bytes());
+      const Errc e = ut::code_of([&] { distributed_attention(plan, comm, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, saved, ws); });
+      codes[static_cast<std::size_t>(w)] = e;
+      CHECK(e == Errc::plan_mismatch);
+    }
+  });
+}

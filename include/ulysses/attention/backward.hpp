@@ -79,7 +79,7 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   AttentionCarve sv(saved.data), wk(ws.data);
   const std::byte *q_h = sv.take(r.saved[0]), *own = sv.take(r.saved[1]), *o_h = sv.take(r.saved[2]);
   const auto* lse = static_cast<const float*>(static_cast<const void*>(sv.take(r.saved[3])));
-  std::byte* do_h = wk.take(r.bwd[0]);
+  const std::byte* do_h = wk.take(r.bwd[0]);
   std::byte* const kv[2] = {wk.take(r.bwd[1]), wk.take(r.bwd[2])};
   std::byte* const gr[2] = {wk.take(r.bwd[3]), wk.take(r.bwd[4])};
   float* f[3];  // dq accumulator, dq partial, dk|dv partial
@@ -88,7 +88,12 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   const ByteSpan xws(wk.take(r.bwd[9]), r.bwd[9]);
   const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
-  head_to_seq_backward(p.out_plan(), uc, exec, dout, ByteSpan(do_h, r.bwd[0]), xws);
+  if (p.is_allgather()) {  // do is on the query rows already: the step reads it in place
+    check_attention_span(call, "do", dout.data, dout.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of a do");
+    do_h = static_cast<const std::byte*>(dout.data);
+  } else {
+    head_to_seq_backward(p.out_plan(), uc, exec, dout, ByteSpan(const_cast<std::byte*>(do_h), r.bwd[0]), xws);
+  }
   const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), D = p.specs().q.head_dim;
   std::memset(f[0], 0, r.bwd[5]);
   const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
@@ -101,7 +106,17 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   };
   auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2]); };
   const float* home = attention_steps<true>(p, rc, own, kv, gr, body, after);
-  const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2), eb = p.specs().q.elem_bytes;
+  const std::size_t eb = p.specs().q.elem_bytes;
+  if (p.is_allgather()) {  // dq on its tokens; dk|dv of the whole sequence reduce-scattered (fp32, ascending rank, one rounding)
+    const std::size_t nq = r.saved[0], nk = qkv.head_bytes(0), nv = qkv.head_bytes(1);
+    const TensorList<ByteSpan> l = grads.list();
+    check_attention_span(call, "dq", l.data[0].data, l.data[0].bytes, nq, Errc::buffer_too_small, "qkv_plan().seq_bytes() size of a dq");
+    attention_store(f[0], l.data[0].data, static_cast<std::int64_t>(nq / eb), p.element_type());
+    attention_store(home, g_t, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
+    allgather_kv_backward(qkv, uc, exec, {ConstByteSpan(g_t, nk), ConstByteSpan(g_t + nk, nv)}, {l.data[1], l.data[2]}, xws);
+    return;
+  }
+  const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
   attention_store(f[0], g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
   attention_store(home, g_t + nq, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
   seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 
+#include "../allgather.hpp"
 #include "../attention_call.hpp"
 #include "../host/executor.hpp"
 #include "../redistribute.hpp"
@@ -46,7 +47,14 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   const ByteSpan xws(wk.take(r.fwd[5]), r.fwd[5]);
   const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
-  seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({own, qkv.head_bytes(1)}).v({own + qkv.head_bytes(1), qkv.head_bytes(2)}), xws);
+  if (p.is_allgather()) {  // q stays: a copy kept for the backward; k|v of the whole sequence gathered
+    const TensorList<ConstByteSpan> l = in.list();
+    check_attention_span(call, "q", l.data[0].data, l.data[0].bytes, r.saved[0], Errc::buffer_too_small, "qkv_plan().seq_bytes(0) of a q");
+    if (r.saved[0]) std::memcpy(q_h, l.data[0].data, r.saved[0]);
+    allgather_kv(qkv, uc, exec, {l.data[1], l.data[2]}, {ByteSpan(own, qkv.head_bytes(0)), ByteSpan(own + qkv.head_bytes(0), qkv.head_bytes(1))}, xws);
+  } else {
+    seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({own, qkv.head_bytes(1)}).v({own + qkv.head_bytes(1), qkv.head_bytes(2)}), xws);
+  }
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
   ring_merge_init(ms, acc, lse);
   const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
@@ -65,7 +73,12 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   };
   attention_steps<false>(p, rc, own, kv, kv, body, [](int, float*) {});
   ring_merge_finish(ms, acc, o_h, type);
-  head_to_seq(p.out_plan(), uc, exec, ConstByteSpan(o_h, r.saved[2]), out, xws);
+  if (p.is_allgather()) {  // o is on its tokens already
+    check_attention_span(call, "output o", out.data, out.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of an o");
+    if (r.saved[2]) std::memcpy(out.data, o_h, r.saved[2]);
+  } else {
+    head_to_seq(p.out_plan(), uc, exec, ConstByteSpan(o_h, r.saved[2]), out, xws);
+  }
 }
 
 }  // namespace detail

@@ -19,6 +19,7 @@
 #include "../merge/lse.hpp"
 #include "../plan/attention.hpp"
 #include "../layout/byte_span.hpp"
+#include "../partition/documents.hpp"
 #include "../plan/plan.hpp"
 #include "../ring/plan.hpp"
 #include "../transport/ring_step.hpp"
@@ -84,6 +85,8 @@ class DistributedAttentionPlan {
     work_ = ring.schedule();
     const RingPartition& p = ring.partition();
     for (int j = 0; j < p.ring_degree(); ++j) chunks_.push_back(p.ring_chunks(j));
+    kv_chunks_ = chunks_;
+    if (p.has_documents()) docs_ = p.documents();
     init(ring.tokens());
   }
   /// Plain Ulysses over any sequence partition: one step, all S tokens, causal or not.
@@ -96,29 +99,67 @@ class DistributedAttentionPlan {
   /// @throws what Plan's constructor throws; Error(tensor_mismatch) as above.
   DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
                            const DistributedAttentionOptions& o = {})
-      : specs_(specs), B_(batch), causal_(causal), u_(group.rank), opt_(o),
-        qkv_(group, batch, seq, specs.qkv(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal)),
-        out_(group, batch, seq, specs.out(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal)) {
-    const RingPartition p(seq.seq_len(), group.size, 1, RingLayout::contiguous);
-    work_.push_back(ring_work(p, 0, 0, causal));
-    chunks_.push_back({SeqChunk{0, 0, seq.seq_len(), 0}});
-    init(seq.seq_len());
+      : DistributedAttentionPlan(group, batch, seq, specs, causal, nullptr, o) {}
+  /// Plain Ulysses over packed documents: as above, the attention masked per document (document ∧
+  /// causal, or document-only with causal false). The head side holds the whole packed sequence in
+  /// global order, so the one step's blocks (RingMask::blocks) are one per non-empty document,
+  /// [begin, end) × [begin, end) causal (or full): FlashAttention's varlen call with the global
+  /// cu_seqlens. The documents' fingerprint is in the plans' agreement record (a rank with other
+  /// documents: plan_mismatch on every rank). Placeholders change nothing.
+  /// @param docs  the packed documents; docs.seq_len() must be seq.seq_len()
+  /// @throws Error(seq_lengths_mismatch) docs.seq_len() != S; as above.
+  DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
+                           const Documents& docs, const DistributedAttentionOptions& o = {})
+      : DistributedAttentionPlan(group, batch, seq, specs, causal, &docs, o) {}
+
+  /// All-gather-KV context parallelism (Llama 3's: q stays on its tokens, k|v of the whole sequence
+  /// gathered on every rank, allgather_kv()), over any partition of the sequence (even, zigzag, a
+  /// documents_partition()), with every head on every rank: one step per call, this rank's S_r
+  /// query rows (global tokens of `seq`, in local order) against all S kv rows (global order),
+  /// masked causal, per document (`docs`), or neither; the step's mask is RingMask::blocks
+  /// (document_blocks()). The output is seq-sharded at once (no head→seq). The backward
+  /// reduce-scatters dk|dv (allgather_kv_backward(): fp32, ascending rank order, rounded once).
+  /// Seq-sharded tensors bshd: q [B, S_r, H, D], k [B, S_r, Hkv, D], v [B, S_r, Hkv, Dv], o [B,
+  /// S_r, H, Dv]. qkv_plan() is the k|v all-gather plan (2 tensors); there is no out_plan().
+  /// @param group  the context-parallel group (P ranks, this rank)
+  /// @param batch  B >= 1
+  /// @param seq    the sequence partition (P ranks over S tokens)
+  /// @param specs  attention_specs(1, shape, type): every head on one rank (q, k, v, o whole)
+  /// @param causal causal attention (global token order)
+  /// @param docs   packed documents (null: one sequence); docs->seq_len() must be S
+  /// @param o      options (softmax scale; the all-gather plan's options)
+  /// @throws Error(invalid_group) specs made for more than one rank; Error(seq_lengths_mismatch)
+  ///         documents of another S; what Plan's constructor throws; Error(tensor_mismatch) as above.
+  static DistributedAttentionPlan allgather(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
+                                            const Documents* docs = nullptr, const DistributedAttentionOptions& o = {}) {
+    return DistributedAttentionPlan(AllGatherTag{}, group, batch, seq, specs, causal, docs, o);
   }
 
-  int steps() const { return static_cast<int>(work_.size()); }   ///< R (1: plain Ulysses)
+  int steps() const { return static_cast<int>(work_.size()); }   ///< R (1: plain Ulysses, all-gather KV)
+  bool is_allgather() const { return allgather_; }                ///< made by allgather()
+  bool has_documents() const { return docs_.has_value(); }        ///< masked per packed document
+  /// The packed documents. @throws Error(invalid_partition) a plan without documents.
+  const Documents& documents() const {
+    if (!docs_) detail::fail(Errc::invalid_partition, "DistributedAttentionPlan: made without packed documents");
+    return *docs_;
+  }
   bool has_ring_plan() const { return ring_.has_value(); }        ///< made from a RingPlan
   /// The RingPlan it was made from. @throws Error(invalid_mesh) a plain Ulysses plan.
   const RingPlan& ring_plan() const {
     if (!ring_) detail::fail(Errc::invalid_mesh, "DistributedAttentionPlan: a plain Ulysses plan has no RingPlan");
     return *ring_;
   }
-  const Plan& qkv_plan() const { return qkv_; }                   ///< the Ulysses group's q|k|v plan (one exchange)
-  const Plan& out_plan() const { return out_; }                   ///< the Ulysses group's o plan
+  const Plan& qkv_plan() const { return qkv_; }                   ///< the Ulysses group's q|k|v plan (one exchange); all-gather: the k|v plan
+  /// The Ulysses group's o plan. @throws Error(invalid_mesh) an all-gather plan (its o is seq-sharded at once).
+  const Plan& out_plan() const {
+    if (!out_) detail::fail(Errc::invalid_mesh, "DistributedAttentionPlan: an all-gather-KV plan has no o plan (o stays on its tokens)");
+    return *out_;
+  }
   const AttentionSpecs& specs() const { return specs_; }          ///< q, k, v, o
   const DistributedAttentionOptions& options() const { return opt_; }  ///< the options
   std::int64_t batch() const { return B_; }                       ///< B
   bool causal() const { return causal_; }                         ///< causal attention
-  std::int64_t tokens() const { return L_; }                      ///< L: rows of the head-sharded tensors
+  std::int64_t tokens() const { return L_; }                      ///< L: query rows (head-sharded tensors; all-gather: S_r)
   std::int64_t query_heads() const { return Hq_; }                ///< H_u
   std::int64_t kv_heads() const { return Hk_; }                   ///< Hkv_u
   ElementType element_type() const { return specs_.q.type; }     ///< q's element type
@@ -128,11 +169,27 @@ class DistributedAttentionPlan {
   AttentionHeads heads() const {
     return {0, Hq_, 0, Hk_, specs_.query_heads.begin(u_), specs_.kv_heads.begin(u_), grouped_, kv_map_.data()};
   }
-  /// The global tokens of rows [begin, begin + len) of ring rank j's tokens (j = 0 for plain Ulysses).
-  TokenRanges token_ranges(int j, std::int64_t begin, std::int64_t len) const {
+  /// The global tokens of query rows [begin, begin + len) of ring rank j (j = 0 for plain Ulysses
+  /// and all-gather KV).
+  TokenRanges token_ranges(int j, std::int64_t begin, std::int64_t len) const { return ranges_of(chunks_.at(static_cast<std::size_t>(j)), begin, len); }
+  /// The global tokens of kv rows [begin, begin + len) of the block of ring rank j.
+  TokenRanges kv_token_ranges(int j, std::int64_t begin, std::int64_t len) const {
+    return ranges_of(kv_chunks_.at(static_cast<std::size_t>(j)), begin, len);
+  }
+
+ private:
+  static TokenRanges ranges_of(const std::vector<SeqChunk>& chunks, std::int64_t begin, std::int64_t len) {
     TokenRanges t;
+    std::int64_t total = 0;
+    for (const SeqChunk& c : chunks) total += c.length;
+    if (chunks.size() > 2 && begin == 0 && len == total) {  // all rows of many runs: the plan's list
+      t.count = static_cast<int>(chunks.size());
+      t.runs = chunks.data();
+      for (int i = 0; i < 2; ++i) t.begin[i] = chunks[static_cast<std::size_t>(i)].offset, t.length[i] = chunks[static_cast<std::size_t>(i)].length;
+      return t;
+    }
     std::int64_t at = 0;  // ring-local row of the chunk's first token
-    for (const SeqChunk& c : chunks_.at(static_cast<std::size_t>(j))) {
+    for (const SeqChunk& c : chunks) {
       const std::int64_t lo = std::max(begin, at), hi = std::min(begin + len, at + c.length);
       if (hi > lo && t.count < 2) {
         t.begin[t.count] = c.offset + (lo - at);
@@ -142,6 +199,8 @@ class DistributedAttentionPlan {
     }
     return t;
   }
+
+ public:
   /// Bytes of the engine's `saved` span: what the forward keeps for the backward (head-sharded q,
   /// this rank's k|v block, the merged o, the merged LSE). The forward needs it too (inference: scratch).
   std::size_t saved_bytes() const { return detail::attention_total(regions_.saved); }
@@ -162,14 +221,78 @@ class DistributedAttentionPlan {
     for (int k = 0; k < i; ++k) c.take(regions_.saved[k]);
     return c.take(regions_.saved[i]);
   }
-  static PlanOptions with_ring(PlanOptions o, int U, std::int64_t S, bool causal) {
-    o.ring = RingConfig{U, 1, RingLayout::contiguous, causal, S, 1};
+  static PlanOptions with_ring(PlanOptions o, int U, std::int64_t S, bool causal, const Documents* docs = nullptr) {
+    o.ring = RingConfig{U, 1, RingLayout::contiguous, causal, S, 1, docs ? docs->fingerprint() : 0};
     return o;
+  }
+  static const Documents* checked(const Documents* docs, std::int64_t S) {
+    if (docs && docs->seq_len() != S)
+      detail::fail(Errc::seq_lengths_mismatch, "DistributedAttentionPlan: the documents span S=" + std::to_string(docs->seq_len()) +
+                                                   " tokens, the sequence partition " + std::to_string(S));
+    return docs;
+  }
+  /// Plain Ulysses, with or without documents.
+  DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
+                           const Documents* docs, const DistributedAttentionOptions& o)
+      : specs_(specs), B_(batch), causal_(causal), u_(group.rank), opt_(o),
+        qkv_(group, batch, seq, specs.qkv(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))),
+        out_(Plan(group, batch, seq, specs.out(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal, docs))) {
+    if (docs) {
+      docs_ = *docs;
+      work_.push_back(ring_work(RingPartition(*docs, group.size, 1), 0, 0, causal));
+    } else {
+      work_.push_back(ring_work(RingPartition(seq.seq_len(), group.size, 1, RingLayout::contiguous), 0, 0, causal));
+    }
+    chunks_.push_back({SeqChunk{0, 0, seq.seq_len(), 0}});
+    kv_chunks_ = chunks_;
+    init(seq.seq_len());
+  }
+  struct AllGatherTag {};
+  static std::vector<TensorSpec> gather_specs(const AttentionSpecs& specs, int P) {
+    if (specs.query_heads.degree() != 1)
+      detail::fail(Errc::invalid_group, "DistributedAttentionPlan::allgather: the attention specs were made for P=" +
+                                            std::to_string(specs.query_heads.degree()) +
+                                            " ranks; all-gather KV keeps every head on every rank: attention_specs(1, shape, type)");
+    std::vector<TensorSpec> kv = {specs.k, specs.v};
+    for (TensorSpec& t : kv) {
+      t.heads = HeadPartition::all(t.heads.num_heads(), P);
+      t.serving(TensorSpec::kNone).with_replicas(Replicas::sum);
+    }
+    return kv;
+  }
+  /// All-gather KV (allgather()).
+  DistributedAttentionPlan(AllGatherTag, Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
+                           const Documents* docs, const DistributedAttentionOptions& o)
+      : specs_(specs), B_(batch), causal_(causal), u_(0), opt_(o), allgather_(true),
+        qkv_(group, batch, seq, gather_specs(specs, group.size), Format::bshd,
+             with_ring(o.plan, group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))) {
+    const std::int64_t S = seq.seq_len();
+    const Documents whole({0, S});
+    const Documents& d = docs ? *docs : whole;
+    if (docs) docs_ = *docs;
+    std::vector<SeqChunk> mine;
+    for (const SeqChunk& c : seq.chunks_of(group.rank))
+      if (c.length > 0) mine.push_back(c);
+    std::sort(mine.begin(), mine.end(), [](const SeqChunk& a, const SeqChunk& b) { return a.local_offset < b.local_offset; });
+    chunks_.push_back(mine);
+    kv_chunks_.push_back({SeqChunk{0, 0, S, 0}});
+    RingWork w;
+    w.L_q = w.q_len = seq.local_length(group.rank);
+    w.L_kv = w.kv_len = S;
+    w.mask = RingMask::blocks;
+    if (!causal && !docs) {
+      if (w.q_len > 0) w.blocks.push_back({0, w.q_len, 0, S, RingMask::none, 0});
+    } else {
+      w.blocks = document_blocks(d, chunks_[0], kv_chunks_[0], causal);
+    }
+    if (w.blocks.empty()) w.q_len = w.kv_len = 0;
+    work_.push_back(std::move(w));
+    init(seq.local_length(group.rank));
   }
   void init(std::int64_t L) {
     L_ = L;
     Hq_ = specs_.query_heads.count(u_);
-    Hk_ = specs_.kv_heads.count(u_);
+    Hk_ = specs_.kv_heads.count(u_);  // (all-gather: u_ = 0 of a P = 1 split, every head)
     const ElementType t = specs_.q.type;
     for (const TensorSpec* s : {&specs_.k, &specs_.v, &specs_.o})
       if (s->type != t || !mergeable(t))
@@ -185,21 +308,22 @@ class DistributedAttentionPlan {
     const std::size_t eb = specs_.q.elem_bytes, f = sizeof(float);
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
     const std::size_t D = n(specs_.q.head_dim), Dv = n(specs_.v.head_dim), rows = n(B_ * L_), Hq = n(Hq_), Hk = n(Hk_);
-    std::size_t kvmax = rows * Hk * (D + Dv) * eb, gmax = rows * Hk * (D + Dv) * f;
+    const std::size_t kv_rows = allgather_ ? n(B_ * work_[0].L_kv) : rows;  // all-gather: the whole sequence
+    std::size_t kvmax = kv_rows * Hk * (D + Dv) * eb, gmax = kv_rows * Hk * (D + Dv) * f;
     if (ring_) {
       kvmax = ring_->kv_buffer_bytes();
       gmax = ring_->grad_buffer_bytes();
     }
     const bool R = steps() > 1;
-    const std::size_t ws = std::max(qkv_.workspace_bytes(), out_.workspace_bytes());
+    const std::size_t ws = std::max(qkv_.workspace_bytes(), out_ ? out_->workspace_bytes() : 0);
     regions_.saved[0] = rows * Hq * D * eb;
-    regions_.saved[1] = rows * Hk * (D + Dv) * eb;
+    regions_.saved[1] = kv_rows * Hk * (D + Dv) * eb;
     regions_.saved[2] = rows * Hq * Dv * eb;
     regions_.saved[3] = rows * Hq * f;
     const std::size_t fwd[6] = {R ? kvmax : 0, R ? kvmax : 0, rows * Hq * Dv * f, rows * Hq * Dv * eb, rows * Hq * f, ws};
     std::copy(fwd, fwd + 6, regions_.fwd);
-    const std::size_t bwd[10] = {rows * Hq * Dv * eb, R ? kvmax : 0, R ? kvmax : 0, gmax, R ? gmax : 0, rows * Hq * D * f,
-                                 rows * Hq * D * f, gmax, (rows * Hq * D + rows * Hk * (D + Dv)) * eb, ws};
+    const std::size_t bwd[10] = {allgather_ ? 0 : rows * Hq * Dv * eb, R ? kvmax : 0, R ? kvmax : 0, gmax, R ? gmax : 0, rows * Hq * D * f,
+                                 rows * Hq * D * f, gmax, (rows * Hq * D + kv_rows * Hk * (D + Dv)) * eb, ws};
     std::copy(bwd, bwd + 10, regions_.bwd);
   }
 
@@ -209,9 +333,13 @@ class DistributedAttentionPlan {
   bool causal_ = false;
   int u_ = 0;
   DistributedAttentionOptions opt_;
-  Plan qkv_, out_;
+  bool allgather_ = false;
+  Plan qkv_;
+  std::optional<Plan> out_;
+  std::optional<Documents> docs_;
   std::vector<RingWork> work_;                 // by step
-  std::vector<std::vector<SeqChunk>> chunks_;  // global chunks of ring rank j's tokens, ascending
+  std::vector<std::vector<SeqChunk>> chunks_;  // global chunks of ring rank j's query tokens, in row order
+  std::vector<std::vector<SeqChunk>> kv_chunks_;  // global chunks of ring rank j's kv block, in row order
   std::int64_t L_ = 0, Hq_ = 0, Hk_ = 0;
   std::vector<std::int64_t> kv_map_;
   bool grouped_ = true;

@@ -32,16 +32,36 @@ struct LseStrides {
   std::int64_t head = 0;   ///< elements between heads (rows are contiguous)
 };
 
-/// The global token indices of a step's rows: at most two ascending ranges of global tokens
-/// (a zigzag ring rank's two chunks), in order; row i of the step is global token global(i).
+/// The global token indices of a step's rows: ascending ranges of global tokens, in row order;
+/// row i of the step is global token global(i). Up to two ranges (a zigzag ring rank's two
+/// chunks) sit in begin / length; more (packed documents: two chunks of every document, or a
+/// balanced split's runs) are all in `runs` (count of them, SeqChunk::offset and length), which
+/// the plan owns, and begin / length then hold the first two.
 struct TokenRanges {
-  int count = 0;                     ///< ranges used (0: no rows, 1 or 2)
-  std::int64_t begin[2] = {0, 0};    ///< first global token of each range
-  std::int64_t length[2] = {0, 0};   ///< tokens of each range
-  /// Rows in all: length[0] + length[1] of the ranges used.
-  std::int64_t rows() const { return (count > 0 ? length[0] : 0) + (count > 1 ? length[1] : 0); }
-  /// The global token of row i (0 .. rows() − 1). @pre 0 <= i < rows().
-  std::int64_t global(std::int64_t i) const { return i < length[0] ? begin[0] + i : begin[1] + (i - length[0]); }
+  int count = 0;                     ///< ranges (0: no rows)
+  std::int64_t begin[2] = {0, 0};    ///< first global token of the first two ranges
+  std::int64_t length[2] = {0, 0};   ///< tokens of the first two ranges
+  const SeqChunk* runs = nullptr;    ///< all `count` ranges when count > 2 (else null)
+  /// Rows in all: the ranges' lengths summed.
+  std::int64_t rows() const {
+    if (runs) {
+      std::int64_t n = 0;
+      for (int i = 0; i < count; ++i) n += runs[i].length;
+      return n;
+    }
+    return (count > 0 ? length[0] : 0) + (count > 1 ? length[1] : 0);
+  }
+  /// The global token of row i (0 .. rows() − 1). @pre 0 <= i < rows(). O(count) with runs.
+  std::int64_t global(std::int64_t i) const {
+    if (runs) {
+      for (int r = 0; r < count; ++r) {
+        if (i < runs[r].length) return runs[r].offset + i;
+        i -= runs[r].length;
+      }
+      return -1;
+    }
+    return i < length[0] ? begin[0] + i : begin[1] + (i - length[0]);
+  }
 };
 
 /// The heads of one call, local to this rank's head-sharded tensors: query heads [q_begin,
@@ -73,7 +93,14 @@ struct AttentionStep {
   int steps = 1;               ///< R (1: plain Ulysses)
   int source = 0;              ///< the ring rank whose kv block this step holds ((r − s) mod R)
   RingWork work;               ///< the step's ranges in ring-local rows (ring/schedule.hpp)
-  RingMask mask = RingMask::none;  ///< none, or causal: row i attends key k iff k <= i (q_len == kv_len here)
+  /// none; causal: row i attends key k iff k <= i (q_len == kv_len here); or blocks (packed
+  /// documents): row i attends key k iff one of `blocks` says so (RingBlock::attends), a row that
+  /// no block covers attends nothing (leave its out 0 and lse −inf). A kernel that takes only a
+  /// causal flag runs each block as one varlen sequence (cu_seqlens_q = q_begin, seqused_q = q_len,
+  /// likewise k; causal = the block's mask).
+  RingMask mask = RingMask::none;
+  const RingBlock* blocks = nullptr;  ///< with mask == blocks: the step's rectangles (rows of the views), in order, disjoint
+  std::int64_t block_count = 0;       ///< how many
   ElementType type = ElementType::float32;  ///< element type of q, k, v, out
   std::size_t elem_bytes = 4;  ///< bytes of one element of `type`
   std::int64_t batch = 1;      ///< B
@@ -93,7 +120,17 @@ struct AttentionStep {
   AttentionStrides out_stride; ///< its strides (contiguous today)
   float* lse = nullptr;        ///< write: its LSE, fp32 [B, q_count, q_len] at lse_stride, natural log; −inf (or +inf / NaN) for a row with no key
   LseStrides lse_stride;       ///< its strides
-  bool causal() const { return mask == RingMask::causal; }  ///< FlashAttention's causal flag
+  bool causal() const { return mask == RingMask::causal; }  ///< FlashAttention's causal flag (false for blocks: see them)
+  /// Whether query row i attends kv row k (rows of the views): the brute-force form of the mask.
+  bool attends(std::int64_t i, std::int64_t k) const {
+    if (i < 0 || i >= q_len || k < 0 || k >= kv_len) return false;
+    if (mask == RingMask::blocks) {
+      for (std::int64_t b = 0; b < block_count; ++b)
+        if (blocks[b].attends(i, k)) return true;
+      return false;
+    }
+    return mask == RingMask::none || k <= i;
+  }
 };
 
 /// One backward call of the engine's attention (FlashAttention-2's _flash_attn_backward): the

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../detail/checked.hpp"
+#include "../detail/hash.hpp"
 #include "../error.hpp"
 #include "seq.hpp"
 
@@ -91,6 +92,15 @@ class Documents {
     std::int64_t w = 0;
     for (std::int64_t d = 0; d < count(); ++d) w = detail::add(w, detail::half_product(length(d), length(d) + 1, "causal pairs"), "causal pairs");
     return w;
+  }
+  /// A 64-bit fingerprint of the documents that determines the attention mask: FNV-1a over S and
+  /// the offsets of the non-empty documents, so padded forms ([0,16,40,40,40], [0,0,16,40]) and
+  /// [0,16,40] agree; never 0. What the agreement records carry (RingConfig::documents).
+  std::uint64_t fingerprint() const {
+    std::uint64_t h = detail::fnv1a(detail::kFnvBasis, seq_len());
+    for (std::size_t i = 1; i < cu_.size(); ++i)
+      if (cu_[i] > cu_[i - 1]) h = detail::fnv1a(h, cu_[i - 1]);
+    return h | 1u;
   }
 
  private:

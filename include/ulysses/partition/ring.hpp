@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../detail/checked.hpp"
 #include "../error.hpp"
+#include "documents.hpp"
 #include "seq.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -73,6 +75,48 @@ class RingPartition {
     }
   }
 
+  /// Packed documents, per-document zigzag (TransformerEngine's THD context parallelism, case C20):
+  /// every document cut into 2R balanced chunks (the first L % 2R one token longer), ring rank j
+  /// holding chunks j and 2R−1−j of each, in document order (contiguous runs merged), each ring
+  /// rank's tokens cut into U balanced pieces as for one sequence. layout() is zigzag; ring_work()
+  /// then gives each step its document blocks (RingMask::blocks). Documents shorter than 2R leave
+  /// some ring ranks nothing of them.
+  /// @param docs  the packed documents (S = docs.seq_len())
+  /// @param U     Ulysses degree, >= 1
+  /// @param R     ring degree, >= 1
+  /// @throws Error(invalid_group) U or R outside [1, 2^20], or U·R above it; Error(invalid_shape)
+  ///         a ring rank left without a token (too few tokens in documents of >= 1 token for 2R
+  ///         chunks; the message names it).
+  RingPartition(const Documents& docs, int U, int R) : S_(docs.seq_len()), U_(U), R_(R), layout_(RingLayout::zigzag), docs_(docs) {
+    detail::check_group_size(U);
+    detail::check_group_size(R);
+    if (static_cast<std::int64_t>(U) * R > detail::kMaxDegree)
+      detail::fail(Errc::invalid_group, "U x R = " + std::to_string(static_cast<std::int64_t>(U) * R) + " ranks exceeds " +
+                                            std::to_string(detail::kMaxDegree));
+    for (int j = 0; j < R; ++j) {
+      std::vector<SeqChunk> c;
+      for (std::int64_t d = 0; d < docs.count(); ++d)
+        for (const std::int64_t i : {static_cast<std::int64_t>(j), 2 * static_cast<std::int64_t>(R) - 1 - j}) {
+          const auto [o, n] = detail::doc_chunk(docs.begin(d), docs.length(d), R, i);
+          detail::push_run(c, j, o, n);
+        }
+      std::int64_t local = 0;
+      for (SeqChunk& k : c) k.local_offset = local, local += k.length;
+      if (local == 0)
+        detail::fail(Errc::invalid_shape, "ring partition of packed documents (S=" + std::to_string(S_) + ", " +
+                                              std::to_string(docs.non_empty()) + " non-empty documents) over R=" + std::to_string(R) +
+                                              " ring ranks: ring rank " + std::to_string(j) +
+                                              " holds no token (each document is cut into 2R chunks); use a smaller R");
+      chunks_.push_back(std::move(c));
+    }
+  }
+
+  bool has_documents() const { return docs_.has_value(); }  ///< made from packed documents
+  /// The packed documents. @throws Error(invalid_partition) a partition not made from documents.
+  const Documents& documents() const {
+    if (!docs_) detail::fail(Errc::invalid_partition, "this ring partition was not made from packed documents");
+    return *docs_;
+  }
   std::int64_t seq_len() const { return S_; }       ///< S, global tokens
   int ulysses_degree() const { return U_; }          ///< U
   int ring_degree() const { return R_; }             ///< R
@@ -160,6 +204,7 @@ class RingPartition {
   std::int64_t S_;
   int U_, R_;
   RingLayout layout_;
+  std::optional<Documents> docs_;
   std::vector<std::vector<SeqChunk>> chunks_;
 };
 
@@ -194,9 +239,13 @@ struct RingConfig {
   /// (measure_ring_split(), tune/ring_split.hpp) or by the cost model (best_ring_messages(),
   /// tune/ring_cost.hpp). 1 .. kMaxRingMessages.
   int messages = 1;
+  /// Packed documents: Documents::fingerprint() of the partition's documents (the attention mask
+  /// depends on them), 0 for one sequence.
+  std::uint64_t documents = 0;
   /// The configuration of a partition, a causal flag and a wire split.
   static RingConfig of(const RingPartition& p, bool causal, int messages = 1) {
-    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len(), messages};
+    return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len(), messages,
+            p.has_documents() ? p.documents().fingerprint() : 0};
   }
 };
 

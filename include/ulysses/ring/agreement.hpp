@@ -23,16 +23,21 @@ ULYSSES_NAMESPACE_BEGIN
 namespace detail {
 /// The record of a RingConfig all-gathered by check_ring_config(): fixed-width fields.
 struct RingRecord {
-  std::int64_t field[6];
+  std::int64_t field[7];
 };
+/// The record of c.
+inline RingRecord ring_record(const RingConfig& c) {
+  return {{c.ulysses_degree, c.ring_degree, static_cast<std::int64_t>(c.layout), c.causal ? 1 : 0, c.seq_len, c.messages,
+           static_cast<std::int64_t>(c.documents)}};
+}
 inline const char* ring_field_name(int i) {
-  static const char* const n[6] = {"U", "R", "layout", "causal", "S", "messages a block"};
+  static const char* const n[7] = {"U", "R", "layout", "causal", "S", "messages a block", "packed documents (fingerprint of cu_seqlens)"};
   return n[i];
 }
 /// What differs between every rank's record and rank 0's ("" when nothing), naming ranks and fields.
 inline std::string compare_ring_records(const std::vector<RingRecord>& all, const char* group) {
   const std::string d = records_differ(
-      static_cast<int>(all.size()), 6, [&](int p, int i) { return static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)].field[i]); },
+      static_cast<int>(all.size()), 7, [&](int p, int i) { return static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)].field[i]); },
       [](int i) { return std::string(ring_field_name(i)); }, [&](int p, int i) { return std::to_string(all[static_cast<std::size_t>(p)].field[i]); });
   return d.empty() ? d : std::string("over the ") + group + ": " + d;
 }
@@ -55,7 +60,7 @@ void check_ring_sizes(const RingConfig& c, const UlyssesComm& ulysses, const Rin
 /// The record of c all-gathered over the ring and compared with ring rank 0's ("" when equal). Collective over `ring`.
 template <class RingComm>
 std::string ring_mismatch(const RingConfig& c, RingComm& ring) {
-  const RingRecord mine{{c.ulysses_degree, c.ring_degree, static_cast<std::int64_t>(c.layout), c.causal ? 1 : 0, c.seq_len, c.messages}};
+  const RingRecord mine = ring_record(c);
   return compare_ring_records(allgather_record(ring, ring.size(), ring.rank(), mine), "ring");
 }
 
@@ -65,16 +70,16 @@ std::string ring_mismatch(const RingConfig& c, RingComm& ring) {
 /// Collective over both. @throws Error(plan_mismatch) a mismatch here (naming it) or elsewhere.
 template <class UlyssesComm, class RingComm>
 void ring_verdicts(const std::string& why_ulysses, const std::string& why_ring, UlyssesComm& ulysses, RingComm& ring) {
-  const RingRecord flag_r{{why_ring.empty() ? 0 : 1, 0, 0, 0, 0, 0}}, flag_u{{why_ulysses.empty() && why_ring.empty() ? 0 : 1, 0, 0, 0, 0, 0}};
+  const RingRecord flag_r{{why_ring.empty() ? 0 : 1, 0, 0, 0, 0, 0, 0}}, flag_u{{why_ulysses.empty() && why_ring.empty() ? 0 : 1, 0, 0, 0, 0, 0, 0}};
   bool elsewhere = false;
   for (const auto& f : allgather_record(ulysses, ulysses.size(), ulysses.rank(), flag_r)) elsewhere = elsewhere || f.field[0] != 0;
   for (const auto& f : allgather_record(ring, ring.size(), ring.rank(), flag_u)) elsewhere = elsewhere || f.field[0] != 0;
   const std::string why = why_ulysses + (why_ulysses.empty() || why_ring.empty() ? "" : "; ") + why_ring;
   if (!why.empty())
-    fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ: " + why + "; every rank must use the same U, R, layout, causal, S and messages a block");
+    fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ: " + why + "; every rank must use the same U, R, layout, causal, S, messages a block and documents");
   if (elsewhere)
     fail(Errc::plan_mismatch, "Ulysses x Ring configurations differ on another rank of this U x R block (a member of this rank's "
-                              "Ulysses group or ring saw it, and names it); every rank must use the same U, R, layout, causal, S and messages a block");
+                              "Ulysses group or ring saw it, and names it); every rank must use the same U, R, layout, causal, S, messages a block and documents");
 }
 }  // namespace detail
 
@@ -95,7 +100,7 @@ void ring_verdicts(const std::string& why_ulysses, const std::string& why_ring, 
 template <class UlyssesComm, class RingComm>
 void check_ring_config(const RingConfig& c, UlyssesComm& ulysses, RingComm& ring) {
   detail::check_ring_sizes(c, ulysses, ring);
-  const detail::RingRecord mine{{c.ulysses_degree, c.ring_degree, static_cast<std::int64_t>(c.layout), c.causal ? 1 : 0, c.seq_len, c.messages}};
+  const detail::RingRecord mine = detail::ring_record(c);
   const std::string why = detail::compare_ring_records(detail::allgather_record(ulysses, ulysses.size(), ulysses.rank(), mine), "Ulysses group");
   detail::ring_verdicts(why, detail::ring_mismatch(c, ring), ulysses, ring);
 }

@@ -94,7 +94,11 @@ inline AttentionStep attention_step(const DistributedAttentionPlan& p, int s, in
   a.softmax_scale = p.softmax_scale();
   a.heads = p.heads();
   a.q_tokens = p.token_ranges(j, w.q_begin, w.q_len);
-  a.kv_tokens = p.token_ranges(w.source, w.kv_begin, w.kv_len);
+  a.kv_tokens = p.kv_token_ranges(w.source, w.kv_begin, w.kv_len);
+  if (w.mask == RingMask::blocks) {
+    a.blocks = w.blocks.data();
+    a.block_count = static_cast<std::int64_t>(w.blocks.size());
+  }
   a.q = q_h + w.q_begin * Hq * D * eb;
   a.q_stride = {L * Hq * D, Hq * D, D};
   a.k = block + w.kv_begin * Hk * D * eb;
