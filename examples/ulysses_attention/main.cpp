@@ -74,6 +74,8 @@ struct Config {
   bool seq_given = false;
   bool layout_given = false;
   int ring = 0;                // --ring R: Ulysses x Ring with ring degree R (0: Ulysses alone)
+  bool allgather = false;      // --allgather-kv: all-gather-KV context parallelism over the P ranks
+  std::vector<std::int64_t> docs;  // --docs L1,L2,...: packed documents (cu_seqlens from the lengths; S = their sum)
   bool causal = false;         // --causal (with --ring): causal attention, zigzag layout
   double tolerance = 1e-4;
   bool rope = false;           // --rope: q and k rotated (RoPE) in the pack of seq->head
@@ -678,6 +680,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
       "                         [--ring R [--causal]] [--rope [--rope-theta X]] [--wire fp8_e4m3|fp8_e5m2|bfloat16]\n"
+      "                         [--docs L1,L2,... [--causal] [--allgather-kv | --ring R]]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
       "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
@@ -693,6 +696,12 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "          the ring. Errors of o, the merged LSE (and dq, dk, dv). Default then P=4, S=256. bshd only.\n"
       "--causal: (with --ring) causal attention, the zigzag layout (ring rank j holds chunks j and 2R-1-j);\n"
       "          without it non-causal, contiguous ranges. --ring 1 is Ulysses alone through the ring code.\n"
+      "--allgather-kv: all-gather-KV context parallelism (docs/allgather.md): q stays on its tokens, k|v of the\n"
+      "          whole sequence gathered on every rank, dk|dv reduce-scattered; every head on every rank.\n"
+      "--docs L1,L2,...: packed documents of these token counts (S = their sum; 0 is a placeholder), attention\n"
+      "          masked per document (document and causal with --causal, else document-only), through --ring R\n"
+      "          (per-document zigzag: every document cut into 2R chunks), --allgather-kv (documents_partition,\n"
+      "          balanced by causal work) or plain Ulysses (--ring 1). Checked against the double reference.\n"
       "--rope: q and k rotated by RoPE (half rotation, positions = global token, theta 10000 or --rope-theta X)\n"
       "        fused into the pack of seq->head (RowTransforms on q and k, planned with_row_transforms()); with\n"
       "        --backward dq and dk get the inverse rotation on the unpack of seq_to_head_backward. The reference\n"
@@ -739,6 +748,24 @@ Config parse(int argc, char** argv) {
     else if (a == "--backend") c.backend = need(i);
     else if (a == "--device") c.device = need(i);
     else if (a == "--ring") c.ring = static_cast<int>(number(i));
+    else if (a == "--allgather-kv") c.allgather = true;
+    else if (a == "--docs") {
+      c.docs.clear();
+      const std::string list = need(i);
+      std::size_t at = 0;
+      while (at <= list.size()) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        char* end = nullptr;
+        const long long n = std::strtoll(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || n < 0) {
+          std::fprintf(stderr, "--docs takes document lengths >= 0 separated by commas (e.g. 4000,300,12000), not '%s'\n", list.c_str());
+          std::exit(2);
+        }
+        c.docs.push_back(n);
+        at = comma + 1;
+      }
+    }
     else if (a == "--causal") c.causal = true;
     else if (a == "--rope") c.rope = true;
     else if (a == "--rope-theta") c.rope_theta = ulysses_cli::real(argc, argv, i, 1e-300), c.rope = true;
@@ -778,8 +805,23 @@ Config parse(int argc, char** argv) {
     std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
     std::exit(2);
   }
+  if (c.allgather && c.ring > 0) {
+    std::fprintf(stderr, "--allgather-kv and --ring are two ways to split the sequence: give one\n");
+    std::exit(2);
+  }
+  if (!c.docs.empty()) {
+    std::int64_t S = 0;
+    for (std::int64_t n : c.docs) S += n;
+    if (S < 1 || (c.seq_given && c.seq != S)) {
+      std::fprintf(stderr, "--docs: the documents hold %lld tokens; S is their sum (>= 1)%s\n", (long long)S, c.seq_given ? ", not --seq" : "");
+      std::exit(2);
+    }
+    c.seq = S, c.seq_given = true;
+    if (c.ring == 0 && !c.allgather) c.ring = 1;  // plain Ulysses through the drop-in attention
+  }
+  if (c.allgather && c.ring == 0) c.ring = 1;  // (the ring code's path: one step)
   if (c.causal && c.ring == 0) {
-    std::fprintf(stderr, "--causal runs through the ring code: add --ring R (--ring 1: Ulysses alone)\n");
+    std::fprintf(stderr, "--causal runs through the ring code: add --ring R (--ring 1: Ulysses alone), --allgather-kv or --docs\n");
     std::exit(2);
   }
   if (c.ring > 0) {
@@ -884,15 +926,67 @@ ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
     throw Error(Errc::invalid_mesh, "--ring " + std::to_string(c.ring) + " does not divide P=" + std::to_string(P) + " ranks (P = U x R)");
   ulysses_ring_demo::RingCase rc;
   rc.U = P / c.ring, rc.R = c.ring;
-  Mesh(P, rc.U, rc.R, P).check_heads(c.heads);
+  if (!c.allgather) Mesh(P, rc.U, rc.R, P).check_heads(c.heads);
   rc.B = c.batch, rc.S = c.seq, rc.H = c.heads, rc.Hkv = c.kv_heads, rc.D = c.head_dim, rc.Dv = c.v_head_dim;
   rc.causal = c.causal;
   rc.layout = c.causal ? RingLayout::zigzag : RingLayout::contiguous;
+  rc.allgather = c.allgather;
+  rc.allgather_split = DocumentSplit::balanced;
+  if (!c.docs.empty()) {
+    rc.cu_seqlens = {0};
+    for (std::int64_t n : c.docs) rc.cu_seqlens.push_back(rc.cu_seqlens.back() + n);
+  }
   return rc;
+}
+
+/// Prints the errors (max over ranks) against the tolerance; returns 0 within it, else 1.
+int errors_report(const Config& c, const ulysses_ring_demo::RingErrors& e) {
+  std::printf("  max abs error vs single-rank attention (double): o %.3g, lse %.3g", e.out, e.lse);
+  if (c.backward) std::printf(", dq %.3g, dk %.3g, dv %.3g", e.dq, e.dk, e.dv);
+  const bool ok = e.max() <= c.tolerance;
+  std::printf(" (tolerance %.1g): %s\n", c.tolerance, ok ? "OK" : "FAILED");
+  return ok ? 0 : 1;
+}
+
+/// --docs / --allgather-kv: the case (documents, partition, per-rank causal work) and the errors.
+int documents_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ulysses_ring_demo::RingErrors& e, double ms) {
+  const int P = rc.U * rc.R;
+  std::printf("%s attention demo: %s (H=%lld, Hkv=%lld, D=%lld, Dv=%lld), B=%lld, S=%lld, P=%d%s, fp32, %s, %s%s\n",
+              rc.allgather ? "all-gather-KV" : "ulysses x ring", c.model.c_str(), (long long)rc.H, (long long)rc.Hkv, (long long)rc.D,
+              (long long)rc.Dv, (long long)rc.B, (long long)rc.S, P,
+              rc.allgather ? "" : (" = U=" + std::to_string(rc.U) + " x R=" + std::to_string(rc.R)).c_str(), rc.causal ? "causal" : "non-causal",
+              c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
+  if (!rc.cu_seqlens.empty()) {
+    const Documents docs(rc.cu_seqlens, rc.S);
+    // Whose queries' work: the all-gather ranks' own tokens; under U x R a ring rank's (its U
+    // Ulysses ranks share its tokens' work by heads).
+    std::vector<SeqChunk> rings;
+    if (!rc.allgather) {
+      const RingPartition part(docs, rc.U, rc.R);
+      for (int j = 0; j < rc.R; ++j)
+        for (const SeqChunk& k : part.ring_chunks(j)) rings.push_back({j, k.offset, k.length, 0});
+    }
+    const SeqPartition world = rc.allgather ? ulysses_ring_demo::world_partition(rc) : SeqPartition::chunks(rc.S, rc.R, rings);
+    const int n = rc.allgather ? P : rc.R;
+    std::printf("  %lld packed documents (%lld non-empty), masked %s; %s\n", (long long)docs.count(), (long long)docs.non_empty(),
+                rc.causal ? "document and causal" : "per document",
+                rc.allgather ? "split balanced by causal work (documents_partition)" : "every document cut into 2R chunks (per-document zigzag)");
+    std::int64_t most = 0, all = 0;
+    for (int w = 0; w < n; ++w) {
+      const std::int64_t x = causal_work(docs, world, w);
+      most = std::max(most, x), all += x;
+    }
+    if (rc.causal && all > 0)
+      std::printf("  causal work (query, key pairs) of the most-loaded %s over the mean: %.4f\n", rc.allgather ? "rank" : "ring rank",
+                  double(most) * n / double(all));
+  }
+  std::printf("  attention (this demo's plain loops, max over ranks): %.1f ms\n", ms);
+  return errors_report(c, e);
 }
 
 /// --ring: prints the case and the errors (max over ranks) and returns 0 within the tolerance, else 1.
 int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ulysses_ring_demo::RingErrors& e, double ms) {
+  if (rc.allgather || !rc.cu_seqlens.empty()) return documents_report(c, rc, e, ms);
   const RingPartition part(rc.S, rc.U, rc.R, rc.layout);
   const AttentionSpecs a = attention_specs<float>(rc.U, {rc.H, rc.Hkv, rc.D, rc.Dv}, rc.H % rc.U == 0 && (rc.Hkv % rc.U == 0 || rc.U % rc.Hkv == 0)
                                                                                         ? HeadPolicy::even : HeadPolicy::balanced);
@@ -935,13 +1029,13 @@ int ring_mpi(const Config& c, MPI_Comm world) {
   int P = 0;
   MPI_Comm_size(world, &P);
   const ulysses_ring_demo::RingCase rc = ring_case(c, P);
-  MpiRingMesh m = split_ring(world, rc.U, rc.R, 0);
+  MpiRingMesh m = split_ring(world, rc.allgather ? P : rc.U, rc.allgather ? 1 : rc.R, 0);
   const int w = m.index % (rc.U * rc.R);
   const ulysses_ring_demo::RingGlobals g(rc);
   const ulysses_ring_demo::RingReference ref(rc, g, c.backward);
   double mine[6] = {}, all[6] = {};
   {
-    MpiComm uc(m.ulysses), ring(m.ring);
+    MpiComm uc(m.ulysses), ring(m.ring);  // (all-gather KV: the Ulysses group is the whole group, the ring one rank)
     MPI_Barrier(world);
     const auto t0 = Clock::now();
     const ulysses_ring_demo::RingRankResult rr = ulysses_ring_demo::ring_rank_attention(rc, g, w, uc, ring, c.backward);

@@ -414,3 +414,49 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return any ? 1 : 0;
 }
+
+TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag and all-gather KV over the world, document-masked; bit-identical to in-process") {
+  namespace rd = ulysses_ring_demo;
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (int U = 1; U <= W + 1; ++U) {  // U = W + 1: the all-gather-KV group of all W ranks
+    const bool ag = U == W + 1;
+    if (!ag && W % U) continue;
+    const int R = ag ? 1 : W / U;
+    for (bool causal : {true, false}) {
+      rd::RingCase c;
+      c.U = ag ? W : U, c.R = R, c.B = 1, c.D = 8, c.Dv = 8, c.H = 2 * c.U, c.Hkv = std::max(1, c.U / 2), c.causal = causal;
+      c.allgather = ag;
+      c.S = 6 * W + 5;  // a document of 1 token, a placeholder, one of 2W tokens, the rest (uneven)
+      c.cu_seqlens = {0, 1, 1, 1 + 2 * W, c.S};
+      c.allgather_split = causal ? DocumentSplit::balanced : DocumentSplit::zigzag;
+      INFO((ag ? "all-gather KV P=" : "U=") << c.U << " R=" << R << " S=" << c.S << (causal ? " causal" : " document-only"));
+      const rd::RingGlobals g(c);
+      rd::RingRankResult got;
+      if (ag) {
+        MpiComm world(MPI_COMM_WORLD);
+        got = rd::ring_rank_attention(c, g, w, world, world, true);
+      } else {
+        MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);
+        {
+          MpiComm uly(m.ulysses), ring(m.ring);
+          got = rd::ring_rank_attention(c, g, m.index, uly, ring, true, RingProgress::in_start);
+        }
+        CHECK(m.index == w);
+        m.free();
+      }
+      const auto local = rd::run_ring_attention(c, g, true);
+      const rd::RingRankResult& want = local[static_cast<std::size_t>(w)];
+      CHECK(same(got.out, want.out));
+      CHECK(same(got.lse, want.lse));
+      CHECK(same(got.dq, want.dq));
+      CHECK(same(got.dk, want.dk));
+      CHECK(same(got.dv, want.dv));
+      CHECK(rd::rank_errors(c, rd::RingReference(c, g, true), w, got).max() < 2e-5);
+    }
+  }
+}

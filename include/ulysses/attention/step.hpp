@@ -122,14 +122,14 @@ struct AttentionStep {
   LseStrides lse_stride;       ///< its strides
   bool causal() const { return mask == RingMask::causal; }  ///< FlashAttention's causal flag (false for blocks: see them)
   /// Whether query row i attends kv row k (rows of the views): the brute-force form of the mask.
-  bool attends(std::int64_t i, std::int64_t k) const {
-    if (i < 0 || i >= q_len || k < 0 || k >= kv_len) return false;
+  bool attends(std::int64_t i, std::int64_t key) const {
+    if (i < 0 || i >= q_len || key < 0 || key >= kv_len) return false;
     if (mask == RingMask::blocks) {
       for (std::int64_t b = 0; b < block_count; ++b)
-        if (blocks[b].attends(i, k)) return true;
+        if (blocks[b].attends(i, key)) return true;
       return false;
     }
-    return mask == RingMask::none || k <= i;
+    return mask == RingMask::none || key <= i;
   }
 };
 

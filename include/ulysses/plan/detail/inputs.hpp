@@ -105,13 +105,18 @@ class PlanFields {
     two_level_ = options_.path == Path::two_level || (options_.path == Path::automatic && nodes_.spans_nodes());
   }
 
-  /// PlanOptions::ring: U must be P, and S the tokens of one ring rank's group.
+  /// PlanOptions::ring: U must be P, and S the tokens of one ring rank's group (with packed documents: at most the documents' S).
   void validate_ring(const RingConfig& c) const {
     const std::string what = "PlanOptions::ring (U=" + std::to_string(c.ulysses_degree) + ", R=" + std::to_string(c.ring_degree) +
                              ", S=" + std::to_string(c.seq_len) + ")";
     if (c.ulysses_degree != group_.size)
       detail::fail(Errc::invalid_mesh, what + " is for Ulysses groups of " + std::to_string(c.ulysses_degree) + " ranks, but this group has P=" +
                                            std::to_string(group_.size));
+    if (c.documents != 0) {  // packed documents: the ring ranks' lengths follow the documents (only their fingerprint is here)
+      if (seq_.seq_len() <= c.seq_len) return;
+      detail::fail(Errc::invalid_mesh, what + ": the plan's S=" + std::to_string(seq_.seq_len()) +
+                                           " tokens exceed the packed documents' S; plan with RingPartition::ulysses_partition(j)");
+    }
     const RingPartition part(c.seq_len, c.ulysses_degree, c.ring_degree, c.layout);  // throws invalid_group / invalid_shape
     for (int j = 0; j < c.ring_degree; ++j)
       if (part.ring_length(j) == seq_.seq_len()) return;
