@@ -106,7 +106,13 @@ class DistributedAttentionPlan {
   /// [begin, end) × [begin, end) causal (or full): FlashAttention's varlen call with the global
   /// cu_seqlens. The documents' fingerprint is in the plans' agreement record (a rank with other
   /// documents: plan_mismatch on every rank). Placeholders change nothing.
-  /// @param docs  the packed documents; docs.seq_len() must be seq.seq_len()
+  /// @param group  the Ulysses group (P ranks, this rank)
+  /// @param batch  B >= 1
+  /// @param seq    the sequence partition of the seq-sharded tensors (any: documents_partition(), even, zigzag, ...)
+  /// @param specs  attention_specs(P, shape, type, policy)
+  /// @param causal document ∧ causal (true) or document-only (false)
+  /// @param docs   the packed documents; docs.seq_len() must be seq.seq_len()
+  /// @param o      the softmax scale, the ring progress and the plans' options
   /// @throws Error(seq_lengths_mismatch) docs.seq_len() != S; as above.
   DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
                            const Documents& docs, const DistributedAttentionOptions& o = {})
