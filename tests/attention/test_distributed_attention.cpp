@@ -592,3 +592,23 @@ TEST_CASE("packed documents: the plain Ulysses overload with documents gives the
     }
   });
 }
+
+TEST_CASE("packed documents: ring ranks of different lengths (per-document zigzag), placeholders, a document shorter than 2R; within 2e-5 of the reference") {
+  for (const auto& [U, R] : {std::pair<int, int>{1, 6}, {2, 3}, {3, 2}})
+    for (bool causal : {true, false}) {
+      rd::RingCase c;
+      c.U = U, c.R = R, c.S = 41, c.H = 6, c.Hkv = 3, c.D = 8, c.Dv = 8, c.B = 1, c.causal = causal;
+      c.cu_seqlens = {0, 1, 1, 13, 41};
+      INFO("U=" << U << " R=" << R << (causal ? " causal" : " document-only"));
+      const RingPartition part(Documents(c.cu_seqlens, c.S), U, R);
+      std::int64_t lo = c.S, hi = 0;
+      for (int j = 0; j < R; ++j) lo = std::min(lo, part.ring_length(j)), hi = std::max(hi, part.ring_length(j));
+      CHECK(hi > lo);  // the plans of the ring groups have different S (the documents' fingerprint carries the agreement)
+      std::atomic<int> steps{0}, wrong{0};
+      check_masks(c, steps, wrong);
+      const rd::RingGlobals g(c);
+      const auto res = rd::run_ring_attention(c, g, true);
+      CHECK(wrong.load() == 0);
+      CHECK(rd::max_errors(c, rd::RingReference(c, g, true), res).max() < 2e-5);
+    }
+}
