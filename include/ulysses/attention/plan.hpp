@@ -191,7 +191,10 @@ class DistributedAttentionPlan {
     if (chunks.size() > 2 && begin == 0 && len == total) {  // all rows of many runs: the plan's list
       t.count = static_cast<int>(chunks.size());
       t.runs = chunks.data();
-      for (int i = 0; i < 2; ++i) t.begin[i] = chunks[static_cast<std::size_t>(i)].offset, t.length[i] = chunks[static_cast<std::size_t>(i)].length;
+      for (int i = 0; i < 2; ++i) {
+        t.begin[i] = chunks[static_cast<std::size_t>(i)].offset;
+        t.length[i] = chunks[static_cast<std::size_t>(i)].length;
+      }
       return t;
     }
     std::int64_t at = 0;  // ring-local row of the chunk's first token

@@ -101,7 +101,10 @@ class RingPartition {
           detail::push_run(c, j, o, n);
         }
       std::int64_t local = 0;
-      for (SeqChunk& k : c) k.local_offset = local, local += k.length;
+      for (SeqChunk& k : c) {
+        k.local_offset = local;
+        local += k.length;
+      }
       if (local == 0)
         detail::fail(Errc::invalid_shape, "ring partition of packed documents (S=" + std::to_string(S_) + ", " +
                                               std::to_string(docs.non_empty()) + " non-empty documents) over R=" + std::to_string(R) +

@@ -123,7 +123,8 @@ inline std::vector<DocumentRun> document_runs(const Documents& docs, const std::
     while (a < end) {
       const std::int64_t d = docs.document_of(a), n = std::min(end, docs.begin(d) + docs.length(d)) - a;
       v.push_back({d, a, row, n});
-      row += n, a += n;
+      row += n;
+      a += n;
     }
   }
   return v;
