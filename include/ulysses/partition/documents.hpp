@@ -206,11 +206,11 @@ inline void check_documents_partition(const Documents& docs, const SeqPartition&
     next = k.offset + k.length;
   }
 }
-/// Calls f(d, a, n) for every run [a, a + n) of rank r's local tokens within one document d, in
-/// local order.
-template <class F>
-void for_each_document_piece(const Documents& docs, const SeqPartition& p, int r, F&& f) {
-  for (const SeqChunk& k : p.chunks_of(r)) {
+/// Calls f(d, a, n) for every run [a, a + n) of the global tokens of `chunks` (in list order)
+/// within one document d, in list order.
+template <class Chunks, class F>
+void for_each_document_run(const Documents& docs, const Chunks& chunks, F&& f) {
+  for (const SeqChunk& k : chunks) {
     std::int64_t a = k.offset;
     const std::int64_t end = k.offset + k.length;
     while (a < end) {
@@ -219,6 +219,12 @@ void for_each_document_piece(const Documents& docs, const SeqPartition& p, int r
       a += n;
     }
   }
+}
+/// Calls f(d, a, n) for every run [a, a + n) of rank r's local tokens within one document d, in
+/// local order.
+template <class F>
+void for_each_document_piece(const Documents& docs, const SeqPartition& p, int r, F&& f) {
+  for_each_document_run(docs, p.chunks_of(r), f);
 }
 }  // namespace detail
 

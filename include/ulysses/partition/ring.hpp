@@ -48,11 +48,7 @@ class RingPartition {
   ///         Error(invalid_shape) S < 2R (zigzag) or S < R (contiguous): a ring rank without a
   ///         token (the message says the smallest S).
   RingPartition(std::int64_t S, int U, int R, RingLayout layout) : S_(S), U_(U), R_(R), layout_(layout) {
-    detail::check_group_size(U);
-    detail::check_group_size(R);
-    if (static_cast<std::int64_t>(U) * R > detail::kMaxDegree)
-      detail::fail(Errc::invalid_group, "U x R = " + std::to_string(static_cast<std::int64_t>(U) * R) + " ranks exceeds " +
-                                            std::to_string(detail::kMaxDegree));
+    check_degrees(U, R);
     const std::int64_t n = layout == RingLayout::zigzag ? 2 * static_cast<std::int64_t>(R) : R;
     if (S < n)
       detail::fail(Errc::invalid_shape, "ring partition of S=" + std::to_string(S) + " tokens over R=" + std::to_string(R) +
@@ -88,24 +84,13 @@ class RingPartition {
   ///         a ring rank left without a token (too few tokens in documents of >= 1 token for 2R
   ///         chunks; the message names it).
   RingPartition(const Documents& docs, int U, int R) : S_(docs.seq_len()), U_(U), R_(R), layout_(RingLayout::zigzag), docs_(docs) {
-    detail::check_group_size(U);
-    detail::check_group_size(R);
-    if (static_cast<std::int64_t>(U) * R > detail::kMaxDegree)
-      detail::fail(Errc::invalid_group, "U x R = " + std::to_string(static_cast<std::int64_t>(U) * R) + " ranks exceeds " +
-                                            std::to_string(detail::kMaxDegree));
+    check_degrees(U, R);
+    const SeqPartition zigzag = documents_partition(docs, R, DocumentSplit::zigzag);  // ring rank j = rank j of R
     for (int j = 0; j < R; ++j) {
       std::vector<SeqChunk> c;
-      for (std::int64_t d = 0; d < docs.count(); ++d)
-        for (const std::int64_t i : {static_cast<std::int64_t>(j), 2 * static_cast<std::int64_t>(R) - 1 - j}) {
-          const auto [o, n] = detail::doc_chunk(docs.begin(d), docs.length(d), R, i);
-          detail::push_run(c, j, o, n);
-        }
-      std::int64_t local = 0;
-      for (SeqChunk& k : c) {
-        k.local_offset = local;
-        local += k.length;
-      }
-      if (local == 0)
+      for (const SeqChunk& k : zigzag.chunks_of(j))
+        if (k.length > 0) c.push_back(k);
+      if (c.empty())
         detail::fail(Errc::invalid_shape, "ring partition of packed documents (S=" + std::to_string(S_) + ", " +
                                               std::to_string(docs.non_empty()) + " non-empty documents) over R=" + std::to_string(R) +
                                               " ring ranks: ring rank " + std::to_string(j) +
@@ -204,6 +189,14 @@ class RingPartition {
   }
 
  private:
+  static void check_degrees(int U, int R) {
+    detail::check_group_size(U);
+    detail::check_group_size(R);
+    if (static_cast<std::int64_t>(U) * R > detail::kMaxDegree)
+      detail::fail(Errc::invalid_group, "U x R = " + std::to_string(static_cast<std::int64_t>(U) * R) + " ranks exceeds " +
+                                            std::to_string(detail::kMaxDegree));
+  }
+
   std::int64_t S_;
   int U_, R_;
   RingLayout layout_;

@@ -117,16 +117,10 @@ struct DocumentRun {
 inline std::vector<DocumentRun> document_runs(const Documents& docs, const std::vector<SeqChunk>& chunks) {
   std::vector<DocumentRun> v;
   std::int64_t row = 0;
-  for (const SeqChunk& c : chunks) {
-    std::int64_t a = c.offset;
-    const std::int64_t end = c.offset + c.length;
-    while (a < end) {
-      const std::int64_t d = docs.document_of(a), n = std::min(end, docs.begin(d) + docs.length(d)) - a;
-      v.push_back({d, a, row, n});
-      row += n;
-      a += n;
-    }
-  }
+  for_each_document_run(docs, chunks, [&](std::int64_t d, std::int64_t a, std::int64_t n) {
+    v.push_back({d, a, row, n});
+    row += n;
+  });
   return v;
 }
 /// Appends block b to v, merged with the last block when both are unmasked rectangles of one
