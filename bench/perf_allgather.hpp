@@ -193,11 +193,22 @@ std::vector<Line> run_private(Comm& comm, const std::vector<std::int64_t>& sizes
                                      std::pair<std::string, SeqPartition>{"zigzag", SeqPartition::zigzag(S, P)}})
       with_type(type, [&](auto tag) {
         const Geometry g = geometry<decltype(tag)>(P, r, B, seq, Hkv, D, Dv, type, path);
-        Bytes k(g.in_bytes[0]), v(g.in_bytes[1]), ka(g.out_bytes[0]), va(g.out_bytes[1]), block(g.counts[static_cast<std::size_t>(r)] + 1),
-            gathered(g.total);
+        // One huge-page arena, every buffer at a 2 MiB boundary in it (as a caching allocator's
+        // segment holds an engine's tensors): the library's k, v, k_all, v_all and the bare's
+        // block and receive buffer are the same kind of memory whatever their sizes (separate
+        // allocations would give huge pages only to those of 2 MiB or more: at S = 1024 the bare's
+        // 2 MiB block against k and v of 1 MiB each at P = 2, and page pinning is most of a CMA copy).
+        const std::size_t sizes_[6] = {g.in_bytes[0], g.in_bytes[1], g.out_bytes[0], g.out_bytes[1], g.counts[static_cast<std::size_t>(r)] + 1, g.total};
+        std::size_t at[6], arena_bytes = 0;
+        for (int i = 0; i < 6; ++i) {
+          at[i] = arena_bytes;
+          arena_bytes += (sizes_[i] + Bytes::allocator_type::kHuge - 1) / Bytes::allocator_type::kHuge * Bytes::allocator_type::kHuge;
+        }
+        Bytes arena(arena_bytes);
         std::vector<std::byte> ws(g.plan.workspace_bytes());
         Buffers buf;
-        buf.in[0] = k.data(), buf.in[1] = v.data(), buf.out[0] = ka.data(), buf.out[1] = va.data(), buf.block = block.data(), buf.gathered = gathered.data();
+        buf.in[0] = arena.data() + at[0], buf.in[1] = arena.data() + at[1], buf.out[0] = arena.data() + at[2], buf.out[1] = arena.data() + at[3];
+        buf.block = arena.data() + at[4], buf.gathered = arena.data() + at[5];
         auto bare = [&](std::byte* blk, std::byte* got) {
 #if ULYSSES_PERF_MPI
           if constexpr (std::is_same_v<Comm, MpiComm>) {

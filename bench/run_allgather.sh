@@ -6,8 +6,9 @@
 #   bench/run_allgather.sh [OUT.md]        (default bench/results/allgather.md)
 #
 # 1. in-process (LocalGroup, 4 ranks on threads): against exchange_messages() of each rank's k|v;
-# 2. the MPI processes of this node (4 ranks) over MpiComm (--mpi-window 0): against MPI_Allgatherv
-#    of the same bytes (target: ratio <= 1.10);
+# 2. the MPI processes of this node (2 ranks, one a core; then 4) over MpiComm (--mpi-window 0):
+#    against MPI_Allgatherv of the same bytes (target: ratio <= 1.10); every buffer of a line in one
+#    huge-page arena (perf_allgather.hpp), the library's and the bare's alike;
 # 3. the same over MpiWindowComm (--mpi-window 1, the peer copy; k, v, k_all, v_all in the window):
 #    against MPI_Allgatherv between private buffers and between buffers of the same window (target:
 #    ratio <= 1.0).
@@ -38,6 +39,9 @@ run() {  # the command, then its table
   echo
   echo "## In-process (LocalGroup, 4 ranks on threads)"
   run "$perf" "${common[@]}" --backend local --ranks 4
+  echo
+  echo "## The MPI processes of one node (2 ranks, one a core) over MpiComm"
+  run mpiexec -n 2 "$perf" "${common[@]}" --backend mpi --mpi-window 0
   echo
   echo "## The MPI processes of one node (4 ranks) over MpiComm"
   run mpiexec --oversubscribe -n 4 "$perf" "${common[@]}" --backend mpi --mpi-window 0

@@ -183,9 +183,10 @@ class MpiComm {
   /// ring's start() and finish()). @throws Error(invalid_shape) messages already started;
   /// Error(aborted), Error(backend) as exchange_messages().
   void start_messages(const Message* send, std::size_t n_send, const Message* recv, std::size_t n_recv) {
-    started_call_ = enter("MpiComm::exchange_messages");
+    started_call_ = enter("MpiComm::exchange_messages", false);
     for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
     for (std::size_t i = 0; i < n_send; ++i) post(started_call_, true, send[i].data, send[i].bytes, send[i].peer);
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(started_call_);  // (enter()'s, once the messages are posted)
     started_ = true;  // (a failed post gave up: the messages posted so far are cancelled, the communicator broken)
   }
 
@@ -269,13 +270,16 @@ class MpiComm {
     return detail::joint_verdict(comm_, kNoticeTag, rank_, own_timeout ? timeout_ / 2 : timeout_ / 10, senders, missing);
   }
 
-  /// Starts a call: throws Error(aborted) when broken, and what a peer's notice says.
-  Call enter(const char* who) {
+  /// Starts a call: throws Error(aborted) when broken, and (`notices`) what a peer's notice says.
+  /// The message exchange reads the notices only after it has posted its receives: a probe
+  /// before them would let MPI's progress take the peers' first messages in as unexpected ones
+  /// (queued, then matched late), which cost a quarter of 1 MiB exchanges 100 µs more.
+  Call enter(const char* who, bool notices = true) {
     sh_->failure.check(who);
     if (started_)
       throw Error(Errc::invalid_shape, std::string(who) + ": called between start_messages() and finish_messages() (finish them first)");
     const Call call{who, sh_->calls++, detail::deadline_after(timeout_)};
-    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
+    if (notices && !ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
     return call;
   }
 
