@@ -32,6 +32,7 @@
 
 #include "group.hpp"
 #include "host_buffer.hpp"
+#include "perf_documents.hpp"
 
 namespace perf_allgather {
 
@@ -173,6 +174,14 @@ Line line_at(Comm& comm, TComm& tcomm, const Geometry& g, const SeqPartition& se
   return l;
 }
 
+/// The splits of S tokens over P ranks a sweep times: even (a run a rank), zigzag (chunks r and
+/// 2P-1-r) and, with --docs, the packed documents' per-document zigzag (documents_partition()).
+inline std::vector<std::pair<std::string, SeqPartition>> splits(std::int64_t S, int P, const perf_documents::Spec& docs) {
+  std::vector<std::pair<std::string, SeqPartition>> v{{"even", SeqPartition::even(S, P)}, {"zigzag", SeqPartition::zigzag(S, P)}};
+  if (docs.given) v.emplace_back("docs", documents_partition(perf_documents::documents(docs, S), P, DocumentSplit::zigzag));
+  return v;
+}
+
 /// The element type's C++ stand-in for the specs (the gather copies bytes; the type is `type`).
 template <class F>
 void with_type(ElementType type, F&& f) {
@@ -184,13 +193,12 @@ void with_type(ElementType type, F&& f) {
 /// The sweep's lines on this rank of `comm` (LocalGroup::Comm or MpiComm, private buffers).
 /// Collective. @returns the lines (every rank's alike).
 template <class Comm, class Alternate>
-std::vector<Line> run_private(Comm& comm, const std::vector<std::int64_t>& sizes, std::int64_t B, std::int64_t Hkv, std::int64_t D,
+std::vector<Line> run_private(Comm& comm, const std::vector<std::int64_t>& sizes, const perf_documents::Spec& docs, std::int64_t B, std::int64_t Hkv, std::int64_t D,
                               std::int64_t Dv, ElementType type, Path path, bool check, Alternate&& alternate) {
   std::vector<Line> lines;
   const int P = comm.size(), r = comm.rank();
   for (std::int64_t S : sizes)
-    for (const auto& [split, seq] : {std::pair<std::string, SeqPartition>{"even", SeqPartition::even(S, P)},
-                                     std::pair<std::string, SeqPartition>{"zigzag", SeqPartition::zigzag(S, P)}})
+    for (const auto& [split, seq] : splits(S, P, docs))
       with_type(type, [&](auto tag) {
         const Geometry g = geometry<decltype(tag)>(P, r, B, seq, Hkv, D, Dv, type, path);
         // One huge-page arena, every buffer at a 2 MiB boundary in it (as a caching allocator's
@@ -236,13 +244,12 @@ std::vector<Line> run_private(Comm& comm, const std::vector<std::int64_t>& sizes
 /// the window bare's two buffers (each the largest over ranks, so every rank allocates alike);
 /// the bare MPI_Allgatherv between private buffers, and between the window's. Collective.
 template <class Alternate>
-std::vector<Line> run_window(MpiComm& comm, const std::vector<std::int64_t>& sizes, std::int64_t B, std::int64_t Hkv, std::int64_t D,
+std::vector<Line> run_window(MpiComm& comm, const std::vector<std::int64_t>& sizes, const perf_documents::Spec& docs, std::int64_t B, std::int64_t Hkv, std::int64_t D,
                              std::int64_t Dv, ElementType type, Path path, bool check, Alternate&& alternate) {
   std::vector<Line> lines;
   const int P = comm.size(), r = comm.rank();
   for (std::int64_t S : sizes)
-    for (const auto& [split, seq] : {std::pair<std::string, SeqPartition>{"even", SeqPartition::even(S, P)},
-                                     std::pair<std::string, SeqPartition>{"zigzag", SeqPartition::zigzag(S, P)}})
+    for (const auto& [split, seq] : splits(S, P, docs))
       with_type(type, [&](auto tag) {
         const Geometry g = geometry<decltype(tag)>(P, r, B, seq, Hkv, D, Dv, type, path);
         auto largest = [&](std::size_t n) { return static_cast<std::size_t>(ulysses_group::max_over_ranks(comm, static_cast<double>(n))) + 1; };
@@ -282,6 +289,12 @@ inline int print(const std::vector<Line>& lines, const std::string& comm, const 
               "# ratio = time / bare%s\n",
               comm == "LocalGroup::Comm" ? "exchange_messages() of the block to every peer + the own copy" : "MPI_Allgatherv, private buffers",
               window ? "; win(us): MPI_Allgatherv between buffers of the same MpiWindow (k, v, k_all, v_all in it: allgather_kv() pushes); /win = time / win" : "");
+  for (const Line& l : lines)
+    if (l.split == "docs") {
+      std::printf("# docs: --docs' packed documents, each cut into 2P chunks, rank r holding chunks r and 2P-1-r of each "
+                  "(documents_partition(..., DocumentSplit::zigzag), TE's THD split)\n");
+      break;
+    }
   std::printf("#%-7s %8s %-10s %12s %10s %8s %10s %6s", "split", "S", "path", "bytes", "time(us)", "GB/s", "bare(us)", "ratio");
   if (window) std::printf(" %10s %6s", "win(us)", "/win");
   std::printf(" %7s\n", "#wrong");
@@ -316,6 +329,7 @@ void check_options(const O& o) {
 /// The sweep's sizes of `o` (next(S): the one after S, 0 at the end).
 template <class O, class Next>
 std::vector<std::int64_t> sizes_of(const O& o, Next&& next) {
+  if (o.docs.fixed_seq_len()) return {o.docs.fixed_seq_len()};  // --docs L1,L2,...: S is their sum
   std::vector<std::int64_t> s;
   for (std::int64_t n = o.begin; n > 0; n = next(n)) s.push_back(n);
   return s;
@@ -329,7 +343,7 @@ int run_local(const O& o, Next&& next, Alternate&& alternate) {
   std::vector<Line> lines;
   LocalGroup group(o.ranks);
   group.spawn([&](LocalGroup::Comm& comm) {
-    std::vector<Line> mine = run_private(comm, sizes_of(o, next), o.batch, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.path, o.check, alternate);
+    std::vector<Line> mine = run_private(comm, sizes_of(o, next), o.docs, o.batch, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.path, o.check, alternate);
     if (comm.rank() == 0) lines = std::move(mine);
   });
   return print(lines, "LocalGroup::Comm", o.model, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.batch, o.ranks, o.iters, o.warmup, o.check, false);
@@ -343,8 +357,8 @@ int run_mpi(MpiComm& comm, const O& o, bool window, Next&& next, Alternate&& alt
   const ElementType type = o.type_given ? o.type : ElementType::bfloat16;
   const std::int64_t Dv = o.shape.v_head_dim ? o.shape.v_head_dim : o.shape.head_dim;
   const std::vector<std::int64_t> sizes = sizes_of(o, next);
-  const std::vector<Line> lines = window ? run_window(comm, sizes, o.batch, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.path, o.check, alternate)
-                                         : run_private(comm, sizes, o.batch, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.path, o.check, alternate);
+  const std::vector<Line> lines = window ? run_window(comm, sizes, o.docs, o.batch, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.path, o.check, alternate)
+                                         : run_private(comm, sizes, o.docs, o.batch, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.path, o.check, alternate);
   int rc = 0;
   if (comm.rank() == 0)
     rc = print(lines, window ? "MpiWindowComm" : "MpiComm", o.model, o.shape.num_kv_heads, o.shape.head_dim, Dv, type, o.batch, comm.size(), o.iters,

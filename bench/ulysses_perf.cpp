@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -41,6 +42,7 @@
 #include "band_bench.hpp"
 #include "perf_transform.hpp"
 #include "perf_allgather.hpp"
+#include "perf_documents.hpp"
 
 namespace {
 
@@ -95,6 +97,7 @@ struct Options {
   Wire wire = Wire::element;            // --wire W (--op seq_to_head, host backends): q and k on wire W against every tensor on its element wire
   bool wire_given = false;
   perf_model::LinkFlags links;          // --advise
+  perf_documents::Spec docs;            // --docs: packed documents (--advise's hybrid table, --allgather-kv's third split)
 };
 
 /// One line of the table.
@@ -1178,7 +1181,11 @@ void usage_model() {
       "overlap loses), its attention at --attn-TFLOPS (causal) or --attn-ratio F times the row's exchanges, each band's\n"
       "exchange and attention call adding --band-call-us U (default 0; the model's per-message terms are paid again a band\n"
       "anyway); band(ms): the exchanges the bands leave exposed. --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
-      "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n");
+      "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n"
+      "--docs L1,L2,... | lognormal:MEAN[:SIGMA[:SEED]]: packed documents (bench/perf_documents.hpp): the given token counts\n"
+      "(S = their sum), or lengths drawn from a log-normal of mean MEAN tokens (sigma 1, seed 1234 by default) packed to S.\n"
+      "With --advise the hybrid table prices them (advise_hybrid's documents: the per-document zigzag, each step's document\n"
+      "blocks; imb(ms): the attention the slowest rank adds over the mean); with --allgather-kv a third split, docs.\n");
 }
 
 [[noreturn]] void usage(int code) {
@@ -1294,6 +1301,10 @@ void check_op(Options& o) {
     }
     return;
   }
+  if (o.docs.given && o.mode != "advise" && o.op != "allgather_kv") {
+    std::fprintf(stderr, "--docs goes with --advise (the hybrid table) or --allgather-kv (a third split)\n");
+    std::exit(2);
+  }
   if (o.op == "allgather_kv") return perf_allgather::check_options(o);  // (perf_allgather.hpp)
   if (o.op == "bands") {
     if (o.backend != "local" && o.backend != "mpi" && o.backend != "window") {
@@ -1396,6 +1407,7 @@ bool parse_model_flag(int argc, char** argv, int& i, Options& o) {
   else if (a == "--params") o.params = ulysses_cli::value(argc, argv, i);
   else if (a == "--params-backend") o.params_backend = ulysses_cli::value(argc, argv, i);
   else if (a == "--seq") o.seq = ulysses_cli::whole(argc, argv, i, LLONG_MIN, LLONG_MAX);
+  else if (a == "--docs") o.docs = perf_documents::parse(ulysses_cli::value(argc, argv, i));
   else if (a == "--world") o.world = static_cast<int>(ulysses_cli::whole(argc, argv, i, INT_MIN, INT_MAX));
   else if (a == "--budget-GiB") o.budget_GiB = ulysses_cli::real(argc, argv, i, 0);
   else if (a == "--intra-us") o.links.intra_us = ulysses_cli::real(argc, argv, i, 0);
@@ -1764,9 +1776,13 @@ int run_model_mode(const Options& o) {
     bands.overhead = {o.band_call_us * 1e-6, o.band_call_us * 1e-6};
     const int rc = perf_model::advise(o.shape, o.model, o.seq, o.world, rpn, o.links.apply(m), t, o.batch, o.budget_GiB * 1024.0 * 1024 * 1024,
                                       o.balanced, bands);
+    const std::int64_t S = o.docs.fixed_seq_len() ? o.docs.fixed_seq_len() : o.seq;
+    std::optional<Documents> docs;
+    if (o.docs.given) docs = perf_documents::documents(o.docs, S);
     return rc ? rc
-              : perf_model::advise_hybrid_rows(o.shape, o.seq, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
-                                               o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced);
+              : perf_model::advise_hybrid_rows(o.shape, S, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
+                                               o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced, docs ? &*docs : nullptr,
+                                               o.docs.describe());
   }
   if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
 #if ULYSSES_PERF_JSON

@@ -158,7 +158,8 @@ TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as i
   for (std::size_t i = 0; i < v.size(); ++i) {
     const HybridChoice& h = v[i];
     CHECK(h.outer_degree * h.ulysses_degree * h.ring_degree == 4);
-    CHECK(h.seconds == h.ulysses.seconds + h.ring.exposed_seconds + h.ring.merge_seconds);
+    CHECK(h.seconds == h.ulysses.seconds + h.ring.exposed_seconds + h.ring.merge_seconds + h.ring.imbalance_seconds);
+    CHECK(h.ring.imbalance_seconds == doctest::Approx(0).epsilon(1e-12));  // one sequence, zigzag: balanced
     CHECK(h.inter_bytes == h.ulysses.inter_bytes + h.ring.bytes[1]);
     CHECK(h.fits);
     CHECK(!h.reason.empty());
@@ -314,4 +315,95 @@ TEST_CASE("fit_flow_cost: the per-flow cap from steps of 1 and 2 messages") {
   CHECK(ut::code_of([] { (void)fit_flow_cost({}, CostModel{}); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { (void)fit_flow_cost({{s[0].traffic, {-1, 0}, 1e-3}}, links()); }) == Errc::invalid_shape);
   CHECK(ut::code_of([&] { (void)fit_flow_cost({{s[0].traffic, {1, 0}, 0}}, links()); }) == Errc::invalid_shape);
+}
+
+TEST_CASE("ring_cost with packed documents: each step's document blocks, computed by hand; the imbalance; one document = no documents") {
+  // S = 8, U = 1, R = 2 on one node of 2, H = 2, Hkv = 1, D = Dv = 2, bf16; FLOP = 2 x 2 heads x 4 x pairs = 16 x pairs.
+  const Mesh mesh(2, 1, 2, 2);
+  const AttentionShape shape{2, 1, 2, 0};
+  // Two documents of 4 (cu [0, 4, 8]): each cut into 2R = 4 one-token chunks, rank 0 holds chunks 0
+  // and 3 of each ({0, 3, 4, 7}), rank 1 chunks 1 and 2 ({1, 2, 5, 6}). Step 0 (own kv), document ∧
+  // causal: rank 0 0→0, 3→0,3, 4→4, 7→4,7 = 6 pairs; rank 1 likewise 6. Step 1: rank 0's queries 3
+  // and 7 see rank 1's 1, 2 and 5, 6 = 4 pairs; rank 1's 1, 2 see 0 and 5, 6 see 4 = 4. All 20 = 2 x 4 x 5 / 2.
+  const Documents two({0, 4, 8});
+  const RingCost c = ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 1, &two);
+  REQUIRE(c.compute_s.size() == 2);
+  CHECK(c.compute_s[0] == doctest::Approx(96e-8).epsilon(1e-12));
+  CHECK(c.compute_s[1] == doctest::Approx(64e-8).epsilon(1e-12));
+  CHECK(c.imbalance_seconds == doctest::Approx(0).epsilon(1e-12));
+  CHECK(c.attended_fraction == doctest::Approx(20.0 / 36).epsilon(1e-12));  // of the 8 x 9 / 2 causal pairs
+  // The ring's bytes do not change: every step's block still moves.
+  const RingCost plain = ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16);
+  CHECK(c.comm_seconds == plain.comm_seconds);
+  CHECK(c.bytes[0] == plain.bytes[0]);
+
+  // cu [0, 2, 8]: document 0 (2 tokens) gives rank 0 token 0 and rank 1 token 1; document 1 (6
+  // tokens, chunks 2, 2, 1, 1) gives rank 0 {2, 3, 7} and rank 1 {4, 5, 6}. Step 0: rank 0 1 + (1 +
+  // 2 + 3) = 7, rank 1 1 + (1 + 2 + 3) = 7; step 1: rank 0's 7 sees 4, 5, 6 = 3, rank 1's 1 sees 0 and
+  // 4, 5, 6 see 2, 3 = 7. Totals 10 and 14 (mean 12): the lockstep ring waits 7 + 7 = 14, 2 pairs
+  // over the mean; the all-gather's slowest rank attends 14, 2 over the mean too.
+  const Documents uneven({0, 2, 8});
+  const RingCost u = ring_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 1, &uneven);
+  CHECK(u.compute_s[0] == doctest::Approx(7 * 16e-8).epsilon(1e-12));
+  CHECK(u.compute_s[1] == doctest::Approx(7 * 16e-8).epsilon(1e-12));
+  CHECK(u.compute_seconds == doctest::Approx(14 * 16e-8).epsilon(1e-12));
+  CHECK(u.imbalance_seconds == doctest::Approx(2 * 16e-8).epsilon(1e-12));
+  const RingCost g = allgather_kv_cost(mesh, shape, 8, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, &uneven);
+  CHECK(g.compute_seconds == doctest::Approx(14 * 16e-8).epsilon(1e-12));
+  CHECK(g.imbalance_seconds == doctest::Approx(2 * 16e-8).epsilon(1e-12));
+  CHECK(g.exposed_seconds == g.comm_seconds);
+
+  // One document over the whole sequence is the plain causal zigzag, step for step.
+  const Mesh big(8, 2, 4, 4);
+  const AttentionShape llama{8, 2, 4, 0};
+  const Documents one({0, 96});
+  const RingCost a = ring_cost(big, llama, 96, true, links(), 1e9, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 1, &one);
+  const RingCost b = ring_cost(big, llama, 96, true, links(), 1e9, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 1);
+  REQUIRE(a.compute_s.size() == b.compute_s.size());
+  for (std::size_t s = 0; s < a.compute_s.size(); ++s) {
+    CHECK(a.compute_s[s] == b.compute_s[s]);
+    CHECK(a.exposed_s[s] == b.exposed_s[s]);
+    CHECK(a.merge_s[s] == b.merge_s[s]);
+  }
+  CHECK(a.attended_fraction == doctest::Approx(1).epsilon(1e-12));
+
+  // Documents over another S: refused before anything is priced.
+  CHECK(ut::code_of([&] {
+          (void)ring_cost(mesh, shape, 16, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 1, &two);
+        }) == Errc::seq_lengths_mismatch);
+}
+
+TEST_CASE("advise_hybrid with packed documents: each ring and all-gather priced over the documents' blocks, the imbalance in the time") {
+  // World 4 on nodes of 2, H = 4, Hkv = 2, D = 2, S = 64 of documents 40, 0, 3, 20, 1 (a placeholder,
+  // documents shorter than 2R).
+  const AttentionShape shape{4, 2, 2, 0};
+  const Documents docs({0, 40, 40, 43, 63, 64});
+  const std::vector<HybridChoice> v =
+      advise_hybrid(shape, 64, 4, 2, links(), 1e8, true, ElementType::bfloat16, 1, HeadPolicy::even, 0, &docs);
+  const std::vector<HybridChoice> plain = advise_hybrid(shape, 64, 4, 2, links(), 1e8);
+  CHECK(v.size() == plain.size());
+  int priced = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const HybridChoice& h = v[i];
+    CHECK(h.seconds == h.ulysses.seconds + h.ring.exposed_seconds + h.ring.merge_seconds + h.ring.imbalance_seconds);
+    if (i > 0) CHECK(v[i - 1].seconds <= h.seconds);
+    if (h.kv == RingKv::none) continue;
+    const Mesh m(4, h.ulysses_degree, h.ring_degree, 2);
+    const RingCost want = h.kv == RingKv::rotation
+                              ? ring_cost(m, shape, 64, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even,
+                                          h.messages, &docs)
+                              : allgather_kv_cost(m, shape, 64, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network,
+                                                  HeadPolicy::even, &docs);
+    CHECK(h.ring.exposed_seconds == want.exposed_seconds);
+    CHECK(h.ring.compute_seconds == want.compute_seconds);
+    CHECK(h.ring.imbalance_seconds == want.imbalance_seconds);
+    // The documents attend (40·41 + 3·4 + 20·21 + 1·2) / 2 = 1037 of the 64·65/2 = 2080 causal pairs.
+    CHECK(h.ring.attended_fraction == doctest::Approx(1037.0 / 2080).epsilon(1e-12));
+    CHECK(h.reason.find("documents leave 50% of the pairs") != std::string::npos);
+    ++priced;
+  }
+  CHECK(priced == 6);
+  CHECK(ut::code_of([&] {
+          (void)advise_hybrid(shape, 32, 4, 2, links(), 1e8, true, ElementType::bfloat16, 1, HeadPolicy::even, 0, &docs);
+        }) == Errc::seq_lengths_mismatch);
 }

@@ -187,7 +187,8 @@ inline double ring_merge_bytes(const RingWork& w, std::int64_t q_heads, std::int
 }
 
 /// Forward attention FLOPs of one ring step's work: 2 · B · q_heads · pairs · (D + Dv) (see docs/headers.md,
-/// "tune/ring_cost.hpp"); 0 for an empty work.
+/// "tune/ring_cost.hpp"), pairs = RingWork::pairs() (packed documents: the pairs of the step's
+/// blocks, so skipped blocks cost nothing); 0 for an empty work.
 /// @param w        the step's work (ring_work())
 /// @param q_heads  query heads of the rank (H / U)
 /// @param head_dim D
@@ -196,8 +197,7 @@ inline double ring_merge_bytes(const RingWork& w, std::int64_t q_heads, std::int
 inline double ring_step_flops(const RingWork& w, std::int64_t q_heads, std::int64_t head_dim, std::int64_t v_head_dim = 0,
                               std::int64_t batch = 1) {
   if (w.empty()) return 0;
-  const double q = static_cast<double>(w.q_len), k = static_cast<double>(w.kv_len);
-  const double pairs = w.mask == RingMask::causal ? q * (q + 1) / 2 : q * k;
+  const double pairs = static_cast<double>(w.pairs());
   return 2.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * pairs * static_cast<double>(head_dim + (v_head_dim ? v_head_dim : head_dim));
 }
 
@@ -206,11 +206,17 @@ struct RingCost {
   RingTraffic traffic;               ///< one transfer step's traffic
   int messages = 1;                  ///< pieces a block goes in (RingConfig::messages) as priced; the all-gather: 1
   std::vector<double> comm_s;        ///< per step: the transfer's time (0 at the last step), seconds
-  std::vector<double> compute_s;     ///< per step: the slowest rank's attention, seconds
+  std::vector<double> compute_s;     ///< per step: the slowest rank's attention, seconds (all-gather: of that step's block, as the ring's)
   std::vector<double> exposed_s;     ///< per step: the communication the attention does not hide, seconds
   std::vector<double> merge_s;       ///< per step: the slowest rank's merge of the step's partial output, seconds (γ of the model)
   double comm_seconds = 0;           ///< Σ comm_s (all-gather: the collective's time)
-  double compute_seconds = 0;        ///< Σ compute_s
+  double compute_seconds = 0;        ///< the attention's critical path: Σ compute_s (the lockstep ring waits for each step's
+                                     ///< slowest rank); all-gather: the slowest rank's whole attention
+  /// compute_seconds − the balanced attention (every rank's mean share): what the slowest rank
+  /// makes the others wait; 0 for a balanced split (zigzag, contiguous non-causal), > 0 where
+  /// packed documents leave the ranks' (or a step's) pairs unequal
+  double imbalance_seconds = 0;
+  double attended_fraction = 1;      ///< pairs attended / pairs of the whole sequence's mask without documents (causal or full)
   double exposed_seconds = 0;        ///< Σ exposed_s (all-gather: comm_seconds, nothing hidden)
   double merge_seconds = 0;          ///< Σ merge_s (all-gather: 0, one attention over the gathered kv)
   double bytes[2] = {0, 0};          ///< bytes a rank sends per layer over [intra, inter] links (network transport)
@@ -218,16 +224,19 @@ struct RingCost {
 };
 
 namespace detail {
-/// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()).
+/// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()); `docs`
+/// (or null): packed documents, S their seq_len().
 inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                                double flops_per_s, ElementType type, std::int64_t batch, RingTransport transport, HeadPolicy policy,
-                               bool allgather, int messages) {
+                               bool allgather, int messages, const Documents* docs = nullptr) {
   if (!(flops_per_s > 0)) fail(Errc::invalid_shape, "ring cost: the attention FLOP rate must be > 0");
   if (batch < 1) fail(Errc::invalid_shape, "ring cost: batch=" + std::to_string(batch) + " must be >= 1");
   if (messages < 0 || messages > kMaxRingMessages)
     fail(Errc::invalid_shape, "ring cost: messages=" + std::to_string(messages) + " (need 0 .. " + std::to_string(kMaxRingMessages) + ")");
+  if (docs && docs->seq_len() != S)
+    fail(Errc::seq_lengths_mismatch, "ring cost: S=" + std::to_string(S) + " but the documents cover " + std::to_string(docs->seq_len()) + " tokens");
   const int U = mesh.ulysses_degree(), R = mesh.ring_degree();
-  const RingPartition part(S, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
+  const RingPartition part = docs ? RingPartition(*docs, U, R) : RingPartition(S, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
   std::vector<double> block(static_cast<std::size_t>(R));
   for (int j = 0; j < R; ++j) block[static_cast<std::size_t>(j)] = ring_block_bytes(part, j, shape, type, batch, policy);
   const double largest = *std::max_element(block.begin(), block.end());
@@ -242,11 +251,16 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
   // Every step but the last moves the largest block somewhere (the sources of a step are all R
   // ring ranks), and the lockstep ring waits for it: each transfer step costs the largest block's message.
   const double step_comm = ring_step_seconds(c.traffic, model);
+  std::vector<double> rank_compute(static_cast<std::size_t>(R), 0.0);  // each ring rank's whole attention
+  double pairs = 0;
   for (int s = 0; s < R; ++s) {
     double comp = 0, merge = 0;
     for (int r = 0; r < R; ++r) {
       const RingWork w = ring_work(part, r, s, causal);
-      comp = std::max(comp, ring_step_flops(w, h, shape.head_dim, shape.v_head_dim, batch) / flops_per_s);
+      const double t = ring_step_flops(w, h, shape.head_dim, shape.v_head_dim, batch) / flops_per_s;
+      comp = std::max(comp, t);
+      rank_compute[static_cast<std::size_t>(r)] += t;
+      pairs += static_cast<double>(w.pairs());
       if (!allgather) merge = std::max(merge, ring_merge_bytes(w, h, Dv, batch) * model.copy_seconds_per_byte);
     }
     const double comm = s + 1 < R ? step_comm : 0;
@@ -259,6 +273,15 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
     c.comm_seconds += comm;
     c.exposed_seconds += c.exposed_s.back();
   }
+  double mean = 0, slowest = 0;
+  for (double t : rank_compute) {
+    mean += t / static_cast<double>(R);
+    slowest = std::max(slowest, t);
+  }
+  if (allgather) c.compute_seconds = slowest;  // no lockstep: each rank attends all its pairs at once
+  c.imbalance_seconds = std::max(0.0, c.compute_seconds - mean);
+  const double Sd = static_cast<double>(S), plain = causal ? Sd * (Sd + 1) / 2 : Sd * Sd;
+  c.attended_fraction = pairs / plain;
   if (transport == RingTransport::network) c.bytes[cls] = static_cast<double>(R - 1) * largest;
   c.buffer_bytes = (allgather ? static_cast<double>(R) : std::min(2.0, static_cast<double>(R))) * largest;
   return c;
@@ -281,23 +304,31 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
 /// @param transport   how the ring's bytes move
 /// @param policy      the query head split
 /// @param messages    pieces a block goes in, 1 .. kMaxRingMessages; 0: the model's best (best_ring_messages())
+/// @param documents   packed documents over the S tokens (cu_seqlens; null: one sequence): the
+///                    per-document zigzag (RingPartition(Documents, U, R)) and each step's
+///                    document blocks, so a step the mask empties computes nothing and hides
+///                    nothing (its block still moves: the rotation sends every step), and the
+///                    ranks' unequal pairs show as RingCost::imbalance_seconds
 /// @throws Error(invalid_shape) flops_per_s <= 0, batch < 1, S too short (RingPartition), messages
-///         outside [0, kMaxRingMessages]; what attention_specs() throws for U.
+///         outside [0, kMaxRingMessages]; Error(seq_lengths_mismatch) documents over another S;
+///         what attention_specs() throws for U, and RingPartition(Documents, U, R) for the documents.
 inline RingCost ring_cost(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                           double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
-                          RingTransport transport = RingTransport::network, HeadPolicy policy = HeadPolicy::even, int messages = 1) {
-  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false, messages);
+                          RingTransport transport = RingTransport::network, HeadPolicy policy = HeadPolicy::even, int messages = 1,
+                          const Documents* documents = nullptr) {
+  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, false, messages, documents);
 }
 
 /// The all-gather-kv alternative on the same mesh (see docs/headers.md, "tune/ring_cost.hpp"): the ring all-gather's
 /// R − 1 rounds priced as the ring's transfer steps, none hidden (exposed = comm), the same
-/// attention work, R blocks held. Parameters and errors as ring_cost().
-/// @param mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy as ring_cost()
+/// attention work (compute_seconds: the slowest rank's whole attention, no lockstep), R blocks
+/// held. Parameters and errors as ring_cost().
+/// @param mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, documents as ring_cost()
 inline RingCost allgather_kv_cost(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                                   double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16,
                                   std::int64_t batch = 1, RingTransport transport = RingTransport::network,
-                                  HeadPolicy policy = HeadPolicy::even) {
-  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true, 1);
+                                  HeadPolicy policy = HeadPolicy::even, const Documents* documents = nullptr) {
+  return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true, 1, documents);
 }
 
 /// How a hybrid layout moves its kv between ring ranks.
@@ -320,6 +351,7 @@ struct HybridChoice {
   DegreeChoice ulysses;          ///< the Ulysses exchanges of a ring rank's L_0 tokens over U ranks (advise_degree()'s row)
   RingCost ring;                 ///< the ring's (or the all-gather's) cost; empty when R = 1
   double seconds = 0;            ///< predicted per layer (forward): ulysses.seconds + ring.exposed_seconds + ring.merge_seconds
+                                 ///< + ring.imbalance_seconds
   double intra_bytes = 0;        ///< bytes per layer over the busiest rank's intra-node link (Ulysses + ring)
   double inter_bytes = 0;        ///< bytes per layer over the busiest rank's inter-node link (Ulysses + ring)
   double activation_bytes = 0;   ///< a rank's attention tensors (ulysses.activation_bytes) + the ring's kv buffers
@@ -341,6 +373,9 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
          (h.ring.comm_seconds > 0 ? ", attention hides " + pct(1 - h.ring.exposed_seconds / h.ring.comm_seconds) + " of it" : "");
   else
     s += ", exposed";
+  if (h.ring.attended_fraction < 0.999)
+    s += "; documents leave " + pct(h.ring.attended_fraction) + " of the pairs" +
+         (h.ring.imbalance_seconds > 0.005 * h.ring.compute_seconds ? ", the slowest rank " + pct(h.ring.imbalance_seconds / (h.ring.compute_seconds - h.ring.imbalance_seconds)) + " over the mean" : "");
   if (mesh.ulysses_spans_nodes() && !mesh.ring_spans_nodes()) s += "; ring inside a node while the all-to-all crosses nodes";
   if (!h.fits) s += "; over the memory budget";
   return s;
@@ -350,7 +385,8 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
 /// The feasible Ulysses × Ring × outer layouts of `world` ranks for one layer's forward, best
 /// first: within `budget_bytes` by predicted time (the Ulysses exchanges of advise_degree() over
 /// a ring rank's tokens + the ring's exposed communication + its merges: what the layout adds to
-/// the attention itself; equal times by memory), then the
+/// the attention itself; equal times by memory; with packed documents also the attention the
+/// slowest rank makes the others wait, RingCost::imbalance_seconds), then the
 /// others by memory. For
 /// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
 /// and every R with U · R dividing world that Mesh admits (ulysses_inner) and S tokens cover
@@ -368,11 +404,20 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
 /// @param batch          B >= 1
 /// @param policy         the query head split
 /// @param budget_bytes   per-rank bytes one layer's attention tensors and ring buffers may take; 0: no limit
-/// @throws Error(invalid_mesh) no feasible layout; Error(invalid_shape) seq_len or batch < 1, flops_per_s <= 0.
+/// @param documents      packed documents over the seq_len tokens (null: one sequence): every ring
+///                       and all-gather priced over the per-document zigzag with its document
+///                       blocks (ring_cost()'s `documents`); a (U, R) the documents cannot take
+///                       (RingPartition(Documents, U, R) refuses it) is left out
+/// @throws Error(invalid_mesh) no feasible layout; Error(invalid_shape) seq_len or batch < 1, flops_per_s <= 0;
+///         Error(seq_lengths_mismatch) documents over another seq_len.
 inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
                                                const CostModel& model, double flops_per_s = AttentionRate::h100_bf16(), bool causal = true,
                                                ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
-                                               HeadPolicy policy = HeadPolicy::even, double budget_bytes = 0) {
+                                               HeadPolicy policy = HeadPolicy::even, double budget_bytes = 0,
+                                               const Documents* documents = nullptr) {
+  if (documents && documents->seq_len() != seq_len)
+    detail::fail(Errc::seq_lengths_mismatch, "advise_hybrid: seq_len=" + std::to_string(seq_len) + " but the documents cover " +
+                                                 std::to_string(documents->seq_len()) + " tokens");
   if (seq_len < 1 || batch < 1 || !(flops_per_s > 0))
     detail::fail(Errc::invalid_shape, "advise_hybrid: seq_len=" + std::to_string(seq_len) + ", batch=" + std::to_string(batch) +
                                           " must be >= 1 and the FLOP rate > 0");
@@ -386,7 +431,8 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
         const Mesh rmesh(world, U, R, ranks_per_node);
         const Mesh umesh(world, U, ranks_per_node);
         check_heads(umesh, shape, policy);
-        const RingPartition part(seq_len, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
+        const RingPartition part = documents ? RingPartition(*documents, U, R)
+                                             : RingPartition(seq_len, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
         const std::int64_t L = part.max_ring_length();
         if (L < U) continue;
         const DegreeChoice d = detail::degree_choice(umesh, shape, L, model, type, batch, policy, 0);
@@ -400,9 +446,9 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
           h.ulysses = d;
           if (R > 1)
             h.ring = detail::ring_cost_impl(rmesh, shape, seq_len, causal, model, flops_per_s, type, batch, RingTransport::network, policy,
-                                            kv == RingKv::allgather, 0);
+                                            kv == RingKv::allgather, 0, documents);
           h.messages = R > 1 ? h.ring.messages : 0;
-          h.seconds = d.seconds + h.ring.exposed_seconds + h.ring.merge_seconds;
+          h.seconds = d.seconds + h.ring.exposed_seconds + h.ring.merge_seconds + h.ring.imbalance_seconds;
           h.intra_bytes = d.intra_bytes + h.ring.bytes[0];
           h.inter_bytes = d.inter_bytes + h.ring.bytes[1];
           h.activation_bytes = d.activation_bytes + h.ring.buffer_bytes;
