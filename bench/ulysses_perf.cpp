@@ -43,6 +43,9 @@
 #include "perf_transform.hpp"
 #include "perf_allgather.hpp"
 #include "perf_documents.hpp"
+#if ULYSSES_PERF_MPI
+#include "perf_layer.hpp"
+#endif
 
 namespace {
 
@@ -97,7 +100,10 @@ struct Options {
   Wire wire = Wire::element;            // --wire W (--op seq_to_head, host backends): q and k on wire W against every tensor on its element wire
   bool wire_given = false;
   perf_model::LinkFlags links;          // --advise
-  perf_documents::Spec docs;            // --docs: packed documents (--advise's hybrid table, --allgather-kv's third split)
+  perf_documents::Spec docs;            // --docs: packed documents (--advise's hybrid table, --allgather-kv's third split, --op layer)
+#if ULYSSES_PERF_MPI
+  perf_layer::Layout layer;             // --layer U,R[,ring|allgather] (--op layer)
+#endif
 };
 
 /// One line of the table.
@@ -1182,6 +1188,9 @@ void usage_model() {
       "exchange and attention call adding --band-call-us U (default 0; the model's per-message terms are paid again a band\n"
       "anyway); band(ms): the exchanges the bands leave exposed. --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n"
+      "--op layer --layer U,R[,ring|allgather] (--backend mpi; bench/perf_layer.hpp): one layer's distributed_attention()\n"
+      "forward on a U x R x outer mesh of the world around a stand-in attention at --attn-TFLOPS (a sleep per step, simulated\n"
+      "under SMPI), against the model's advise_hybrid() row of the same layout (--params).\n"
       "--docs L1,L2,... | lognormal:MEAN[:SIGMA[:SEED]]: packed documents (bench/perf_documents.hpp): the given token counts\n"
       "(S = their sum), or lengths drawn from a log-normal of mean MEAN tokens (sigma 1, seed 1234 by default) packed to S.\n"
       "With --advise the hybrid table prices them (advise_hybrid's documents: the per-document zigzag, each step's document\n"
@@ -1301,9 +1310,16 @@ void check_op(Options& o) {
     }
     return;
   }
-  if (o.docs.given && o.mode != "advise" && o.op != "allgather_kv") {
-    std::fprintf(stderr, "--docs goes with --advise (the hybrid table) or --allgather-kv (a third split)\n");
+  if (o.docs.given && o.mode != "advise" && o.op != "allgather_kv" && o.op != "layer") {
+    std::fprintf(stderr, "--docs goes with --advise (the hybrid table), --allgather-kv (a third split) or --op layer\n");
     std::exit(2);
+  }
+  if (o.op == "layer") {
+    if (o.backend != "mpi" || o.direction_given || o.backward || o.rope || o.wire_given || o.check) {
+      std::fprintf(stderr, "--op layer (--layer U,R[,kv]) runs under mpiexec or smpirun (--backend mpi), forward, -c 0, without --direction, --rope, --wire\n");
+      std::exit(2);
+    }
+    return;
   }
   if (o.op == "allgather_kv") return perf_allgather::check_options(o);  // (perf_allgather.hpp)
   if (o.op == "bands") {
@@ -1491,8 +1507,15 @@ Options parse(int argc, char** argv) {
       o.head_to_seq = d != 0;
       o.direction_given = true;
     } else if (a == "--op") {
-      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform", "allgather_kv"};
-      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform", "allgather_kv"})];
+      const char* const ops[] = {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform", "allgather_kv", "layer"};
+      o.op = ops[ulysses_cli::one_of(argc, argv, i, {"seq_to_head", "head_to_seq", "decode", "ring", "bands", "transform", "allgather_kv", "layer"})];
+    } else if (a == "--layer") {
+      o.op = "layer";
+#if ULYSSES_PERF_MPI
+      o.layer = perf_layer::parse(need(i));
+#else
+      (void)need(i);
+#endif
     } else if (a == "--allgather-kv") {
       o.op = "allgather_kv";
     } else if (a == "--bands") {
@@ -1811,6 +1834,12 @@ int main_mpi(int& argc, char**& argv, const Options& o) {
       rc = 2;
     } else if (o.op == "bands") {
       rc = run_bands_mpi(comm, o);
+    } else if (o.op == "layer") {  // perf_layer.hpp: over MPI_COMM_WORLD's mesh
+      CostModel m = CostModel::nvlink_infiniband();
+#if ULYSSES_PERF_JSON
+      if (!o.params.empty()) m = perf_model::load_model(o.params, o.params_backend);
+#endif
+      rc = perf_layer::run_mpi(comm, o, o.layer, o.links.apply(m), !o.params.empty(), [&](std::int64_t n) { return next_size(n, o); });
     } else if (o.op == "allgather_kv") {  // perf_allgather.hpp: over MpiWindowComm as the seq ops choose it, else MpiComm
       rc = perf_allgather::run_mpi(comm, o, o.backend == "window" || o.mpi_window == 1 || (o.mpi_window < 0 && one_node(comm)),
                                    [&](std::int64_t n) { return next_size(n, o); }, [&](const auto& c) { return alternate_all(o, c); });

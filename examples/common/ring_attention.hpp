@@ -40,6 +40,9 @@ struct RingCase {
   ulysses::RingLayout layout = ulysses::RingLayout::zigzag;
   std::vector<std::int64_t> cu_seqlens;  ///< packed documents (empty: one sequence)
   bool allgather = false;                ///< all-gather KV over P = U·R ranks instead of U × R
+  /// U × AG: Ulysses over U, then k|v all-gathered over the R ranks of the ring group instead of
+  /// the rotation (DistributedAttentionPlan::allgather(const RingPlan&)); the partition is the ring's
+  bool ulysses_allgather = false;
   ulysses::DocumentSplit allgather_split = ulysses::DocumentSplit::zigzag;  ///< the all-gather group's partition of the documents
   /// Called with every forward step before the kernel (world rank w; tests look at the mask).
   std::function<void(int w, const ulysses::AttentionStep&)> on_step;
@@ -293,7 +296,8 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   } else {
     part.emplace(docs ? RingPartition(*docs, c.U, c.R) : RingPartition(c.S, c.U, c.R, c.layout));
     const RingPlan rp(*part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
-    made.emplace(rp, opt);
+    if (c.ulysses_allgather) made.emplace(DistributedAttentionPlan::allgather(rp, opt));
+    else made.emplace(rp, opt);
     u = rp.ulysses_rank(), j = rp.ring_rank();
   }
   const DistributedAttentionPlan& plan = *made;

@@ -426,12 +426,16 @@ struct DocPath {
   const char* name;
   int U, R;
   bool allgather;
+  bool ulysses_allgather = false;  // U x AG: Ulysses over U, k|v gathered over the R ranks
 };
-const DocPath kDocPaths[] = {{"Ulysses P=2", 2, 1, false}, {"Ulysses P=4", 4, 1, false}, {"U=1 x R=2", 1, 2, false},
-                             {"U=2 x R=2", 2, 2, false},   {"all-gather KV P=2", 2, 1, true}, {"all-gather KV P=4", 4, 1, true}};
+const DocPath kDocPaths[] = {{"Ulysses P=2", 2, 1, false},         {"Ulysses P=4", 4, 1, false},
+                             {"U=1 x R=2", 1, 2, false},           {"U=2 x R=2", 2, 2, false},
+                             {"all-gather KV P=2", 2, 1, true},    {"all-gather KV P=4", 4, 1, true},
+                             {"U=2 x AG R=2", 2, 2, false, true}};
 rd::RingCase doc_case(const DocPath& p, std::int64_t S, std::vector<std::int64_t> cu, bool causal) {
   rd::RingCase c;
   c.U = p.U, c.R = p.R, c.allgather = p.allgather, c.S = S, c.H = 4, c.Hkv = 2, c.D = 8, c.Dv = 8, c.B = 1, c.causal = causal;
+  c.ulysses_allgather = p.ulysses_allgather;
   c.cu_seqlens = std::move(cu);
   return c;
 }
@@ -611,4 +615,62 @@ TEST_CASE("packed documents: ring ranks of different lengths (per-document zigza
       CHECK(wrong.load() == 0);
       CHECK(rd::max_errors(c, rd::RingReference(c, g, true), res).max() < 2e-5);
     }
+}
+
+TEST_CASE("U x AG: Ulysses across, k|v all-gathered over the ring ranks; one sequence and packed documents, GQA and MQA, uneven meshes; within 2e-5 of the reference") {
+  struct Mesh2 {
+    int U, R;
+    std::int64_t H, Hkv;
+  };
+  for (const Mesh2& m : {Mesh2{2, 2, 4, 2}, Mesh2{2, 3, 6, 1}, Mesh2{3, 2, 6, 3}, Mesh2{4, 2, 4, 2}})
+    for (bool causal : {true, false})
+      for (bool docs : {false, true}) {
+        rd::RingCase c;
+        c.U = m.U, c.R = m.R, c.S = docs ? 41 : 36, c.H = m.H, c.Hkv = m.Hkv, c.D = 8, c.Dv = 8, c.B = 1, c.causal = causal;
+        c.ulysses_allgather = true;
+        if (docs) c.cu_seqlens = {0, 1, 1, 13, 41};
+        INFO("U=" << m.U << " x AG R=" << m.R << " H=" << m.H << " Hkv=" << m.Hkv << (causal ? " causal" : " full") << (docs ? " packed documents" : ""));
+        std::atomic<int> steps{0}, wrong{0};
+        check_masks(c, steps, wrong);
+        const rd::RingGlobals g(c);
+        const auto res = rd::run_ring_attention(c, g, true);
+        CHECK(steps.load() > 0);
+        CHECK(steps.load() <= m.U * m.R);  // one step a rank (none where the mask leaves a rank nothing)
+        if (docs || causal) CHECK(wrong.load() == 0);
+        CHECK(rd::max_errors(c, rd::RingReference(c, g, true), res).max() < 2e-5);
+        // The same bits on every run (the reduce-scatter's fixed order, the Ulysses sum's).
+        const auto again = rd::run_ring_attention(c, g, true);
+        for (std::size_t w = 0; w < res.size(); ++w) {
+          CHECK(same_bits(res[w].out, again[w].out));
+          CHECK(same_bits(res[w].dk, again[w].dk));
+          CHECK(same_bits(res[w].dv, again[w].dv));
+        }
+      }
+}
+
+TEST_CASE("U x AG errors: the Ulysses-only overload refuses it; a rank that rotates where the others gather is plan_mismatch on every rank") {
+  const int U = 2, R = 2;
+  const std::int64_t S = 24;
+  const AttentionSpecs specs = attention_specs<float>(U, {4, 2, 8});
+  std::vector<Errc> plain(4), mixed(4);
+  LocalMesh(U, R, std::chrono::seconds(30)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm& rc) {
+    const RingPlan rp(RingPartition(S, U, R, RingLayout::zigzag), Mesh(4, U, R, 4), w, 1, specs, true);
+    const DistributedAttentionPlan ag = DistributedAttentionPlan::allgather(rp);
+    CHECK(ag.is_allgather());
+    CHECK(ag.is_ulysses_allgather());
+    CHECK(ag.steps() == 1);
+    CHECK(ag.gather_plan().degree() == R);
+    std::vector<float> x(1 << 12);
+    std::vector<std::byte> b(1 << 16);
+    plain[static_cast<std::size_t>(w)] =
+        ut::code_of([&] { distributed_attention(ag, uc, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, b, b); });
+    const DistributedAttentionPlan rot(rp);
+    const DistributedAttentionPlan& mine = w == 3 ? rot : ag;  // world rank 3 rotates
+    std::vector<std::byte> saved(std::max(ag.saved_bytes(), rot.saved_bytes())),
+        ws(std::max(ag.forward_workspace_bytes(), rot.forward_workspace_bytes()));
+    mixed[static_cast<std::size_t>(w)] =
+        ut::code_of([&] { distributed_attention(mine, uc, rc, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, saved, ws); });
+  });
+  for (int w = 0; w < 4; ++w) CHECK(plain[static_cast<std::size_t>(w)] == Errc::comm_mismatch);
+  for (int w = 0; w < 4; ++w) CHECK(mixed[static_cast<std::size_t>(w)] == Errc::plan_mismatch);
 }

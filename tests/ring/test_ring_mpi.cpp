@@ -415,7 +415,7 @@ int main(int argc, char** argv) {
   return any ? 1 : 0;
 }
 
-TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag and all-gather KV over the world, document-masked; bit-identical to in-process") {
+TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag, U x AG and all-gather KV over the world, document-masked; bit-identical to in-process") {
   namespace rd = ulysses_ring_demo;
   int W = 0, w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -427,14 +427,17 @@ TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag and a
     const bool ag = U == W + 1;
     if (!ag && W % U) continue;
     const int R = ag ? 1 : W / U;
-    for (bool causal : {true, false}) {
+    for (int mode = 0; mode < 4; ++mode) {  // causal and document-only; the rotation and (R > 1) U x AG
+      const bool causal = mode % 2 == 0, uag = mode >= 2;
+      if (uag && (ag || R == 1)) continue;
       rd::RingCase c;
       c.U = ag ? W : U, c.R = R, c.B = 1, c.D = 8, c.Dv = 8, c.H = 2 * c.U, c.Hkv = std::max(1, c.U / 2), c.causal = causal;
       c.allgather = ag;
+      c.ulysses_allgather = uag;
       c.S = 6 * W + 5;  // a document of 1 token, a placeholder, one of 2W tokens, the rest (uneven)
       c.cu_seqlens = {0, 1, 1, 1 + 2 * W, c.S};
       c.allgather_split = causal ? DocumentSplit::balanced : DocumentSplit::zigzag;
-      INFO((ag ? "all-gather KV P=" : "U=") << c.U << " R=" << R << " S=" << c.S << (causal ? " causal" : " document-only"));
+      INFO((ag ? "all-gather KV P=" : "U=") << c.U << (uag ? " x AG" : "") << " R=" << R << " S=" << c.S << (causal ? " causal" : " document-only"));
       const rd::RingGlobals g(c);
       rd::RingRankResult got;
       if (ag) {

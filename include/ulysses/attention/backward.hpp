@@ -88,7 +88,7 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   const ByteSpan xws(wk.take(r.bwd[9]), r.bwd[9]);
   const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
-  if (p.is_allgather()) {  // do is on the query rows already: the step reads it in place
+  if (p.is_allgather() && !p.is_ulysses_allgather()) {  // do is on the query rows already: the step reads it in place
     check_attention_span(call, "do", dout.data, dout.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of a do");
     do_h = static_cast<const std::byte*>(dout.data);
   } else {
@@ -107,6 +107,19 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2]); };
   const float* home = attention_steps<true>(p, rc, own, kv, gr, body, after);
   const std::size_t eb = p.specs().q.elem_bytes;
+  if (p.is_ulysses_allgather()) {  // U × AG: dk|dv of the S rows reduce-scattered over the ring group, then the Ulysses adjoint
+    const Plan& gp = p.gather_plan();
+    const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2), gk = gp.head_bytes(0), gv = gp.head_bytes(1);
+    std::byte* const dkv_all = g_t + nq;  // dk|dv of the S rows in the element type; after them this rank's L_j rows (own_rows)
+    attention_store(f[0], g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
+    attention_store(home, dkv_all, static_cast<std::int64_t>((gk + gv) / eb), p.element_type());
+    std::byte* const own_rows = dkv_all + gk + gv;
+    if constexpr (!std::is_same_v<RC, NoRing>)
+      allgather_kv_backward(gp, *rc, exec, {ConstByteSpan(dkv_all, gk), ConstByteSpan(dkv_all + gk, gv)},
+                            {ByteSpan(own_rows, nk), ByteSpan(own_rows + nk, nv)}, xws);
+    seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({own_rows, nk}).dv({own_rows + nk, nv}), grads, xws);
+    return;
+  }
   if (p.is_allgather()) {  // dq on its tokens; dk|dv of the whole sequence reduce-scattered (fp32, ascending rank, one rounding)
     const std::size_t nq = r.saved[0], nk = qkv.head_bytes(0), nv = qkv.head_bytes(1);
     const TensorList<ByteSpan> l = grads.list();

@@ -47,7 +47,15 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   const ByteSpan xws(wk.take(r.fwd[5]), r.fwd[5]);
   const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
-  if (p.is_allgather()) {  // q stays: a copy kept for the backward; k|v of the whole sequence gathered
+  if (p.is_ulysses_allgather()) {  // U × AG: seq→head over the Ulysses group, then k|v of its heads gathered over the ring group
+    std::byte* kv_own = kv[0];  // (this rank's L_j rows of k|v, the forward workspace's first region)
+    const std::size_t nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
+    seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({kv_own, nk}).v({kv_own + nk, nv}), xws);
+    const Plan& g = p.gather_plan();
+    if constexpr (!std::is_same_v<RC, NoRing>)
+      allgather_kv(g, *rc, exec, {ConstByteSpan(kv_own, nk), ConstByteSpan(kv_own + nk, nv)},
+                   {ByteSpan(own, g.head_bytes(0)), ByteSpan(own + g.head_bytes(0), g.head_bytes(1))}, xws);
+  } else if (p.is_allgather()) {  // q stays: a copy kept for the backward; k|v of the whole sequence gathered
     const TensorList<ConstByteSpan> l = in.list();
     check_attention_span(call, "q", l.data[0].data, l.data[0].bytes, r.saved[0], Errc::buffer_too_small, "qkv_plan().seq_bytes(0) of a q");
     if (r.saved[0]) std::memcpy(q_h, l.data[0].data, r.saved[0]);
@@ -73,7 +81,7 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   };
   attention_steps<false>(p, rc, own, kv, kv, body, [](int, float*) {});
   ring_merge_finish(ms, acc, o_h, type);
-  if (p.is_allgather()) {  // o is on its tokens already
+  if (p.is_allgather() && !p.is_ulysses_allgather()) {  // o is on its tokens already
     check_attention_span(call, "output o", out.data, out.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of an o");
     if (r.saved[2]) std::memcpy(out.data, o_h, r.saved[2]);
   } else {
@@ -95,7 +103,8 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 /// 3. per ring step s with work (RingWork::empty() steps are skipped): `attention(step)` with
 ///    step's out pre-filled with 0 and lse with −inf, then merged (ring_merge_block(), fp32);
 /// 4. the merged o rounded once to the element type, head→seq into `out`.
-/// @param plan      this rank's DistributedAttentionPlan (made from a RingPlan, or a plain one for R = 1)
+/// @param plan      this rank's DistributedAttentionPlan (made from a RingPlan, by allgather(const RingPlan&)
+///                  for U × AG: the ring group gathers k|v once instead of rotating it, or a plain one for R = 1)
 /// @param ulysses   this rank's Ulysses group (U ranks, rank = its Ulysses rank); any communicator
 /// @param ring      this rank's ring (R ranks, rank = its ring rank); with exchange_messages()
 /// @param qkv       seq-sharded q [B, S_w, H, D], k [B, S_w, Hkv, D], v [B, S_w, Hkv, Dv] (bshd,
@@ -130,9 +139,10 @@ void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ul
 template <class UlyssesComm, class Attention>
 void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, const QkvIn& qkv, ByteSpan out, Attention&& attention,
                            ByteSpan saved, Workspace workspace) {
-  if (plan.steps() != 1)
-    detail::fail(Errc::comm_mismatch, "distributed_attention: the plan has R=" + std::to_string(plan.steps()) +
-                                          " ring steps; pass its ring communicator too (the overload with `ring`)");
+  if (plan.steps() != 1 || plan.is_ulysses_allgather())
+    detail::fail(Errc::comm_mismatch, "distributed_attention: the plan has R=" + std::to_string(plan.has_ring_plan() ? plan.ring_plan().steps() : 1) +
+                                          (plan.is_ulysses_allgather() ? " ring ranks that gather k|v" : " ring steps") +
+                                          "; pass its ring communicator too (the overload with `ring`)");
   detail::NoRing* none = nullptr;
   detail::attention_guard(ulysses, none, "distributed_attention",
                           [&] { detail::attention_forward(plan, ulysses, none, qkv, out, attention, saved, workspace); });

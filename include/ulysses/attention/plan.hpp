@@ -141,8 +141,36 @@ class DistributedAttentionPlan {
     return DistributedAttentionPlan(AllGatherTag{}, group, batch, seq, specs, causal, docs, o);
   }
 
+  /// Ulysses × all-gather KV (U × AG, the 2-D sequence parallelism of vllm-omni RFC #7589: Ulysses
+  /// across, all-gather inside) on the mesh of `ring`: seq→head of q|k|v over the Ulysses group
+  /// (each rank then holds its ring rank j's L_j tokens for H_u query heads and Hkv_u kv heads),
+  /// k|v of those heads gathered whole over the R ranks of the ring group in one exchange
+  /// (gather_plan(): allgather_kv()), one step per call, the L_j query rows against all S kv rows in
+  /// global order (RingMask::blocks: causal, per document, or neither), head→seq of o. The
+  /// backward reduce-scatters dk|dv over the ring group (fp32, ascending ring rank, rounded
+  /// once), then runs the Ulysses adjoint. Call distributed_attention() with both communicators
+  /// (the Ulysses group and the ring group, as for the rotation). The configuration check
+  /// (check_ring_config()) and the plans' agreement records carry RingConfig::allgather_kv, so a
+  /// rank that rotates where the others gather gets plan_mismatch on every rank. The rotation's
+  /// RingPlan::messages does not apply.
+  /// @param ring the mesh, 2-D partition (zigzag, contiguous or packed documents), this rank,
+  ///             batch, specs and causality (as for the rotation)
+  /// @param o    options (softmax scale; the plans' options)
+  /// @throws what Plan's constructor throws; Error(tensor_mismatch) as above.
+  static DistributedAttentionPlan allgather(const RingPlan& ring, const DistributedAttentionOptions& o = {}) {
+    return DistributedAttentionPlan(AllGatherTag{}, ring, o);
+  }
+
   int steps() const { return static_cast<int>(work_.size()); }   ///< R (1: plain Ulysses, all-gather KV)
-  bool is_allgather() const { return allgather_; }                ///< made by allgather()
+  bool is_allgather() const { return allgather_; }                ///< made by allgather() (either form)
+  /// Made by allgather(const RingPlan&): U × AG (an o plan, a gather plan over the ring group).
+  bool is_ulysses_allgather() const { return allgather_ && ring_.has_value(); }
+  /// The k|v all-gather over the ring group of a U × AG plan (2 tensors, [B, L_j, Hkv_u, D|Dv] →
+  /// [B, S, Hkv_u, D|Dv]). @throws Error(invalid_mesh) another plan.
+  const Plan& gather_plan() const {
+    if (!gather_) detail::fail(Errc::invalid_mesh, "DistributedAttentionPlan: only a U x AG plan (allgather(const RingPlan&)) has a gather plan");
+    return *gather_;
+  }
   bool has_documents() const { return docs_.has_value(); }        ///< masked per packed document
   /// The packed documents. @throws Error(invalid_partition) a plan without documents.
   const Documents& documents() const {
@@ -231,7 +259,7 @@ class DistributedAttentionPlan {
     return c.take(regions_.saved[i]);
   }
   static PlanOptions with_ring(PlanOptions o, int U, std::int64_t S, bool causal, const Documents* docs = nullptr) {
-    o.ring = RingConfig{U, 1, RingLayout::contiguous, causal, S, 1, docs ? docs->fingerprint() : 0};
+    o.ring = RingConfig{U, 1, RingLayout::contiguous, causal, S, 1, docs ? docs->fingerprint() : 0, false};
     return o;
   }
   static const Documents* checked(const Documents* docs, std::int64_t S) {
@@ -298,6 +326,55 @@ class DistributedAttentionPlan {
     work_.push_back(std::move(w));
     init(seq.local_length(group.rank));
   }
+  /// U × AG (allgather(const RingPlan&)).
+  DistributedAttentionPlan(AllGatherTag, const RingPlan& ring, const DistributedAttentionOptions& o)
+      : ring_(ring), specs_(ring.specs()), B_(ring.batch()), causal_(ring.causal()), u_(ring.ulysses_rank()), opt_(o), allgather_(true),
+        qkv_(ulysses_plan(ring, ring.specs().qkv(), o.plan)), out_(ulysses_plan(ring, ring.specs().out(), o.plan)) {
+    const RingPartition& p = ring.partition();
+    const std::int64_t S = p.seq_len();
+    const int R = p.ring_degree(), j = ring.ring_rank();
+    std::vector<SeqChunk> by_ring;  // ring rank jj holds ring_chunks(jj) in ring-local order
+    for (int jj = 0; jj < R; ++jj) {
+      std::vector<SeqChunk> mine = p.ring_chunks(jj);
+      std::sort(mine.begin(), mine.end(), [](const SeqChunk& a, const SeqChunk& b) { return a.local_offset < b.local_offset; });
+      chunks_.push_back(mine);
+      for (const SeqChunk& c : mine) by_ring.push_back({jj, c.offset, c.length, 0});
+    }
+    kv_chunks_.push_back({SeqChunk{0, 0, S, 0}});
+    if (p.has_documents()) docs_ = p.documents();
+    // The gather: over the R ranks of the ring group, this Ulysses rank's kv heads whole on each.
+    std::vector<TensorSpec> kv = {specs_.k, specs_.v};
+    for (TensorSpec& t : kv) {
+      t.heads = HeadPartition::all(specs_.kv_heads.count(u_), R);
+      t.serving(TensorSpec::kNone).with_replicas(Replicas::sum);
+    }
+    PlanOptions go = o.plan;
+    go.ring.reset();  // (a plan of the R ranks: its own record has P = R, the ring's chunks, the kv heads; the configuration is the Ulysses plans')
+    gather_.emplace(Group{R, j}, B_, SeqPartition::chunks(S, R, by_ring), std::move(kv), Format::bshd, go);
+    const Documents whole({0, S});
+    RingWork w;
+    w.L_q = w.q_len = ring.tokens();
+    w.L_kv = w.kv_len = S;
+    w.mask = RingMask::blocks;
+    if (!causal_ && !docs_) {
+      if (w.q_len > 0) w.blocks.push_back({0, w.q_len, 0, S, RingMask::none, 0});
+    } else {
+      w.blocks = document_blocks(docs_ ? *docs_ : whole, chunks_[static_cast<std::size_t>(j)], kv_chunks_[0], causal_);
+    }
+    if (w.blocks.empty()) w.q_len = w.kv_len = 0;
+    work_.push_back(std::move(w));
+    init(ring.tokens());
+  }
+  static RingConfig ag_config(const RingPlan& ring) {
+    RingConfig c = ring.config();
+    c.messages = 1;  // (the rotation's wire split: not used)
+    c.allgather_kv = true;
+    return c;
+  }
+  static Plan ulysses_plan(const RingPlan& ring, std::vector<TensorSpec> t, PlanOptions o) {
+    o.ring = ag_config(ring);
+    return Plan({ring.partition().ulysses_degree(), ring.ulysses_rank()}, ring.batch(), ring.ulysses_partition(), std::move(t), Format::bshd, o);
+  }
   void init(std::int64_t L) {
     L_ = L;
     Hq_ = specs_.query_heads.count(u_);
@@ -319,20 +396,21 @@ class DistributedAttentionPlan {
     const std::size_t D = n(specs_.q.head_dim), Dv = n(specs_.v.head_dim), rows = n(B_ * L_), Hq = n(Hq_), Hk = n(Hk_);
     const std::size_t kv_rows = allgather_ ? n(B_ * work_[0].L_kv) : rows;  // all-gather: the whole sequence
     std::size_t kvmax = kv_rows * Hk * (D + Dv) * eb, gmax = kv_rows * Hk * (D + Dv) * f;
-    if (ring_) {
+    if (ring_ && !allgather_) {
       kvmax = ring_->kv_buffer_bytes();
       gmax = ring_->grad_buffer_bytes();
     }
     const bool R = steps() > 1;
-    const std::size_t ws = std::max(qkv_.workspace_bytes(), out_ ? out_->workspace_bytes() : 0);
+    const std::size_t ws = std::max({qkv_.workspace_bytes(), out_ ? out_->workspace_bytes() : 0, gather_ ? gather_->workspace_bytes() : 0});
+    const std::size_t own = gather_ ? rows * Hk * (D + Dv) * eb : 0;  // U × AG: this rank's L_j rows of k|v before the gather
     regions_.saved[0] = rows * Hq * D * eb;
     regions_.saved[1] = kv_rows * Hk * (D + Dv) * eb;
     regions_.saved[2] = rows * Hq * Dv * eb;
     regions_.saved[3] = rows * Hq * f;
-    const std::size_t fwd[6] = {R ? kvmax : 0, R ? kvmax : 0, rows * Hq * Dv * f, rows * Hq * Dv * eb, rows * Hq * f, ws};
+    const std::size_t fwd[6] = {R ? kvmax : own, R ? kvmax : 0, rows * Hq * Dv * f, rows * Hq * Dv * eb, rows * Hq * f, ws};
     std::copy(fwd, fwd + 6, regions_.fwd);
-    const std::size_t bwd[10] = {allgather_ ? 0 : rows * Hq * Dv * eb, R ? kvmax : 0, R ? kvmax : 0, gmax, R ? gmax : 0, rows * Hq * D * f,
-                                 rows * Hq * D * f, gmax, (rows * Hq * D + kv_rows * Hk * (D + Dv)) * eb, ws};
+    const std::size_t bwd[10] = {allgather_ && !gather_ ? 0 : rows * Hq * Dv * eb, R ? kvmax : 0, R ? kvmax : 0, gmax, R ? gmax : 0, rows * Hq * D * f,
+                                 rows * Hq * D * f, gmax, (rows * Hq * D + kv_rows * Hk * (D + Dv)) * eb + own, ws};
     std::copy(bwd, bwd + 10, regions_.bwd);
   }
 
@@ -345,6 +423,7 @@ class DistributedAttentionPlan {
   bool allgather_ = false;
   Plan qkv_;
   std::optional<Plan> out_;
+  std::optional<Plan> gather_;                 // U × AG: the k|v all-gather over the ring group
   std::optional<Documents> docs_;
   std::vector<RingWork> work_;                 // by step
   std::vector<std::vector<SeqChunk>> chunks_;  // global chunks of ring rank j's query tokens, in row order

@@ -238,10 +238,14 @@ struct RingConfig {
   /// Packed documents: Documents::fingerprint() of the partition's documents (the attention mask
   /// depends on them), 0 for one sequence.
   std::uint64_t documents = 0;
+  /// How k|v cross the ring ranks: false, the ring rotation (R steps); true, one all-gather of
+  /// the ring group's k|v (U × AG, DistributedAttentionPlan::allgather(const RingPlan&)). Ranks
+  /// that mix the two would pair a rotation's messages with a gather's.
+  bool allgather_kv = false;
   /// The configuration of a partition, a causal flag and a wire split.
   static RingConfig of(const RingPartition& p, bool causal, int messages = 1) {
     return {p.ulysses_degree(), p.ring_degree(), p.layout(), causal, p.seq_len(), messages,
-            p.has_documents() ? p.documents().fingerprint() : 0};
+            p.has_documents() ? p.documents().fingerprint() : 0, false};
   }
 };
 

@@ -80,6 +80,8 @@ inline AgreementRecord Plan::agreement_record() const {
              ring->messages) | 1u;
   if (const auto& ring = options_.ring; ring && ring->documents)  // packed documents: the mask depends on them
     w[detail::kRingWord] = hash(w[detail::kRingWord], static_cast<std::int64_t>(ring->documents)) | 1u;
+  if (const auto& ring = options_.ring; ring && ring->allgather_kv)  // U × AG: the ring ranks gather k|v instead of rotating it
+    w[detail::kRingWord] = hash(w[detail::kRingWord], std::int64_t{0x4147}) | 1u;
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const TensorSpec& x = tensors_[t];
     h = hash(h0, x.heads.num_heads());
@@ -101,7 +103,7 @@ inline std::string Plan::agreement_field(int i) {
   if (i < detail::kReplicasWord) return "the head dim and element size of tensor " + std::to_string(i - detail::kElementWord);
   if (i < detail::kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - detail::kReplicasWord);
   if (i == detail::kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
-  if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S, messages a block, packed documents)";
+  if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S, messages a block, packed documents, kv by all-gather)";
   return "word " + std::to_string(i);
 }
 

@@ -23,21 +23,22 @@ ULYSSES_NAMESPACE_BEGIN
 namespace detail {
 /// The record of a RingConfig all-gathered by check_ring_config(): fixed-width fields.
 struct RingRecord {
-  std::int64_t field[7];
+  std::int64_t field[8];
 };
 /// The record of c.
 inline RingRecord ring_record(const RingConfig& c) {
   return {{c.ulysses_degree, c.ring_degree, static_cast<std::int64_t>(c.layout), c.causal ? 1 : 0, c.seq_len, c.messages,
-           static_cast<std::int64_t>(c.documents)}};
+           static_cast<std::int64_t>(c.documents), c.allgather_kv ? 1 : 0}};
 }
 inline const char* ring_field_name(int i) {
-  static const char* const n[7] = {"U", "R", "layout", "causal", "S", "messages a block", "packed documents (fingerprint of cu_seqlens)"};
+  static const char* const n[8] = {"U", "R", "layout", "causal", "S", "messages a block", "packed documents (fingerprint of cu_seqlens)",
+                                   "kv by all-gather (1) or by the ring rotation (0)"};
   return n[i];
 }
 /// What differs between every rank's record and rank 0's ("" when nothing), naming ranks and fields.
 inline std::string compare_ring_records(const std::vector<RingRecord>& all, const char* group) {
   const std::string d = records_differ(
-      static_cast<int>(all.size()), 7, [&](int p, int i) { return static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)].field[i]); },
+      static_cast<int>(all.size()), 8, [&](int p, int i) { return static_cast<std::uint64_t>(all[static_cast<std::size_t>(p)].field[i]); },
       [](int i) { return std::string(ring_field_name(i)); }, [&](int p, int i) { return std::to_string(all[static_cast<std::size_t>(p)].field[i]); });
   return d.empty() ? d : std::string("over the ") + group + ": " + d;
 }
