@@ -680,7 +680,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
       "                         [--ring R [--causal]] [--rope [--rope-theta X]] [--wire fp8_e4m3|fp8_e5m2|bfloat16]\n"
-      "                         [--docs L1,L2,... [--causal] [--allgather-kv | --ring R]]\n"
+      "                         [--docs L1,L2,... [--causal] [--allgather-kv] [--ring R]]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
       "--backward: also the backward pass (dq, dk, dv through seq_to_head_backward, which sums the\n"
@@ -697,7 +697,9 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "--causal: (with --ring) causal attention, the zigzag layout (ring rank j holds chunks j and 2R-1-j);\n"
       "          without it non-causal, contiguous ranges. --ring 1 is Ulysses alone through the ring code.\n"
       "--allgather-kv: all-gather-KV context parallelism (docs/allgather.md): q stays on its tokens, k|v of the\n"
-      "          whole sequence gathered on every rank, dk|dv reduce-scattered; every head on every rank.\n"
+      "          whole sequence gathered on every rank, dk|dv reduce-scattered; every head on every rank. With\n"
+      "          --ring R > 1: U x AG, Ulysses over U = P / R ranks, then k|v of their heads gathered over the R\n"
+      "          ranks of the ring group instead of the rotation (DistributedAttentionPlan::allgather(RingPlan)).\n"
       "--docs L1,L2,...: packed documents of these token counts (S = their sum; 0 is a placeholder), attention\n"
       "          masked per document (document and causal with --causal, else document-only), through --ring R\n"
       "          (per-document zigzag: every document cut into 2R chunks), --allgather-kv (documents_partition,\n"
@@ -803,10 +805,6 @@ Config parse(int argc, char** argv) {
   }
   if (c.wire != Wire::element && (c.device != "cpu" || c.ring > 0 || c.rope || c.backward)) {
     std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
-    std::exit(2);
-  }
-  if (c.allgather && c.ring > 0) {
-    std::fprintf(stderr, "--allgather-kv and --ring are two ways to split the sequence: give one\n");
     std::exit(2);
   }
   if (!c.docs.empty()) {
@@ -926,11 +924,13 @@ ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
     throw Error(Errc::invalid_mesh, "--ring " + std::to_string(c.ring) + " does not divide P=" + std::to_string(P) + " ranks (P = U x R)");
   ulysses_ring_demo::RingCase rc;
   rc.U = P / c.ring, rc.R = c.ring;
-  if (!c.allgather) Mesh(P, rc.U, rc.R, P).check_heads(c.heads);
+  const bool uag = c.allgather && c.ring > 1;  // --allgather-kv --ring R: U x AG (Ulysses over U = P / R, k|v gathered over R)
+  if (!c.allgather || uag) Mesh(P, rc.U, rc.R, P).check_heads(c.heads);
   rc.B = c.batch, rc.S = c.seq, rc.H = c.heads, rc.Hkv = c.kv_heads, rc.D = c.head_dim, rc.Dv = c.v_head_dim;
   rc.causal = c.causal;
   rc.layout = c.causal ? RingLayout::zigzag : RingLayout::contiguous;
-  rc.allgather = c.allgather;
+  rc.allgather = c.allgather && !uag;
+  rc.ulysses_allgather = uag;
   rc.allgather_split = DocumentSplit::balanced;
   if (!c.docs.empty()) {
     rc.cu_seqlens = {0};
@@ -952,7 +952,7 @@ int errors_report(const Config& c, const ulysses_ring_demo::RingErrors& e) {
 int documents_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ulysses_ring_demo::RingErrors& e, double ms) {
   const int P = rc.U * rc.R;
   std::printf("%s attention demo: %s (H=%lld, Hkv=%lld, D=%lld, Dv=%lld), B=%lld, S=%lld, P=%d%s, fp32, %s, %s%s\n",
-              rc.allgather ? "all-gather-KV" : "ulysses x ring", c.model.c_str(), (long long)rc.H, (long long)rc.Hkv, (long long)rc.D,
+              rc.allgather ? "all-gather-KV" : rc.ulysses_allgather ? "ulysses x all-gather-KV" : "ulysses x ring", c.model.c_str(), (long long)rc.H, (long long)rc.Hkv, (long long)rc.D,
               (long long)rc.Dv, (long long)rc.B, (long long)rc.S, P,
               rc.allgather ? "" : (" = U=" + std::to_string(rc.U) + " x R=" + std::to_string(rc.R)).c_str(), rc.causal ? "causal" : "non-causal",
               c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
@@ -986,7 +986,7 @@ int documents_report(const Config& c, const ulysses_ring_demo::RingCase& rc, con
 
 /// --ring: prints the case and the errors (max over ranks) and returns 0 within the tolerance, else 1.
 int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ulysses_ring_demo::RingErrors& e, double ms) {
-  if (rc.allgather || !rc.cu_seqlens.empty()) return documents_report(c, rc, e, ms);
+  if (rc.allgather || rc.ulysses_allgather || !rc.cu_seqlens.empty()) return documents_report(c, rc, e, ms);
   const RingPartition part(rc.S, rc.U, rc.R, rc.layout);
   const AttentionSpecs a = attention_specs<float>(rc.U, {rc.H, rc.Hkv, rc.D, rc.Dv}, rc.H % rc.U == 0 && (rc.Hkv % rc.U == 0 || rc.U % rc.Hkv == 0)
                                                                                         ? HeadPolicy::even : HeadPolicy::balanced);
