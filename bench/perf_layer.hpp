@@ -7,8 +7,9 @@
 // --attn-TFLOPS (a simulated sleep under SMPI: bench/band_bench.hpp's stand_in()). Packed
 // documents with --docs (the per-document zigzag: RingPartition(Documents, U, R) for the ring,
 // documents_partition(..., zigzag) over the R ranks for the all-gather; plain Ulysses: the
-// contiguous split, SeqPartition::balanced, and the plan's documents). R = 1: plain Ulysses over U; kv `allgather` needs U = 1 (the drop-in's
-// all-gather KV: q stays, k|v gathered over the R ranks; U × AG is not in the drop-in yet).
+// contiguous split, SeqPartition::balanced, and the plan's documents). R = 1: plain Ulysses over
+// U; kv `allgather`: U = 1 the drop-in's all-gather KV over the R ranks (q stays), U > 1 U × AG
+// (DistributedAttentionPlan::allgather(const RingPlan&): Ulysses across, k|v gathered over R).
 //
 // Columns: time = the median over iterations of the slowest rank's call; attn = the balanced
 // attention (the layer's pairs FLOPs / (U · R) ranks / rate: what one rank must compute at
@@ -54,9 +55,9 @@ inline Layout parse(const std::string& s) {
     std::fprintf(stderr, "--layer takes U,R[,ring|allgather] (U, R >= 1; default ring when R > 1), not '%s'\n", s.c_str());
     std::exit(2);
   }
-  l.kv = l.R == 1 ? RingKv::none : k == "allgather" ? RingKv::allgather : RingKv::rotation;
-  if ((l.R == 1) != (l.kv == RingKv::none) || (l.kv == RingKv::allgather && l.U != 1)) {
-    std::fprintf(stderr, "--layer %s: R = 1 is plain Ulysses (no kv strategy); allgather needs U = 1 (the drop-in's all-gather KV)\n", s.c_str());
+  l.kv = l.R == 1 ? RingKv::none : k == "allgather" ? RingKv::allgather : RingKv::rotation;  // (U x AG for U > 1)
+  if ((l.R == 1) != (l.kv == RingKv::none)) {
+    std::fprintf(stderr, "--layer %s: R = 1 is plain Ulysses (no kv strategy)\n", s.c_str());
     std::exit(2);
   }
   return l;
@@ -71,8 +72,8 @@ struct Line {
 /// The layer's plan on world rank w (see the file comment).
 inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w, std::int64_t B, std::int64_t S, const AttentionShape& shape,
                                         const Documents* docs) {
-  const AttentionSpecs specs = attention_specs<std::uint16_t>(l.kv == RingKv::allgather ? 1 : l.U, shape, ElementType::bfloat16);
-  if (l.kv == RingKv::allgather) {
+  const AttentionSpecs specs = attention_specs<std::uint16_t>(l.U, shape, ElementType::bfloat16);
+  if (l.kv == RingKv::allgather && l.U == 1) {  // all-gather KV over the R ranks
     const int j = mesh.ring_rank(w);
     const SeqPartition seq = docs ? documents_partition(*docs, l.R, DocumentSplit::zigzag) : SeqPartition::zigzag(S, l.R);
     return DistributedAttentionPlan::allgather({l.R, j}, B, seq, specs, true, docs);
@@ -84,7 +85,8 @@ inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w
                 : DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true);
   }
   const RingPartition part = docs ? RingPartition(*docs, l.U, l.R) : RingPartition(S, l.U, l.R, RingLayout::zigzag);
-  return DistributedAttentionPlan(RingPlan(part, mesh, w, B, specs, true));
+  const RingPlan rp(part, mesh, w, B, specs, true);
+  return l.kv == RingKv::allgather ? DistributedAttentionPlan::allgather(rp) : DistributedAttentionPlan(rp);  // U x AG, or the rotation
 }
 
 /// --op layer over `world` (MpiComm of MPI_COMM_WORLD): the sweep's sizes, each timed; rank 0
@@ -111,7 +113,7 @@ int run_mpi(MpiComm& world, const O& o, const Layout& l, const CostModel& model,
       std::optional<Documents> docs;
       if (o.docs.given) docs = perf_documents::documents(o.docs, S);
       const DistributedAttentionPlan plan = plan_of(l, mesh, w, B, S, shape, docs ? &*docs : nullptr);
-      const bool ag = plan.is_allgather();
+      const bool ag = plan.is_allgather() && !plan.is_ulysses_allgather();  // (U = 1: q stays, no o plan)
       const std::size_t e = 2;  // bf16
       const std::size_t q_bytes = ag ? static_cast<std::size_t>(B * plan.tokens() * plan.query_heads() * shape.head_dim) * e : plan.qkv_plan().seq_bytes(0);
       const std::size_t k_bytes = plan.qkv_plan().seq_bytes(ag ? 0 : 1), v_bytes = plan.qkv_plan().seq_bytes(ag ? 1 : 2);

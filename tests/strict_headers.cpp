@@ -11,6 +11,7 @@
 #include <ulysses/tune/fit.hpp>
 #include <ulysses/tune/advise.hpp>
 #include <ulysses/tune/ring_cost.hpp>
+#include <ulysses/tune/hybrid.hpp>
 #include <ulysses/tune/ring_split.hpp>
 #include <ulysses/tune/band_cost.hpp>
 #include <ulysses/ring/agreement.hpp>

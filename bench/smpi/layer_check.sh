@@ -19,7 +19,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 out="${1:-$root/bench/results/smpi/layer.md}"
-rows="${ROWS:-8,1,none 16,1,none 64,1,none 8,2,ring 8,4,ring 2,4,ring 8,8,ring 16,2,ring 4,2,ring 1,2,allgather 1,4,allgather 1,8,allgather}"
+rows="${ROWS:-8,1,none 16,1,none 64,1,none 8,2,ring 8,4,ring 2,4,ring 8,8,ring 16,2,ring 4,2,ring 1,2,allgather 1,4,allgather 1,8,allgather 4,2,allgather 2,4,allgather 8,2,allgather}"
 model="${MODEL:-Llama-3.1-70B}"; S="${S:-131072}"; docs="${DOCS:-lognormal:2048}"; tflops="${TFLOPS:-500}"
 iters="${ITERS:-2}"; nodes="${NODES:-8}"
 params="$root/bench/results/smpi/platform-params.json"

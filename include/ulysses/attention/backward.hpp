@@ -67,6 +67,45 @@ inline void attention_add_kv(const DistributedAttentionPlan& p, int s, float* g,
   attention_add_rows(g + B * w.L_kv * Hk * D, dkv + B * w.kv_len * Hk * D, B, w.L_kv, w.kv_begin, w.kv_len, Hk * Dv, s == 0);
 }
 
+/// The end of the backward (attention_backward()): dq (fp32 `dq`) and dk|dv (fp32 `home`, the
+/// kv rows of the plan's step) rounded once to the element type in `g_t`, then back to the
+/// seq-sharded `grads`: the Ulysses adjoint (seq_to_head_backward()), after the reduce-scatter
+/// over the ring group for U × AG; all-gather KV: dq in place and the reduce-scatter alone.
+template <class UC, class RC>
+void attention_grads_out(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvGradOut& grads, const float* dq, const float* home,
+                         std::byte* g_t, std::size_t q_bytes, ByteSpan xws) {
+  const char* call = "distributed_attention_backward";
+  const Plan& qkv = p.qkv_plan();
+  HostExecutor exec;
+  const std::size_t eb = p.specs().q.elem_bytes;
+  if (p.is_ulysses_allgather()) {  // U × AG: dk|dv of the S rows reduce-scattered over the ring group, then the Ulysses adjoint
+    const Plan& gp = p.gather_plan();
+    const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2), gk = gp.head_bytes(0), gv = gp.head_bytes(1);
+    std::byte* const dkv_all = g_t + nq;  // dk|dv of the S rows in the element type; after them this rank's L_j rows (own_rows)
+    attention_store(dq, g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
+    attention_store(home, dkv_all, static_cast<std::int64_t>((gk + gv) / eb), p.element_type());
+    std::byte* const own_rows = dkv_all + gk + gv;
+    if constexpr (!std::is_same_v<RC, NoRing>)
+      allgather_kv_backward(gp, *rc, exec, {ConstByteSpan(dkv_all, gk), ConstByteSpan(dkv_all + gk, gv)},
+                            {ByteSpan(own_rows, nk), ByteSpan(own_rows + nk, nv)}, xws);
+    seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({own_rows, nk}).dv({own_rows + nk, nv}), grads, xws);
+    return;
+  }
+  if (p.is_allgather()) {  // dq on its tokens; dk|dv of the whole sequence reduce-scattered (fp32, ascending rank, one rounding)
+    const std::size_t nq = q_bytes, nk = qkv.head_bytes(0), nv = qkv.head_bytes(1);
+    const TensorList<ByteSpan> l = grads.list();
+    check_attention_span(call, "dq", l.data[0].data, l.data[0].bytes, nq, Errc::buffer_too_small, "qkv_plan().seq_bytes() size of a dq");
+    attention_store(dq, l.data[0].data, static_cast<std::int64_t>(nq / eb), p.element_type());
+    attention_store(home, g_t, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
+    allgather_kv_backward(qkv, uc, exec, {ConstByteSpan(g_t, nk), ConstByteSpan(g_t + nk, nv)}, {l.data[1], l.data[2]}, xws);
+    return;
+  }
+  const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
+  attention_store(dq, g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
+  attention_store(home, g_t + nq, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
+  seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws);
+}
+
 /// The backward on this rank (see distributed_attention_backward()).
 template <class UC, class RC, class G>
 void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
@@ -86,7 +125,6 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   for (int i = 0; i < 3; ++i) f[i] = static_cast<float*>(static_cast<void*>(wk.take(r.bwd[5 + i])));
   std::byte* g_t = wk.take(r.bwd[8]);  // dq, dk, dv in the element type
   const ByteSpan xws(wk.take(r.bwd[9]), r.bwd[9]);
-  const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
   if (p.is_allgather() && !p.is_ulysses_allgather()) {  // do is on the query rows already: the step reads it in place
     check_attention_span(call, "do", dout.data, dout.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of a do");
@@ -106,33 +144,7 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   };
   auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2]); };
   const float* home = attention_steps<true>(p, rc, own, kv, gr, body, after);
-  const std::size_t eb = p.specs().q.elem_bytes;
-  if (p.is_ulysses_allgather()) {  // U × AG: dk|dv of the S rows reduce-scattered over the ring group, then the Ulysses adjoint
-    const Plan& gp = p.gather_plan();
-    const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2), gk = gp.head_bytes(0), gv = gp.head_bytes(1);
-    std::byte* const dkv_all = g_t + nq;  // dk|dv of the S rows in the element type; after them this rank's L_j rows (own_rows)
-    attention_store(f[0], g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
-    attention_store(home, dkv_all, static_cast<std::int64_t>((gk + gv) / eb), p.element_type());
-    std::byte* const own_rows = dkv_all + gk + gv;
-    if constexpr (!std::is_same_v<RC, NoRing>)
-      allgather_kv_backward(gp, *rc, exec, {ConstByteSpan(dkv_all, gk), ConstByteSpan(dkv_all + gk, gv)},
-                            {ByteSpan(own_rows, nk), ByteSpan(own_rows + nk, nv)}, xws);
-    seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({own_rows, nk}).dv({own_rows + nk, nv}), grads, xws);
-    return;
-  }
-  if (p.is_allgather()) {  // dq on its tokens; dk|dv of the whole sequence reduce-scattered (fp32, ascending rank, one rounding)
-    const std::size_t nq = r.saved[0], nk = qkv.head_bytes(0), nv = qkv.head_bytes(1);
-    const TensorList<ByteSpan> l = grads.list();
-    check_attention_span(call, "dq", l.data[0].data, l.data[0].bytes, nq, Errc::buffer_too_small, "qkv_plan().seq_bytes() size of a dq");
-    attention_store(f[0], l.data[0].data, static_cast<std::int64_t>(nq / eb), p.element_type());
-    attention_store(home, g_t, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
-    allgather_kv_backward(qkv, uc, exec, {ConstByteSpan(g_t, nk), ConstByteSpan(g_t + nk, nv)}, {l.data[1], l.data[2]}, xws);
-    return;
-  }
-  const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
-  attention_store(f[0], g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
-  attention_store(home, g_t + nq, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
-  seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws);
+  attention_grads_out(p, uc, rc, grads, f[0], home, g_t, r.saved[0], xws);
 }
 }  // namespace detail
 
@@ -147,7 +159,10 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
 /// accumulator of the block held at the step (RingGradRotation: the sum of every ring rank's
 /// contribution in step order from the block's owner); 3. dq, dk, dv rounded once to the element
 /// type; seq_to_head_backward() (the kv heads replicated on several Ulysses ranks summed in
-/// ascending rank order).
+/// ascending rank order). U × AG (DistributedAttentionPlan::allgather(const RingPlan&)): the one
+/// step's dk|dv over all S rows rounded to the element type, reduce-scattered over the ring group
+/// (allgather_kv_backward() of gather_plan(): fp32, ascending ring rank, rounded once), then
+/// seq_to_head_backward() as above.
 /// @param plan, ulysses, ring  the forward's
 /// @param dout      seq-sharded do [B, S_w, H, Dv] (plan.out_plan().seq_bytes(0))
 /// @param grads     seq-sharded dq [B, S_w, H, D], dk [B, S_w, Hkv, D], dv [B, S_w, Hkv, Dv] by

@@ -37,17 +37,14 @@ ULYSSES_NAMESPACE_BEGIN
 /// Copies share the failure state (one MpiComm, or its copies, per MPI_Comm: the notices of a
 /// failure are read by whichever object probes first). Tags kTag, kNoticeTag and [kCallTags,
 /// kCallTags + kCallTagCount) of the MPI_Comm are this class's: the messages of a library call
-/// (ExchangeState::call(): its number and kind) carry a tag of that call, so that a rank that skipped a call, or runs
-/// another, never pairs its messages with its peers' (they time out instead, naming it), and the
-/// all-to-all-v's path agreement also compares the calls (Error(plan_mismatch) on every rank).
+/// (ExchangeState::call(): its number and kind) carry a tag of that call, so that a rank that
+/// skipped a call, or runs another, never pairs its messages with its peers' (they time out
+/// instead, naming it), and the all-to-all-v's path agreement also compares the calls (Error(plan_mismatch) on every rank).
 class MpiComm {
  public:
-  /// Largest message MPI can describe with an `int` count of MPI_BYTE.
-  static constexpr std::size_t kIntMaxBytes = static_cast<std::size_t>(INT_MAX);
-  /// The tag of the exchanges' point-to-point messages.
-  static constexpr int kTag = 0x75a;  // "ulysses"
-  /// The tag of the notice a rank sends its peers when it gives up (times out or fails).
-  static constexpr int kNoticeTag = 0x75b;
+  static constexpr std::size_t kIntMaxBytes = static_cast<std::size_t>(INT_MAX);  ///< largest message an `int` count of MPI_BYTE describes
+  static constexpr int kTag = 0x75a;        ///< the tag of the exchanges' point-to-point messages ("ulysses")
+  static constexpr int kNoticeTag = 0x75b;  ///< the tag of the notice a rank sends its peers when it gives up (times out or fails)
   /// The first of the tags that name a library call (within MPI's guaranteed MPI_TAG_UB, 32767).
   static constexpr int kCallTags = 0x1000;
   /// How many: a call's tag is kCallTags + a hash of its ExchangeState::Call (number, what) modulo this.
@@ -186,7 +183,8 @@ class MpiComm {
     started_call_ = enter("MpiComm::exchange_messages", false);
     for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
     for (std::size_t i = 0; i < n_send; ++i) post(started_call_, true, send[i].data, send[i].bytes, send[i].peer);
-    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(started_call_);  // (enter()'s, once the messages are posted)
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(started_call_);  // (enter()'s, after the posts: a probe before them let MPI take
+                                                                    // the peers' first messages in as unexpected, 100 us late at 1 MiB)
     started_ = true;  // (a failed post gave up: the messages posted so far are cancelled, the communicator broken)
   }
 
@@ -270,10 +268,8 @@ class MpiComm {
     return detail::joint_verdict(comm_, kNoticeTag, rank_, own_timeout ? timeout_ / 2 : timeout_ / 10, senders, missing);
   }
 
-  /// Starts a call: throws Error(aborted) when broken, and (`notices`) what a peer's notice says.
-  /// The message exchange reads the notices only after it has posted its receives: a probe
-  /// before them would let MPI's progress take the peers' first messages in as unexpected ones
-  /// (queued, then matched late), which cost a quarter of 1 MiB exchanges 100 µs more.
+  /// Starts a call: throws Error(aborted) when broken, and (`notices`) what a peer's notice says
+  /// (exchange_messages() reads them once its messages are posted: see start_messages()).
   Call enter(const char* who, bool notices = true) {
     sh_->failure.check(who);
     if (started_)

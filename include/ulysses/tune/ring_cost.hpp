@@ -3,7 +3,8 @@
 /// @brief The ring of Ulysses × Ring in the α-β model (tune/cost.hpp): a ring step's traffic per
 ///        link class (ring_step_traffic()), the attention a step hides it behind (ring_cost(): the
 ///        exposed communication max(0, comm − compute) per step), the all-gather-kv alternative
-///        (allgather_kv_cost()), and advice over (U, R, outer) (advise_hybrid()).
+///        (allgather_kv_cost()); the advice over (U, R, outer), advise_hybrid(), is tune/hybrid.hpp
+///        (included at the end).
 ///
 /// The traffic, overlap, merge and all-gather terms and their sources: docs/cost-model.md;
 /// docs/headers.md, "tune/ring_cost.hpp".
@@ -331,145 +332,6 @@ inline RingCost allgather_kv_cost(const Mesh& mesh, const AttentionShape& shape,
   return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true, 1, documents);
 }
 
-/// How a hybrid layout moves its kv between ring ranks.
-enum class RingKv : int {
-  none = 0,       ///< R = 1: no ring (Ulysses alone)
-  rotation = 1,   ///< the ring rotation (RingRotation), overlapped with each step's attention
-  allgather = 2,  ///< all-gather the ring group's kv once, then attend (Llama 3 / Megatron CP)
-};
-
-/// Name of a RingKv ("none", "ring", "allgather").
-inline const char* to_string(RingKv k) noexcept { return k == RingKv::rotation ? "ring" : k == RingKv::allgather ? "allgather" : "none"; }
-
-/// One feasible (U, R, outer) layout with its predicted cost (see advise_hybrid()).
-struct HybridChoice {
-  int ulysses_degree = 0;        ///< U
-  int ring_degree = 0;           ///< R
-  int outer_degree = 0;          ///< world / (U · R): data parallel
-  RingKv kv = RingKv::none;      ///< how the ring moves kv
-  int messages = 0;              ///< pieces a kv block goes in (RingConfig::messages): rotation best_ring_messages(), all-gather 1, no ring 0
-  DegreeChoice ulysses;          ///< the Ulysses exchanges of a ring rank's L_0 tokens over U ranks (advise_degree()'s row)
-  RingCost ring;                 ///< the ring's (or the all-gather's) cost; empty when R = 1
-  double seconds = 0;            ///< predicted per layer (forward): ulysses.seconds + ring.exposed_seconds + ring.merge_seconds
-                                 ///< + ring.imbalance_seconds
-  double intra_bytes = 0;        ///< bytes per layer over the busiest rank's intra-node link (Ulysses + ring)
-  double inter_bytes = 0;        ///< bytes per layer over the busiest rank's inter-node link (Ulysses + ring)
-  double activation_bytes = 0;   ///< a rank's attention tensors (ulysses.activation_bytes) + the ring's kv buffers
-  bool fits = true;              ///< activation_bytes within the budget
-  std::string reason;            ///< why it ranks where it does: where each part runs, what the ring hides
-};
-
-namespace detail {
-inline std::string pct(double x) { return std::to_string(static_cast<int>(x * 100 + 0.5)) + "%"; }
-/// The reason line of a hybrid choice.
-inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
-  std::string s = h.ulysses_degree == 1 ? "no all-to-all"
-                  : h.ulysses.nodes_per_group > 1 ? "all-to-all across " + std::to_string(h.ulysses.nodes_per_group) + " nodes"
-                                                  : "all-to-all inside a node";
-  if (h.kv == RingKv::none) return s + "; no ring";
-  s += std::string("; ") + (h.kv == RingKv::rotation ? "ring" : "kv all-gather") + (mesh.ring_spans_nodes() ? " across nodes" : " inside a node");
-  if (h.kv == RingKv::rotation)
-    s += (h.messages > 1 ? ", " + std::to_string(h.messages) + " messages a block" : std::string()) +
-         (h.ring.comm_seconds > 0 ? ", attention hides " + pct(1 - h.ring.exposed_seconds / h.ring.comm_seconds) + " of it" : "");
-  else
-    s += ", exposed";
-  if (h.ring.attended_fraction < 0.999)
-    s += "; documents leave " + pct(h.ring.attended_fraction) + " of the pairs" +
-         (h.ring.imbalance_seconds > 0.005 * h.ring.compute_seconds ? ", the slowest rank " + pct(h.ring.imbalance_seconds / (h.ring.compute_seconds - h.ring.imbalance_seconds)) + " over the mean" : "");
-  if (mesh.ulysses_spans_nodes() && !mesh.ring_spans_nodes()) s += "; ring inside a node while the all-to-all crosses nodes";
-  if (!h.fits) s += "; over the memory budget";
-  return s;
-}
-}  // namespace detail
-
-/// The feasible Ulysses × Ring × outer layouts of `world` ranks for one layer's forward, best
-/// first: within `budget_bytes` by predicted time (the Ulysses exchanges of advise_degree() over
-/// a ring rank's tokens + the ring's exposed communication + its merges: what the layout adds to
-/// the attention itself; equal times by memory; with packed documents also the attention the
-/// slowest rank makes the others wait, RingCost::imbalance_seconds), then the
-/// others by memory. For
-/// every U of Mesh::degrees() (U inside a node first, U <= H, the head rules of check_heads())
-/// and every R with U · R dividing world that Mesh admits (ulysses_inner) and S tokens cover
-/// (S >= 2R causal): R = 1 (Ulysses alone), and for R > 1 the ring rotation and the all-gather-kv
-/// alternative; a rotation's block goes in best_ring_messages() pieces (HybridChoice::messages).
-/// The outer dimension is data parallel (each group runs its own sequences of S).
-/// @param shape          the attention layer's head counts and dims
-/// @param seq_len        S, tokens of one sequence
-/// @param world          ranks in all
-/// @param ranks_per_node ranks of one node
-/// @param model          link and copy parameters
-/// @param flops_per_s    achieved attention FLOP rate of a rank (AttentionRate), > 0
-/// @param causal         causal attention (zigzag ring), else contiguous
-/// @param type           element type of q, k, v, o
-/// @param batch          B >= 1
-/// @param policy         the query head split
-/// @param budget_bytes   per-rank bytes one layer's attention tensors and ring buffers may take; 0: no limit
-/// @param documents      packed documents over the seq_len tokens (null: one sequence): every ring
-///                       and all-gather priced over the per-document zigzag with its document
-///                       blocks (ring_cost()'s `documents`); a (U, R) the documents cannot take
-///                       (RingPartition(Documents, U, R) refuses it) is left out
-/// @throws Error(invalid_mesh) no feasible layout; Error(invalid_shape) seq_len or batch < 1, flops_per_s <= 0;
-///         Error(seq_lengths_mismatch) documents over another seq_len.
-inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
-                                               const CostModel& model, double flops_per_s = AttentionRate::h100_bf16(), bool causal = true,
-                                               ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
-                                               HeadPolicy policy = HeadPolicy::even, double budget_bytes = 0,
-                                               const Documents* documents = nullptr) {
-  if (documents && documents->seq_len() != seq_len)
-    detail::fail(Errc::seq_lengths_mismatch, "advise_hybrid: seq_len=" + std::to_string(seq_len) + " but the documents cover " +
-                                                 std::to_string(documents->seq_len()) + " tokens");
-  if (seq_len < 1 || batch < 1 || !(flops_per_s > 0))
-    detail::fail(Errc::invalid_shape, "advise_hybrid: seq_len=" + std::to_string(seq_len) + ", batch=" + std::to_string(batch) +
-                                          " must be >= 1 and the FLOP rate > 0");
-  std::vector<HybridChoice> out;
-  std::string why;
-  for (int U : Mesh::degrees(world, ranks_per_node)) {
-    if (U > shape.num_heads) break;
-    for (int R = 1; static_cast<long long>(U) * R <= world; ++R) {
-      if (world % (U * R) != 0 || seq_len < (causal ? 2 * R : R)) continue;
-      try {
-        const Mesh rmesh(world, U, R, ranks_per_node);
-        const Mesh umesh(world, U, ranks_per_node);
-        check_heads(umesh, shape, policy);
-        const RingPartition part = documents ? RingPartition(*documents, U, R)
-                                             : RingPartition(seq_len, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
-        const std::int64_t L = part.max_ring_length();
-        if (L < U) continue;
-        const DegreeChoice d = detail::degree_choice(umesh, shape, L, model, type, batch, policy, 0);
-        for (RingKv kv : {RingKv::none, RingKv::rotation, RingKv::allgather}) {
-          if ((R == 1) != (kv == RingKv::none)) continue;
-          HybridChoice h;
-          h.ulysses_degree = U;
-          h.ring_degree = R;
-          h.outer_degree = world / (U * R);
-          h.kv = kv;
-          h.ulysses = d;
-          if (R > 1)
-            h.ring = detail::ring_cost_impl(rmesh, shape, seq_len, causal, model, flops_per_s, type, batch, RingTransport::network, policy,
-                                            kv == RingKv::allgather, 0, documents);
-          h.messages = R > 1 ? h.ring.messages : 0;
-          h.seconds = d.seconds + h.ring.exposed_seconds + h.ring.merge_seconds + h.ring.imbalance_seconds;
-          h.intra_bytes = d.intra_bytes + h.ring.bytes[0];
-          h.inter_bytes = d.inter_bytes + h.ring.bytes[1];
-          h.activation_bytes = d.activation_bytes + h.ring.buffer_bytes;
-          h.fits = budget_bytes <= 0 || h.activation_bytes <= budget_bytes;
-          h.reason = detail::hybrid_reason(h, rmesh);
-          out.push_back(h);
-        }
-      } catch (const Error& e) {
-        if (why.empty()) why = e.what();
-      }
-    }
-  }
-  if (out.empty())
-    detail::fail(Errc::invalid_mesh, "advise_hybrid: no feasible (U, R) for world=" + std::to_string(world) + ", ranks_per_node=" +
-                                         std::to_string(ranks_per_node) + (why.empty() ? "" : " (" + why + ")"));
-  std::stable_sort(out.begin(), out.end(), [](const HybridChoice& a, const HybridChoice& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (a.fits && a.seconds != b.seconds) return a.seconds < b.seconds;
-    return a.activation_bytes < b.activation_bytes;  // (equal times: the smaller memory first)
-  });
-  return out;
-}
-
 ULYSSES_NAMESPACE_END
+
+#include "hybrid.hpp"  // advise_hybrid(): the layouts priced with the costs above
