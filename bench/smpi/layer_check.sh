@@ -14,7 +14,8 @@
 # of the same row. The table lists the rows by predicted time with each measured rank, the error
 # (predicted / added - 1), and whether the measured order is the predicted one.
 # Knobs: ROWS ("U,R,KV ..."), MODEL (Llama-3.1-70B), S (131072), DOCS (lognormal:2048), TFLOPS (500),
-# ITERS (2, after 1 warm-up), NODES (8). Needs bench/smpi/smpi.sh build first.
+# ITERS (2, after 1 warm-up), NODES (8), FROM_LOG (render the rows an earlier run printed). Needs
+# bench/smpi/smpi.sh build first.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -28,6 +29,13 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 lines="$tmp/lines.txt"
 : > "$lines"
+# FROM_LOG=FILE: no simulation, the rows from the "== U,R,KV: line wall" lines an earlier run printed
+# on stderr (a run cut short: its finished rows), then the table as below.
+if [ -n "${FROM_LOG:-}" ]; then
+  sed -n 's/^== [0-9,a-z]*: *//p' "$FROM_LOG" > "$lines"
+  rows=""
+  header="# (rows from $(basename "$FROM_LOG"): each row's first header lines are in that run's output)"
+fi
 for row in $rows; do
   start=$(date +%s)
   log="$tmp/$(tr ',' '_' <<<"$row").log"
@@ -37,9 +45,9 @@ for row in $rows; do
   line=$(grep -E '^ +[0-9]+ +[0-9]+ +(none|ring|allgather) ' "$log" | tail -1)
   [ -n "$line" ] || { cat "$log"; echo "layer_check.sh: row $row printed no line" >&2; exit 1; }
   echo "$line $(( $(date +%s) - start ))" >> "$lines"
-  echo "== $row: $line" >&2
+  echo "== $row: $line $(( $(date +%s) - start ))" >&2
 done
-header=$(grep -m3 '^# ' "$tmp"/*.log | head -3 | sed 's/^[^#]*# /# /')
+[ -n "${FROM_LOG:-}" ] || header=$(grep -m3 '^# ' "$tmp"/*.log | head -3 | sed 's/^[^#]*# /# /')
 {
   echo "# bench/smpi/layer_check.sh, $(date -u +%Y-%m-%dT%H:%MZ), SimGrid $(smpirun -version 2>/dev/null | head -1 | sed 's/.*SimGrid version //'), $((nodes * 8)) simulated ranks"
   echo
@@ -56,8 +64,8 @@ import sys
 rows = []
 for l in open(sys.argv[1]):
     f = l.split()
-    U, R, kv, S, t, attn, added, pred, ratio, wall = f
-    rows.append(dict(U=int(U), R=int(R), kv=kv, t=float(t), attn=float(attn), added=float(added), pred=float(pred), wall=int(wall)))
+    U, R, kv, S, t, attn, added, pred, ratio = f[:9]
+    rows.append(dict(U=int(U), R=int(R), kv=kv, t=float(t), attn=float(attn), added=float(added), pred=float(pred), wall=f[9] if len(f) > 9 else '-'))
 by_pred = sorted(rows, key=lambda r: r['pred'])
 by_meas = sorted(rows, key=lambda r: r['added'])
 rank = {id(r): i + 1 for i, r in enumerate(by_meas)}

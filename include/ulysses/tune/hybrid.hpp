@@ -128,7 +128,9 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
         for (RingKv kv : {RingKv::none, RingKv::rotation, RingKv::allgather}) {
           if ((R == 1) != (kv == RingKv::none)) continue;
           HybridChoice h;
-          h.ulysses_degree = U, h.ring_degree = R, h.outer_degree = world / (U * R);
+          h.ulysses_degree = U;  // U x R x outer
+          h.ring_degree = R;
+          h.outer_degree = world / (U * R);
           h.kv = kv;
           h.ulysses = d;
           if (R > 1)
@@ -148,9 +150,8 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
       }
     }
   }
-  if (out.empty())
-    detail::fail(Errc::invalid_mesh, "advise_hybrid: no feasible (U, R) for world=" + std::to_string(world) + ", ranks_per_node=" +
-                                         std::to_string(ranks_per_node) + (why.empty() ? "" : " (" + why + ")"));
+  const std::string where = "world=" + std::to_string(world) + ", ranks_per_node=" + std::to_string(ranks_per_node);
+  if (out.empty()) detail::fail(Errc::invalid_mesh, "advise_hybrid: no feasible (U, R) for " + where + (why.empty() ? "" : " (" + why + ")"));
   std::stable_sort(out.begin(), out.end(), [](const HybridChoice& a, const HybridChoice& b) {
     if (a.fits != b.fits) return a.fits;
     if (a.fits && a.seconds != b.seconds) return a.seconds < b.seconds;
