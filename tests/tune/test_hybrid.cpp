@@ -6,19 +6,12 @@
 
 #include <ulysses/tune/hybrid.hpp>
 
+#include "cost_links.hpp"
 #include "expect_error.hpp"
 
 using namespace ulysses;
 
-namespace {
-/// 1 us + 1 GB/s inside a node, 2 us + 0.5 GB/s between nodes, nothing else.
-CostModel links() {
-  CostModel m;
-  m.intra = LinkCost::of(1, 1);
-  m.inter = LinkCost::of(2, 0.5);
-  return m;
-}
-}  // namespace
+using ut::links;  // 1 us + 1 GB/s inside a node, 2 us + 0.5 GB/s between nodes
 
 TEST_CASE("advise_hybrid: every (U, R) with both kv strategies, each priced as its parts, best first") {
   // World 4 on nodes of 2, H=4, Hkv=2, D=2, S=64: U in {1, 2, 4}; (U, R) = (1,1) (1,2) (1,4) (2,1) (2,2) (4,1).

@@ -6,19 +6,12 @@
 
 #include <ulysses/tune/ring_cost.hpp>
 
+#include "cost_links.hpp"
 #include "expect_error.hpp"
 
 using namespace ulysses;
 
-namespace {
-/// 1 us + 1 GB/s inside a node, 2 us + 0.5 GB/s between nodes, nothing else.
-CostModel links() {
-  CostModel m;
-  m.intra = LinkCost::of(1, 1);
-  m.inter = LinkCost::of(2, 0.5);
-  return m;
-}
-}  // namespace
+using ut::links;  // 1 us + 1 GB/s inside a node, 2 us + 0.5 GB/s between nodes
 
 TEST_CASE("ring_block_bytes: L_j x kv heads of a Ulysses rank x (D + Dv) x element size, GQA replication") {
   const RingPartition zig(8, 2, 2, RingLayout::zigzag);  // 4 chunks of 2 tokens: L_0 = L_1 = 4
