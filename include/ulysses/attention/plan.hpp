@@ -290,12 +290,30 @@ class DistributedAttentionPlan {
       detail::fail(Errc::invalid_group, "DistributedAttentionPlan::allgather: the attention specs were made for P=" +
                                             std::to_string(specs.query_heads.degree()) +
                                             " ranks; all-gather KV keeps every head on every rank: attention_specs(1, shape, type)");
-    std::vector<TensorSpec> kv = {specs.k, specs.v};
+    return gathered({specs.k, specs.v}, specs.k.heads.num_heads(), P);
+  }
+  /// k and v with `heads` kv heads whole on each of P ranks (the all-gather's specs; its backward sums).
+  static std::vector<TensorSpec> gathered(std::vector<TensorSpec> kv, std::int64_t heads, int P) {
     for (TensorSpec& t : kv) {
-      t.heads = HeadPartition::all(t.heads.num_heads(), P);
+      t.heads = HeadPartition::all(heads, P);
       t.serving(TensorSpec::kNone).with_replicas(Replicas::sum);
     }
     return kv;
+  }
+  /// The one step of an all-gather plan: the query rows of chunks_[j] (L of them) against all S kv
+  /// rows (kv_chunks_[0]) with the causal and document blocks (none: one unmasked block).
+  void push_gather_step(int j, std::int64_t L, std::int64_t S) {
+    RingWork w;
+    w.L_q = w.q_len = L;
+    w.L_kv = w.kv_len = S;
+    w.mask = RingMask::blocks;
+    if (!causal_ && !docs_) {
+      if (w.q_len > 0) w.blocks.push_back({0, w.q_len, 0, S, RingMask::none, 0});
+    } else {
+      w.blocks = document_blocks(docs_ ? *docs_ : Documents({0, S}), chunks_[static_cast<std::size_t>(j)], kv_chunks_[0], causal_);
+    }
+    if (w.blocks.empty()) w.q_len = w.kv_len = 0;
+    work_.push_back(std::move(w));
   }
   /// All-gather KV (allgather()).
   DistributedAttentionPlan(AllGatherTag, Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
@@ -304,8 +322,6 @@ class DistributedAttentionPlan {
         qkv_(group, batch, seq, gather_specs(specs, group.size), Format::bshd,
              with_ring(o.plan, group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))) {
     const std::int64_t S = seq.seq_len();
-    const Documents whole({0, S});
-    const Documents& d = docs ? *docs : whole;
     if (docs) docs_ = *docs;
     std::vector<SeqChunk> mine;
     for (const SeqChunk& c : seq.chunks_of(group.rank))
@@ -313,17 +329,7 @@ class DistributedAttentionPlan {
     std::sort(mine.begin(), mine.end(), [](const SeqChunk& a, const SeqChunk& b) { return a.local_offset < b.local_offset; });
     chunks_.push_back(mine);
     kv_chunks_.push_back({SeqChunk{0, 0, S, 0}});
-    RingWork w;
-    w.L_q = w.q_len = seq.local_length(group.rank);
-    w.L_kv = w.kv_len = S;
-    w.mask = RingMask::blocks;
-    if (!causal && !docs) {
-      if (w.q_len > 0) w.blocks.push_back({0, w.q_len, 0, S, RingMask::none, 0});
-    } else {
-      w.blocks = document_blocks(d, chunks_[0], kv_chunks_[0], causal);
-    }
-    if (w.blocks.empty()) w.q_len = w.kv_len = 0;
-    work_.push_back(std::move(w));
+    push_gather_step(0, seq.local_length(group.rank), S);
     init(seq.local_length(group.rank));
   }
   /// U × AG (allgather(const RingPlan&)).
@@ -343,26 +349,11 @@ class DistributedAttentionPlan {
     kv_chunks_.push_back({SeqChunk{0, 0, S, 0}});
     if (p.has_documents()) docs_ = p.documents();
     // The gather: over the R ranks of the ring group, this Ulysses rank's kv heads whole on each.
-    std::vector<TensorSpec> kv = {specs_.k, specs_.v};
-    for (TensorSpec& t : kv) {
-      t.heads = HeadPartition::all(specs_.kv_heads.count(u_), R);
-      t.serving(TensorSpec::kNone).with_replicas(Replicas::sum);
-    }
     PlanOptions go = o.plan;
     go.ring.reset();  // (a plan of the R ranks: its own record has P = R, the ring's chunks, the kv heads; the configuration is the Ulysses plans')
-    gather_.emplace(Group{R, j}, B_, SeqPartition::chunks(S, R, by_ring), std::move(kv), Format::bshd, go);
-    const Documents whole({0, S});
-    RingWork w;
-    w.L_q = w.q_len = ring.tokens();
-    w.L_kv = w.kv_len = S;
-    w.mask = RingMask::blocks;
-    if (!causal_ && !docs_) {
-      if (w.q_len > 0) w.blocks.push_back({0, w.q_len, 0, S, RingMask::none, 0});
-    } else {
-      w.blocks = document_blocks(docs_ ? *docs_ : whole, chunks_[static_cast<std::size_t>(j)], kv_chunks_[0], causal_);
-    }
-    if (w.blocks.empty()) w.q_len = w.kv_len = 0;
-    work_.push_back(std::move(w));
+    gather_.emplace(Group{R, j}, B_, SeqPartition::chunks(S, R, by_ring), gathered({specs_.k, specs_.v}, specs_.kv_heads.count(u_), R),
+                    Format::bshd, go);
+    push_gather_step(j, ring.tokens(), S);
     init(ring.tokens());
   }
   static RingConfig ag_config(const RingPlan& ring) {
