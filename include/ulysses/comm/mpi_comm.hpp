@@ -184,7 +184,7 @@ class MpiComm {
     for (std::size_t i = 0; i < n_recv; ++i) post(started_call_, false, recv[i].data, recv[i].bytes, recv[i].peer);
     for (std::size_t i = 0; i < n_send; ++i) post(started_call_, true, send[i].data, send[i].bytes, send[i].peer);
     if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(started_call_);  // (enter()'s, after the posts: a probe before them let MPI take
-                                                                    // the peers' first messages in as unexpected, 100 us late at 1 MiB)
+                                                                    // the peers' first messages in as unexpected, matched late)
     started_ = true;  // (a failed post gave up: the messages posted so far are cancelled, the communicator broken)
   }
 
