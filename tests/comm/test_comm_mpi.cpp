@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "cases.hpp"
 #include "expect_error.hpp"
@@ -123,18 +124,66 @@ TEST_CASE("MPI start_messages / finish_messages: the two halves of exchange_mess
 }
 
 TEST_CASE("MPI exchange_messages: a message shorter than its receive is plan_mismatch on the receiver, and its peers hear at once") {
-  MPI_Comm dup = MPI_COMM_NULL;  // broken by the test: a communicator of its own
-  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  MpiComm comm(dup);
-  const int P = comm.size(), i = comm.rank();
+  // late: the bystanders (ranks 2..) make their MpiComm only once rank 1's notice is there (it gave
+  // up first); that notice is this MpiComm's, not an earlier one's (a bystander that dropped it as
+  // stale waited out its deadline: CI's hang of test_comm_mpi -n 3).
+  for (bool late : {false, true}) {
+    CAPTURE(late);
+    MPI_Comm dup = MPI_COMM_NULL;  // broken by the test: a communicator of its own
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    const int P = world_size(), i = ut::world_rank();
+    if (P < 2) return;
+    for (int there = 0, polls = 0; late && i >= 2 && !there && polls < 50000; ++polls) {  // (bounded: 5 s)
+      MPI_Iprobe(1, MpiComm::kNoticeTag, dup, &there, MPI_STATUS_IGNORE);
+      if (!there) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    MpiComm comm(dup, MpiComm::kIntMaxBytes, std::chrono::seconds(20));  // (a lost notice fails at 20 s, not at 5 min)
+    std::vector<std::byte> buf(200, std::byte{7});
+    const Message to1{1, buf.data(), 100}, from0{0, buf.data(), 200};  // rank 0 sends 100 bytes, rank 1 expects 200
+    const auto t0 = std::chrono::steady_clock::now();
+    const Errc first = ut::code_of([&] { comm.exchange_messages(&to1, i == 0 ? 1 : 0, &from0, i == 1 ? 1 : 0); });
+    if (i == 1) CHECK(first == Errc::plan_mismatch);
+    else CHECK((first == Errc{} || first == Errc::aborted));  // aborted: rank 1's notice was there already
+    std::uint64_t word = 1;
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(P));
+    CHECK(ut::code_of([&] { comm.allgather(&word, sizeof word, all.data()); }) == Errc::aborted);  // every rank, not at a deadline
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  }
+}
+
+TEST_CASE("MPI notices: an earlier MpiComm's notices never break a later one over the same MPI communicator, whichever rank is ahead") {
+  const int P = world_size(), i = ut::world_rank();
   if (P < 2) return;
-  std::vector<std::byte> buf(200, std::byte{7});
-  const Message to1{1, buf.data(), 100}, from0{0, buf.data(), 200};  // rank 0 sends 100 bytes, rank 1 expects 200
-  const Errc first = ut::code_of([&] { comm.exchange_messages(&to1, i == 0 ? 1 : 0, &from0, i == 1 ? 1 : 0); });
-  CHECK(first == (i == 1 ? Errc::plan_mismatch : Errc{}));
-  std::uint64_t word = 1;
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  const std::chrono::seconds deadline(20);
+  {
+    MpiComm first(dup, MpiComm::kIntMaxBytes, deadline);
+    if (i == 0) first.abort("the test breaks the first MpiComm");  // its notices reach the peers, whose first reads none
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MpiComm second(dup, MpiComm::kIntMaxBytes, deadline);
+  std::uint64_t word = static_cast<std::uint64_t>(i);
   std::vector<std::uint64_t> all(static_cast<std::size_t>(P));
-  CHECK(ut::code_of([&] { comm.allgather(&word, sizeof word, all.data()); }) == Errc::aborted);  // every rank, not at a deadline
+  CHECK(ut::code_of([&] { second.allgather(&word, sizeof word, all.data()); }) == Errc{});  // the first's notice: dropped
+  for (int p = 0; p < P; ++p) CHECK(all[static_cast<std::size_t>(p)] == static_cast<std::uint64_t>(p));
+  // Rank 0 moves on to a third MpiComm and breaks it while its peers still use their second: they
+  // read its notice and keep it for their third, which is broken by it; the second is not.
+  if (i == 0) MpiComm(dup, MpiComm::kIntMaxBytes, deadline).abort("rank 0 broke its third MpiComm");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (i != 0) {
+    bool second_broken = false;
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300); std::chrono::steady_clock::now() < until;)
+      second_broken = second_broken || second.poll_notices();
+    CHECK_FALSE(second_broken);
+    MpiComm third(dup, MpiComm::kIntMaxBytes, deadline);
+    bool heard = false;
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10); !heard && std::chrono::steady_clock::now() < until;)
+      heard = third.poll_notices();
+    CHECK(heard);
+    CHECK(ut::code_of([&] { third.allgather(&word, sizeof word, all.data()); }) == Errc::aborted);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("MPI: ranks whose offsets straddle the message limit still agree on one path (no hang)") {

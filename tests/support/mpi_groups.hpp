@@ -15,6 +15,12 @@ inline int world_size() {
   return n;
 }
 
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
 /// Runs fn(MPI_Comm) on sub-communicators of P ranks (world ranks [k*P, k*P+P)); world ranks left
 /// over sit out. Returns false (skipped) when P exceeds the world.
 template <class F>

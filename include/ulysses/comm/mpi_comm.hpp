@@ -51,7 +51,11 @@ class MpiComm {
   static constexpr int kCallTagCount = 0x6000;
 
   /// Wraps `comm` (not owned, not duplicated: the caller keeps it alive and must not run other
-  /// collectives on it concurrently).
+  /// collectives on it concurrently). Every rank of `comm` makes its MpiComm objects over it in
+  /// the same order (copies are the same object): the k-th object of each rank is the k-th of its
+  /// peers, and the failure notices carry that number, so that an earlier object's notices never
+  /// break a later one, whichever rank is ahead (detail::MpiCommGenerations, kept on `comm` as an
+  /// MPI attribute). Local: no message.
   /// @param comm the MPI communicator of the sequence-parallel group (its size is P)
   /// @param max_message_bytes largest single MPI message and displacement, in bytes; 1 ..
   ///        INT_MAX. Tests lower it to exercise the splitting path with small buffers. Every rank
@@ -70,7 +74,7 @@ class MpiComm {
     const auto n = static_cast<std::size_t>(size_);
     for (std::vector<int>* v : {&sh_->coll->sc, &sh_->coll->sd, &sh_->coll->rc, &sh_->coll->rd}) v->resize(n);
     state_.count_calls_in(&sh_->library_calls);
-    drain_stale_notices();
+    if (!ULYSSES_MPI_BLOCKING_WAITS) sh_->generation = ++detail::comm_generations(comm_).made;
   }
 
   int size() const { return size_; }    ///< MPI_Comm_size
@@ -265,7 +269,7 @@ class MpiComm {
   using NoticeHeader = detail::MpiNoticeHeader;
   /// detail::joint_verdict(): half the timeout after its own (deadlines spread as arrivals), a tenth after a peer's notice.
   std::string joint_verdict(std::uint64_t senders, std::uint64_t missing, bool own_timeout = true) {
-    return detail::joint_verdict(comm_, kNoticeTag, rank_, own_timeout ? timeout_ / 2 : timeout_ / 10, senders, missing);
+    return detail::joint_verdict(comm_, kNoticeTag, sh_->generation, rank_, own_timeout ? timeout_ / 2 : timeout_ / 10, senders, missing);
   }
 
   /// Starts a call: throws Error(aborted) when broken, and (`notices`) what a peer's notice says
@@ -279,16 +283,10 @@ class MpiComm {
     return call;
   }
 
-  /// Receives and drops the failure notices left on the MPI communicator by an earlier MpiComm
-  /// over it (whose calls gave up, or which was broken by a refusal of every rank: nothing of it
-  /// pending), so that they do not break this new one; a peer's notice that is still in flight
-  /// then is read by this one's first call. Never throws.
-  void drain_stale_notices() noexcept {
-    if (!ULYSSES_MPI_BLOCKING_WAITS) detail::drain_mpi_notices(comm_, kNoticeTag);
-  }
   using Notice = detail::MpiNotice;
-  /// Receives the next failure notice a peer sent, if there is one: true and `n` filled, or false.
-  bool receive_notice(Notice& n) const { return detail::receive_mpi_notice(comm_, kNoticeTag, n); }
+  /// Receives the next failure notice a peer's MpiComm of this one's generation sent, if there is
+  /// one: true and `n` filled, or false.
+  bool receive_notice(Notice& n) const { return detail::receive_mpi_notice(comm_, kNoticeTag, sh_->generation, n); }
   /// The word of the library call in progress (ExchangeState::call(): its number and kind), as
   /// the messages' tags and the all-to-all-v's path agreement carry it: 0 outside library calls.
   std::uint64_t call_word() const noexcept {
@@ -427,7 +425,7 @@ class MpiComm {
 
   /// Sends every peer the notice {call's number, code, missing ranks, message} (best effort: errors ignored).
   void notify(const Call& call, Errc code, const std::string& what, std::uint64_t missing = 0) {
-    sh_->send_notice(comm_, rank_, size_, kNoticeTag, NoticeHeader{call.seq, static_cast<int>(code), missing}, what);
+    sh_->send_notice(comm_, rank_, size_, kNoticeTag, NoticeHeader{call.seq, static_cast<int>(code), missing, sh_->generation}, what);
   }
 
   /// Throws Error(backend) when rc is not MPI_SUCCESS (before any call: nothing to give up).

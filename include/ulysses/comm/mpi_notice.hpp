@@ -14,9 +14,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../detail/checked.hpp"
+#include "../error.hpp"
 #include "../version.hpp"
 #include "failure.hpp"
 
@@ -38,7 +40,8 @@ namespace detail {
 struct MpiNoticeHeader {
   std::uint64_t seq;
   int code;
-  std::uint64_t missing = 0;  ///< a timeout's: the ranks (< 64) the sender waited for, as a mask
+  std::uint64_t missing = 0;     ///< a timeout's: the ranks (< 64) the sender waited for, as a mask
+  std::uint64_t generation = 0;  ///< the sending MpiComm's number on its MPI communicator (MpiCommGenerations)
 };
 
 /// A failure notice as received: its sender, header and text.
@@ -72,34 +75,73 @@ inline std::string mpi_error_string(int rc) {
   return std::string(msg, static_cast<std::size_t>(len));
 }
 
-/// Receives the next failure notice a peer sent on `comm` with `tag`, if there is one
-/// (MPI_Iprobe, then MPI_Recv): true and `n` filled, or false. A notice shorter than its header
-/// keeps a zero header.
-inline bool receive_mpi_notice(MPI_Comm comm, int tag, MpiNotice& n) {
-  int flag = 0;
-  MPI_Status st;
-  if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
-  int count = 0;
-  MPI_Get_count(&st, MPI_BYTE, &count);
-  std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
-  MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
-  const auto bytes = static_cast<std::size_t>(std::max(count, 0));
-  n.from = st.MPI_SOURCE;
-  n.head = MpiNoticeHeader{0, 0};
-  n.text.clear();
-  if (bytes >= sizeof n.head) {
-    std::memcpy(&n.head, buf.data(), sizeof n.head);
-    n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
-  }
-  return true;
+/// What a rank keeps on one MPI communicator for the MpiComm objects made over it, cached on it
+/// as an MPI attribute (MPI_Comm_set_attr; not copied by MPI_Comm_dup, freed with the
+/// communicator): how many were made on this rank, and the notices of a later one that arrived
+/// while an earlier one was still in use. Every rank makes its MpiComm objects over a communicator
+/// in the same order, so the k-th object of every rank is generation k, and a notice names its
+/// sender's generation: a notice of an earlier object (left behind by a call that gave up on every
+/// rank) is dropped, never breaking a later object, and one of a later object (a peer that has
+/// moved on while this rank has not) waits here for it. The MPI attribute is MPI's own way for a
+/// library to keep state on a communicator (MPI-4.0, section 7.7).
+struct MpiCommGenerations {
+  std::uint64_t made = 0;          ///< MpiComm objects made over the communicator on this rank
+  std::vector<MpiNotice> ahead;    ///< received notices of a later generation than the one that received them
+};
+
+/// The MpiCommGenerations cached on `comm`, created at its first use (MPI_Comm_create_keyval
+/// once per process). @throws Error(backend) when MPI refuses the attribute.
+inline MpiCommGenerations& comm_generations(MPI_Comm comm) {
+  static const int keyval = [] {
+    int k = MPI_KEYVAL_INVALID;
+    MPI_Comm_delete_attr_function* drop = [](MPI_Comm, int, void* value, void*) {
+      delete static_cast<MpiCommGenerations*>(value);
+      return MPI_SUCCESS;
+    };
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, drop, &k, nullptr) != MPI_SUCCESS)
+      throw Error(Errc::backend, "MPI_Comm_create_keyval failed: MpiComm cannot keep its notices' generations");
+    return k;
+  }();
+  void* value = nullptr;
+  int found = 0;
+  if (MPI_Comm_get_attr(comm, keyval, &value, &found) == MPI_SUCCESS && found) return *static_cast<MpiCommGenerations*>(value);
+  auto fresh = std::make_unique<MpiCommGenerations>();
+  if (MPI_Comm_set_attr(comm, keyval, fresh.get()) != MPI_SUCCESS)
+    throw Error(Errc::backend, "MPI_Comm_set_attr failed: MpiComm cannot keep its notices' generations");
+  return *fresh.release();
 }
 
-/// Receives and drops every failure notice (`tag`) waiting on `comm`. Never throws.
-inline void drain_mpi_notices(MPI_Comm comm, int tag) noexcept {
-  try {
-    for (MpiNotice n; receive_mpi_notice(comm, tag, n);) {
+/// Receives the next failure notice of generation `generation` a peer sent on `comm` with `tag`,
+/// if there is one: true and `n` filled, or false. Reads the notices kept for it first, then
+/// MPI's (MPI_Iprobe, then MPI_Recv): one of an earlier generation is dropped, one of a later
+/// generation kept for it (MpiCommGenerations). A notice shorter than its header keeps a zero
+/// header (generation 0: dropped by every MpiComm, whose generations start at 1).
+inline bool receive_mpi_notice(MPI_Comm comm, int tag, std::uint64_t generation, MpiNotice& n) {
+  MpiCommGenerations& g = comm_generations(comm);
+  for (auto it = g.ahead.begin(); it != g.ahead.end(); ++it)
+    if (it->head.generation == generation) {
+      n = std::move(*it);
+      g.ahead.erase(it);
+      return true;
     }
-  } catch (...) {  // (an allocation)
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
+    MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+    const auto bytes = static_cast<std::size_t>(std::max(count, 0));
+    n.from = st.MPI_SOURCE;
+    n.head = MpiNoticeHeader{0, 0};
+    n.text.clear();
+    if (bytes >= sizeof n.head) {
+      std::memcpy(&n.head, buf.data(), sizeof n.head);
+      n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
+    }
+    if (n.head.generation == generation) return true;
+    if (n.head.generation > generation) g.ahead.push_back(std::move(n));  // (else: an earlier object's, dropped)
   }
 }
 
@@ -108,12 +150,12 @@ inline void drain_mpi_notices(MPI_Comm comm, int tag) noexcept {
 /// of the peers that timed out too; a rank that sent one is alive, so the ranks named missing by
 /// someone (`missing` and the notices' masks) that sent none are the ones that did not arrive.
 /// Returns "; the ranks' reports together: ranks {1} did not arrive" or "" (nothing to add).
-/// `senders` and `missing` start with what `rank` already knows.
-inline std::string joint_verdict(MPI_Comm comm, int tag, int rank, std::chrono::milliseconds window, std::uint64_t senders,
-                                 std::uint64_t missing) {
+/// `senders` and `missing` start with what `rank` already knows; `generation`: the MpiComm's.
+inline std::string joint_verdict(MPI_Comm comm, int tag, std::uint64_t generation, int rank, std::chrono::milliseconds window,
+                                 std::uint64_t senders, std::uint64_t missing) {
   const auto until = deadline_after(std::min<std::chrono::milliseconds>(window, std::chrono::milliseconds(1000)));
   poll_until(until, [&] {
-    for (MpiNotice n; receive_mpi_notice(comm, tag, n);) {
+    for (MpiNotice n; receive_mpi_notice(comm, tag, generation, n);) {
       if (n.from < 64) senders |= std::uint64_t{1} << n.from;
       missing |= n.head.missing;
     }
@@ -140,13 +182,14 @@ struct MpiShared {
   CommFailure failure;
   std::uint64_t calls = 0;  // calls entered: every rank numbers its calls alike
   std::uint64_t library_calls = 0;  // the library calls begun on this MpiComm or its copies (ExchangeState::count_calls_in)
+  std::uint64_t generation = 0;     // this MpiComm's number on its MPI communicator (MpiCommGenerations; 0 under blocking waits)
   std::unique_ptr<MpiCollective> coll = std::make_unique<MpiCollective>();
-  std::unique_ptr<char[]> notice;  // the notice sent to the peers on giving up, and its sends
+  std::vector<std::unique_ptr<char[]>> notices;  // the notices sent to the peers (each kept while MPI may read it), and their sends
   std::vector<MPI_Request> notice_reqs;
   MpiShared() = default;
   MpiShared(const MpiShared&) = delete;
   MpiShared& operator=(const MpiShared&) = delete;
-  /// Frees the notice once MPI has sent it; leaves it to MPI (leaked) while it has not.
+  /// Frees the notices once MPI has sent them; leaves them to MPI (leaked) while it has not.
   ~MpiShared() {
     int finalized = 1;
     MPI_Finalized(&finalized);
@@ -156,19 +199,20 @@ struct MpiShared {
     if (done) return;
     for (MPI_Request& r : notice_reqs)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    (void)notice.release();  // MPI may still read it
+    for (auto& n : notices) (void)n.release();  // MPI may still read them
   }
   /// Sends every peer but `rank` of the `size` ranks of `comm` the notice {head, what} with `tag`
   /// (best effort: errors ignored; the text is cut at 4 KiB).
   void send_notice(MPI_Comm comm, int rank, int size, int tag, const MpiNoticeHeader& head, const std::string& what) {
     const std::size_t text = std::min<std::size_t>(what.size(), 4096);
-    notice.reset(new char[sizeof head + text]);
-    std::memcpy(notice.get(), &head, sizeof head);
-    std::memcpy(notice.get() + sizeof head, what.data(), text);
+    notices.emplace_back(new char[sizeof head + text]);  // (an earlier notice's sends may still read it: never freed here)
+    char* const notice = notices.back().get();
+    std::memcpy(notice, &head, sizeof head);
+    std::memcpy(notice + sizeof head, what.data(), text);
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       MPI_Request r = MPI_REQUEST_NULL;
-      if (MPI_Isend(notice.get(), static_cast<int>(sizeof head + text), MPI_BYTE, p, tag, comm, &r) == MPI_SUCCESS)
+      if (MPI_Isend(notice, static_cast<int>(sizeof head + text), MPI_BYTE, p, tag, comm, &r) == MPI_SUCCESS)
         notice_reqs.push_back(r);
     }
   }
