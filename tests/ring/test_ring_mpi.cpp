@@ -39,7 +39,8 @@ std::vector<std::byte> block_of(int j, int u, std::size_t n) {
 }  // namespace
 
 /// The forward over the ring: at every step the block of ring rank source(s), byte for byte, in
-/// the documented order; `b0`, `b1` the rotation's buffers (this rank's block is written into b0).
+/// the documented order, where it is carried (up to its last use: RingPlan::last_use()); `b0`,
+/// `b1` the rotation's buffers (this rank's block is written into b0).
 template <class Comm>
 static int forward_errors(Comm& ring, const RingPlan& rp, int j, int u, std::byte* b0, std::byte* b1, RingProgress pr) {
   const int R = rp.steps();
@@ -53,7 +54,8 @@ static int forward_errors(Comm& ring, const RingPlan& rp, int j, int u, std::byt
     rot.start(s);
     const int src = rot.source(s);
     const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
-    if (src != ((j - s) % R + R) % R || std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
+    if (src != ((j - s) % R + R) % R || rot.carried(s) != (s == 0 || s <= rp.last_use(src))) ++bad;
+    if (rot.carried(s) && std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
     rot.finish(s);
   }
   return bad;
@@ -110,7 +112,9 @@ TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact,
     if (thread_level >= MPI_THREAD_SERIALIZED) modes.push_back(RingProgress::thread);
     for (int messages : {1, 2, 5}) {  // the wire split: a block as 1, 2 or 5 MPI messages (pieces cut at 4 KiB)
       CAPTURE(messages);
-      const RingPlan rp(RingPartition(1000 + 7 * W, U, R, RingLayout::zigzag), m.mesh, m.index, 1, specs, true, messages);
+      // messages 2: contiguous causal, whose blocks stop after their last use (no message past it)
+      const RingLayout layout = messages == 2 ? RingLayout::contiguous : RingLayout::zigzag;
+      const RingPlan rp(RingPartition(1000 + 7 * W, U, R, layout), m.mesh, m.index, 1, specs, true, messages);
       const std::size_t cap = rp.kv_buffer_bytes();
       for (RingProgress pr : modes) {
         std::vector<std::byte> b0(cap), b1(cap);
@@ -221,6 +225,11 @@ TEST_CASE("MPI ring on the window: blocks read in place from the sender's slot, 
   }
   check_backward_rotation(ring, rp, w, 0, k0.data(), k1.data(), g0.data(), g1.data());
   CHECK(ring.staged_bytes() == 0);
+  {  // contiguous causal: block j read in place up to step W − 1 − j, then no more (nothing published for it)
+    const RingPlan cp(RingPartition(1000 + 7 * W, 1, W, RingLayout::contiguous), mesh, w, 1, specs, true);
+    CHECK(forward_errors(ring, cp, w, 0, k0.data(), k1.data(), RingProgress::in_start) == 0);
+    check_backward_rotation(ring, cp, w, 0, k0.data(), k1.data(), g0.data(), g1.data());
+  }
   for (bool cma : {true, false}) {  // blocks outside the window: read by Cross Memory Attach where permitted, else staged
     CAPTURE(cma);
     ring.set_cross_memory_attach(cma);
@@ -262,7 +271,7 @@ TEST_CASE("MPI split_ring: a mesh that does not tile the world names ranks_per_n
   ok.free();
 }
 
-TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigzag and not, GQA, uneven S; bit-identical to in-process") {
+TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigzag, contiguous and not, GQA, uneven S; bit-identical to in-process") {
   namespace rd = ulysses_ring_demo;
   int W = 0, w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -271,16 +280,17 @@ TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigza
     if (W % U) continue;
     const int R = W / U;
     MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);  // nodes of U ranks: index == world rank
-    for (bool causal : {true, false})
+    for (int mode : {0, 1, 2})  // causal zigzag, non-causal, causal contiguous (blocks stop after their last use)
       for (bool gqa : {false, true}) {
+        const bool causal = mode != 1;
         rd::RingCase c;
         c.U = U, c.R = R, c.B = 2, c.D = 8, c.Dv = 6;
         c.H = 2 * U;
         c.Hkv = gqa ? std::max(1, U / 2) : c.H;  // GQA: Hkv < U (replicated kv heads) where U > 1
         c.S = 4 * R * U + 3;                      // not a multiple of 2RU
         c.causal = causal;
-        c.layout = causal ? RingLayout::zigzag : RingLayout::contiguous;
-        INFO("U=" << U << " R=" << R << " H=" << c.H << " Hkv=" << c.Hkv << " S=" << c.S << (causal ? " causal zigzag" : " non-causal"));
+        c.layout = mode == 0 ? RingLayout::zigzag : RingLayout::contiguous;
+        INFO("U=" << U << " R=" << R << " H=" << c.H << " Hkv=" << c.Hkv << " S=" << c.S << " mode " << mode);
         const rd::RingGlobals g(c);
         rd::RingRankResult got;
         {

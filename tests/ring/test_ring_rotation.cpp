@@ -287,13 +287,16 @@ TEST_CASE("RingProgress::automatic follows comm_traits::progress_thread, not the
 
 TEST_CASE("RingPlan: the schedule, the block sizes, the merge shape and the Ulysses plans of one rank; the rotation over it, typed") {
   const AttentionShape shape{4, 2, 3, 5};  // H, Hkv, D, Dv
-  for (bool causal : {true, false})
+  // (causal, layout): zigzag causal, contiguous non-causal, and contiguous causal, whose block j
+  // stops after step R − 1 − j (RingPlan::last_use(): no message past it).
+  for (auto [causal, layout] : {std::pair{true, RingLayout::zigzag}, std::pair{false, RingLayout::contiguous}, std::pair{true, RingLayout::contiguous}})
     for (int U : {1, 2})
       for (int R : {1, 2, 3}) {
         CAPTURE(causal);
+        CAPTURE(to_string(layout));
         CAPTURE(U);
         CAPTURE(R);
-        const RingPartition part(13, U, R, causal ? RingLayout::zigzag : RingLayout::contiguous);
+        const RingPartition part(13, U, R, layout);
         const Mesh mesh(U * R, U, R, U * R);
         const AttentionSpecs specs = attention_specs<float>(U, shape, HeadPolicy::balanced);
         std::vector<int> bad(static_cast<std::size_t>(U * R), 0);
@@ -320,19 +323,29 @@ TEST_CASE("RingPlan: the schedule, the block sizes, the merge shape and the Ulys
             largest = std::max(largest, n);
           }
           b += rp.kv_buffer_bytes() != largest || rp.grad_buffer_bytes() != largest;
-          // The rotation over the plan: every block once, in order, bit-exact, k and v where the plan says.
+          // The rotation over the plan: every block in order, bit-exact, k and v where the plan
+          // says, up to its last use; past it no message: the receive buffer keeps what it held.
           std::vector<float> kv0(rp.kv_buffer_bytes() / sizeof(float)), kv1(kv0.size());
           RingRotation<LocalGroup::Comm> rot(c, rp, RingBuffers().kv(kv0, kv1));
           const RingKvBlock& mine = rp.kv_block_of(j);
           for (std::int64_t e = 0; e < mine.k_elems() + mine.v_elems(); ++e) kv0[static_cast<std::size_t>(e)] = static_cast<float>(1000 * j + e);
           for (int s = 0; s < R; ++s) {
+            const bool attended_later = s <= rp.last_use(rot.source(s));
+            b += rot.carried(s) != (s == 0 || attended_later);
+            b += !rp.work(s).empty() && !rot.carried(s);  // a step with work always has its block
+            std::vector<float>& next = s % 2 ? kv0 : kv1;  // step s + 1's buffer: marked before the step
+            std::fill(next.begin(), next.end(), -1.0f);
             rot.start(s);
             const RingKvView<float> kv = rot.kv<float>(s);
             const RingKvBlock& blk = rp.kv_block(s);
             b += kv.v - kv.k != blk.k_elems() || blk.L != part.ring_length(rot.source(s));
-            for (std::int64_t e = 0; e < blk.k_elems() + blk.v_elems(); ++e) b += kv.k[e] != static_cast<float>(1000 * rot.source(s) + e);
+            if (rot.carried(s))
+              for (std::int64_t e = 0; e < blk.k_elems() + blk.v_elems(); ++e) b += kv.k[e] != static_cast<float>(1000 * rot.source(s) + e);
             rot.finish(s);
+            if (s + 1 < R && !rot.carried(s + 1)) b += std::count(next.begin(), next.end(), -1.0f) != static_cast<std::ptrdiff_t>(next.size());
           }
+          if (causal && layout == RingLayout::contiguous)  // block j travels R − 1 − j hops
+            for (int jj = 0; jj < R; ++jj) b += rp.last_use(jj) != R - 1 - jj;
           b += ut::code_of([&] { (void)rot.kv<double>(0); }) != Errc::tensor_mismatch;
         });
         for (int x : bad) CHECK(x == 0);

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The ring schedule (ring/schedule.hpp) against a brute-force mask: over the R steps, every
 // (query token, key token) pair the attention needs is attended exactly once, and no other.
+#include <algorithm>
+#include <optional>
+#include <vector>
+
 #include <doctest/doctest.h>
+#include <ulysses/partition/documents.hpp>
 #include <ulysses/ring/schedule.hpp>
 
 #include "expect_error.hpp"
@@ -64,6 +69,56 @@ TEST_CASE("zigzag causal: the documented ranges, and equal work on every step bu
   const RingPartition q(16, 1, 2, RingLayout::contiguous);
   CHECK(ring_work(q, 0, 1, true).empty());  // contiguous causal: a later source gives nothing
   CHECK(!ring_work(q, 0, 1, false).empty());
+}
+
+TEST_CASE("ring_last_use: the last step that attends each block, against every rank's schedule") {
+  // Brute force: block j is held at step s by ring rank (j + s) mod R; its last use is the last
+  // step whose holder's work is not empty.
+  auto brute = [](const RingPartition& p, bool causal) {
+    const int R = p.ring_degree();
+    std::vector<int> last(static_cast<std::size_t>(R), -1);
+    for (int r = 0; r < R; ++r)
+      for (const RingWork& w : ring_schedule(p, r, causal))
+        if (!w.empty()) last[static_cast<std::size_t>(w.source)] = std::max(last[static_cast<std::size_t>(w.source)], w.step);
+    return last;
+  };
+  int checked = 0;
+  for (int R : {1, 2, 3, 4, 5}) {
+    CAPTURE(R);
+    const RingPartition zig(8 * R + 3, 1, R, RingLayout::zigzag), con(8 * R + 3, 1, R, RingLayout::contiguous);
+    std::vector<int> all(static_cast<std::size_t>(R), R - 1), down(static_cast<std::size_t>(R));
+    for (int j = 0; j < R; ++j) down[static_cast<std::size_t>(j)] = R - 1 - j;
+    CHECK(ring_last_use(zig, true) == all);  // zigzag causal: every block to the end
+    CHECK(ring_last_use(con, false) == all);
+    CHECK(ring_last_use(con, true) == down);  // contiguous causal: only the ranks after j read block j
+    CHECK(ring_last_use(con, true) == brute(con, true));
+    // Packed documents (every document in 2R chunks, ring rank j holding chunks j and 2R − 1 − j of
+    // each): a document of 2R tokens or more reaches every rank; shorter ones leave the later
+    // chunks empty, and their blocks stop early. Lists that leave a ring rank without a token
+    // are refused by the partition (and skipped here).
+    const std::vector<std::vector<std::int64_t>> lists = {{0, 2, 4, 6, 8},         {0, 3, 6, 9, 12, 15}, {0, 1, 3, 6, 10, 15, 21, 28},
+                                                           {0, 5, 5, 9, 12, 24},    {0, 3, 40, 41, 44},   {0, 4, 8, 12, 16, 20}};
+    for (const auto& cu : lists)
+      for (bool causal : {true, false}) {
+        CAPTURE(cu.back());
+        CAPTURE(causal);
+        std::optional<RingPartition> docs;
+        try {
+          docs.emplace(Documents(cu), 1, R);
+        } catch (const Error&) {
+          continue;
+        }
+        CHECK(ring_last_use(*docs, causal) == brute(*docs, causal));
+        ++checked;
+      }
+  }
+  CHECK(checked >= 40);
+  // By hand. R = 2, documents of 2 tokens: ring rank 0 holds each one's first token, rank 1 its
+  // second; causal, rank 1 reads block 0 at step 1 and rank 0 never reads block 1: block 1 stays.
+  CHECK(ring_last_use(RingPartition(Documents({0, 2, 4, 6}), 1, 2), true) == std::vector<int>{1, 0});
+  CHECK(ring_last_use(RingPartition(Documents({0, 2, 4, 6}), 1, 2), false) == std::vector<int>{1, 1});
+  // R = 3, documents of 3 tokens: ring rank k holds token k of each, as a contiguous causal ring.
+  CHECK(ring_last_use(RingPartition(Documents({0, 3, 6, 9}), 1, 3), true) == std::vector<int>{2, 1, 0});
 }
 
 TEST_CASE("schedule errors") {

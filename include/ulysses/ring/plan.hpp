@@ -52,6 +52,7 @@ class RingPlan {
       grad_.push_back({B_, L, Hk, specs.k.head_dim, specs.v.head_dim, sizeof(float)});
     }
     work_ = ring_schedule(part, j_, causal);
+    last_use_ = ring_last_use(part, causal);
   }
 
   const RingPartition& partition() const { return part_; }  ///< the 2-D sequence partition
@@ -102,6 +103,14 @@ class RingPlan {
   }
   /// The kv block held at step s: kv_block_of(work(s).source).
   const RingKvBlock& kv_block(int s) const { return kv_block_of(work(s).source); }
+  /// The last step at which some ring rank attends ring rank jj's kv block (ring_last_use(); −1:
+  /// none does). The rotations over this plan carry block jj from step s to s + 1 only while
+  /// s < last_use(jj): no message past its last use. @throws Error(invalid_group) jj outside [0, R).
+  int last_use(int jj) const {
+    detail::check_rank(jj, steps());
+    return last_use_[static_cast<std::size_t>(jj)];
+  }
+  const std::vector<int>& last_uses() const { return last_use_; }  ///< last_use(0) .. last_use(R − 1)
   /// Bytes of every ring rank's kv block, by ring rank (what the rotation sends).
   std::vector<std::size_t> block_bytes() const { return bytes_of(kv_); }
   /// Bytes each of the rotation's two kv buffers needs: the largest block.
@@ -158,6 +167,7 @@ class RingPlan {
   int j_ = 0, u_ = 0;
   std::vector<RingKvBlock> kv_, grad_;  // by ring rank
   std::vector<RingWork> work_;          // by step
+  std::vector<int> last_use_;           // by ring rank (ring_last_use())
 };
 
 ULYSSES_NAMESPACE_END

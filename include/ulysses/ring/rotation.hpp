@@ -46,6 +46,12 @@ inline std::uint64_t ring_call_word(int s, int messages) noexcept {
   return static_cast<std::uint64_t>(s) | static_cast<std::uint64_t>(messages) << 32;
 }
 
+/// Whether the hop from step s to s + 1 carries ring rank j's kv block: every hop without a plan's
+/// last uses (`last_use` empty), else while s < last_use[j] (RingPlan::last_use()).
+inline bool ring_hop_carries(const std::vector<int>& last_use, int j, int s) {
+  return last_use.empty() || s < last_use[static_cast<std::size_t>(j)];
+}
+
 /// Checks that finish(s) completes the step started last. @throws Error(invalid_group).
 inline void check_finish(const char* who, int s, int next, bool open) {
   if (!open || s != next - 1)
@@ -97,7 +103,7 @@ class RingRotation {
   /// @throws Error(comm_mismatch) ring.size() != R (e.g. a ring group of one rank for R = 2: the
   ///         misconfigured hybrid of bug case C14); Error(buffer_too_small) a buffer null or smaller than a block.
   RingRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
-      : bytes_(plan.block_bytes()), poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()) {
+      : bytes_(plan.block_bytes()), last_use_(plan.last_uses()), poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()) {
     for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
     init(ring, buffers.kv_buffers());
   }
@@ -123,11 +129,17 @@ class RingRotation {
     return ((r_ - s) % R_ + R_) % R_;
   }
   /// The buffer holding step s's block (buffer s % 2); valid from finish(s − 1) (from the
-  /// construction for s = 0) until start(s + 1). @throws Error(invalid_group) s outside [0, R).
+  /// construction for s = 0) until start(s + 1). Over a RingPlan, a block past its last use
+  /// (carried(s) false: no ring rank attends it from step s on) is not sent, and block(s) then
+  /// holds stale bytes: the step's work is empty. @throws Error(invalid_group) s outside [0, R).
   std::byte* block(int s) const {
     check_step(s);
     return buf_[s % 2];
   }
+  /// Whether step s's block arrives (s = 0: the rank's own, always): true for a rotation made
+  /// from block sizes; over a RingPlan, whether s <= plan.last_use(source(s)).
+  /// @throws Error(invalid_group) s outside [0, R).
+  bool carried(int s) const { return s == 0 || detail::ring_hop_carries(last_use_, source(s), s - 1); }
   /// Step s's block typed: k and v of the block (T: the element type, of the plan's size).
   /// @throws Error(invalid_group) s outside [0, R); Error(tensor_mismatch) sizeof(T) is not the
   ///         element size, or a rotation made without a RingPlan.
@@ -143,7 +155,8 @@ class RingRotation {
   std::size_t block_bytes(int s) const { return bytes_[static_cast<std::size_t>(source(s))]; }
 
   /// Posts step s's transfer (s < R − 1): block(s) to ring rank r + 1, block(s + 1) from ring rank
-  /// r − 1; nothing at the last step. Collective over the ring, steps in order.
+  /// r − 1, each only while a ring rank still attends it (carried()); nothing at the last step.
+  /// Collective over the ring, steps in order.
   /// @throws Error(invalid_group) s outside [0, R) or out of order; the communicator's errors.
   void start(int s) {
     detail::begin_call(poster_.comm(), "a ring step", detail::ring_call_word(s, poster_.messages()));
@@ -156,12 +169,13 @@ class RingRotation {
       ++next_;
       open_ = true;
       if (s + 1 >= R_) return;
-      const Message send{(r_ + 1) % R_, buf_[s % 2], block_bytes(s)};
-      const Message recv{(r_ + R_ - 1) % R_, buf_[(s + 1) % 2], bytes_[static_cast<std::size_t>(source(s + 1))]};
+      const bool out = detail::ring_hop_carries(last_use_, source(s), s), in = carried(s + 1);  // (0 bytes past a last use: no message)
+      const Message send{(r_ + 1) % R_, buf_[s % 2], out ? block_bytes(s) : 0};
+      const Message recv{(r_ + R_ - 1) % R_, buf_[(s + 1) % 2], in ? bytes_[static_cast<std::size_t>(source(s + 1))] : 0};
       poster_.post(&send, &recv, 1);
     });
   }
-  /// Completes step s's transfer: block(s + 1) holds its block on return (or in stream order).
+  /// Completes step s's transfer: block(s + 1) holds its block on return (or in stream order) where carried(s + 1).
   /// @throws Error(invalid_group) s is not the step started last; the communicator's errors
   ///         (Error(timeout), Error(aborted), Error(backend)).
   void finish(int s) {
@@ -191,6 +205,7 @@ class RingRotation {
       detail::fail(Errc::invalid_group, "ring step " + std::to_string(s) + " is outside [0, R=" + std::to_string(R_) + ")");
   }
   std::vector<std::size_t> bytes_;
+  std::vector<int> last_use_;        // by ring rank: RingPlan::last_use() (empty: made without a plan, every block carried)
   std::vector<RingKvBlock> shapes_;  // by ring rank (empty: made without a plan)
   detail::RingPoster<Comm> poster_;
   std::byte* buf_[2] = {nullptr, nullptr};
@@ -220,7 +235,8 @@ class RingGradRotation {
   ///                 (g0 holds step 0's accumulator)
   /// @throws as RingRotation (comm_mismatch; buffer_too_small, also for the accumulators).
   RingGradRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
-      : kv_(plan.block_bytes()), gr_(plan.grad_bytes()), poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()) {
+      : kv_(plan.block_bytes()), gr_(plan.grad_bytes()), last_use_(plan.last_uses()),
+        poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()) {
     for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
     init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
@@ -245,11 +261,13 @@ class RingGradRotation {
     check_step(s, R_);
     return ((r_ - s) % R_ + R_) % R_;
   }
-  /// The kv buffer of step s (s % 2), as RingRotation::block().
+  /// The kv buffer of step s (s % 2), as RingRotation::block() (stale bytes where carried(s) is false).
   std::byte* block(int s) const {
     check_step(s, R_);
     return kvb_[s % 2];
   }
+  /// Whether step s's kv block arrives, as RingRotation::carried(); the accumulators always travel.
+  bool carried(int s) const { return s == 0 || detail::ring_hop_carries(last_use_, source(s), s - 1); }
   /// Step s's block typed, as RingRotation::kv().
   template <class T>
   RingKvView<T> kv(int s) const {
@@ -326,13 +344,15 @@ class RingGradRotation {
     Message send[2], recv[2];
     std::size_t n = 0;
     const int next = (r_ + 1) % R_, prev = (r_ + R_ - 1) % R_;
-    if (s + 1 < R_) {
-      send[n] = {next, kvb_[s % 2], kv_[static_cast<std::size_t>(source(s))]};
-      recv[n++] = {prev, kvb_[(s + 1) % 2], kv_[static_cast<std::size_t>(source(s + 1))]};
+    const std::size_t cur = static_cast<std::size_t>(s) % 2, other = 1 - cur;  // step s's buffers; s ± 1's
+    if (s + 1 < R_) {  // the kv block, while a later ring rank attends it (0 bytes past its last use: no message)
+      const bool out = detail::ring_hop_carries(last_use_, source(s), s), in = carried(s + 1);
+      send[n] = {next, kvb_[cur], out ? kv_[static_cast<std::size_t>(source(s))] : 0};
+      recv[n++] = {prev, kvb_[other], in ? kv_[static_cast<std::size_t>(source(s + 1))] : 0};
     }
-    if (s >= 1) {
-      send[n] = {next, gb_[(s - 1) % 2], gr_[static_cast<std::size_t>(source(s - 1))]};
-      recv[n++] = {prev, gb_[s % 2], gr_[static_cast<std::size_t>(source(s))]};
+    if (s >= 1) {  // the accumulator, always (it comes home)
+      send[n] = {next, gb_[other], gr_[static_cast<std::size_t>(source(s - 1))]};
+      recv[n++] = {prev, gb_[cur], gr_[static_cast<std::size_t>(source(s))]};
     }
     poster_.post(send, recv, n);
   }
@@ -357,6 +377,7 @@ class RingGradRotation {
     if (s < 0 || s >= R) detail::fail(Errc::invalid_group, "ring step " + std::to_string(s) + " is outside [0, R=" + std::to_string(R) + ")");
   }
   std::vector<std::size_t> kv_, gr_;
+  std::vector<int> last_use_;        // by ring rank, as RingRotation's
   std::vector<RingKvBlock> shapes_;  // by ring rank (empty: made without a plan)
   detail::RingPoster<Comm> poster_;
   std::byte* kvb_[2] = {nullptr, nullptr};

@@ -259,4 +259,26 @@ inline std::vector<RingWork> ring_schedule(const RingPartition& part, int r, boo
   return v;
 }
 
+/// The last ring step at which some ring rank attends each ring rank's kv block: entry j is the
+/// largest s in [0, R) such that ring_work(part, (j + s) mod R, s, causal) is not empty (−1 when
+/// no step attends it: a rank with no tokens). A rotation carries block j from step s to step s + 1
+/// only while s < entry j: past its last use no ring rank reads it, and its message is skipped on
+/// every transport (RingRotation, RingGradRotation's kv blocks). Every step attends its block
+/// under zigzag causal and non-causal attention (nothing skipped); contiguous causal attention
+/// reads block j only up to step R − 1 − j (the ranks after j), and packed documents only while a
+/// later rank holds tokens of one of the block's documents (TransformerEngine's THD ring also
+/// skips the masked steps' compute, but sends every block).
+/// @throws Error(invalid_group) R < 1.
+inline std::vector<int> ring_last_use(const RingPartition& part, bool causal) {
+  const int R = part.ring_degree();
+  std::vector<int> last(static_cast<std::size_t>(R), -1);
+  for (int j = 0; j < R; ++j)
+    for (int s = R - 1; s >= 0; --s)
+      if (!ring_work(part, (j + s) % R, s, causal).empty()) {
+        last[static_cast<std::size_t>(j)] = s;
+        break;
+      }
+  return last;
+}
+
 ULYSSES_NAMESPACE_END

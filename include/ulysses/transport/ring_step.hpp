@@ -95,7 +95,9 @@ class RingPoster {
     }
   }
   /// Posts one step: n sends (to one peer) and as many receives (from one peer), each a whole
-  /// block; the lists are copied (they may be reused). @pre n <= kMaxTensors.
+  /// block; one of 0 bytes moves nothing (a block past its last use, RingPlan::last_use(): no
+  /// message; in place, published as 0 bytes, so every rank publishes n blocks); the lists are
+  /// copied (they may be reused). @pre n <= kMaxTensors.
   void post(const Message* send, const Message* recv, std::size_t n) {
     if (posted_) fail(Errc::invalid_shape, "ring rotation: an exchange was posted twice without finish()");
     whole_send_.assign(send, send + n);
@@ -140,6 +142,7 @@ class RingPoster {
 
  private:
   void cut(const Message& m, std::vector<Message>& out) const {
+    if (!m.bytes) return;  // (no message: the peer's list drops it too)
     for (int i = 0; i < messages_; ++i) {
       const std::size_t b = ring_piece_begin(m.bytes, messages_, i), e = ring_piece_begin(m.bytes, messages_, i + 1);
       out.push_back({m.peer, m.data + b, e - b});
