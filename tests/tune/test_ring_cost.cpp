@@ -320,3 +320,16 @@ TEST_CASE("ring_cost with packed documents: each step's document blocks, compute
           (void)ring_cost(mesh, shape, 16, true, links(), 1e8, ElementType::bfloat16, 1, RingTransport::network, HeadPolicy::even, 1, &two);
         }) == Errc::seq_lengths_mismatch);
 }
+
+TEST_CASE("ring cost: a transfer step moves the largest block still carried (ring_last_use()); the all-gather moves every block") {
+  // R = 3, documents of 3 tokens: ring rank k holds token k of each, causal: block j is last
+  // read at step 2 - j, so step 0 moves blocks 0 and 1, step 1 block 0 alone.
+  const RingPartition docs(Documents({0, 3, 6, 9}), 1, 3);
+  const std::vector<double> block{10, 20, 30};
+  CHECK(detail::ring_carried_bytes(docs, true, block, false) == std::vector<double>{20, 10});
+  CHECK(detail::ring_carried_bytes(docs, false, block, false) == std::vector<double>{30, 30});  // full: every block to the end
+  CHECK(detail::ring_carried_bytes(docs, true, block, true) == std::vector<double>{30, 30});
+  const RingPartition zig(24, 1, 3, RingLayout::zigzag);
+  CHECK(detail::ring_carried_bytes(zig, true, block, false) == std::vector<double>{30, 30});
+  CHECK(detail::ring_carried_bytes(RingPartition(24, 1, 1, RingLayout::zigzag), true, {10}, false).empty());
+}

@@ -220,11 +220,25 @@ struct RingCost {
   double attended_fraction = 1;      ///< pairs attended / pairs of the whole sequence's mask without documents (causal or full)
   double exposed_seconds = 0;        ///< Σ exposed_s (all-gather: comm_seconds, nothing hidden)
   double merge_seconds = 0;          ///< Σ merge_s (all-gather: 0, one attention over the gathered kv)
-  double bytes[2] = {0, 0};          ///< bytes a rank sends per layer over [intra, inter] links (network transport)
+  double bytes[2] = {0, 0};          ///< bytes a rank sends per layer over [intra, inter] links (network transport): each transfer step's largest carried block
   double buffer_bytes = 0;           ///< kv bytes a rank holds for the ring: 2 blocks (rotation) or R (all-gather)
 };
 
 namespace detail {
+/// Per transfer step s (0 .. R − 2): the largest block that moves at it, bytes (`block`: by ring
+/// rank). The rotation carries block j only while s < ring_last_use()[j]; 0 where none moves. The
+/// all-gather (`allgather`) moves every block at every round.
+inline std::vector<double> ring_carried_bytes(const RingPartition& part, bool causal, const std::vector<double>& block, bool allgather) {
+  const int R = part.ring_degree();
+  const std::vector<int> last = ring_last_use(part, causal);
+  std::vector<double> carried(static_cast<std::size_t>(std::max(R - 1, 0)), 0.0);
+  for (int s = 0; s + 1 < R; ++s)
+    for (int j = 0; j < R; ++j)
+      if (allgather || s < last[static_cast<std::size_t>(j)])
+        carried[static_cast<std::size_t>(s)] = std::max(carried[static_cast<std::size_t>(s)], block[static_cast<std::size_t>(j)]);
+  return carried;
+}
+
 /// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()); `docs`
 /// (or null): packed documents, S their seq_len().
 inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
@@ -249,9 +263,9 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
   std::int64_t h = 0;
   for (int u = 0; u < U; ++u) h = std::max(h, a.query_heads.count(u));
   const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
-  // Every step but the last moves the largest block somewhere (the sources of a step are all R
-  // ring ranks), and the lockstep ring waits for it: each transfer step costs the largest block's message.
-  const double step_comm = ring_step_seconds(c.traffic, model);
+  // A transfer step moves its largest carried block somewhere (the sources of a step are all R
+  // ring ranks), and the lockstep ring waits for it: the step costs that block's message.
+  const std::vector<double> carried = ring_carried_bytes(part, causal, block, allgather);
   std::vector<double> rank_compute(static_cast<std::size_t>(R), 0.0);  // each ring rank's whole attention
   double pairs = 0;
   for (int s = 0; s < R; ++s) {
@@ -264,7 +278,9 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
       pairs += static_cast<double>(w.pairs());
       if (!allgather) merge = std::max(merge, ring_merge_bytes(w, h, Dv, batch) * model.copy_seconds_per_byte);
     }
-    const double comm = s + 1 < R ? step_comm : 0;
+    const double moved = s + 1 < R ? carried[static_cast<std::size_t>(s)] : 0;
+    const double comm = moved > 0 ? ring_step_seconds(ring_step_traffic(mesh, moved, transport, c.messages), model) : 0;
+    if (transport == RingTransport::network) c.bytes[cls] += moved;
     c.merge_s.push_back(merge);
     c.merge_seconds += merge;
     c.compute_s.push_back(comp);
@@ -283,7 +299,6 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
   c.imbalance_seconds = std::max(0.0, c.compute_seconds - mean);
   const double Sd = static_cast<double>(S), plain = causal ? Sd * (Sd + 1) / 2 : Sd * Sd;
   c.attended_fraction = pairs / plain;
-  if (transport == RingTransport::network) c.bytes[cls] = static_cast<double>(R - 1) * largest;
   c.buffer_bytes = (allgather ? static_cast<double>(R) : std::min(2.0, static_cast<double>(R))) * largest;
   return c;
 }
@@ -308,8 +323,8 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
 /// @param documents   packed documents over the S tokens (cu_seqlens; null: one sequence): the
 ///                    per-document zigzag (RingPartition(Documents, U, R)) and each step's
 ///                    document blocks, so a step the mask empties computes nothing and hides
-///                    nothing (its block still moves: the rotation sends every step), and the
-///                    ranks' unequal pairs show as RingCost::imbalance_seconds
+///                    nothing (its block still moves while a later rank attends it:
+///                    ring_last_use()), and the ranks' unequal pairs show as RingCost::imbalance_seconds
 /// @throws Error(invalid_shape) flops_per_s <= 0, batch < 1, S too short (RingPartition), messages
 ///         outside [0, kMaxRingMessages]; Error(seq_lengths_mismatch) documents over another S;
 ///         what attention_specs() throws for U, and RingPartition(Documents, U, R) for the documents.
