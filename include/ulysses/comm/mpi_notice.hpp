@@ -94,7 +94,7 @@ struct MpiCommGenerations {
 inline MpiCommGenerations& comm_generations(MPI_Comm comm) {
   static const int keyval = [] {
     int k = MPI_KEYVAL_INVALID;
-    MPI_Comm_delete_attr_function* drop = [](MPI_Comm, int, void* value, void*) {
+    MPI_Comm_delete_attr_function* drop = [](MPI_Comm, int, void* value, void*) -> int {
       delete static_cast<MpiCommGenerations*>(value);
       return MPI_SUCCESS;
     };
