@@ -126,20 +126,23 @@ TEST_CASE("PlanOptions::ring: the plan's agreement record carries the ring confi
   }
   for (int bad_rank : {-1, 3}) {
     std::vector<std::pair<Errc, std::string>> got(4);
-    std::vector<int> agreed(4, 0);  // not vector<bool>: its bits share words, and every rank thread writes its own
+    std::vector<int> agreed(4, 0), due(4, -1);  // not vector<bool>: its bits share words, and every rank thread writes its own
     std::vector<std::thread> th;
     for (int w = 0; w < 4; ++w)
       th.emplace_back([&, w] {
         const int j = part.ring_rank(w), u = part.ulysses_rank(w);
         LocalGroup::Comm uc = ug[static_cast<std::size_t>(j)]->comm(u), rc = rg[static_cast<std::size_t>(u)]->comm(j);
         const Plan p = plan(j, u, w == bad_rank ? RingConfig{U, R, RingLayout::zigzag, false, 64} : cfg);
+        const bool before = detail::ring_config_due(p, uc, rc);
         got[static_cast<std::size_t>(w)] = ut::error_of([&] { check_ring_config(p, uc, rc); });
         agreed[static_cast<std::size_t>(w)] = p.agreement_checked();
+        due[static_cast<std::size_t>(w)] = before && detail::ring_config_due(p, uc, rc);  // after a pass, no longer due
       });
     for (auto& t : th) t.join();
     for (int w = 0; w < 4; ++w) {
       CHECK(got[static_cast<std::size_t>(w)].first == (bad_rank < 0 ? Errc{} : Errc::plan_mismatch));
       CHECK(agreed[static_cast<std::size_t>(w)] == (bad_rank < 0));
+      CHECK(due[static_cast<std::size_t>(w)] == (bad_rank >= 0));  // distributed_attention() checks again only after a failure
     }
     if (bad_rank >= 0) {
       // Rank 2 (rank 3's Ulysses group) sees it in the plan's record; rank 1 (rank 3's ring) in the

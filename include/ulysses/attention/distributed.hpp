@@ -35,7 +35,8 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   const char* call = "distributed_attention";
   check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
   check_attention_span(call, "workspace", ws.data, ws.bytes, p.forward_workspace_bytes(), Errc::workspace_too_small, "forward_workspace_bytes");
-  if constexpr (!std::is_same_v<RC, NoRing>) check_ring_config(p.qkv_plan(), uc, *rc);  // every rank of the block, before any data moves
+  if constexpr (!std::is_same_v<RC, NoRing>)  // every rank of the block, before any data moves, at the plan's first call on uc and rc
+    if (ring_config_due(p.qkv_plan(), uc, *rc)) check_ring_config(p.qkv_plan(), uc, *rc);
   const AttentionRegions& r = p.regions();
   AttentionCarve sv(saved.data), wk(ws.data);
   std::byte *q_h = sv.take(r.saved[0]), *own = sv.take(r.saved[1]), *o_h = sv.take(r.saved[2]);
@@ -97,8 +98,9 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 /// zhuzilin's ring-flash-attention (the step loop: transfer of step s + 1 posted before step s's
 /// attention, completed after it; out and lse merged by LSE in step order).
 ///
-/// 1. checks the spans (locally), then check_ring_config(plan.qkv_plan(), ulysses, ring): U, R,
-///    layout, causal, S, and every plan field on every rank of the block, before any data moves;
+/// 1. checks the spans (locally), then, at the plan's first call on these communicators,
+///    check_ring_config(plan.qkv_plan(), ulysses, ring): U, R, layout, causal, S, and every plan
+///    field on every rank of the block, before any data moves (detail::ring_config_due());
 /// 2. seq→head of q, k, v in ONE exchange (attention_specs().qkv()) into `saved`;
 /// 3. per ring step s with work (RingWork::empty() steps are skipped): `attention(step)` with
 ///    step's out pre-filled with 0 and lse with −inf, then merged (ring_merge_block(), fp32);
