@@ -47,7 +47,10 @@ for row in $rows; do
   echo "$line $(( $(date +%s) - start ))" >> "$lines"
   echo "== $row: $line $(( $(date +%s) - start ))" >&2
 done
-[ -n "${FROM_LOG:-}" ] || header=$(grep -m3 '^# ' "$tmp"/*.log | head -3 | sed 's/^[^#]*# /# /')
+if [ -z "${FROM_LOG:-}" ]; then
+  logs=("$tmp"/*.log)
+  header=$(grep -h -m3 '^# ' "${logs[0]}")  # (one file, no pipe: a pipe into head broke grep under pipefail, exit 141)
+fi
 {
   echo "# bench/smpi/layer_check.sh, $(date -u +%Y-%m-%dT%H:%MZ), SimGrid $(smpirun -version 2>/dev/null | head -1 | sed 's/.*SimGrid version //'), $((nodes * 8)) simulated ranks"
   echo
