@@ -263,8 +263,7 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
   std::int64_t h = 0;
   for (int u = 0; u < U; ++u) h = std::max(h, a.query_heads.count(u));
   const std::int64_t Dv = shape.v_head_dim ? shape.v_head_dim : shape.head_dim;
-  // A transfer step moves its largest carried block somewhere (the sources of a step are all R
-  // ring ranks), and the lockstep ring waits for it: the step costs that block's message.
+  // A transfer step costs its largest carried block's message: the lockstep ring waits for it.
   const std::vector<double> carried = ring_carried_bytes(part, causal, block, allgather);
   std::vector<double> rank_compute(static_cast<std::size_t>(R), 0.0);  // each ring rank's whole attention
   double pairs = 0;
