@@ -141,8 +141,8 @@ namespace detail {
 /// both communicators (each records it in its ExchangeState; a communicator without one: always
 /// due). What distributed_attention() asks before each call: the configuration is agreed at a
 /// plan's first call on its communicators, as a Plan's own record is at its first exchange, and a
-/// later call with the same plan gathers nothing (four small collectives a layer saved: on the
-/// simulated cluster, about 20 µs a call when the ring crosses nodes).
+/// later call with the same plan gathers nothing (four small collectives a layer saved; what that
+/// is worth: docs/cost-model.md, "Packed documents").
 template <class UlyssesComm, class RingComm>
 bool ring_config_due(const Plan& plan, UlyssesComm& ulysses, RingComm& ring) {
   if constexpr (comm_traits<UlyssesComm>::exchange_state && comm_traits<RingComm>::exchange_state)
