@@ -42,19 +42,20 @@ std::vector<std::byte> block_of(int j, int u, std::size_t n) {
 /// the documented order, where it is carried (up to its last use: RingPlan::last_use()); `b0`,
 /// `b1` the rotation's buffers (this rank's block is written into b0).
 template <class Comm>
-static int forward_errors(Comm& ring, const RingPlan& rp, int j, int u, std::byte* b0, std::byte* b1, RingProgress pr) {
+static int forward_errors(Comm& ring, const RingPlan& rp, int j, int u, std::byte* b0, std::byte* b1, RingProgress pr,
+                          RingAccess ac = RingAccess::copy) {
   const int R = rp.steps();
   const std::vector<std::size_t> bytes = rp.block_bytes();
   const std::size_t cap = rp.kv_buffer_bytes();
   const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
   std::memcpy(b0, own.data(), own.size());
-  RingRotation<Comm> rot(ring, rp, RingBuffers().kv(b0, cap, b1, cap), pr);
+  RingRotation<Comm> rot(ring, rp, RingBuffers().kv(b0, cap, b1, cap), pr, ac);
   int bad = 0;
   for (int s = 0; s < R; ++s) {
     rot.start(s);
     const int src = rot.source(s);
     const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
-    if (src != ((j - s) % R + R) % R || rot.carried(s) != (s == 0 || s <= rp.last_use(src))) ++bad;
+    if (src != ((j - s) % R + R) % R || rot.carried(s) != (s == 0 || ac == RingAccess::zero_copy || s <= rp.last_use(src))) ++bad;
     if (rot.carried(s) && std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
     rot.finish(s);
   }
@@ -65,7 +66,7 @@ static int forward_errors(Comm& ring, const RingPlan& rp, int j, int u, std::byt
 /// order; `k0`, `k1`, `g0`, `g1` the rotation's buffers (null: vectors of the plan's sizes).
 template <class Comm>
 static void check_backward_rotation(Comm& ring, const RingPlan& rp, int j, int u, std::byte* k0 = nullptr, std::byte* k1 = nullptr,
-                                    std::byte* g0 = nullptr, std::byte* g1 = nullptr) {
+                                    std::byte* g0 = nullptr, std::byte* g1 = nullptr, RingAccess ac = RingAccess::copy) {
   const int R = rp.steps();
   const std::vector<std::size_t> bytes = rp.block_bytes();
   auto floats = [&](int src) { return rp.grad_bytes()[static_cast<std::size_t>(src)] / sizeof(float); };  // block src's accumulator
@@ -75,15 +76,17 @@ static void check_backward_rotation(Comm& ring, const RingPlan& rp, int j, int u
   std::memcpy(k0, own.data(), own.size());
   auto contrib = [](int rank, int src, std::size_t e) { return static_cast<float>(1.0 / (1 + rank + 3 * src)) + static_cast<float>(e % 7) * 1e6f; };
   const std::size_t kb = rp.kv_buffer_bytes(), gb = rp.grad_buffer_bytes();
-  RingGradRotation<Comm> rot(ring, rp, RingBuffers().kv(k0, kb, k1, kb).grad(g0, gb, g1, gb));
+  RingGradRotation<Comm> rot(ring, rp, RingBuffers().kv(k0, kb, k1, kb).grad(g0, gb, g1, gb), RingProgress::automatic, ac);
+  int bad = 0;
   for (int s = 0; s < R; ++s) {
     rot.start(s);
+    const auto want = block_of(rot.source(s), u, bytes[static_cast<std::size_t>(rot.source(s))]);
+    if (rot.carried(s) && std::memcmp(rot.block(s), want.data(), want.size()) != 0) ++bad;
     rot.finish(s);
     float* g = rot.template grad<float>(s);
     for (std::size_t e = 0; e < floats(rot.source(s)); ++e) g[e] = s == 0 ? contrib(j, rot.source(s), e) : g[e] + contrib(j, rot.source(s), e);
   }
   const float* home = rot.template home<float>();
-  int bad = 0;
   for (std::size_t e = 0; e < floats(j); ++e) {
     float want = contrib(j, j, e);
     for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
@@ -247,6 +250,62 @@ TEST_CASE("MPI ring on the window: blocks read in place from the sender's slot, 
     for (int s = 0; s < W; ++s) bad.start(s), bad.finish(s);
   });
   CHECK((e == Errc::plan_mismatch || e == Errc::aborted));
+}
+
+TEST_CASE("MPI zero-copy ring on the window: every block read where its owner keeps it, no copy; bit-exact, both directions; misuse coded on every rank") {
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  const Mesh mesh(W, 1, W, W);
+  const AttentionSpecs specs = attention_specs<float>(1, AttentionShape{8, 4, 16, 8}, HeadPolicy::balanced);
+  const RingPlan rp(RingPartition(1000 + 7 * W, 1, W, RingLayout::zigzag), mesh, w, 1, specs, true);
+  const std::size_t kb = rp.kv_buffer_bytes(), gb = rp.grad_buffer_bytes();
+  MPI_Comm second = MPI_COMM_NULL, third = MPI_COMM_NULL;  // each case that fails leaves its MpiComm broken: the next takes another
+  MPI_Comm_dup(MPI_COMM_WORLD, &second);
+  MPI_Comm_dup(MPI_COMM_WORLD, &third);
+  {  // over MpiComm: refused, alike on every rank, before any message
+    MpiComm mpi(third);
+    std::vector<std::byte> b0(kb), b1(kb);
+    CHECK(ut::code_of([&] { RingRotation<MpiComm> rot(mpi, rp, RingBuffers().kv(b0, b1), RingProgress::in_start, RingAccess::zero_copy); }) ==
+          Errc::invalid_shape);
+  }
+  {
+    MpiComm mpi(MPI_COMM_WORLD);
+    MpiWindow win(mpi, 2 * (kb + gb) + 4 * 4096);
+    const WindowSpan k0 = win.allocate(kb), k1 = win.allocate(kb), g0 = win.allocate(gb), g1 = win.allocate(gb);
+    MpiWindowComm ring(mpi, win);
+    static_assert(detail::ring_zero_copy_v<MpiWindowComm> && !detail::ring_zero_copy_v<MpiComm>, "zero-copy needs mapped peers");
+    std::vector<RingProgress> modes{RingProgress::in_start};
+    if (thread_level >= MPI_THREAD_SERIALIZED) modes.push_back(RingProgress::thread);
+    for (RingProgress pr : modes)
+      for (int layer = 0; layer < 2; ++layer) CHECK(forward_errors(ring, rp, w, 0, k0.data(), k1.data(), pr, RingAccess::zero_copy) == 0);
+    CHECK(ring.staged_bytes() == 0);
+    std::memset(k1.data(), 0x5a, kb);
+    check_backward_rotation(ring, rp, w, 0, k0.data(), k1.data(), g0.data(), g1.data(), RingAccess::zero_copy);
+    CHECK(k1.data()[kb - 1] == std::byte{0x5a});  // the second buffer never received a block
+    const RingPlan cp(RingPartition(1000 + 7 * W, 1, W, RingLayout::contiguous), mesh, w, 1, specs, true);
+    CHECK(forward_errors(ring, cp, w, 0, k0.data(), k1.data(), RingProgress::in_start, RingAccess::zero_copy) == 0);
+    check_backward_rotation(ring, cp, w, 0, k0.data(), k1.data(), g0.data(), g1.data(), RingAccess::zero_copy);
+    // One rank on the copy access: a coded error on every rank (plan_mismatch where it is seen, aborted elsewhere).
+    const Errc mixed = ut::code_of([&] {
+      forward_errors(ring, rp, w, 0, k0.data(), k1.data(), RingProgress::in_start, w == W - 1 ? RingAccess::copy : RingAccess::zero_copy);
+    });
+    CHECK((mixed == Errc::plan_mismatch || mixed == Errc::aborted));
+  }
+  {  // rank 0's block outside the window: invalid_shape there, and its peers hear of it (aborted), within the deadline
+    MpiComm fresh(second);
+    MpiWindow win(fresh, 2 * kb + 4096);
+    const WindowSpan k0 = win.allocate(kb), k1 = win.allocate(kb);
+    MpiWindowComm ring(fresh, win, std::chrono::seconds(20));
+    std::vector<std::byte> own(kb);
+    const ut::TimedError e = ut::timed_error_of([&] {
+      forward_errors(ring, rp, w, 0, w == 0 ? own.data() : k0.data(), k1.data(), RingProgress::in_start, RingAccess::zero_copy);
+    });
+    CHECK(e.code == (w == 0 ? Errc::invalid_shape : Errc::aborted));
+    CHECK(e.ms < 10000.0);
+  }
+  MPI_Comm_free(&second);
+  MPI_Comm_free(&third);
 }
 
 TEST_CASE("MPI split_ring: a mesh that does not tile the world names ranks_per_node as passed (0: the nodes MPI finds), not 1") {

@@ -50,7 +50,8 @@ void on_rings(int U, int R, F f) {
 }
 }  // namespace
 
-TEST_CASE("forward rotation: every block once, in order, bit-exact; P = U x R up to 16; both progress modes") {
+TEST_CASE("forward rotation: every block once, in order, bit-exact; P = U x R up to 16; both progress modes, copied and zero-copy") {
+  for (RingAccess ac : {RingAccess::copy, RingAccess::zero_copy})
   for (RingProgress pr : {RingProgress::thread, RingProgress::in_start})
     for (int U = 1; U <= 4; ++U)
       for (int R = 1; U * R <= 16; ++R) {
@@ -62,7 +63,8 @@ TEST_CASE("forward rotation: every block once, in order, bit-exact; P = U x R up
           std::vector<std::byte> b0(cap), b1(cap);
           const auto own = block_of(j, u, bytes[static_cast<std::size_t>(j)]);
           std::memcpy(b0.data(), own.data(), own.size());
-          RingRotation<LocalGroup::Comm> rot(c, bytes, RingBuffers().kv(b0, b1), pr);
+          RingRotation<LocalGroup::Comm> rot(c, bytes, RingBuffers().kv(b0, b1), pr, 1, ac);
+          if (rot.access() != ac) ++bad[static_cast<std::size_t>(j * U + u)];
           std::vector<int> seen(static_cast<std::size_t>(R), 0);
           for (int layer = 0; layer < 2; ++layer) {  // the same object runs a second ring (own block back in buffer 0)
             std::memcpy(b0.data(), own.data(), own.size());
@@ -73,18 +75,22 @@ TEST_CASE("forward rotation: every block once, in order, bit-exact; P = U x R up
               const auto want = block_of(src, u, bytes[static_cast<std::size_t>(src)]);
               if (rot.block_bytes(s) != want.size() || std::memcmp(rot.block(s), want.data(), want.size()) != 0)
                 ++bad[static_cast<std::size_t>(j * U + u)];
+              if (ac == RingAccess::zero_copy && s > 0 && rot.block(s) == b0.data()) ++bad[static_cast<std::size_t>(j * U + u)];
               ++seen[static_cast<std::size_t>(src)];
               rot.finish(s);
             }
           }
           for (int x : seen)
             if (x != 2) ++bad[static_cast<std::size_t>(j * U + u)];
+          if (ac == RingAccess::zero_copy && std::memcmp(b1.data(), std::vector<std::byte>(cap).data(), cap) != 0)
+            ++bad[static_cast<std::size_t>(j * U + u)];  // zero-copy: nothing was copied into buffer 1
         });
         for (int x : bad) CHECK(x == 0);
       }
 }
 
-TEST_CASE("backward rotation: dk|dv accumulators travel with their block and come home summed in step order") {
+TEST_CASE("backward rotation: dk|dv accumulators travel with their block and come home summed in step order; copied and zero-copy") {
+  for (RingAccess ac : {RingAccess::copy, RingAccess::zero_copy})
   for (RingProgress pr : {RingProgress::thread, RingProgress::in_start})
     for (int R : {1, 2, 3, 5, 8}) {
       const int U = 2;
@@ -99,7 +105,7 @@ TEST_CASE("backward rotation: dk|dv accumulators travel with their block and com
         std::vector<float> g0(n), g1(n);
         const auto own = block_of(j, u, 16);
         std::memcpy(k0.data(), own.data(), 16);
-        RingGradRotation<LocalGroup::Comm> rot(c, kvb, gb, RingBuffers().kv(k0, k1).grad(g0, g1), pr);
+        RingGradRotation<LocalGroup::Comm> rot(c, kvb, gb, RingBuffers().kv(k0, k1).grad(g0, g1), pr, 1, ac);
         for (int s = 0; s < R; ++s) {
           rot.start(s);
           const int src = rot.source(s);
@@ -110,6 +116,7 @@ TEST_CASE("backward rotation: dk|dv accumulators travel with their block and com
           for (std::size_t e = 0; e < n; ++e) g[e] = s == 0 ? contrib(j, src, e) : g[e] + contrib(j, src, e);
         }
         const float* home = rot.home<float>();
+        if (ac == RingAccess::zero_copy && home != g0.data()) ++bad[static_cast<std::size_t>(j * U + u)];  // added in place, in its owner's g0
         for (std::size_t e = 0; e < n; ++e) {
           float want = contrib(j, j, e);  // ((c_j + c_{j+1}) + c_{j+2}) + ...
           for (int s = 1; s < R; ++s) want = want + contrib((j + s) % R, j, e);
@@ -387,4 +394,31 @@ TEST_CASE("RingPlan and the rotation over it: coded errors") {
   for (Errc e : got) CHECK(e == Errc::buffer_too_small);
   CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> rot(c, rp, RingBuffers().kv(a.data(), a.size() * 4, nullptr, 0)); }) ==
         Errc::comm_mismatch);  // the size check comes first
+}
+
+TEST_CASE("zero-copy: ranks that mix RingAccess::copy and zero_copy get a coded error on every rank, never a hang or a wrong block") {
+  for (int R : {2, 3, 4})
+    for (int odd : {0, R - 1}) {  // the rank that runs the other access
+      LocalGroup g(R, std::chrono::seconds(5));
+      std::vector<std::string> errs(static_cast<std::size_t>(R));
+      std::vector<std::thread> th;
+      for (int j = 0; j < R; ++j)
+        th.emplace_back([&, j] {
+          std::vector<std::byte> b0(16), b1(16);
+          try {
+            LocalGroup::Comm c = g.comm(j);
+            RingRotation<LocalGroup::Comm> rot(c, std::vector<std::size_t>(static_cast<std::size_t>(R), 16), RingBuffers().kv(b0, b1),
+                                               RingProgress::in_start, 1, j == odd ? RingAccess::zero_copy : RingAccess::copy);
+            for (int s = 0; s < R; ++s) rot.start(s), rot.finish(s);
+          } catch (const Error& e) {
+            errs[static_cast<std::size_t>(j)] = std::string(to_string(e.code())) + ": " + e.what();
+          }
+        });
+      for (auto& t : th) t.join();
+      for (int j = 0; j < R; ++j) {
+        INFO("R=" << R << " odd=" << odd << " rank " << j << ": " << errs[static_cast<std::size_t>(j)]);
+        CHECK(errs[static_cast<std::size_t>(j)] != "");
+        CHECK(errs[static_cast<std::size_t>(j)].find("timeout") == std::string::npos);
+      }
+    }
 }

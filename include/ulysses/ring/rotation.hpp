@@ -100,10 +100,15 @@ class RingRotation {
   ///                  each, in the communicator's memory; kv0 holds this rank's own block (k then
   ///                  v, RingKvBlock) before start(0) (kv<T>(0) points into it)
   /// @param progress  how the exchange overlaps (RingProgress)
+  /// @param access    how step s's block is reached (RingAccess; every ring rank the same):
+  ///                  zero_copy needs kv0 in the window (MpiWindowComm) and LocalGroup::Comm or MpiWindowComm
   /// @throws Error(comm_mismatch) ring.size() != R (e.g. a ring group of one rank for R = 2: the
-  ///         misconfigured hybrid of bug case C14); Error(buffer_too_small) a buffer null or smaller than a block.
-  RingRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
-      : bytes_(plan.block_bytes()), last_use_(plan.last_uses()), poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()) {
+  ///         misconfigured hybrid of bug case C14); Error(buffer_too_small) a buffer null or smaller than a block;
+  ///         Error(invalid_shape) zero_copy over a communicator that cannot map its peers, or kv0 outside the window slot.
+  RingRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic,
+               RingAccess access = RingAccess::copy)
+      : bytes_(plan.block_bytes()), last_use_(plan.last_uses()), poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()),
+        access_(access), shared_(ring) {
     for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
     init(ring, buffers.kv_buffers());
   }
@@ -114,10 +119,11 @@ class RingRotation {
   /// @param buffers     `RingBuffers().kv(b0, b1)`: two buffers of at least the largest block each
   /// @param progress    how the exchange overlaps (RingProgress)
   /// @param messages    pieces a block goes in over messages (RingConfig::messages; every ring rank the same)
+  /// @param access      how step s's block is reached (RingAccess), as above
   /// @throws as above; Error(invalid_shape) messages outside [1, kMaxRingMessages].
   RingRotation(Comm& ring, std::vector<std::size_t> block_bytes, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic,
-               int messages = 1)
-      : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress), messages) {
+               int messages = 1, RingAccess access = RingAccess::copy)
+      : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress), messages), access_(access), shared_(ring) {
     init(ring, buffers.kv_buffers());
   }
 
@@ -131,15 +137,21 @@ class RingRotation {
   /// The buffer holding step s's block (buffer s % 2); valid from finish(s − 1) (from the
   /// construction for s = 0) until start(s + 1). Over a RingPlan, a block past its last use
   /// (carried(s) false: no ring rank attends it from step s on) is not sent, and block(s) then
-  /// holds stale bytes: the step's work is empty. @throws Error(invalid_group) s outside [0, R).
+  /// holds stale bytes: the step's work is empty. RingAccess::zero_copy: ring rank source(s)'s
+  /// own buffer kv0 (read it only: its owner's), valid from start(0) until finish(R − 1).
+  /// @throws Error(invalid_group) s outside [0, R).
   std::byte* block(int s) const {
     check_step(s);
+    if (access_ == RingAccess::zero_copy && s > 0) return shared_.at(0, source(s));
     return buf_[s % 2];
   }
+  RingAccess access() const { return access_; }  ///< how step s's block is reached
   /// Whether step s's block arrives (s = 0: the rank's own, always): true for a rotation made
   /// from block sizes; over a RingPlan, whether s <= plan.last_use(source(s)).
   /// @throws Error(invalid_group) s outside [0, R).
-  bool carried(int s) const { return s == 0 || detail::ring_hop_carries(last_use_, source(s), s - 1); }
+  bool carried(int s) const {
+    return s == 0 || access_ == RingAccess::zero_copy || detail::ring_hop_carries(last_use_, source(s), s - 1);
+  }
   /// Step s's block typed: k and v of the block (T: the element type, of the plan's size).
   /// @throws Error(invalid_group) s outside [0, R); Error(tensor_mismatch) sizeof(T) is not the
   ///         element size, or a rotation made without a RingPlan.
@@ -168,6 +180,10 @@ class RingRotation {
                                               "; steps run 0 .. R-1 in order, each start() followed by its finish()");
       ++next_;
       open_ = true;
+      if (access_ == RingAccess::zero_copy) {  // the blocks' addresses once; the steps move nothing
+        if (s == 0 && R_ > 1) shared_.open(buf_, &bytes_, 1);
+        return;
+      }
       if (s + 1 >= R_) return;
       const bool out = detail::ring_hop_carries(last_use_, source(s), s), in = carried(s + 1);  // (0 bytes past a last use: no message)
       const Message send{(r_ + 1) % R_, buf_[s % 2], out ? block_bytes(s) : 0};
@@ -184,6 +200,7 @@ class RingRotation {
       detail::check_finish("RingRotation", s, next_, open_);
       open_ = false;
       poster_.wait();
+      if (access_ == RingAccess::zero_copy && s + 1 == R_ && R_ > 1) shared_.sync();  // no owner rewrites its block while a peer reads it
     });
     if (s + 1 == R_) next_ = 0;  // a rotation object can run the next layer's ring
   }
@@ -198,6 +215,7 @@ class RingRotation {
       detail::check_ring_buffers("RingRotation", "block", b, bytes_);
       buf_[0] = b.first;
       buf_[1] = b.second;
+      if (access_ == RingAccess::zero_copy) shared_.check("RingRotation", buf_, &bytes_[static_cast<std::size_t>(r_)], 1);
     });
   }
   void check_step(int s) const {
@@ -208,6 +226,8 @@ class RingRotation {
   std::vector<int> last_use_;        // by ring rank: RingPlan::last_use() (empty: made without a plan, every block carried)
   std::vector<RingKvBlock> shapes_;  // by ring rank (empty: made without a plan)
   detail::RingPoster<Comm> poster_;
+  RingAccess access_;
+  detail::RingSharedBlocks<Comm> shared_;  // RingAccess::zero_copy: every ring rank's kv0
   std::byte* buf_[2] = {nullptr, nullptr};
   int R_ = 1, r_ = 0, next_ = 0;
   bool open_ = false;  // a step started and not finished
@@ -233,10 +253,13 @@ class RingGradRotation {
   /// @param buffers  `RingBuffers().kv(kv0, kv1).grad(g0, g1)`: the kv buffers as RingRotation's,
   ///                 and two fp32 dk|dv accumulators of at least plan.grad_buffer_bytes() each
   ///                 (g0 holds step 0's accumulator)
-  /// @throws as RingRotation (comm_mismatch; buffer_too_small, also for the accumulators).
-  RingGradRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic)
+  /// @param access   as RingRotation's; zero_copy: grad(s) is ring rank source(s)'s own g0 (each
+  ///                 step adds into its owner's accumulator, in the same order), kv0 and g0 in the window
+  /// @throws as RingRotation (comm_mismatch; buffer_too_small, also for the accumulators; invalid_shape).
+  RingGradRotation(Comm& ring, const RingPlan& plan, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic,
+                   RingAccess access = RingAccess::copy)
       : kv_(plan.block_bytes()), gr_(plan.grad_bytes()), last_use_(plan.last_uses()),
-        poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()) {
+        poster_(ring, detail::resolve_progress<Comm>(progress), plan.messages()), access_(access), shared_(ring) {
     for (int j = 0; j < plan.steps(); ++j) shapes_.push_back(plan.kv_block_of(j));
     init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
@@ -247,10 +270,12 @@ class RingGradRotation {
   /// @param buffers     `RingBuffers().kv(b0, b1).grad(g0, g1)`
   /// @param progress    how the exchange overlaps (RingProgress)
   /// @param messages    pieces a block (and an accumulator) goes in over messages (every ring rank the same)
+  /// @param access      how step s's block and accumulator are reached (RingAccess), as above
   /// @throws as above; Error(invalid_shape) messages outside [1, kMaxRingMessages].
   RingGradRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::vector<std::size_t> grad_bytes, const RingBuffers& buffers,
-                   RingProgress progress = RingProgress::automatic, int messages = 1)
-      : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress), messages) {
+                   RingProgress progress = RingProgress::automatic, int messages = 1, RingAccess access = RingAccess::copy)
+      : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress), messages),
+        access_(access), shared_(ring) {
     init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
 
@@ -261,13 +286,18 @@ class RingGradRotation {
     check_step(s, R_);
     return ((r_ - s) % R_ + R_) % R_;
   }
-  /// The kv buffer of step s (s % 2), as RingRotation::block() (stale bytes where carried(s) is false).
+  /// The kv buffer of step s (s % 2), as RingRotation::block() (stale bytes where carried(s) is false;
+  /// RingAccess::zero_copy: ring rank source(s)'s kv0, valid from start(0) until home()).
   std::byte* block(int s) const {
     check_step(s, R_);
+    if (access_ == RingAccess::zero_copy && s > 0) return shared_.at(0, source(s));
     return kvb_[s % 2];
   }
+  RingAccess access() const { return access_; }  ///< how step s's block and accumulator are reached
   /// Whether step s's kv block arrives, as RingRotation::carried(); the accumulators always travel.
-  bool carried(int s) const { return s == 0 || detail::ring_hop_carries(last_use_, source(s), s - 1); }
+  bool carried(int s) const {
+    return s == 0 || access_ == RingAccess::zero_copy || detail::ring_hop_carries(last_use_, source(s), s - 1);
+  }
   /// Step s's block typed, as RingRotation::kv().
   template <class T>
   RingKvView<T> kv(int s) const {
@@ -279,9 +309,11 @@ class RingGradRotation {
   }
   /// The accumulator buffer of step s (s % 2): after finish(s) it holds the sum of the
   /// contributions of the ring ranks before this one to block source(s) (nothing for s = 0: the
-  /// caller's start); add this rank's contribution to it before start(s + 1).
+  /// caller's start); add this rank's contribution to it before start(s + 1). RingAccess::zero_copy:
+  /// ring rank source(s)'s own g0, which no other rank touches between finish(s) and start(s + 1).
   std::byte* grad(int s) const {
     check_step(s, R_);
+    if (access_ == RingAccess::zero_copy && s > 0) return shared_.at(1, source(s));
     return gb_[s % 2];
   }
   /// grad(s) as fp32 (dk [B, L, Hkv, D] then dv [B, L, Hkv, Dv]).
@@ -301,7 +333,14 @@ class RingGradRotation {
                                               std::to_string(next_) + (open_ ? ", after the finish() of the step started last" : "") + ")");
       ++next_;
       open_ = true;
-      post_step(s);
+      if (access_ == RingAccess::copy) return post_step(s);
+      if (R_ == 1) return;
+      if (s == 0) {  // every ring rank's kv0 and g0, once
+        std::byte* own[2] = {kvb_[0], gb_[0]};
+        shared_.open(own, sizes_, 2);
+      } else {
+        shared_.sync();  // every ring rank added its step s − 1 contribution: the next adds follow them
+      }
     });
   }
   /// Completes step s's exchange: block(s + 1) and grad(s) hold what came from ring rank r − 1.
@@ -322,6 +361,11 @@ class RingGradRotation {
     if (next_ != R_ || open_) detail::fail(Errc::invalid_group, "RingGradRotation: home() before the last step's start()/finish()");
     next_ = 0;
     if (R_ == 1) return gb_[0];
+    if (access_ == RingAccess::zero_copy) {  // every ring rank added its last contribution (and read its last block)
+      detail::begin_call(poster_.comm(), "the backward ring's last step", detail::ring_call_word(R_, poster_.messages()));
+      detail::tell_peers_on_failure(poster_.comm(), r_, "the backward ring's last step", [&] { shared_.sync(); });
+      return gb_[0];
+    }
     const Message send{(r_ + 1) % R_, gb_[(R_ - 1) % 2], gr_[static_cast<std::size_t>(source(R_ - 1))]};
     const Message recv{(r_ + R_ - 1) % R_, gb_[R_ % 2], gr_[static_cast<std::size_t>(r_)]};
     detail::begin_call(poster_.comm(), "the backward ring's last step", detail::ring_call_word(R_, poster_.messages()));
@@ -371,6 +415,11 @@ class RingGradRotation {
       kvb_[1] = kvp.second;
       gb_[0] = gp.first;
       gb_[1] = gp.second;
+      std::byte* own[2] = {kvb_[0], gb_[0]};
+      const std::size_t own_bytes[2] = {kv_[static_cast<std::size_t>(r_)], gr_[static_cast<std::size_t>(r_)]};
+      if (access_ == RingAccess::zero_copy) shared_.check("RingGradRotation", own, own_bytes, 2);
+      sizes_[0] = kv_;
+      sizes_[1] = gr_;
     });
   }
   static void check_step(int s, int R) {
@@ -380,6 +429,9 @@ class RingGradRotation {
   std::vector<int> last_use_;        // by ring rank, as RingRotation's
   std::vector<RingKvBlock> shapes_;  // by ring rank (empty: made without a plan)
   detail::RingPoster<Comm> poster_;
+  RingAccess access_;
+  detail::RingSharedBlocks<Comm> shared_;  // RingAccess::zero_copy: every ring rank's kv0 and g0
+  std::vector<std::size_t> sizes_[2];      // (kv_ and gr_, as shared_ reads them)
   std::byte* kvb_[2] = {nullptr, nullptr};
   std::byte* gb_[2] = {nullptr, nullptr};
   int R_ = 1, r_ = 0, next_ = 0;

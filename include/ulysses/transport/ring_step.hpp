@@ -40,6 +40,16 @@ enum class Progress : std::int32_t {
 /// The ring's name of Progress (RingConfig, the rotations): the same type.
 using RingProgress = Progress;
 
+/// How a ring rotation reaches the block of step s (docs/ring.md, "Zero-copy").
+enum class RingAccess : std::int32_t {
+  copy = 0,       ///< each step copies the next block into the rank's double buffer (messages, or one copy
+                  ///< from the sender's window slot); the rank's block may live anywhere
+  zero_copy = 1,  ///< no step copies: block(s) points at ring rank source(s)'s own buffer, read in place
+                  ///< (MpiWindowComm with the buffers in the window, LocalGroup::Comm); the rotation costs
+                  ///< two synchronisations (the backward: R + 1), and every rank's block stays in its
+                  ///< buffer until the rotation ends
+};
+
 namespace detail {
 
 /// How a rotation's blocks move on Comm (docs/ring.md, "Transports"): read in place from the
@@ -56,6 +66,10 @@ template <class C, class = void>
 struct has_allows_worker_thread : std::false_type {};
 template <class C>
 struct has_allows_worker_thread<C, std::void_t<decltype(bool{std::declval<const C&>().allows_worker_thread()})>> : std::true_type {};
+
+/// The `layouts` marks of a zero-copy rotation's records (RingSharedBlocks: its open() and its
+/// sync()); the copy path publishes the fnv hash of its block sizes, and each side refuses the other's.
+inline constexpr std::uint64_t kRingZeroCopyOpen = 0x7a65726f636f7079ull, kRingZeroCopySync = 0x7a65726f73796e63ull;
 
 /// The exchanges of a rotation: one step's lists (every send to ring rank r + 1, every receive
 /// from r − 1), run now, posted now and completed at wait() (a split-phase communicator:
@@ -171,6 +185,11 @@ class RingPoster {
   static void read_in_place(void* ctx, const void* const* all) {
     if constexpr (ring_reads_in_place_v<Comm>) {
       auto& self = *static_cast<RingPoster*>(ctx);
+      const int prev = self.whole_recv_.empty() ? 0 : self.whole_recv_[0].peer;
+      const std::uint64_t mark = static_cast<const PeerRecord*>(all[prev])->layouts;
+      if (mark == kRingZeroCopyOpen || mark == kRingZeroCopySync)
+        fail(Errc::plan_mismatch, "ring rotation: ring rank " + std::to_string(prev) + " runs RingAccess::zero_copy, this rank "
+                                  "RingAccess::copy; every ring rank must run the same ring plan and RingAccess");
       for (std::size_t i = 0; i < self.whole_recv_.size(); ++i) {
         const Message& m = self.whole_recv_[i];
         const auto& from = *static_cast<const PeerRecord*>(all[m.peer]);
@@ -213,6 +232,106 @@ class RingPoster {
   CrossMemoryReader reader_;  // the in-place reads of blocks outside the sender's window slot
   Exchange exchange_{this};
   std::unique_ptr<Worker> worker_;  // last: destroyed (after its job) first
+};
+
+/// Whether Comm's window can say if a buffer lies in this rank's slot (`comm.window().contains(p, n)`: MpiWindowComm).
+template <class C, class = void>
+struct has_window_contains : std::false_type {};
+template <class C>
+struct has_window_contains<C, std::void_t<decltype(bool{std::declval<const C&>().window().contains(std::declval<const void*>(), std::size_t{})})>>
+    : std::true_type {};
+
+/// Whether a rotation over Comm can run RingAccess::zero_copy: its with_peers() maps the peers'
+/// memory for good (one address space: LocalGroup::Comm; or a window whose slots stay mapped and
+/// that says which buffers lie in them: MpiWindowComm), host memory.
+template <class Comm>
+inline constexpr bool ring_zero_copy_v = comm_traits<Comm>::with_peers && !comm_traits<Comm>::device_memory &&
+                                         (comm_traits<Comm>::one_address_space || has_window_contains<Comm>::value);
+
+/// The peers' buffers of a zero-copy rotation (RingAccess::zero_copy): open() publishes this
+/// rank's buffers (its own kv block; in the backward also its accumulator) through one
+/// with_peers() and keeps every ring rank's address in this process, valid while the owners keep
+/// them (every owner's rotation ends in sync(), so none rewrites its block while a peer reads it);
+/// sync() is a with_peers() with nothing to read: it returns once every ring rank has reached it.
+/// A rank of the other access meets a record of another mark: Error(plan_mismatch).
+template <class Comm>
+class RingSharedBlocks {
+ public:
+  static constexpr std::uint64_t kOpenMark = kRingZeroCopyOpen, kSyncMark = kRingZeroCopySync;
+  explicit RingSharedBlocks(Comm& comm) noexcept : comm_(comm) {}
+  /// Checks what zero-copy needs, before any collective. @throws Error(invalid_shape) Comm cannot
+  /// map its peers' buffers; a buffer (n of them, bytes[i] each) outside this rank's window slot.
+  void check(const char* who, std::byte* const* own, const std::size_t* bytes, std::size_t n) const {
+    if constexpr (!ring_zero_copy_v<Comm>) {
+      (void)own;
+      (void)bytes;
+      (void)n;
+      fail(Errc::invalid_shape, std::string(who) + ": RingAccess::zero_copy reads the peers' buffers in place, which this communicator "
+                                                   "cannot map (use MpiWindowComm or LocalGroup::Comm, or RingAccess::copy)");
+    } else if constexpr (!comm_traits<Comm>::one_address_space) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (bytes[i] && !comm_.window().contains(own[i], bytes[i]))
+          fail(Errc::invalid_shape, std::string(who) + ": RingAccess::zero_copy: this rank's " + (i ? "accumulator" : "kv block") + " (" +
+                                        std::to_string(bytes[i]) + " bytes) lies outside its window slot; the peers read it in place, so "
+                                        "allocate the rotation's buffers from the MpiWindow (or use RingAccess::copy)");
+    }
+  }
+  /// Publishes own[0 .. n) (n <= 2) and keeps every ring rank's: sizes[i][j] is ring rank j's
+  /// buffer i. Collective over the ring. @throws Error(plan_mismatch) a rank publishes other
+  /// sizes, or runs the copy access; the communicator's errors.
+  void open(std::byte* const* own, const std::vector<std::size_t>* sizes, std::size_t n) {
+    PeerRecord mine;
+    mine.count = static_cast<int>(n);
+    mine.layouts = kOpenMark;
+    for (std::size_t i = 0; i < n; ++i) {
+      mine.data[i] = own[i];
+      mine.bytes[i] = mine.read_bytes[i] = sizes[i][static_cast<std::size_t>(comm_.rank())];
+    }
+    sizes_ = sizes;
+    n_ = n;
+    if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, &RingSharedBlocks::keep, this);  // (else check() refused it)
+  }
+  /// Returns once every ring rank has called it. Collective over the ring.
+  /// @throws Error(plan_mismatch) a rank is elsewhere in its rotation; the communicator's errors.
+  void sync() {
+    PeerRecord mine;
+    mine.layouts = kSyncMark;
+    if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, &RingSharedBlocks::check_sync, this);
+  }
+  /// Ring rank j's buffer i (after open()).
+  std::byte* at(std::size_t i, int j) const { return ptr_[i][static_cast<std::size_t>(j)]; }
+
+ private:
+  static void keep(void* ctx, const void* const* all) {
+    auto& self = *static_cast<RingSharedBlocks*>(ctx);
+    const int R = self.comm_.size();
+    for (std::size_t i = 0; i < self.n_; ++i) self.ptr_[i].assign(static_cast<std::size_t>(R), nullptr);
+    for (int j = 0; j < R; ++j) {
+      const auto& from = *static_cast<const PeerRecord*>(all[j]);
+      for (std::size_t i = 0; i < self.n_; ++i) {
+        const std::size_t want = self.sizes_[i][static_cast<std::size_t>(j)];
+        const bool ok = from.layouts == kOpenMark && from.count == static_cast<int>(self.n_) && from.bytes[i] == want && (from.data[i] || !want);
+        if (!ok)
+          fail(Errc::plan_mismatch, "zero-copy ring rotation: ring rank " + std::to_string(j) +
+                                        (from.layouts != kOpenMark ? " runs another access (RingAccess) or step"
+                                                                   : " publishes " + std::to_string(from.bytes[i]) + " bytes where its block has " +
+                                                                         std::to_string(want) + " (or none this process can read)") +
+                                        "; every ring rank must run the same ring plan and RingAccess");
+        self.ptr_[i][static_cast<std::size_t>(j)] = from.data[i];
+      }
+    }
+  }
+  static void check_sync(void* ctx, const void* const* all) {
+    auto& self = *static_cast<RingSharedBlocks*>(ctx);
+    for (int j = 0; j < self.comm_.size(); ++j)
+      if (static_cast<const PeerRecord*>(all[j])->layouts != kSyncMark)
+        fail(Errc::plan_mismatch, "zero-copy ring rotation: ring rank " + std::to_string(j) + " is at another point of its rotation (or runs "
+                                  "RingAccess::copy); every ring rank must run the same ring plan and RingAccess");
+  }
+  Comm& comm_;
+  const std::vector<std::size_t>* sizes_ = nullptr;
+  std::size_t n_ = 0;
+  std::vector<std::byte*> ptr_[2];  // by buffer, by ring rank
 };
 
 /// RingProgress::automatic resolved for Comm.

@@ -125,7 +125,7 @@ float* attention_steps(const DistributedAttentionPlan& p, RC* rc, const std::byt
       using Rot = std::conditional_t<Backward, RingGradRotation<RC>, RingRotation<RC>>;
       RingBuffers bufs = RingBuffers().kv(kv[0], kb, kv[1], kb);
       if constexpr (Backward) bufs.grad(g[0], gb, g[1], gb);
-      Rot rot(*rc, rp, bufs, p.options().progress);
+      Rot rot(*rc, rp, bufs, p.options().progress, p.options().ring_access);
       for (int s = 0; s < p.steps(); ++s) {
         rot.start(s);
         run_then([&] { body(s, rot.block(s)); }, [&] { rot.finish(s); });
