@@ -274,11 +274,13 @@ inline std::vector<float> ring_shard(const RingCase& c, const ulysses::SeqPartit
 /// `backward` distributed_attention_backward()), step_attention() / step_backward() the engine's
 /// kernels. `uc` is the rank's Ulysses group (U ranks, rank = its Ulysses rank), `rc` its ring (R
 /// ranks, rank = its ring rank): LocalGroup::Comm, MpiComm, or any communicator with allgather()
-/// and exchange_messages(). Collective over both. @throws ulysses::Error from the plans, the
-/// check, the exchanges, the ring.
+/// and exchange_messages(). `progress` and `access` are DistributedAttentionOptions' (access
+/// zero_copy: a ring whose ranks map each other's memory, as LocalGroup::Comm). Collective over
+/// both. @throws ulysses::Error from the plans, the check, the exchanges, the ring.
 template <class UlyssesComm, class RingComm>
 RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int w, UlyssesComm& uc, RingComm& rc, bool backward,
-                                   ulysses::RingProgress progress = ulysses::RingProgress::automatic) {
+                                   ulysses::RingProgress progress = ulysses::RingProgress::automatic,
+                                   ulysses::RingAccess access = ulysses::RingAccess::copy) {
   using namespace ulysses;
   const std::optional<Documents> docs = c.cu_seqlens.empty() ? std::nullopt : std::optional<Documents>(Documents(c.cu_seqlens, c.S));
   const SeqPartition world = world_partition(c);
@@ -288,6 +290,7 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   const AttentionSpecs specs = attention_specs<float>(U, shape, policy);
   DistributedAttentionOptions opt;
   opt.progress = progress;
+  opt.ring_access = access;
   std::optional<DistributedAttentionPlan> made;
   std::optional<RingPartition> part;
   int u = 0, j = 0;
@@ -335,7 +338,8 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
 /// Runs the whole hybrid attention of case c on P = U·R threads; returns every world rank's result.
 /// @throws what a rank threw (the first).
 inline std::vector<RingRankResult> run_ring_attention(const RingCase& c, const RingGlobals& g, bool backward,
-                                                      ulysses::RingProgress progress = ulysses::RingProgress::automatic) {
+                                                      ulysses::RingProgress progress = ulysses::RingProgress::automatic,
+                                                      ulysses::RingAccess access = ulysses::RingAccess::copy) {
   using namespace ulysses;
   const int P = c.U * c.R;
   // All-gather KV: one group of P ranks (and a ring of one each, unused); else a Ulysses group per
@@ -349,7 +353,7 @@ inline std::vector<RingRankResult> run_ring_attention(const RingCase& c, const R
   auto rank_main = [&](int w) {
     LocalGroup::Comm uc = ug[static_cast<std::size_t>(w / U)]->comm(w % U);
     LocalGroup::Comm rc = rg[static_cast<std::size_t>(w % U)]->comm(w / U);
-    res[static_cast<std::size_t>(w)] = ring_rank_attention(c, g, w, uc, rc, backward, progress);
+    res[static_cast<std::size_t>(w)] = ring_rank_attention(c, g, w, uc, rc, backward, progress, access);
   };
   std::vector<std::thread> th;
   for (int w = 0; w < P; ++w)

@@ -163,14 +163,26 @@ TEST_CASE("plain Ulysses (no ring communicator): any sequence partition, the sam
     }
 }
 
-TEST_CASE("the same bits with either progress mode, and on every run") {
+TEST_CASE("the same bits with either progress mode, with either ring access (copy, zero_copy), and on every run") {
   rd::RingCase c = ring_case({2, 2, 22, 4, 1, 2, true});
   const rd::RingGlobals g(c);
   const auto a = rd::run_ring_attention(c, g, true, RingProgress::thread);
   const auto b = rd::run_ring_attention(c, g, true, RingProgress::in_start);
   const auto d = rd::run_ring_attention(c, g, true);
+  const auto z = rd::run_ring_attention(c, g, true, RingProgress::automatic, RingAccess::zero_copy);  // each step reads the owner's kv0
+  rd::RingCase c4 = ring_case({1, 4, 29, 4, 2, 2, true});  // R = 4: the backward's adds into the owners' g0 cross three hops
+  const rd::RingGlobals g4(c4);
+  const auto e = rd::run_ring_attention(c4, g4, true);
+  const auto f = rd::run_ring_attention(c4, g4, true, RingProgress::in_start, RingAccess::zero_copy);
+  for (std::size_t w = 0; w < e.size(); ++w) {
+    CHECK(same_bits(e[w].out, f[w].out));
+    CHECK(same_bits(e[w].lse, f[w].lse));
+    CHECK(same_bits(e[w].dq, f[w].dq));
+    CHECK(same_bits(e[w].dk, f[w].dk));
+    CHECK(same_bits(e[w].dv, f[w].dv));
+  }
   for (std::size_t w = 0; w < a.size(); ++w)
-    for (const auto* x : {&b, &d}) {
+    for (const auto* x : {&b, &d, &z}) {
       CHECK(same_bits(a[w].out, (*x)[w].out));
       CHECK(same_bits(a[w].lse, (*x)[w].lse));
       CHECK(same_bits(a[w].dq, (*x)[w].dq));

@@ -302,7 +302,7 @@ TEST_CASE("MPI zero-copy ring on the window: every block read where its owner ke
       forward_errors(ring, rp, w, 0, w == 0 ? own.data() : k0.data(), k1.data(), RingProgress::in_start, RingAccess::zero_copy);
     });
     CHECK(e.code == (w == 0 ? Errc::invalid_shape : Errc::aborted));
-    CHECK(e.ms < 10000.0);
+    CHECK(e.ms < 4000.0);  // the notice, not the 20 s deadline
   }
   MPI_Comm_free(&second);
   MPI_Comm_free(&third);

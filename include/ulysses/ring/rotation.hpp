@@ -181,7 +181,8 @@ class RingRotation {
       ++next_;
       open_ = true;
       if (access_ == RingAccess::zero_copy) {  // the blocks' addresses once; the steps move nothing
-        if (s == 0 && R_ > 1) shared_.open(buf_, &bytes_, 1);
+        const std::vector<std::size_t>* sizes[1] = {&bytes_};
+        if (s == 0 && R_ > 1) shared_.open(buf_, sizes, 1);
         return;
       }
       if (s + 1 >= R_) return;
@@ -337,7 +338,8 @@ class RingGradRotation {
       if (R_ == 1) return;
       if (s == 0) {  // every ring rank's kv0 and g0, once
         std::byte* own[2] = {kvb_[0], gb_[0]};
-        shared_.open(own, sizes_, 2);
+        const std::vector<std::size_t>* sizes[2] = {&kv_, &gr_};
+        shared_.open(own, sizes, 2);
       } else {
         shared_.sync();  // every ring rank added its step s − 1 contribution: the next adds follow them
       }
@@ -418,8 +420,6 @@ class RingGradRotation {
       std::byte* own[2] = {kvb_[0], gb_[0]};
       const std::size_t own_bytes[2] = {kv_[static_cast<std::size_t>(r_)], gr_[static_cast<std::size_t>(r_)]};
       if (access_ == RingAccess::zero_copy) shared_.check("RingGradRotation", own, own_bytes, 2);
-      sizes_[0] = kv_;
-      sizes_[1] = gr_;
     });
   }
   static void check_step(int s, int R) {
@@ -431,7 +431,6 @@ class RingGradRotation {
   detail::RingPoster<Comm> poster_;
   RingAccess access_;
   detail::RingSharedBlocks<Comm> shared_;  // RingAccess::zero_copy: every ring rank's kv0 and g0
-  std::vector<std::size_t> sizes_[2];      // (kv_ and gr_, as shared_ reads them)
   std::byte* kvb_[2] = {nullptr, nullptr};
   std::byte* gb_[2] = {nullptr, nullptr};
   int R_ = 1, r_ = 0, next_ = 0;

@@ -257,7 +257,6 @@ inline constexpr bool ring_zero_copy_v = comm_traits<Comm>::with_peers && !comm_
 template <class Comm>
 class RingSharedBlocks {
  public:
-  static constexpr std::uint64_t kOpenMark = kRingZeroCopyOpen, kSyncMark = kRingZeroCopySync;
   explicit RingSharedBlocks(Comm& comm) noexcept : comm_(comm) {}
   /// Checks what zero-copy needs, before any collective. @throws Error(invalid_shape) Comm cannot
   /// map its peers' buffers; a buffer (n of them, bytes[i] each) outside this rank's window slot.
@@ -276,18 +275,19 @@ class RingSharedBlocks {
                                         "allocate the rotation's buffers from the MpiWindow (or use RingAccess::copy)");
     }
   }
-  /// Publishes own[0 .. n) (n <= 2) and keeps every ring rank's: sizes[i][j] is ring rank j's
-  /// buffer i. Collective over the ring. @throws Error(plan_mismatch) a rank publishes other
-  /// sizes, or runs the copy access; the communicator's errors.
-  void open(std::byte* const* own, const std::vector<std::size_t>* sizes, std::size_t n) {
+  /// Publishes own[0 .. n) (n <= 2) and keeps every ring rank's: (*sizes[i])[j] is ring rank j's
+  /// buffer i (the vectors outlive the rotation). Collective over the ring. @throws
+  /// Error(plan_mismatch) a rank publishes other sizes, or runs the copy access; the
+  /// communicator's errors.
+  void open(std::byte* const* own, const std::vector<std::size_t>* const* sizes, std::size_t n) {
     PeerRecord mine;
     mine.count = static_cast<int>(n);
-    mine.layouts = kOpenMark;
+    mine.layouts = kRingZeroCopyOpen;
     for (std::size_t i = 0; i < n; ++i) {
       mine.data[i] = own[i];
-      mine.bytes[i] = mine.read_bytes[i] = sizes[i][static_cast<std::size_t>(comm_.rank())];
+      mine.bytes[i] = mine.read_bytes[i] = (*sizes[i])[static_cast<std::size_t>(comm_.rank())];
+      sizes_[i] = sizes[i];
     }
-    sizes_ = sizes;
     n_ = n;
     if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, &RingSharedBlocks::keep, this);  // (else check() refused it)
   }
@@ -295,7 +295,7 @@ class RingSharedBlocks {
   /// @throws Error(plan_mismatch) a rank is elsewhere in its rotation; the communicator's errors.
   void sync() {
     PeerRecord mine;
-    mine.layouts = kSyncMark;
+    mine.layouts = kRingZeroCopySync;
     if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, &RingSharedBlocks::check_sync, this);
   }
   /// Ring rank j's buffer i (after open()).
@@ -309,11 +309,11 @@ class RingSharedBlocks {
     for (int j = 0; j < R; ++j) {
       const auto& from = *static_cast<const PeerRecord*>(all[j]);
       for (std::size_t i = 0; i < self.n_; ++i) {
-        const std::size_t want = self.sizes_[i][static_cast<std::size_t>(j)];
-        const bool ok = from.layouts == kOpenMark && from.count == static_cast<int>(self.n_) && from.bytes[i] == want && (from.data[i] || !want);
+        const std::size_t want = (*self.sizes_[i])[static_cast<std::size_t>(j)];
+        const bool ok = from.layouts == kRingZeroCopyOpen && from.count == static_cast<int>(self.n_) && from.bytes[i] == want && (from.data[i] || !want);
         if (!ok)
           fail(Errc::plan_mismatch, "zero-copy ring rotation: ring rank " + std::to_string(j) +
-                                        (from.layouts != kOpenMark ? " runs another access (RingAccess) or step"
+                                        (from.layouts != kRingZeroCopyOpen ? " runs another access (RingAccess) or step"
                                                                    : " publishes " + std::to_string(from.bytes[i]) + " bytes where its block has " +
                                                                          std::to_string(want) + " (or none this process can read)") +
                                         "; every ring rank must run the same ring plan and RingAccess");
@@ -324,12 +324,12 @@ class RingSharedBlocks {
   static void check_sync(void* ctx, const void* const* all) {
     auto& self = *static_cast<RingSharedBlocks*>(ctx);
     for (int j = 0; j < self.comm_.size(); ++j)
-      if (static_cast<const PeerRecord*>(all[j])->layouts != kSyncMark)
+      if (static_cast<const PeerRecord*>(all[j])->layouts != kRingZeroCopySync)
         fail(Errc::plan_mismatch, "zero-copy ring rotation: ring rank " + std::to_string(j) + " is at another point of its rotation (or runs "
                                   "RingAccess::copy); every ring rank must run the same ring plan and RingAccess");
   }
   Comm& comm_;
-  const std::vector<std::size_t>* sizes_ = nullptr;
+  const std::vector<std::size_t>* sizes_[2] = {nullptr, nullptr};  // by buffer: every ring rank's bytes
   std::size_t n_ = 0;
   std::vector<std::byte*> ptr_[2];  // by buffer, by ring rank
 };
