@@ -201,6 +201,46 @@ TEST_CASE("ring_step_seconds and best_ring_messages: k alpha + lambda + max(b be
   CHECK(predict_flow_seconds(t.step, {t.piece_bytes, 0}, links()) == predict_seconds(t.step, links()));
 }
 
+TEST_CASE("RingTransport::zero_copy: no bytes, a synchronisation at steps 0 and R - 1, none hidden; one node only") {
+  CostModel m = links();
+  m.intra = LinkCost::of(1, 1, 3);  // λ = 3 us a synchronisation
+  m.round_seconds = 0.5e-6;
+  const RingTraffic t = ring_step_traffic(Mesh(4, 1, 4, 4), 1 << 20, RingTransport::zero_copy, 4);
+  CHECK(t.step.messages[0] + t.step.messages[1] == 0);
+  CHECK(t.step.bytes[0] + t.step.bytes[1] + t.step.copy_bytes == 0);
+  CHECK(t.step.latency_steps[0] == 1);
+  CHECK(t.step.rounds == 1);
+  CHECK(t.step.working_set_bytes == 0);
+  CHECK(ring_step_seconds(t, m) == doctest::Approx(3.5e-6).epsilon(1e-12));  // λ_intra + the round, whatever the block
+  CHECK(best_ring_messages(m, Mesh(4, 1, 4, 4), 1 << 20, RingTransport::zero_copy) == 1);
+  // A ring across nodes cannot map its peers' blocks.
+  CHECK(ut::code_of([] { (void)ring_step_traffic(Mesh(4, 2, 2, 2), 32, RingTransport::zero_copy); }) == Errc::invalid_shape);
+  // R = 4 on one node, non-causal S = 8 (contiguous, 2 tokens a rank), H = Hkv = 4, D = 2 at 1e8
+  // FLOP/s: each step 2 x 4 heads x 4 pairs x 4 = 128 FLOPs = 1.28 us; the copy ring moves a block
+  // of 2 x 4 x 4 x 2 = 64 bytes at steps 0 .. 2; zero copy: 3.5 us at
+  // steps 0 and 3, exposed whole, no bytes counted.
+  const AttentionShape shape{4, 4, 2, 0};
+  const RingCost z = ring_cost(Mesh(4, 1, 4, 4), shape, 8, false, m, 1e8, ElementType::bfloat16, 1, RingTransport::zero_copy);
+  REQUIRE(z.comm_s.size() == 4);
+  for (int s = 0; s < 4; ++s) {
+    const double want = s == 0 || s == 3 ? 3.5e-6 : 0.0;
+    CHECK(z.comm_s[static_cast<std::size_t>(s)] == doctest::Approx(want).epsilon(1e-12));
+    CHECK(z.exposed_s[static_cast<std::size_t>(s)] == doctest::Approx(want).epsilon(1e-12));
+    CHECK(z.compute_s[static_cast<std::size_t>(s)] == doctest::Approx(1.28e-6).epsilon(1e-12));
+  }
+  CHECK(z.exposed_seconds == doctest::Approx(7e-6).epsilon(1e-12));
+  CHECK(z.bytes[0] + z.bytes[1] == 0);
+  const RingCost n = ring_cost(Mesh(4, 1, 4, 4), shape, 8, false, m, 1e8, ElementType::bfloat16, 1, RingTransport::network);
+  CHECK(n.comm_s[0] == doctest::Approx(ring_step_seconds(ring_step_traffic(Mesh(4, 1, 4, 4), 64), m)).epsilon(1e-12));
+  CHECK(n.comm_s[3] == 0);
+  CHECK(n.bytes[0] == 3 * 64);
+  // R = 1: nothing to synchronise; the all-gather has no zero-copy price.
+  CHECK(ring_cost(Mesh(4, 4, 1, 4), shape, 8, false, m, 1e8, ElementType::bfloat16, 1, RingTransport::zero_copy).comm_seconds == 0);
+  CHECK(ut::code_of([&] {
+          (void)allgather_kv_cost(Mesh(4, 1, 4, 4), shape, 8, false, m, 1e8, ElementType::bfloat16, 1, RingTransport::zero_copy);
+        }) == Errc::invalid_shape);
+}
+
 TEST_CASE("ring_cost and advise_hybrid price the wire split") {
   // The ring_cost case above (S=8, U=2, R=2 across nodes, block 32 bytes) in 2 messages: 2 x 2 us + 32 B / 0.5 GB/s = 4.064 us.
   const Mesh mesh(4, 2, 2, 2);

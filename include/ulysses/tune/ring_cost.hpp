@@ -34,6 +34,10 @@ ULYSSES_NAMESPACE_BEGIN
 enum class RingTransport : int {
   network = 0,        ///< a message on the link class of the ring's slowest edge (MPI, NCCL)
   shared_memory = 1,  ///< one copy of the block per step (an in-process group: LocalGroup)
+  /// no copy (RingAccess::zero_copy over MpiWindowComm or LocalGroup::Comm: each step reads the
+  /// owner's block in place): a rotation's two synchronisations (start(0), finish(R − 1)), each
+  /// one intra-node latency λ, none hidden; every ring edge on one node
+  zero_copy = 2,
 };
 
 /// Attention FLOP rates, FLOP/s, for ring_cost()'s compute term (achieved, not peak).
@@ -83,13 +87,15 @@ inline double ring_block_bytes(const RingPartition& part, int j, const Attention
 /// ring of Ulysses rank 0 by link class (every ring of the mesh has the same pattern), and the
 /// step's busiest rank: `messages` messages, block_bytes in all, on the inter-node link when an
 /// edge crosses nodes, else the intra-node one (shared_memory: a copy of block_bytes in `messages`
-/// rows, no link bytes). One round; working set: the two buffers of the rotation. R = 1: nothing
-/// moves (an empty traffic). The pieces are the rotation's (ring_piece_begin()).
+/// rows, no link bytes; zero_copy: one intra-node latency step, no bytes, no copy). One round;
+/// working set: the two buffers of the rotation. R = 1: nothing moves (an empty traffic). The
+/// pieces are the rotation's (ring_piece_begin()).
 /// @param mesh        the U × R × outer mesh
 /// @param block_bytes bytes of the block, >= 0 (ring_block_bytes(), the largest of the ring)
 /// @param transport   how the bytes move
 /// @param messages    pieces a block goes in (RingConfig::messages), 1 .. kMaxRingMessages
-/// @throws Error(invalid_shape) messages outside [1, kMaxRingMessages], or block_bytes < 0 or not finite.
+/// @throws Error(invalid_shape) messages outside [1, kMaxRingMessages], or block_bytes < 0 or not
+///         finite; zero_copy on a ring with an edge between nodes.
 inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingTransport transport = RingTransport::network,
                                      int messages = 1) {
   if (messages < 1 || messages > kMaxRingMessages || !(block_bytes >= 0) || !std::isfinite(block_bytes))
@@ -109,6 +115,13 @@ inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingT
   const int N = mesh.ranks_per_node();
   for (int j = 0; j < R; ++j) ++t.edges[ring[static_cast<std::size_t>(j)] / N == ring[static_cast<std::size_t>((j + 1) % R)] / N ? 0 : 1];
   const int c = t.edges[1] > 0 ? 1 : 0;
+  t.step.rounds = 1;
+  if (transport == RingTransport::zero_copy) {  // a synchronisation, no bytes
+    if (c == 1) detail::fail(Errc::invalid_shape, "ring_step_traffic: RingTransport::zero_copy reads the peers' blocks in place, but the ring "
+                                                  "has edges between nodes (every ring rank must be on one node)");
+    t.step.latency_steps[0] = 1;
+    return t;
+  }
   t.step.messages[static_cast<std::size_t>(c)] = messages;
   if (transport == RingTransport::shared_memory) {
     t.step.copy_bytes = block_bytes;
@@ -116,7 +129,6 @@ inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingT
   } else {
     t.step.bytes[static_cast<std::size_t>(c)] = block_bytes;
   }
-  t.step.rounds = 1;
   t.step.working_set_bytes = 2 * block_bytes;
   return t;
 }
@@ -124,12 +136,13 @@ inline RingTraffic ring_step_traffic(const Mesh& mesh, double block_bytes, RingT
 /// The model's time of one ring transfer step, seconds: over the network the block's k messages in
 /// flight together, k·α + λ + max(b · β, p · β_f) on the step's link class (b the block's bytes,
 /// p its largest piece, β_f the link's per-flow cost: LinkCost::flow_seconds_per_byte;
-/// predict_flow_seconds()); shared memory: predict_seconds() of the copy (no per-flow cap). 0 for
-/// R = 1. See docs/cost-model.md, "The ring's wire split".
+/// predict_flow_seconds()); shared memory: predict_seconds() of the copy (no per-flow cap); zero
+/// copy: predict_seconds() of the synchronisation (λ_intra + the round). 0 for R = 1. See
+/// docs/cost-model.md, "The ring's wire split".
 /// @param t the step (ring_step_traffic())
 /// @param m the model's parameters
 inline double ring_step_seconds(const RingTraffic& t, const CostModel& m) {
-  if (t.transport == RingTransport::shared_memory) return predict_seconds(t.step, m);
+  if (t.transport != RingTransport::network) return predict_seconds(t.step, m);
   const std::size_t c = t.edges[1] > 0 ? 1 : 0;
   std::array<double, 2> largest{0, 0};
   largest[c] = t.step.rounds > 0 ? t.piece_bytes : 0;
@@ -239,6 +252,14 @@ inline std::vector<double> ring_carried_bytes(const RingPartition& part, bool ca
   return carried;
 }
 
+/// Step s's transfer in ring_cost_impl(), seconds: `moved` bytes in `messages` pieces (0 when none
+/// moves); zero copy: the rotation's synchronisations, at step 0 (start(0) publishes the blocks)
+/// and at step R − 1 (finish() waits for every reader).
+inline double ring_transfer_seconds(const Mesh& mesh, RingTransport transport, double moved, int s, int R, int messages, const CostModel& model) {
+  if (transport == RingTransport::zero_copy) return s == 0 || s + 1 == R ? ring_step_seconds(ring_step_traffic(mesh, 0, transport), model) : 0;
+  return moved > 0 ? ring_step_seconds(ring_step_traffic(mesh, moved, transport, messages), model) : 0;
+}
+
 /// The step times of a ring (ring_cost()) or the all-gather's (allgather_kv_cost()); `docs`
 /// (or null): packed documents, S their seq_len().
 inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
@@ -278,13 +299,13 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
       if (!allgather) merge = std::max(merge, ring_merge_bytes(w, h, Dv, batch) * model.copy_seconds_per_byte);
     }
     const double moved = s + 1 < R ? carried[static_cast<std::size_t>(s)] : 0;
-    const double comm = moved > 0 ? ring_step_seconds(ring_step_traffic(mesh, moved, transport, c.messages), model) : 0;
+    const double comm = ring_transfer_seconds(mesh, transport, moved, s, R, c.messages, model);
     if (transport == RingTransport::network) c.bytes[cls] += moved;
     c.merge_s.push_back(merge);
     c.merge_seconds += merge;
     c.compute_s.push_back(comp);
     c.comm_s.push_back(comm);
-    c.exposed_s.push_back(allgather ? comm : std::max(0.0, comm - comp));
+    c.exposed_s.push_back(allgather || transport == RingTransport::zero_copy ? comm : std::max(0.0, comm - comp));  // (a barrier hides nothing)
     c.compute_seconds += comp;
     c.comm_seconds += comm;
     c.exposed_seconds += c.exposed_s.back();
@@ -308,6 +329,8 @@ inline RingCost ring_cost_impl(const Mesh& mesh, const AttentionShape& shape, st
 /// some pair of ring ranks, and the lockstep ring waits for it; 0 at the last step), the slowest rank's attention at `flops_per_s` and the exposed part
 /// max(0, comm − compute), and each step's merge at the model's copy rate; zigzag partition when
 /// causal, contiguous otherwise. The block goes in `messages` pieces (ring_step_seconds()).
+/// RingTransport::zero_copy: no block moves; steps 0 and R − 1 each cost a synchronisation
+/// (ring_step_seconds() of the zero-copy traffic), exposed whole.
 /// @param mesh        the U × R × outer mesh (its ring: R ranks)
 /// @param shape       the attention layer's head counts and dims
 /// @param S           tokens of one sequence (>= 2R causal, >= R otherwise)
@@ -337,12 +360,15 @@ inline RingCost ring_cost(const Mesh& mesh, const AttentionShape& shape, std::in
 /// The all-gather-kv alternative on the same mesh (see docs/headers.md, "tune/ring_cost.hpp"): the ring all-gather's
 /// R − 1 rounds priced as the ring's transfer steps, none hidden (exposed = comm), the same
 /// attention work (compute_seconds: the slowest rank's whole attention, no lockstep), R blocks
-/// held. Parameters and errors as ring_cost().
+/// held. Parameters and errors as ring_cost(); RingTransport::zero_copy prices the rotation only:
+/// Error(invalid_shape) here.
 /// @param mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, documents as ring_cost()
 inline RingCost allgather_kv_cost(const Mesh& mesh, const AttentionShape& shape, std::int64_t S, bool causal, const CostModel& model,
                                   double flops_per_s = AttentionRate::h100_bf16(), ElementType type = ElementType::bfloat16,
                                   std::int64_t batch = 1, RingTransport transport = RingTransport::network,
                                   HeadPolicy policy = HeadPolicy::even, const Documents* documents = nullptr) {
+  if (transport == RingTransport::zero_copy)
+    detail::fail(Errc::invalid_shape, "allgather_kv_cost: RingTransport::zero_copy prices the zero-copy rotation (ring_cost()), not the all-gather");
   return detail::ring_cost_impl(mesh, shape, S, causal, model, flops_per_s, type, batch, transport, policy, true, 1, documents);
 }
 
