@@ -181,8 +181,10 @@ class RingOp {
   ///                     MpiWindow, so that a rotation over MpiWindowComm reads in place), or both null:
   ///                     the op's own (those the sendrecv and split baselines use). The baselines always
   ///                     run on the op's own buffers.
+  /// @param access       the rotation's RingAccess; zero_copy reads each step's block in its owner's
+  ///                     buffer 0 (rot0, or the op's own in process), so that no block moves
   RingOp(Comm& comm, std::int64_t S, int U, const AttentionShape& shape, ElementType type, std::int64_t batch, int messages = 1,
-         std::byte* rot0 = nullptr, std::byte* rot1 = nullptr)
+         std::byte* rot0 = nullptr, std::byte* rot1 = nullptr, RingAccess access = RingAccess::copy)
       : comm_(comm), blocks_(blocks(comm.size(), S, U, shape, type, batch)), R_(comm.size()), r_(comm.rank()) {
     const std::size_t D = static_cast<std::size_t>(shape.head_dim), Dv = static_cast<std::size_t>(shape.v_head_dim ? shape.v_head_dim : shape.head_dim);
     std::size_t big = largest(blocks_), big_k = 0;
@@ -193,7 +195,8 @@ class RingOp {
     rot_[0] = rot0 ? rot0 : b0_.data();
     rot_[1] = rot1 ? rot1 : b1_.data();
     if (rot0) std::memset(rot0, 0x55, big), std::memset(rot1, 0x66, big);  // every page mapped before timing
-    rot_obj_ = std::make_unique<RingRotation<Comm>>(comm, blocks_, RingBuffers().kv(rot_[0], big, rot_[1], big), RingProgress::automatic, messages);
+    rot_obj_ = std::make_unique<RingRotation<Comm>>(comm, blocks_, RingBuffers().kv(rot_[0], big, rot_[1], big), RingProgress::automatic, messages,
+                                                      access);
   }
   /// Bytes a rank sends in a rotation (R − 1 blocks).
   std::size_t input_bytes() const {

@@ -19,7 +19,9 @@
 # --ranks 4), under mpiexec -n 4 over MpiComm (--backend mpi) and over MpiWindowComm in place
 # (--backend window), Llama-3.1-8B bf16 U=1, blocks of 4-64 MiB (S = 4096 .. 65536), each rotation
 # against its baselines in the same alternating run, checked (-c 1); PERF_ITERS (default 10) and
-# PERF_WARMUP (default 2) their -n and -w, RING_MESSAGES (default 1) their --ring-messages.
+# PERF_WARMUP (default 2) their -n and -w, RING_MESSAGES (default 1) their --ring-messages; then
+# the same in process and over the window with --ring-access zero_copy (each step's block read in
+# its owner's buffer: no block moves).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ub_paths "${1:-}" "$root/bench/results" "$root/build-bench"
 cd "$root"
@@ -29,8 +31,10 @@ ub_mpi_env
 # The --op ring tables: the rotation against MPI_Sendrecv, plain MPI's best k-message split and
 # ring-flash-attention's pattern (docs/performance.md#ulysses_perf).
 ring_perf_tables() {
-  UB_PERF_BACKENDS="local mpi window" ub_perf_tables ring 4 --model llama-3.1-8b --dtype bf16 --ring-u 1 -b 4096 -e 65536 -f 2 \
-    -n "${PERF_ITERS:-10}" -w "${PERF_WARMUP:-2}" --ring-messages "${RING_MESSAGES:-1}" -c 1
+  local args=(--model llama-3.1-8b --dtype bf16 --ring-u 1 -b 4096 -e 65536 -f 2 -n "${PERF_ITERS:-10}" -w "${PERF_WARMUP:-2}" -c 1)
+  UB_PERF_BACKENDS="local mpi window" ub_perf_tables ring 4 "${args[@]}" --ring-messages "${RING_MESSAGES:-1}"
+  local b
+  for b in local window; do ub_perf_table ring "$b" 4 "${args[@]}" --ring-access zero_copy; done
 }
 if [ "${ONLY_PERF:-0}" = 1 ]; then
   ub_build ulysses_perf

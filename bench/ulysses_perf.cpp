@@ -58,6 +58,7 @@ struct Options {
   bool direction_given = false;        // --direction: the seq ops' rows (both: seq_to_head and head_to_seq)
   int ring_u = 1;                      // --op ring: the Ulysses degree U of the ring's partition (kv heads a rank: Hkv / U)
   int ring_messages = 1;               // --op ring: --ring-messages K, the rotation's pieces a block (RingRotation's `messages`)
+  RingAccess ring_access = RingAccess::copy;  // --op ring: --ring-access copy|zero_copy (RingRotation's `access`)
   std::vector<int> bands{1, 2, 4};      // --op bands: --bands G,...: the band counts timed against the serial layer
   std::vector<double> attn_ratios{0.25, 1, 4};  // --op bands: --attn-ratio f,...: the stand-in attention, f x the serial exchange
   std::string attn_kind;                // --op bands: --attn-kind sleep|spin (default: spin in-process, sleep over MPI)
@@ -897,8 +898,8 @@ std::vector<Row> run_op(Comm& comm, const Options& o) {
   const HeadPolicy policy = o.balanced ? HeadPolicy::balanced : HeadPolicy::even;
   for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) {
     if (o.op == "ring") {
-      perf_ops::RingOp<Comm> op(comm, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages);
-      rows.push_back(ring_row(comm, o, n, op, "ring"));
+      perf_ops::RingOp<Comm> op(comm, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages, nullptr, nullptr, o.ring_access);
+      rows.push_back(ring_row(comm, o, n, op, o.ring_access == RingAccess::zero_copy ? "zero_copy" : "ring"));
       continue;
     }
     perf_ops::DecodeOp op(comm.size(), comm.rank(), n, o.shape.num_heads, o.shape.v_head_dim, o.type, policy);
@@ -935,8 +936,8 @@ std::vector<Row> run_ring_window(MpiComm& comm, const Options& o) {
     MpiWindow win(comm, 2 * slot);
     MpiWindowComm wc(comm, win);
     const WindowSpan a = win.allocate(big), b = win.allocate(big);
-    Op op(wc, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages, a.data(), b.data());
-    rows.push_back(ring_row(comm, o, n, op, "in_place", true));
+    Op op(wc, n, o.ring_u, o.shape, o.type, o.batch, o.ring_messages, a.data(), b.data(), o.ring_access);
+    rows.push_back(ring_row(comm, o, n, op, o.ring_access == RingAccess::zero_copy ? "zero_copy" : "in_place", true));
   }
   return rows;
 }
@@ -967,8 +968,12 @@ std::string bare_of(const std::string& backend, const std::string& op) {
 /// The header's line on what ran: the communicator, push or pull, the window copy (untimed).
 void print_setup(const Options& o, const Setup& setup) {
   if (o.op == "ring" && setup.window) {
-    std::printf("# communicator: %s; the rotation's two buffers allocated from an MpiWindow: each step reads ring rank r-1's block in place "
-                "from its window slot (one copy, no MPI message); the baselines over the MpiComm it wraps, private buffers\n", setup.comm.c_str());
+    std::printf("# communicator: %s; the rotation's two buffers allocated from an MpiWindow: %s; the baselines over the MpiComm it wraps, "
+                "private buffers\n", setup.comm.c_str(),
+                o.ring_access == RingAccess::zero_copy
+                    ? "RingAccess::zero_copy, step s's block is ring rank r-s's own buffer 0 in its window slot, read in place (no copy, no "
+                      "MPI message; a rotation is two synchronisations: start(0) publishes the blocks, finish(R-1) waits for every reader)"
+                    : "each step reads ring rank r-1's block in place from its window slot (one copy, no MPI message)");
     return;
   }
   if (o.op == "decode" || o.op == "ring") {
@@ -1002,8 +1007,9 @@ void print_header(const Options& o, int P, const Setup& setup) {
   if (!setup.device.empty()) std::printf("# device: %s, buffers in device memory, CUDA events, the oracle's check on the host\n", setup.device.c_str());
   if (o.op == "decode") std::printf("# decode: S = the batch B (T=1 token each); bytes: a rank's O_r and LSE_r\n");
   else if (o.op == "ring") {
-    std::printf("# ring: R=P, U=%d, zigzag, --ring-messages %d (pieces a block on a message transport); bytes: the R-1 k|v blocks a rank sends in a "
-                "rotation; #wrong counts bytes\n", o.ring_u, o.ring_messages);
+    std::printf("# ring: R=P, U=%d, zigzag, --ring-messages %d (pieces a block on a message transport), --ring-access %s; bytes: the R-1 k|v "
+                "blocks a rank sends in a rotation; #wrong counts bytes\n", o.ring_u, o.ring_messages,
+                o.ring_access == RingAccess::zero_copy ? "zero_copy (no block moves: each step's block is read where its owner wrote it)" : "copy");
     if (o.bare)
       std::printf("# baselines, each timed against the rotation in an alternating run of the two (every ratio from its own pair's run; "
                   "time(us) from the run against sendrecv), %s, k|v block = k then v (D/(D+Dv) of it k): split(us): plain MPI's k-message "
@@ -1050,8 +1056,9 @@ bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Set
                to_string(o.type), to_string(o.layout), static_cast<long long>(o.batch), P, o.backend.c_str(), o.iters, o.warmup);
   std::fprintf(f, " \"balanced\": %s, \"ranks_per_node\": %d, \"reps\": %d, \"device\": \"%s\", \"call_numbers\": %s,\n",
                o.balanced ? "true" : "false", o.ranks_per_node, o.reps, json_escape(setup.device).c_str(), o.call_numbers == 2 ? "\"both\"" : o.call_numbers ? "true" : "false");
-  std::fprintf(f, " \"communicator\": \"%s\", \"seq_to_head_transfer\": \"%s\", \"window_copy_timed\": false, \"inputs_in_window\": %s, \"ring_u\": %d, \"ring_messages\": %d,\n",
-               setup.comm.c_str(), setup.transfer.c_str(), setup.window ? "true" : "false", o.ring_u, o.ring_messages);
+  std::fprintf(f, " \"communicator\": \"%s\", \"seq_to_head_transfer\": \"%s\", \"window_copy_timed\": false, \"inputs_in_window\": %s, \"ring_u\": %d, \"ring_messages\": %d, \"ring_access\": \"%s\",\n",
+               setup.comm.c_str(), setup.transfer.c_str(), setup.window ? "true" : "false", o.ring_u, o.ring_messages,
+               o.ring_access == RingAccess::zero_copy ? "zero_copy" : "copy");
   std::fprintf(f, " \"time_definition\": \"%s\",\n \"rows\": [\n", kTimeDefinition);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
@@ -1204,7 +1211,7 @@ void usage_model() {
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
-      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward] [--ring-u U] [--ring-messages K]\n"
+      "                    [--path auto|alltoallv|messages|direct|two_level] [--ranks-per-node R [--lanes L]] [--backward] [--ring-u U] [--ring-messages K] [--ring-access copy|zero_copy]\n"
       "                    [--mpi-window 0|1] [--window-outputs 1|0] [--call-numbers 1|0|both] [-n ITERS] [-w WARMUP] [--reps R] [--bare 0|1] [--copies 0|1] [-c 0|1] [--max-rank-bytes N] [--json FILE] [--list-models]\n"
       "       ulysses_perf --advise [--model NAME ...] [--seq S] [--world N] [--ranks-per-node R] [--dtype T] [--batch B]\n"
       "                    [--budget-GiB G] [--params FILE [--params-backend local|mpi]] [--intra-us A] [--intra-GBps BW]\n"
@@ -1243,6 +1250,8 @@ void usage_model() {
       "  MPI_Allgatherv of the same bytes (in process: exchange_messages() to every peer); over MpiWindowComm (one node, or\n"
       "  --mpi-window 1, --backend window) also against MPI_Allgatherv between window buffers. -c 1 checks the gathered bytes.\n"
       "--op ring: --ring-messages K (default 1): the rotation's pieces a block on a message transport (RingRotation's messages).\n"
+      "  --ring-access copy|zero_copy (default copy; zero_copy on --backend local or window): RingRotation's access; zero_copy\n"
+      "  reads each step's block in its owner's buffer (the path column says zero_copy).\n"
       "  Columns after ratio (ratio = time/bare, bare = R-1 MPI_Sendrecv under MPI), each baseline timed in the same alternating\n"
       "  run (every iteration: the rotation, sendrecv, split k=1,2,4,8, rfa, rfa-new), the same blocks on the same communicator:\n"
       "  split(us), k: the fastest of plain MPI's k-message patterns a step (MPI_Irecv x k, MPI_Isend x k, MPI_Waitall) and its\n"
@@ -1333,8 +1342,8 @@ void check_op(Options& o) {
   const bool seq_op = o.op == "seq_to_head" || o.op == "head_to_seq";
   if (seq_op && !o.direction_given) o.seq_to_head = o.op == "seq_to_head", o.head_to_seq = o.op == "head_to_seq";
   if (seq_op && o.direction_given) o.op = o.seq_to_head ? "seq_to_head" : "head_to_seq";
-  if (seq_op && o.ring_messages != 1) {
-    std::fprintf(stderr, "--ring-messages goes with --op ring\n");
+  if (seq_op && (o.ring_messages != 1 || o.ring_access != RingAccess::copy)) {
+    std::fprintf(stderr, "--ring-messages and --ring-access go with --op ring\n");
     std::exit(2);
   }
   if (seq_op && o.backend == "window") o.backend = "mpi", o.mpi_window = 1;  // the seq ops' --backend window: --backend mpi --mpi-window 1
@@ -1346,6 +1355,11 @@ void check_op(Options& o) {
   }
   if (o.ring_messages < 1 || o.ring_messages > kMaxRingMessages || (o.ring_messages != 1 && o.op != "ring")) {
     std::fprintf(stderr, "--ring-messages K goes with --op ring, 1 <= K <= %d\n", kMaxRingMessages);
+    std::exit(2);
+  }
+  if (o.ring_access == RingAccess::zero_copy && (o.op != "ring" || (o.backend != "local" && o.backend != "window"))) {
+    std::fprintf(stderr, "--ring-access zero_copy goes with --op ring on --backend local or window (a communicator whose ranks map each "
+                         "other's memory)\n");
     std::exit(2);
   }
   if (o.backend != "local" && o.backend != "mpi" && !(o.op == "ring" && o.backend == "window")) {
@@ -1541,6 +1555,8 @@ Options parse(int argc, char** argv) {
       o.ring_u = small(i);
     } else if (a == "--ring-messages") {
       o.ring_messages = small(i);
+    } else if (a == "--ring-access") {
+      o.ring_access = ulysses_cli::one_of(argc, argv, i, {"copy", "zero_copy"}) == 0 ? RingAccess::copy : RingAccess::zero_copy;
     } else if (a == "--path") {
       const Path paths[] = {Path::automatic, Path::alltoallv, Path::messages, Path::direct, Path::two_level};
       o.path = paths[ulysses_cli::one_of(argc, argv, i, {"auto", "alltoallv", "messages", "direct", "two_level"})];
