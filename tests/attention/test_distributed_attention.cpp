@@ -20,6 +20,7 @@
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -199,6 +200,7 @@ struct Hooks {
   std::function<void(int w, const AttentionStep&)> step = [](int, const AttentionStep&) {};
   std::function<void(int w, const AttentionGradStep&)> grad = [](int, const AttentionGradStep&) {};
   std::function<std::size_t(int w, std::size_t)> saved = [](int, std::size_t n) { return n; };
+  RingAccess access = RingAccess::copy;  // the plan's ring access
 };
 template <class RC>
 void hooked_rank(const rd::RingCase& c, const rd::RingGlobals& g, int w, LocalGroup::Comm& uc, RC& rc, const Hooks& hk) {
@@ -206,7 +208,9 @@ void hooked_rank(const rd::RingCase& c, const rd::RingGlobals& g, int w, LocalGr
   bool causal = c.causal;
   hk.config(w, causal);
   const RingPlan rp(part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, attention_specs<float>(c.U, {c.H, c.Hkv, c.D, c.Dv}), causal);
-  const DistributedAttentionPlan plan(rp);
+  DistributedAttentionOptions opt;
+  opt.ring_access = hk.access;
+  const DistributedAttentionPlan plan(rp, opt);
   const SeqPartition world = part.seq_partition();
   const auto q = rd::ring_shard(c, world, w, g.q, c.H, c.D), k = rd::ring_shard(c, world, w, g.k, c.Hkv, c.D), v = rd::ring_shard(c, world, w, g.v, c.Hkv, c.Dv);
   const auto dos = rd::ring_shard(c, world, w, g.dout, c.H, c.Dv);
@@ -324,6 +328,48 @@ TEST_CASE("errors: a short span or a kernel that throws on one rank is a coded e
       CHECK(r[static_cast<std::size_t>(w)].first == want);
     }
     CHECK(ms < 10000);  // the peers heard at once (the groups' deadline is 30 s)
+  }
+}
+
+TEST_CASE("zero copy: a kernel that throws on one rank lets its peers finish with its blocks first; a coded error on every rank") {
+  // R = 4 (U = 1): a peer reads the failing rank's kv0 (and, backward, adds into its g0) in a step
+  // that runs after the failure; the failing rank's workspace is freed as it unwinds, so it must
+  // wait for them (RingSharedBlocks::abandon(); under the sanitizers a read after the free is an
+  // error). Forward: rank 0 fails at step 0, ranks 1, 2, 3 read its block at steps 1, 2, 3 (no
+  // collective in between). Backward: rank 3 fails at step 1, where rank 0 reads its kv0 and adds
+  // into its g0; the start(2) synchronisation then stops every rank.
+  const rd::RingCase c = ring_case({1, 4, 29, 4, 2, 1, true});
+  for (int what = 0; what < 2; ++what) {
+    Hooks hk;
+    hk.access = RingAccess::zero_copy;
+    std::atomic<int> late_reads{0};
+    if (what == 0)
+      hk.step = [&](int w, const AttentionStep& st) {
+        if (w == 0 && st.step == 0) throw Error(Errc::invalid_shape, "the engine's kernel failed");
+        if (w != 0 && st.source == 0) {  // the failing rank's block, read after it has thrown
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          late_reads += st.kv_len > 0;
+        }
+      };
+    else
+      hk.grad = [&](int w, const AttentionGradStep& st) {
+        if (w == 3 && st.fwd.step == 1) throw Error(Errc::invalid_shape, "the engine's backward kernel failed");
+        if (w != 3 && st.fwd.source == 3) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          late_reads += st.fwd.kv_len > 0;
+        }
+      };
+    double ms = 0;
+    const auto r = run_hooked(c, hk, &ms);
+    INFO("case " << what << ": " << r[0].second << " | " << r[1].second << " | " << r[2].second << " | " << r[3].second);
+    const int bad = what == 0 ? 0 : 3;
+    for (int w = 0; w < 4; ++w) {
+      const Errc e = r[static_cast<std::size_t>(w)].first;
+      if (w == bad) CHECK(e == Errc::invalid_shape);
+      else CHECK((e == Errc::aborted || e == Errc::plan_mismatch));
+    }
+    CHECK(late_reads.load() == (what == 0 ? 3 : 1));  // the peers' steps with the failing rank's block ran to their end
+    CHECK(ms < 10000);               // no deadline waited out (the groups' is 30 s)
   }
 }
 

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -303,6 +304,44 @@ TEST_CASE("MPI zero-copy ring on the window: every block read where its owner ke
     });
     CHECK(e.code == (w == 0 ? Errc::invalid_shape : Errc::aborted));
     CHECK(e.ms < 4000.0);  // the notice, not the 20 s deadline
+  }
+  if (W > 1) {  // rank 0 leaves after start(0) (an engine's exception): its rotation waits until every peer has read its
+                // block (RingSharedBlocks::abandon()) before rank 0 rewrites it; the peers then get a coded error
+    MPI_Comm fourth = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &fourth);
+    {
+      MpiComm fresh(fourth);
+      MpiWindow win(fresh, 2 * kb + 4096);
+      const WindowSpan k0 = win.allocate(kb), k1 = win.allocate(kb);
+      MpiWindowComm ring(fresh, win, std::chrono::seconds(20));
+      const std::vector<std::size_t> bytes = rp.block_bytes();
+      const auto own = block_of(w, 0, bytes[static_cast<std::size_t>(w)]), first = block_of(0, 0, bytes[0]);
+      std::memcpy(k0.data(), own.data(), own.size());
+      int bad = 0;
+      struct EngineFailure {};  // (not an Error, which is a std::runtime_error)
+      const ut::TimedError e = ut::timed_error_of([&] {
+        try {
+          RingRotation<MpiWindowComm> rot(ring, rp, RingBuffers().kv(k0.data(), kb, k1.data(), kb), RingProgress::in_start, RingAccess::zero_copy);
+          for (int s = 0; s < W; ++s) {
+            rot.start(s);
+            if (w == 0) throw EngineFailure{};
+            if (rot.source(s) == 0) {  // rank 0's block, after it has thrown
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+              bad += std::memcmp(rot.block(s), first.data(), first.size()) != 0;
+            }
+            rot.finish(s);
+          }
+        } catch (const EngineFailure&) {
+          std::memset(k0.data(), 0xee, kb);  // what its next layer would do with the buffer
+          throw Error(Errc::backend, "the engine failed");
+        }
+      });
+      CHECK(bad == 0);
+      if (w == 0) CHECK(e.code == Errc::backend);
+      else CHECK_MESSAGE((e.code == Errc::aborted || e.code == Errc::plan_mismatch), e.message);
+      CHECK(e.ms < 10000.0);  // the peers' steps, not the 20 s deadline
+    }
+    MPI_Comm_free(&fourth);
   }
   MPI_Comm_free(&second);
   MPI_Comm_free(&third);

@@ -201,7 +201,7 @@ class RingRotation {
       detail::check_finish("RingRotation", s, next_, open_);
       open_ = false;
       poster_.wait();
-      if (access_ == RingAccess::zero_copy && s + 1 == R_ && R_ > 1) shared_.sync();  // no owner rewrites its block while a peer reads it
+      if (access_ == RingAccess::zero_copy && s + 1 == R_ && R_ > 1) shared_.sync(R_, true);  // no owner rewrites its block while a peer reads it
     });
     if (s + 1 == R_) next_ = 0;  // a rotation object can run the next layer's ring
   }
@@ -341,7 +341,7 @@ class RingGradRotation {
         const std::vector<std::size_t>* sizes[2] = {&kv_, &gr_};
         shared_.open(own, sizes, 2);
       } else {
-        shared_.sync();  // every ring rank added its step s − 1 contribution: the next adds follow them
+        shared_.sync(s, false);  // every ring rank added its step s − 1 contribution: the next adds follow them
       }
     });
   }
@@ -365,7 +365,7 @@ class RingGradRotation {
     if (R_ == 1) return gb_[0];
     if (access_ == RingAccess::zero_copy) {  // every ring rank added its last contribution (and read its last block)
       detail::begin_call(poster_.comm(), "the backward ring's last step", detail::ring_call_word(R_, poster_.messages()));
-      detail::tell_peers_on_failure(poster_.comm(), r_, "the backward ring's last step", [&] { shared_.sync(); });
+      detail::tell_peers_on_failure(poster_.comm(), r_, "the backward ring's last step", [&] { shared_.sync(R_, true); });
       return gb_[0];
     }
     const Message send{(r_ + 1) % R_, gb_[(R_ - 1) % 2], gr_[static_cast<std::size_t>(source(R_ - 1))]};

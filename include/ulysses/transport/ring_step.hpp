@@ -67,9 +67,11 @@ struct has_allows_worker_thread : std::false_type {};
 template <class C>
 struct has_allows_worker_thread<C, std::void_t<decltype(bool{std::declval<const C&>().allows_worker_thread()})>> : std::true_type {};
 
-/// The `layouts` marks of a zero-copy rotation's records (RingSharedBlocks: its open() and its
-/// sync()); the copy path publishes the fnv hash of its block sizes, and each side refuses the other's.
-inline constexpr std::uint64_t kRingZeroCopyOpen = 0x7a65726f636f7079ull, kRingZeroCopySync = 0x7a65726f73796e63ull;
+/// The `layouts` marks of a zero-copy rotation's records (RingSharedBlocks: its open(), its sync()
+/// and its abandon()); the copy path publishes the fnv hash of its block sizes, and each side
+/// refuses the other's.
+inline constexpr std::uint64_t kRingZeroCopyOpen = 0x7a65726f636f7079ull, kRingZeroCopySync = 0x7a65726f73796e63ull,
+                               kRingZeroCopyAbandon = 0x7a65726f61626e64ull;
 
 /// The exchanges of a rotation: one step's lists (every send to ring rank r + 1, every receive
 /// from r − 1), run now, posted now and completed at wait() (a split-phase communicator:
@@ -187,7 +189,7 @@ class RingPoster {
       auto& self = *static_cast<RingPoster*>(ctx);
       const int prev = self.whole_recv_.empty() ? 0 : self.whole_recv_[0].peer;
       const std::uint64_t mark = static_cast<const PeerRecord*>(all[prev])->layouts;
-      if (mark == kRingZeroCopyOpen || mark == kRingZeroCopySync)
+      if (mark == kRingZeroCopyOpen || mark == kRingZeroCopySync || mark == kRingZeroCopyAbandon)
         fail(Errc::plan_mismatch, "ring rotation: ring rank " + std::to_string(prev) + " runs RingAccess::zero_copy, this rank "
                                   "RingAccess::copy; every ring rank must run the same ring plan and RingAccess");
       for (std::size_t i = 0; i < self.whole_recv_.size(); ++i) {
@@ -253,11 +255,18 @@ inline constexpr bool ring_zero_copy_v = comm_traits<Comm>::with_peers && !comm_
 /// with_peers() and keeps every ring rank's address in this process, valid while the owners keep
 /// them (every owner's rotation ends in sync(), so none rewrites its block while a peer reads it);
 /// sync() is a with_peers() with nothing to read: it returns once every ring rank has reached it.
-/// A rank of the other access meets a record of another mark: Error(plan_mismatch).
+/// A rank of the other access meets a record of another mark: Error(plan_mismatch). A rotation
+/// that ends early on this rank (an exception between open() and its last sync()) must not let
+/// its owner free or rewrite the buffers while a peer still reads (or adds into) them: the
+/// destructor then waits in one more with_peers() (abandon()) until every ring rank has reached
+/// its next synchronisation, i.e. has finished its step; there they throw Error(aborted) (or
+/// plan_mismatch: the calls differ). Bounded by the communicator's deadline: a peer whose step
+/// outlasts it may still read after this rank has gone.
 template <class Comm>
 class RingSharedBlocks {
  public:
   explicit RingSharedBlocks(Comm& comm) noexcept : comm_(comm) {}
+  ~RingSharedBlocks() { abandon(); }
   /// Checks what zero-copy needs, before any collective. @throws Error(invalid_shape) Comm cannot
   /// map its peers' buffers; a buffer (n of them, bytes[i] each) outside this rank's window slot.
   void check(const char* who, std::byte* const* own, const std::size_t* bytes, std::size_t n) const {
@@ -289,14 +298,35 @@ class RingSharedBlocks {
       sizes_[i] = sizes[i];
     }
     n_ = n;
+    live_ = false;  // (an error here: the peers hear of it at their next collective)
     if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, &RingSharedBlocks::keep, this);  // (else check() refused it)
+    live_ = true;
   }
-  /// Returns once every ring rank has called it. Collective over the ring.
-  /// @throws Error(plan_mismatch) a rank is elsewhere in its rotation; the communicator's errors.
-  void sync() {
+  /// Returns once every ring rank has called it at the same `point` of its rotation (a step, or R
+  /// for the end); `last`: the rotation's last synchronisation (no abandon() after it). Collective
+  /// over the ring. @throws Error(plan_mismatch) a rank is elsewhere in its rotation;
+  /// Error(aborted) a rank abandoned it; the communicator's errors.
+  void sync(int point, bool last) {
     PeerRecord mine;
     mine.layouts = kRingZeroCopySync;
+    mine.count = point;
+    live_ = false;
     if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, &RingSharedBlocks::check_sync, this);
+    live_ = !last;
+  }
+  /// While a rotation is open (after open(), before the last sync()): one with_peers() with the
+  /// abandon mark, which returns once every ring rank has reached its next synchronisation
+  /// (and so stopped reading this rank's buffers); its errors are swallowed (the rank is on its
+  /// way out with its own). Otherwise nothing.
+  void abandon() noexcept {
+    if (!live_) return;
+    live_ = false;
+    try {
+      PeerRecord mine;
+      mine.layouts = kRingZeroCopyAbandon;
+      if constexpr (ring_zero_copy_v<Comm>) comm_.with_peers(&mine, [](void*, const void* const*) {}, this);
+    } catch (...) {  // (the peers throw at that synchronisation; this rank's own error is the one to report)
+    }
   }
   /// Ring rank j's buffer i (after open()).
   std::byte* at(std::size_t i, int j) const { return ptr_[i][static_cast<std::size_t>(j)]; }
@@ -323,14 +353,21 @@ class RingSharedBlocks {
   }
   static void check_sync(void* ctx, const void* const* all) {
     auto& self = *static_cast<RingSharedBlocks*>(ctx);
-    for (int j = 0; j < self.comm_.size(); ++j)
-      if (static_cast<const PeerRecord*>(all[j])->layouts != kRingZeroCopySync)
+    const int point = static_cast<const PeerRecord*>(all[self.comm_.rank()])->count;
+    for (int j = 0; j < self.comm_.size(); ++j) {
+      const auto& from = *static_cast<const PeerRecord*>(all[j]);
+      if (from.layouts == kRingZeroCopyAbandon)
+        fail(Errc::aborted, "zero-copy ring rotation: ring rank " + std::to_string(j) + " left its rotation on an error (its own error "
+                            "says which) once every ring rank had stopped reading its blocks");
+      if (from.layouts != kRingZeroCopySync || from.count != point)
         fail(Errc::plan_mismatch, "zero-copy ring rotation: ring rank " + std::to_string(j) + " is at another point of its rotation (or runs "
                                   "RingAccess::copy); every ring rank must run the same ring plan and RingAccess");
+    }
   }
   Comm& comm_;
   const std::vector<std::size_t>* sizes_[2] = {nullptr, nullptr};  // by buffer: every ring rank's bytes
   std::size_t n_ = 0;
+  bool live_ = false;  // published, the last sync() not passed: abandon() must wait for the peers
   std::vector<std::byte*> ptr_[2];  // by buffer, by ring rank
 };
 
