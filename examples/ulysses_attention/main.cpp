@@ -27,6 +27,10 @@
 //   reference within a bound derived from the wire's rounding (wire_bound(): each element within
 //   2^-4 (e4m3), 2^-3 (e5m2), 2^-8 (bf16) relative plus a subnormal step, propagated through the
 //   logits and the softmax).
+// --bands G: the same layer again through the head-band pipeline (bands.hpp: banded_attention(),
+//   with --backward banded_attention_backward()): seq→head of band g + 1 and head→seq of band
+//   g − 1 move while the attention of band g runs; o (and dq, dk, dv) must be the unbanded
+//   call's bits, element for element.
 #include <ulysses/layout/fp8.hpp>
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
@@ -38,6 +42,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -82,6 +87,7 @@ struct Config {
   double rope_theta = 10000.0; // --rope-theta: its base
   Wire wire = Wire::element;   // --wire: q and k on that wire in seq->head (v on its elements)
   int warmup = 2, repeat = 5;  // timing: untimed runs, then timed runs of each exchange (median)
+  int bands = 0;               // --bands G: the layer again through the head-band pipeline (0: not run)
 };
 
 /// The timed exchanges of a layer: forward seq->head (q, k, v), head->seq (o); backward
@@ -100,15 +106,18 @@ struct Result {
   double err_unquantized = 0, element_ratio = 0, logit_delta = 0;
   double pack_ms = 0, exchange_ms = 0, unpack_ms = 0, attention_ms = 0;
   double bytes_s2h = 0, bytes_h2s = 0, bytes_replica = 0;
+  // --bands: elements of o (and dq, dk, dv) where the banded layer differs from the unbanded one
+  // (bitwise), and the banded layer's time (the checked run: exchanges and attention)
+  double bands_diff = 0, bands_ms = 0;
   // Timed between barriers after a warm-up, median of the runs: the exchange, the bare
   // all-to-all of the same bytes, and the bytes (this rank's input tensors, its own chunk included).
   double ms[kExchanges] = {}, bare_ms[kExchanges] = {}, bytes[kExchanges] = {};
   Path path = Path::alltoallv;  // the transport the exchanges took
-  static constexpr int kHead = 15;
+  static constexpr int kHead = 17;
   static constexpr int kFields = kHead + 3 * kExchanges;
   void to(double* v) const {
     const double head[kHead] = {err_o, err_dq, err_dk, err_dv, err_unsummed, pack_ms, exchange_ms, unpack_ms, attention_ms,
-                                bytes_s2h, bytes_h2s, bytes_replica, err_unquantized, element_ratio, logit_delta};
+                                bytes_s2h, bytes_h2s, bytes_replica, err_unquantized, element_ratio, logit_delta, bands_diff, bands_ms};
     std::copy(head, head + kHead, v);
     std::copy(ms, ms + kExchanges, v + kHead);
     std::copy(bare_ms, bare_ms + kExchanges, v + kHead + kExchanges);
@@ -116,7 +125,8 @@ struct Result {
   }
   void from(const double* v) {
     double* head[kHead] = {&err_o, &err_dq, &err_dk, &err_dv, &err_unsummed, &pack_ms, &exchange_ms, &unpack_ms, &attention_ms,
-                           &bytes_s2h, &bytes_h2s, &bytes_replica, &err_unquantized, &element_ratio, &logit_delta};
+                           &bytes_s2h, &bytes_h2s, &bytes_replica, &err_unquantized, &element_ratio, &logit_delta, &bands_diff,
+                           &bands_ms};
     for (int i = 0; i < kHead; ++i) *head[i] = v[i];
     std::copy(v + kHead, v + kHead + kExchanges, ms);
     std::copy(v + kHead + kExchanges, v + kHead + 2 * kExchanges, bare_ms);
@@ -208,7 +218,21 @@ struct Exchanges {
   }
 };
 
+/// Whether run_rank() runs on a host communicator (--bands: the head-band pipeline runs there).
+template <class Comm>
+inline constexpr bool kHostComm = true;
+
+/// Elements of x and y whose bits differ (their common length; a length mismatch counts whole).
+double bits_differ(const std::vector<float>& x, const std::vector<float>& y) {
+  double n = static_cast<double>(x.size() > y.size() ? x.size() - y.size() : y.size() - x.size());
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i) n += std::memcmp(&x[i], &y[i], sizeof(float)) != 0;
+  return n;
+}
+
 #if ULYSSES_DEMO_CUDA
+template <>
+inline constexpr bool kHostComm<demo_cuda::Rank> = false;
+
 /// --device cuda: every exchange is demo_cuda::Rank::redistribute() (the host tensors to the GPU,
 /// pack, exchange, unpack there, back; the named buffers in the plan's order, Qkv::list()), its
 /// phases timed with CUDA events into phase_ms (pack, exchange, unpack).
@@ -584,28 +608,37 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     ex.head_to_seq_backward(po, do_seq, do2, ws);
     dq2 = buffer(qkv.head_bytes(0)), dk2 = buffer(qkv.head_bytes(1)), dv2 = buffer(qkv.head_bytes(2));
   }
-  auto t0 = Clock::now();
-  std::vector<float> O(static_cast<std::size_t>(S * c.v_head_dim)), dQ(static_cast<std::size_t>(S * c.head_dim)),
-      dK(static_cast<std::size_t>(S * c.head_dim)), dV(static_cast<std::size_t>(S * c.v_head_dim));
-  for (std::int64_t b = 0; b < c.batch; ++b)
-    for (std::int64_t h = 0; h < Hr; ++h) {
-      const std::int64_t kv = a.local_kv_head(r, h);
-      const auto Q = rows_of(q2, lq, b, h), K = rows_of(k2, lk, b, kv), V = rows_of(v2, lv, b, kv);
-      std::vector<float> G;
-      if (c.backward) G = rows_of(do2, lo, b, h);
-      std::fill(dK.begin(), dK.end(), 0.f), std::fill(dV.begin(), dV.end(), 0.f);
-      attention_head<float>(Q.data(), K.data(), V.data(), c.backward ? G.data() : nullptr, S, c.head_dim, c.v_head_dim, 0, S,
-                            O.data(), dQ.data(), dK.data(), dV.data());
-      for (std::int64_t s = 0; s < S; ++s) {
-        for (std::int64_t d = 0; d < c.v_head_dim; ++d) o[static_cast<std::size_t>(lo.offset(b, s, h, d))] = O[static_cast<std::size_t>(s * c.v_head_dim + d)];
-        if (!c.backward) continue;
-        for (std::int64_t d = 0; d < c.head_dim; ++d) {
-          dq2[static_cast<std::size_t>(lq.offset(b, s, h, d))] = dQ[static_cast<std::size_t>(s * c.head_dim + d)];
-          dk2[static_cast<std::size_t>(lk.offset(b, s, kv, d))] += dK[static_cast<std::size_t>(s * c.head_dim + d)];
+  // The attention of local query heads [h0, h1), all B batches, from the head-sharded qkv[0..2]
+  // into oh; with `grad` also from the head-sharded dout, dq written, dk and dv added into (in
+  // ascending query-head order: a band's heads then add up as the unbanded loop's do).
+  using Views = std::array<const std::vector<float>*, 3>;
+  using Grads = std::array<std::vector<float>*, 3>;
+  auto attend = [&](std::int64_t h0, std::int64_t h1, const Views& qkv, const std::vector<float>& dout, std::vector<float>& oh,
+                    const Grads& dqkv, bool grad) {
+    std::vector<float> O(static_cast<std::size_t>(S * c.v_head_dim)), dQ(static_cast<std::size_t>(S * c.head_dim)),
+        dK(static_cast<std::size_t>(S * c.head_dim)), dV(static_cast<std::size_t>(S * c.v_head_dim));
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      for (std::int64_t h = h0; h < h1; ++h) {
+        const std::int64_t kv = a.local_kv_head(r, h);
+        const auto Q = rows_of(*qkv[0], lq, b, h), K = rows_of(*qkv[1], lk, b, kv), V = rows_of(*qkv[2], lv, b, kv);
+        std::vector<float> G;
+        if (grad) G = rows_of(dout, lo, b, h);
+        std::fill(dK.begin(), dK.end(), 0.f), std::fill(dV.begin(), dV.end(), 0.f);
+        attention_head<float>(Q.data(), K.data(), V.data(), grad ? G.data() : nullptr, S, c.head_dim, c.v_head_dim, 0, S, O.data(),
+                              dQ.data(), dK.data(), dV.data());
+        for (std::int64_t s = 0; s < S; ++s) {
+          for (std::int64_t d = 0; d < c.v_head_dim; ++d) oh[static_cast<std::size_t>(lo.offset(b, s, h, d))] = O[static_cast<std::size_t>(s * c.v_head_dim + d)];
+          if (!grad) continue;
+          for (std::int64_t d = 0; d < c.head_dim; ++d) {
+            (*dqkv[0])[static_cast<std::size_t>(lq.offset(b, s, h, d))] = dQ[static_cast<std::size_t>(s * c.head_dim + d)];
+            (*dqkv[1])[static_cast<std::size_t>(lk.offset(b, s, kv, d))] += dK[static_cast<std::size_t>(s * c.head_dim + d)];
+          }
+          for (std::int64_t d = 0; d < c.v_head_dim; ++d) (*dqkv[2])[static_cast<std::size_t>(lv.offset(b, s, kv, d))] += dV[static_cast<std::size_t>(s * c.v_head_dim + d)];
         }
-        for (std::int64_t d = 0; d < c.v_head_dim; ++d) dv2[static_cast<std::size_t>(lv.offset(b, s, kv, d))] += dV[static_cast<std::size_t>(s * c.v_head_dim + d)];
       }
-    }
+  };
+  auto t0 = Clock::now();
+  attend(0, Hr, Views{&q2, &k2, &v2}, do2, o, Grads{&dq2, &dk2, &dv2}, c.backward);
   res.attention_ms = ms_since(t0);
 
   std::vector<float> out = buffer(po.seq_bytes(0));
@@ -647,6 +680,33 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     dk2 = std::move(dk_u), dv2 = std::move(dv_u);  // kept for the comparison below
   }
 
+  // ---- --bands G: the layer again through the head-band pipeline, compared bit for bit ----
+  if constexpr (kHostComm<Comm>) {
+    if (c.bands > 0) {
+      const auto tb = Clock::now();
+      const HeadBands hb({P, r}, c.batch, seq, a, c.bands, c.layout);
+      HostExecutor exec;
+      std::vector<float> q3 = buffer(qkv.head_bytes(0)), k3 = buffer(qkv.head_bytes(1)), v3 = buffer(qkv.head_bytes(2)), o3 = buffer(po.head_bytes(0)),
+                         out3 = buffer(po.seq_bytes(0));
+      std::vector<std::byte> wq(hb.qkv().workspace_bytes()), wo(hb.out().workspace_bytes());
+      const Views qkv3{&q3, &k3, &v3};
+      banded_attention(hb, comm, exec, qkv_in.list(), QkvOut().q(q3).k(k3).v(v3).list(), wq, o3, out3, wo,
+                       [&](const Band& b) { attend(b.query.lo, b.query.hi, qkv3, do2, o3, Grads{}, false); });
+      res.bands_diff = bits_differ(out, out3);
+      if (c.backward) {
+        std::vector<float> do3 = buffer(po.head_bytes(0)), o_bwd = buffer(po.head_bytes(0)), dq3 = buffer(qkv.head_bytes(0)),
+                           dk3 = buffer(qkv.head_bytes(1)), dv3 = buffer(qkv.head_bytes(2)), dq3s = buffer(qkv.seq_bytes(0)),
+                           dk3s = buffer(qkv.seq_bytes(1)), dv3s = buffer(qkv.seq_bytes(2));
+        banded_attention_backward(hb, comm, exec, do_seq, do3, wo, QkvGradIn().dq(dq3).dk(dk3).dv(dv3).list(),
+                                  QkvGradOut().dq(dq3s).dk(dk3s).dv(dv3s).list(), wq, [&](const Band& b) {
+                                    attend(b.query.lo, b.query.hi, qkv3, do3, o_bwd, Grads{&dq3, &dk3, &dv3}, true);
+                                  });
+        res.bands_diff += bits_differ(dq, dq3s) + bits_differ(dk, dk3s) + bits_differ(dv, dv3s);
+      }
+      res.bands_ms = ms_since(tb);
+    }
+  }
+
   // ---- compare with single-rank attention in double precision ----
   Reference own;
   if (!shared_ref) {
@@ -680,6 +740,7 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "                         [--warmup W] [--repeat N]\n"
       "                         [--backend local|mpi] [--device cpu|cuda] [--list-models]\n"
       "                         [--ring R [--causal]] [--rope [--rope-theta X]] [--wire fp8_e4m3|fp8_e5m2|bfloat16]\n"
+      "                         [--bands G]\n"
       "                         [--docs L1,L2,... [--causal] [--allgather-kv] [--ring R]]\n"
       "Ulysses attention (fp32) on P ranks; compares with single-rank attention in double precision.\n"
       "Default: Llama-3.1-8B attention (H=32, Hkv=8, D=128), B=1, S=1024, P=4, bshd, in-process group.\n"
@@ -715,6 +776,10 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "        plus half a subnormal step of the row's scale); o against the unquantized reference within the bound\n"
       "        (e^(2 delta) - 1) max|v| + tolerance, delta the largest logit change (measured in the reference; and\n"
       "        the a priori delta from the element bound, printed). Host executor only; not with --rope, --backward, --ring.\n"
+      "--bands G: the layer once more through the head-band pipeline (banded_attention(), with --backward\n"
+      "        banded_attention_backward(); docs/overlap.md): G bands of each rank's query heads, GQA groups whole;\n"
+      "        o (and dq, dk, dv) must equal the unbanded layer's bit for bit. Host only; not with --ring, --docs,\n"
+      "        --allgather-kv, --rope, --wire. 1 <= G <= 64.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -770,6 +835,7 @@ Config parse(int argc, char** argv) {
     }
     else if (a == "--causal") c.causal = true;
     else if (a == "--rope") c.rope = true;
+    else if (a == "--bands") c.bands = static_cast<int>(ulysses_cli::whole(argc, argv, i, 1, kMaxStages));
     else if (a == "--rope-theta") c.rope_theta = ulysses_cli::real(argc, argv, i, 1e-300), c.rope = true;
     else if (a == "--wire") {
       const Wire wires[] = {Wire::fp8_e4m3, Wire::fp8_e5m2, Wire::bfloat16};
@@ -805,6 +871,10 @@ Config parse(int argc, char** argv) {
   }
   if (c.wire != Wire::element && (c.device != "cpu" || c.ring > 0 || c.rope || c.backward)) {
     std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
+    std::exit(2);
+  }
+  if (c.bands > 0 && (c.device != "cpu" || c.ring > 0 || !c.docs.empty() || c.allgather || c.rope || c.wire != Wire::element)) {
+    std::fprintf(stderr, "--bands runs the plain Ulysses layer on the host (--device cpu), without --ring, --docs, --allgather-kv, --rope, --wire\n");
     std::exit(2);
   }
   if (!c.docs.empty()) {
@@ -914,6 +984,14 @@ int report(const Config& c, int P, const Result& m) {
   if (c.backward)
     std::printf("  (dk, dv taking one rank's copy of a replicated kv head instead of the sum: max abs error %.3g)\n",
                 m.err_unsummed);
+  if (c.bands > 0) {
+    const bool same = m.bands_diff == 0;
+    std::printf("  head bands: the layer again in %d band%s (banded_attention()%s: seq->head of band g+1 and head->seq of band g-1\n"
+                "  around the attention of band g), %.1f ms; elements differing from the unbanded layer (o%s): %.0f: %s\n",
+                c.bands, c.bands == 1 ? "" : "s", c.backward ? ", banded_attention_backward()" : "", m.bands_ms, c.backward ? ", dq, dk, dv" : "", m.bands_diff,
+                same ? "OK" : "FAILED");
+    ok = ok && same;
+  }
   return ok ? 0 : 1;
 }
 
