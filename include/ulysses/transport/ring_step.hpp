@@ -267,9 +267,11 @@ class RingSharedBlocks {
  public:
   explicit RingSharedBlocks(Comm& comm) noexcept : comm_(comm) {}
   ~RingSharedBlocks() { abandon(); }
-  /// Checks what zero-copy needs, before any collective. @throws Error(invalid_shape) Comm cannot
-  /// map its peers' buffers; a buffer (n of them, bytes[i] each) outside this rank's window slot.
-  void check(const char* who, std::byte* const* own, const std::size_t* bytes, std::size_t n) const {
+  /// Checks what zero-copy needs, before any collective, and sizes the peers' address lists (no
+  /// allocation inside the collectives). @throws Error(invalid_shape) Comm cannot map its peers'
+  /// buffers; a buffer (n of them, bytes[i] each) outside this rank's window slot.
+  void check(const char* who, std::byte* const* own, const std::size_t* bytes, std::size_t n) {
+    for (auto& p : ptr_) p.assign(static_cast<std::size_t>(comm_.size()), nullptr);
     if constexpr (!ring_zero_copy_v<Comm>) {
       (void)own;
       (void)bytes;
@@ -335,7 +337,7 @@ class RingSharedBlocks {
   static void keep(void* ctx, const void* const* all) {
     auto& self = *static_cast<RingSharedBlocks*>(ctx);
     const int R = self.comm_.size();
-    for (std::size_t i = 0; i < self.n_; ++i) self.ptr_[i].assign(static_cast<std::size_t>(R), nullptr);
+    for (std::size_t i = 0; i < self.n_; ++i) self.ptr_[i].assign(static_cast<std::size_t>(R), nullptr);  // (sized by check(): no allocation)
     for (int j = 0; j < R; ++j) {
       const auto& from = *static_cast<const PeerRecord*>(all[j]);
       for (std::size_t i = 0; i < self.n_; ++i) {
