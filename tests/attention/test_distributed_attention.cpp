@@ -79,6 +79,14 @@ bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::
     if (!same_bits(a[i], b[i])) return false;
   return true;
 }
+/// Checks that two runs of one rank gave the same bits: out, lse, dq, dk, dv.
+void check_same_results(const rd::RingRankResult& a, const rd::RingRankResult& b) {
+  CHECK(same_bits(a.out, b.out));
+  CHECK(same_bits(a.lse, b.lse));
+  CHECK(same_bits(a.dq, b.dq));
+  CHECK(same_bits(a.dk, b.dk));
+  CHECK(same_bits(a.dv, b.dv));
+}
 
 /// The global [B, S, Hx, Dx] tensor of every rank's seq shard (seq: the world's partition).
 std::vector<float> gather(const SeqPartition& seq, std::int64_t B, std::int64_t Hx, std::int64_t Dx, const std::vector<std::vector<float>>& shards) {
@@ -175,21 +183,9 @@ TEST_CASE("the same bits with either progress mode, with either ring access (cop
   const rd::RingGlobals g4(c4);
   const auto e = rd::run_ring_attention(c4, g4, true);
   const auto f = rd::run_ring_attention(c4, g4, true, RingProgress::in_start, RingAccess::zero_copy);
-  for (std::size_t w = 0; w < e.size(); ++w) {
-    CHECK(same_bits(e[w].out, f[w].out));
-    CHECK(same_bits(e[w].lse, f[w].lse));
-    CHECK(same_bits(e[w].dq, f[w].dq));
-    CHECK(same_bits(e[w].dk, f[w].dk));
-    CHECK(same_bits(e[w].dv, f[w].dv));
-  }
+  for (std::size_t w = 0; w < e.size(); ++w) check_same_results(e[w], f[w]);
   for (std::size_t w = 0; w < a.size(); ++w)
-    for (const auto* x : {&b, &d, &z}) {
-      CHECK(same_bits(a[w].out, (*x)[w].out));
-      CHECK(same_bits(a[w].lse, (*x)[w].lse));
-      CHECK(same_bits(a[w].dq, (*x)[w].dq));
-      CHECK(same_bits(a[w].dk, (*x)[w].dk));
-      CHECK(same_bits(a[w].dv, (*x)[w].dv));
-    }
+    for (const auto* x : {&b, &d, &z}) check_same_results(a[w], (*x)[w]);
 }
 
 namespace {
@@ -591,11 +587,7 @@ TEST_CASE("C20: zero-length documents in a padded cu_seqlens give the bits of [0
       const auto got = rd::run_ring_attention(c, g, true);
       CHECK(wrong.load() == 0);
       for (std::size_t w = 0; w < got.size(); ++w) {
-        CHECK(same_bits(got[w].out, want[w].out));
-        CHECK(same_bits(got[w].lse, want[w].lse));
-        CHECK(same_bits(got[w].dq, want[w].dq));
-        CHECK(same_bits(got[w].dk, want[w].dk));
-        CHECK(same_bits(got[w].dv, want[w].dv));
+        check_same_results(got[w], want[w]);
         CHECK(!has_nan(got[w].out));
         CHECK(!has_nan(got[w].dq));
         CHECK(!has_nan(got[w].dk));
