@@ -139,3 +139,34 @@ TEST_CASE("ring_merge errors and the kv block layout") {
   CHECK(kb.v_offset() == 2u * 5 * 8 * 2);
   CHECK(kb.bytes() == 2u * 5 * (8 + 4) * 2);
 }
+
+TEST_CASE("a head range (a band): only heads [lo, hi) merge and are written, with the bits of the whole merge there; a range outside [0, H) is invalid_shape") {
+  const RingMergeShape s{2, 3, 4, 2};  // B = 2, S_q = 3, H = 4, Dv = 2
+  std::vector<float> blk(static_cast<std::size_t>(s.out_elems())), lb(static_cast<std::size_t>(s.lse_elems()));
+  for (std::size_t i = 0; i < blk.size(); ++i) blk[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  for (std::size_t i = 0; i < lb.size(); ++i) lb[i] = 0.125f * static_cast<float>(i % 5);
+  std::vector<float> all_o(blk.size()), all_l(lb.size()), band_o(blk.size()), band_l(lb.size());
+  ring_merge_init(s, all_o.data(), all_l.data());
+  ring_merge_init(s, band_o.data(), band_l.data());
+  ring_merge_block(s, all_o.data(), all_l.data(), blk.data(), ElementType::float32, lb.data(), 0, 3);
+  ring_merge_block(s, band_o.data(), band_l.data(), blk.data(), ElementType::float32, lb.data(), 0, 3, LseBase::natural, HeadRun{1, 3});
+  std::vector<std::uint16_t> all_x(blk.size(), 0xffff), band_x(blk.size(), 0xffff);
+  ring_merge_finish(s, all_o.data(), all_x.data(), ElementType::bfloat16);
+  ring_merge_finish(s, band_o.data(), band_x.data(), ElementType::bfloat16, HeadRun{1, 3});
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t i = 0; i < 3; ++i)
+      for (std::int64_t h = 0; h < 4; ++h) {
+        const auto l = static_cast<std::size_t>((b * 4 + h) * 3 + i);
+        const bool in = h >= 1 && h < 3;
+        CHECK((in ? band_l[l] == all_l[l] : std::isinf(band_l[l]) && band_l[l] < 0));
+        for (std::int64_t d = 0; d < 2; ++d) {
+          const auto e = static_cast<std::size_t>(((b * 3 + i) * 4 + h) * 2 + d);
+          CHECK(band_x[e] == (in ? all_x[e] : std::uint16_t{0xffff}));
+          CHECK((in ? band_o[e] == all_o[e] : band_o[e] == 0.0f));
+        }
+      }
+  std::vector<float> o(static_cast<std::size_t>(s.out_elems()));
+  CHECK(ut::code_of([&] { ring_merge_block(s, o.data(), band_l.data(), blk.data(), ElementType::float32, lb.data(), 0, 3, LseBase::natural, HeadRun{2, 5}); }) ==
+        Errc::invalid_shape);
+  CHECK(ut::code_of([&] { ring_merge_finish(s, o.data(), o.data(), ElementType::float32, HeadRun{3, 2}); }) == Errc::invalid_shape);
+}

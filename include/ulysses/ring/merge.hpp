@@ -16,6 +16,7 @@
 #include "../error.hpp"
 #include "../layout/element.hpp"
 #include "../merge/lse.hpp"
+#include "../partition/heads.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -38,6 +39,14 @@ inline void check_merge_shape(const RingMergeShape& s, const char* who) {
   if (s.B < 0 || s.S_q < 0 || s.H < 0 || s.Dv < 0)
     fail(Errc::invalid_shape, std::string(who) + ": B=" + std::to_string(s.B) + ", S_q=" + std::to_string(s.S_q) + ", H=" +
                                   std::to_string(s.H) + ", Dv=" + std::to_string(s.Dv) + " must be >= 0");
+}
+/// The head range of a merge: {0, -1} is all H heads. @throws Error(invalid_shape) outside [0, H).
+inline HeadRun merge_heads(const RingMergeShape& s, HeadRun h, const char* who) {
+  if (h.lo == 0 && h.hi == -1) return {0, s.H};
+  if (h.lo < 0 || h.hi < h.lo || h.hi > s.H)
+    fail(Errc::invalid_shape, std::string(who) + ": heads [" + std::to_string(h.lo) + ", " + std::to_string(h.hi) + ") are outside [0, " +
+                                  std::to_string(s.H) + ")");
+  return h;
 }
 }  // namespace detail
 
@@ -63,15 +72,17 @@ inline void ring_merge_init(const RingMergeShape& s, float* out, float* lse) {
 /// @param type        the element type of out_block (float32, float16, bfloat16)
 /// @param q_begin, q_len the query rows of the state the block covers
 /// @param base        the LSE's base (natural: FlashAttention; two: FlashInfer)
+/// @param heads       the heads merged (a head band): [lo, hi) of [0, H); the others are left as they are
 /// A block with q_len = 0 (an empty step, RingWork::empty()) changes nothing.
-/// @throws Error(invalid_shape) a negative extent, or [q_begin, q_begin + q_len) outside [0, S_q);
-///         Error(tensor_mismatch) `type` not mergeable (float32, float16, bfloat16).
+/// @throws Error(invalid_shape) a negative extent, or [q_begin, q_begin + q_len) outside [0, S_q),
+///         or `heads` outside [0, H); Error(tensor_mismatch) `type` not mergeable (float32, float16, bfloat16).
 inline void ring_merge_block(const RingMergeShape& s, float* out, float* lse, const void* out_block, ElementType type, const float* lse_block,
-                             std::int64_t q_begin, std::int64_t q_len, LseBase base = LseBase::natural) {
+                             std::int64_t q_begin, std::int64_t q_len, LseBase base = LseBase::natural, HeadRun heads = {0, -1}) {
   detail::check_merge_shape(s, "ring_merge_block");
   if (q_begin < 0 || q_len < 0 || q_begin + q_len > s.S_q)
     detail::fail(Errc::invalid_shape, "ring_merge_block: query rows [" + std::to_string(q_begin) + ", " + std::to_string(q_begin + q_len) +
                                           ") are outside the state's [0, " + std::to_string(s.S_q) + ")");
+  heads = detail::merge_heads(s, heads, "ring_merge_block");
   if (!mergeable(type))
     detail::fail(Errc::tensor_mismatch, std::string("ring_merge_block: partial outputs of ") + to_string(type) +
                                             " cannot be merged; use float32, float16 or bfloat16");
@@ -79,7 +90,7 @@ inline void ring_merge_block(const RingMergeShape& s, float* out, float* lse, co
   const std::int64_t eb = detail::merge_elem_bytes(type);
   for (std::int64_t b = 0; b < s.B; ++b)
     for (std::int64_t i = 0; i < q_len; ++i)
-      for (std::int64_t h = 0; h < s.H; ++h) {
+      for (std::int64_t h = heads.lo; h < heads.hi; ++h) {
         const std::int64_t row = ((b * s.S_q + q_begin + i) * s.H + h) * s.Dv;
         const std::int64_t brow = ((b * q_len + i) * s.H + h) * s.Dv;
         merge(out + row, lse[(b * s.H + h) * s.S_q + q_begin + i], x + brow * eb, type, lse_block[(b * s.H + h) * q_len + i], s.Dv, base);
@@ -88,17 +99,24 @@ inline void ring_merge_block(const RingMergeShape& s, float* out, float* lse, co
 
 /// Writes the merged output, rounded once to `type` (float32: copied; 16-bit: to nearest, ties to
 /// even), as [B, S_q, H, Dv] bshd contiguous at dst. Rows that saw no key (every step's LSE −inf,
-/// +inf or NaN) are 0 (their LSE −inf). Host.
-/// @throws Error(invalid_shape) a negative extent; Error(tensor_mismatch) `type` not mergeable.
-inline void ring_merge_finish(const RingMergeShape& s, const float* out, void* dst, ElementType type) {
+/// +inf or NaN) are 0 (their LSE −inf). `heads` (a head band): only heads [lo, hi) of [0, H) are
+/// written (default: all). Host.
+/// @throws Error(invalid_shape) a negative extent, `heads` outside [0, H); Error(tensor_mismatch) `type` not mergeable.
+inline void ring_merge_finish(const RingMergeShape& s, const float* out, void* dst, ElementType type, HeadRun heads = {0, -1}) {
   detail::check_merge_shape(s, "ring_merge_finish");
+  heads = detail::merge_heads(s, heads, "ring_merge_finish");
   if (!mergeable(type))
     detail::fail(Errc::tensor_mismatch, std::string("ring_merge_finish: cannot write ") + to_string(type) + "; use float32, float16 or bfloat16");
   auto* d = static_cast<std::byte*>(dst);
   detail::with_merge_arith(type, [&](auto a) {
     using A = decltype(a);
     constexpr auto eb = static_cast<std::int64_t>(sizeof(typename A::Bits));
-    for (std::int64_t i = 0; i < s.out_elems(); ++i) A::store(d + i * eb, out[i]);
+    if (heads.lo == 0 && heads.hi == s.H) {
+      for (std::int64_t i = 0; i < s.out_elems(); ++i) A::store(d + i * eb, out[i]);
+      return;
+    }
+    for (std::int64_t row = 0; row < s.B * s.S_q; ++row)
+      for (std::int64_t i = (row * s.H + heads.lo) * s.Dv; i < (row * s.H + heads.hi) * s.Dv; ++i) A::store(d + i * eb, out[i]);
   });
 }
 
