@@ -27,6 +27,18 @@ struct Band {
   HeadRun kv;        ///< local kv heads [lo, hi) those query heads use (of k and v)
 };
 
+namespace detail {
+/// Band g of G of rank r of the layer `specs`: part g of r's query heads (stage_part()), and the
+/// local kv heads they use. @throws Error(invalid_shape) g outside [0, G).
+inline Band head_band(const AttentionSpecs& specs, int r, int g, int G) {
+  if (g < 0 || g >= G) fail(Errc::invalid_shape, "HeadBands::band(" + std::to_string(g) + "): there are " + std::to_string(G) + " bands");
+  const HeadRun part = stage_part(0, specs.query_heads.count(r), g, G);
+  Band b{g, part, {0, 0}};
+  if (part.size() > 0) b.kv = {specs.local_kv_head(r, part.lo), specs.local_kv_head(r, part.hi - 1) + 1};
+  return b;
+}
+}  // namespace detail
+
 /// The G head bands of one attention layer on one rank of a Ulysses group: the q, k, v plan and
 /// the o plan of attention_specs() with PlanOptions::stages = G and head_bands, so that band g
 /// is stage g of both. Band g of rank r is part g of r's query heads (the first H_r % G bands one
@@ -58,19 +70,7 @@ class HeadBands {
   const AttentionSpecs& specs() const { return specs_; }  ///< the layer's specs
 
   /// Band g on this rank. @throws Error(invalid_shape) g outside [0, count()).
-  Band band(int g) const {
-    if (g < 0 || g >= count())
-      detail::fail(Errc::invalid_shape, "HeadBands::band(" + std::to_string(g) + "): there are " + std::to_string(count()) + " bands");
-    const int r = qkv_.rank();
-    const HeadPartition& q = specs_.query_heads;
-    const HeadRun part = stage_part(0, q.count(r), g, count());
-    Band b{g, part, {0, 0}};
-    if (part.size() > 0) {
-      const std::int64_t lo = specs_.local_kv_head(r, part.lo), hi = specs_.local_kv_head(r, part.hi - 1) + 1;
-      b.kv = {lo, hi};
-    }
-    return b;
-  }
+  Band band(int g) const { return detail::head_band(specs_, qkv_.rank(), g, count()); }
 
  private:
   static PlanOptions with_bands(PlanOptions o, int bands) {
@@ -85,14 +85,12 @@ class HeadBands {
 };
 
 namespace detail {
-/// The pipeline over G bands: `in(g)` and `out(g)` make band g's two exchanges, `work(band)` the
-/// engine's step. seq→head of band 0; then for each band g, one handle carrying seq→head of band
+/// The pipeline over G bands: `in(g)` and `out(g)` make band g's two exchanges, `band(g)` band g,
+/// `work(band)` the engine's step. seq→head of band 0; then for each band g, one handle carrying seq→head of band
 /// g + 1 and head→seq of band g − 1 around work(g); last head→seq of band G − 1. With G = 1 the
 /// exchanges progress in start() whatever `progress` says (nothing to overlap).
-template <class Comm, class Exec, class In, class Out, class Work>
-void run_band_pipeline(const HeadBands& bands, Comm& comm, Exec& exec, Progress progress, In&& in, Out&& out, Work&& work,
-                       const char* what) {
-  const int G = bands.count();
+template <class Comm, class Exec, class In, class Out, class BandOf, class Work>
+void run_band_pipeline(int G, BandOf&& band_of, Comm& comm, Exec& exec, Progress progress, In&& in, Out&& out, Work&& work, const char* what) {
   // One band overlaps nothing: its exchanges run as the blocking calls do (no hand-over to a worker).
   Exchange<Comm, Exec> h(comm, exec, G == 1 ? Progress::in_start : progress);
   ExchangeCall calls[2];
@@ -104,7 +102,7 @@ void run_band_pipeline(const HeadBands& bands, Comm& comm, Exec& exec, Progress 
     if (g + 1 < G) calls[n++] = in(g + 1);
     if (g > 0) calls[n++] = out(g - 1);
     if (n) h.start(calls, n);
-    const Band b = bands.band(g);
+    const Band b = band_of(g);
     std::exception_ptr failed;
     try {
       work(b);
@@ -154,7 +152,7 @@ void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const Tens
                       const TensorList<ByteSpan>& qkv_head, Workspace qkv_ws, ConstByteSpan o_head, ByteSpan o_seq, Workspace o_ws,
                       Attend&& attend, Progress progress = Progress::automatic) {
   detail::run_band_pipeline(
-      bands, comm, exec, progress,
+      bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,
       [&](int g) { return ExchangeCall{&bands.qkv(), Direction::seq_to_head, qkv_seq, qkv_head, qkv_ws, StageRange::one(g)}; },
       [&](int g) {
         return ExchangeCall{&bands.out(), Direction::head_to_seq, TensorList<ConstByteSpan>{o_head}, TensorList<ByteSpan>{o_seq}, o_ws,
@@ -187,7 +185,7 @@ void banded_attention_backward(const HeadBands& bands, Comm& comm, Exec& exec, C
                                AttendBackward&& attend_backward, Progress progress = Progress::automatic) {
   detail::require_adjoint(bands.qkv(), "banded_attention_backward");
   detail::run_band_pipeline(
-      bands, comm, exec, progress,
+      bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,
       [&](int g) {
         return ExchangeCall{&bands.out(), Direction::seq_to_head, TensorList<ConstByteSpan>{do_seq}, TensorList<ByteSpan>{do_head}, o_ws,
                             StageRange::one(g)};

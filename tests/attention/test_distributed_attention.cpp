@@ -103,15 +103,19 @@ std::vector<float> gather(const SeqPartition& seq, std::int64_t B, std::int64_t 
 }
 
 /// Plain Ulysses through the Ulysses-only overloads over `seq` (P ranks): every rank's out, dq, dk, dv gathered to global tensors.
-std::vector<std::vector<float>> plain_ulysses(const rd::RingCase& c, const rd::RingGlobals& g, const SeqPartition& seq) {
+/// With `bands` > 1 the forward runs over that many head bands (DistributedAttentionOptions::bands).
+std::vector<std::vector<float>> plain_ulysses(const rd::RingCase& c, const rd::RingGlobals& g, const SeqPartition& seq, int bands = 1) {
   const int P = c.U;
   std::vector<std::vector<std::vector<float>>> r(4, std::vector<std::vector<float>>(static_cast<std::size_t>(P)));
   LocalGroup group(P, std::chrono::seconds(60));
   group.spawn([&](LocalGroup::Comm& comm) {
     const int w = comm.rank();
     const AttentionSpecs specs = attention_specs<float>(P, {c.H, c.Hkv, c.D, c.Dv});
-    const DistributedAttentionPlan plan({P, w}, c.B, seq, specs, c.causal);
+    DistributedAttentionOptions opt;
+    opt.bands = bands;
+    const DistributedAttentionPlan plan({P, w}, c.B, seq, specs, c.causal, opt);
     CHECK(plan.steps() == 1);
+    CHECK(plan.qkv_plan().num_stages() == bands);
     auto shard = [&](const std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) {
       std::vector<float> s(static_cast<std::size_t>(c.B * seq.local_length(w) * Hx * Dx));
       for (std::int64_t b = 0; b < c.B; ++b)
@@ -170,6 +174,33 @@ TEST_CASE("plain Ulysses (no ring communicator): any sequence partition, the sam
       for (const SeqPartition& seq : {SeqPartition::balanced(c.S, 4), SeqPartition::zigzag(c.S, 4), SeqPartition::lengths({3, 9, 4, 6})})
         CHECK(same_bits(plain_ulysses(c, g, seq), want));  // the head side sees the whole sequence in global order: the same bits
     }
+}
+
+TEST_CASE("head bands: G = 1 .. H_r + 1 bands give the unbanded bits (GQA, MQA, uneven remainders, empty bands); a ring plan refuses them") {
+  for (auto [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{6, 6}, {6, 2}, {6, 1}, {8, 2}})
+    for (bool causal : {true, false}) {
+      rd::RingCase c;
+      c.U = 2, c.R = 1, c.S = 13, c.H = H, c.Hkv = Hkv, c.B = 2, c.causal = causal;
+      c.layout = RingLayout::contiguous;
+      const rd::RingGlobals g(c);
+      const SeqPartition seq = SeqPartition::zigzag(c.S, 2);
+      const std::vector<std::vector<float>> want = plain_ulysses(c, g, seq);
+      for (int G = 2; G <= H / 2 + 1; ++G) {
+        INFO("H=" << H << " Hkv=" << Hkv << (causal ? " causal" : "") << " G=" << G);
+        CHECK(same_bits(plain_ulysses(c, g, seq, G), want));
+      }
+    }
+  const AttentionSpecs specs = attention_specs<float>(2, {4, 4, 8, 8});
+  DistributedAttentionOptions opt;
+  opt.bands = 2;
+  const RingPlan ring(RingPartition(16, 2, 2, RingLayout::zigzag), Mesh(4, 2, 2, 4), 0, 1, specs, true);
+  const auto ring_err = ut::error_of([&] { DistributedAttentionPlan p(ring, opt); });
+  CHECK(ring_err.first == Errc::invalid_shape);
+  CHECK(ring_err.second.find("plain Ulysses only") != std::string::npos);
+  opt.bands = kMaxStages + 1;
+  const auto many = ut::error_of([&] { DistributedAttentionPlan p({2, 0}, 1, SeqPartition::balanced(16, 2), specs, true, opt); });
+  CHECK(many.first == Errc::invalid_shape);
+  CHECK(many.second.find(std::to_string(kMaxStages + 1) + " bands") != std::string::npos);
 }
 
 TEST_CASE("the same bits with either progress mode, with either ring access (copy, zero_copy), and on every run") {

@@ -17,6 +17,7 @@
 
 #include "../allgather.hpp"
 #include "../attention_call.hpp"
+#include "../bands.hpp"
 #include "../host/executor.hpp"
 #include "../redistribute.hpp"
 #include "../ring/agreement.hpp"
@@ -28,6 +29,65 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+/// The step of band b: attention_step() of the one step narrowed to b's query heads and the kv
+/// heads they use (views, out and lse start at them; strides of the whole tensors). `map` gets the
+/// band's kv_of() (b.query.size() entries).
+inline AttentionStep band_step(const DistributedAttentionPlan& p, const Band& b, AttentionStep a, std::int64_t* map) {
+  const auto eb = static_cast<std::int64_t>(a.elem_bytes);
+  AttentionHeads& h = a.heads;
+  const std::int64_t qn = b.query.size(), kn = b.kv.size();
+  bool grouped = kn > 0 && qn % kn == 0;
+  for (std::int64_t i = 0; i < qn; ++i) {
+    map[i] = h.kv_of(b.query.lo + i) - b.kv.lo;
+    grouped = grouped && map[i] == i / (qn / kn);
+  }
+  h = {b.query.lo, qn, b.kv.lo, kn, h.q_global + b.query.lo, h.kv_global + b.kv.lo, grouped, map};
+  a.q = static_cast<const std::byte*>(a.q) + b.query.lo * a.head_dim * eb;
+  a.k = static_cast<const std::byte*>(a.k) + b.kv.lo * a.head_dim * eb;
+  a.v = static_cast<const std::byte*>(a.v) + b.kv.lo * a.v_head_dim * eb;
+  a.out = static_cast<std::byte*>(a.out) + b.query.lo * a.v_head_dim * eb;
+  a.lse += b.query.lo * a.lse_stride.head;
+  (void)p;
+  return a;
+}
+
+/// The forward over G = options().bands head bands (plain Ulysses): band g's attention runs while
+/// seq→head of band g + 1 and head→seq of band g − 1 move (run_band_pipeline(); the same bytes as
+/// the unbanded forward: each band merged and rounded over its own heads).
+template <class UC, class F>
+void banded_forward(const DistributedAttentionPlan& p, UC& uc, const QkvIn& in, ByteSpan out, F& attention, std::byte* q_h, std::byte* own,
+                    std::byte* o_h, float* lse, float* acc, std::byte* pout, float* plse, ByteSpan xws) {
+  const Plan &qkv = p.qkv_plan(), &o = p.out_plan();
+  const AttentionRegions& r = p.regions();
+  const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
+  const RingWork& w = p.work(0);
+  AttentionStep whole = attention_step(p, 0, 0, q_h, own);
+  whole.out = pout;
+  whole.lse = plse;
+  std::memset(pout, 0, static_cast<std::size_t>(ms.out_elems()) * p.specs().q.elem_bytes);
+  for (std::int64_t i = 0; i < ms.lse_elems(); ++i) plse[i] = -INFINITY;
+  std::vector<std::int64_t> map(static_cast<std::size_t>(p.query_heads()) + 1);
+  const std::size_t nk = qkv.head_bytes(1), qws = attention_round(qkv.workspace_bytes());
+  const QkvOut heads = QkvOut().q({q_h, r.saved[0]}).k({own, nk}).v({own + nk, qkv.head_bytes(2)});
+  HostExecutor exec;
+  run_band_pipeline(
+      qkv.num_stages(), [&](int g) { return head_band(p.specs(), qkv.rank(), g, qkv.num_stages()); }, uc, exec, Progress::automatic,
+      [&](int g) { return ExchangeCall{&qkv, Direction::seq_to_head, in.list(), heads.list(), Workspace(xws.data, qws), StageRange::one(g)}; },
+      [&](int g) {
+        return ExchangeCall{&o, Direction::head_to_seq, TensorList<ConstByteSpan>{ConstByteSpan(o_h, r.saved[2])}, TensorList<ByteSpan>{out},
+                            Workspace(static_cast<std::byte*>(xws.data) + qws, xws.bytes - qws), StageRange::one(g)};
+      },
+      [&](const Band& b) {
+        if (b.query.size() == 0) return;
+        if (!w.empty()) {
+          attention(static_cast<const AttentionStep&>(band_step(p, b, whole, map.data())));
+          ring_merge_block(ms, acc, lse, pout, p.element_type(), plse, w.q_begin, w.q_len, LseBase::natural, b.query);
+        }
+        ring_merge_finish(ms, acc, o_h, p.element_type(), b.query);
+      },
+      "the attention of a head band");
+}
+
 /// The forward on this rank (see distributed_attention()).
 template <class UC, class RC, class F>
 void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvIn& in, ByteSpan out, F& attention, ByteSpan saved,
@@ -61,11 +121,12 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
     check_attention_span(call, "q", l.data[0].data, l.data[0].bytes, r.saved[0], Errc::buffer_too_small, "qkv_plan().seq_bytes(0) of a q");
     if (r.saved[0]) std::memcpy(q_h, l.data[0].data, r.saved[0]);
     allgather_kv(qkv, uc, exec, {l.data[1], l.data[2]}, {ByteSpan(own, qkv.head_bytes(0)), ByteSpan(own + qkv.head_bytes(0), qkv.head_bytes(1))}, xws);
-  } else {
+  } else if (p.options().bands == 1) {
     seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({own, qkv.head_bytes(1)}).v({own + qkv.head_bytes(1), qkv.head_bytes(2)}), xws);
   }
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
   ring_merge_init(ms, acc, lse);
+  if (p.options().bands > 1) return banded_forward(p, uc, in, out, attention, q_h, own, o_h, lse, acc, pout, plse, xws);
   const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
   const ElementType type = p.element_type();
   auto body = [&](int s, const std::byte* block) {

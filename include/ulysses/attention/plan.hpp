@@ -35,6 +35,9 @@ struct DistributedAttentionOptions {
   /// kv0 (and, backward, adds into their g0) in place, with the workspaces in the window (MpiWindowComm)
   RingAccess ring_access = RingAccess::copy;
   PlanOptions plan = {};                            ///< the Ulysses plans' options (path, stages); `ring` is set by the plan
+  /// G in [1, kMaxStages] head bands (plain Ulysses only): band g's attention runs while seq→head of band g + 1
+  /// and head→seq of band g − 1 move (bands.hpp; sets plan.stages, plan.head_bands). Same bits for every G.
+  int bands = 1;
 };
 
 namespace detail {
@@ -265,6 +268,15 @@ class DistributedAttentionPlan {
     o.ring = RingConfig{U, 1, RingLayout::contiguous, causal, S, 1, docs ? docs->fingerprint() : 0, false};
     return o;
   }
+  /// The plans' options with the bands (DistributedAttentionOptions::bands) as head-band stages.
+  static PlanOptions banded(const DistributedAttentionOptions& o) {
+    if (o.bands < 1 || o.bands > kMaxStages)
+      detail::fail(Errc::invalid_shape, "DistributedAttentionPlan: " + std::to_string(o.bands) + " bands; give 1 to " + std::to_string(kMaxStages));
+    PlanOptions p = o.plan;
+    p.stages = o.bands > 1 ? o.bands : p.stages;
+    p.head_bands = o.bands > 1 || p.head_bands;
+    return p;
+  }
   static const Documents* checked(const Documents* docs, std::int64_t S) {
     if (docs && docs->seq_len() != S)
       detail::fail(Errc::seq_lengths_mismatch, "DistributedAttentionPlan: the documents span S=" + std::to_string(docs->seq_len()) +
@@ -275,8 +287,8 @@ class DistributedAttentionPlan {
   DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
                            const Documents* docs, const DistributedAttentionOptions& o)
       : specs_(specs), B_(batch), causal_(causal), u_(group.rank), opt_(o),
-        qkv_(group, batch, seq, specs.qkv(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))),
-        out_(Plan(group, batch, seq, specs.out(), Format::bshd, with_ring(o.plan, group.size, seq.seq_len(), causal, docs))) {
+        qkv_(group, batch, seq, specs.qkv(), Format::bshd, with_ring(banded(o), group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))),
+        out_(Plan(group, batch, seq, specs.out(), Format::bshd, with_ring(banded(o), group.size, seq.seq_len(), causal, docs))) {
     if (docs) {
       docs_ = *docs;
       work_.push_back(ring_work(RingPartition(*docs, group.size, 1), 0, 0, causal));
@@ -370,6 +382,9 @@ class DistributedAttentionPlan {
     return Plan({ring.partition().ulysses_degree(), ring.ulysses_rank()}, ring.batch(), ring.ulysses_partition(), std::move(t), Format::bshd, o);
   }
   void init(std::int64_t L) {
+    if (opt_.bands != 1 && (ring_ || allgather_))
+      detail::fail(Errc::invalid_shape, "DistributedAttentionPlan: head bands (options.bands = " + std::to_string(opt_.bands) +
+                                            ") run on plain Ulysses only, not on a ring or an all-gather-KV plan");
     L_ = L;
     Hq_ = specs_.query_heads.count(u_);
     Hk_ = specs_.kv_heads.count(u_);  // (all-gather: u_ = 0 of a P = 1 split, every head)
@@ -395,7 +410,8 @@ class DistributedAttentionPlan {
       gmax = ring_->grad_buffer_bytes();
     }
     const bool R = steps() > 1;
-    const std::size_t ws = std::max({qkv_.workspace_bytes(), out_ ? out_->workspace_bytes() : 0, gather_ ? gather_->workspace_bytes() : 0});
+    std::size_t ws = std::max({qkv_.workspace_bytes(), out_ ? out_->workspace_bytes() : 0, gather_ ? gather_->workspace_bytes() : 0});
+    if (opt_.bands > 1) ws = detail::attention_round(qkv_.workspace_bytes()) + out_->workspace_bytes();  // (both exchanges in flight at once)
     const std::size_t own = gather_ ? rows * Hk * (D + Dv) * eb : 0;  // U × AG: this rank's L_j rows of k|v before the gather
     regions_.saved[0] = rows * Hq * D * eb;
     regions_.saved[1] = kv_rows * Hk * (D + Dv) * eb;

@@ -67,8 +67,8 @@ struct TokenRanges {
 /// The heads of one call, local to this rank's head-sharded tensors: query heads [q_begin,
 /// q_begin + q_count) use kv heads [kv_begin, kv_begin + kv_count). The view pointers of the
 /// step already start at q_begin and kv_begin; query head h of the call (0 .. q_count − 1) uses
-/// kv head kv_of(h) of the call. Today distributed_attention() passes the rank's whole local
-/// range; a head-band pipeline will pass one band per call.
+/// kv head kv_of(h) of the call. distributed_attention() passes the rank's whole local range,
+/// or one head band per call (DistributedAttentionOptions::bands).
 struct AttentionHeads {
   std::int64_t q_begin = 0;          ///< first local query head of the call
   std::int64_t q_count = 0;          ///< query heads of the call (H_u for the whole range)
@@ -117,7 +117,7 @@ struct AttentionStep {
   const void* v = nullptr;     ///< v [B, kv_len, kv_count, Dv] at v_stride
   AttentionStrides q_stride, k_stride, v_stride;  ///< their strides (elements)
   void* out = nullptr;         ///< write: the partial output [B, q_len, q_count, Dv] of `type` at out_stride
-  AttentionStrides out_stride; ///< its strides (contiguous today)
+  AttentionStrides out_stride; ///< its strides (a head band's view: the whole tensor's)
   float* lse = nullptr;        ///< write: its LSE, fp32 [B, q_count, q_len] at lse_stride, natural log; −inf (or +inf / NaN) for a row with no key
   LseStrides lse_stride;       ///< its strides
   bool causal() const { return mask == RingMask::causal; }  ///< FlashAttention's causal flag (false for blocks: see them)
