@@ -44,6 +44,9 @@ struct RingCase {
   /// the rotation (DistributedAttentionPlan::allgather(const RingPlan&)); the partition is the ring's
   bool ulysses_allgather = false;
   ulysses::DocumentSplit allgather_split = ulysses::DocumentSplit::zigzag;  ///< the all-gather group's partition of the documents
+  /// Head bands (DistributedAttentionOptions::bands; plain Ulysses, R = 1): > 1 runs the layer
+  /// through the Ulysses-only overloads over that many bands of each rank's query heads.
+  int bands = 1;
   /// Called with every forward step before the kernel (world rank w; tests look at the mask).
   std::function<void(int w, const ulysses::AttentionStep&)> on_step;
   /// The document of global token t (0 without documents).
@@ -291,11 +294,17 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   DistributedAttentionOptions opt;
   opt.progress = progress;
   opt.ring_access = access;
+  opt.bands = c.bands;
+  const bool plain = c.allgather || c.bands > 1;  // the Ulysses-only overloads
   std::optional<DistributedAttentionPlan> made;
   std::optional<RingPartition> part;
   int u = 0, j = 0;
   if (c.allgather) {
     made.emplace(DistributedAttentionPlan::allgather({c.U * c.R, w}, c.B, world, specs, c.causal, docs ? &*docs : nullptr, opt));
+  } else if (c.bands > 1) {  // plain Ulysses (R = 1): w is the Ulysses rank
+    if (docs) made.emplace(Group{c.U, w}, c.B, world, specs, c.causal, *docs, opt);
+    else made.emplace(Group{c.U, w}, c.B, world, specs, c.causal, opt);
+    u = w;
   } else {
     part.emplace(docs ? RingPartition(*docs, c.U, c.R) : RingPartition(c.S, c.U, c.R, c.layout));
     const RingPlan rp(*part, Mesh(c.U * c.R, c.U, c.R, c.U * c.R), w, c.B, specs, c.causal);  // one block, ulysses_inner: w = j·U + u
@@ -313,7 +322,7 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
     if (c.on_step) c.on_step(w, st);
     step_attention(st);
   };
-  if (c.allgather)
+  if (plain)
     distributed_attention(plan, uc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws);
   else
     distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws);
@@ -322,13 +331,13 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   rr.h0 = specs.query_heads.begin(u);
   rr.Hq = plan.query_heads();
   rr.L = plan.tokens();
-  for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(c.allgather ? world.global_token(w, i) : part->ring_token(j, i));
+  for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(c.allgather ? world.global_token(w, i) : part ? part->ring_token(j, i) : i);
   if (!backward) return rr;
   const std::vector<float> dos = ring_shard(c, world, w, g.dout, c.H, c.Dv);
   rr.dq.assign(q.size(), 0.0f);
   rr.dk.assign(k.size(), 0.0f);
   rr.dv.assign(v.size(), 0.0f);
-  if (c.allgather)
+  if (plain)
     distributed_attention_backward(plan, uc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
   else
     distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);

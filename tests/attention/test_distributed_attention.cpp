@@ -203,6 +203,62 @@ TEST_CASE("head bands: G = 1 .. H_r + 1 bands give the unbanded bits (GQA, MQA, 
   CHECK(many.second.find(std::to_string(kMaxStages + 1) + " bands") != std::string::npos);
 }
 
+TEST_CASE("head bands: the kernel is called once per band with the band's heads, in order; a kernel that throws in band 1 on one rank is a coded error on every rank, at once") {
+  rd::RingCase c;
+  c.U = 4, c.R = 1, c.S = 22, c.H = 12, c.Hkv = 4, c.B = 1, c.causal = true, c.bands = 3;  // H_r = 3 query heads on 1 kv head
+  c.layout = RingLayout::contiguous;
+  const rd::RingGlobals g(c);
+  std::mutex m;
+  std::vector<std::vector<AttentionHeads>> calls(4);
+  c.on_step = [&](int w, const AttentionStep& st) {
+    std::lock_guard<std::mutex> lock(m);
+    calls[static_cast<std::size_t>(w)].push_back(st.heads);
+    CHECK(st.heads.kv_of(0) == 0);  // (kv_map lives for the call)
+    CHECK(st.out_stride.row == 3 * c.Dv);  // the whole partial output's strides
+    CHECK(st.lse_stride.head == st.q_len);
+  };
+  std::vector<std::pair<Errc, std::string>> res(4);
+  auto run = [&] {
+    LocalGroup group(4, std::chrono::seconds(30));
+    group.spawn([&](LocalGroup::Comm& comm) {
+      try {
+        rd::ring_rank_attention(c, g, comm.rank(), comm, comm, true);
+      } catch (const Error& e) {
+        res[static_cast<std::size_t>(comm.rank())] = {e.code(), e.what()};
+      } catch (const std::exception& e) {
+        res[static_cast<std::size_t>(comm.rank())] = {Errc::backend, e.what()};
+      }
+    });
+  };
+  run();
+  for (int w = 0; w < 4; ++w) {
+    CHECK(res[static_cast<std::size_t>(w)].first == Errc{});
+    const auto& h = calls[static_cast<std::size_t>(w)];
+    REQUIRE(h.size() == 3u);
+    for (std::int64_t b = 0; b < 3; ++b) {
+      const AttentionHeads& x = h[static_cast<std::size_t>(b)];
+      CHECK(x.q_begin == b);
+      CHECK(x.q_count == 1);
+      CHECK(x.kv_begin == 0);
+      CHECK(x.kv_count == 1);
+      CHECK(x.q_global == 3 * w + b);
+      CHECK(x.kv_global == w);
+      CHECK(x.grouped);
+    }
+  }
+  c.on_step = [](int w, const AttentionStep& st) {
+    if (w == 1 && st.heads.q_begin == 1) throw std::runtime_error("the engine's kernel failed in band 1");
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  for (int w = 0; w < 4; ++w) {
+    INFO("rank " << w << ": " << res[static_cast<std::size_t>(w)].second);
+    CHECK(res[static_cast<std::size_t>(w)].first == (w == 1 ? Errc::backend : Errc::aborted));
+  }
+  CHECK(ms < 10000);  // the peers heard at once (the group's deadline is 30 s)
+}
+
 TEST_CASE("the same bits with either progress mode, with either ring access (copy, zero_copy), and on every run") {
   rd::RingCase c = ring_case({2, 2, 22, 4, 1, 2, true});
   const rd::RingGlobals g(c);

@@ -412,6 +412,38 @@ TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigza
   }
 }
 
+TEST_CASE("MPI head bands: distributed_attention over G = 2 .. 4 bands on MpiComm and MpiWindowComm (MHA, GQA groups split across bands, MQA replicated); the in-process unbanded bits") {
+  namespace rd = ulysses_ring_demo;
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  for (const std::int64_t Hkv : {std::int64_t{3} * W, std::int64_t{W}, std::int64_t{1}}) {
+    rd::RingCase c;
+    c.U = W, c.R = 1, c.B = 2, c.D = 8, c.Dv = 6, c.H = 3 * W, c.Hkv = Hkv, c.S = 5 * W + 2, c.causal = true;
+    c.layout = RingLayout::contiguous;
+    const rd::RingGlobals g(c);
+    const rd::RingRankResult want = rd::run_ring_attention(c, g, true)[static_cast<std::size_t>(w)];  // unbanded, on threads
+    MpiComm mpi(MPI_COMM_WORLD);
+    MpiWindow win(mpi, std::size_t{1} << 22);
+    MpiWindowComm wc(mpi, win);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    for (int G = 2; G <= 4; ++G) {
+      c.bands = G;
+      INFO("H=" << c.H << " Hkv=" << Hkv << " S=" << c.S << " G=" << G);
+      const rd::RingRankResult got[2] = {rd::ring_rank_attention(c, g, w, mpi, mpi, true), rd::ring_rank_attention(c, g, w, wc, wc, true)};
+      for (const rd::RingRankResult& r : got) {
+        CHECK(same(r.out, want.out));
+        CHECK(same(r.lse, want.lse));
+        CHECK(same(r.dq, want.dq));
+        CHECK(same(r.dk, want.dk));
+        CHECK(same(r.dv, want.dv));
+      }
+    }
+  }
+}
+
 TEST_CASE("MPI check_ring_config(plan): the ring configuration in the plan's record; a rank whose plan says another causal throws on every rank") {
   int W = 0, w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);

@@ -106,6 +106,70 @@ void attention_grads_out(const DistributedAttentionPlan& p, UC& uc, RC* rc, cons
   seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws);
 }
 
+/// Elements [lo, hi) of each of `rows` rows of `width` fp32 elements at src, rounded once to
+/// `type` at the same places of dst (attention_store()).
+inline void attention_store_columns(const float* src, std::byte* dst, std::int64_t rows, std::int64_t width, std::int64_t lo, std::int64_t hi,
+                                    ElementType type, std::size_t eb) {
+  for (std::int64_t r = 0; r < rows; ++r) attention_store(src + r * width + lo, dst + static_cast<std::size_t>(r * width + lo) * eb, hi - lo, type);
+}
+
+/// The backward over G = options().bands head bands (plain Ulysses): seq→head of do band by band,
+/// the engine's backward of band g, head→seq of its dq and of the dk|dv of the kv heads whose last
+/// band on this rank is g (the summed inverse), while the next band computes. The partials are
+/// zeroed once: the bands that share a kv head add into its dk|dv in turn, as one unbanded call
+/// adds its query heads in order (the same bits, for a kernel that accumulates so). dq as the
+/// unbanded R = 1 path: 0 + the partial, rounded once.
+template <class UC, class G>
+void banded_backward(const DistributedAttentionPlan& p, UC& uc, ConstByteSpan dout, const QkvGradOut& grads, G& backward, const std::byte* q_h,
+                     const std::byte* own, const std::byte* o_h, const float* lse, std::byte* do_h, float* const f[3], std::byte* g_t, ByteSpan xws) {
+  const Plan &qkv = p.qkv_plan(), &o = p.out_plan();
+  require_adjoint(qkv, "distributed_attention_backward");
+  const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
+  const std::size_t eb = p.specs().q.elem_bytes, nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
+  const std::size_t ows = attention_round(o.workspace_bytes());
+  const ElementType t = p.element_type();
+  const bool work = !p.work(0).empty();
+  const AttentionGradStep whole = attention_grad_step(p, 0, 0, q_h, own, o_h, do_h, lse, f[1], f[2]);  // (zeroes the partials of a step with work)
+  if (!work) std::memset(f[1], 0, static_cast<std::size_t>(B * L * Hq * D) * sizeof(float));
+  if (!work) std::memset(f[2], 0, static_cast<std::size_t>(B * L * Hk * (D + Dv)) * sizeof(float));
+  std::vector<std::int64_t> map(static_cast<std::size_t>(Hq) + 1);
+  const int nb = qkv.num_stages();
+  auto band_of = [&](int g) { return head_band(p.specs(), qkv.rank(), g, nb); };
+  std::int64_t kv_done = 0;  // kv heads [0, kv_done) rounded already
+  const QkvGradIn g_in = QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv});
+  HostExecutor exec;
+  run_band_pipeline(
+      nb, band_of, uc, exec, Progress::automatic,
+      [&](int g) {
+        return ExchangeCall{&o, Direction::seq_to_head, TensorList<ConstByteSpan>{dout}, TensorList<ByteSpan>{ByteSpan(do_h, o.head_bytes(0))},
+                            Workspace(xws.data, ows), StageRange::one(g)};
+      },
+      [&](int g) { return ExchangeCall{&qkv, Direction::head_to_seq, g_in.list(), grads.list(), Workspace(static_cast<std::byte*>(xws.data) + ows, xws.bytes - ows), StageRange::one(g)}; },
+      [&](const Band& b) {
+        const std::int64_t ql = b.query.lo, qh = b.query.hi, eq = static_cast<std::int64_t>(eb);
+        if (work && b.query.size() > 0) {
+          AttentionGradStep g = whole;
+          g.fwd = band_step(b, whole.fwd, map.data());
+          g.o = o_h + ql * Dv * eq;
+          g.dout = do_h + ql * Dv * eq;
+          g.lse += ql * g.lse_stride.head;
+          g.dq += ql * D;
+          g.dk += b.kv.lo * D;
+          g.dv += b.kv.lo * Dv;
+          backward(static_cast<const AttentionGradStep&>(g));
+        }
+        for (std::int64_t r = 0; r < B * L; ++r)
+          for (std::int64_t e = ql * D; e < qh * D; ++e) f[0][r * Hq * D + e] = 0.0f + f[1][r * Hq * D + e];
+        attention_store_columns(f[0], g_t, B * L, Hq * D, ql * D, qh * D, t, eb);
+        const Band next = b.index + 1 < nb ? band_of(b.index + 1) : Band{};
+        const std::int64_t kv_hi = next.query.size() > 0 ? next.kv.lo : Hk;  // the kv heads no later band uses
+        attention_store_columns(f[2], g_t + nq, B * L, Hk * D, kv_done * D, kv_hi * D, t, eb);
+        attention_store_columns(f[2] + B * L * Hk * D, g_t + nq + nk, B * L, Hk * Dv, kv_done * Dv, kv_hi * Dv, t, eb);
+        kv_done = kv_hi > kv_done ? kv_hi : kv_done;
+      },
+      "the attention backward of a head band");
+}
+
 /// The backward on this rank (see distributed_attention_backward()).
 template <class UC, class RC, class G>
 void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
@@ -118,19 +182,21 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   AttentionCarve sv(saved.data), wk(ws.data);
   const std::byte *q_h = sv.take(r.saved[0]), *own = sv.take(r.saved[1]), *o_h = sv.take(r.saved[2]);
   const auto* lse = static_cast<const float*>(static_cast<const void*>(sv.take(r.saved[3])));
-  const std::byte* do_h = wk.take(r.bwd[0]);
+  std::byte* const do_ws = wk.take(r.bwd[0]);
+  const std::byte* do_h = do_ws;
   std::byte* const kv[2] = {wk.take(r.bwd[1]), wk.take(r.bwd[2])};
   std::byte* const gr[2] = {wk.take(r.bwd[3]), wk.take(r.bwd[4])};
   float* f[3];  // dq accumulator, dq partial, dk|dv partial
   for (int i = 0; i < 3; ++i) f[i] = static_cast<float*>(static_cast<void*>(wk.take(r.bwd[5 + i])));
   std::byte* g_t = wk.take(r.bwd[8]);  // dq, dk, dv in the element type
   const ByteSpan xws(wk.take(r.bwd[9]), r.bwd[9]);
+  if (p.options().bands > 1) return banded_backward(p, uc, dout, grads, backward, q_h, own, o_h, lse, do_ws, f, g_t, xws);
   HostExecutor exec;
   if (p.is_allgather() && !p.is_ulysses_allgather()) {  // do is on the query rows already: the step reads it in place
     check_attention_span(call, "do", dout.data, dout.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of a do");
     do_h = static_cast<const std::byte*>(dout.data);
   } else {
-    head_to_seq_backward(p.out_plan(), uc, exec, dout, ByteSpan(const_cast<std::byte*>(do_h), r.bwd[0]), xws);
+    head_to_seq_backward(p.out_plan(), uc, exec, dout, ByteSpan(do_ws, r.bwd[0]), xws);
   }
   const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), D = p.specs().q.head_dim;
   std::memset(f[0], 0, r.bwd[5]);

@@ -17,7 +17,6 @@
 
 #include "../allgather.hpp"
 #include "../attention_call.hpp"
-#include "../bands.hpp"
 #include "../host/executor.hpp"
 #include "../redistribute.hpp"
 #include "../ring/agreement.hpp"
@@ -29,28 +28,6 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
-/// The step of band b: attention_step() of the one step narrowed to b's query heads and the kv
-/// heads they use (views, out and lse start at them; strides of the whole tensors). `map` gets the
-/// band's kv_of() (b.query.size() entries).
-inline AttentionStep band_step(const DistributedAttentionPlan& p, const Band& b, AttentionStep a, std::int64_t* map) {
-  const auto eb = static_cast<std::int64_t>(a.elem_bytes);
-  AttentionHeads& h = a.heads;
-  const std::int64_t qn = b.query.size(), kn = b.kv.size();
-  bool grouped = kn > 0 && qn % kn == 0;
-  for (std::int64_t i = 0; i < qn; ++i) {
-    map[i] = h.kv_of(b.query.lo + i) - b.kv.lo;
-    grouped = grouped && map[i] == i / (qn / kn);
-  }
-  h = {b.query.lo, qn, b.kv.lo, kn, h.q_global + b.query.lo, h.kv_global + b.kv.lo, grouped, map};
-  a.q = static_cast<const std::byte*>(a.q) + b.query.lo * a.head_dim * eb;
-  a.k = static_cast<const std::byte*>(a.k) + b.kv.lo * a.head_dim * eb;
-  a.v = static_cast<const std::byte*>(a.v) + b.kv.lo * a.v_head_dim * eb;
-  a.out = static_cast<std::byte*>(a.out) + b.query.lo * a.v_head_dim * eb;
-  a.lse += b.query.lo * a.lse_stride.head;
-  (void)p;
-  return a;
-}
-
 /// The forward over G = options().bands head bands (plain Ulysses): band g's attention runs while
 /// seq→head of band g + 1 and head→seq of band g − 1 move (run_band_pipeline(); the same bytes as
 /// the unbanded forward: each band merged and rounded over its own heads).
@@ -80,7 +57,7 @@ void banded_forward(const DistributedAttentionPlan& p, UC& uc, const QkvIn& in, 
       [&](const Band& b) {
         if (b.query.size() == 0) return;
         if (!w.empty()) {
-          attention(static_cast<const AttentionStep&>(band_step(p, b, whole, map.data())));
+          attention(static_cast<const AttentionStep&>(band_step(b, whole, map.data())));
           ring_merge_block(ms, acc, lse, pout, p.element_type(), plse, w.q_begin, w.q_len, LseBase::natural, b.query);
         }
         ring_merge_finish(ms, acc, o_h, p.element_type(), b.query);

@@ -411,7 +411,7 @@ class DistributedAttentionPlan {
     }
     const bool R = steps() > 1;
     std::size_t ws = std::max({qkv_.workspace_bytes(), out_ ? out_->workspace_bytes() : 0, gather_ ? gather_->workspace_bytes() : 0});
-    if (opt_.bands > 1) ws = detail::attention_round(qkv_.workspace_bytes()) + out_->workspace_bytes();  // (both exchanges in flight at once)
+    if (opt_.bands > 1) ws = detail::attention_round(qkv_.workspace_bytes()) + detail::attention_round(out_->workspace_bytes());  // (two in flight)
     const std::size_t own = gather_ ? rows * Hk * (D + Dv) * eb : 0;  // U × AG: this rank's L_j rows of k|v before the gather
     regions_.saved[0] = rows * Hq * D * eb;
     regions_.saved[1] = kv_rows * Hk * (D + Dv) * eb;

@@ -79,7 +79,7 @@ struct AttentionHeads {
   /// True when kv_of(h) = h / (q_count / kv_count): FlashAttention's GQA rule (q_count a
   /// multiple of kv_count), so its kernel takes the views as they are.
   bool grouped = true;
-  const std::int64_t* kv_map = nullptr;  ///< kv_of() for each query head of the call (q_count entries)
+  const std::int64_t* kv_map = nullptr;  ///< kv_of() for each query head of the call (q_count entries; valid during the call)
   /// The kv head (of the call) that query head h (of the call) uses.
   std::int64_t kv_of(std::int64_t h) const { return kv_map ? kv_map[h] : h / (q_count / kv_count); }
 };

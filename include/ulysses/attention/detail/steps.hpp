@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../../bands.hpp"
 #include "../../comm/tell_peers.hpp"
 #include "../../ring/merge.hpp"
 #include "../../ring/rotation.hpp"
@@ -107,6 +108,27 @@ inline AttentionStep attention_step(const DistributedAttentionPlan& p, int s, in
   a.v_stride = {w.L_kv * Hk * Dv, Hk * Dv, Dv};
   a.out_stride = {w.q_len * Hq * Dv, Hq * Dv, Dv};
   a.lse_stride = {Hq * w.q_len, w.q_len};
+  return a;
+}
+
+/// The step of band b: attention_step() of the one step narrowed to b's query heads and the kv
+/// heads they use (views, out and lse start at them; strides of the whole tensors). `map` gets the
+/// band's kv_of() (b.query.size() entries).
+inline AttentionStep band_step(const Band& b, AttentionStep a, std::int64_t* map) {
+  const auto eb = static_cast<std::int64_t>(a.elem_bytes);
+  AttentionHeads& h = a.heads;
+  const std::int64_t qn = b.query.size(), kn = b.kv.size();
+  bool grouped = kn > 0 && qn % kn == 0;
+  for (std::int64_t i = 0; i < qn; ++i) {
+    map[i] = h.kv_of(b.query.lo + i) - b.kv.lo;
+    grouped = grouped && map[i] == i / (qn / kn);
+  }
+  h = {b.query.lo, qn, b.kv.lo, kn, h.q_global + b.query.lo, h.kv_global + b.kv.lo, grouped, map};
+  a.q = static_cast<const std::byte*>(a.q) + b.query.lo * a.head_dim * eb;
+  a.k = static_cast<const std::byte*>(a.k) + b.kv.lo * a.head_dim * eb;
+  a.v = static_cast<const std::byte*>(a.v) + b.kv.lo * a.v_head_dim * eb;
+  a.out = static_cast<std::byte*>(a.out) + b.query.lo * a.v_head_dim * eb;
+  a.lse += b.query.lo * a.lse_stride.head;
   return a;
 }
 
