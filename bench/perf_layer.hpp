@@ -10,6 +10,8 @@
 // contiguous split, SeqPartition::balanced, and the plan's documents). R = 1: plain Ulysses over
 // U; kv `allgather`: U = 1 the drop-in's all-gather KV over the R ranks (q stays), U > 1 U × AG
 // (DistributedAttentionPlan::allgather(const RingPlan&): Ulysses across, k|v gathered over R).
+// --bands G,... with R = 1: each size once per band count (DistributedAttentionOptions::bands: the
+// forward's exchanges of one band hidden behind the attention of the next), a column G at the end.
 //
 // Columns: time = the median over iterations of the slowest rank's call; attn = the balanced
 // attention (the layer's pairs FLOPs / (U · R) ranks / rate: what one rank must compute at
@@ -66,12 +68,13 @@ inline Layout parse(const std::string& s) {
 /// One size's line.
 struct Line {
   std::int64_t S = 0;
+  int G = 1;  // head bands
   double us = 0, attn_us = 0, predicted_us = -1;
 };
 
 /// The layer's plan on world rank w (see the file comment).
 inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w, std::int64_t B, std::int64_t S, const AttentionShape& shape,
-                                        const Documents* docs) {
+                                        const Documents* docs, int bands = 1) {
   const AttentionSpecs specs = attention_specs<std::uint16_t>(l.U, shape, ElementType::bfloat16);
   if (l.kv == RingKv::allgather && l.U == 1) {  // all-gather KV over the R ranks
     const int j = mesh.ring_rank(w);
@@ -81,8 +84,10 @@ inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w
   if (l.R == 1) {
     const Group g{l.U, mesh.ulysses_rank(w)};
     // (every rank attends all S tokens: any split balances; the contiguous one moves the fewest pieces)
-    return docs ? DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true, *docs)
-                : DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true);
+    DistributedAttentionOptions opt;
+    opt.bands = bands;
+    return docs ? DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true, *docs, opt)
+                : DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true, opt);
   }
   const RingPartition part = docs ? RingPartition(*docs, l.U, l.R) : RingPartition(S, l.U, l.R, RingLayout::zigzag);
   const RingPlan rp(part, mesh, w, B, specs, true);
@@ -99,6 +104,11 @@ int run_mpi(MpiComm& world, const O& o, const Layout& l, const CostModel& model,
     if (w == 0) std::fprintf(stderr, "--layer %d,%d: U x R must divide the %d ranks\n", l.U, l.R, W);
     return 2;
   }
+  if (o.bands_given && l.R > 1) {
+    if (w == 0) std::fprintf(stderr, "--op layer --bands: head bands run on plain Ulysses (--layer U,1), not R = %d\n", l.R);
+    return 2;
+  }
+  const std::vector<int> band_counts = o.bands_given ? o.bands : std::vector<int>{1};
   const Mesh mesh(W, l.U, l.R, rpn);
   MPI_Comm ucomm = MPI_COMM_NULL, rcomm = MPI_COMM_NULL;
   MPI_Comm_split(world.get(), mesh.ulysses_group(w), mesh.ulysses_rank(w), &ucomm);
@@ -112,47 +122,50 @@ int run_mpi(MpiComm& world, const O& o, const Layout& l, const CostModel& model,
     for (std::int64_t S = o.docs.fixed_seq_len() ? o.docs.fixed_seq_len() : o.begin; S > 0; S = o.docs.fixed_seq_len() ? 0 : next(S)) {
       std::optional<Documents> docs;
       if (o.docs.given) docs = perf_documents::documents(o.docs, S);
-      const DistributedAttentionPlan plan = plan_of(l, mesh, w, B, S, shape, docs ? &*docs : nullptr);
-      const bool ag = plan.is_allgather() && !plan.is_ulysses_allgather();  // (U = 1: q stays, no o plan)
-      const std::size_t e = 2;  // bf16
-      const std::size_t q_bytes = ag ? static_cast<std::size_t>(B * plan.tokens() * plan.query_heads() * shape.head_dim) * e : plan.qkv_plan().seq_bytes(0);
-      const std::size_t k_bytes = plan.qkv_plan().seq_bytes(ag ? 0 : 1), v_bytes = plan.qkv_plan().seq_bytes(ag ? 1 : 2);
-      const std::size_t o_bytes = ag ? static_cast<std::size_t>(B * plan.tokens() * plan.query_heads() * Dv) * e : plan.out_plan().seq_bytes(0);
-      std::vector<std::byte> q(q_bytes), k(k_bytes), v(v_bytes), out(o_bytes), saved(plan.saved_bytes()), ws(plan.forward_workspace_bytes());
-      const auto attention = [&](const AttentionStep& st) {
-        const double flops = 2.0 * static_cast<double>(st.batch * st.heads.q_count) * static_cast<double>(st.work.pairs()) *
-                             static_cast<double>(st.head_dim + st.v_head_dim);
-        band_bench::stand_in(flops / rate, "sleep");
-      };
-      const auto call = [&] {
-        if (l.R > 1 && !ag)
-          distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(out), attention, ByteSpan(saved), Workspace(ws));
-        else
-          distributed_attention(plan, ag ? rc : uc, QkvIn().q(q).k(k).v(v), ByteSpan(out), attention, ByteSpan(saved), Workspace(ws));
-      };
-      std::vector<double> t;
-      for (int i = 0; i < o.warmup + o.iters; ++i) {
-        MPI_Barrier(world.get());
-        const double t0 = MPI_Wtime();
-        call();
-        double dt = MPI_Wtime() - t0, slowest = 0;
-        MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.get());
-        if (i >= o.warmup) t.push_back(slowest);
+      for (const int G : band_counts) {
+        const DistributedAttentionPlan plan = plan_of(l, mesh, w, B, S, shape, docs ? &*docs : nullptr, G);
+        const bool ag = plan.is_allgather() && !plan.is_ulysses_allgather();  // (U = 1: q stays, no o plan)
+        const std::size_t e = 2;  // bf16
+        const std::size_t q_bytes = ag ? static_cast<std::size_t>(B * plan.tokens() * plan.query_heads() * shape.head_dim) * e : plan.qkv_plan().seq_bytes(0);
+        const std::size_t k_bytes = plan.qkv_plan().seq_bytes(ag ? 0 : 1), v_bytes = plan.qkv_plan().seq_bytes(ag ? 1 : 2);
+        const std::size_t o_bytes = ag ? static_cast<std::size_t>(B * plan.tokens() * plan.query_heads() * Dv) * e : plan.out_plan().seq_bytes(0);
+        std::vector<std::byte> q(q_bytes), k(k_bytes), v(v_bytes), out(o_bytes), saved(plan.saved_bytes()), ws(plan.forward_workspace_bytes());
+        const auto attention = [&](const AttentionStep& st) {
+          const double flops = 2.0 * static_cast<double>(st.batch * st.heads.q_count) * static_cast<double>(st.work.pairs()) *
+                               static_cast<double>(st.head_dim + st.v_head_dim);
+          band_bench::stand_in(flops / rate, "sleep");
+        };
+        const auto call = [&] {
+          if (l.R > 1 && !ag)
+            distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(out), attention, ByteSpan(saved), Workspace(ws));
+          else
+            distributed_attention(plan, ag ? rc : uc, QkvIn().q(q).k(k).v(v), ByteSpan(out), attention, ByteSpan(saved), Workspace(ws));
+        };
+        std::vector<double> t;
+        for (int i = 0; i < o.warmup + o.iters; ++i) {
+          MPI_Barrier(world.get());
+          const double t0 = MPI_Wtime();
+          call();
+          double dt = MPI_Wtime() - t0, slowest = 0;
+          MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.get());
+          if (i >= o.warmup) t.push_back(slowest);
+        }
+        std::sort(t.begin(), t.end());
+        Line line;
+        line.S = S;
+        line.G = G;
+        line.us = t[t.size() / 2] * 1e6;
+        const double Sd = static_cast<double>(S), pairs = docs ? static_cast<double>(docs->causal_pairs()) : Sd * (Sd + 1) / 2;
+        line.attn_us = 2.0 * static_cast<double>(B * shape.num_heads) * pairs * static_cast<double>(shape.head_dim + Dv) /
+                       (static_cast<double>(l.U * l.R) * rate) * 1e6;
+        if (w == 0) {
+          const std::vector<HybridChoice> rows = advise_hybrid(shape, S, W, rpn, model, rate, true, ElementType::bfloat16, B, HeadPolicy::even, 0,
+                                                               docs ? &*docs : nullptr);
+          for (const HybridChoice& h : rows)
+            if (h.ulysses_degree == l.U && h.ring_degree == l.R && h.kv == l.kv) line.predicted_us = h.seconds * 1e6;
+        }
+        lines.push_back(line);
       }
-      std::sort(t.begin(), t.end());
-      Line line;
-      line.S = S;
-      line.us = t[t.size() / 2] * 1e6;
-      const double Sd = static_cast<double>(S), pairs = docs ? static_cast<double>(docs->causal_pairs()) : Sd * (Sd + 1) / 2;
-      line.attn_us = 2.0 * static_cast<double>(B * shape.num_heads) * pairs * static_cast<double>(shape.head_dim + Dv) /
-                     (static_cast<double>(l.U * l.R) * rate) * 1e6;
-      if (w == 0) {
-        const std::vector<HybridChoice> rows = advise_hybrid(shape, S, W, rpn, model, rate, true, ElementType::bfloat16, B, HeadPolicy::even, 0,
-                                                             docs ? &*docs : nullptr);
-        for (const HybridChoice& h : rows)
-          if (h.ulysses_degree == l.U && h.ring_degree == l.R && h.kv == l.kv) line.predicted_us = h.seconds * 1e6;
-      }
-      lines.push_back(line);
     }
   }
   MPI_Comm_free(&ucomm);
@@ -165,11 +178,16 @@ int run_mpi(MpiComm& world, const O& o, const Layout& l, const CostModel& model,
                 o.model.c_str(), static_cast<long long>(o.shape.num_heads), static_cast<long long>(o.shape.num_kv_heads),
                 static_cast<long long>(o.shape.head_dim), static_cast<long long>(o.batch), o.docs.describe().c_str(), l.U, l.R, W / (l.U * l.R), W,
                 rpn, to_string(l.kv), o.attn_TFLOPS, o.iters, o.warmup, model_given ? "the --params model" : "CostModel::nvlink_infiniband()");
-    std::printf("#%4s %5s %-9s %10s %10s %10s %10s %12s %7s\n", "U", "R", "kv", "S", "time(ms)", "attn(ms)", "added(ms)", "predicted(ms)", "ratio");
-    for (const Line& x : lines)
-      std::printf(" %4d %5d %-9s %10lld %10.3f %10.3f %10.3f %12.3f %7.3f\n", l.U, l.R, to_string(l.kv), static_cast<long long>(x.S), x.us * 1e-3,
+    if (o.bands_given) std::printf("# G: head bands (DistributedAttentionOptions::bands); predicted: the unbanded row's\n");
+    std::printf("#%4s %5s %-9s %10s %10s %10s %10s %12s %7s%s\n", "U", "R", "kv", "S", "time(ms)", "attn(ms)", "added(ms)", "predicted(ms)", "ratio",
+                o.bands_given ? "     G" : "");
+    for (const Line& x : lines) {
+      std::printf(" %4d %5d %-9s %10lld %10.3f %10.3f %10.3f %12.3f %7.3f", l.U, l.R, to_string(l.kv), static_cast<long long>(x.S), x.us * 1e-3,
                   x.attn_us * 1e-3, (x.us - x.attn_us) * 1e-3, x.predicted_us * 1e-3,
                   x.predicted_us >= 0 ? x.predicted_us / (x.us - x.attn_us) : 0.0);
+      if (o.bands_given) std::printf(" %5d", x.G);
+      std::printf("\n");
+    }
   }
   return 0;
 }

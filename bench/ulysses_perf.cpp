@@ -60,6 +60,7 @@ struct Options {
   int ring_messages = 1;               // --op ring: --ring-messages K, the rotation's pieces a block (RingRotation's `messages`)
   RingAccess ring_access = RingAccess::copy;  // --op ring: --ring-access copy|zero_copy (RingRotation's `access`)
   std::vector<int> bands{1, 2, 4};      // --op bands: --bands G,...: the band counts timed against the serial layer
+  bool bands_given = false;             // --bands was given (--op layer --layer U,1: each G through DistributedAttentionOptions::bands)
   std::vector<double> attn_ratios{0.25, 1, 4};  // --op bands: --attn-ratio f,...: the stand-in attention, f x the serial exchange
   std::string attn_kind;                // --op bands: --attn-kind sleep|spin (default: spin in-process, sleep over MPI)
   Progress progress = Progress::automatic;  // --op bands: --progress automatic|in_start|thread (the split-phase handles')
@@ -1197,7 +1198,8 @@ void usage_model() {
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n"
       "--op layer --layer U,R[,ring|allgather] (--backend mpi; bench/perf_layer.hpp): one layer's distributed_attention()\n"
       "forward on a U x R x outer mesh of the world around a stand-in attention at --attn-TFLOPS (a sleep per step, simulated\n"
-      "under SMPI), against the model's advise_hybrid() row of the same layout (--params).\n"
+      "under SMPI), against the model's advise_hybrid() row of the same layout (--params); with --bands G,... and R = 1, each\n"
+      "size once per band count (DistributedAttentionOptions::bands), the G in a last column.\n"
       "--docs L1,L2,... | lognormal:MEAN[:SIGMA[:SEED]]: packed documents (bench/perf_documents.hpp): the given token counts\n"
       "(S = their sum), or lengths drawn from a log-normal of mean MEAN tokens (sigma 1, seed 1234 by default) packed to S.\n"
       "With --advise the hybrid table prices them (advise_hybrid's documents: the per-document zigzag, each step's document\n"
@@ -1534,6 +1536,7 @@ Options parse(int argc, char** argv) {
       o.op = "allgather_kv";
     } else if (a == "--bands") {
       o.bands.clear();
+      o.bands_given = true;
       for (const std::string& x : split_list(need(i))) {
         const double g = list_number(x, 1, kMaxStages, "--bands");
         if (g != static_cast<int>(g)) {
