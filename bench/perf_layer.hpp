@@ -74,7 +74,7 @@ struct Line {
 
 /// The layer's plan on world rank w (see the file comment).
 inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w, std::int64_t B, std::int64_t S, const AttentionShape& shape,
-                                        const Documents* docs, int bands = 1) {
+                                        const Documents* docs, int bands = 1, Progress progress = Progress::automatic) {
   const AttentionSpecs specs = attention_specs<std::uint16_t>(l.U, shape, ElementType::bfloat16);
   if (l.kv == RingKv::allgather && l.U == 1) {  // all-gather KV over the R ranks
     const int j = mesh.ring_rank(w);
@@ -86,6 +86,7 @@ inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w
     // (every rank attends all S tokens: any split balances; the contiguous one moves the fewest pieces)
     DistributedAttentionOptions opt;
     opt.bands = bands;
+    opt.progress = progress;  // (--progress: how the band pipeline's exchanges move during a band's attention)
     return docs ? DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true, *docs, opt)
                 : DistributedAttentionPlan(g, B, SeqPartition::balanced(S, l.U), specs, true, opt);
   }
@@ -123,7 +124,7 @@ int run_mpi(MpiComm& world, const O& o, const Layout& l, const CostModel& model,
       std::optional<Documents> docs;
       if (o.docs.given) docs = perf_documents::documents(o.docs, S);
       for (const int G : band_counts) {
-        const DistributedAttentionPlan plan = plan_of(l, mesh, w, B, S, shape, docs ? &*docs : nullptr, G);
+        const DistributedAttentionPlan plan = plan_of(l, mesh, w, B, S, shape, docs ? &*docs : nullptr, G, o.progress);
         const bool ag = plan.is_allgather() && !plan.is_ulysses_allgather();  // (U = 1: q stays, no o plan)
         const std::size_t e = 2;  // bf16
         const std::size_t q_bytes = ag ? static_cast<std::size_t>(B * plan.tokens() * plan.query_heads() * shape.head_dim) * e : plan.qkv_plan().seq_bytes(0);

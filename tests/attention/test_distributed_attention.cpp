@@ -103,8 +103,10 @@ std::vector<float> gather(const SeqPartition& seq, std::int64_t B, std::int64_t 
 }
 
 /// Plain Ulysses through the Ulysses-only overloads over `seq` (P ranks): every rank's out, dq, dk, dv gathered to global tensors.
-/// With `bands` > 1 the forward runs over that many head bands (DistributedAttentionOptions::bands).
-std::vector<std::vector<float>> plain_ulysses(const rd::RingCase& c, const rd::RingGlobals& g, const SeqPartition& seq, int bands = 1) {
+/// With `bands` > 1 the forward runs over that many head bands (DistributedAttentionOptions::bands), their exchanges
+/// progressing as `progress` says (DistributedAttentionOptions::progress).
+std::vector<std::vector<float>> plain_ulysses(const rd::RingCase& c, const rd::RingGlobals& g, const SeqPartition& seq, int bands = 1,
+                                              Progress progress = Progress::automatic) {
   const int P = c.U;
   std::vector<std::vector<std::vector<float>>> r(4, std::vector<std::vector<float>>(static_cast<std::size_t>(P)));
   LocalGroup group(P, std::chrono::seconds(60));
@@ -113,6 +115,7 @@ std::vector<std::vector<float>> plain_ulysses(const rd::RingCase& c, const rd::R
     const AttentionSpecs specs = attention_specs<float>(P, {c.H, c.Hkv, c.D, c.Dv});
     DistributedAttentionOptions opt;
     opt.bands = bands;
+    opt.progress = progress;
     const DistributedAttentionPlan plan({P, w}, c.B, seq, specs, c.causal, opt);
     CHECK(plan.steps() == 1);
     CHECK(plan.qkv_plan().num_stages() == bands);
@@ -188,6 +191,10 @@ TEST_CASE("head bands: G = 1 .. H_r + 1 bands give the unbanded bits (GQA, MQA, 
       for (int G = 2; G <= H / 2 + 1; ++G) {
         INFO("H=" << H << " Hkv=" << Hkv << (causal ? " causal" : "") << " G=" << G);
         CHECK(same_bits(plain_ulysses(c, g, seq, G), want));
+      }
+      for (Progress pr : {Progress::in_start, Progress::thread}) {  // the options' progress drives the band pipeline: the same bits
+        INFO("H=" << H << " Hkv=" << Hkv << (causal ? " causal" : "") << " G=2, progress " << static_cast<int>(pr));
+        CHECK(same_bits(plain_ulysses(c, g, seq, 2, pr), want));
       }
     }
   const AttentionSpecs specs = attention_specs<float>(2, {4, 4, 8, 8});

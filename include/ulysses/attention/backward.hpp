@@ -139,7 +139,7 @@ void banded_backward(const DistributedAttentionPlan& p, UC& uc, ConstByteSpan do
   const QkvGradIn g_in = QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv});
   HostExecutor exec;
   run_band_pipeline(
-      nb, band_of, uc, exec, Progress::automatic,
+      nb, band_of, uc, exec, p.options().progress,
       [&](int g) {
         return ExchangeCall{&o, Direction::seq_to_head, TensorList<ConstByteSpan>{dout}, TensorList<ByteSpan>{ByteSpan(do_h, o.head_bytes(0))},
                             Workspace(xws.data, ows), StageRange::one(g)};

@@ -48,7 +48,7 @@ void banded_forward(const DistributedAttentionPlan& p, UC& uc, const QkvIn& in, 
   const QkvOut heads = QkvOut().q({q_h, r.saved[0]}).k({own, nk}).v({own + nk, qkv.head_bytes(2)});
   HostExecutor exec;
   run_band_pipeline(
-      qkv.num_stages(), [&](int g) { return head_band(p.specs(), qkv.rank(), g, qkv.num_stages()); }, uc, exec, Progress::automatic,
+      qkv.num_stages(), [&](int g) { return head_band(p.specs(), qkv.rank(), g, qkv.num_stages()); }, uc, exec, p.options().progress,
       [&](int g) { return ExchangeCall{&qkv, Direction::seq_to_head, in.list(), heads.list(), Workspace(xws.data, qws), StageRange::one(g)}; },
       [&](int g) {
         return ExchangeCall{&o, Direction::head_to_seq, TensorList<ConstByteSpan>{ConstByteSpan(o_h, r.saved[2])}, TensorList<ByteSpan>{out},

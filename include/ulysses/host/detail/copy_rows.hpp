@@ -24,9 +24,19 @@ ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
 
+/// Copies n rows of N bytes. A row of more than 256 bytes goes in 64-byte pieces: GCC inlines a
+/// fixed memcpy of 512 bytes (two D=128 bf16 heads of a head band, one fp32 head) as `rep movsq`,
+/// whose start-up cost per row makes in-cache rows copy at a third of the rate of vector moves on
+/// AMD EPYC. Same bytes either way.
 template <std::size_t N>
 inline void copy_rows_fixed(std::byte* dst, const std::byte* src, std::int64_t n, std::int64_t ds, std::int64_t ss) {
-  for (std::int64_t i = 0; i < n; ++i) std::memcpy(dst + i * ds, src + i * ss, N);
+  for (std::int64_t i = 0; i < n; ++i) {
+    if constexpr (N > 256 && N % 64 == 0) {
+      for (std::size_t k = 0; k < N; k += 64) std::memcpy(dst + i * ds + k, src + i * ss + k, 64);
+    } else {
+      std::memcpy(dst + i * ds, src + i * ss, N);
+    }
+  }
 }
 
 /// Copies n rows of `row` bytes with the given strides (the innermost loop of the host executor).
