@@ -53,7 +53,7 @@ common=(--op bands --model Llama-3.1-8B --dtype bf16 -n "$iters" -w 1 --bands 1,
     echo "## The simulated cluster (SMPI: 64 ranks, 8 nodes of 8 GPUs, NVLink 450 GB/s, IB 50 GB/s a GPU)"
     for groups in 8 4; do
       echo
-      ULYSSES_SMPI_FOLD_BYTES=1048576 bash "$here/smpi/smpi.sh" perf 8 --op bands --model Llama-3.1-70B --dtype bf16 -b 131072 -e 131072 \
+      BUILD="$root/build-smpi" ULYSSES_SMPI_FOLD_BYTES=1048576 bash "$here/smpi/smpi.sh" perf 8 --op bands --model Llama-3.1-70B --dtype bf16 -b 131072 -e 131072 \
         -n 3 -w 1 --groups "$groups" --bands 1,2,4,8 --attn-ratio 0.25,1,4 -c 0 --copies 0 2>/dev/null | awk '!seen[$0]++'
     done
   fi

@@ -30,7 +30,7 @@ ULYSSES_NAMESPACE_BEGIN
 /// Options of a DistributedAttentionPlan (every rank the same).
 struct DistributedAttentionOptions {
   float softmax_scale = 0.0f;                       ///< the scale of q·k; 0: 1/sqrt(D)
-  RingProgress progress = RingProgress::automatic;  ///< how a ring step's transfer overlaps the attention (ring/rotation.hpp)
+  RingProgress progress = RingProgress::automatic;  ///< how a ring step's transfer, or the band pipeline's exchanges (bands > 1), move during the attention (ring/rotation.hpp, bands.hpp)
   /// How a ring step reaches its block (RingAccess; every rank the same): zero_copy reads the peers'
   /// kv0 (and, backward, adds into their g0) in place, with the workspaces in the window (MpiWindowComm)
   RingAccess ring_access = RingAccess::copy;
