@@ -90,10 +90,9 @@ struct BandRow {
 /// tool's alternate_all().
 /// The advice of each (S, f) comes from the cost model fed with this run's measurements: per G
 /// the exchanges of G bands alone (the pipeline without attention), split as the serial
-/// seq->head and head->seq (BandWork: no fixed part; `call_s` a call; nothing overlaps when the
-/// stand-in spins on the cores the copies need, or when a probe finds that the transport holds the
-/// host for its bytes: start() and finish() around a sleep): band_cost() of each G timed, the
-/// least (ties: the smaller G).
+/// seq->head and head->seq (BandWork: no fixed part; `call_s` a call; the transport shares the
+/// attention's cores when the stand-in spins): band_cost() of each G timed, the least (ties: the
+/// smaller G).
 template <class Exec, class Comm, class Now, class Alternate>
 std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t B, const std::vector<std::int64_t>& sizes,
                            const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress,
@@ -130,25 +129,6 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
         });
       });
     const std::vector<double> x_bands = alternate(bare);
-    // Whether the transport moves a band's bytes while the host is away (the attention): band 0's
-    // seq->head started, a sleep of twice the band's exchange, then finished. When the calls keep
-    // the host for at least half of the band's seq->head anyway (Open MPI's ob1 over TCP posted
-    // with no thread in MPI, a peer copy run in start()), nothing overlaps: the model then runs
-    // the tasks in turn (BandWork::shares_compute), as it does for copies on the attention's cores.
-    std::vector<bool> overlaps(G.size());
-    for (std::size_t i = 0; i < G.size(); ++i) {
-      const double band_s = x[0] * (x_bands[i] / x_us) / G[i] * 1e-6;  // band 0's seq->head, about
-      const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
-      ulysses_group::barrier(comm);
-      const double t0 = now();
-      h.start(&c, 1);
-      const double t1 = now();
-      stand_in(2 * band_s, "sleep");
-      const double t2 = now();
-      h.finish();
-      const double held = ulysses_group::max_over_ranks(comm, (t1 - t0) + (now() - t2));
-      overlaps[i] = held < 0.5 * band_s;
-    }
     std::int64_t units = shape.num_heads;  // the fewest local query heads of a rank: the bands' units
     for (int q = 0; q < P; ++q) units = std::min(units, specs.query_heads.count(q));
     for (double f : ratios) {
@@ -175,6 +155,7 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
       work.attention_s = attn_s;
       work.units = static_cast<int>(std::max<std::int64_t>(1, units));
       work.overhead = {call_s, call_s};
+      work.shares_compute = kind == "spin";
       const std::size_t first = rows.size();
       double best = 0;
       for (std::size_t i = 0; i < G.size(); ++i) {
@@ -184,12 +165,11 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
         work.seq_to_head = {x[0] * scale * 1e-6, 0};
         work.head_to_seq = {x[1] * scale * 1e-6, 0};
         w.bands_exchange_us = x_bands[i];
-        work.shares_compute = kind == "spin" || !overlaps[i];
         if (G[i] <= work.units) w.model_us = band_cost(work, G[i]).pipelined_s * 1e6;
         {
           const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
           h.start(&c, 1);
-          w.progress = std::string(h.progress_name()) + (overlaps[i] ? "" : " (held)");
+          w.progress = h.progress_name();
           h.finish();
         }
         if (w.model_us > 0 && (best == 0 || w.model_us < best * (1 - 1e-9))) best = w.model_us;
@@ -211,9 +191,7 @@ inline void print(const std::vector<BandRow>& rows, const std::string& what) {
   std::printf("# ulysses_perf --op bands: %s\n", what.c_str());
   std::printf("# time: the slowest rank's, median; serial: seq->head + attention + head->seq blocking, same run;\n"
               "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden); G exch: the G bands'\n"
-              "# exchanges alone; model: band_cost() of the measured exchanges; *: the G the model advises;\n"
-              "# (held): band 0's start() and finish() around a sleep kept the host for half its exchange or more: the\n"
-              "# transport moves nothing while the host is away, and the model overlaps nothing\n");
+              "# exchanges alone; model: band_cost() of the measured exchanges; *: the G the model advises\n");
   std::printf("| S | f | G | progress | exchange (us) | G exch (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed | model (us) |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BandRow& w : rows)

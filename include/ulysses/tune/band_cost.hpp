@@ -53,8 +53,7 @@ struct BandWork {
   int units = 1;
   BandOverhead overhead;       ///< each call's fixed cost
   /// the transport needs the compute the attention runs on (an in-process group's or shared
-  /// memory's copies run on the same CPU cores), or moves bytes only while the host is inside its
-  /// calls (Open MPI's ob1 over TCP with no thread in MPI): nothing overlaps, every task runs in turn
+  /// memory's copies run on the same CPU cores): nothing overlaps, every task runs in turn
   bool shares_compute = false;
 };
 
