@@ -90,12 +90,13 @@ struct BandRow {
 /// tool's alternate_all().
 /// The advice of each (S, f) comes from the cost model fed with this run's measurements: per G
 /// the exchanges of G bands alone (the pipeline without attention), split as the serial
-/// seq->head and head->seq (BandWork: no fixed part; `call_s` a call; the transport shares the
-/// attention's cores when the stand-in spins): band_cost() of each G timed, the least (ties: the
-/// smaller G).
+/// seq->head and head->seq (BandWork: no fixed part; `call_s` a call; nothing overlaps when the
+/// stand-in spins on the cores the copies need, or when the exchanges are posted (split) and
+/// `posts_progress` is false: the caller knows its MPI moves posted bytes only inside its calls):
+/// band_cost() of each G timed, the least (ties: the smaller G).
 template <class Exec, class Comm, class Now, class Alternate>
 std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t B, const std::vector<std::int64_t>& sizes,
-                           const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress,
+                           const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress, bool posts_progress,
                            double call_s, Now&& now, Alternate&& alternate) {
   const int P = comm.size(), r = comm.rank();
   const AttentionSpecs specs = attention_specs<std::uint16_t>(P, shape, ElementType::bfloat16, HeadPolicy::automatic);
@@ -155,7 +156,6 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
       work.attention_s = attn_s;
       work.units = static_cast<int>(std::max<std::int64_t>(1, units));
       work.overhead = {call_s, call_s};
-      work.shares_compute = kind == "spin";
       const std::size_t first = rows.size();
       double best = 0;
       for (std::size_t i = 0; i < G.size(); ++i) {
@@ -165,13 +165,15 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
         work.seq_to_head = {x[0] * scale * 1e-6, 0};
         work.head_to_seq = {x[1] * scale * 1e-6, 0};
         w.bands_exchange_us = x_bands[i];
-        if (G[i] <= work.units) w.model_us = band_cost(work, G[i]).pipelined_s * 1e6;
         {
           const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
           h.start(&c, 1);
           w.progress = h.progress_name();
           h.finish();
         }
+        // nothing overlaps: copies on the cores the attention spins on, or posted messages that move only inside MPI
+        work.shares_compute = kind == "spin" || (!posts_progress && w.progress == "split");
+        if (G[i] <= work.units) w.model_us = band_cost(work, G[i]).pipelined_s * 1e6;
         if (w.model_us > 0 && (best == 0 || w.model_us < best * (1 - 1e-9))) best = w.model_us;
         rows.push_back(w);
       }

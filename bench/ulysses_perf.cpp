@@ -64,6 +64,7 @@ struct Options {
   std::vector<double> attn_ratios{0.25, 1, 4};  // --op bands: --attn-ratio f,...: the stand-in attention, f x the serial exchange
   std::string attn_kind;                // --op bands: --attn-kind sleep|spin (default: spin in-process, sleep over MPI)
   Progress progress = Progress::automatic;  // --op bands, --op layer --bands: --progress automatic|in_start|thread (the split-phase handles')
+  bool posts_progress = true;           // --op bands: --posts-progress 0|1, whether posted messages move without a thread in MPI
   int ranks = 4;
   bool ranks_given = false;
   std::string model = "Llama-3.1-8B";
@@ -1231,6 +1232,11 @@ void usage_model() {
       "    --direction both: both tables in one run); decode: decode_exchange() of O and LSE (S: the batch B, T=1;\n"
       "    bare: the all-to-all-v of their bytes); ring: one RingRotation rotation (S: the sequence, R = P, U = --ring-u,\n"
       "    default 1; bare: R-1 one-message exchanges of the same blocks). decode and ring: --backend local or mpi; ring also window.\n"
+      "  bands (bench/band_bench.hpp): the layer (seq->head, a stand-in attention, head->seq) in --bands G,... head bands\n"
+      "    against the serial layer, the attention --attn-ratio f,... times the serial exchange (--attn-kind sleep: a device\n"
+      "    kernel, the host free; spin: host compute), the handles' --progress automatic|in_start|thread, and the G the\n"
+      "    cost model advises; --posts-progress 0: posted messages move only while a thread is inside MPI (Open MPI over\n"
+      "    TCP), so the model overlaps nothing for posted (split) exchanges (BandWork::shares_compute); default 1.\n"
       "--rope (--op seq_to_head, --backend local or mpi/window: HostExecutor runs row transforms): per S, three seq->head calls of\n"
       "  q, k, v in one alternating run: (a) plain (tensors planned without row transforms), (b) RoPE fused on pack of q and k\n"
       "  (Rope(D, S, --rope-theta X, default 10000), half rotation, positions = global token; q, k planned with_row_transforms()),\n"
@@ -1553,6 +1559,8 @@ Options parse(int argc, char** argv) {
       o.attn_ratio = o.attn_ratios.front();  // --advise: the first
     } else if (a == "--attn-kind") {
       o.attn_kind = ulysses_cli::one_of(argc, argv, i, {"sleep", "spin"}) == 0 ? "sleep" : "spin";
+    } else if (a == "--posts-progress") {
+      o.posts_progress = ulysses_cli::one_of(argc, argv, i, {"0", "1"}) == 1;
     } else if (a == "--progress") {
       const Progress ps[] = {Progress::automatic, Progress::in_start, Progress::thread};
       o.progress = ps[ulysses_cli::one_of(argc, argv, i, {"automatic", "in_start", "thread"})];
@@ -1639,14 +1647,15 @@ void run_bands_on(Comm& comm, const Options& o, const std::string& what) {
   for (std::int64_t n = o.begin; n > 0; n = next_size(n, o)) sizes.push_back(n);
   auto run = [&](auto exec) {
     return band_bench::sweep<decltype(exec)>(
-        comm, o.shape, o.batch, sizes, o.bands, o.attn_ratios, o.attn_kind, o.progress, o.band_call_us * 1e-6,
+        comm, o.shape, o.batch, sizes, o.bands, o.attn_ratios, o.attn_kind, o.progress, o.posts_progress, o.band_call_us * 1e-6,
         [&] { return seconds_now(comm); },
         [&](const std::vector<std::function<double()>>& calls) { return alternate_all(o, calls); });
   };
   const std::vector<band_bench::BandRow> rows = o.copies ? run(HostExecutor{}) : run(SkipCopies{});
   if (comm.rank() == 0)
     band_bench::print(rows, what + ", " + o.model + ", P=" + std::to_string(comm.size()) + ", B=" + std::to_string(o.batch) +
-                                ", attention " + o.attn_kind + (o.copies ? "" : ", --copies 0 (the messages alone)"));
+                                ", attention " + o.attn_kind + (o.copies ? "" : ", --copies 0 (the messages alone)") +
+                                (o.posts_progress ? "" : ", --posts-progress 0"));
 }
 /// --backend local --op bands: --ranks P ranks on threads. @returns the exit status.
 int run_bands_local(const Options& o) {

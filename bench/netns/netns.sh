@@ -196,7 +196,8 @@ check() {
 verb="${1:-}"; [ $# -gt 0 ] && shift
 # bands [OUTDIR]: the band pipeline (ulysses_perf --op bands) across the throttled link, 1 rank in each
 # namespace (2 ranks) and 2 in each (4 ranks), the handles' progress on a worker thread (MPI's TCP
-# transport moves bytes only while a thread is in MPI) and posted in start() (split): OUTDIR/bands.txt.
+# transport moves bytes only while a thread is in MPI) and posted in start() (split; the model told so:
+# --posts-progress 0): OUTDIR/bands.txt.
 # Knobs: BAND_RATE (1gbit), BAND_MODEL (Llama-3.1-8B), BAND_S (4096), BAND_ITERS (5), BANDS (1,2,4,8),
 # RATIOS (0.25,1,4).
 bands() {
@@ -211,7 +212,8 @@ bands() {
         set -- $layout
         launch "$1" "$2" "$perf" --op bands --backend mpi --model "${BAND_MODEL:-Llama-3.1-8B}" --dtype bf16 \
           -b "${BAND_S:-4096}" -e "${BAND_S:-4096}" -n "${BAND_ITERS:-5}" -w 1 --bands "${BANDS:-1,2,4,8}" \
-          --attn-ratio "${RATIOS:-0.25,1,4}" --attn-kind sleep --progress "$pr" --mpi-window 0 || return 1
+          --attn-ratio "${RATIOS:-0.25,1,4}" --attn-kind sleep --progress "$pr" --mpi-window 0 \
+          --posts-progress "$([ "$pr" = in_start ] && echo 0 || echo 1)" || return 1
       done
     done
   } | tee "$out/bands.txt"

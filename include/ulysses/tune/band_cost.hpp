@@ -53,7 +53,9 @@ struct BandWork {
   int units = 1;
   BandOverhead overhead;       ///< each call's fixed cost
   /// the transport needs the compute the attention runs on (an in-process group's or shared
-  /// memory's copies run on the same CPU cores): nothing overlaps, every task runs in turn
+  /// memory's copies run on the same CPU cores), or moves posted bytes only while the host is
+  /// inside its calls (Open MPI's ob1 over TCP with no progress thread): nothing overlaps, every
+  /// task runs in turn
   bool shares_compute = false;
 };
 
