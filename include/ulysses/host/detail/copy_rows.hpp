@@ -26,8 +26,8 @@ namespace detail {
 
 /// Copies n rows of N bytes. A row of more than 256 bytes goes in 64-byte pieces: GCC inlines a
 /// fixed memcpy of 512 bytes (two D=128 bf16 heads of a head band, one fp32 head) as `rep movsq`,
-/// whose start-up cost per row makes in-cache rows copy at a third of the rate of vector moves on
-/// AMD EPYC. Same bytes either way.
+/// whose start-up cost per row is high on some x86 cores (CHANGELOG.md, "Changed"). Same bytes
+/// either way.
 template <std::size_t N>
 inline void copy_rows_fixed(std::byte* dst, const std::byte* src, std::int64_t n, std::int64_t ds, std::int64_t ss) {
   for (std::int64_t i = 0; i < n; ++i) {
