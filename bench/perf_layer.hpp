@@ -10,8 +10,9 @@
 // contiguous split, SeqPartition::balanced, and the plan's documents). R = 1: plain Ulysses over
 // U; kv `allgather`: U = 1 the drop-in's all-gather KV over the R ranks (q stays), U > 1 U × AG
 // (DistributedAttentionPlan::allgather(const RingPlan&): Ulysses across, k|v gathered over R).
-// --bands G,... with R = 1: each size once per band count (DistributedAttentionOptions::bands: the
-// forward's exchanges of one band hidden behind the attention of the next), a column G at the end.
+// --bands G,...: each size once per band count (DistributedAttentionOptions::bands: the forward's
+// exchanges of one band hidden behind the attention of the next; with R > 1 each band's k|v rotates
+// as its own block), a column G at the end; not with kv `allgather`. --progress reaches every plan.
 //
 // Columns: time = the median over iterations of the slowest rank's call; attn = the balanced
 // attention (the layer's pairs FLOPs / (U · R) ranks / rate: what one rank must compute at
@@ -92,7 +93,10 @@ inline DistributedAttentionPlan plan_of(const Layout& l, const Mesh& mesh, int w
   }
   const RingPartition part = docs ? RingPartition(*docs, l.U, l.R) : RingPartition(S, l.U, l.R, RingLayout::zigzag);
   const RingPlan rp(part, mesh, w, B, specs, true);
-  return l.kv == RingKv::allgather ? DistributedAttentionPlan::allgather(rp) : DistributedAttentionPlan(rp);  // U x AG, or the rotation
+  DistributedAttentionOptions opt;
+  opt.bands = bands;
+  opt.progress = progress;
+  return l.kv == RingKv::allgather ? DistributedAttentionPlan::allgather(rp, opt) : DistributedAttentionPlan(rp, opt);  // U x AG, or the rotation
 }
 
 /// --op layer over `world` (MpiComm of MPI_COMM_WORLD): the sweep's sizes, each timed; rank 0
@@ -105,8 +109,8 @@ int run_mpi(MpiComm& world, const O& o, const Layout& l, const CostModel& model,
     if (w == 0) std::fprintf(stderr, "--layer %d,%d: U x R must divide the %d ranks\n", l.U, l.R, W);
     return 2;
   }
-  if (o.bands_given && l.R > 1) {
-    if (w == 0) std::fprintf(stderr, "--op layer --bands: head bands run on plain Ulysses (--layer U,1), not R = %d\n", l.R);
+  if (o.bands_given && l.kv == RingKv::allgather) {
+    if (w == 0) std::fprintf(stderr, "--op layer --bands: head bands run on plain Ulysses and on the ring rotation, not with kv allgather\n");
     return 2;
   }
   const std::vector<int> band_counts = o.bands_given ? o.bands : std::vector<int>{1};

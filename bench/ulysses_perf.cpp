@@ -60,7 +60,7 @@ struct Options {
   int ring_messages = 1;               // --op ring: --ring-messages K, the rotation's pieces a block (RingRotation's `messages`)
   RingAccess ring_access = RingAccess::copy;  // --op ring: --ring-access copy|zero_copy (RingRotation's `access`)
   std::vector<int> bands{1, 2, 4};      // --op bands: --bands G,...: the band counts timed against the serial layer
-  bool bands_given = false;             // --bands was given (--op layer --layer U,1: each G through DistributedAttentionOptions::bands)
+  bool bands_given = false;             // --bands was given (--op layer: each G through DistributedAttentionOptions::bands)
   std::vector<double> attn_ratios{0.25, 1, 4};  // --op bands: --attn-ratio f,...: the stand-in attention, f x the serial exchange
   std::string attn_kind;                // --op bands: --attn-kind sleep|spin (default: spin in-process, sleep over MPI)
   Progress progress = Progress::automatic;  // --op bands, --op layer --bands: --progress automatic|in_start|thread (the split-phase handles')
@@ -1199,10 +1199,10 @@ void usage_model() {
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n"
       "--op layer --layer U,R[,ring|allgather] (--backend mpi; bench/perf_layer.hpp): one layer's distributed_attention()\n"
       "forward on a U x R x outer mesh of the world around a stand-in attention at --attn-TFLOPS (a sleep per step, simulated\n"
-      "under SMPI), against the model's advise_hybrid() row of the same layout (--params); with --bands G,... and R = 1, each\n"
-      "size once per band count (DistributedAttentionOptions::bands), the G in a last column; --progress automatic|in_start|\n"
-      "thread: how the bands' exchanges move during a band's attention (DistributedAttentionOptions::progress; thread: a\n"
-      "worker calls MPI, MPI_THREAD_SERIALIZED asked for).\n"
+      "under SMPI), against the model's advise_hybrid() row of the same layout (--params); with --bands G,... (plain Ulysses\n"
+      "or the ring rotation), each size once per band count (DistributedAttentionOptions::bands), the G in a last column;\n"
+      "--progress automatic|in_start|thread: how the bands' exchanges and the ring move during a band's attention\n"
+      "(DistributedAttentionOptions::progress; thread: a worker calls MPI, MPI_THREAD_MULTIPLE asked for).\n"
       "--docs L1,L2,... | lognormal:MEAN[:SIGMA[:SEED]]: packed documents (bench/perf_documents.hpp): the given token counts\n"
       "(S = their sum), or lengths drawn from a log-normal of mean MEAN tokens (sigma 1, seed 1234 by default) packed to S.\n"
       "With --advise the hybrid table prices them (advise_hybrid's documents: the per-document zigzag, each step's document\n"
@@ -1853,8 +1853,11 @@ int run_model_mode(const Options& o) {
 /// main(), which aborts the job). @returns the exit status.
 int main_mpi(int& argc, char**& argv, const Options& o) {
 #if ULYSSES_PERF_MPI
-  int provided = 0;  // --op bands|layer --progress thread: the handles' worker calls MPI
-  if (o.op == "bands" || o.op == "layer") MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int provided = 0;  // --op bands|layer --progress thread: the handles' worker calls MPI (--op layer with a ring
+  // and bands: on the Ulysses group while the ring moves on the caller's thread, MPI_THREAD_MULTIPLE)
+  const bool two_threads = o.op == "layer" && o.progress == Progress::thread;
+  if (o.op == "bands" || o.op == "layer")
+    MPI_Init_thread(&argc, &argv, two_threads ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED, &provided);
   else MPI_Init(&argc, &argv);
   int rc = 0;
   {

@@ -44,8 +44,8 @@ struct RingCase {
   /// the rotation (DistributedAttentionPlan::allgather(const RingPlan&)); the partition is the ring's
   bool ulysses_allgather = false;
   ulysses::DocumentSplit allgather_split = ulysses::DocumentSplit::zigzag;  ///< the all-gather group's partition of the documents
-  /// Head bands (DistributedAttentionOptions::bands; plain Ulysses, R = 1): > 1 runs the layer
-  /// through the Ulysses-only overloads over that many bands of each rank's query heads.
+  /// Head bands (DistributedAttentionOptions::bands): > 1 runs the layer over that many bands of
+  /// each rank's query heads (R = 1: through the Ulysses-only overloads; R > 1: bands × ring steps).
   int bands = 1;
   /// Called with every forward step before the kernel (world rank w; tests look at the mask).
   std::function<void(int w, const ulysses::AttentionStep&)> on_step;
@@ -295,13 +295,13 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   opt.progress = progress;
   opt.ring_access = access;
   opt.bands = c.bands;
-  const bool plain = c.allgather || c.bands > 1;  // the Ulysses-only overloads
+  const bool plain = c.allgather || (c.bands > 1 && c.R == 1);  // the Ulysses-only overloads
   std::optional<DistributedAttentionPlan> made;
   std::optional<RingPartition> part;
   int u = 0, j = 0;
   if (c.allgather) {
     made.emplace(DistributedAttentionPlan::allgather({c.U * c.R, w}, c.B, world, specs, c.causal, docs ? &*docs : nullptr, opt));
-  } else if (c.bands > 1) {  // plain Ulysses (R = 1): w is the Ulysses rank
+  } else if (c.bands > 1 && c.R == 1) {  // plain Ulysses: w is the Ulysses rank
     if (docs) made.emplace(Group{c.U, w}, c.B, world, specs, c.causal, *docs, opt);
     else made.emplace(Group{c.U, w}, c.B, world, specs, c.causal, opt);
     u = w;

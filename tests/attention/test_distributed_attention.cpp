@@ -179,7 +179,7 @@ TEST_CASE("plain Ulysses (no ring communicator): any sequence partition, the sam
     }
 }
 
-TEST_CASE("head bands: G = 1 .. H_r + 1 bands give the unbanded bits (GQA, MQA, uneven remainders, empty bands); a ring plan refuses them") {
+TEST_CASE("head bands: G = 1 .. H_r + 1 bands give the unbanded bits (GQA, MQA, uneven remainders, empty bands); a zero-copy ring refuses them") {
   for (auto [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{6, 6}, {6, 2}, {6, 1}, {8, 2}})
     for (bool causal : {true, false}) {
       rd::RingCase c;
@@ -201,13 +201,112 @@ TEST_CASE("head bands: G = 1 .. H_r + 1 bands give the unbanded bits (GQA, MQA, 
   DistributedAttentionOptions opt;
   opt.bands = 2;
   const RingPlan ring(RingPartition(16, 2, 2, RingLayout::zigzag), Mesh(4, 2, 2, 4), 0, 1, specs, true);
+  CHECK(DistributedAttentionPlan(ring, opt).qkv_plan().num_stages() == 2);  // bands × ring steps (the next case)
+  opt.ring_access = RingAccess::zero_copy;
   const auto ring_err = ut::error_of([&] { DistributedAttentionPlan p(ring, opt); });
   CHECK(ring_err.first == Errc::invalid_shape);
-  CHECK(ring_err.second.find("plain Ulysses only") != std::string::npos);
+  CHECK(ring_err.second.find("not on an all-gather-KV plan or a zero-copy ring") != std::string::npos);
+  opt.ring_access = RingAccess::copy;
   opt.bands = kMaxStages + 1;
   const auto many = ut::error_of([&] { DistributedAttentionPlan p({2, 0}, 1, SeqPartition::balanced(16, 2), specs, true, opt); });
   CHECK(many.first == Errc::invalid_shape);
   CHECK(many.second.find(std::to_string(kMaxStages + 1) + " bands") != std::string::npos);
+}
+
+TEST_CASE("head bands over a ring (U x R = 2 x 2): bands x ring steps give the unbanded bits, forward and backward (GQA, MQA, uneven H, causal zigzag and contiguous, non-causal; both progress modes)") {
+  struct Shape {
+    std::int64_t H, Hkv;
+  };
+  for (const Shape sh : {Shape{8, 8}, Shape{8, 4}, Shape{8, 1}, Shape{6, 2}})
+    for (int layout = 0; layout < 3; ++layout) {
+      rd::RingCase c;
+      c.U = 2, c.R = 2, c.S = 23, c.H = sh.H, c.Hkv = sh.Hkv, c.B = 2, c.D = 8, c.Dv = 4;
+      c.causal = layout < 2;
+      c.layout = layout == 1 ? RingLayout::contiguous : RingLayout::zigzag;
+      const rd::RingGlobals g(c);
+      std::int64_t unbanded_calls = 0;  // the unbanded forward's kernel calls on world rank 0 (its steps with work)
+      rd::RingCase c0 = c;
+      c0.on_step = [&](int w, const AttentionStep&) { unbanded_calls += w == 0; };
+      const auto want = rd::run_ring_attention(c0, g, true);
+      const std::int64_t Hq = sh.H / 2;
+      for (int G = 2; G <= Hq + 1; ++G) {
+        INFO("H=" << sh.H << " Hkv=" << sh.Hkv << " layout " << layout << " G=" << G);
+        rd::RingCase cb = c;
+        cb.bands = G;
+        std::mutex m;
+        std::vector<std::int64_t> heads_seen;  // q_count of every call on world rank 0
+        std::int64_t k_row = 0;                // k_stride.row of rank 0's calls
+        cb.on_step = [&](int w, const AttentionStep& st) {
+          std::lock_guard<std::mutex> lock(m);
+          if (w != 0) return;
+          heads_seen.push_back(st.heads.q_count);
+          k_row = st.k_stride.row;
+        };
+        const auto got = rd::run_ring_attention(cb, g, true);
+        for (std::size_t w = 0; w < got.size(); ++w) check_same_results(want[w], got[w]);
+        // Each band's ring calls the kernel with the band's heads (every query head once per step
+        // with work), over its own packed k|v block (k rows of the band's kv heads only).
+        std::int64_t total = 0;
+        for (std::int64_t n : heads_seen) total += n;
+        CHECK(total == Hq * unbanded_calls);
+        CHECK(*std::max_element(heads_seen.begin(), heads_seen.end()) == (Hq + G - 1) / G);
+        const std::int64_t Hkv_u = std::max<std::int64_t>(1, sh.Hkv / 2);
+        if (Hkv_u > 1) CHECK(k_row < Hkv_u * c.D);  // (the unbanded block's row: Hkv_u · D)
+        else CHECK(k_row == c.D);
+      }
+      for (Progress pr : {Progress::in_start, Progress::thread}) {
+        INFO("H=" << sh.H << " Hkv=" << sh.Hkv << " layout " << layout << " G=2, progress " << static_cast<int>(pr));
+        rd::RingCase cb = c;
+        cb.bands = 2;
+        const auto got = rd::run_ring_attention(cb, g, true, pr);
+        for (std::size_t w = 0; w < got.size(); ++w) check_same_results(want[w], got[w]);
+      }
+    }
+  // A kernel that throws in band 1 at ring step 1 on one rank: a coded error on every rank of both groups.
+  rd::RingCase c;
+  c.U = 2, c.R = 2, c.S = 23, c.H = 8, c.Hkv = 4, c.B = 1, c.bands = 2;
+  c.on_step = [](int w, const AttentionStep& st) {
+    if (w == 3 && st.step == 1 && st.heads.q_begin > 0) throw std::runtime_error("the engine's kernel failed in band 1, ring step 1");
+  };
+  const rd::RingGlobals g(c);
+  std::vector<std::pair<Errc, std::string>> res(4);
+  LocalMesh(2, 2, std::chrono::seconds(30)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm& rc) {
+    try {
+      rd::ring_rank_attention(c, g, w, uc, rc, true);
+    } catch (const Error& e) {
+      res[static_cast<std::size_t>(w)] = {e.code(), e.what()};
+    } catch (const std::exception& e) {
+      res[static_cast<std::size_t>(w)] = {Errc::backend, e.what()};
+    }
+  });
+  for (int w = 0; w < 4; ++w) {
+    INFO("rank " << w << ": " << res[static_cast<std::size_t>(w)].second);
+    CHECK(res[static_cast<std::size_t>(w)].first == (w == 3 ? Errc::backend : Errc::aborted));
+  }
+}
+
+TEST_CASE("head bands over a ring with Progress::thread: a communicator that cannot be called from two threads at once is refused before any data moves") {
+  struct Serialized {  // (MpiComm under MPI_THREAD_SERIALIZED says so)
+    bool allows_concurrent_threads() const { return false; }
+  };
+  struct Multiple {
+    bool allows_concurrent_threads() const { return true; }
+  };
+  const RingPlan ring(RingPartition(16, 2, 2, RingLayout::zigzag), Mesh(4, 2, 2, 4), 0, 1, attention_specs<float>(2, {4, 4, 8, 8}), true);
+  DistributedAttentionOptions opt;
+  opt.bands = 2;
+  opt.progress = Progress::thread;
+  const DistributedAttentionPlan threaded(ring, opt);
+  const Serialized s;
+  const Multiple m;
+  for (int i = 0; i < 2; ++i) {
+    const auto e = ut::error_of([&] { i ? detail::check_band_ring_threads(threaded, s, m, "x") : detail::check_band_ring_threads(threaded, m, s, "x"); });
+    CHECK(e.first == Errc::invalid_shape);
+    CHECK(e.second.find("MPI_THREAD_MULTIPLE") != std::string::npos);
+  }
+  CHECK_NOTHROW(detail::check_band_ring_threads(threaded, m, m, "x"));
+  opt.progress = Progress::in_start;  // (the exchanges posted on this thread: nothing runs at once)
+  CHECK_NOTHROW(detail::check_band_ring_threads(DistributedAttentionPlan(ring, opt), s, s, "x"));
 }
 
 TEST_CASE("head bands: the kernel is called once per band with the band's heads, in order; a kernel that throws in band 1 on one rank is a coded error on every rank, at once") {

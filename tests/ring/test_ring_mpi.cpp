@@ -603,3 +603,45 @@ TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag, U x 
     }
   }
 }
+
+TEST_CASE("MPI head bands over a ring: G = 2, 3 bands x ring steps on MpiComm and MpiWindowComm (every U x R with R > 1; MHA, GQA split across bands, MQA); the in-process unbanded bits") {
+  namespace rd = ulysses_ring_demo;
+  int W = 0, w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (int U = 1; U < W; ++U) {
+    if (W % U) continue;
+    const int R = W / U;
+    MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);
+    for (const int Hkv_u : {3, 1}) {  // (H_u = 3 query heads: the bands of G = 2 split a GQA group of 3 where Hkv_u = 1)
+      rd::RingCase c;
+      c.U = U, c.R = R, c.B = 2, c.D = 8, c.Dv = 6, c.H = 3 * U, c.Hkv = Hkv_u * U, c.S = 4 * R * U + 3, c.causal = true;
+      c.layout = RingLayout::zigzag;
+      const rd::RingGlobals g(c);
+      const rd::RingRankResult want = rd::run_ring_attention(c, g, true)[static_cast<std::size_t>(m.index)];  // unbanded, on threads
+      for (int G = 2; G <= 3; ++G) {
+        c.bands = G;
+        INFO("U=" << U << " R=" << R << " H=" << c.H << " Hkv=" << c.Hkv << " G=" << G);
+        std::vector<rd::RingRankResult> got;
+        {
+          MpiComm uly(m.ulysses), ring(m.ring);
+          got.push_back(rd::ring_rank_attention(c, g, m.index, uly, ring, true, RingProgress::in_start));
+          MpiWindow uw(uly, std::size_t{1} << 20), rw(ring, std::size_t{1} << 20);
+          MpiWindowComm uwc(uly, uw), rwc(ring, rw);
+          got.push_back(rd::ring_rank_attention(c, g, m.index, uwc, rwc, true));
+        }
+        for (const rd::RingRankResult& r : got) {
+          CHECK(same(r.out, want.out));
+          CHECK(same(r.lse, want.lse));
+          CHECK(same(r.dq, want.dq));
+          CHECK(same(r.dk, want.dk));
+          CHECK(same(r.dv, want.dv));
+        }
+      }
+    }
+    m.free();
+  }
+}

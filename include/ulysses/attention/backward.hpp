@@ -15,6 +15,7 @@
 #include "../attention_call.hpp"
 #include "../host/executor.hpp"
 #include "../redistribute.hpp"
+#include "detail/band_ring.hpp"
 #include "detail/steps.hpp"
 #include "plan.hpp"
 #include "step.hpp"
@@ -58,9 +59,10 @@ inline AttentionGradStep attention_grad_step(const DistributedAttentionPlan& p, 
 
 /// Adds step s's dk|dv partial (kv rows of the step) into the block's accumulator g (k part then v
 /// part of the block held at the step); at step 0 the accumulator starts as the partial (0 elsewhere).
-inline void attention_add_kv(const DistributedAttentionPlan& p, int s, float* g, const float* dkv) {
+/// Hk: the block's kv heads (p.kv_heads(); a band's block (band_ring_backward()): the band's).
+inline void attention_add_kv(const DistributedAttentionPlan& p, int s, float* g, const float* dkv, std::int64_t Hk) {
   const RingWork& w = p.work(s);
-  const std::int64_t B = p.batch(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
+  const std::int64_t B = p.batch(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
   if (s == 0) std::memset(g, 0, static_cast<std::size_t>(B * w.L_kv * Hk * (D + Dv)) * sizeof(float));
   if (w.empty()) return;
   attention_add_rows(g, dkv, B, w.L_kv, w.kv_begin, w.kv_len, Hk * D, s == 0);
@@ -113,15 +115,77 @@ inline void attention_store_columns(const float* src, std::byte* dst, std::int64
   for (std::int64_t r = 0; r < rows; ++r) attention_store(src + r * width + lo, dst + static_cast<std::size_t>(r * width + lo) * eb, hi - lo, type);
 }
 
-/// The backward over G = options().bands head bands (plain Ulysses): seq→head of do band by band,
-/// the engine's backward of band g, head→seq of its dq and of the dk|dv of the kv heads whose last
-/// band on this rank is g (the summed inverse), while the next band computes. The partials are
+/// The ring of band b in the backward (band_ring_forward()'s; b's query heads nonempty, no kv head
+/// shared with another band: bands_share_kv_heads() false): its k|v packed and rotated with its
+/// fp32 dk|dv accumulator (RingGradRotation); per step with work the engine's backward of the
+/// band's heads into zeroed partials, dq added into f[0]'s band columns and dk|dv into the
+/// travelling accumulator, in step order as the unbanded ring adds them; then dq and the
+/// accumulator that came home rounded once into g_t's band columns (dq, dk, dv of the element type).
+template <class RC, class G>
+void band_ring_backward(const DistributedAttentionPlan& p, RC& rc, const Band& b, const std::byte* q_h, const std::byte* own, const std::byte* o_h,
+                        const std::byte* do_h, const float* lse, std::byte* const kv[2], std::byte* const gr[2], float* const f[3],
+                        std::int64_t* map, std::byte* g_t, G& backward) {
+  const RingPlan& rp = p.ring_plan();
+  const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
+  const std::int64_t ql = b.query.lo, qn = b.query.size(), kn = b.kv.size();
+  const std::size_t eb = p.specs().q.elem_bytes, kb = band_ring_bytes({rp.kv_buffer_bytes()}, Hk, b)[0];
+  const std::size_t gb = band_ring_bytes({rp.grad_buffer_bytes()}, Hk, b)[0];
+  pack_band_kv(p, b, own, kv[0]);
+  RingGradRotation<RC> rot(rc, band_ring_bytes(rp.block_bytes(), Hk, b), band_ring_bytes(rp.grad_bytes(), Hk, b),
+                           RingBuffers().kv(kv[0], kb, kv[1], kb).grad(gr[0], gb, gr[1], gb), p.options().progress, rp.messages());
+  for (std::int64_t r = 0; r < B * L; ++r) std::fill(f[0] + (r * Hq + ql) * D, f[0] + (r * Hq + ql + qn) * D, 0.0f);
+  for (int s = 0; s < p.steps(); ++s) {
+    const RingWork& w = p.work(s);
+    rot.start(s);
+    run_then(
+        [&] {
+          if (w.empty()) return;
+          AttentionGradStep g;
+          g.fwd = band_ring_step(p, b, s, q_h, rot.block(s), nullptr, nullptr, map);
+          const std::size_t at = static_cast<std::size_t>((w.q_begin * Hq + ql) * Dv) * eb;
+          g.o = o_h + at;
+          g.dout = do_h + at;
+          g.o_stride = {L * Hq * Dv, Hq * Dv, Dv};
+          g.lse = lse + ql * L + w.q_begin;
+          g.lse_stride = {Hq * L, L};
+          g.dq = f[1] + ql * D;
+          g.dq_stride = {w.q_len * Hq * D, Hq * D, D};
+          g.dk = f[2];
+          g.dk_stride = {w.kv_len * kn * D, kn * D, D};
+          g.dv = f[2] + B * w.kv_len * kn * D;
+          g.dv_stride = {w.kv_len * kn * Dv, kn * Dv, Dv};
+          for (std::int64_t r = 0; r < B * w.q_len; ++r) std::fill(g.dq + r * Hq * D, g.dq + r * Hq * D + qn * D, 0.0f);
+          std::fill(f[2], f[2] + B * w.kv_len * kn * (D + Dv), 0.0f);
+          backward(static_cast<const AttentionGradStep&>(g));
+          for (std::int64_t r = 0; r < B * w.q_len; ++r) {  // (row r of the step: batch r / q_len, query row q_begin + r % q_len)
+            float* a = f[0] + (((r / w.q_len) * L + w.q_begin + r % w.q_len) * Hq + ql) * D;
+            const float* x = f[1] + (r * Hq + ql) * D;
+            for (std::int64_t e = 0; e < qn * D; ++e) a[e] = a[e] + x[e];
+          }
+        },
+        [&] { rot.finish(s); });
+    attention_add_kv(p, s, rot.template grad<float>(s), f[2], kn);
+  }
+  const float* home = rot.template home<float>();
+  const std::size_t nq = p.qkv_plan().head_bytes(0), nk = p.qkv_plan().head_bytes(1);
+  attention_store_columns(f[0], g_t, B * L, Hq * D, ql * D, (ql + qn) * D, p.element_type(), eb);
+  for (std::int64_t r = 0; r < B * L; ++r) {
+    attention_store(home + r * kn * D, g_t + nq + static_cast<std::size_t>((r * Hk + b.kv.lo) * D) * eb, kn * D, p.element_type());
+    attention_store(home + B * L * kn * D + r * kn * Dv, g_t + nq + nk + static_cast<std::size_t>((r * Hk + b.kv.lo) * Dv) * eb, kn * Dv,
+                    p.element_type());
+  }
+}
+
+/// The backward over G = options().bands head bands: seq→head of do band by band, the engine's
+/// backward of band g (Ulysses × Ring: band_ring_backward()), head→seq of its dq and of the dk|dv
+/// of the kv heads whose last band on this rank is g (the summed inverse), while the next band computes. The partials are
 /// zeroed once: the bands that share a kv head add into its dk|dv in turn, as one unbanded call
 /// adds its query heads in order (the same bits, for a kernel that accumulates so). dq as the
 /// unbanded R = 1 path: 0 + the partial, rounded once.
-template <class UC, class G>
-void banded_backward(const DistributedAttentionPlan& p, UC& uc, ConstByteSpan dout, const QkvGradOut& grads, G& backward, const std::byte* q_h,
-                     const std::byte* own, const std::byte* o_h, const float* lse, std::byte* do_h, float* const f[3], std::byte* g_t, ByteSpan xws) {
+template <class UC, class RC, class G>
+void banded_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
+                     const std::byte* q_h, const std::byte* own, const std::byte* o_h, const float* lse, std::byte* do_h, std::byte* const kv[2],
+                     std::byte* const gr[2], float* const f[3], std::byte* g_t, ByteSpan xws) {
   const Plan &qkv = p.qkv_plan(), &o = p.out_plan();
   require_adjoint(qkv, "distributed_attention_backward");
   const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
@@ -146,6 +210,11 @@ void banded_backward(const DistributedAttentionPlan& p, UC& uc, ConstByteSpan do
       },
       [&](int g) { return ExchangeCall{&qkv, Direction::head_to_seq, g_in.list(), grads.list(), Workspace(static_cast<std::byte*>(xws.data) + ows, xws.bytes - ows), StageRange::one(g)}; },
       [&](const Band& b) {
+        if constexpr (!std::is_same_v<RC, NoRing>)
+          if (p.steps() > 1) {
+            if (b.query.size() > 0) band_ring_backward(p, *rc, b, q_h, own, o_h, do_h, lse, kv, gr, f, map.data(), g_t, backward);
+            return;
+          }
         const std::int64_t ql = b.query.lo, qh = b.query.hi, eq = static_cast<std::int64_t>(eb);
         if (work && b.query.size() > 0) {
           AttentionGradStep g = whole;
@@ -190,7 +259,10 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   for (int i = 0; i < 3; ++i) f[i] = static_cast<float*>(static_cast<void*>(wk.take(r.bwd[5 + i])));
   std::byte* g_t = wk.take(r.bwd[8]);  // dq, dk, dv in the element type
   const ByteSpan xws(wk.take(r.bwd[9]), r.bwd[9]);
-  if (p.options().bands > 1) return banded_backward(p, uc, dout, grads, backward, q_h, own, o_h, lse, do_ws, f, g_t, xws);
+  // Ulysses × Ring over bands that share a kv head: the unbanded ring (its dk|dv sums over the
+  // steps of all the kv head's query heads at once; per band they would add in another order).
+  if (p.options().bands > 1 && (p.steps() == 1 || !bands_share_kv_heads(p.specs(), p.options().bands)))
+    return banded_backward(p, uc, rc, dout, grads, backward, q_h, own, o_h, lse, do_ws, kv, gr, f, g_t, xws);
   HostExecutor exec;
   if (p.is_allgather() && !p.is_ulysses_allgather()) {  // do is on the query rows already: the step reads it in place
     check_attention_span(call, "do", dout.data, dout.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of a do");
@@ -208,7 +280,7 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
     backward(g);
     attention_add_rows(f[0], f[1], B, L, w.q_begin, w.q_len, Hq * D, false);
   };
-  auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2]); };
+  auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2], p.kv_heads()); };
   const float* home = attention_steps<true>(p, rc, own, kv, gr, body, after);
   attention_grads_out(p, uc, rc, grads, f[0], home, g_t, r.saved[0], xws);
 }
@@ -245,8 +317,10 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
 template <class UlyssesComm, class RingComm, class AttentionBackward>
 void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, ConstByteSpan dout,
                                     const QkvGradOut& grads, AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace) {
-  detail::attention_guard(ulysses, &ring, "distributed_attention_backward",
-                          [&] { detail::attention_backward(plan, ulysses, &ring, dout, grads, backward, saved, workspace); });
+  detail::attention_guard(ulysses, &ring, "distributed_attention_backward", [&] {
+    detail::check_band_ring_threads(plan, ulysses, ring, "distributed_attention_backward");
+    detail::attention_backward(plan, ulysses, &ring, dout, grads, backward, saved, workspace);
+  });
 }
 
 /// Plain Ulysses' backward (no ring, a plan of R = 1), as above.

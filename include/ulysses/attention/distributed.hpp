@@ -21,6 +21,7 @@
 #include "../redistribute.hpp"
 #include "../ring/agreement.hpp"
 #include "../ring/merge.hpp"
+#include "detail/band_ring.hpp"
 #include "detail/steps.hpp"
 #include "plan.hpp"
 #include "step.hpp"
@@ -28,12 +29,13 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
-/// The forward over G = options().bands head bands (plain Ulysses): band g's attention runs while
-/// seq→head of band g + 1 and head→seq of band g − 1 move (run_band_pipeline(); the same bytes as
-/// the unbanded forward: each band merged and rounded over its own heads).
-template <class UC, class F>
-void banded_forward(const DistributedAttentionPlan& p, UC& uc, const QkvIn& in, ByteSpan out, F& attention, std::byte* q_h, std::byte* own,
-                    std::byte* o_h, float* lse, float* acc, std::byte* pout, float* plse, ByteSpan xws) {
+/// The forward over G = options().bands head bands: band g's attention (plain Ulysses: its one
+/// step; Ulysses × Ring: its ring, band_ring_forward()) runs while seq→head of band g + 1 and
+/// head→seq of band g − 1 move (run_band_pipeline(); the same bytes as the unbanded forward: each
+/// band merged and rounded over its own heads).
+template <class UC, class RC, class F>
+void banded_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvIn& in, ByteSpan out, F& attention, std::byte* q_h,
+                    std::byte* own, std::byte* const kv[2], std::byte* o_h, float* lse, float* acc, std::byte* pout, float* plse, ByteSpan xws) {
   const Plan &qkv = p.qkv_plan(), &o = p.out_plan();
   const AttentionRegions& r = p.regions();
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
@@ -56,7 +58,9 @@ void banded_forward(const DistributedAttentionPlan& p, UC& uc, const QkvIn& in, 
       },
       [&](const Band& b) {
         if (b.query.size() == 0) return;
-        if (!w.empty()) {
+        if constexpr (!std::is_same_v<RC, NoRing>)
+          if (p.steps() > 1) band_ring_forward(p, *rc, b, q_h, own, kv, acc, lse, pout, plse, map.data(), attention);
+        if (p.steps() == 1 && !w.empty()) {
           attention(static_cast<const AttentionStep&>(band_step(b, whole, map.data())));
           ring_merge_block(ms, acc, lse, pout, p.element_type(), plse, w.q_begin, w.q_len, LseBase::natural, b.query);
         }
@@ -103,7 +107,7 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   }
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
   ring_merge_init(ms, acc, lse);
-  if (p.options().bands > 1) return banded_forward(p, uc, in, out, attention, q_h, own, o_h, lse, acc, pout, plse, xws);
+  if (p.options().bands > 1) return banded_forward(p, uc, rc, in, out, attention, q_h, own, kv, o_h, lse, acc, pout, plse, xws);
   const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
   const ElementType type = p.element_type();
   auto body = [&](int s, const std::byte* block) {
@@ -143,6 +147,9 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 /// 3. per ring step s with work (RingWork::empty() steps are skipped): `attention(step)` with
 ///    step's out pre-filled with 0 and lse with −inf, then merged (ring_merge_block(), fp32);
 /// 4. the merged o rounded once to the element type, head→seq into `out`.
+/// With options().bands = G > 1, 2–4 run per head band, band g's attention while seq→head of
+/// band g + 1 and head→seq of band g − 1 move; over a ring each band's kv heads are copied into
+/// one contiguous block that rotates alone (detail/band_ring.hpp). The same bits for every G.
 /// @param plan      this rank's DistributedAttentionPlan (made from a RingPlan, by allgather(const RingPlan&)
 ///                  for U × AG: the ring group gathers k|v once instead of rotating it, or a plain one for R = 1)
 /// @param ulysses   this rank's Ulysses group (U ranks, rank = its Ulysses rank); any communicator
@@ -158,7 +165,9 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 /// Host memory (HostExecutor). No tensor-sized allocation beyond the spans: a call makes its ring
 /// rotation (lists of R entries; with thread progress its worker thread) and the check's small records.
 /// @throws Error(buffer_too_small) `saved` too small, Error(workspace_too_small) the workspace
-///         (both before any collective); what check_ring_config() throws (comm_mismatch: a
+///         (both before any collective); Error(invalid_shape) bands over a ring with
+///         Progress::thread on a communicator that cannot be called from two threads at once
+///         (MPI below MPI_THREAD_MULTIPLE; before any collective); what check_ring_config() throws (comm_mismatch: a
 ///         communicator of another size, locally; plan_mismatch on every rank of the block);
 ///         what seq_to_head(), head_to_seq() and the rotation throw; what `attention` throws. Any
 ///         error after the check breaks both groups first (their abort()), so that the peers
@@ -168,8 +177,10 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 template <class UlyssesComm, class RingComm, class Attention>
 void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, const QkvIn& qkv, ByteSpan out,
                            Attention&& attention, ByteSpan saved, Workspace workspace) {
-  detail::attention_guard(ulysses, &ring, "distributed_attention",
-                          [&] { detail::attention_forward(plan, ulysses, &ring, qkv, out, attention, saved, workspace); });
+  detail::attention_guard(ulysses, &ring, "distributed_attention", [&] {
+    detail::check_band_ring_threads(plan, ulysses, ring, "distributed_attention");
+    detail::attention_forward(plan, ulysses, &ring, qkv, out, attention, saved, workspace);
+  });
 }
 
 /// Plain Ulysses (DeepSpeed's DistributedAttention: seq→head, the local attention over all S

@@ -35,8 +35,9 @@ struct DistributedAttentionOptions {
   /// kv0 (and, backward, adds into their g0) in place, with the workspaces in the window (MpiWindowComm)
   RingAccess ring_access = RingAccess::copy;
   PlanOptions plan = {};                            ///< the Ulysses plans' options (path, stages); `ring` is set by the plan
-  /// G in [1, kMaxStages] head bands (plain Ulysses only): band g's attention runs while seq→head of band g + 1
-  /// and head→seq of band g − 1 move (bands.hpp; sets plan.stages, plan.head_bands). Same bits for every G.
+  /// G in [1, kMaxStages] head bands (plain Ulysses, or a ring with RingAccess::copy: band g's k|v rotates as its own
+  /// block): band g's attention runs while seq→head of band g + 1 and head→seq of band g − 1 move (bands.hpp; sets
+  /// plan.stages, plan.head_bands). Same bits for every G.
   int bands = 1;
 };
 
@@ -87,7 +88,7 @@ class DistributedAttentionPlan {
   ///         bfloat16); what Plan's constructor throws for the options.
   explicit DistributedAttentionPlan(const RingPlan& ring, const DistributedAttentionOptions& o = {})
       : ring_(ring), specs_(ring.specs()), B_(ring.batch()), causal_(ring.causal()), u_(ring.ulysses_rank()), opt_(o),
-        qkv_(ring.qkv_plan(Format::bshd, o.plan)), out_(ring.out_plan(Format::bshd, o.plan)) {
+        qkv_(ring.qkv_plan(Format::bshd, banded(o))), out_(ring.out_plan(Format::bshd, banded(o))) {
     work_ = ring.schedule();
     const RingPartition& p = ring.partition();
     for (int j = 0; j < p.ring_degree(); ++j) chunks_.push_back(p.ring_chunks(j));
@@ -382,9 +383,9 @@ class DistributedAttentionPlan {
     return Plan({ring.partition().ulysses_degree(), ring.ulysses_rank()}, ring.batch(), ring.ulysses_partition(), std::move(t), Format::bshd, o);
   }
   void init(std::int64_t L) {
-    if (opt_.bands != 1 && (ring_ || allgather_))
-      detail::fail(Errc::invalid_shape, "DistributedAttentionPlan: head bands (options.bands = " + std::to_string(opt_.bands) +
-                                            ") run on plain Ulysses only, not on a ring or an all-gather-KV plan");
+    if (opt_.bands != 1 && (allgather_ || (ring_ && opt_.ring_access == RingAccess::zero_copy)))
+      detail::fail(Errc::invalid_shape, "DistributedAttentionPlan: head bands (options.bands = " + std::to_string(opt_.bands) + ") run on plain "
+                                            "Ulysses and on a ring with RingAccess::copy, not on an all-gather-KV plan or a zero-copy ring");
     L_ = L;
     Hq_ = specs_.query_heads.count(u_);
     Hk_ = specs_.kv_heads.count(u_);  // (all-gather: u_ = 0 of a P = 1 split, every head)

@@ -81,10 +81,11 @@ class MpiComm {
   int rank() const { return rank_; }    ///< MPI_Comm_rank
   MPI_Comm get() const { return comm_; }  ///< the wrapped communicator
   /// Whether calls may come from another thread, one at a time (MPI_THREAD_SERIALIZED or above; RingProgress::thread).
-  bool allows_worker_thread() const noexcept {
-    int level = MPI_THREAD_SINGLE;
-    return MPI_Query_thread(&level) == MPI_SUCCESS && level >= MPI_THREAD_SERIALIZED;
-  }
+  bool allows_worker_thread() const noexcept { return thread_level() >= MPI_THREAD_SERIALIZED; }
+  /// Whether calls may come from several threads at once (MPI_THREAD_MULTIPLE; ring × head bands with Progress::thread).
+  bool allows_concurrent_threads() const noexcept { return thread_level() >= MPI_THREAD_MULTIPLE; }
+  /// The MPI thread level (MPI_Query_thread(); MPI_THREAD_SINGLE where the query fails).
+  static int thread_level() noexcept { int l = MPI_THREAD_SINGLE; return MPI_Query_thread(&l) == MPI_SUCCESS ? l : MPI_THREAD_SINGLE; }
   std::size_t max_message_bytes() const { return max_msg_; }  ///< the per-message limit, bytes
   /// How long one call waits for its peers before it throws Error(timeout).
   std::chrono::milliseconds timeout() const { return timeout_; }

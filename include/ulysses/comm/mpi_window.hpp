@@ -85,6 +85,8 @@ class MpiWindowComm {
   int rank() const noexcept { return comm_->rank(); }  ///< this rank
   /// Whether its calls may come from another thread, one at a time: its MpiComm's (MPI_THREAD_SERIALIZED or above).
   bool allows_worker_thread() const noexcept { return comm_->allows_worker_thread(); }
+  /// Whether its calls may come from several threads at once: its MpiComm's (MPI_THREAD_MULTIPLE).
+  bool allows_concurrent_threads() const noexcept { return comm_->allows_concurrent_threads(); }
   MpiComm& mpi() const noexcept { return *comm_; }     ///< the wrapped MpiComm
   MpiWindow& window() const noexcept { return *win_; }  ///< the window
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }  ///< the wait bound of every call (see the constructor)

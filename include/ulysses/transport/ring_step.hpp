@@ -66,6 +66,11 @@ template <class C, class = void>
 struct has_allows_worker_thread : std::false_type {};
 template <class C>
 struct has_allows_worker_thread<C, std::void_t<decltype(bool{std::declval<const C&>().allows_worker_thread()})>> : std::true_type {};
+/// Whether Comm says if it may be called from several threads at once (`bool allows_concurrent_threads() const`).
+template <class C, class = void>
+struct has_allows_concurrent_threads : std::false_type {};
+template <class C>
+struct has_allows_concurrent_threads<C, std::void_t<decltype(bool{std::declval<const C&>().allows_concurrent_threads()})>> : std::true_type {};
 
 /// The `layouts` marks of a zero-copy rotation's records (RingSharedBlocks: its open(), its sync()
 /// and its abandon()); the copy path publishes the fnv hash of its block sizes, and each side

@@ -127,8 +127,8 @@ inline AttentionStep band_step(const Band& b, AttentionStep a, std::int64_t* map
   a.q = static_cast<const std::byte*>(a.q) + b.query.lo * a.head_dim * eb;
   a.k = static_cast<const std::byte*>(a.k) + b.kv.lo * a.head_dim * eb;
   a.v = static_cast<const std::byte*>(a.v) + b.kv.lo * a.v_head_dim * eb;
-  a.out = static_cast<std::byte*>(a.out) + b.query.lo * a.v_head_dim * eb;
-  a.lse += b.query.lo * a.lse_stride.head;
+  if (a.out) a.out = static_cast<std::byte*>(a.out) + b.query.lo * a.v_head_dim * eb;  // (null in a backward step's forward views)
+  if (a.lse) a.lse += b.query.lo * a.lse_stride.head;
   return a;
 }
 
