@@ -30,7 +30,8 @@
 // --bands G: the same layer again through the head-band pipeline (bands.hpp: banded_attention(),
 //   with --backward banded_attention_backward()): seq→head of band g + 1 and head→seq of band
 //   g − 1 move while the attention of band g runs; o (and dq, dk, dv) must be the unbanded
-//   call's bits, element for element.
+//   call's bits, element for element. With --ring R: the hybrid again over G bands × R ring
+//   steps (DistributedAttentionOptions::bands), compared bit for bit with the unbanded hybrid.
 #include <ulysses/layout/fp8.hpp>
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
@@ -778,8 +779,10 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "        the a priori delta from the element bound, printed). Host executor only; not with --rope, --backward, --ring.\n"
       "--bands G: the layer once more through the head-band pipeline (banded_attention(), with --backward\n"
       "        banded_attention_backward(); docs/overlap.md): G bands of each rank's query heads, GQA groups whole;\n"
-      "        o (and dq, dk, dv) must equal the unbanded layer's bit for bit. Host only; not with --ring, --docs,\n"
-      "        --allgather-kv, --rope, --wire. 1 <= G <= 64.\n"
+      "        o (and dq, dk, dv) must equal the unbanded layer's bit for bit. With --ring R: the hybrid through\n"
+      "        distributed_attention() over G bands x R ring steps (each band's k|v rotating as its own block),\n"
+      "        against the unbanded hybrid bit for bit. Host only; not with --docs, --allgather-kv, --rope,\n"
+      "        --wire. 1 <= G <= 64.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -873,8 +876,8 @@ Config parse(int argc, char** argv) {
     std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
     std::exit(2);
   }
-  if (c.bands > 0 && (c.device != "cpu" || c.ring > 0 || !c.docs.empty() || c.allgather || c.rope || c.wire != Wire::element)) {
-    std::fprintf(stderr, "--bands runs the plain Ulysses layer on the host (--device cpu), without --ring, --docs, --allgather-kv, --rope, --wire\n");
+  if (c.bands > 0 && (c.device != "cpu" || !c.docs.empty() || c.allgather || c.rope || c.wire != Wire::element)) {
+    std::fprintf(stderr, "--bands runs on the host (--device cpu), without --docs, --allgather-kv, --rope, --wire\n");
     std::exit(2);
   }
   if (!c.docs.empty()) {
@@ -1010,6 +1013,7 @@ ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
   rc.allgather = c.allgather && !uag;
   rc.ulysses_allgather = uag;
   rc.allgather_split = DocumentSplit::balanced;
+  rc.bands = std::max(1, c.bands);
   if (!c.docs.empty()) {
     rc.cu_seqlens = {0};
     for (std::int64_t n : c.docs) rc.cu_seqlens.push_back(rc.cu_seqlens.back() + n);
@@ -1089,6 +1093,18 @@ int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ul
   return ok ? 0 : 1;
 }
 
+/// --ring --bands: the elements of one rank's o, lse (and dq, dk, dv) that differ in bits.
+double bands_differ(const ulysses_ring_demo::RingRankResult& a, const ulysses_ring_demo::RingRankResult& b) {
+  return bits_differ(a.out, b.out) + bits_differ(a.lse, b.lse) + bits_differ(a.dq, b.dq) + bits_differ(a.dk, b.dk) + bits_differ(a.dv, b.dv);
+}
+
+/// --ring --bands: prints the banded hybrid against the unbanded one; returns 0 when no bit differs, else 1.
+int bands_report(const ulysses_ring_demo::RingCase& rc, double differ) {
+  std::printf("  head bands: %d bands x %d ring steps (each band's k|v rotating as its own block): %.0f elements differ in bits from "
+              "the unbanded hybrid: %s\n", rc.bands, rc.R, differ, differ == 0 ? "OK" : "FAILED");
+  return differ == 0 ? 0 : 1;
+}
+
 /// --ring in-process: P threads, a LocalGroup per Ulysses group and per ring.
 int ring_local(const Config& c) {
   const ulysses_ring_demo::RingCase rc = ring_case(c, c.ranks);
@@ -1097,7 +1113,14 @@ int ring_local(const Config& c) {
   const auto t0 = Clock::now();
   const auto res = ulysses_ring_demo::run_ring_attention(rc, g, c.backward);
   const double ms = ms_since(t0);
-  return ring_report(c, rc, ulysses_ring_demo::max_errors(rc, ref, res), ms);
+  const int exit = ring_report(c, rc, ulysses_ring_demo::max_errors(rc, ref, res), ms);
+  if (rc.bands == 1) return exit;
+  ulysses_ring_demo::RingCase unbanded = rc;
+  unbanded.bands = 1;
+  const auto want = ulysses_ring_demo::run_ring_attention(unbanded, g, c.backward);
+  double differ = 0;
+  for (std::size_t w = 0; w < res.size(); ++w) differ += bands_differ(res[w], want[w]);
+  return bands_report(rc, differ) | exit;
 }
 
 #if ULYSSES_DEMO_MPI
@@ -1111,7 +1134,7 @@ int ring_mpi(const Config& c, MPI_Comm world) {
   const int w = m.index % (rc.U * rc.R);
   const ulysses_ring_demo::RingGlobals g(rc);
   const ulysses_ring_demo::RingReference ref(rc, g, c.backward);
-  double mine[6] = {}, all[6] = {};
+  double mine[6] = {}, all[6] = {}, differ = 0, differ_all = 0;
   {
     MpiComm uc(m.ulysses), ring(m.ring);  // (all-gather KV: the Ulysses group is the whole group, the ring one rank)
     MPI_Barrier(world);
@@ -1120,13 +1143,20 @@ int ring_mpi(const Config& c, MPI_Comm world) {
     mine[5] = ms_since(t0);
     const ulysses_ring_demo::RingErrors e = ulysses_ring_demo::rank_errors(rc, ref, w, rr);
     mine[0] = e.out, mine[1] = e.lse, mine[2] = e.dq, mine[3] = e.dk, mine[4] = e.dv;
+    if (rc.bands > 1) {  // --bands G: the unbanded hybrid too, compared bit for bit
+      ulysses_ring_demo::RingCase unbanded = rc;
+      unbanded.bands = 1;
+      differ = bands_differ(rr, ulysses_ring_demo::ring_rank_attention(unbanded, g, w, uc, ring, c.backward));
+    }
   }
   m.free();
   MPI_Allreduce(mine, all, 6, MPI_DOUBLE, MPI_MAX, world);
+  MPI_Allreduce(&differ, &differ_all, 1, MPI_DOUBLE, MPI_SUM, world);
   int rc_exit = 0;
   int me = 0;
   MPI_Comm_rank(world, &me);
   if (me == 0) rc_exit = ring_report(c, rc, {all[0], all[1], all[2], all[3], all[4]}, all[5]);
+  if (me == 0 && rc.bands > 1) rc_exit |= bands_report(rc, differ_all);
   MPI_Bcast(&rc_exit, 1, MPI_INT, 0, world);
   return rc_exit;
 }

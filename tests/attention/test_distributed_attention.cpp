@@ -226,7 +226,9 @@ TEST_CASE("head bands over a ring (U x R = 2 x 2): bands x ring steps give the u
       const rd::RingGlobals g(c);
       std::int64_t unbanded_calls = 0;  // the unbanded forward's kernel calls on world rank 0 (its steps with work)
       rd::RingCase c0 = c;
-      c0.on_step = [&](int w, const AttentionStep&) { unbanded_calls += w == 0; };
+      c0.on_step = [&](int w, const AttentionStep&) {
+        if (w == 0) ++unbanded_calls;  // (rank 0's thread only)
+      };
       const auto want = rd::run_ring_attention(c0, g, true);
       const std::int64_t Hq = sh.H / 2;
       for (int G = 2; G <= Hq + 1; ++G) {

@@ -96,6 +96,20 @@ static void check_backward_rotation(Comm& ring, const RingPlan& rp, int j, int u
   CHECK(bad == 0);
 }
 
+namespace {
+/// Checks a rank's result against another's, bit for bit: out, lse, dq, dk, dv.
+void check_same_bits(const ulysses_ring_demo::RingRankResult& got, const ulysses_ring_demo::RingRankResult& want) {
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  CHECK(same(got.out, want.out));
+  CHECK(same(got.lse, want.lse));
+  CHECK(same(got.dq, want.dq));
+  CHECK(same(got.dk, want.dk));
+  CHECK(same(got.dv, want.dv));
+}
+}  // namespace
+
 TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact, in order, both progress modes") {
   int W = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -397,14 +411,7 @@ TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigza
         }
         const auto local = rd::run_ring_attention(c, g, true);  // the same hybrid on threads
         const rd::RingRankResult& want = local[static_cast<std::size_t>(m.index)];
-        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-        };
-        CHECK(same(got.out, want.out));
-        CHECK(same(got.lse, want.lse));
-        CHECK(same(got.dq, want.dq));
-        CHECK(same(got.dk, want.dk));
-        CHECK(same(got.dv, want.dv));
+        check_same_bits(got, want);
         const rd::RingReference ref(c, g, true);
         CHECK(rd::rank_errors(c, ref, m.index, got).max() < 2e-5);
       }
@@ -426,19 +433,12 @@ TEST_CASE("MPI head bands: distributed_attention over G = 2 .. 4 bands on MpiCom
     MpiComm mpi(MPI_COMM_WORLD);
     MpiWindow win(mpi, std::size_t{1} << 22);
     MpiWindowComm wc(mpi, win);
-    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-    };
     for (int G = 2; G <= 4; ++G) {
       c.bands = G;
       INFO("H=" << c.H << " Hkv=" << Hkv << " S=" << c.S << " G=" << G);
       const rd::RingRankResult got[2] = {rd::ring_rank_attention(c, g, w, mpi, mpi, true), rd::ring_rank_attention(c, g, w, wc, wc, true)};
       for (const rd::RingRankResult& r : got) {
-        CHECK(same(r.out, want.out));
-        CHECK(same(r.lse, want.lse));
-        CHECK(same(r.dq, want.dq));
-        CHECK(same(r.dk, want.dk));
-        CHECK(same(r.dv, want.dv));
+        check_same_bits(r, want);
       }
     }
   }
@@ -560,9 +560,6 @@ TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag, U x 
   int W = 0, w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   MPI_Comm_rank(MPI_COMM_WORLD, &w);
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   for (int U = 1; U <= W + 1; ++U) {  // U = W + 1: the all-gather-KV group of all W ranks
     const bool ag = U == W + 1;
     if (!ag && W % U) continue;
@@ -594,11 +591,7 @@ TEST_CASE("MPI packed documents (C20, C21): U x R with per-document zigzag, U x 
       }
       const auto local = rd::run_ring_attention(c, g, true);
       const rd::RingRankResult& want = local[static_cast<std::size_t>(w)];
-      CHECK(same(got.out, want.out));
-      CHECK(same(got.lse, want.lse));
-      CHECK(same(got.dq, want.dq));
-      CHECK(same(got.dk, want.dk));
-      CHECK(same(got.dv, want.dv));
+      check_same_bits(got, want);
       CHECK(rd::rank_errors(c, rd::RingReference(c, g, true), w, got).max() < 2e-5);
     }
   }
@@ -609,9 +602,6 @@ TEST_CASE("MPI head bands over a ring: G = 2, 3 bands x ring steps on MpiComm an
   int W = 0, w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   MPI_Comm_rank(MPI_COMM_WORLD, &w);
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   for (int U = 1; U < W; ++U) {
     if (W % U) continue;
     const int R = W / U;
@@ -634,11 +624,7 @@ TEST_CASE("MPI head bands over a ring: G = 2, 3 bands x ring steps on MpiComm an
           got.push_back(rd::ring_rank_attention(c, g, m.index, uwc, rwc, true));
         }
         for (const rd::RingRankResult& r : got) {
-          CHECK(same(r.out, want.out));
-          CHECK(same(r.lse, want.lse));
-          CHECK(same(r.dq, want.dq));
-          CHECK(same(r.dk, want.dk));
-          CHECK(same(r.dv, want.dv));
+          check_same_bits(r, want);
         }
       }
     }
