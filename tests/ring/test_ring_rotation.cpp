@@ -353,6 +353,10 @@ TEST_CASE("RingPlan: the schedule, the block sizes, the merge shape and the Ulys
           }
           if (causal && layout == RingLayout::contiguous)  // block j travels R − 1 − j hops
             for (int jj = 0; jj < R; ++jj) b += rp.last_use(jj) != R - 1 - jj;
+          // A rotation of sizes given with the plan's last uses (a head band's, attention/detail/band_ring.hpp) carries the same steps.
+          const RingRotation<LocalGroup::Comm> sized(c, rp.block_bytes(), RingBuffers().kv(kv0, kv1), RingProgress::automatic, 1, RingAccess::copy,
+                                                     rp.last_uses());
+          for (int s = 0; s < R; ++s) b += sized.carried(s) != rot.carried(s);
           b += ut::code_of([&] { (void)rot.kv<double>(0); }) != Errc::tensor_mismatch;
         });
         for (int x : bad) CHECK(x == 0);
@@ -392,6 +396,19 @@ TEST_CASE("RingPlan and the rotation over it: coded errors") {
     });
   }
   for (Errc e : got) CHECK(e == Errc::buffer_too_small);
+  for (int grad = 0; grad < 2; ++grad) {  // last uses neither empty nor one per ring rank
+    LocalGroup two(2);
+    two.spawn([&](LocalGroup::Comm& cc) {
+      std::vector<float> x(a.size()), y(a.size()), gx(g.size()), gy(g.size());
+      const std::vector<int> three(3, 1);
+      got[static_cast<std::size_t>(2 * grad + cc.rank())] = ut::code_of([&] {
+        if (grad) RingGradRotation<LocalGroup::Comm> rot(cc, rp.block_bytes(), rp.grad_bytes(), RingBuffers().kv(x, y).grad(gx, gy),
+                                                         RingProgress::automatic, 1, RingAccess::copy, three);
+        else RingRotation<LocalGroup::Comm> rot(cc, rp.block_bytes(), RingBuffers().kv(x, y), RingProgress::automatic, 1, RingAccess::copy, three);
+      });
+    });
+  }
+  for (Errc e : got) CHECK(e == Errc::invalid_shape);
   CHECK(ut::code_of([&] { RingRotation<LocalGroup::Comm> rot(c, rp, RingBuffers().kv(a.data(), a.size() * 4, nullptr, 0)); }) ==
         Errc::comm_mismatch);  // the size check comes first
 }

@@ -132,7 +132,8 @@ void band_ring_backward(const DistributedAttentionPlan& p, RC& rc, const Band& b
   const std::size_t gb = band_ring_bytes({rp.grad_buffer_bytes()}, Hk, b)[0];
   pack_band_kv(p, b, own, kv[0]);
   RingGradRotation<RC> rot(rc, band_ring_bytes(rp.block_bytes(), Hk, b), band_ring_bytes(rp.grad_bytes(), Hk, b),
-                           RingBuffers().kv(kv[0], kb, kv[1], kb).grad(gr[0], gb, gr[1], gb), p.options().progress, rp.messages());
+                           RingBuffers().kv(kv[0], kb, kv[1], kb).grad(gr[0], gb, gr[1], gb), p.options().progress, rp.messages(),
+                           RingAccess::copy, rp.last_uses());
   for (std::int64_t r = 0; r < B * L; ++r) std::fill(f[0] + (r * Hq + ql) * D, f[0] + (r * Hq + ql + qn) * D, 0.0f);
   for (int s = 0; s < p.steps(); ++s) {
     const RingWork& w = p.work(s);

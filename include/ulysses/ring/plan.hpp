@@ -23,6 +23,15 @@
 
 ULYSSES_NAMESPACE_BEGIN
 
+namespace detail {
+/// The rotations' last uses (RingPlan::last_uses()): none (every block carried) or one per ring rank.
+/// @throws Error(invalid_shape) another count.
+inline void check_ring_last_uses(const char* who, const std::vector<int>& last_use, int R) {
+  if (!last_use.empty() && last_use.size() != static_cast<std::size_t>(R))
+    fail(Errc::invalid_shape, std::string(who) + ": " + std::to_string(last_use.size()) + " last uses for R=" + std::to_string(R) + " ring ranks");
+}
+}  // namespace detail
+
 /// One rank of a Ulysses × Ring attention (see the file comment). Immutable; every rank of the
 /// block makes its own from the same partition, mesh, batch, specs and causal flag.
 class RingPlan {

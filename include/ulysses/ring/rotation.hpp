@@ -120,10 +120,13 @@ class RingRotation {
   /// @param progress    how the exchange overlaps (RingProgress)
   /// @param messages    pieces a block goes in over messages (RingConfig::messages; every ring rank the same)
   /// @param access      how step s's block is reached (RingAccess), as above
-  /// @throws as above; Error(invalid_shape) messages outside [1, kMaxRingMessages].
+  /// @param last_uses   by ring rank, the last step that attends its block (RingPlan::last_uses(), e.g. for a
+  ///                    head band of a plan's blocks: no message past it); empty: every block carried
+  /// @throws as above; Error(invalid_shape) messages outside [1, kMaxRingMessages], last_uses not empty nor of R entries.
   RingRotation(Comm& ring, std::vector<std::size_t> block_bytes, const RingBuffers& buffers, RingProgress progress = RingProgress::automatic,
-               int messages = 1, RingAccess access = RingAccess::copy)
-      : bytes_(std::move(block_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress), messages), access_(access), shared_(ring) {
+               int messages = 1, RingAccess access = RingAccess::copy, std::vector<int> last_uses = {})
+      : bytes_(std::move(block_bytes)), last_use_(std::move(last_uses)), poster_(ring, detail::resolve_progress<Comm>(progress), messages),
+        access_(access), shared_(ring) {
     init(ring, buffers.kv_buffers());
   }
 
@@ -211,6 +214,7 @@ class RingRotation {
     detail::tell_peers_on_failure(ring, ring.rank(), "RingRotation's construction", [&] {  // (the peers may be in start(0))
       poster_.check("RingRotation");
       R_ = static_cast<int>(bytes_.size());
+      detail::check_ring_last_uses("RingRotation", last_use_, R_);
       detail::check_ring_comm(ring, R_, "RingRotation");
       r_ = ring.rank();
       detail::check_ring_buffers("RingRotation", "block", b, bytes_);
@@ -272,11 +276,13 @@ class RingGradRotation {
   /// @param progress    how the exchange overlaps (RingProgress)
   /// @param messages    pieces a block (and an accumulator) goes in over messages (every ring rank the same)
   /// @param access      how step s's block and accumulator are reached (RingAccess), as above
-  /// @throws as above; Error(invalid_shape) messages outside [1, kMaxRingMessages].
+  /// @param last_uses   the blocks' last uses, as RingRotation's (the accumulators always travel)
+  /// @throws as above; Error(invalid_shape) messages outside [1, kMaxRingMessages], last_uses not empty nor of R entries.
   RingGradRotation(Comm& ring, std::vector<std::size_t> block_bytes, std::vector<std::size_t> grad_bytes, const RingBuffers& buffers,
-                   RingProgress progress = RingProgress::automatic, int messages = 1, RingAccess access = RingAccess::copy)
-      : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), poster_(ring, detail::resolve_progress<Comm>(progress), messages),
-        access_(access), shared_(ring) {
+                   RingProgress progress = RingProgress::automatic, int messages = 1, RingAccess access = RingAccess::copy,
+                   std::vector<int> last_uses = {})
+      : kv_(std::move(block_bytes)), gr_(std::move(grad_bytes)), last_use_(std::move(last_uses)),
+        poster_(ring, detail::resolve_progress<Comm>(progress), messages), access_(access), shared_(ring) {
     init(ring, buffers.kv_buffers(), buffers.grad_buffers());
   }
 
@@ -406,6 +412,7 @@ class RingGradRotation {
     detail::tell_peers_on_failure(ring, ring.rank(), "RingGradRotation's construction", [&] {
       poster_.check("RingGradRotation");
       R_ = static_cast<int>(kv_.size());
+      detail::check_ring_last_uses("RingGradRotation", last_use_, R_);
       detail::check_ring_comm(ring, R_, "RingGradRotation");
       r_ = ring.rank();
       if (gr_.size() != kv_.size())

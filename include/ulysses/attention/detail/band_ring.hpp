@@ -98,7 +98,7 @@ void band_ring_forward(const DistributedAttentionPlan& p, RC& rc, const Band& b,
   const std::vector<std::size_t> bytes = band_ring_bytes(rp.block_bytes(), p.kv_heads(), b);
   const std::size_t kb = band_ring_bytes({rp.kv_buffer_bytes()}, p.kv_heads(), b)[0];
   pack_band_kv(p, b, own, kv[0]);
-  RingRotation<RC> rot(rc, bytes, RingBuffers().kv(kv[0], kb, kv[1], kb), p.options().progress, rp.messages());
+  RingRotation<RC> rot(rc, bytes, RingBuffers().kv(kv[0], kb, kv[1], kb), p.options().progress, rp.messages(), RingAccess::copy, rp.last_uses());
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
   const std::int64_t Hq = p.query_heads(), Dv = ms.Dv, ql = b.query.lo, qn = b.query.size();
   const std::size_t eb = p.specs().q.elem_bytes;
