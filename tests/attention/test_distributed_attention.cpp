@@ -217,12 +217,13 @@ TEST_CASE("head bands over a ring (U x R = 2 x 2): bands x ring steps give the u
   struct Shape {
     std::int64_t H, Hkv;
   };
-  for (const Shape sh : {Shape{8, 8}, Shape{8, 4}, Shape{8, 1}, Shape{6, 2}})
-    for (int layout = 0; layout < 3; ++layout) {
+  for (const Shape sh : {Shape{8, 8}, Shape{8, 4}, Shape{8, 1}, Shape{6, 2}, Shape{5, 5}})  // (5 heads: 3 and 2 per rank, balanced)
+    for (int layout = 0; layout < 4; ++layout) {  // causal zigzag, causal contiguous, non-causal, packed documents
       rd::RingCase c;
       c.U = 2, c.R = 2, c.S = 23, c.H = sh.H, c.Hkv = sh.Hkv, c.B = 2, c.D = 8, c.Dv = 4;
-      c.causal = layout < 2;
+      c.causal = layout != 2;
       c.layout = layout == 1 ? RingLayout::contiguous : RingLayout::zigzag;
+      if (layout == 3) c.cu_seqlens = {0, 9, 9, 23};  // (with a placeholder)
       const rd::RingGlobals g(c);
       std::int64_t unbanded_calls = 0;  // the unbanded forward's kernel calls on world rank 0 (its steps with work)
       rd::RingCase c0 = c;
@@ -230,7 +231,7 @@ TEST_CASE("head bands over a ring (U x R = 2 x 2): bands x ring steps give the u
         if (w == 0) ++unbanded_calls;  // (rank 0's thread only)
       };
       const auto want = rd::run_ring_attention(c0, g, true);
-      const std::int64_t Hq = sh.H / 2;
+      const std::int64_t Hq = (sh.H + 1) / 2;  // (world rank 0's query heads)
       for (int G = 2; G <= Hq + 1; ++G) {
         INFO("H=" << sh.H << " Hkv=" << sh.Hkv << " layout " << layout << " G=" << G);
         rd::RingCase cb = c;
@@ -252,7 +253,7 @@ TEST_CASE("head bands over a ring (U x R = 2 x 2): bands x ring steps give the u
         for (std::int64_t n : heads_seen) total += n;
         CHECK(total == Hq * unbanded_calls);
         CHECK(*std::max_element(heads_seen.begin(), heads_seen.end()) == (Hq + G - 1) / G);
-        const std::int64_t Hkv_u = std::max<std::int64_t>(1, sh.Hkv / 2);
+        const std::int64_t Hkv_u = std::max<std::int64_t>(1, (sh.Hkv + 1) / 2);  // (world rank 0's)
         if (Hkv_u > 1) CHECK(k_row < Hkv_u * c.D);  // (the unbanded block's row: Hkv_u · D)
         else CHECK(k_row == c.D);
       }
