@@ -84,8 +84,8 @@ class AttentionCarve {
 class DistributedAttentionPlan {
  public:
   /// Ulysses × Ring (R >= 1) of `ring`: its Ulysses plans, schedule and rotation sizes.
-  /// @throws Error(tensor_mismatch) q, k, v, o not all of one mergeable type (float32, float16,
-  ///         bfloat16); what Plan's constructor throws for the options.
+  /// @throws Error(tensor_mismatch) q, k, v, o not all of one mergeable type (float32, float16, bfloat16);
+  ///         Error(invalid_shape) bands outside [1, kMaxStages], or > 1 with RingAccess::zero_copy; what Plan() throws.
   explicit DistributedAttentionPlan(const RingPlan& ring, const DistributedAttentionOptions& o = {})
       : ring_(ring), specs_(ring.specs()), B_(ring.batch()), causal_(ring.causal()), u_(ring.ulysses_rank()), opt_(o),
         qkv_(ring.qkv_plan(Format::bshd, banded(o))), out_(ring.out_plan(Format::bshd, banded(o))) {

@@ -51,7 +51,8 @@ void check_band_ring_threads(const DistributedAttentionPlan& p, const UC& uc, co
 /// Band b's share of each ring rank's block (kv heads [b.kv.lo, b.kv.hi) of Hk): `whole`/Hk·kn bytes.
 inline std::vector<std::size_t> band_ring_bytes(std::vector<std::size_t> whole, std::int64_t Hk, const Band& b) {
   for (std::size_t& n : whole) {
-    if (n % static_cast<std::size_t>(Hk) != 0) fail(Errc::invalid_shape, "ring x bands: a kv block of " + std::to_string(n) + " bytes over " + std::to_string(Hk) + " kv heads");
+    if (n % static_cast<std::size_t>(Hk) != 0)
+      fail(Errc::invalid_shape, "ring x bands: a kv block of " + std::to_string(n) + " bytes over " + std::to_string(Hk) + " kv heads");
     n = n / static_cast<std::size_t>(Hk) * static_cast<std::size_t>(b.kv.size());
   }
   return whole;
@@ -108,7 +109,8 @@ void band_ring_forward(const DistributedAttentionPlan& p, RC& rc, const Band& b,
         [&] {
           const RingWork& w = p.work(s);
           if (w.empty()) return;
-          for (std::int64_t r = 0; r < p.batch() * w.q_len; ++r) std::memset(pout + static_cast<std::size_t>((r * Hq + ql) * Dv) * eb, 0, static_cast<std::size_t>(qn * Dv) * eb);
+          for (std::int64_t r = 0; r < p.batch() * w.q_len; ++r)  // (the band's heads of the partial [B, q_len, Hq, Dv])
+            std::memset(pout + static_cast<std::size_t>((r * Hq + ql) * Dv) * eb, 0, static_cast<std::size_t>(qn * Dv) * eb);
           for (std::int64_t bb = 0; bb < p.batch(); ++bb)
             for (std::int64_t h = ql; h < b.query.hi; ++h)
               for (std::int64_t i = 0; i < w.q_len; ++i) plse[(bb * Hq + h) * w.q_len + i] = -INFINITY;
