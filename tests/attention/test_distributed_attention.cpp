@@ -217,13 +217,14 @@ TEST_CASE("head bands over a ring (U x R = 2 x 2): bands x ring steps give the u
   struct Shape {
     std::int64_t H, Hkv;
   };
+  const std::vector<std::int64_t> kDocs{0, 9, 9, 23};  // packed documents, with a placeholder
   for (const Shape sh : {Shape{8, 8}, Shape{8, 4}, Shape{8, 1}, Shape{6, 2}, Shape{5, 5}})  // (5 heads: 3 and 2 per rank, balanced)
     for (int layout = 0; layout < 4; ++layout) {  // causal zigzag, causal contiguous, non-causal, packed documents
       rd::RingCase c;
       c.U = 2, c.R = 2, c.S = 23, c.H = sh.H, c.Hkv = sh.Hkv, c.B = 2, c.D = 8, c.Dv = 4;
       c.causal = layout != 2;
       c.layout = layout == 1 ? RingLayout::contiguous : RingLayout::zigzag;
-      if (layout == 3) c.cu_seqlens = {0, 9, 9, 23};  // (with a placeholder)
+      if (layout == 3) c.cu_seqlens = kDocs;
       const rd::RingGlobals g(c);
       std::int64_t unbanded_calls = 0;  // the unbanded forward's kernel calls on world rank 0 (its steps with work)
       rd::RingCase c0 = c;
