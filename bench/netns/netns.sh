@@ -8,7 +8,8 @@
 #
 #   bench/netns/netns.sh up | run [OUTDIR] | check [OUTDIR] | down | all [OUTDIR]     (default OUTDIR: bench/results/netns)
 #
-#   (also: netns.sh bands [OUTDIR], the band pipeline; netns.sh wire [OUTDIR], the fp8 wire: see them below)
+#   (also: netns.sh bands [OUTDIR], the band pipeline; netns.sh layer [OUTDIR], bands x ring steps;
+#   netns.sh wire [OUTDIR], the fp8 wire: see them below)
 #   up    namespaces ulys-n1 (10.77.0.1, veth ulys-v1) and ulys-n2 (10.77.0.2, veth ulys-v2)
 #   run   ulysses_perf --backend mpi -c 1 (bit for bit) into OUTDIR/runs/NAME.{json,txt}: 4 ranks in
 #         ulys-n1 alone (intra_flat: shared memory only); then for every RATES entry, tbf on both
@@ -220,6 +221,28 @@ bands() {
   RATE=none throttle
 }
 
+# layer [OUTDIR]: one layer's distributed_attention() forward (ulysses_perf --op layer) as U x R =
+# 2 x 2: the Ulysses groups inside each namespace (shared memory), the ring across the throttled
+# veth, around a stand-in attention (a sleep) at LAYER_TFLOPS (0.5), once per band count (--bands
+# LAYER_BANDS, 1,2,4: bands x ring steps) with the exchanges and the ring on worker threads
+# (--progress thread, MPI_THREAD_MULTIPLE) and posted (in_start): OUTDIR/layer.txt. Knobs:
+# LAYER_RATE (1gbit), LAYER_MODEL (Llama-3.1-8B), LAYER_S (8192), LAYER_ITERS (5, after 1 warm-up).
+layer() {
+  local out="${1:-$root/bench/results/netns}" perf="${PERF:-$root/build/bench/ulysses_perf}"
+  [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
+  mkdir -p "$out"
+  RATE="${LAYER_RATE:-1gbit}" throttle
+  {
+    echo "# bench/netns/netns.sh layer, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at ${LAYER_RATE:-1gbit} (tbf)"
+    for pr in thread in_start; do
+      launch 2 2 "$perf" --op layer --layer 2,2 --backend mpi --ranks-per-node 2 --model "${LAYER_MODEL:-Llama-3.1-8B}" \
+        -b "${LAYER_S:-8192}" -e "${LAYER_S:-8192}" -n "${LAYER_ITERS:-5}" -w 1 -c 0 --attn-TFLOPS "${LAYER_TFLOPS:-0.5}" \
+        --bands "${LAYER_BANDS:-1,2,4}" --progress "$pr" || return 1
+    done
+  } | tee "$out/layer.txt"
+  RATE=none throttle
+}
+
 # wire [OUTDIR]: q and k on an fp8 wire (ulysses_perf --wire) against every tensor on its element wire
 # (the bf16 baseline), plain MpiComm messages (--mpi-window 0) across the throttled link, 1 rank in
 # each namespace (P=2) and 2 in each (P=4), -c 1 (the wire's outputs against the reference
@@ -258,6 +281,12 @@ case "$verb" in
     up
     bands "$@"
     ;;
+  layer)
+    allowed || { echo "netns.sh: skipped"; exit 0; }
+    trap 'down || true' EXIT INT TERM
+    up
+    layer "$@"
+    ;;
   up) allowed || { echo "netns.sh: skipped"; exit 0; }; up ;;
   down) down ;;
   run) run "$@" ;;
@@ -268,5 +297,5 @@ case "$verb" in
     up
     run "$@"
     ;;
-  *) sed -n '3,33p' "$self" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '3,35p' "$self" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
