@@ -201,25 +201,29 @@ verb="${1:-}"; [ $# -gt 0 ] && shift
 # --posts-progress 0): OUTDIR/bands.txt.
 # Knobs: BAND_RATE (1gbit), BAND_MODEL (Llama-3.1-8B), BAND_S (4096), BAND_ITERS (5), BANDS (1,2,4,8),
 # RATIOS (0.25,1,4).
-bands() {
-  local out="${1:-$root/bench/results/netns}" perf="${PERF:-$root/build/bench/ulysses_perf}"
+# throttled NAME RATE OUTDIR FN: FN (a function that runs ulysses_perf as "$perf") with the veth at
+# RATE, its output after a header line into OUTDIR/NAME.txt (and to stdout); the veth unthrottled after.
+throttled() {
+  local name="$1" rate="$2" out="${3:-$root/bench/results/netns}" fn="$4" perf="${PERF:-$root/build/bench/ulysses_perf}"
   [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
   mkdir -p "$out"
-  RATE="${BAND_RATE:-1gbit}" throttle
-  {
-    echo "# bench/netns/netns.sh bands, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at ${BAND_RATE:-1gbit} (tbf)"
-    for layout in "1 1" "2 2"; do
-      for pr in thread in_start; do
-        set -- $layout
-        launch "$1" "$2" "$perf" --op bands --backend mpi --model "${BAND_MODEL:-Llama-3.1-8B}" --dtype bf16 \
-          -b "${BAND_S:-4096}" -e "${BAND_S:-4096}" -n "${BAND_ITERS:-5}" -w 1 --bands "${BANDS:-1,2,4,8}" \
-          --attn-ratio "${RATIOS:-0.25,1,4}" --attn-kind sleep --progress "$pr" --mpi-window 0 \
-          --posts-progress "$([ "$pr" = in_start ] && echo 0 || echo 1)" || return 1
-      done
-    done
-  } | tee "$out/bands.txt"
+  RATE="$rate" throttle
+  { echo "# bench/netns/netns.sh $name, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at $rate (tbf)"; "$fn"; } | tee "$out/$name.txt"
   RATE=none throttle
 }
+
+bands_runs() {
+  for layout in "1 1" "2 2"; do
+    for pr in thread in_start; do
+      set -- $layout
+      launch "$1" "$2" "$perf" --op bands --backend mpi --model "${BAND_MODEL:-Llama-3.1-8B}" --dtype bf16 \
+        -b "${BAND_S:-4096}" -e "${BAND_S:-4096}" -n "${BAND_ITERS:-5}" -w 1 --bands "${BANDS:-1,2,4,8}" \
+        --attn-ratio "${RATIOS:-0.25,1,4}" --attn-kind sleep --progress "$pr" --mpi-window 0 \
+        --posts-progress "$([ "$pr" = in_start ] && echo 0 || echo 1)" || return 1
+    done
+  done
+}
+bands() { throttled bands "${BAND_RATE:-1gbit}" "${1:-}" bands_runs; }
 
 # layer [OUTDIR]: one layer's distributed_attention() forward (ulysses_perf --op layer) as U x R =
 # 2 x 2: the Ulysses groups inside each namespace (shared memory), the ring across the throttled
@@ -227,21 +231,14 @@ bands() {
 # LAYER_BANDS, 1,2,4: bands x ring steps) with the exchanges and the ring on worker threads
 # (--progress thread, MPI_THREAD_MULTIPLE) and posted (in_start): OUTDIR/layer.txt. Knobs:
 # LAYER_RATE (1gbit), LAYER_MODEL (Llama-3.1-8B), LAYER_S (8192), LAYER_ITERS (5, after 1 warm-up).
-layer() {
-  local out="${1:-$root/bench/results/netns}" perf="${PERF:-$root/build/bench/ulysses_perf}"
-  [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
-  mkdir -p "$out"
-  RATE="${LAYER_RATE:-1gbit}" throttle
-  {
-    echo "# bench/netns/netns.sh layer, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at ${LAYER_RATE:-1gbit} (tbf)"
-    for pr in thread in_start; do
-      launch 2 2 "$perf" --op layer --layer 2,2 --backend mpi --ranks-per-node 2 --model "${LAYER_MODEL:-Llama-3.1-8B}" \
-        -b "${LAYER_S:-8192}" -e "${LAYER_S:-8192}" -n "${LAYER_ITERS:-5}" -w 1 -c 0 --attn-TFLOPS "${LAYER_TFLOPS:-0.5}" \
-        --bands "${LAYER_BANDS:-1,2,4}" --progress "$pr" || return 1
-    done
-  } | tee "$out/layer.txt"
-  RATE=none throttle
+layer_runs() {
+  for pr in thread in_start; do
+    launch 2 2 "$perf" --op layer --layer 2,2 --backend mpi --ranks-per-node 2 --model "${LAYER_MODEL:-Llama-3.1-8B}" \
+      -b "${LAYER_S:-8192}" -e "${LAYER_S:-8192}" -n "${LAYER_ITERS:-5}" -w 1 -c 0 --attn-TFLOPS "${LAYER_TFLOPS:-0.5}" \
+      --bands "${LAYER_BANDS:-1,2,4}" --progress "$pr" || return 1
+  done
 }
+layer() { throttled layer "${LAYER_RATE:-1gbit}" "${1:-}" layer_runs; }
 
 # wire [OUTDIR]: q and k on an fp8 wire (ulysses_perf --wire) against every tensor on its element wire
 # (the bf16 baseline), plain MpiComm messages (--mpi-window 0) across the throttled link, 1 rank in
