@@ -92,3 +92,69 @@ TEST_CASE("advise_hybrid with packed documents: each ring and all-gather priced 
           (void)advise_hybrid(shape, 32, 4, 2, links(), 1e8, true, ElementType::bfloat16, 1, HeadPolicy::even, 0, &docs);
         }) == Errc::seq_lengths_mismatch);
 }
+
+TEST_CASE("advise_hybrid with band overheads: each ring and plain Ulysses in head bands (bands x ring steps), ranked by the banded time") {
+  // Llama-3.1-8B (H = 32, Hkv = 8, D = 128) at S = 32k on 16 ranks, nodes of 8, NVLink + InfiniBand, 500 TFLOP/s.
+  const AttentionShape shape{32, 8, 128, 0};
+  const std::int64_t S = 32768;
+  const CostModel model = CostModel::nvlink_infiniband();
+  const double rate = 500e12;
+  const BandOverhead o{10e-6, 5e-6};
+  const std::vector<HybridChoice> v =
+      advise_hybrid(shape, S, 16, 8, model, rate, true, ElementType::bfloat16, 1, HeadPolicy::even, 0, nullptr, &o);
+  const std::vector<HybridChoice> unpriced = advise_hybrid(shape, S, 16, 8, model, rate);
+  REQUIRE(v.size() == unpriced.size());
+  for (const HybridChoice& h : unpriced) {
+    CHECK(h.bands.bands == 1);
+    CHECK(h.banded_seconds == 0);
+  }
+  int banded = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const HybridChoice& h = v[i];
+    const int U = h.ulysses_degree, R = h.ring_degree;
+    INFO("U=" << U << " R=" << R << " kv " << std::string(to_string(h.kv)));
+    const double calls = U > 1 ? 2 * o.exchange_call_s : 0;  // the two exchanges' calls at G = 1
+    if (i > 0) CHECK(v[i - 1].banded_seconds <= h.banded_seconds);
+    CHECK(h.banded_seconds <= h.seconds + calls + 1e-15);  // (G = 1 is among the choices)
+    if (h.kv == RingKv::allgather) {  // the plan refuses bands there
+      CHECK(h.bands.bands == 1);
+      CHECK(h.banded_seconds == doctest::Approx(h.seconds + calls).epsilon(1e-12));
+      continue;
+    }
+    // The pass as band_cost() sees it, priced again from the parts: each band's ring (or, R = 1, its
+    // attention) is f of the whole plus R kernel calls and each transfer's latency (one byte's step).
+    const Mesh m(16, U, R, 8);
+    double ring_s = attention_flops(32 / U, S, 128, 0, 1, true) / rate, latency = 0, ring_extra = 0;
+    if (R > 1) {
+      const RingCost rc = ring_cost(m, shape, S, true, model, rate);
+      ring_s = rc.compute_seconds + rc.exposed_seconds + rc.merge_seconds;
+      ring_extra = rc.exposed_seconds + rc.merge_seconds + rc.imbalance_seconds;
+      for (int s = 0; s + 1 < R; ++s) latency += detail::ring_transfer_seconds(m, RingTransport::network, 1, s, R, rc.messages, model);
+    }
+    BandWork w;
+    w.seq_to_head = h.ulysses.seq_to_head;
+    w.head_to_seq = h.ulysses.head_to_seq;
+    w.attention_s = ring_s;
+    w.units = 32 / U;
+    w.overhead = {U > 1 ? o.exchange_call_s : 0, R * o.attention_call_s + latency};
+    const BandCost want = best_bands(w);
+    CHECK(h.bands.bands == want.bands);
+    CHECK(h.bands.pipelined_s == doctest::Approx(want.pipelined_s).epsilon(1e-12));
+    CHECK(h.banded_seconds == doctest::Approx(want.exposed_s + ring_extra).epsilon(1e-12));
+    if (h.bands.bands == 1) CHECK(h.banded_seconds == doctest::Approx(h.seconds + calls).epsilon(1e-9));
+    if (h.bands.bands > 1) {
+      CHECK(h.banded_seconds < h.seconds + calls);
+      CHECK(h.reason.find(std::to_string(h.bands.bands) + " head bands hide") != std::string::npos);
+      banded += R > 1 ? 1 : 0;
+    }
+  }
+  CHECK(banded > 0);  // some Ulysses x Ring layout hides its all-to-alls behind its bands' rings
+  // A second a call: no layout bands.
+  const BandOverhead slow{1, 1};
+  for (const HybridChoice& h : advise_hybrid(shape, S, 16, 8, model, rate, true, ElementType::bfloat16, 1, HeadPolicy::even, 0, nullptr, &slow))
+    CHECK(h.bands.bands == 1);
+  const BandOverhead negative{-1e-6, 0};
+  CHECK(ut::code_of([&] {
+          (void)advise_hybrid(shape, S, 16, 8, model, rate, true, ElementType::bfloat16, 1, HeadPolicy::even, 0, nullptr, &negative);
+        }) == Errc::invalid_shape);
+}

@@ -45,6 +45,17 @@ struct HybridChoice {
   double inter_bytes = 0;        ///< bytes per layer over the busiest rank's inter-node link (Ulysses + ring)
   double activation_bytes = 0;   ///< a rank's attention tensors (ulysses.activation_bytes) + the ring's kv buffers
   bool fits = true;              ///< activation_bytes within the budget
+  /// the forward in head bands (tune/band_cost.hpp; bands × ring steps, attention/detail/band_ring.hpp)
+  /// where advise_hybrid() is given band overheads: best_bands() of the Ulysses exchanges around
+  /// each band's attention, which with a ring is the band's ring (its steps, the rotation they
+  /// leave exposed, its merges). Not priced (bands 1, times 0) without overheads and for the
+  /// all-gather, whose plan refuses bands.
+  BandCost bands;
+  /// what the layout adds to the attention in bands.bands bands, seconds: bands.exposed_s (the
+  /// exchanges the bands leave exposed, their calls' overheads included) + the ring's exposed
+  /// rotation, merges and imbalance; at G = 1 (and for the all-gather) seconds + the two exchange
+  /// calls' overheads; 0 without band overheads
+  double banded_seconds = 0;
   std::string reason;            ///< why it ranks where it does: where each part runs, what the ring hides
 };
 
@@ -55,7 +66,10 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
   std::string s = h.ulysses_degree == 1 ? "no all-to-all"
                   : h.ulysses.nodes_per_group > 1 ? "all-to-all across " + std::to_string(h.ulysses.nodes_per_group) + " nodes"
                                                   : "all-to-all inside a node";
-  if (h.kv == RingKv::none) return s + "; no ring";
+  const std::string bands = h.bands.bands > 1 ? "; " + std::to_string(h.bands.bands) + " head bands hide " + pct(1 - h.bands.exposed_fraction) +
+                                                     " of the all-to-alls"
+                                               : std::string();
+  if (h.kv == RingKv::none) return s + "; no ring" + bands + (h.fits ? "" : "; over the memory budget");
   s += std::string("; ") + (h.kv == RingKv::rotation ? "ring" : "kv all-gather") + (mesh.ring_spans_nodes() ? " across nodes" : " inside a node");
   if (h.kv == RingKv::rotation)
     s += (h.messages > 1 ? ", " + std::to_string(h.messages) + " messages a block" : std::string()) +
@@ -66,8 +80,55 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
     s += "; documents leave " + pct(h.ring.attended_fraction) + " of the pairs" +
          (h.ring.imbalance_seconds > 0.005 * h.ring.compute_seconds ? ", the slowest rank " + pct(h.ring.imbalance_seconds / (h.ring.compute_seconds - h.ring.imbalance_seconds)) + " over the mean" : "");
   if (mesh.ulysses_spans_nodes() && !mesh.ring_spans_nodes()) s += "; ring inside a node while the all-to-all crosses nodes";
+  s += bands;
   if (!h.fits) s += "; over the memory budget";
   return s;
+}
+
+/// advise_hybrid()'s argument checks (its @throws).
+inline void check_hybrid_args(std::int64_t seq_len, std::int64_t batch, double flops_per_s, const Documents* documents,
+                              const BandOverhead* band_overhead) {
+  if (band_overhead && !(band_time_ok(band_overhead->exchange_call_s) && band_time_ok(band_overhead->attention_call_s)))
+    fail(Errc::invalid_shape, "advise_hybrid: band overheads must be finite and >= 0 (exchange call " +
+                                  std::to_string(band_overhead->exchange_call_s) + " s, attention call " +
+                                  std::to_string(band_overhead->attention_call_s) + " s)");
+  if (documents && documents->seq_len() != seq_len)
+    fail(Errc::seq_lengths_mismatch, "advise_hybrid: seq_len=" + std::to_string(seq_len) + " but the documents cover " +
+                                         std::to_string(documents->seq_len()) + " tokens");
+  if (seq_len < 1 || batch < 1 || !(flops_per_s > 0))
+    fail(Errc::invalid_shape, "advise_hybrid: seq_len=" + std::to_string(seq_len) + ", batch=" + std::to_string(batch) +
+                                  " must be >= 1 and the FLOP rate > 0");
+}
+
+/// HybridChoice::bands and banded_seconds of `h` (its Ulysses exchanges and ring priced; `rmesh`
+/// its U × R mesh). A band of a fraction f of a rank's query heads runs its own ring of R steps
+/// (band_ring.hpp): its time is f of the whole ring's (the attention, the exposed rotation and the
+/// merges all scale with the heads) plus what each band pays again: R kernel calls and each
+/// transfer's latency (the step's time for one byte; conservatively counted exposed). Without a
+/// ring the band's attention is f of the rank's (ring_cost_impl() at R = 1: documents included).
+inline void hybrid_bands(HybridChoice& h, const Mesh& rmesh, const AttentionShape& shape, std::int64_t S, bool causal,
+                         const CostModel& model, double flops_per_s, ElementType type, std::int64_t batch, HeadPolicy policy,
+                         const Documents* docs, const BandOverhead& o) {
+  const int U = h.ulysses_degree, R = h.ring_degree;
+  if (h.kv == RingKv::allgather) {  // (one band: the exchanges' calls add their overhead)
+    h.banded_seconds = h.seconds + (U > 1 ? 2 * o.exchange_call_s : 0);
+    return;
+  }
+  const RingCost ring = R > 1 ? h.ring
+                              : ring_cost_impl(rmesh, shape, S, causal, model, flops_per_s, type, batch, RingTransport::network, policy, false, 0, docs);
+  double latency = 0;
+  for (int s = 0; s + 1 < R; ++s) latency += ring_transfer_seconds(rmesh, RingTransport::network, 1, s, R, ring.messages, model);
+  const AttentionSpecs a = attention_specs<float>(U, shape, ElementType::float32, policy);
+  std::int64_t fewest = shape.num_heads;
+  for (int u = 0; u < U; ++u) fewest = std::min(fewest, a.query_heads.count(u));
+  BandWork w;
+  w.seq_to_head = h.ulysses.seq_to_head;
+  w.head_to_seq = h.ulysses.head_to_seq;
+  w.attention_s = ring.compute_seconds + (R > 1 ? ring.exposed_seconds + ring.merge_seconds : 0);
+  w.units = static_cast<int>(std::max<std::int64_t>(1, fewest));
+  w.overhead = {U > 1 ? o.exchange_call_s : 0, R * o.attention_call_s + latency};
+  h.bands = best_bands(w);
+  h.banded_seconds = h.bands.exposed_s + (R > 1 ? ring.exposed_seconds + ring.merge_seconds + ring.imbalance_seconds : 0);
 }
 }  // namespace detail
 
@@ -97,19 +158,18 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
 ///                       and all-gather priced over the per-document zigzag with its document
 ///                       blocks (ring_cost()'s `documents`); a (U, R) the documents cannot take
 ///                       (RingPartition(Documents, U, R) refuses it) is left out
-/// @throws Error(invalid_mesh) no feasible layout; Error(invalid_shape) seq_len or batch < 1, flops_per_s <= 0;
-///         Error(seq_lengths_mismatch) documents over another seq_len.
+/// @param band_overhead  each exchange and attention call's overhead (null: no bands priced):
+///                       every layout but the all-gather's gets HybridChoice::bands (best_bands()
+///                       over its Ulysses exchanges and its ring) and the fitting layouts rank by
+///                       banded_seconds instead of seconds
+/// @throws Error(invalid_mesh) no feasible layout; Error(invalid_shape) seq_len or batch < 1, flops_per_s <= 0,
+///         a band overhead negative or not finite; Error(seq_lengths_mismatch) documents over another seq_len.
 inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std::int64_t seq_len, int world, int ranks_per_node,
                                                const CostModel& model, double flops_per_s = AttentionRate::h100_bf16(), bool causal = true,
                                                ElementType type = ElementType::bfloat16, std::int64_t batch = 1,
                                                HeadPolicy policy = HeadPolicy::even, double budget_bytes = 0,
-                                               const Documents* documents = nullptr) {
-  if (documents && documents->seq_len() != seq_len)
-    detail::fail(Errc::seq_lengths_mismatch, "advise_hybrid: seq_len=" + std::to_string(seq_len) + " but the documents cover " +
-                                                 std::to_string(documents->seq_len()) + " tokens");
-  if (seq_len < 1 || batch < 1 || !(flops_per_s > 0))
-    detail::fail(Errc::invalid_shape, "advise_hybrid: seq_len=" + std::to_string(seq_len) + ", batch=" + std::to_string(batch) +
-                                          " must be >= 1 and the FLOP rate > 0");
+                                               const Documents* documents = nullptr, const BandOverhead* band_overhead = nullptr) {
+  detail::check_hybrid_args(seq_len, batch, flops_per_s, documents, band_overhead);
   std::vector<HybridChoice> out;
   std::string why;
   for (int U : Mesh::degrees(world, ranks_per_node)) {
@@ -142,6 +202,8 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
           h.inter_bytes = d.inter_bytes + h.ring.bytes[1];
           h.activation_bytes = d.activation_bytes + h.ring.buffer_bytes;
           h.fits = budget_bytes <= 0 || h.activation_bytes <= budget_bytes;
+          if (band_overhead)
+            detail::hybrid_bands(h, rmesh, shape, seq_len, causal, model, flops_per_s, type, batch, policy, documents, *band_overhead);
           h.reason = detail::hybrid_reason(h, rmesh);
           out.push_back(h);
         }
@@ -152,9 +214,11 @@ inline std::vector<HybridChoice> advise_hybrid(const AttentionShape& shape, std:
   }
   const std::string where = "world=" + std::to_string(world) + ", ranks_per_node=" + std::to_string(ranks_per_node);
   if (out.empty()) detail::fail(Errc::invalid_mesh, "advise_hybrid: no feasible (U, R) for " + where + (why.empty() ? "" : " (" + why + ")"));
-  std::stable_sort(out.begin(), out.end(), [](const HybridChoice& a, const HybridChoice& b) {
+  const bool banded = band_overhead != nullptr;
+  std::stable_sort(out.begin(), out.end(), [banded](const HybridChoice& a, const HybridChoice& b) {
     if (a.fits != b.fits) return a.fits;
-    if (a.fits && a.seconds != b.seconds) return a.seconds < b.seconds;
+    const double ta = banded ? a.banded_seconds : a.seconds, tb = banded ? b.banded_seconds : b.seconds;
+    if (a.fits && ta != tb) return ta < tb;
     return a.activation_bytes < b.activation_bytes;  // (equal times: the smaller memory first)
   });
   return out;
