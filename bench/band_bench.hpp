@@ -84,16 +84,31 @@ struct BandRow {
   std::string progress;
 };
 
+/// The exchanges of `w` from one run's measurements: `in_s` and `out_s` the serial seq->head and
+/// head->seq (seconds), `bands_s` the G bands' exchanges alone. The bands move the same bytes in
+/// G times the calls and messages, so their excess over the serial exchange is the part each band
+/// pays again: fixed = (bands_s - in_s - out_s) / (G - 1), shared by the two directions in
+/// proportion to their times (then G bands sum to bands_s, band_cost()). A G bands' time below the
+/// serial one is the run's noise (no byte or message fewer): no fixed part, the serial times.
+inline void band_measured_exchanges(BandWork& w, double in_s, double out_s, double bands_s, int G) {
+  const double serial = in_s + out_s;
+  const double fixed = G > 1 && serial > 0 ? std::max(0.0, bands_s - serial) / (G - 1) : 0;
+  w.seq_to_head = {in_s, serial > 0 ? std::min(in_s, fixed * in_s / serial) : 0};
+  w.head_to_seq = {out_s, serial > 0 ? std::min(out_s, fixed * out_s / serial) : 0};
+}
+
 /// The sweep on one rank of `comm` (every rank calls it alike): rows on every rank. Exec: the
 /// executor of the copies (HostExecutor; ulysses_perf's SkipCopies with --copies 0: the messages
 /// alone, for simulated time). `now()` is the backend's clock in seconds; `alternate(calls)` the
 /// tool's alternate_all().
-/// The advice of each (S, f) comes from the cost model fed with this run's measurements: per G
-/// the exchanges of G bands alone (the pipeline without attention), split as the serial
-/// seq->head and head->seq (BandWork: no fixed part; `call_s` a call; nothing overlaps when the
-/// stand-in spins on the cores the copies need, or when the exchanges are posted (split) and
-/// `posts_progress` is false: the caller knows its MPI moves posted bytes only inside its calls):
-/// band_cost() of each G timed, the least (ties: the smaller G).
+/// The advice of each (S, f) comes from the cost model fed with this run's measurements: the
+/// serial exchange (G = 1's exchanges alone, timed as every G's, where 1 is among the G; split as
+/// the seq->head and head->seq timed alone) as the exchanges' times, and as the part each band pays again
+/// (BandExchange::fixed_s) the G bands' exchanges alone (the pipeline without attention) over the
+/// serial exchange, divided by G - 1 (band_measured_exchanges()); `call_s` a call; nothing overlaps
+/// when the stand-in spins on the cores the copies need, or when the exchanges are posted (split)
+/// and `posts_progress` is false: the caller knows its MPI moves posted bytes only inside its
+/// calls. band_cost() of each G timed, the least (ties: the smaller G).
 template <class Exec, class Comm, class Now, class Alternate>
 std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t B, const std::vector<std::int64_t>& sizes,
                            const std::vector<int>& G, const std::vector<double>& ratios, const std::string& kind, Progress progress, bool posts_progress,
@@ -130,6 +145,11 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
         });
       });
     const std::vector<double> x_bands = alternate(bare);
+    // The model's serial exchange: one band's exchanges timed as every G's are (the pipeline with
+    // no attention, one call each way back to back), where G = 1 is among those timed; else the
+    // two calls timed alone, each between barriers (up to 1.6x slower in-process on 2 cores).
+    const auto one_band = std::find(G.begin(), G.end(), 1);
+    const double base = one_band != G.end() ? x_bands[static_cast<std::size_t>(one_band - G.begin())] : x_us;
     std::int64_t units = shape.num_heads;  // the fewest local query heads of a rank: the bands' units
     for (int q = 0; q < P; ++q) units = std::min(units, specs.query_heads.count(q));
     for (double f : ratios) {
@@ -161,9 +181,7 @@ std::vector<BandRow> sweep(Comm& comm, const AttentionShape& shape, std::int64_t
       for (std::size_t i = 0; i < G.size(); ++i) {
         BandRow w;
         w.S = S, w.f = f, w.G = G[i], w.exchange_us = x_us, w.attention_us = attn_s * 1e6, w.us = t[i + 1], w.serial_us = t[0];
-        const double scale = x_bands[i] / x_us;  // G bands' exchanges against the serial exchange's
-        work.seq_to_head = {x[0] * scale * 1e-6, 0};
-        work.head_to_seq = {x[1] * scale * 1e-6, 0};
+        band_measured_exchanges(work, x[0] * base / x_us * 1e-6, x[1] * base / x_us * 1e-6, x_bands[i] * 1e-6, G[i]);
         w.bands_exchange_us = x_bands[i];
         {
           const ExchangeCall c{&L.bands[i + 1]->qkv(), Direction::seq_to_head, L.qkv_seq(), L.qkv_head(), L.ws_qkv, StageRange::one(0)};
@@ -193,7 +211,8 @@ inline void print(const std::vector<BandRow>& rows, const std::string& what) {
   std::printf("# ulysses_perf --op bands: %s\n", what.c_str());
   std::printf("# time: the slowest rank's, median; serial: seq->head + attention + head->seq blocking, same run;\n"
               "# exposed: (time - attention) / serial exchange (1: nothing hidden, 0: all hidden); G exch: the G bands'\n"
-              "# exchanges alone; model: band_cost() of the measured exchanges; *: the G the model advises\n");
+              "# exchanges alone; model: band_cost() of G = 1's G exch (else the exchange), each band paying again the G bands'\n"
+              "# excess over it / (G - 1) (none where G exch is below it: noise); *: the G the model advises\n");
   std::printf("| S | f | G | progress | exchange (us) | G exch (us) | attention (us) | serial (us) | banded (us) | banded / serial | exposed | model (us) |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BandRow& w : rows)

@@ -12,15 +12,16 @@
 # 4. the simulated cluster (SMPI, bench/smpi/smpi.sh perf): 64 ranks on 8 nodes of 8 GPUs,
 #    Llama-3.1-70B at S = 128k, Ulysses groups of 8 (in a node) and of 16 (two nodes).
 # Each table is one run of ulysses_perf --op bands (f = 0.25, 1, 4; G = 1, 2, 4, 8); the advised
-# G is the cost model's (band_cost() of the run's own exchanges). Knobs: BUILD (build), ITERS (5),
-# SKIP ("netns smpi" to leave those out).
+# G is the cost model's (band_cost() of the run's own exchanges). Knobs: BUILD (build), ITERS (9),
+# NETNS_ITERS (15: over the throttled link a median of 5 moved by up to 30% between two timings of
+# the same exchange in one run), SKIP ("netns smpi" to leave those out).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 build="${BUILD:-$root/build}"
 out="${1:-$root/bench/results/bands.md}"
 perf="$build/bench/ulysses_perf"
-iters="${ITERS:-5}"
+iters="${ITERS:-9}"
 [ -x "$perf" ] || { echo "run_bands.sh: no $perf (cmake --build $build --target ulysses_perf)" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -46,7 +47,7 @@ common=(--op bands --model Llama-3.1-8B --dtype bf16 -n "$iters" -w 1 --bands 1,
     echo
     echo "## Throttled links (two network namespaces, 1 Gbit/s; bench/netns/netns.sh bands)"
     echo
-    PERF="$perf" BAND_ITERS="$iters" bash "$here/netns/netns.sh" bands "$(mktemp -d)" | grep -v '^netns.sh:'
+    PERF="$perf" BAND_ITERS="${NETNS_ITERS:-15}" bash "$here/netns/netns.sh" bands "$(mktemp -d)" | grep -v '^netns.sh:'
   fi
   if ! skip smpi && [ -x "$root/build-smpi/ulysses_perf" ]; then
     echo
