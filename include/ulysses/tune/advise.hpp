@@ -130,6 +130,15 @@ inline DegreeChoice degree_choice(const Mesh& mesh, const AttentionShape& shape,
   return d;
 }
 
+/// The units a rank's head bands are made of (BandWork::units): the fewest local query heads of a
+/// rank of the P-rank split `a` (HeadBands, bands.hpp: a band is a run of each rank's query
+/// heads), at least 1.
+inline int band_units_of(const AttentionSpecs& a, int P) {
+  std::int64_t fewest = a.query_heads.count(0);
+  for (int r = 1; r < P; ++r) fewest = std::min(fewest, a.query_heads.count(r));
+  return static_cast<int>(std::max<std::int64_t>(1, fewest));
+}
+
 /// DegreeChoice::bands of `d` (its exchanges priced) for `shape` over S tokens a group: the
 /// attention of the busiest rank's query heads at `b`'s rate, the units the fewest local query
 /// heads of a rank (HeadBands, bands.hpp: a band is a run of each rank's query heads; the kv
@@ -138,17 +147,14 @@ inline void degree_bands(DegreeChoice& d, const AttentionShape& shape, std::int6
                          const BandAdvice& b) {
   const int P = d.ulysses_degree;
   const AttentionSpecs a = attention_specs<float>(P, shape, ElementType::float32, policy);
-  std::int64_t h = 0, fewest = shape.num_heads;
-  for (int r = 0; r < P; ++r) {
-    h = std::max(h, a.query_heads.count(r));
-    fewest = std::min(fewest, a.query_heads.count(r));
-  }
+  std::int64_t h = 0;
+  for (int r = 0; r < P; ++r) h = std::max(h, a.query_heads.count(r));
   BandWork w;
   w.seq_to_head = d.seq_to_head;
   w.head_to_seq = d.head_to_seq;
   w.attention_s = b.attention_ratio > 0 ? b.attention_ratio * (d.seq_to_head.seconds + d.head_to_seq.seconds)
                                         : attention_flops(h, S, shape.head_dim, shape.v_head_dim, batch, b.causal) / b.flops_per_s;
-  w.units = static_cast<int>(std::max<std::int64_t>(1, fewest));
+  w.units = band_units_of(a, P);
   w.overhead = b.overhead;
   if (P == 1) w.overhead.exchange_call_s = 0;  // no exchange is called
   d.bands = best_bands(w);

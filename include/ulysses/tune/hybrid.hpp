@@ -61,16 +61,9 @@ struct HybridChoice {
 
 namespace detail {
 inline std::string pct(double x) { return std::to_string(static_cast<int>(x * 100 + 0.5)) + "%"; }
-/// The reason line of a hybrid choice.
-inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
-  std::string s = h.ulysses_degree == 1 ? "no all-to-all"
-                  : h.ulysses.nodes_per_group > 1 ? "all-to-all across " + std::to_string(h.ulysses.nodes_per_group) + " nodes"
-                                                  : "all-to-all inside a node";
-  const std::string bands = h.bands.bands > 1 ? "; " + std::to_string(h.bands.bands) + " head bands hide " + pct(1 - h.bands.exposed_fraction) +
-                                                     " of the all-to-alls"
-                                               : std::string();
-  if (h.kv == RingKv::none) return s + "; no ring" + bands + (h.fits ? "" : "; over the memory budget");
-  s += std::string("; ") + (h.kv == RingKv::rotation ? "ring" : "kv all-gather") + (mesh.ring_spans_nodes() ? " across nodes" : " inside a node");
+/// The ring's part of a hybrid choice's reason line (kv rotation or all-gather).
+inline std::string ring_reason(const HybridChoice& h, const Mesh& mesh) {
+  std::string s = std::string("; ") + (h.kv == RingKv::rotation ? "ring" : "kv all-gather") + (mesh.ring_spans_nodes() ? " across nodes" : " inside a node");
   if (h.kv == RingKv::rotation)
     s += (h.messages > 1 ? ", " + std::to_string(h.messages) + " messages a block" : std::string()) +
          (h.ring.comm_seconds > 0 ? ", attention hides " + pct(1 - h.ring.exposed_seconds / h.ring.comm_seconds) + " of it" : "");
@@ -80,7 +73,16 @@ inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
     s += "; documents leave " + pct(h.ring.attended_fraction) + " of the pairs" +
          (h.ring.imbalance_seconds > 0.005 * h.ring.compute_seconds ? ", the slowest rank " + pct(h.ring.imbalance_seconds / (h.ring.compute_seconds - h.ring.imbalance_seconds)) + " over the mean" : "");
   if (mesh.ulysses_spans_nodes() && !mesh.ring_spans_nodes()) s += "; ring inside a node while the all-to-all crosses nodes";
-  s += bands;
+  return s;
+}
+
+/// The reason line of a hybrid choice.
+inline std::string hybrid_reason(const HybridChoice& h, const Mesh& mesh) {
+  std::string s = h.ulysses_degree == 1 ? "no all-to-all"
+                  : h.ulysses.nodes_per_group > 1 ? "all-to-all across " + std::to_string(h.ulysses.nodes_per_group) + " nodes"
+                                                  : "all-to-all inside a node";
+  s += h.kv == RingKv::none ? "; no ring" : ring_reason(h, mesh);
+  if (h.bands.bands > 1) s += "; " + std::to_string(h.bands.bands) + " head bands hide " + pct(1 - h.bands.exposed_fraction) + " of the all-to-alls";
   if (!h.fits) s += "; over the memory budget";
   return s;
 }
@@ -118,14 +120,11 @@ inline void hybrid_bands(HybridChoice& h, const Mesh& rmesh, const AttentionShap
                               : ring_cost_impl(rmesh, shape, S, causal, model, flops_per_s, type, batch, RingTransport::network, policy, false, 0, docs);
   double latency = 0;
   for (int s = 0; s + 1 < R; ++s) latency += ring_transfer_seconds(rmesh, RingTransport::network, 1, s, R, ring.messages, model);
-  const AttentionSpecs a = attention_specs<float>(U, shape, ElementType::float32, policy);
-  std::int64_t fewest = shape.num_heads;
-  for (int u = 0; u < U; ++u) fewest = std::min(fewest, a.query_heads.count(u));
   BandWork w;
   w.seq_to_head = h.ulysses.seq_to_head;
   w.head_to_seq = h.ulysses.head_to_seq;
   w.attention_s = ring.compute_seconds + (R > 1 ? ring.exposed_seconds + ring.merge_seconds : 0);
-  w.units = static_cast<int>(std::max<std::int64_t>(1, fewest));
+  w.units = band_units_of(attention_specs<float>(U, shape, ElementType::float32, policy), U);
   w.overhead = {U > 1 ? o.exchange_call_s : 0, R * o.attention_call_s + latency};
   h.bands = best_bands(w);
   h.banded_seconds = h.bands.exposed_s + (R > 1 ? ring.exposed_seconds + ring.merge_seconds + ring.imbalance_seconds : 0);
