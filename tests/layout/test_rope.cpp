@@ -95,6 +95,49 @@ TEST_CASE("Rope's inverse is its adjoint: <R x, y> == <x, R^T y> (C22's backward
   }
 }
 
+TEST_CASE("Rope::copy_row (the fused load, rotate, store): the bits of load_row, the rotation and store_row for every bit pattern") {
+  // Random bit patterns: NaNs with payloads, infinities, subnormals, zeros of both signs, the
+  // largest finite values and ordinary numbers, in bf16, fp16 and fp32; both pairings, a partial
+  // rotary dim, the inverse, in place and not.
+  std::mt19937 rng(7);
+  for (ElementType type : {ElementType::bfloat16, ElementType::float16, ElementType::float32})
+    for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
+      for (std::int64_t D : {16, 128})
+        for (std::int64_t rd : {std::int64_t{0}, D / 2})
+          for (bool inv : {false, true}) {
+            const Rope fwd(D, 1 << 16, 10000.0, rd, style), rope = inv ? fwd.inverse() : fwd;
+            const std::size_t e = size_of(type), bytes = static_cast<std::size_t>(D) * e;
+            long long wrong = 0;
+            for (int trial = 0; trial < 200; ++trial) {
+              std::vector<std::byte> src(bytes), fused(bytes), want(bytes);
+              for (std::byte& b : src) b = static_cast<std::byte>(rng() & 0xffu);
+              if (trial % 2)  // ordinary numbers too: exponents near 1, random signs and mantissas
+                for (std::size_t i = 0; i < bytes; i += e) src[i + e - 1] = static_cast<std::byte>((rng() & 0x80u) | 0x3fu);
+              const RowCoord at{0, static_cast<std::int64_t>(rng() % (1u << 16)), 0};
+              std::vector<double> row(static_cast<std::size_t>(D));
+              detail::load_row(type, src.data(), row.data(), D);
+              rope(at, row.data(), D);
+              detail::store_row(type, want.data(), row.data(), D);
+              CHECK(rope.copy_row(at, type, src.data(), fused.data(), D));
+              wrong += std::memcmp(fused.data(), want.data(), bytes) != 0;
+              CHECK(rope.copy_row(at, type, src.data(), src.data(), D));  // in place
+              wrong += std::memcmp(src.data(), want.data(), bytes) != 0;
+            }
+            CAPTURE(static_cast<int>(type));
+            CAPTURE(static_cast<int>(style));
+            CAPTURE(D);
+            CAPTURE(rd);
+            CAPTURE(inv);
+            CHECK(wrong == 0);
+          }
+  // float64 has no fused form: false, and nothing written.
+  const Rope r(8, 4);
+  std::vector<double> x(8, 1.5), y(8, -2.0);
+  CHECK_FALSE(r.copy_row(RowCoord{0, 1, 0}, ElementType::float64, reinterpret_cast<const std::byte*>(x.data()),
+                         reinterpret_cast<std::byte*>(y.data()), 8));
+  CHECK(y == std::vector<double>(8, -2.0));
+}
+
 TEST_CASE("Rope from float tables: the tables' values, the same bits as theta's tables rounded to float") {
   const std::int64_t D = 8, maxp = 16, half = D / 2;
   std::vector<float> c(static_cast<std::size_t>(maxp * half)), s(c.size());

@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../detail/checked.hpp"
@@ -125,6 +127,37 @@ class Rope {
       }
     }
   }
+  /// Loads, rotates and stores one head row of `type` in one pass: the same bits as
+  /// detail::load_row(type, src, row, n), (*this)(at, row, n) and detail::store_row(type, dst,
+  /// row, n) (the same IEEE operations: each product of an element with a table value is exact
+  /// in double, so contraction cannot change them). The optional fused form of the row-transform
+  /// concept: the host executor takes it for a row that only this transform touches (no fp8 or
+  /// cast wire, no transform on the other side). src and dst hold n elements each, may be
+  /// misaligned, and are either the same row or disjoint.
+  /// @returns false, touching nothing, for a type it has no fused form for (float64, opaque):
+  ///          the executor then takes the row path.
+  /// @pre as operator(): n == head_dim(), the position in [0, max_position)
+  bool copy_row(const RowCoord& at, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) const {
+    const std::int64_t half = rd_ / 2, eb = static_cast<std::int64_t>(size_of(type));
+    const float* t = &tab_[static_cast<std::size_t>(position(at) * half * 4)];
+    const bool il = style_ == RopeStyle::interleaved;
+    if (type != ElementType::bfloat16 && type != ElementType::float16 && type != ElementType::float32) return false;
+    if (n > rd_) {  // the elements past rotary_dim pass through one load and store (a NaN made canonical)
+      double rest[kMaxPairs * 2];
+      detail::load_row(type, src + rd_ * eb, rest, n - rd_);
+      detail::store_row(type, dst + rd_ * eb, rest, n - rd_);
+    }
+    detail::with_sum_arith(type, [&](auto a) {
+      using A = decltype(a);
+      if constexpr (!std::is_same_v<typename A::Acc, double>) {
+#if ULYSSES_HOST_AVX2
+        if (detail::host_has_avx2()) return copy_rotated_avx2<A>(src, dst, t, half, il, sign_);
+#endif
+        copy_rotated<A>(src, dst, t, half, il, sign_);
+      }
+    });
+    return true;
+  }
   /// What a call checks before any byte moves (the optional check of the row-transform concept):
   /// rows of D == head_dim() elements, and a position in [0, max_position) for every token of a
   /// batch of B sequences of S tokens (the global token index, or the position ids' count).
@@ -173,6 +206,59 @@ class Rope {
 #if ULYSSES_HOST_AVX2
   ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m, double sg) {
     rotate_pairs(x, y, t, m, sg);
+  }
+#endif
+  /// copy_row()'s pass over the first 2m elements (A: SumArith of a type whose Acc is float):
+  /// widened to float (exactly), rotated as rotate_pairs() does in double, rounded to float
+  /// (16-bit types: to odd, so that the narrowing rounds once, as store_row() does), narrowed.
+  /// Written once and compiled twice, as rotate_pairs().
+  template <class A>
+  ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il, double sg) {
+    using Bits = typename A::Bits;
+    Bits b[2 * kMaxPairs];
+    float x[kMaxPairs], y[kMaxPairs];
+    std::memcpy(b, src, static_cast<std::size_t>(2 * m) * sizeof(Bits));
+    if (il) {
+      for (std::int64_t k = 0; k < m; ++k) {
+        x[k] = A::widen(b[2 * k]);
+        y[k] = A::widen(b[2 * k + 1]);
+      }
+    } else {
+      for (std::int64_t k = 0; k < m; ++k) {
+        x[k] = A::widen(b[k]);
+        y[k] = A::widen(b[k + m]);
+      }
+    }
+    const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
+    for (std::int64_t k = 0; k < m; ++k) {
+      const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
+      const double u = x[k], v = y[k];
+      const double rx = (u * c_hi - v * s_hi) + (u * c_lo - v * s_lo), ry = (v * c_hi + u * s_hi) + (v * c_lo + u * s_lo);
+      if constexpr (sizeof(Bits) == 4) {
+        x[k] = static_cast<float>(rx);
+        y[k] = static_cast<float>(ry);
+      } else {
+        x[k] = detail::float_round_odd(rx);
+        y[k] = detail::float_round_odd(ry);
+      }
+    }
+    if (il) {
+      for (std::int64_t k = 0; k < m; ++k) {
+        b[2 * k] = A::narrow(x[k]);
+        b[2 * k + 1] = A::narrow(y[k]);
+      }
+    } else {
+      for (std::int64_t k = 0; k < m; ++k) {
+        b[k] = A::narrow(x[k]);
+        b[k + m] = A::narrow(y[k]);
+      }
+    }
+    std::memcpy(dst, b, static_cast<std::size_t>(2 * m) * sizeof(Bits));
+  }
+#if ULYSSES_HOST_AVX2
+  template <class A>
+  ULYSSES_TARGET_AVX2 static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il, double sg) {
+    copy_rotated<A>(src, dst, t, m, il, sg);
   }
 #endif
   static constexpr std::int64_t kMaxPairs = 512;  // rotary_dim / 2 for D <= 1024

@@ -45,7 +45,10 @@ struct names_call<X, std::void_t<decltype(&X::operator())>> : std::true_type {};
 /// library rounds the result once to the tensor's element type). It must not throw, must be
 /// safe to call from several threads at once (const, no shared mutable state), and must give the
 /// same result for the same (at, row) on every call: every path and rank then writes the same
-/// bits. True when X passes; else a static_assert names what is wrong.
+/// bits. It may also have the fused form `bool copy_row(const RowCoord& at, ElementType type,
+/// const std::byte* src, std::byte* dst, std::int64_t n) const`, which loads, transforms and
+/// stores a row in one pass with the same bits (Rope has one; RowTransformRef::copy).
+/// True when X passes; else a static_assert names what is wrong.
 template <class X>
 constexpr bool check_row_transform() {
   static_assert(detail::names_call<X>::value || detail::has_row_call<X>::value,
@@ -69,6 +72,18 @@ struct has_check_rows<X, std::void_t<decltype(std::declval<const X&>().check_row
     : std::true_type {};
 }  // namespace detail
 
+namespace detail {
+/// Whether X has the optional fused form `bool copy_row(const RowCoord&, ElementType, const
+/// std::byte* src, std::byte* dst, std::int64_t n) const` (Rope::copy_row() documents its contract).
+template <class X, class = void>
+struct has_copy_row : std::false_type {};
+template <class X>
+struct has_copy_row<X, std::void_t<decltype(bool{std::declval<const X&>().copy_row(std::declval<const RowCoord&>(), ElementType{},
+                                                                                   std::declval<const std::byte*>(),
+                                                                                   std::declval<std::byte*>(), std::int64_t{})})>>
+    : std::true_type {};
+}  // namespace detail
+
 /// A non-owning reference to one row transform (what RowTransforms holds per tensor and side).
 struct RowTransformRef {
   const void* object = nullptr;                                          ///< the transform (the caller's object)
@@ -76,6 +91,10 @@ struct RowTransformRef {
   /// The transform's check_rows(B, S, D) (optional: null when it has none), called by every call
   /// before any byte moves with the plan's batch, sequence length and the tensor's head dim.
   void (*check)(const void*, std::int64_t, std::int64_t, std::int64_t) = nullptr;
+  /// The transform's fused copy_row(at, type, src, dst, n) (optional: null when it has none):
+  /// loads, transforms and stores one row with the same bits as load_row(), the transform and
+  /// store_row(); it returns false, touching nothing, for a type it does not fuse.
+  bool (*copy)(const void*, const RowCoord&, ElementType, const std::byte*, std::byte*, std::int64_t) = nullptr;
   /// Whether a transform is set.
   constexpr explicit operator bool() const noexcept { return apply != nullptr; }
   /// Applies it to the row (n elements) at `at`. @pre a transform is set.
@@ -145,6 +164,10 @@ class RowTransforms {
     side[t] = {&x, [](const void* o, const RowCoord& at, double* row, std::int64_t n) { (*static_cast<const X*>(o))(at, row, n); }};
     if constexpr (detail::has_check_rows<X>::value)
       side[t].check = [](const void* o, std::int64_t B, std::int64_t S, std::int64_t D) { static_cast<const X*>(o)->check_rows(B, S, D); };
+    if constexpr (detail::has_copy_row<X>::value)
+      side[t].copy = [](const void* o, const RowCoord& at, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) {
+        return static_cast<const X*>(o)->copy_row(at, type, src, dst, n);
+      };
     return *this;
   }
   RowTransformRef pack_[kMaxTensors] = {};

@@ -128,8 +128,15 @@ inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::
   const bool input = c.row_sides & 1, output = c.row_sides & 2;
   RowWork w(c, t);
   RowCursor at(c, r0);
+  // A row only one transform touches, with no wire conversion, takes the transform's fused form
+  // when it has one: the pack transform from an input, the unpack transform into an output.
+  const RowTransformRef one = w.fp8 || w.cast != ElementType::opaque ? RowTransformRef{}
+                              : input && !(output && w.unpack)       ? w.pack
+                              : !input && output                     ? w.unpack
+                                                                     : RowTransformRef{};
   for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
     const RowCoord rc = row_coord(c, at);
+    if (one.copy && one.copy(one.object, rc, w.type, src + at.offset(c, true), dst + at.offset(c, false), w.n)) continue;
     w.read(src + at.offset(c, true), input, output, rc);
     w.write(dst + at.offset(c, false), output, rc);
   }
