@@ -675,3 +675,27 @@ TEST_CASE("break32: a Rope whose documents or position ids cover no token refuse
   r.with_documents({0, 0});
   for (Errc e : call_errors([&](RowTransforms& t) { t.on_pack(0, r); })) CHECK(e == Errc::invalid_shape);
 }
+
+TEST_CASE("float_round_odd_normal: float_round_odd's bits wherever outside_float_normals() is 0, which is exactly off (0, 2^-126) and [2^128, inf)") {
+  auto same = [](float a, float b) { return (a != a && b != b) || detail::float_bits(a) == detail::float_bits(b); };
+  std::vector<double> edges = {0.0, -0.0, 0x1p-126, -0x1p-126, std::nextafter(0x1p-126, 0.0), 0x1p128, std::nextafter(0x1p128, 0.0),
+                               -std::nextafter(0x1p128, 0.0), 3.4028234663852886e38, 3.4028235677973366e38, HUGE_VAL, -HUGE_VAL,
+                               std::nan(""), 0x1p-1074, 0x1p-1022, 0x1.fffffffffffffp1023, 1.0, 1.0 + 0x1p-24, 1.0 + 0x1p-52, 0x1.000001p0};
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 200000; ++i) {
+    std::uint64_t b = rng();
+    if (i % 2) b = (b & 0x800fffffffffffffull) | ((897ull + rng() % 256u) << 52);  // near the float normal range
+    double d;
+    std::memcpy(&d, &b, 8);
+    edges.push_back(d);
+  }
+  long long wrong = 0, misflagged = 0;
+  for (double d : edges) {
+    const double a = std::fabs(d);
+    const bool outside = (a > 0 && a < 0x1p-126) || (a >= 0x1p128 && a != HUGE_VAL);
+    misflagged += (detail::outside_float_normals(d) != 0) != outside;
+    if (!outside) wrong += !same(detail::float_round_odd_normal(d), detail::float_round_odd(d));
+  }
+  CHECK(misflagged == 0);
+  CHECK(wrong == 0);
+}

@@ -96,7 +96,12 @@ class Rope {
   /// The inverse rotation (by −p · f_i): the backward of this one, for dq and dk.
   Rope inverse() const {
     Rope r = *this;
-    r.sign_ = -sign_;
+    const std::int64_t half = rd_ / 2;  // sin(−a) = −sin(a): every position's sine halves negated (exactly)
+    for (std::int64_t p = 0; p < max_pos_; ++p)
+      for (std::int64_t i = 2 * half; i < 4 * half; ++i) {
+        float& e = r.tab_[static_cast<std::size_t>(p * half * 4 + i)];
+        e = -e;
+      }
     return r;
   }
 
@@ -113,14 +118,14 @@ class Rope {
     (void)n;
     const float* t = &tab_[static_cast<std::size_t>(p * half * 4)];
     if (style_ == RopeStyle::half) {
-      rotate(row, row + half, 1, t, half);
+      rotate(row, row + half, t, half);
     } else {  // (pairs 2k, 2k + 1: gathered into halves, rotated, scattered back)
       double x[kMaxPairs], y[kMaxPairs];
       for (std::int64_t k = 0; k < half; ++k) {
         x[k] = row[2 * k];
         y[k] = row[2 * k + 1];
       }
-      rotate(x, y, 1, t, half);
+      rotate(x, y, t, half);
       for (std::int64_t k = 0; k < half; ++k) {
         row[2 * k] = x[k];
         row[2 * k + 1] = y[k];
@@ -151,9 +156,9 @@ class Rope {
       using A = decltype(a);
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
 #if ULYSSES_HOST_AVX2
-        if (detail::host_has_avx2()) return copy_rotated_avx2<A>(src, dst, t, half, il, sign_);
+        if (detail::host_has_avx2()) return copy_rotated_avx2<A>(src, dst, t, half, il);
 #endif
-        copy_rotated<A>(src, dst, t, half, il, sign_);
+        copy_rotated<A>(src, dst, t, half, il);
       }
     });
     return true;
@@ -184,36 +189,62 @@ class Rope {
     if (!ok) detail::fail(Errc::invalid_shape, "Rope(head_dim=" + std::to_string(d_) + ", rotary_dim=" + std::to_string(rd_) + "): " + what);
   }
   /// Rotates the pairs (x[k], y[k]), k < m, by a position's table t: c_hi[m], c_lo[m], s_hi[m],
-  /// s_lo[m] back to back (four contiguous loads: the loop vectorises). `step` is 1.
-  void rotate(double* x, double* y, std::int64_t step, const float* t, std::int64_t m) const {
-    (void)step;
+  /// s_lo[m] back to back (four contiguous loads: the loop vectorises).
+  static void rotate(double* x, double* y, const float* t, std::int64_t m) {
 #if ULYSSES_HOST_AVX2
-    if (detail::host_has_avx2()) return rotate_pairs_avx2(x, y, t, m, sign_);
+    if (detail::host_has_avx2()) return rotate_pairs_avx2(x, y, t, m);
 #endif
-    rotate_pairs(x, y, t, m, sign_);
+    rotate_pairs(x, y, t, m);
   }
   /// rotate()'s loop, written once and compiled twice: plainly, and inside an AVX2 twin (the
   /// float table's widening keeps the plain one scalar). The same IEEE operations, the same bits.
-  ULYSSES_ALWAYS_INLINE static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m, double sg) {
-    const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
-    for (std::int64_t k = 0; k < m; ++k) {
-      const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
-      const double a = x[k], b = y[k];
-      x[k] = (a * c_hi - b * s_hi) + (a * c_lo - b * s_lo);
-      y[k] = (b * c_hi + a * s_hi) + (b * c_lo + a * s_lo);
-    }
+  ULYSSES_ALWAYS_INLINE static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m) {
+    for (std::int64_t k = 0; k < m; ++k) rotate_pair(x[k], y[k], t, m, k, x[k], y[k]);
+  }
+  /// Pair k of a position's table t (m pairs): (rx, ry) = (u, v) rotated, in double, as the class
+  /// comment says (the inverse's table holds the sines negated).
+  ULYSSES_ALWAYS_INLINE static void rotate_pair(double u, double v, const float* t, std::int64_t m, std::int64_t k, double& rx, double& ry) {
+    const double c_hi = t[k], c_lo = t[m + k], s_hi = t[2 * m + k], s_lo = t[3 * m + k];
+    rx = (u * c_hi - v * s_hi) + (u * c_lo - v * s_lo);
+    ry = (v * c_hi + u * s_hi) + (v * c_lo + u * s_lo);
   }
 #if ULYSSES_HOST_AVX2
-  ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m, double sg) {
-    rotate_pairs(x, y, t, m, sg);
+  ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m) {
+    rotate_pairs(x, y, t, m);
   }
 #endif
+  /// The rotation of rotate_pairs() on float pairs (x[k], y[k]), k < m, rounded to float into
+  /// (ox[k], oy[k]): Round 0 to nearest (float32 rows); 2 to odd (16-bit rows: float_round_odd());
+  /// 1 to odd by float_round_odd_normal(), which is exact only for values in the float normal
+  /// range, zeros, infinities and NaN. @returns (Round 1) non-zero when a value lies outside it,
+  /// so that the caller redoes the row with Round 2.
+  template <int Round>
+  ULYSSES_ALWAYS_INLINE static std::uint64_t rotate_to_float(const float* x, const float* y, float* ox, float* oy, const float* t,
+                                                           std::int64_t m) {
+    std::uint64_t outside = 0;
+    for (std::int64_t k = 0; k < m; ++k) {
+      double rx, ry;
+      rotate_pair(x[k], y[k], t, m, k, rx, ry);
+      if constexpr (Round == 0) {
+        ox[k] = static_cast<float>(rx);
+        oy[k] = static_cast<float>(ry);
+      } else if constexpr (Round == 1) {
+        ox[k] = detail::float_round_odd_normal(rx);
+        oy[k] = detail::float_round_odd_normal(ry);
+        outside |= detail::outside_float_normals(rx) | detail::outside_float_normals(ry);
+      } else {
+        ox[k] = detail::float_round_odd(rx);
+        oy[k] = detail::float_round_odd(ry);
+      }
+    }
+    return outside;
+  }
   /// copy_row()'s pass over the first 2m elements (A: SumArith of a type whose Acc is float):
   /// widened to float (exactly), rotated as rotate_pairs() does in double, rounded to float
   /// (16-bit types: to odd, so that the narrowing rounds once, as store_row() does), narrowed.
   /// Written once and compiled twice, as rotate_pairs().
   template <class A>
-  ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il, double sg) {
+  ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
     using Bits = typename A::Bits;
     Bits b[2 * kMaxPairs];
     float x[kMaxPairs], y[kMaxPairs];
@@ -229,36 +260,28 @@ class Rope {
         y[k] = A::widen(b[k + m]);
       }
     }
-    const float *ch = t, *cl = t + m, *sh = t + 2 * m, *sl = t + 3 * m;
-    for (std::int64_t k = 0; k < m; ++k) {
-      const double c_hi = ch[k], c_lo = cl[k], s_hi = sg * sh[k], s_lo = sg * sl[k];
-      const double u = x[k], v = y[k];
-      const double rx = (u * c_hi - v * s_hi) + (u * c_lo - v * s_lo), ry = (v * c_hi + u * s_hi) + (v * c_lo + u * s_lo);
-      if constexpr (sizeof(Bits) == 4) {
-        x[k] = static_cast<float>(rx);
-        y[k] = static_cast<float>(ry);
-      } else {
-        x[k] = detail::float_round_odd(rx);
-        y[k] = detail::float_round_odd(ry);
-      }
-    }
+    float ox[kMaxPairs], oy[kMaxPairs];
+    if constexpr (sizeof(Bits) == 4)
+      rotate_to_float<0>(x, y, ox, oy, t, m);
+    else if (rotate_to_float<1>(x, y, ox, oy, t, m))  // (a value outside the float normals: rare)
+      rotate_to_float<2>(x, y, ox, oy, t, m);
     if (il) {
       for (std::int64_t k = 0; k < m; ++k) {
-        b[2 * k] = A::narrow(x[k]);
-        b[2 * k + 1] = A::narrow(y[k]);
+        b[2 * k] = A::narrow(ox[k]);
+        b[2 * k + 1] = A::narrow(oy[k]);
       }
     } else {
       for (std::int64_t k = 0; k < m; ++k) {
-        b[k] = A::narrow(x[k]);
-        b[k + m] = A::narrow(y[k]);
+        b[k] = A::narrow(ox[k]);
+        b[k + m] = A::narrow(oy[k]);
       }
     }
     std::memcpy(dst, b, static_cast<std::size_t>(2 * m) * sizeof(Bits));
   }
 #if ULYSSES_HOST_AVX2
   template <class A>
-  ULYSSES_TARGET_AVX2 static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il, double sg) {
-    copy_rotated<A>(src, dst, t, m, il, sg);
+  ULYSSES_TARGET_AVX2 static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
+    copy_rotated<A>(src, dst, t, m, il);
   }
 #endif
   static constexpr std::int64_t kMaxPairs = 512;  // rotary_dim / 2 for D <= 1024
@@ -292,7 +315,6 @@ class Rope {
   RopeStyle style_;
   std::int64_t max_pos_;
   double theta_ = 10000.0;
-  double sign_ = 1.0;
   std::vector<float> tab_;
   std::vector<std::int64_t> ids_;
   bool has_ids_ = false;  // positions from ids_ (position ids or documents), even when it is empty

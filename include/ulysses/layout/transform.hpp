@@ -198,6 +198,31 @@ inline float float_round_odd(double d) {
   return bits_float((float_bits(f) - (inexact & away)) | inexact);
 }
 
+/// float_round_odd(d) for d of magnitude in [2^-126, 2^128), ±0, ±infinity or NaN (a NaN stays
+/// a NaN, its payload not kept): the double's 29 bits below float precision cleared, the lowest
+/// kept bit set when any of them was set (truncation, then odd when inexact), then converted to
+/// float exactly. Integer operations on the double's lanes: it vectorises without narrowing
+/// masks, as float_round_odd() must. Elsewhere (float subnormals, beyond FLT_MAX) it differs:
+/// outside_float_normals() says where.
+inline float float_round_odd_normal(double d) {
+  std::uint64_t b;
+  std::memcpy(&b, &d, 8);
+  const std::uint64_t low = b & 0x1fffffffull;
+  b = (b & ~0x1fffffffull) | (static_cast<std::uint64_t>(low != 0) << 29);
+  std::memcpy(&d, &b, 8);
+  return static_cast<float>(d);
+}
+/// Non-zero where float_round_odd_normal(d) may differ from float_round_odd(d): 0 < |d| < 2^-126
+/// or 2^128 <= |d| < infinity. On the double's bits (its biased exponent e: [897, 1150] is the
+/// float normal range; 0 with a zero mantissa is ±0; 2047 is infinity or NaN), so that an OR of
+/// it over a loop vectorises.
+inline std::uint64_t outside_float_normals(double d) {
+  std::uint64_t b;
+  std::memcpy(&b, &d, 8);
+  const std::uint64_t e = (b >> 52) & 0x7ffu;
+  return static_cast<std::uint64_t>(e - 897u > 253u) & static_cast<std::uint64_t>(e != 2047u) & static_cast<std::uint64_t>((b << 1) != 0);
+}
+
 /// Loads n elements of `type` at p (misaligned allowed) into row, exactly.
 /// @pre type is float16, bfloat16, float32 or float64
 inline void load_row(ElementType type, const std::byte* p, double* row, std::int64_t n) {
