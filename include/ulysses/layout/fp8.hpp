@@ -104,7 +104,19 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void quantize_codes(const float
     for (std::int64_t i = 0; i < n; ++i) out[i] = fp8_code<2, 15, 0x7b, 0x7e>(x[i] / scale);
   }
 }
+/// row_amax()'s loop, written once: magnitudes compare as unsigned integers, with no branch, so
+/// that it vectorises (with AVX2's unsigned max in its twin).
+ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline float row_amax_loop(const float* x, std::int64_t n) {
+  std::uint32_t m = 0, nan = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t a = float_bits(x[i]) & 0x7fffffffu;
+    nan |= a > 0x7f800000u ? 1u : 0u;
+    m = a > m ? a : m;
+  }
+  return bits_float(nan ? kFloatNanBits : m);
+}
 #if ULYSSES_HOST_AVX2
+ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
 ULYSSES_TARGET_AVX2 inline void quantize_fp8_avx2(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
   quantize_codes(x, n, scale, f, out);
 }
@@ -198,13 +210,10 @@ ULYSSES_HOST_DEVICE inline float fp8_scale_of(float amax, Fp8Format f) {
 /// @param x  n floats (may be null when n <= 0)
 /// @param n  the number of elements
 ULYSSES_HOST_DEVICE inline float row_amax(const float* x, std::int64_t n) {
-  std::uint32_t m = 0, nan = 0;  // magnitudes compare as unsigned integers; no branch: the loop vectorises
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint32_t a = detail::float_bits(x[i]) & 0x7fffffffu;
-    nan |= a > 0x7f800000u ? 1u : 0u;
-    m = a > m ? a : m;
-  }
-  return detail::bits_float(nan ? detail::kFloatNanBits : m);
+#if ULYSSES_HOST_AVX2 && !defined(__CUDA_ARCH__)
+  if (detail::host_has_avx2()) return detail::row_amax_avx2(x, n);
+#endif
+  return detail::row_amax_loop(x, n);
 }
 
 /// Quantizes n floats with the given scale into out[0..n): out[i] = float_to_fp8(x[i] / scale, f),

@@ -256,10 +256,16 @@ inline double round_to(ElementType type, double x) {
   return x;
 }
 
-/// o[i] = float_round_odd(r[i]), i < m: a loop that vectorises with AVX2 only (the double
+/// o[i] = float_round_odd(r[i]), i < m: loops that vectorise with AVX2 only (the double
 /// compares' masks narrowed to float lanes), so it has an AVX2 twin; the same bits either way.
 ULYSSES_ALWAYS_INLINE inline void round_odd_n(const double* r, float* o, std::int64_t m) {
-  for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
+  std::uint64_t outside = 0;  // float_round_odd_normal() first (cheaper); all again where a value is outside its range
+  for (std::int64_t i = 0; i < m; ++i) {
+    o[i] = float_round_odd_normal(r[i]);
+    outside |= outside_float_normals(r[i]);
+  }
+  if (outside)
+    for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
 }
 #if ULYSSES_HOST_AVX2
 ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) { round_odd_n(r, o, m); }
