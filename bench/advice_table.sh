@@ -5,7 +5,8 @@
 # degree (advise_degree) and the Ulysses x Ring x outer layouts (advise_hybrid, causal, the ring
 # overlapped with attention at --attn-TFLOPS, default 500). A model, not a measurement.
 #
-#   bench/advice_table.sh [ulysses_perf] [extra --advise flags, e.g. --params FILE, --budget-GiB G, --attn-TFLOPS T]
+#   bench/advice_table.sh [ulysses_perf] [extra --advise flags, e.g. --params FILE, --budget-GiB G, --attn-TFLOPS T,
+#                         --band-call-us U: both tables banded, the hybrid one ranked by its banded time]
 #
 # docs/cost-model.md's tables: the model checked against the simulated cluster (bench/smpi/scale.sh's
 # platform-params.json: the SMPI platform's links) with HBM copies at the placeholder 1.5 TB/s:
@@ -43,7 +44,8 @@ for c in "${cases[@]}"; do
 done
 echo
 echo "| model | S | GPUs | best: U x R x outer (kv) | ms / layer | Ulysses ms | ring exposed ms | merge ms | ring comm ms | attention ms | inter MB | GiB / rank | best without a ring | best all-gather kv | why |"
-# hybrid columns: 1 U, 2 R, 3 outer, 4 kv, 5 time, 6 ulysses, 7 exposed, 8 merge, 9 ring, 10 attn, 11 intra MB, 12 inter MB, 13 GiB, 14 fits, 15.. why
+# hybrid columns: 1 U, 2 R, 3 outer, 4 kv, 5 msgs, 6 time, 7 ulysses, 8 exposed, 9 merge, 10 imb, 11 ring, 12 attn,
+# 13 intra MB, 14 inter MB, 15 GiB, 16 fits, 17 G, 18 banded (ms; '-' without --band-call-us), 19.. why
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for c in "${cases[@]}"; do
   read -r model S W <<<"$c"
@@ -51,8 +53,8 @@ for c in "${cases[@]}"; do
   best=$(sed -n 1p <<<"$rows")
   plain=$(awk '$4 == "none"' <<<"$rows" | sed -n 1p)
   gather=$(awk '$4 == "allgather"' <<<"$rows" | sed -n 1p)
-  fmt() { awk '{ printf "%s x %s x %s (%s)%s", $1, $2, $3, $4, ($14 == "no" ? " — over budget" : "") }' <<<"$1"; }
-  ms() { awk '{ printf "%.2f", $5 }' <<<"$1"; }
-  why=$(awk '{ s = $15; for (i = 16; i <= NF; ++i) s = s " " $i; print s }' <<<"$best")
-  echo "| $model | $S | $W | $(fmt "$best") | $(ms "$best") | $(awk '{printf "%.2f", $6}' <<<"$best") | $(awk '{printf "%.2f", $7}' <<<"$best") | $(awk '{printf "%.2f", $8}' <<<"$best") | $(awk '{printf "%.2f", $9}' <<<"$best") | $(awk '{printf "%.1f", $10}' <<<"$best") | $(awk '{print $12}' <<<"$best") | $(awk '{print $13}' <<<"$best") | $(fmt "$plain"): $(ms "$plain") ms | $(fmt "$gather"): $(ms "$gather") ms | $why |"
+  fmt() { awk '{ printf "%s x %s x %s (%s)%s%s", $1, $2, $3, $4, ($17 != "-" && $17 > 1 ? " in " $17 " bands" : ""), ($16 == "no" ? " — over budget" : "") }' <<<"$1"; }
+  ms() { awk '{ printf "%.2f%s", $6, ($18 != "-" ? " (banded " $18 ")" : "") }' <<<"$1"; }
+  why=$(awk '{ s = $19; for (i = 20; i <= NF; ++i) s = s " " $i; print s }' <<<"$best")
+  echo "| $model | $S | $W | $(fmt "$best") | $(ms "$best") | $(awk '{printf "%.2f", $7}' <<<"$best") | $(awk '{printf "%.2f", $8}' <<<"$best") | $(awk '{printf "%.2f", $9}' <<<"$best") | $(awk '{printf "%.2f", $11}' <<<"$best") | $(awk '{printf "%.1f", $12}' <<<"$best") | $(awk '{print $14}' <<<"$best") | $(awk '{print $15}' <<<"$best") | $(fmt "$plain"): $(ms "$plain") ms | $(fmt "$gather"): $(ms "$gather") ms | $why |"
 done

@@ -102,9 +102,9 @@ inline int advise(const AttentionShape& shape, const std::string& model, std::in
 /// Prints the Ulysses x Ring x outer layouts, best first (advise_hybrid()), causal.
 inline int advise_hybrid_rows(const AttentionShape& shape, std::int64_t S, int world, int R, const CostModel& m, double flops_per_s,
                               ElementType type, std::int64_t batch, double budget_bytes, bool balanced, const Documents* docs = nullptr,
-                              const std::string& docs_text = "one sequence") {
+                              const std::string& docs_text = "one sequence", const BandOverhead* band_overhead = nullptr) {
   const auto choices = advise_hybrid(shape, S, world, R, m, flops_per_s, true, type, batch, balanced ? HeadPolicy::balanced : HeadPolicy::even,
-                                     budget_bytes, docs);
+                                     budget_bytes, docs, band_overhead);
   const std::string count = docs ? " (" + std::to_string(docs->non_empty()) + " non-empty documents)" : "";
   std::printf("# hybrid: Ulysses U inside a node first x ring R x outer (data parallel), causal %s, S=%lld: %s%s; attention at %.4g TFLOP/s a rank\n"
               "# time = Ulysses exchanges (q,k,v seq->head + o head->seq of a ring rank's tokens over U) + the ring's exposed\n"
@@ -112,15 +112,24 @@ inline int advise_hybrid_rows(const AttentionShape& shape, std::int64_t S, int w
               "# overlapped with each step's attention, a merge a step;\n"
               "# allgather = the ring group's kv gathered once, nothing hidden, no merge); ring(ms): its whole communication;\n"
               "# attn(ms): the layer's attention; msgs: the pieces a kv block goes in (best_ring_messages(): RingConfig::messages;\n"
-              "# > 1 only under a per-flow cap, --intra-flow-GBps / --inter-flow-GBps); bytes per rank a layer\n",
-              docs ? "per-document zigzag" : "zigzag", static_cast<long long>(S), docs_text.c_str(), count.c_str(), flops_per_s * 1e-12);
-  std::printf("#%4s %5s %6s %-9s %4s %10s %11s %11s %10s %9s %10s %9s %11s %11s %10s %5s  %s\n", "U", "R", "outer", "kv", "msgs", "time(ms)", "ulysses(ms)",
-              "exposed(ms)", "merge(ms)", "imb(ms)", "ring(ms)", "attn(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "why");
-  for (const HybridChoice& h : choices)
-    std::printf(" %4d %5d %6d %-9s %4s %10.3f %11.3f %11.3f %10.3f %9.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s  %s\n", h.ulysses_degree, h.ring_degree,
-                h.outer_degree, to_string(h.kv), h.messages > 0 ? std::to_string(h.messages).c_str() : "-", h.seconds * 1e3, h.ulysses.seconds * 1e3, h.ring.exposed_seconds * 1e3,
-                h.ring.merge_seconds * 1e3, h.ring.imbalance_seconds * 1e3, h.ring.comm_seconds * 1e3, h.ring.compute_seconds * 1e3, h.intra_bytes / 1e6, h.inter_bytes / 1e6,
-                h.activation_bytes / (1024.0 * 1024 * 1024), h.fits ? "yes" : "no", h.reason.c_str());
+              "# > 1 only under a per-flow cap, --intra-flow-GBps / --inter-flow-GBps); bytes per rank a layer; G, banded(ms):\n"
+              "# the head bands (bands x ring steps) and what the layout adds to the attention in them, ranked by it, with\n"
+              "# --band-call-us given (%s)\n",
+              docs ? "per-document zigzag" : "zigzag", static_cast<long long>(S), docs_text.c_str(), count.c_str(), flops_per_s * 1e-12,
+              band_overhead ? ("each call " + std::to_string(band_overhead->exchange_call_s * 1e6) + " us").c_str() : "not given: '-'");
+  std::printf("#%4s %5s %6s %-9s %4s %10s %11s %11s %10s %9s %10s %9s %11s %11s %10s %5s %3s %10s  %s\n", "U", "R", "outer", "kv", "msgs", "time(ms)",
+              "ulysses(ms)", "exposed(ms)", "merge(ms)", "imb(ms)", "ring(ms)", "attn(ms)", "intra(MB)", "inter(MB)", "mem(GiB)", "fits", "G",
+              "banded(ms)", "why");
+  for (const HybridChoice& h : choices) {
+    char banded[32] = "-";
+    if (band_overhead) std::snprintf(banded, sizeof banded, "%.3f", h.banded_seconds * 1e3);
+    std::printf(" %4d %5d %6d %-9s %4s %10.3f %11.3f %11.3f %10.3f %9.3f %10.3f %9.3f %11.1f %11.1f %10.2f %5s %3s %10s  %s\n", h.ulysses_degree,
+                h.ring_degree, h.outer_degree, to_string(h.kv), h.messages > 0 ? std::to_string(h.messages).c_str() : "-", h.seconds * 1e3,
+                h.ulysses.seconds * 1e3, h.ring.exposed_seconds * 1e3, h.ring.merge_seconds * 1e3, h.ring.imbalance_seconds * 1e3,
+                h.ring.comm_seconds * 1e3, h.ring.compute_seconds * 1e3, h.intra_bytes / 1e6, h.inter_bytes / 1e6,
+                h.activation_bytes / (1024.0 * 1024 * 1024), h.fits ? "yes" : "no",
+                band_overhead ? std::to_string(h.bands.bands).c_str() : "-", banded, h.reason.c_str());
+  }
   return 0;
 }
 

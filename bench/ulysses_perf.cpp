@@ -1195,7 +1195,8 @@ void usage_model() {
       "given value otherwise); bands: the forward of each degree in head bands (tune/band_cost.hpp, best_bands(): 1 where\n"
       "overlap loses), its attention at --attn-TFLOPS (causal) or --attn-ratio F times the row's exchanges, each band's\n"
       "exchange and attention call adding --band-call-us U (default 0; the model's per-message terms are paid again a band\n"
-      "anyway); band(ms): the exchanges the bands leave exposed. --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
+      "anyway); band(ms): the exchanges the bands leave exposed. With --band-call-us > 0 the hybrid table bands its rows too\n"
+      "(G: the bands x ring steps; banded(ms): what the layout adds to the attention in them) and ranks them by it. --check-ring: the model's ring step against bench_ring / bench_ring_mpi JSON\n"
       "(out of sample with PARAMS, and fitted to the bare send/recv rows), and the exposed communication, as Markdown.\n"
       "--op layer --layer U,R[,ring|allgather] (--backend mpi; bench/perf_layer.hpp): one layer's distributed_attention()\n"
       "forward on a U x R x outer mesh of the world around a stand-in attention at --attn-TFLOPS (a sleep per step, simulated\n"
@@ -1835,7 +1836,7 @@ int run_model_mode(const Options& o) {
     return rc ? rc
               : perf_model::advise_hybrid_rows(o.shape, S, o.world, rpn, o.links.apply(m), o.attn_TFLOPS * 1e12, t, o.batch,
                                                o.budget_GiB * 1024.0 * 1024 * 1024, o.balanced, docs ? &*docs : nullptr,
-                                               o.docs.describe());
+                                               o.docs.describe(), o.band_call_us > 0 ? &bands.overhead : nullptr);
   }
   if (o.mode == "fit" || o.mode == "check" || o.mode == "check_ring") {
 #if ULYSSES_PERF_JSON
