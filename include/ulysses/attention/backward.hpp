@@ -7,6 +7,7 @@
 ///        seq_to_head_backward() of dq, dk, dv. See docs/attention.md ("The backward").
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -33,28 +34,38 @@ inline void attention_add_rows(float* acc, const float* x, std::int64_t B, std::
     }
 }
 
-/// Step s's backward views: the forward's, the merged o, do and lse rows of the step, the zeroed partials.
-inline AttentionGradStep attention_grad_step(const DistributedAttentionPlan& p, int s, int j, const std::byte* q_h, const std::byte* block,
-                                             const std::byte* o_h, const std::byte* do_h, const float* lse, float* dq, float* dkv) {
+/// Step s's backward views over query heads [ql, ql + qn) and a block of kn kv heads (the whole
+/// step: 0, Hq, Hk; a band's ring: the band's heads): the forward's `fwd`, the merged o, do and lse
+/// rows of the step, and the partials zeroed: dq's columns of those heads (rows of Hq·D floats),
+/// dk|dv of the block's kn heads.
+inline AttentionGradStep attention_grad_views(const DistributedAttentionPlan& p, int s, const AttentionStep& fwd, const std::byte* o_h,
+                                              const std::byte* do_h, const float* lse, float* dq, float* dkv, std::int64_t ql, std::int64_t qn,
+                                              std::int64_t kn) {
   const RingWork& w = p.work(s);
-  const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
+  const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
   const auto eb = static_cast<std::int64_t>(p.specs().q.elem_bytes);
   AttentionGradStep g;
-  g.fwd = attention_step(p, s, j, q_h, block);
-  g.o = o_h + w.q_begin * Hq * Dv * eb;
-  g.dout = do_h + w.q_begin * Hq * Dv * eb;
+  g.fwd = fwd;
+  g.o = o_h + (w.q_begin * Hq + ql) * Dv * eb;
+  g.dout = do_h + (w.q_begin * Hq + ql) * Dv * eb;
   g.o_stride = {L * Hq * Dv, Hq * Dv, Dv};
-  g.lse = lse + w.q_begin;
+  g.lse = lse + ql * L + w.q_begin;
   g.lse_stride = {Hq * L, L};
-  g.dq = dq;
+  g.dq = dq + ql * D;
   g.dq_stride = {w.q_len * Hq * D, Hq * D, D};
   g.dk = dkv;
-  g.dk_stride = {w.kv_len * Hk * D, Hk * D, D};
-  g.dv = dkv + B * w.kv_len * Hk * D;
-  g.dv_stride = {w.kv_len * Hk * Dv, Hk * Dv, Dv};
-  std::memset(dq, 0, static_cast<std::size_t>(B * w.q_len * Hq * D) * sizeof(float));
-  std::memset(dkv, 0, static_cast<std::size_t>(B * w.kv_len * Hk * (D + Dv)) * sizeof(float));
+  g.dk_stride = {w.kv_len * kn * D, kn * D, D};
+  g.dv = dkv + B * w.kv_len * kn * D;
+  g.dv_stride = {w.kv_len * kn * Dv, kn * Dv, Dv};
+  for (std::int64_t r = 0; r < B * w.q_len; ++r) std::fill(g.dq + r * Hq * D, g.dq + r * Hq * D + qn * D, 0.0f);
+  std::fill(dkv, dkv + B * w.kv_len * kn * (D + Dv), 0.0f);
   return g;
+}
+
+/// Step s's backward views over every head (attention_grad_views()), its forward attention_step().
+inline AttentionGradStep attention_grad_step(const DistributedAttentionPlan& p, int s, int j, const std::byte* q_h, const std::byte* block,
+                                             const std::byte* o_h, const std::byte* do_h, const float* lse, float* dq, float* dkv) {
+  return attention_grad_views(p, s, attention_step(p, s, j, q_h, block), o_h, do_h, lse, dq, dkv, 0, p.query_heads(), p.kv_heads());
 }
 
 /// Adds step s's dk|dv partial (kv rows of the step) into the block's accumulator g (k part then v
@@ -141,23 +152,9 @@ void band_ring_backward(const DistributedAttentionPlan& p, RC& rc, const Band& b
     run_then(
         [&] {
           if (w.empty()) return;
-          AttentionGradStep g;
-          g.fwd = band_ring_step(p, b, s, q_h, rot.block(s), nullptr, nullptr, map);
-          const std::size_t at = static_cast<std::size_t>((w.q_begin * Hq + ql) * Dv) * eb;
-          g.o = o_h + at;
-          g.dout = do_h + at;
-          g.o_stride = {L * Hq * Dv, Hq * Dv, Dv};
-          g.lse = lse + ql * L + w.q_begin;
-          g.lse_stride = {Hq * L, L};
-          g.dq = f[1] + ql * D;
-          g.dq_stride = {w.q_len * Hq * D, Hq * D, D};
-          g.dk = f[2];
-          g.dk_stride = {w.kv_len * kn * D, kn * D, D};
-          g.dv = f[2] + B * w.kv_len * kn * D;
-          g.dv_stride = {w.kv_len * kn * Dv, kn * Dv, Dv};
-          for (std::int64_t r = 0; r < B * w.q_len; ++r) std::fill(g.dq + r * Hq * D, g.dq + r * Hq * D + qn * D, 0.0f);
-          std::fill(f[2], f[2] + B * w.kv_len * kn * (D + Dv), 0.0f);
-          backward(static_cast<const AttentionGradStep&>(g));
+          const AttentionGradStep g = attention_grad_views(p, s, band_ring_step(p, b, s, q_h, rot.block(s), nullptr, nullptr, map), o_h, do_h,
+                                                           lse, f[1], f[2], ql, qn, kn);
+          backward(g);
           for (std::int64_t r = 0; r < B * w.q_len; ++r) {  // (row r of the step: batch r / q_len, query row q_begin + r % q_len)
             float* a = f[0] + (((r / w.q_len) * L + w.q_begin + r % w.q_len) * Hq + ql) * D;
             const float* x = f[1] + (r * Hq + ql) * D;
