@@ -94,7 +94,7 @@ TEST_CASE("fp8 formats: names and maxima") {
   CHECK(ref_decode(0x7b, Fp8Format::e5m2) == 57344.0);
 }
 
-TEST_CASE("fp8 → float is exact for all 256 codes of both formats, and float → fp8 gives the code back") {
+TEST_CASE("fp8 → float is exact for all 256 codes of both formats, float → fp8 gives the code back, and dequantize_fp8 agrees") {
   for (Fp8Format f : kFormats) {
     const std::string fmt = to_string(f);
     CAPTURE(fmt);
@@ -125,6 +125,19 @@ TEST_CASE("fp8 → float is exact for all 256 codes of both formats, and float �
   CHECK(fp8_to_float(0x01, Fp8Format::e4m3) == std::ldexp(1.0f, -9));
   CHECK(fp8_to_float(0x01, Fp8Format::e5m2) == std::ldexp(1.0f, -16));
   CHECK(fp8_to_float(0x7c, Fp8Format::e5m2) == HUGE_VALF);
+  // dequantize_fp8 (the host's table of the 256 values) gives fp8_to_float(q) * scale bit for bit,
+  // NaN codes included, at a few scales.
+  for (Fp8Format f : kFormats)
+    for (float scale : {1.0f, 0.0078125f, 3.3f, 1.17549435e-38f}) {
+      std::uint8_t q[256];
+      float got[256];
+      for (int c = 0; c < 256; ++c) q[c] = static_cast<std::uint8_t>(c);
+      dequantize_fp8(q, 256, scale, f, got);
+      int wrong = 0;
+      for (int c = 0; c < 256; ++c) wrong += !same_bits(got[c], fp8_to_float(q[c], f) * scale);
+      CAPTURE(scale);
+      CHECK(wrong == 0);
+    }
 }
 
 TEST_CASE("float → fp8 rounds to nearest, ties to even, saturating: a dense sweep and every midpoint") {

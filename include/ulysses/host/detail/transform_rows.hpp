@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../../layout/blocks.hpp"
 #include "../../layout/element.hpp"
@@ -81,6 +82,42 @@ struct RowWork {
     dequantize_fp8(q, n, scale, wire, f);
     for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(f[i]);
   }
+  /// The fp8 wire of a row that no transform touches (from an input to the wire, from the wire to
+  /// an output, or both: the peer copy), in float32 throughout: the elements widen to float
+  /// exactly, and a dequantized float stored to the type rounds once, as read() and write() do
+  /// through double (a NaN gives the same canonical codes, scale and element). @returns false,
+  /// touching nothing, for float64 rows (the general path).
+  bool fp8_direct(const std::byte* src, std::byte* dst, bool input, bool output) {
+    bool done = false;
+    with_sum_arith(type, [&](auto a) {
+      using A = decltype(a);
+      using Bits = typename A::Bits;
+      if constexpr (!std::is_same_v<typename A::Acc, double>) {
+        Bits b[kMaxTransformedRow];
+        float scale;
+        if (input) {
+          std::memcpy(b, src, static_cast<std::size_t>(n) * sizeof(Bits));
+          for (std::int64_t i = 0; i < n; ++i) f[i] = A::widen(b[i]);
+          scale = fp8_scale_of(row_amax(f, n), wire);
+          quantize_fp8(f, n, scale, wire, q);
+          if (!output) {
+            std::memcpy(dst, q, static_cast<std::size_t>(n));
+            std::memcpy(dst + n, &scale, 4);
+            done = true;
+            return;
+          }
+        } else {
+          std::memcpy(q, src, static_cast<std::size_t>(n));
+          std::memcpy(&scale, src + n, 4);
+        }
+        dequantize_fp8(q, n, scale, wire, f);
+        for (std::int64_t i = 0; i < n; ++i) b[i] = A::narrow(f[i]);
+        std::memcpy(dst, b, static_cast<std::size_t>(n) * sizeof(Bits));
+        done = true;
+      }
+    });
+    return done;
+  }
   /// v = the row at p of a source that is an input (`input`) or the wire, as the receiver sees it
   /// before its unpack transform. From an input: the pack transform, then, as the wire would
   /// carry it when something follows (`carried`: the destination is not the wire; `summed`: a
@@ -134,9 +171,11 @@ inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::
                               : input && !(output && w.unpack)       ? w.pack
                               : !input && output                     ? w.unpack
                                                                      : RowTransformRef{};
+  const bool fp8_plain = w.fp8 && !(input && w.pack) && !(output && w.unpack);  // an fp8 row no transform touches
   for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
     const RowCoord rc = row_coord(c, at);
     if (one.copy && one.copy(one.object, rc, w.type, src + at.offset(c, true), dst + at.offset(c, false), w.n)) continue;
+    if (fp8_plain && w.fp8_direct(src + at.offset(c, true), dst + at.offset(c, false), input, output)) continue;
     w.read(src + at.offset(c, true), input, output, rc);
     w.write(dst + at.offset(c, false), output, rc);
   }
