@@ -156,6 +156,7 @@ class Rope {
       using A = decltype(a);
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
 #if ULYSSES_HOST_AVX2
+        if (detail::host_has_avx512()) return copy_rotated_avx512<A>(src, dst, t, half, il);
         if (detail::host_has_avx2()) return copy_rotated_avx2<A>(src, dst, t, half, il);
 #endif
         copy_rotated<A>(src, dst, t, half, il);
@@ -242,7 +243,7 @@ class Rope {
   /// copy_row()'s pass over the first 2m elements (A: SumArith of a type whose Acc is float):
   /// widened to float (exactly), rotated as rotate_pairs() does in double, rounded to float
   /// (16-bit types: to odd, so that the narrowing rounds once, as store_row() does), narrowed.
-  /// Written once and compiled twice, as rotate_pairs().
+  /// Written once and compiled three times: plainly, in an AVX2 twin and in an AVX-512 twin.
   template <class A>
   ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
     using Bits = typename A::Bits;
@@ -279,6 +280,10 @@ class Rope {
     std::memcpy(dst, b, static_cast<std::size_t>(2 * m) * sizeof(Bits));
   }
 #if ULYSSES_HOST_AVX2
+  template <class A>
+  ULYSSES_TARGET_AVX512 static void copy_rotated_avx512(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
+    copy_rotated<A>(src, dst, t, m, il);
+  }
   template <class A>
   ULYSSES_TARGET_AVX2 static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
     copy_rotated<A>(src, dst, t, m, il);
