@@ -95,7 +95,8 @@ ULYSSES_HOST_DEVICE inline std::uint8_t fp8_code(float x) {
 }
 
 /// quantize_fp8()'s loops (fp8_code() per element), written once: inlined into quantize_fp8() and
-/// into its AVX2 twin, where they vectorise (the float-to-byte narrowing keeps SSE2 scalar).
+/// into its AVX2 and AVX-512 twins, where they vectorise (the float-to-byte narrowing keeps SSE2
+/// scalar).
 ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void quantize_codes(const float* x, std::int64_t n, float scale, Fp8Format f,
                                                                      std::uint8_t* out) {
   if (f == Fp8Format::e4m3) {
@@ -117,6 +118,10 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline float row_amax_loop(const float
 }
 #if ULYSSES_HOST_AVX2
 ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
+ULYSSES_TARGET_AVX512 inline float row_amax_avx512(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
+ULYSSES_TARGET_AVX512 inline void quantize_fp8_avx512(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
+  quantize_codes(x, n, scale, f, out);
+}
 ULYSSES_TARGET_AVX2 inline void quantize_fp8_avx2(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
   quantize_codes(x, n, scale, f, out);
 }
@@ -229,6 +234,7 @@ ULYSSES_HOST_DEVICE inline float fp8_scale_of(float amax, Fp8Format f) {
 /// @param n  the number of elements
 ULYSSES_HOST_DEVICE inline float row_amax(const float* x, std::int64_t n) {
 #if ULYSSES_HOST_AVX2 && !defined(__CUDA_ARCH__)
+  if (detail::host_has_avx512()) return detail::row_amax_avx512(x, n);
   if (detail::host_has_avx2()) return detail::row_amax_avx2(x, n);
 #endif
   return detail::row_amax_loop(x, n);
@@ -246,6 +252,7 @@ ULYSSES_HOST_DEVICE inline float row_amax(const float* x, std::int64_t n) {
 /// @pre scale is a positive normal float32 (as fp8_scale_of() gives), or NaN
 ULYSSES_HOST_DEVICE inline void quantize_fp8(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
 #if ULYSSES_HOST_AVX2 && !defined(__CUDA_ARCH__)
+  if (detail::host_has_avx512()) return detail::quantize_fp8_avx512(x, n, scale, f, out);
   if (detail::host_has_avx2()) return detail::quantize_fp8_avx2(x, n, scale, f, out);
 #endif
   detail::quantize_codes(x, n, scale, f, out);
