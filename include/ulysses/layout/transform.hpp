@@ -257,7 +257,7 @@ inline double round_to(ElementType type, double x) {
 }
 
 /// o[i] = float_round_odd(r[i]), i < m: loops that vectorise with AVX2 only (the double
-/// compares' masks narrowed to float lanes), so it has an AVX2 twin; the same bits either way.
+/// compares' masks narrowed to float lanes), so it has AVX2 and AVX-512 twins; the same bits.
 ULYSSES_ALWAYS_INLINE inline void round_odd_n(const double* r, float* o, std::int64_t m) {
   std::uint64_t outside = 0;  // float_round_odd_normal() first (cheaper); all again where a value is outside its range
   for (std::int64_t i = 0; i < m; ++i) {
@@ -269,7 +269,16 @@ ULYSSES_ALWAYS_INLINE inline void round_odd_n(const double* r, float* o, std::in
 }
 #if ULYSSES_HOST_AVX2
 ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) { round_odd_n(r, o, m); }
+ULYSSES_TARGET_AVX512 inline void round_odd_n_avx512(const double* r, float* o, std::int64_t m) { round_odd_n(r, o, m); }
 #endif
+/// round_odd_n() through the widest twin this CPU runs.
+inline void round_odd_to(const double* r, float* o, std::int64_t m) {
+#if ULYSSES_HOST_AVX2
+  if (host_has_avx512()) return round_odd_n_avx512(r, o, m);
+  if (host_has_avx2()) return round_odd_n_avx2(r, o, m);
+#endif
+  round_odd_n(r, o, m);
+}
 
 /// row[i] = round_to(type, row[i]) for i < n, with one dispatch for the row (the loops vectorise).
 inline void round_row(ElementType type, double* row, std::int64_t n) {
@@ -285,12 +294,7 @@ inline void round_row(ElementType type, double* row, std::int64_t n) {
       float f[kChunk];
       for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
         const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
-#if ULYSSES_HOST_AVX2
-        if (host_has_avx2()) round_odd_n_avx2(row + i0, f, m);
-        else round_odd_n(row + i0, f, m);
-#else
-        round_odd_n(row + i0, f, m);
-#endif
+        round_odd_to(row + i0, f, m);
         for (std::int64_t i = 0; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(A::narrow(f[i])));
       }
     }
@@ -314,12 +318,7 @@ inline void store_row(ElementType type, std::byte* p, const double* row, std::in
         for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(static_cast<float>(r[i]));
       } else {
         float f[kChunk];
-#if ULYSSES_HOST_AVX2
-        if (host_has_avx2()) round_odd_n_avx2(r, f, m);
-        else round_odd_n(r, f, m);
-#else
-        round_odd_n(r, f, m);
-#endif
+        round_odd_to(r, f, m);
         for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(f[i]);
       }
       std::memcpy(p + i0 * static_cast<std::int64_t>(sizeof(Bits)), b, static_cast<std::size_t>(m) * sizeof(Bits));
