@@ -126,15 +126,19 @@ TEST_CASE("fp8 → float is exact for all 256 codes of both formats, float → f
   CHECK(fp8_to_float(0x01, Fp8Format::e5m2) == std::ldexp(1.0f, -16));
   CHECK(fp8_to_float(0x7c, Fp8Format::e5m2) == HUGE_VALF);
   // dequantize_fp8 (the host's table of the 256 values) gives fp8_to_float(q) * scale bit for bit,
-  // NaN codes included, at a few scales.
+  // and the canonical NaN 0x7fc00000 for every NaN code or scale, whatever their signs and payloads.
+  const float nan_scales[] = {std::nanf(""), -std::nanf(""), detail::bits_float(0x7fc12345u)};
   for (Fp8Format f : kFormats)
-    for (float scale : {1.0f, 0.0078125f, 3.3f, 1.17549435e-38f}) {
+    for (float scale : {1.0f, 0.0078125f, 3.3f, 1.17549435e-38f, nan_scales[0], nan_scales[1], nan_scales[2]}) {
       std::uint8_t q[256];
       float got[256];
       for (int c = 0; c < 256; ++c) q[c] = static_cast<std::uint8_t>(c);
       dequantize_fp8(q, 256, scale, f, got);
       int wrong = 0;
-      for (int c = 0; c < 256; ++c) wrong += !same_bits(got[c], fp8_to_float(q[c], f) * scale);
+      for (int c = 0; c < 256; ++c) {
+        const float want = fp8_to_float(q[c], f) * scale;
+        wrong += !same_bits(got[c], std::isnan(want) ? detail::bits_float(0x7fc00000u) : want);
+      }
       CAPTURE(scale);
       CHECK(wrong == 0);
     }

@@ -130,6 +130,14 @@ TEST_CASE("Rope::copy_row (the fused load, rotate, store): the bits of load_row,
             CAPTURE(inv);
             CHECK(wrong == 0);
           }
+  // A row of another length than head_dim (outside the precondition): false, and nothing written.
+  {
+    const Rope r8(8, 4);
+    std::vector<float> x(16, 1.5f), y(16, -2.0f);
+    CHECK_FALSE(r8.copy_row(RowCoord{0, 1, 0}, ElementType::float32, reinterpret_cast<const std::byte*>(x.data()),
+                            reinterpret_cast<std::byte*>(y.data()), 16));
+    CHECK(y == std::vector<float>(16, -2.0f));
+  }
   // float64 has no fused form: false, and nothing written.
   const Rope r(8, 4);
   std::vector<double> x(8, 1.5), y(8, -2.0);
@@ -228,6 +236,9 @@ TEST_CASE("Rope's checks: odd or too large rotary dims, theta <= 0, ids out of r
   CHECK(ut::code_of([] { Rope(8, 16, 10000.0, 10); }) == Errc::invalid_shape);
   CHECK(ut::code_of([] { Rope(8, 16, 0.0); }) == Errc::invalid_shape);
   CHECK(ut::code_of([] { Rope(8, 0); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(1026, 4); }) == Errc::invalid_shape);  // longer than any transformed row (1024)
+  CHECK(ut::code_of([] { Rope(4096, 4, 10000.0, 64); }) == Errc::invalid_shape);
+  CHECK(ut::code_of([] { Rope(1024, 4, 10000.0, 0, RopeStyle::interleaved); }) == Errc{});
   CHECK(ut::code_of([] {
           Rope r(8, 4);
           const std::int64_t ids[] = {0, 4};

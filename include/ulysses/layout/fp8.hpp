@@ -260,18 +260,27 @@ ULYSSES_HOST_DEVICE inline void quantize_fp8(const float* x, std::int64_t n, flo
 
 /// Dequantizes n fp8 codes: out[i] = fp8_to_float(q[i], f) * scale, one IEEE float32
 /// multiplication (rounded to nearest). Zero codes give zeros of their sign (0x80 → -0) for any
-/// positive finite scale; a NaN code or a NaN scale gives NaN.
+/// positive finite scale; a NaN code or a NaN scale gives the canonical quiet NaN 0x7fc00000
+/// (whatever their signs and payloads: which NaN a product of two NaNs keeps depends on the
+/// compiler's operand order, so every NaN is made the same, on the host and on the device).
 /// @param q      n fp8 codes
 /// @param n      the number of elements (nothing is written when n <= 0)
 /// @param scale  the row's scale (fp8_scale_of())
 /// @param f      the format
 /// @param out    n floats
 ULYSSES_HOST_DEVICE inline void dequantize_fp8(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
+  const float nan = detail::bits_float(detail::kFloatNanBits);
 #if !defined(__CUDA_ARCH__)
   const float* value = detail::fp8_values(f);  // (the host: one load a code)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = value[q[i]] * scale;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = value[q[i]] * scale;
+    out[i] = v != v ? nan : v;
+  }
 #else
-  for (std::int64_t i = 0; i < n; ++i) out[i] = fp8_to_float(q[i], f) * scale;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = fp8_to_float(q[i], f) * scale;
+    out[i] = v != v ? nan : v;
+  }
 #endif
 }
 

@@ -45,8 +45,8 @@ class Rope {
  public:
   /// Rotation for head rows of `head_dim` elements, rotating the first `rotary_dim` (0: all;
   /// even) with frequencies theta^(−2i / rotary_dim), for positions [0, max_position).
-  /// @throws Error(invalid_shape) rotary_dim odd, above head_dim or negative; theta <= 0;
-  ///         max_position < 1.
+  /// @throws Error(invalid_shape) rotary_dim odd, above head_dim or negative; head_dim above 1024
+  ///         (the longest row a row transform sees); theta <= 0; max_position < 1.
   Rope(std::int64_t head_dim, std::int64_t max_position, double theta = 10000.0, std::int64_t rotary_dim = 0,
        RopeStyle style = RopeStyle::half)
       : d_(head_dim), rd_(rotary_dim == 0 ? head_dim : rotary_dim), style_(style), max_pos_(max_position) {
@@ -139,14 +139,15 @@ class Rope {
   /// concept: the host executor takes it for a row that only this transform touches (no fp8 or
   /// cast wire, no transform on the other side). src and dst hold n elements each, may be
   /// misaligned, and are either the same row or disjoint.
-  /// @returns false, touching nothing, for a type it has no fused form for (float64, opaque):
-  ///          the executor then takes the row path.
+  /// @returns false, touching nothing, for a type it has no fused form for (float64, opaque), or
+  ///          n != head_dim(): the executor then takes the row path.
   /// @pre as operator(): n == head_dim(), the position in [0, max_position)
   bool copy_row(const RowCoord& at, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) const {
     const std::int64_t half = rd_ / 2, eb = static_cast<std::int64_t>(size_of(type));
     const float* t = &tab_[static_cast<std::size_t>(position(at) * half * 4)];
     const bool il = style_ == RopeStyle::interleaved;
     if (type != ElementType::bfloat16 && type != ElementType::float16 && type != ElementType::float32) return false;
+    if (n != d_) return false;  // (outside the precondition: the general path, which reads the row as given)
     if (n > rd_) {  // the elements past rotary_dim pass through one load and store (a NaN made canonical)
       double rest[kMaxPairs * 2];
       detail::load_row(type, src + rd_ * eb, rest, n - rd_);
@@ -299,6 +300,7 @@ class Rope {
   /// tables (lo = 0) or from theta.
   void tables(const float* cos_t, const float* sin_t, double theta) {
     check(d_ >= 1 && rd_ >= 2 && rd_ % 2 == 0 && rd_ <= d_, "rotary_dim must be even, >= 2 and <= head_dim");
+    check(d_ <= 2 * kMaxPairs, "head_dim must be <= 1024 (the longest row a row transform sees: Plan refuses longer ones too)");
     check(max_pos_ >= 1, "max_position must be >= 1");
     theta_ = theta;
     const std::int64_t half = rd_ / 2;
