@@ -105,6 +105,18 @@ using QkvOut = Qkv<ByteSpan>;               ///< seq_to_head()'s head-sharded q,
 using QkvGradIn = QkvGrad<ConstByteSpan>;   ///< seq_to_head_backward()'s head-sharded dq, dk, dv
 using QkvGradOut = QkvGrad<ByteSpan>;       ///< seq_to_head_backward()'s seq-sharded dq, dk, dv
 
+/// seq_to_head() by name with row transforms fused into the copy (layout/transform.hpp): tensor 0
+/// is q, 1 k, 2 v in `transforms` (`RowTransforms().on_pack(0, rope).on_pack(1, rope)` rotates q
+/// and k). @throws as seq_to_head() by name; then as the positional call with transforms
+/// (Error(invalid_shape) for a transform on a tensor not planned with_row_transforms()).
+template <class Comm, class Exec>
+void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const QkvIn& in, const QkvOut& out, Workspace ws,
+                 const RowTransforms& transforms) {
+  static const char* const names[3] = {"q", "k", "v"};
+  detail::check_named_call(plan, "seq_to_head", names, in, out);
+  seq_to_head(plan, comm, exec, in.list(), out.list(), ws, transforms);
+}
+
 /// seq→head of q, k, v by name (forward, before attention): seq-sharded q, k, v [B, S_r, H|Hkv,
 /// D|Dv] → head-sharded [B, S, H_r|Hkv_r, D|Dv], in one exchange; what seq_to_head(plan, comm,
 /// exec, {q, k, v}, {q2, k2, v2}, ws) does, with k and v named instead of placed.
@@ -119,9 +131,19 @@ using QkvGradOut = QkvGrad<ByteSpan>;       ///< seq_to_head_backward()'s seq-sh
 ///         positional seq_to_head() (redistribute()).
 template <class Comm, class Exec>
 void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const QkvIn& in, const QkvOut& out, Workspace ws) {
-  static const char* const names[3] = {"q", "k", "v"};
-  detail::check_named_call(plan, "seq_to_head", names, in, out);
-  seq_to_head(plan, comm, exec, in.list(), out.list(), ws);
+  seq_to_head(plan, comm, exec, in, out, ws, RowTransforms{});
+}
+
+/// seq_to_head_backward() by name with row transforms (tensor 0 dq, 1 dk, 2 dv): for RoPE's
+/// backward, `RowTransforms().on_unpack(0, inv).on_unpack(1, inv)` with inv = rope.inverse()
+/// rotates dq and dk back after the replicated kv heads' partials are summed (in float32, one
+/// rounding). @throws as seq_to_head_backward() by name and the positional call with transforms.
+template <class Comm, class Exec>
+void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const QkvGradIn& grad_head, const QkvGradOut& grad_seq,
+                          Workspace ws, const RowTransforms& transforms) {
+  static const char* const names[3] = {"dq", "dk", "dv"};
+  detail::check_named_call(plan, "seq_to_head_backward", names, grad_head, grad_seq);
+  seq_to_head_backward(plan, comm, exec, grad_head.list(), grad_seq.list(), ws, transforms);
 }
 
 /// The backward of seq_to_head() by name: head-sharded dq, dk, dv (from the attention backward;
@@ -139,9 +161,7 @@ void seq_to_head(const Plan& plan, Comm& comm, Exec& exec, const QkvIn& in, cons
 template <class Comm, class Exec>
 void seq_to_head_backward(const Plan& plan, Comm& comm, Exec& exec, const QkvGradIn& grad_head, const QkvGradOut& grad_seq,
                           Workspace ws) {
-  static const char* const names[3] = {"dq", "dk", "dv"};
-  detail::check_named_call(plan, "seq_to_head_backward", names, grad_head, grad_seq);
-  seq_to_head_backward(plan, comm, exec, grad_head.list(), grad_seq.list(), ws);
+  seq_to_head_backward(plan, comm, exec, grad_head, grad_seq, ws, RowTransforms{});
 }
 
 ULYSSES_NAMESPACE_END

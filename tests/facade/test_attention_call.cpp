@@ -8,6 +8,7 @@
 #include <ulysses/attention_call.hpp>
 #include <ulysses/comm/local.hpp>
 #include <ulysses/host/executor.hpp>
+#include <ulysses/layout/rope.hpp>
 #include <ulysses/plan/attention.hpp>
 
 #include <cstdint>
@@ -163,6 +164,44 @@ TEST_CASE("seq_to_head_backward by name: dk and dv are the sums of their holders
     wrong[static_cast<std::size_t>(r)] = w;
   });
   CHECK(wrong == std::vector<long>(P, 0));
+}
+
+TEST_CASE("by name with row transforms: RoPE on q and k (its inverse on dq and dk backward) gives the positional call's bits") {
+  for (int P : {2, 4}) {
+    CAPTURE(P);
+    LocalGroup g(P);
+    std::vector<long> wrong(static_cast<std::size_t>(P), -1), rotated(static_cast<std::size_t>(P), -1);
+    const Rope rope(kD, kS), inverse = rope.inverse();
+    RowTransforms fwd, bwd;
+    fwd.on_pack(0, rope).on_pack(1, rope);
+    bwd.on_unpack(0, inverse).on_unpack(1, inverse);
+    g.spawn([&](LocalGroup::Comm& comm) {
+      const int r = comm.rank();
+      std::vector<TensorSpec> specs = attention_specs<float>(P, {kH, kHkv, kD}).qkv();
+      specs[0].with_row_transforms();
+      specs[1].with_row_transforms();
+      const Plan plan({P, r}, kB, SeqPartition::balanced(kS, P), specs);
+      Buffers named(plan, r), positional(plan, r), plain(plan, r);
+      HostExecutor exec;
+      seq_to_head(plan, comm, exec, QkvIn().v(named.v).k(named.k).q(named.q), QkvOut().q(named.q2).v(named.v2).k(named.k2), named.ws, fwd);
+      seq_to_head(plan, comm, exec, {ConstByteSpan(positional.q), ConstByteSpan(positional.k), ConstByteSpan(positional.v)},
+                  {ByteSpan(positional.q2), ByteSpan(positional.k2), ByteSpan(positional.v2)}, positional.ws, fwd);
+      seq_to_head(plan, comm, exec, QkvIn().q(plain.q).k(plain.k).v(plain.v), QkvOut().q(plain.q2).k(plain.k2).v(plain.v2), plain.ws);
+      long w = (named.q2 != positional.q2) + (named.k2 != positional.k2) + (named.v2 != positional.v2) + (named.v2 != plain.v2);
+      // The backward: the head-sharded outputs back by name and positionally, through the inverse.
+      std::vector<float> dq(plan.seq_bytes(0) / sizeof(float)), dk(plan.seq_bytes(1) / sizeof(float)), dv(plan.seq_bytes(2) / sizeof(float));
+      std::vector<float> pq(dq.size()), pk(dk.size()), pv(dv.size());
+      seq_to_head_backward(plan, comm, exec, QkvGradIn().dq(named.q2).dk(named.k2).dv(named.v2), QkvGradOut().dq(dq).dk(dk).dv(dv),
+                           named.ws, bwd);
+      seq_to_head_backward(plan, comm, exec, {ConstByteSpan(named.q2), ConstByteSpan(named.k2), ConstByteSpan(named.v2)},
+                           {ByteSpan(pq), ByteSpan(pk), ByteSpan(pv)}, positional.ws, bwd);
+      w += (dq != pq) + (dk != pk) + (dv != pv);
+      wrong[static_cast<std::size_t>(r)] = w;
+      rotated[static_cast<std::size_t>(r)] = named.q2 != plain.q2 && named.k2 != plain.k2;  // (the transforms did run)
+    });
+    CHECK(wrong == std::vector<long>(static_cast<std::size_t>(P), 0));
+    CHECK(rotated == std::vector<long>(static_cast<std::size_t>(P), 1));
+  }
 }
 
 TEST_CASE("the named calls check the plan is q, k, v and every buffer is named, before anything moves") {
