@@ -200,73 +200,52 @@ class Rope {
   }
   /// rotate()'s loop, written once and compiled twice: plainly, and inside an AVX2 twin (the
   /// float table's widening keeps the plain one scalar). The same IEEE operations, the same bits.
+  /// Pair k: (x, y) rotated by its table entries in double, as the class comment says (the
+  /// inverse's table holds the sines negated).
   ULYSSES_ALWAYS_INLINE static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m) {
-    for (std::int64_t k = 0; k < m; ++k) rotate_pair(x[k], y[k], t, m, k, x[k], y[k]);
-  }
-  /// Pair k of a position's table t (m pairs): (rx, ry) = (u, v) rotated, in double, as the class
-  /// comment says (the inverse's table holds the sines negated).
-  ULYSSES_ALWAYS_INLINE static void rotate_pair(double u, double v, const float* t, std::int64_t m, std::int64_t k, double& rx, double& ry) {
-    const double c_hi = t[k], c_lo = t[m + k], s_hi = t[2 * m + k], s_lo = t[3 * m + k];
-    rx = (u * c_hi - v * s_hi) + (u * c_lo - v * s_lo);
-    ry = (v * c_hi + u * s_hi) + (v * c_lo + u * s_lo);
+    for (std::int64_t k = 0; k < m; ++k) {
+      const double u = x[k], v = y[k], c_hi = t[k], c_lo = t[m + k], s_hi = t[2 * m + k], s_lo = t[3 * m + k];
+      x[k] = (u * c_hi - v * s_hi) + (u * c_lo - v * s_lo);
+      y[k] = (v * c_hi + u * s_hi) + (v * c_lo + u * s_lo);
+    }
   }
 #if ULYSSES_HOST_AVX2
   ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m) {
     rotate_pairs(x, y, t, m);
   }
 #endif
-  /// The rotation of rotate_pairs() on float pairs (x[k], y[k]), k < m, rounded to float into
-  /// (ox[k], oy[k]): Round 0 to nearest (float32 rows); 2 to odd (16-bit rows: float_round_odd());
-  /// 1 to odd by float_round_odd_normal(), which is exact only for values in the float normal
-  /// range, zeros, infinities and NaN. @returns (Round 1) non-zero when a value lies outside it,
-  /// so that the caller redoes the row with Round 2.
-  template <int Round>
-  ULYSSES_ALWAYS_INLINE static std::uint64_t rotate_to_float(const float* x, const float* y, float* ox, float* oy, const float* t,
-                                                           std::int64_t m) {
-    std::uint64_t outside = 0;
-    for (std::int64_t k = 0; k < m; ++k) {
-      double rx, ry;
-      rotate_pair(x[k], y[k], t, m, k, rx, ry);
-      if constexpr (Round == 0) {
-        ox[k] = static_cast<float>(rx);
-        oy[k] = static_cast<float>(ry);
-      } else if constexpr (Round == 1) {
-        ox[k] = detail::float_round_odd_normal(rx);
-        oy[k] = detail::float_round_odd_normal(ry);
-        outside |= detail::outside_float_normals(rx) | detail::outside_float_normals(ry);
-      } else {
-        ox[k] = detail::float_round_odd(rx);
-        oy[k] = detail::float_round_odd(ry);
-      }
-    }
-    return outside;
-  }
   /// copy_row()'s pass over the first 2m elements (A: SumArith of a type whose Acc is float):
-  /// widened to float (exactly), rotated as rotate_pairs() does in double, rounded to float
-  /// (16-bit types: to odd, so that the narrowing rounds once, as store_row() does), narrowed.
+  /// widened to double (exactly), rotated by rotate_pairs(), rounded to float (16-bit types: to
+  /// odd by detail::round_odd_n(), so that the narrowing rounds once, as store_row() does), narrowed.
   /// Written once and compiled three times: plainly, in an AVX2 twin and in an AVX-512 twin.
   template <class A>
   ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
     using Bits = typename A::Bits;
     Bits b[2 * kMaxPairs];
-    float x[kMaxPairs], y[kMaxPairs];
+    double x[kMaxPairs], y[kMaxPairs];
     std::memcpy(b, src, static_cast<std::size_t>(2 * m) * sizeof(Bits));
     if (il) {
       for (std::int64_t k = 0; k < m; ++k) {
-        x[k] = A::widen(b[2 * k]);
-        y[k] = A::widen(b[2 * k + 1]);
+        x[k] = static_cast<double>(A::widen(b[2 * k]));
+        y[k] = static_cast<double>(A::widen(b[2 * k + 1]));
       }
     } else {
       for (std::int64_t k = 0; k < m; ++k) {
-        x[k] = A::widen(b[k]);
-        y[k] = A::widen(b[k + m]);
+        x[k] = static_cast<double>(A::widen(b[k]));
+        y[k] = static_cast<double>(A::widen(b[k + m]));
       }
     }
+    rotate_pairs(x, y, t, m);
     float ox[kMaxPairs], oy[kMaxPairs];
-    if constexpr (sizeof(Bits) == 4)
-      rotate_to_float<0>(x, y, ox, oy, t, m);
-    else if (rotate_to_float<1>(x, y, ox, oy, t, m))  // (a value outside the float normals: rare)
-      rotate_to_float<2>(x, y, ox, oy, t, m);
+    if constexpr (sizeof(Bits) == 4) {
+      for (std::int64_t k = 0; k < m; ++k) {
+        ox[k] = static_cast<float>(x[k]);
+        oy[k] = static_cast<float>(y[k]);
+      }
+    } else {
+      detail::round_odd_n(x, ox, m);
+      detail::round_odd_n(y, oy, m);
+    }
     if (il) {
       for (std::int64_t k = 0; k < m; ++k) {
         b[2 * k] = A::narrow(ox[k]);

@@ -66,20 +66,30 @@ struct RowWork {
     round_row(type, v, n);
     if (cast != ElementType::opaque) round_row(cast, v, n);
   }
-  /// v (rounded to the type) as D fp8 bytes and the float32 scale of its amax, at p.
-  void quantize(std::byte* p) {
-    for (std::int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(v[i]);
+  /// f (n float32 elements) quantized into q by the scale of its amax; @returns the scale.
+  float quantize_f() {
     const float scale = fp8_scale_of(row_amax(f, n), wire);
     quantize_fp8(f, n, scale, wire, q);
+    return scale;
+  }
+  /// The wire's fp8 row at p: q's D codes, then the float32 scale.
+  void put_fp8(std::byte* p, float scale) const {
     std::memcpy(p, q, static_cast<std::size_t>(n));
     std::memcpy(p + n, &scale, 4);
   }
-  /// v = the fp8 row at p, dequantized in float32.
-  void dequantize(const std::byte* p) {
+  /// f = the wire's fp8 row at p dequantized in float32 (its codes kept in q).
+  void get_fp8(const std::byte* p) {
     float scale;
     std::memcpy(q, p, static_cast<std::size_t>(n));
     std::memcpy(&scale, p + n, 4);
     dequantize_fp8(q, n, scale, wire, f);
+  }
+  /// f = v narrowed to float32 (the quantizer's input).
+  void v_to_f() {
+    for (std::int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(v[i]);
+  }
+  /// v = f widened (exact).
+  void f_to_v() {
     for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(f[i]);
   }
   /// The fp8 wire of a row that no transform touches (from an input to the wire, from the wire to
@@ -94,26 +104,18 @@ struct RowWork {
       using Bits = typename A::Bits;
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
         Bits b[kMaxTransformedRow];
-        float scale;
-        if (input) {
+        done = true;
+        if (!input) {
+          get_fp8(src);
+        } else {
           std::memcpy(b, src, static_cast<std::size_t>(n) * sizeof(Bits));
           for (std::int64_t i = 0; i < n; ++i) f[i] = A::widen(b[i]);
-          scale = fp8_scale_of(row_amax(f, n), wire);
-          quantize_fp8(f, n, scale, wire, q);
-          if (!output) {
-            std::memcpy(dst, q, static_cast<std::size_t>(n));
-            std::memcpy(dst + n, &scale, 4);
-            done = true;
-            return;
-          }
-        } else {
-          std::memcpy(q, src, static_cast<std::size_t>(n));
-          std::memcpy(&scale, src + n, 4);
+          const float scale = quantize_f();
+          if (!output) return put_fp8(dst, scale);
+          dequantize_fp8(q, n, scale, wire, f);
         }
-        dequantize_fp8(q, n, scale, wire, f);
         for (std::int64_t i = 0; i < n; ++i) b[i] = A::narrow(f[i]);
         std::memcpy(dst, b, static_cast<std::size_t>(n) * sizeof(Bits));
-        done = true;
       }
     });
     return done;
@@ -123,7 +125,10 @@ struct RowWork {
   /// carry it when something follows (`carried`: the destination is not the wire; `summed`: a
   /// term of a sum), rounded to the type and, for an fp8 wire, quantized and dequantized.
   void read(const std::byte* p, bool input, bool carried, const RowCoord& rc, bool summed = false) {
-    if (!input && fp8) return dequantize(p);
+    if (!input && fp8) {
+      get_fp8(p);
+      return f_to_v();
+    }
     load_row(!input && cast != ElementType::opaque ? cast : type, p, v, n);
     if (!input) return;
     if (pack) pack(rc, v, n);
@@ -132,11 +137,9 @@ struct RowWork {
     // cast or fp8 wire (otherwise the store's one rounding gives the same bits).
     if (fp8 || (pack && (unpack || summed)) || cast != ElementType::opaque) round();
     if (!fp8) return;
-    for (std::int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(v[i]);
-    const float scale = fp8_scale_of(row_amax(f, n), wire);
-    quantize_fp8(f, n, scale, wire, q);
-    dequantize_fp8(q, n, scale, wire, f);
-    for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(f[i]);
+    v_to_f();
+    dequantize_fp8(q, n, quantize_f(), wire, f);
+    f_to_v();
   }
   /// Writes v at p: to an output through the unpack transform, rounded once; to the wire
   /// rounded to the type (fp8: quantized).
@@ -151,7 +154,8 @@ struct RowWork {
       return store_row(cast, p, v, n);
     }
     round();
-    quantize(p);
+    v_to_f();
+    put_fp8(p, quantize_f());
   }
 };
 
