@@ -41,14 +41,17 @@ template void ulysses::check_ring_config(const ulysses::Plan&, ulysses::LocalGro
 using StrictAttn = void (*)(const ulysses::AttentionStep&);
 using StrictGrad = void (*)(const ulysses::AttentionGradStep&);
 template void ulysses::distributed_attention(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&, ulysses::LocalGroup::Comm&,
-                                             const ulysses::QkvIn&, ulysses::ByteSpan, StrictAttn&&, ulysses::ByteSpan, ulysses::Workspace);
+                                             const ulysses::QkvIn&, ulysses::ByteSpan, StrictAttn&&, ulysses::ByteSpan, ulysses::Workspace,
+                                             const ulysses::RowTransforms&);
 template void ulysses::distributed_attention(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&, const ulysses::QkvIn&,
-                                             ulysses::ByteSpan, StrictAttn&&, ulysses::ByteSpan, ulysses::Workspace);
+                                             ulysses::ByteSpan, StrictAttn&&, ulysses::ByteSpan, ulysses::Workspace,
+                                             const ulysses::RowTransforms&);
 template void ulysses::distributed_attention_backward(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&,
                                                       ulysses::LocalGroup::Comm&, ulysses::ConstByteSpan, const ulysses::QkvGradOut&, StrictGrad&&,
-                                                      ulysses::ConstByteSpan, ulysses::Workspace);
+                                                      ulysses::ConstByteSpan, ulysses::Workspace, const ulysses::RowTransforms&);
 template void ulysses::distributed_attention_backward(const ulysses::DistributedAttentionPlan&, ulysses::LocalGroup::Comm&, ulysses::ConstByteSpan,
-                                                      const ulysses::QkvGradOut&, StrictGrad&&, ulysses::ConstByteSpan, ulysses::Workspace);
+                                                      const ulysses::QkvGradOut&, StrictGrad&&, ulysses::ConstByteSpan, ulysses::Workspace,
+                                                      const ulysses::RowTransforms&);
 
 namespace {
 

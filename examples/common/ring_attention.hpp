@@ -47,6 +47,11 @@ struct RingCase {
   /// Head bands (DistributedAttentionOptions::bands): > 1 runs the layer over that many bands of
   /// each rank's query heads (R = 1: through the Ulysses-only overloads; R > 1: bands × ring steps).
   int bands = 1;
+  /// q and k rotated by RoPE (half rotation, theta 10000, position = the global token) in the
+  /// seq→head exchange (distributed_attention()'s RowTransforms), dq and dk by its inverse in the
+  /// backward's head→seq: the results of the unrotated call on rope_globals(c, g).
+  bool rope = false;
+  double rope_theta = 10000.0;  ///< RoPE's base
   /// Called with every forward step before the kernel (world rank w; tests look at the mask).
   std::function<void(int w, const ulysses::AttentionStep&)> on_step;
   /// The document of global token t (0 without documents).
@@ -93,6 +98,32 @@ struct RingGlobals {
     fill(dout, c.B * c.S * c.H * c.Dv, 3);
   }
 };
+
+/// The RoPE of RingCase::rope: half rotation over all D, positions [0, S), base rope_theta.
+inline ulysses::Rope case_rope(const RingCase& c) { return ulysses::Rope(c.D, c.S, c.rope_theta, 0, ulysses::RopeStyle::half); }
+
+/// Every [b, s, h] row of the global tensor x [B, S, heads, D] rotated by case_rope(c) (by its
+/// inverse: RoPE's backward of dq and dk) at its global token s, in double, rounded once to T
+/// (float: a pass of its own, what RingCase::rope fuses into the exchanges; double: unrounded).
+template <class T>
+void rope_rows(const RingCase& c, std::vector<T>& x, std::int64_t heads, bool inverse) {
+  const ulysses::Rope r = inverse ? case_rope(c).inverse() : case_rope(c);
+  std::vector<double> row(static_cast<std::size_t>(c.D));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t s = 0; s < c.S; ++s)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        T* p = x.data() + ((b * c.S + s) * heads + h) * c.D;
+        for (std::int64_t d = 0; d < c.D; ++d) row[static_cast<std::size_t>(d)] = p[d];
+        r(ulysses::RowCoord{b, s, h}, row.data(), c.D);
+        for (std::int64_t d = 0; d < c.D; ++d) p[d] = static_cast<T>(row[static_cast<std::size_t>(d)]);
+      }
+}
+/// The global tensors of g with q and k rotated by rope_rows().
+inline RingGlobals rope_globals(const RingCase& c, RingGlobals g) {
+  rope_rows(c, g.q, c.H, false);
+  rope_rows(c, g.k, c.Hkv, false);
+  return g;
+}
 
 /// The single-rank double-precision reference: out [B,S,H,Dv], lse [B,H,S], and (with
 /// `backward`) the gradients dq [B,S,H,D], dk [B,S,Hkv,D], dv [B,S,Hkv,Dv] of sum(out · dout).
@@ -166,6 +197,19 @@ struct RingReference {
     for (auto& t : th) t.join();
   }
 };
+
+/// The reference of case c: RingReference(c, g), or with RingCase::rope that of rope_globals(c, g)
+/// with its dq and dk rotated back by the inverse (in double, unrounded): the gradients of the
+/// inputs before RoPE.
+inline RingReference case_reference(const RingCase& c, const RingGlobals& g, bool backward) {
+  if (!c.rope) return RingReference(c, g, backward);
+  RingReference r(c, rope_globals(c, g), backward);
+  if (backward) {
+    rope_rows(c, r.dq, c.H, true);
+    rope_rows(c, r.dk, c.Hkv, true);
+  }
+  return r;
+}
 
 /// The engine's fp32 attention of one ring step (the callable of distributed_attention()): the
 /// step's q [B, q_len, q_count, D], k [B, kv_len, kv_count, D], v [B, kv_len, kv_count, Dv] views
@@ -290,7 +334,15 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   const AttentionShape shape{c.H, c.Hkv, c.D, c.Dv};
   const int U = c.allgather ? 1 : c.U;  // all-gather KV: every head on every rank
   const HeadPolicy policy = c.H % U == 0 && (c.Hkv % U == 0 || U % c.Hkv == 0) ? HeadPolicy::even : HeadPolicy::balanced;
-  const AttentionSpecs specs = attention_specs<float>(U, shape, policy);
+  AttentionSpecs specs = attention_specs<float>(U, shape, policy);
+  specs.q.with_row_transforms(c.rope);  // (rows of q and k through the transform)
+  specs.k.with_row_transforms(c.rope);
+  const Rope rope = case_rope(c), inverse = rope.inverse();
+  RowTransforms tx, tx_back;
+  if (c.rope) {
+    tx.on_pack(0, rope).on_pack(1, rope);
+    tx_back.on_unpack(0, inverse).on_unpack(1, inverse);
+  }
   DistributedAttentionOptions opt;
   opt.progress = progress;
   opt.ring_access = access;
@@ -323,9 +375,9 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
     step_attention(st);
   };
   if (plain)
-    distributed_attention(plan, uc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws);
+    distributed_attention(plan, uc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws, tx);
   else
-    distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws);
+    distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws, tx);
   const float* lse = plan.saved_lse(saved);
   rr.lse.assign(lse, lse + c.B * plan.query_heads() * plan.tokens());
   rr.h0 = specs.query_heads.begin(u);
@@ -338,9 +390,10 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   rr.dk.assign(k.size(), 0.0f);
   rr.dv.assign(v.size(), 0.0f);
   if (plain)
-    distributed_attention_backward(plan, uc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
+    distributed_attention_backward(plan, uc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws, tx_back);
   else
-    distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws);
+    distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws,
+                                   tx_back);
   return rr;
 }
 

@@ -19,7 +19,9 @@
 // --rope: q and k rotated by RoPE (layout/rope.hpp, half rotation) fused into the pack of
 //   seq→head (RowTransforms::on_pack; q and k planned with_row_transforms()); with --backward dq
 //   and dk get the inverse rotation on the unpack of seq_to_head_backward (Rope::inverse()). The
-//   reference rotates in double on its own (rotate_rows()).
+//   reference rotates in double on its own (rotate_rows()). With --ring R the hybrid through
+//   distributed_attention() with the same RowTransforms (positions: the global token on every
+//   ring rank); the reference is then case_reference() (ring_attention.hpp).
 // --wire fp8_e4m3|fp8_e5m2|bfloat16: q and k (not v) travel seq→head on that wire
 //   (TensorSpec::with_wire: an fp8 row as D bytes and its float32 amax scale); the attention runs
 //   on the dequantized q and k. Checked against a double reference computed from q and k through
@@ -769,7 +771,8 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "--rope: q and k rotated by RoPE (half rotation, positions = global token, theta 10000 or --rope-theta X)\n"
       "        fused into the pack of seq->head (RowTransforms on q and k, planned with_row_transforms()); with\n"
       "        --backward dq and dk get the inverse rotation on the unpack of seq_to_head_backward. The reference\n"
-      "        rotates in double. Host executor only (not with --device cuda or --ring).\n"
+      "        rotates in double. With --ring R (or --docs, or --allgather-kv --ring R > 1) through distributed_attention()'s\n"
+      "        RowTransforms, positions the global token on every ring rank. Host executor only (not with --device cuda).\n"
       "--wire W: q and k (not v) travel seq->head on wire W (fp8_e4m3, fp8_e5m2: each head row as D fp8 bytes and its\n"
       "        float32 amax scale; bfloat16: each element rounded to bf16), dequantized to fp32 for the attention.\n"
       "        Checked: o against a double reference from q, k through the same round trip (within --tolerance); every\n"
@@ -781,8 +784,8 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "        banded_attention_backward(); docs/overlap.md): G bands of each rank's query heads, GQA groups whole;\n"
       "        o (and dq, dk, dv) must equal the unbanded layer's bit for bit. With --ring R: the hybrid through\n"
       "        distributed_attention() over G bands x R ring steps (each band's k|v rotating as its own block),\n"
-      "        against the unbanded hybrid bit for bit. Host only; not with --docs, --allgather-kv, --rope,\n"
-      "        --wire. 1 <= G <= 64.\n"
+      "        against the unbanded hybrid bit for bit. Host only; not with --docs, --allgather-kv, --wire,\n"
+      "        nor --rope without --ring. 1 <= G <= 64.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -868,16 +871,20 @@ Config parse(int argc, char** argv) {
     std::fprintf(stderr, "--device cuda runs the in-process group (--backend local); use examples/nccl_mpi for MPI + GPUs\n");
     std::exit(2);
   }
-  if (c.rope && (c.device != "cpu" || c.ring > 0)) {
-    std::fprintf(stderr, "--rope runs on the host executor (--device cpu) without --ring: only HostExecutor applies row transforms\n");
+  if (c.rope && c.device != "cpu") {
+    std::fprintf(stderr, "--rope runs on the host executor (--device cpu): only HostExecutor applies row transforms\n");
+    std::exit(2);
+  }
+  if (c.rope && c.allgather && c.ring <= 1) {
+    std::fprintf(stderr, "--rope with --allgather-kv needs --ring R > 1 (U x AG): all-gather KV alone has no seq->head to fuse it into\n");
     std::exit(2);
   }
   if (c.wire != Wire::element && (c.device != "cpu" || c.ring > 0 || c.rope || c.backward)) {
     std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
     std::exit(2);
   }
-  if (c.bands > 0 && (c.device != "cpu" || !c.docs.empty() || c.allgather || c.rope || c.wire != Wire::element)) {
-    std::fprintf(stderr, "--bands runs on the host (--device cpu), without --docs, --allgather-kv, --rope, --wire\n");
+  if (c.bands > 0 && (c.device != "cpu" || !c.docs.empty() || c.allgather || (c.rope && c.ring == 0) || c.wire != Wire::element)) {
+    std::fprintf(stderr, "--bands runs on the host (--device cpu), without --docs, --allgather-kv, --wire, and --rope only with --ring\n");
     std::exit(2);
   }
   if (!c.docs.empty()) {
@@ -1014,11 +1021,20 @@ ulysses_ring_demo::RingCase ring_case(const Config& c, int P) {
   rc.ulysses_allgather = uag;
   rc.allgather_split = DocumentSplit::balanced;
   rc.bands = std::max(1, c.bands);
+  rc.rope = c.rope;
+  rc.rope_theta = c.rope_theta;
   if (!c.docs.empty()) {
     rc.cu_seqlens = {0};
     for (std::int64_t n : c.docs) rc.cu_seqlens.push_back(rc.cu_seqlens.back() + n);
   }
   return rc;
+}
+
+/// --rope with the ring code: says where the rotation runs.
+void rope_line(const Config& c, const ulysses_ring_demo::RingCase& rc) {
+  if (rc.rope)
+    std::printf("  RoPE (half rotation, theta %g) of q and k fused into seq->head at each row's global token%s\n", rc.rope_theta,
+                c.backward ? ", its inverse on dq and dk in the backward's head->seq" : "");
 }
 
 /// Prints the errors (max over ranks) against the tolerance; returns 0 within it, else 1.
@@ -1038,6 +1054,7 @@ int documents_report(const Config& c, const ulysses_ring_demo::RingCase& rc, con
               (long long)rc.Dv, (long long)rc.B, (long long)rc.S, P,
               rc.allgather ? "" : (" = U=" + std::to_string(rc.U) + " x R=" + std::to_string(rc.R)).c_str(), rc.causal ? "causal" : "non-causal",
               c.backend == "mpi" ? "MPI processes" : "in-process", c.backward ? ", forward + backward" : "");
+  rope_line(c, rc);
   if (!rc.cu_seqlens.empty()) {
     const Documents docs(rc.cu_seqlens, rc.S);
     // Whose queries' work: the all-gather ranks' own tokens; under U x R a ring rank's (its U
@@ -1084,6 +1101,7 @@ int ring_report(const Config& c, const ulysses_ring_demo::RingCase& rc, const ul
               (long long)part.max_ring_length(), c.backward ? ", the backward adds its fp32 dk|dv" : "");
   if (holders > 1)
     std::printf("  GQA: each kv head on up to %lld Ulysses ranks (replicated; the backward sums their partial gradients)\n", holders);
+  rope_line(c, rc);
   std::printf("  attention through Ulysses x Ring (this demo's plain loops, max over ranks): %.1f ms\n", ms);
   const double worst = e.max();
   std::printf("  max abs error vs single-rank attention (double): o %.3g, lse %.3g", e.out, e.lse);
@@ -1109,7 +1127,7 @@ int bands_report(const ulysses_ring_demo::RingCase& rc, double differ) {
 int ring_local(const Config& c) {
   const ulysses_ring_demo::RingCase rc = ring_case(c, c.ranks);
   const ulysses_ring_demo::RingGlobals g(rc);
-  const ulysses_ring_demo::RingReference ref(rc, g, c.backward);
+  const ulysses_ring_demo::RingReference ref = ulysses_ring_demo::case_reference(rc, g, c.backward);
   const auto t0 = Clock::now();
   const auto res = ulysses_ring_demo::run_ring_attention(rc, g, c.backward);
   const double ms = ms_since(t0);
@@ -1133,7 +1151,7 @@ int ring_mpi(const Config& c, MPI_Comm world) {
   MpiRingMesh m = split_ring(world, rc.allgather ? P : rc.U, rc.allgather ? 1 : rc.R, 0);
   const int w = m.index % (rc.U * rc.R);
   const ulysses_ring_demo::RingGlobals g(rc);
-  const ulysses_ring_demo::RingReference ref(rc, g, c.backward);
+  const ulysses_ring_demo::RingReference ref = ulysses_ring_demo::case_reference(rc, g, c.backward);
   double mine[6] = {}, all[6] = {}, differ = 0, differ_all = 0;
   {
     MpiComm uc(m.ulysses), ring(m.ring);  // (all-gather KV: the Ulysses group is the whole group, the ring one rank)

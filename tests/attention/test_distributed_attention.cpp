@@ -924,3 +924,73 @@ TEST_CASE("U x AG errors: the Ulysses-only overload refuses it; a rank that rota
   for (int w = 0; w < 4; ++w) CHECK(plain[static_cast<std::size_t>(w)] == Errc::comm_mismatch);
   for (int w = 0; w < 4; ++w) CHECK(mixed[static_cast<std::size_t>(w)] == Errc::plan_mismatch);
 }
+
+namespace {
+/// Every world rank's shard of one result (RingRankResult member m) gathered to the global tensor.
+std::vector<float> gathered(const rd::RingCase& c, const std::vector<rd::RingRankResult>& rs, std::vector<float> rd::RingRankResult::*m,
+                            std::int64_t Hx, std::int64_t Dx) {
+  std::vector<std::vector<float>> shards;
+  for (const rd::RingRankResult& r : rs) shards.push_back(r.*m);
+  return gather(rd::world_partition(c), c.B, Hx, Dx, shards);
+}
+}  // namespace
+
+TEST_CASE("row transforms (RoPE): the bits of the call on q and k rotated before it, dq and dk by the inverse after it, by global token on every plan (plain Ulysses, U x R zigzag, contiguous and packed documents, bands, U x AG; GQA, MQA)") {
+  struct Variant {
+    int U, R, bands, layout;  // layout: 0 causal zigzag, 1 causal contiguous, 2 non-causal, 3 packed documents
+    bool ulysses_allgather;
+    std::int64_t H, Hkv;
+  };
+  for (const Variant v : {Variant{2, 1, 1, 0, false, 4, 2}, Variant{4, 1, 3, 2, false, 8, 2}, Variant{2, 2, 1, 0, false, 4, 1},
+                          Variant{2, 2, 1, 1, false, 6, 2}, Variant{2, 2, 2, 3, false, 8, 4}, Variant{2, 2, 2, 0, false, 8, 1},
+                          Variant{1, 4, 1, 0, false, 4, 4}, Variant{2, 2, 1, 0, true, 4, 1}, Variant{2, 2, 1, 3, true, 8, 2}}) {
+    INFO("U=" << v.U << " R=" << v.R << " bands=" << v.bands << " layout " << v.layout << " U x AG " << v.ulysses_allgather << " H=" << v.H
+              << " Hkv=" << v.Hkv);
+    rd::RingCase c;
+    c.U = v.U, c.R = v.R, c.S = 23, c.H = v.H, c.Hkv = v.Hkv, c.B = 2, c.D = 8, c.Dv = 4, c.bands = v.bands;
+    c.ulysses_allgather = v.ulysses_allgather;
+    c.causal = v.layout != 2;
+    c.layout = v.layout == 1 ? RingLayout::contiguous : RingLayout::zigzag;
+    if (v.layout == 3) c.cu_seqlens = {0, 9, 9, 23};
+    const rd::RingGlobals g(c);
+    const auto want = rd::run_ring_attention(c, rd::rope_globals(c, g), true);  // a RoPE pass of its own, then the call
+    rd::RingCase cr = c;
+    cr.rope = true;
+    const auto got = rd::run_ring_attention(cr, g, true);  // RoPE fused into the exchanges
+    for (std::size_t w = 0; w < got.size(); ++w) {
+      CHECK(same_bits(got[w].out, want[w].out));
+      CHECK(same_bits(got[w].lse, want[w].lse));
+      CHECK(same_bits(got[w].dv, want[w].dv));
+    }
+    std::vector<float> dq = gathered(c, want, &rd::RingRankResult::dq, c.H, c.D), dk = gathered(c, want, &rd::RingRankResult::dk, c.Hkv, c.D);
+    rd::rope_rows(c, dq, c.H, true);  // (the backward of the separate pass: its inverse)
+    rd::rope_rows(c, dk, c.Hkv, true);
+    CHECK(same_bits(gathered(cr, got, &rd::RingRankResult::dq, c.H, c.D), dq));
+    CHECK(same_bits(gathered(cr, got, &rd::RingRankResult::dk, c.Hkv, c.D), dk));
+    // The rotation mattered: without it the output differs.
+    const auto unrotated = rd::run_ring_attention(c, g, false);
+    CHECK_FALSE(same_bits(gathered(c, unrotated, &rd::RingRankResult::out, c.H, c.Dv), gathered(c, got, &rd::RingRankResult::out, c.H, c.Dv)));
+  }
+}
+
+TEST_CASE("row transforms: an all-gather-KV plan (no seq->head to run them in) refuses them on every rank, before any data moves") {
+  const int P = 4;
+  const std::int64_t S = 24;
+  const AttentionSpecs specs = attention_specs<float>(1, {4, 2, 8});
+  const Rope rope(8, S);
+  std::vector<Errc> fwd(P), bwd(P);
+  LocalGroup(P, std::chrono::seconds(30)).spawn([&](LocalGroup::Comm& comm) {
+    const int w = comm.rank();
+    const DistributedAttentionPlan ag = DistributedAttentionPlan::allgather({P, w}, 1, SeqPartition::balanced(S, P), specs, true, nullptr);
+    std::vector<float> x(1 << 12);
+    std::vector<std::byte> saved(ag.saved_bytes()), ws(std::max(ag.forward_workspace_bytes(), ag.backward_workspace_bytes()));
+    const RowTransforms tx = RowTransforms().on_pack(0, rope);
+    fwd[static_cast<std::size_t>(w)] =
+        ut::code_of([&] { distributed_attention(ag, comm, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, saved, ws, tx); });
+    bwd[static_cast<std::size_t>(w)] = ut::code_of([&] {
+      distributed_attention_backward(ag, comm, ConstByteSpan(x), QkvGradOut().dq(x).dk(x).dv(x), rd::step_backward, saved, ws, tx);
+    });
+  });
+  for (int w = 0; w < P; ++w) CHECK(fwd[static_cast<std::size_t>(w)] == Errc::invalid_shape);
+  for (int w = 0; w < P; ++w) CHECK(bwd[static_cast<std::size_t>(w)] == Errc::invalid_shape);
+}

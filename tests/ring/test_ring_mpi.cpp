@@ -419,6 +419,32 @@ TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigza
   }
 }
 
+TEST_CASE("MPI RoPE in distributed_attention: every U x R, causal zigzag, GQA; q, k rotated in seq->head at global tokens, dq, dk by the inverse, on MpiComm and MpiWindowComm; bit-identical to in-process") {
+  namespace rd = ulysses_ring_demo;
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (int U = 1; U <= W; ++U) {
+    if (W % U) continue;
+    const int R = W / U;
+    MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);
+    rd::RingCase c;
+    c.U = U, c.R = R, c.B = 2, c.D = 8, c.Dv = 6, c.H = 2 * U, c.Hkv = std::max(1, U / 2), c.S = 4 * R * U + 3, c.rope = true;
+    c.bands = U > 1 ? 2 : 1;
+    INFO("U=" << U << " R=" << R << " S=" << c.S << " bands=" << c.bands);
+    const rd::RingGlobals g(c);
+    const rd::RingRankResult want = rd::run_ring_attention(c, g, true)[static_cast<std::size_t>(m.index)];  // on threads
+    {
+      MpiComm uly(m.ulysses), ring(m.ring);
+      MpiWindow win(uly, std::size_t{1} << 22);
+      MpiWindowComm wuly(uly, win);
+      check_same_bits(rd::ring_rank_attention(c, g, m.index, uly, ring, true), want);
+      check_same_bits(rd::ring_rank_attention(c, g, m.index, wuly, ring, true), want);
+    }
+    CHECK(rd::rank_errors(c, rd::case_reference(c, g, true), m.index, want).max() < 2e-5);
+    m.free();
+  }
+}
+
 TEST_CASE("MPI head bands: distributed_attention over G = 2 .. 4 bands on MpiComm and MpiWindowComm (MHA, GQA groups split across bands, MQA replicated); the in-process unbanded bits") {
   namespace rd = ulysses_ring_demo;
   int W = 0, w = 0;

@@ -18,6 +18,7 @@
 #include "../redistribute.hpp"
 #include "detail/band_ring.hpp"
 #include "detail/steps.hpp"
+#include "detail/transforms.hpp"
 #include "plan.hpp"
 #include "step.hpp"
 
@@ -86,7 +87,7 @@ inline void attention_add_kv(const DistributedAttentionPlan& p, int s, float* g,
 /// over the ring group for U × AG; all-gather KV: dq in place and the reduce-scatter alone.
 template <class UC, class RC>
 void attention_grads_out(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvGradOut& grads, const float* dq, const float* home,
-                         std::byte* g_t, std::size_t q_bytes, ByteSpan xws) {
+                         std::byte* g_t, std::size_t q_bytes, ByteSpan xws, const RowTransforms& tx) {
   const char* call = "distributed_attention_backward";
   const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
@@ -101,7 +102,7 @@ void attention_grads_out(const DistributedAttentionPlan& p, UC& uc, RC* rc, cons
     if constexpr (!std::is_same_v<RC, NoRing>)
       allgather_kv_backward(gp, *rc, exec, {ConstByteSpan(dkv_all, gk), ConstByteSpan(dkv_all + gk, gv)},
                             {ByteSpan(own_rows, nk), ByteSpan(own_rows + nk, nv)}, xws);
-    seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({own_rows, nk}).dv({own_rows + nk, nv}), grads, xws);
+    seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({own_rows, nk}).dv({own_rows + nk, nv}), grads, xws, tx);
     return;
   }
   if (p.is_allgather()) {  // dq on its tokens; dk|dv of the whole sequence reduce-scattered (fp32, ascending rank, one rounding)
@@ -116,7 +117,7 @@ void attention_grads_out(const DistributedAttentionPlan& p, UC& uc, RC* rc, cons
   const std::size_t nq = qkv.head_bytes(0), nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
   attention_store(dq, g_t, static_cast<std::int64_t>(nq / eb), p.element_type());
   attention_store(home, g_t + nq, static_cast<std::int64_t>((nk + nv) / eb), p.element_type());
-  seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws);
+  seq_to_head_backward(qkv, uc, exec, QkvGradIn().dq({g_t, nq}).dk({g_t + nq, nk}).dv({g_t + nq + nk, nv}), grads, xws, tx);
 }
 
 /// Elements [lo, hi) of each of `rows` rows of `width` fp32 elements at src, rounded once to
@@ -183,7 +184,7 @@ void band_ring_backward(const DistributedAttentionPlan& p, RC& rc, const Band& b
 template <class UC, class RC, class G>
 void banded_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
                      const std::byte* q_h, const std::byte* own, const std::byte* o_h, const float* lse, std::byte* do_h, std::byte* const kv[2],
-                     std::byte* const gr[2], float* const f[3], std::byte* g_t, ByteSpan xws) {
+                     std::byte* const gr[2], float* const f[3], std::byte* g_t, ByteSpan xws, const RowTransforms& tx) {
   const Plan &qkv = p.qkv_plan(), &o = p.out_plan();
   require_adjoint(qkv, "distributed_attention_backward");
   const std::int64_t B = p.batch(), L = p.tokens(), Hq = p.query_heads(), Hk = p.kv_heads(), D = p.specs().q.head_dim, Dv = p.specs().v.head_dim;
@@ -206,7 +207,7 @@ void banded_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByt
         return ExchangeCall{&o, Direction::seq_to_head, TensorList<ConstByteSpan>{dout}, TensorList<ByteSpan>{ByteSpan(do_h, o.head_bytes(0))},
                             Workspace(xws.data, ows), StageRange::one(g)};
       },
-      [&](int g) { return ExchangeCall{&qkv, Direction::head_to_seq, g_in.list(), grads.list(), Workspace(static_cast<std::byte*>(xws.data) + ows, xws.bytes - ows), StageRange::one(g)}; },
+      [&](int g) { return ExchangeCall{&qkv, Direction::head_to_seq, g_in.list(), grads.list(), Workspace(static_cast<std::byte*>(xws.data) + ows, xws.bytes - ows), StageRange::one(g), &tx}; },
       [&](const Band& b) {
         if constexpr (!std::is_same_v<RC, NoRing>)
           if (p.steps() > 1) {
@@ -240,7 +241,7 @@ void banded_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByt
 /// The backward on this rank (see distributed_attention_backward()).
 template <class UC, class RC, class G>
 void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
-                        ConstByteSpan saved, Workspace ws) {
+                        ConstByteSpan saved, Workspace ws, const RowTransforms& tx) {
   const char* call = "distributed_attention_backward";
   check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
   check_attention_span(call, "workspace", ws.data, ws.bytes, p.backward_workspace_bytes(), Errc::workspace_too_small,
@@ -260,7 +261,7 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   // Ulysses × Ring over bands that share a kv head: the unbanded ring (its dk|dv sums over the
   // steps of all the kv head's query heads at once; per band they would add in another order).
   if (p.options().bands > 1 && (p.steps() == 1 || !bands_share_kv_heads(p.specs(), p.options().bands)))
-    return banded_backward(p, uc, rc, dout, grads, backward, q_h, own, o_h, lse, do_ws, kv, gr, f, g_t, xws);
+    return banded_backward(p, uc, rc, dout, grads, backward, q_h, own, o_h, lse, do_ws, kv, gr, f, g_t, xws, tx);
   HostExecutor exec;
   if (p.is_allgather() && !p.is_ulysses_allgather()) {  // do is on the query rows already: the step reads it in place
     check_attention_span(call, "do", dout.data, dout.bytes, r.saved[2], Errc::buffer_too_small, "saved_out() size of a do");
@@ -280,7 +281,7 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
   };
   auto after = [&](int s, float* g) { attention_add_kv(p, s, g, f[2], p.kv_heads()); };
   const float* home = attention_steps<true>(p, rc, own, kv, gr, body, after);
-  attention_grads_out(p, uc, rc, grads, f[0], home, g_t, r.saved[0], xws);
+  attention_grads_out(p, uc, rc, grads, f[0], home, g_t, r.saved[0], xws, tx);
 }
 }  // namespace detail
 
@@ -309,15 +310,21 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
 ///                  P = exp(scale·q·k − lse), Dsum = rowsum(do · o))
 /// @param saved     what the forward wrote there (plan.saved_bytes())
 /// @param workspace plan.backward_workspace_bytes() of scratch
+/// @param transforms row transforms of the head→seq of dq|dk|dv (tensor 0 dq, 1 dk, 2 dv; RoPE's
+///                  backward: `RowTransforms().on_unpack(0, inv).on_unpack(1, inv)` with inv =
+///                  rope.inverse(): applied to the float32 sum of replicated kv heads, rounded
+///                  once), by global token as the forward's. None by default.
 /// @throws Error(buffer_too_small) / Error(workspace_too_small) the spans (before any
-///         collective); what the exchanges, the rotation and `backward` throw. Any error breaks
+///         collective); Error(invalid_shape) as the forward's transforms; what the exchanges, the rotation and `backward` throw. Any error breaks
 ///         both groups first, as the forward's.
 template <class UlyssesComm, class RingComm, class AttentionBackward>
 void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, ConstByteSpan dout,
-                                    const QkvGradOut& grads, AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace) {
+                                    const QkvGradOut& grads, AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace,
+                                    const RowTransforms& transforms = {}) {
   detail::attention_guard(ulysses, &ring, "distributed_attention_backward", [&] {
     detail::check_band_ring_threads(plan, ulysses, ring, "distributed_attention_backward");
-    detail::attention_backward(plan, ulysses, &ring, dout, grads, backward, saved, workspace);
+    const detail::AttentionRowTransforms rows(plan, transforms, "distributed_attention_backward");
+    detail::attention_backward(plan, ulysses, &ring, dout, grads, backward, saved, workspace, rows.get());
   });
 }
 
@@ -325,13 +332,17 @@ void distributed_attention_backward(const DistributedAttentionPlan& plan, Ulysse
 /// @throws Error(comm_mismatch) a plan with R > 1; as above.
 template <class UlyssesComm, class AttentionBackward>
 void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, ConstByteSpan dout, const QkvGradOut& grads,
-                                    AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace) {
+                                    AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace,
+                                    const RowTransforms& transforms = {}) {
   if (plan.steps() != 1)
     detail::fail(Errc::comm_mismatch, "distributed_attention_backward: the plan has R=" + std::to_string(plan.steps()) +
                                           " ring steps; pass its ring communicator too (the overload with `ring`)");
   detail::NoRing* none = nullptr;
   detail::attention_guard(ulysses, none, "distributed_attention_backward",
-                          [&] { detail::attention_backward(plan, ulysses, none, dout, grads, backward, saved, workspace); });
+                          [&] {
+                            const detail::AttentionRowTransforms rows(plan, transforms, "distributed_attention_backward");
+                            detail::attention_backward(plan, ulysses, none, dout, grads, backward, saved, workspace, rows.get());
+                          });
 }
 
 ULYSSES_NAMESPACE_END

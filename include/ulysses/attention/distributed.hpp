@@ -23,6 +23,7 @@
 #include "../ring/merge.hpp"
 #include "detail/band_ring.hpp"
 #include "detail/steps.hpp"
+#include "detail/transforms.hpp"
 #include "plan.hpp"
 #include "step.hpp"
 
@@ -35,7 +36,8 @@ namespace detail {
 /// band merged and rounded over its own heads).
 template <class UC, class RC, class F>
 void banded_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvIn& in, ByteSpan out, F& attention, std::byte* q_h,
-                    std::byte* own, std::byte* const kv[2], std::byte* o_h, float* lse, float* acc, std::byte* pout, float* plse, ByteSpan xws) {
+                    std::byte* own, std::byte* const kv[2], std::byte* o_h, float* lse, float* acc, std::byte* pout, float* plse, ByteSpan xws,
+                    const RowTransforms& tx) {
   const Plan &qkv = p.qkv_plan(), &o = p.out_plan();
   const AttentionRegions& r = p.regions();
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
@@ -51,7 +53,7 @@ void banded_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const Qkv
   HostExecutor exec;
   run_band_pipeline(
       qkv.num_stages(), [&](int g) { return head_band(p.specs(), qkv.rank(), g, qkv.num_stages()); }, uc, exec, p.options().progress,
-      [&](int g) { return ExchangeCall{&qkv, Direction::seq_to_head, in.list(), heads.list(), Workspace(xws.data, qws), StageRange::one(g)}; },
+      [&](int g) { return ExchangeCall{&qkv, Direction::seq_to_head, in.list(), heads.list(), Workspace(xws.data, qws), StageRange::one(g), &tx}; },
       [&](int g) {
         return ExchangeCall{&o, Direction::head_to_seq, TensorList<ConstByteSpan>{ConstByteSpan(o_h, r.saved[2])}, TensorList<ByteSpan>{out},
                             Workspace(static_cast<std::byte*>(xws.data) + qws, xws.bytes - qws), StageRange::one(g)};
@@ -72,7 +74,7 @@ void banded_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const Qkv
 /// The forward on this rank (see distributed_attention()).
 template <class UC, class RC, class F>
 void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvIn& in, ByteSpan out, F& attention, ByteSpan saved,
-                       Workspace ws) {
+                       Workspace ws, const RowTransforms& tx) {
   const char* call = "distributed_attention";
   check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
   check_attention_span(call, "workspace", ws.data, ws.bytes, p.forward_workspace_bytes(), Errc::workspace_too_small, "forward_workspace_bytes");
@@ -89,13 +91,12 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
   const ByteSpan xws(wk.take(r.fwd[5]), r.fwd[5]);
   const Plan& qkv = p.qkv_plan();
   HostExecutor exec;
-  if (p.is_ulysses_allgather()) {  // U × AG: seq→head over the Ulysses group, then k|v of its heads gathered over the ring group
-    std::byte* kv_own = kv[0];  // (this rank's L_j rows of k|v, the forward workspace's first region)
+  if (p.is_ulysses_allgather()) {  // U × AG: seq→head over the Ulysses group (k|v rows into kv[0]), then k|v gathered over the ring group
     const std::size_t nk = qkv.head_bytes(1), nv = qkv.head_bytes(2);
-    seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({kv_own, nk}).v({kv_own + nk, nv}), xws);
+    seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({kv[0], nk}).v({kv[0] + nk, nv}), xws, tx);
     const Plan& g = p.gather_plan();
     if constexpr (!std::is_same_v<RC, NoRing>)
-      allgather_kv(g, *rc, exec, {ConstByteSpan(kv_own, nk), ConstByteSpan(kv_own + nk, nv)},
+      allgather_kv(g, *rc, exec, {ConstByteSpan(kv[0], nk), ConstByteSpan(kv[0] + nk, nv)},
                    {ByteSpan(own, g.head_bytes(0)), ByteSpan(own + g.head_bytes(0), g.head_bytes(1))}, xws);
   } else if (p.is_allgather()) {  // q stays: a copy kept for the backward; k|v of the whole sequence gathered
     const TensorList<ConstByteSpan> l = in.list();
@@ -103,11 +104,12 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
     if (r.saved[0]) std::memcpy(q_h, l.data[0].data, r.saved[0]);
     allgather_kv(qkv, uc, exec, {l.data[1], l.data[2]}, {ByteSpan(own, qkv.head_bytes(0)), ByteSpan(own + qkv.head_bytes(0), qkv.head_bytes(1))}, xws);
   } else if (p.options().bands == 1) {
-    seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({own, qkv.head_bytes(1)}).v({own + qkv.head_bytes(1), qkv.head_bytes(2)}), xws);
+    const std::size_t nk = qkv.head_bytes(1);
+    seq_to_head(qkv, uc, exec, in, QkvOut().q({q_h, r.saved[0]}).k({own, nk}).v({own + nk, qkv.head_bytes(2)}), xws, tx);
   }
   const RingMergeShape ms{p.batch(), p.tokens(), p.query_heads(), p.specs().v.head_dim};
   ring_merge_init(ms, acc, lse);
-  if (p.options().bands > 1) return banded_forward(p, uc, rc, in, out, attention, q_h, own, kv, o_h, lse, acc, pout, plse, xws);
+  if (p.options().bands > 1) return banded_forward(p, uc, rc, in, out, attention, q_h, own, kv, o_h, lse, acc, pout, plse, xws, tx);
   const int j = p.has_ring_plan() ? p.ring_plan().ring_rank() : 0;
   const ElementType type = p.element_type();
   auto body = [&](int s, const std::byte* block) {
@@ -162,10 +164,19 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 ///                  (natural log) from the step's q, k, v views (attention/step.hpp)
 /// @param saved     plan.saved_bytes(): head-sharded q, k|v, the merged o and LSE, for the backward
 /// @param workspace plan.forward_workspace_bytes() of scratch
+/// @param transforms row transforms of the seq→head of q|k|v (tensor 0 q, 1 k, 2 v, on pack or
+///                  unpack; RoPE: `RowTransforms().on_pack(0, rope).on_pack(1, rope)`), each row
+///                  seen at its GLOBAL token on every plan (a ring's Ulysses exchange moves
+///                  ring-local tokens: detail::GlobalTokenRows maps them); the plan's q, k, v
+///                  specs must have been made with TensorSpec::with_row_transforms() for the
+///                  tensors given. The same bits as the transform applied to the global tensors
+///                  before the call (each row rounded once). None by default. Must outlive the call.
 /// Host memory (HostExecutor). No tensor-sized allocation beyond the spans: a call makes its ring
 /// rotation (lists of R entries; with thread progress its worker thread) and the check's small records.
 /// @throws Error(buffer_too_small) `saved` too small, Error(workspace_too_small) the workspace
-///         (both before any collective); Error(invalid_shape) bands over a ring with
+///         (both before any collective); Error(invalid_shape) transforms for an all-gather-KV
+///         plan (no seq→head to run them in), or for a tensor not planned by rows (seq_to_head(),
+///         before any byte moves), or bands over a ring with
 ///         Progress::thread on a communicator that cannot be called from two threads at once
 ///         (MPI below MPI_THREAD_MULTIPLE; before any collective); what check_ring_config() throws (comm_mismatch: a
 ///         communicator of another size, locally; plan_mismatch on every rank of the block);
@@ -176,10 +187,11 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 ///         call on these communicators).
 template <class UlyssesComm, class RingComm, class Attention>
 void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, const QkvIn& qkv, ByteSpan out,
-                           Attention&& attention, ByteSpan saved, Workspace workspace) {
+                           Attention&& attention, ByteSpan saved, Workspace workspace, const RowTransforms& transforms = {}) {
   detail::attention_guard(ulysses, &ring, "distributed_attention", [&] {
     detail::check_band_ring_threads(plan, ulysses, ring, "distributed_attention");
-    detail::attention_forward(plan, ulysses, &ring, qkv, out, attention, saved, workspace);
+    const detail::AttentionRowTransforms rows(plan, transforms, "distributed_attention");
+    detail::attention_forward(plan, ulysses, &ring, qkv, out, attention, saved, workspace, rows.get());
   });
 }
 
@@ -189,14 +201,17 @@ void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ul
 /// @throws Error(comm_mismatch) a plan with R > 1 (it needs its ring); as above.
 template <class UlyssesComm, class Attention>
 void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, const QkvIn& qkv, ByteSpan out, Attention&& attention,
-                           ByteSpan saved, Workspace workspace) {
+                           ByteSpan saved, Workspace workspace, const RowTransforms& transforms = {}) {
   if (plan.steps() != 1 || plan.is_ulysses_allgather())
     detail::fail(Errc::comm_mismatch, "distributed_attention: the plan has R=" + std::to_string(plan.has_ring_plan() ? plan.ring_plan().steps() : 1) +
                                           (plan.is_ulysses_allgather() ? " ring ranks that gather k|v" : " ring steps") +
                                           "; pass its ring communicator too (the overload with `ring`)");
   detail::NoRing* none = nullptr;
   detail::attention_guard(ulysses, none, "distributed_attention",
-                          [&] { detail::attention_forward(plan, ulysses, none, qkv, out, attention, saved, workspace); });
+                          [&] {
+                            const detail::AttentionRowTransforms rows(plan, transforms, "distributed_attention");
+                            detail::attention_forward(plan, ulysses, none, qkv, out, attention, saved, workspace, rows.get());
+                          });
 }
 
 ULYSSES_NAMESPACE_END
