@@ -52,6 +52,9 @@ struct RingCase {
   /// backward's head→seq: the results of the unrotated call on rope_globals(c, g).
   bool rope = false;
   double rope_theta = 10000.0;  ///< RoPE's base
+  /// The memory order of every rank's seq-sharded tensors in the calls (DistributedAttentionOptions::
+  /// seq_format); the results are converted back to bshd (RingRankResult stays bshd).
+  ulysses::Format seq_format = ulysses::Format::bshd;
   /// Called with every forward step before the kernel (world rank w; tests look at the mask).
   std::function<void(int w, const ulysses::AttentionStep&)> on_step;
   /// The document of global token t (0 without documents).
@@ -316,6 +319,22 @@ inline std::vector<float> ring_shard(const RingCase& c, const ulysses::SeqPartit
   return s;
 }
 
+/// A seq shard [B, Sw, Hx, Dx] bshd in case c's seq_format (`to_bshd`: back from it).
+inline std::vector<float> reorder(const RingCase& c, const std::vector<float>& x, std::int64_t Sw, std::int64_t Hx, std::int64_t Dx, bool to_bshd) {
+  if (c.seq_format == ulysses::Format::bshd) return x;
+  const ulysses::Layout f = ulysses::Layout::dense(c.seq_format, c.B, Sw, Hx, Dx), b = ulysses::Layout::dense(ulysses::Format::bshd, c.B, Sw, Hx, Dx);
+  std::vector<float> y(x.size());
+  for (std::int64_t bi = 0; bi < c.B; ++bi)
+    for (std::int64_t s = 0; s < Sw; ++s)
+      for (std::int64_t h = 0; h < Hx; ++h)
+        for (std::int64_t d = 0; d < Dx; ++d) {
+          const auto i = static_cast<std::size_t>(b.offset(bi, s, h, d)), j = static_cast<std::size_t>(f.offset(bi, s, h, d));
+          if (to_bshd) y[i] = x[j];
+          else y[j] = x[i];
+        }
+  return y;
+}
+
 /// One world rank w (0 .. U·R−1, RingPartition's numbering: ring rank w / U, Ulysses rank w % U)
 /// of the whole hybrid attention of case c through ulysses::distributed_attention() (and with
 /// `backward` distributed_attention_backward()), step_attention() / step_backward() the engine's
@@ -347,6 +366,7 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   opt.progress = progress;
   opt.ring_access = access;
   opt.bands = c.bands;
+  opt.seq_format = c.seq_format;
   const bool plain = c.allgather || (c.bands > 1 && c.R == 1);  // the Ulysses-only overloads
   std::optional<DistributedAttentionPlan> made;
   std::optional<RingPartition> part;
@@ -365,8 +385,10 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
     u = rp.ulysses_rank(), j = rp.ring_rank();
   }
   const DistributedAttentionPlan& plan = *made;
-  const std::vector<float> q = ring_shard(c, world, w, g.q, c.H, c.D), k = ring_shard(c, world, w, g.k, c.Hkv, c.D),
-                           v = ring_shard(c, world, w, g.v, c.Hkv, c.Dv);
+  const std::int64_t Sw = world.local_length(w);
+  auto in = [&](const std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) { return reorder(c, ring_shard(c, world, w, x, Hx, Dx), Sw, Hx, Dx, false); };
+  auto back = [&](std::vector<float>& x, std::int64_t Hx, std::int64_t Dx) { x = reorder(c, x, Sw, Hx, Dx, true); };
+  const std::vector<float> q = in(g.q, c.H, c.D), k = in(g.k, c.Hkv, c.D), v = in(g.v, c.Hkv, c.Dv);
   std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
   RingRankResult rr;
   rr.out.resize(static_cast<std::size_t>(c.B * world.local_length(w) * c.H * c.Dv));
@@ -378,6 +400,7 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
     distributed_attention(plan, uc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws, tx);
   else
     distributed_attention(plan, uc, rc, QkvIn().q(q).k(k).v(v), ByteSpan(rr.out), kernel, saved, ws, tx);
+  back(rr.out, c.H, c.Dv);
   const float* lse = plan.saved_lse(saved);
   rr.lse.assign(lse, lse + c.B * plan.query_heads() * plan.tokens());
   rr.h0 = specs.query_heads.begin(u);
@@ -385,7 +408,7 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   rr.L = plan.tokens();
   for (std::int64_t i = 0; i < rr.L; ++i) rr.tokens.push_back(c.allgather ? world.global_token(w, i) : part ? part->ring_token(j, i) : i);
   if (!backward) return rr;
-  const std::vector<float> dos = ring_shard(c, world, w, g.dout, c.H, c.Dv);
+  const std::vector<float> dos = in(g.dout, c.H, c.Dv);
   rr.dq.assign(q.size(), 0.0f);
   rr.dk.assign(k.size(), 0.0f);
   rr.dv.assign(v.size(), 0.0f);
@@ -394,6 +417,9 @@ RingRankResult ring_rank_attention(const RingCase& c, const RingGlobals& g, int 
   else
     distributed_attention_backward(plan, uc, rc, ConstByteSpan(dos), QkvGradOut().dq(rr.dq).dk(rr.dk).dv(rr.dv), step_backward, saved, ws,
                                    tx_back);
+  back(rr.dq, c.H, c.D);
+  back(rr.dk, c.Hkv, c.D);
+  back(rr.dv, c.Hkv, c.Dv);
   return rr;
 }
 

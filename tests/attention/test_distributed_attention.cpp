@@ -951,7 +951,7 @@ TEST_CASE("row transforms (RoPE): the bits of the call on q and k rotated before
     c.ulysses_allgather = v.ulysses_allgather;
     c.causal = v.layout != 2;
     c.layout = v.layout == 1 ? RingLayout::contiguous : RingLayout::zigzag;
-    if (v.layout == 3) c.cu_seqlens = {0, 9, 9, 23};
+    if (v.layout == 3) c.cu_seqlens = std::vector<std::int64_t>{0, 9, 9, 23};
     const rd::RingGlobals g(c);
     const auto want = rd::run_ring_attention(c, rd::rope_globals(c, g), true);  // a RoPE pass of its own, then the call
     rd::RingCase cr = c;
@@ -993,4 +993,35 @@ TEST_CASE("row transforms: an all-gather-KV plan (no seq->head to run them in) r
   });
   for (int w = 0; w < P; ++w) CHECK(fwd[static_cast<std::size_t>(w)] == Errc::invalid_shape);
   for (int w = 0; w < P; ++w) CHECK(bwd[static_cast<std::size_t>(w)] == Errc::invalid_shape);
+}
+
+TEST_CASE("seq_format: the engine's seq-sharded tensors in sbhd or bhsd give the bshd bits, forward and backward (plain Ulysses, U x R zigzag, packed documents, bands, U x AG, RoPE; GQA, MQA); an all-gather-KV plan refuses it") {
+  struct Variant {
+    int U, R, bands, layout;  // layout: 0 causal zigzag, 2 non-causal, 3 packed documents
+    bool ulysses_allgather, rope;
+    std::int64_t H, Hkv;
+  };
+  for (const Format f : {Format::sbhd, Format::bhsd})
+    for (const Variant v : {Variant{4, 1, 2, 2, false, false, 8, 2}, Variant{2, 2, 1, 0, false, false, 4, 1}, Variant{2, 2, 2, 3, false, true, 8, 4},
+                            Variant{1, 4, 1, 0, false, true, 4, 4}, Variant{2, 2, 1, 0, true, false, 4, 2}}) {
+      INFO(to_string(f) << " U=" << v.U << " R=" << v.R << " bands=" << v.bands << " layout " << v.layout << " U x AG " << v.ulysses_allgather
+                        << " rope " << v.rope);
+      rd::RingCase c;
+      c.U = v.U, c.R = v.R, c.S = 23, c.H = v.H, c.Hkv = v.Hkv, c.B = 2, c.D = 8, c.Dv = 4, c.bands = v.bands;
+      c.ulysses_allgather = v.ulysses_allgather, c.rope = v.rope;
+      c.causal = v.layout != 2;
+      if (v.layout == 3) c.cu_seqlens = std::vector<std::int64_t>{0, 9, 9, 23};
+      const rd::RingGlobals g(c);
+      const auto want = rd::run_ring_attention(c, g, true);
+      rd::RingCase cf = c;
+      cf.seq_format = f;
+      const auto got = rd::run_ring_attention(cf, g, true);
+      for (std::size_t w = 0; w < got.size(); ++w) check_same_results(got[w], want[w]);
+    }
+  const AttentionSpecs specs = attention_specs<float>(1, {4, 2, 8});
+  DistributedAttentionOptions o;
+  o.seq_format = Format::sbhd;
+  const auto [code, what] = ut::error_of([&] { (void)DistributedAttentionPlan::allgather({2, 0}, 1, SeqPartition::balanced(16, 2), specs, true, nullptr, o); });
+  CHECK(code == Errc::invalid_shape);
+  CHECK(what.find("seq_format = sbhd") != std::string::npos);
 }

@@ -23,6 +23,7 @@
 #include "../plan/plan.hpp"
 #include "../ring/plan.hpp"
 #include "../transport/ring_step.hpp"
+#include "detail/regions.hpp"
 #include "step.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -39,46 +40,18 @@ struct DistributedAttentionOptions {
   /// block): band g's attention runs while seq→head of band g + 1 and head→seq of band g − 1 move (bands.hpp; sets
   /// plan.stages, plan.head_bands). Same bits for every G.
   int bands = 1;
+  /// The memory order of the engine's seq-sharded tensors (q, k, v, o in; dq, dk, dv, do): bshd,
+  /// sbhd (Megatron-LM) or bhsd (PyTorch SDPA), each dense in it; the exchanges read and write it
+  /// in place. The head side the kernel sees stays bshd. All-gather-KV plans take bshd only.
+  Format seq_format = Format::bshd;
 };
 
-namespace detail {
-/// The buffers a call carves out of the engine's spans, in bytes, in order (each rounded up to 64).
-struct AttentionRegions {
-  std::size_t saved[4] = {};  // q_h, the own k|v block, o_h, lse
-  std::size_t fwd[6] = {};    // kv0, kv1, merge acc (fp32), partial out, partial lse, exchange workspace
-  std::size_t bwd[10] = {};   // do_h, kv0, kv1, g0, g1, dq acc, dq partial, dk|dv partial, dq|dk|dv in the element type, exchange workspace
-};
-constexpr std::size_t kAttentionAlign = 64;
-inline std::size_t attention_round(std::size_t n) { return (n + kAttentionAlign - 1) / kAttentionAlign * kAttentionAlign; }
-template <std::size_t N>
-std::size_t attention_total(const std::size_t (&r)[N]) {
-  std::size_t t = kAttentionAlign;  // (the span's own misalignment)
-  for (std::size_t n : r) t += attention_round(n);
-  return t;
-}
-/// Hands out the regions of one of the engine's spans in order, each 64-byte aligned.
-class AttentionCarve {
- public:
-  explicit AttentionCarve(const void* base)
-      : p_(static_cast<std::byte*>(const_cast<void*>(base)) +
-           (kAttentionAlign - reinterpret_cast<std::uintptr_t>(base) % kAttentionAlign) % kAttentionAlign) {}
-  /// The next region of n bytes (null when n is 0).
-  std::byte* take(std::size_t n) {
-    std::byte* r = n ? p_ : nullptr;
-    p_ += attention_round(n);
-    return r;
-  }
-
- private:
-  std::byte* p_;
-};
-
-}  // namespace detail
 
 /// One rank's plan of a distributed attention layer (see the file comment). Immutable; every rank
 /// makes its own from the same inputs. Head-sharded tensors are bshd contiguous: q [B, L, H_u, D],
 /// k [B, L, Hkv_u, D], v [B, L, Hkv_u, Dv], o [B, L, H_u, Dv] (L: the ring group's tokens, S for
-/// plain Ulysses); seq-sharded ones [B, S_w, H|Hkv, D|Dv] bshd too (the plans' Format::bshd).
+/// plain Ulysses); seq-sharded ones [B, S_w, H|Hkv, D|Dv], dense in options().seq_format (bshd
+/// unless told: the engine's tensors are read and written in place in their own order).
 /// Sources: DeepSpeed's DistributedAttention (seq→head, local attention, head→seq), yunchang's
 /// LongContextAttention (Ulysses × Ring), zhuzilin's ring-flash-attention (the step loop, the LSE merge).
 class DistributedAttentionPlan {
@@ -88,7 +61,8 @@ class DistributedAttentionPlan {
   ///         Error(invalid_shape) bands outside [1, kMaxStages], or > 1 with RingAccess::zero_copy; what Plan() throws.
   explicit DistributedAttentionPlan(const RingPlan& ring, const DistributedAttentionOptions& o = {})
       : ring_(ring), specs_(ring.specs()), B_(ring.batch()), causal_(ring.causal()), u_(ring.ulysses_rank()), opt_(o),
-        qkv_(ring.qkv_plan(Format::bshd, banded(o))), out_(ring.out_plan(Format::bshd, banded(o))) {
+        qkv_(ulysses_plan(ring, ring.specs().qkv(), ring.options(banded(o)), o)),
+        out_(ulysses_plan(ring, ring.specs().out(), ring.options(banded(o)), o)) {
     work_ = ring.schedule();
     const RingPartition& p = ring.partition();
     for (int j = 0; j < p.ring_degree(); ++j) chunks_.push_back(p.ring_chunks(j));
@@ -142,7 +116,8 @@ class DistributedAttentionPlan {
   /// @param docs   packed documents (null: one sequence); docs->seq_len() must be S
   /// @param o      options (softmax scale; the all-gather plan's options)
   /// @throws Error(invalid_group) specs made for more than one rank; Error(seq_lengths_mismatch)
-  ///         documents of another S; what Plan's constructor throws; Error(tensor_mismatch) as above.
+  ///         documents of another S; Error(invalid_shape) o.seq_format other than bshd; what Plan's
+  ///         constructor throws; Error(tensor_mismatch) as above.
   static DistributedAttentionPlan allgather(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
                                             const Documents* docs = nullptr, const DistributedAttentionOptions& o = {}) {
     return DistributedAttentionPlan(AllGatherTag{}, group, batch, seq, specs, causal, docs, o);
@@ -288,8 +263,10 @@ class DistributedAttentionPlan {
   DistributedAttentionPlan(Group group, std::int64_t batch, const SeqPartition& seq, const AttentionSpecs& specs, bool causal,
                            const Documents* docs, const DistributedAttentionOptions& o)
       : specs_(specs), B_(batch), causal_(causal), u_(group.rank), opt_(o),
-        qkv_(group, batch, seq, specs.qkv(), Format::bshd, with_ring(banded(o), group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))),
-        out_(Plan(group, batch, seq, specs.out(), Format::bshd, with_ring(banded(o), group.size, seq.seq_len(), causal, docs))) {
+        qkv_(group, batch, seq, seq_side(specs.qkv(), o, batch, seq, group.rank), Format::bshd,
+             with_ring(banded(o), group.size, seq.seq_len(), causal, checked(docs, seq.seq_len()))),
+        out_(Plan(group, batch, seq, seq_side(specs.out(), o, batch, seq, group.rank), Format::bshd,
+                  with_ring(banded(o), group.size, seq.seq_len(), causal, docs))) {
     if (docs) {
       docs_ = *docs;
       work_.push_back(ring_work(RingPartition(*docs, group.size, 1), 0, 0, causal));
@@ -351,7 +328,8 @@ class DistributedAttentionPlan {
   /// U × AG (allgather(const RingPlan&)).
   DistributedAttentionPlan(AllGatherTag, const RingPlan& ring, const DistributedAttentionOptions& o)
       : ring_(ring), specs_(ring.specs()), B_(ring.batch()), causal_(ring.causal()), u_(ring.ulysses_rank()), opt_(o), allgather_(true),
-        qkv_(ulysses_plan(ring, ring.specs().qkv(), o.plan)), out_(ulysses_plan(ring, ring.specs().out(), o.plan)) {
+        qkv_(ulysses_plan(ring, ring.specs().qkv(), ag_options(ring, o.plan), o)),
+        out_(ulysses_plan(ring, ring.specs().out(), ag_options(ring, o.plan), o)) {
     const RingPartition& p = ring.partition();
     const std::int64_t S = p.seq_len();
     const int R = p.ring_degree(), j = ring.ring_rank();
@@ -378,14 +356,31 @@ class DistributedAttentionPlan {
     c.allgather_kv = true;
     return c;
   }
-  static Plan ulysses_plan(const RingPlan& ring, std::vector<TensorSpec> t, PlanOptions o) {
+  static PlanOptions ag_options(const RingPlan& ring, PlanOptions o) {
     o.ring = ag_config(ring);
-    return Plan({ring.partition().ulysses_degree(), ring.ulysses_rank()}, ring.batch(), ring.ulysses_partition(), std::move(t), Format::bshd, o);
+    return o;
+  }
+  /// A ring group's Ulysses plan of tensors t (seq side in o.seq_format) with options po.
+  static Plan ulysses_plan(const RingPlan& ring, std::vector<TensorSpec> t, const PlanOptions& po, const DistributedAttentionOptions& o) {
+    const SeqPartition seq = ring.ulysses_partition();
+    const int u = ring.ulysses_rank();
+    return Plan({ring.partition().ulysses_degree(), u}, ring.batch(), seq, seq_side(std::move(t), o, ring.batch(), seq, u), Format::bshd, po);
+  }
+  /// Tensors t with this rank's seq-sharded layouts dense in o.seq_format (the head side: the plans' bshd).
+  static std::vector<TensorSpec> seq_side(std::vector<TensorSpec> t, const DistributedAttentionOptions& o, std::int64_t B, const SeqPartition& seq,
+                                          int rank) {
+    if (o.seq_format != Format::bshd)
+      for (TensorSpec& x : t)
+        if (!x.seq_layout) x.with_seq_layout(Layout::dense(o.seq_format, B, seq.local_length(rank), x.heads.num_heads(), x.head_dim));
+    return t;
   }
   void init(std::int64_t L) {
     if (opt_.bands != 1 && (allgather_ || (ring_ && opt_.ring_access == RingAccess::zero_copy)))
       detail::fail(Errc::invalid_shape, "DistributedAttentionPlan: head bands (options.bands = " + std::to_string(opt_.bands) + ") run on plain "
                                             "Ulysses and on a ring with RingAccess::copy, not on an all-gather-KV plan or a zero-copy ring");
+    if (allgather_ && !ring_ && opt_.seq_format != Format::bshd)
+      detail::fail(Errc::invalid_shape, std::string("DistributedAttentionPlan: an all-gather-KV plan keeps q and o on their tokens, bshd; "
+                                                    "options.seq_format = ") + to_string(opt_.seq_format) + " needs a Ulysses exchange");
     L_ = L;
     Hq_ = specs_.query_heads.count(u_);
     Hk_ = specs_.kv_heads.count(u_);  // (all-gather: u_ = 0 of a P = 1 split, every head)
