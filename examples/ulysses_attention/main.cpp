@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Ulysses attention on P ranks (DeepSpeed-Ulysses, arXiv:2309.14509), forward and (--backward)
-// backward:
-//   forward:  q, k, v seq-sharded [B, S_r, H, D] → seq_to_head (ONE exchange for q, k and v, GQA
-//             included) → exact softmax attention over the whole sequence for the rank's heads
-//             → head_to_seq of the output o;
-//   backward: do seq-sharded → head_to_seq_backward (seq→head) → attention backward for the
-//             rank's heads (dq, and this rank's partial dk, dv of the kv heads it holds)
-//             → seq_to_head_backward (head→seq that SUMS the partial gradients of a kv head held
-//             by several ranks) → dq, dk, dv seq-sharded;
-// and compares o (and dq, dk, dv) with single-rank attention over the whole sequence computed in
+// backward, through the library's drop-in distributed_attention() (docs/attention.md) around this
+// demo's fp32 kernels (ring_attention.hpp's step_attention(), step_backward()); no driver of its own:
+//   forward:  q, k, v seq-sharded [B, S_r, H, D] (in --layout) → seq→head (ONE exchange for q, k
+//             and v, GQA included) → exact softmax attention over the whole sequence for the
+//             rank's heads → head→seq of the output o;
+//   backward: do seq-sharded → seq→head → attention backward for the rank's heads (dq, and this
+//             rank's partial dk, dv of the kv heads it holds) → head→seq that SUMS the partial
+//             gradients of a kv head held by several ranks → dq, dk, dv seq-sharded;
+// then times each exchange apart (the library's seq_to_head() etc. on the layer's plans) against
+// the bare all-to-all of the same bytes, and compares o (and dq, dk, dv) with single-rank attention over the whole sequence computed in
 // double precision. Runs on the in-process group (P threads, default) or under
 // `mpiexec -n P ... --backend mpi`.
 // --ring R: the same attention through Ulysses × Ring (P = U × R ranks, U = P / R; docs/ring.md):
@@ -29,11 +30,12 @@
 //   reference within a bound derived from the wire's rounding (wire_bound(): each element within
 //   2^-4 (e4m3), 2^-3 (e5m2), 2^-8 (bf16) relative plus a subnormal step, propagated through the
 //   logits and the softmax).
-// --bands G: the same layer again through the head-band pipeline (bands.hpp: banded_attention(),
-//   with --backward banded_attention_backward()): seq→head of band g + 1 and head→seq of band
-//   g − 1 move while the attention of band g runs; o (and dq, dk, dv) must be the unbanded
-//   call's bits, element for element. With --ring R: the hybrid again over G bands × R ring
-//   steps (DistributedAttentionOptions::bands), compared bit for bit with the unbanded hybrid.
+// --bands G: the same layer again over G head bands (DistributedAttentionOptions::bands):
+//   seq→head of band g + 1 and head→seq of band g − 1 move while the attention of band g runs;
+//   o (and dq, dk, dv) must be the unbanded call's bits, element for element. With --ring R: the
+//   hybrid again over G bands × R ring steps, compared bit for bit with the unbanded hybrid.
+// --device cuda: the exchanges on the GPU, one by one (distributed_attention() takes host
+//   buffers only): the one path with a driver of its own (exchange_layer()).
 #include <ulysses/layout/fp8.hpp>
 #include <ulysses/ulysses.hpp>
 #if ULYSSES_DEMO_MPI
@@ -541,22 +543,168 @@ std::vector<float> seq_input(int t, const Layout& l, std::size_t bytes, const st
   return x;
 }
 
+/// The layer's seq-sharded results on this rank (in the plans' seq layouts).
+struct LayerOut {
+  std::vector<float> out, dq, dk, dv;
+};
+
+/// This rank's head-side gradients of the layer's checked run (its query heads over all S
+/// tokens, the plan's head layouts): dq, and dk, dv before the sum over a kv head's replicas.
+struct HeadGrads {
+  std::vector<float> dq, dk, dv;
+};
+
+/// --wire: every q and k element the kernel is given (dequantized from the wire) against its
+/// element bound (wire_element_bound(): relative to the element and to the row's amax of the
+/// original); the largest error / bound into res.element_ratio (<= 1: the bound holds).
+void check_wire_elements(const AttentionStep& st, const Config& c, Result& res) {
+  const WireElementBound eb = wire_element_bound(c.wire);
+  for (int t = 0; t < 2; ++t) {
+    const auto* x = static_cast<const float*>(t == 0 ? st.q : st.k);
+    const AttentionStrides& sd = t == 0 ? st.q_stride : st.k_stride;
+    const TokenRanges& tokens = t == 0 ? st.q_tokens : st.kv_tokens;
+    const std::int64_t rows = t == 0 ? st.q_len : st.kv_len, heads = t == 0 ? st.heads.q_count : st.heads.kv_count,
+                       h0 = t == 0 ? st.heads.q_global : st.heads.kv_global;
+    for (std::int64_t b = 0; b < st.batch; ++b)
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const std::int64_t s = tokens.global(i);
+          double amax = 0;
+          for (std::int64_t d = 0; d < c.head_dim; ++d) amax = std::max(amax, std::abs(static_cast<double>(input_value(t, b, s, h0 + h, d))));
+          for (std::int64_t d = 0; d < c.head_dim; ++d) {
+            const double want = input_value(t, b, s, h0 + h, d), got = x[b * sd.batch + i * sd.row + h * sd.head + d];
+            const double ratio = std::abs(got - want) / (eb.eps * std::abs(want) + eb.unit * amax + eb.abs);
+            res.element_ratio = std::isnan(ratio) ? INFINITY : std::max(res.element_ratio, ratio);
+          }
+        }
+  }
+}
+
+/// The layer on a host communicator through the library's drop-in attention: distributed_attention()
+/// (with --backward distributed_attention_backward()) over `plan`, around the fp32 step kernels of
+/// ring_attention.hpp (step_attention(), step_backward()), with --rope's transforms and the plan's
+/// --wire and bands. The kernels' time adds to res.attention_ms; with --wire the forward kernel
+/// checks the q and k it is given (check_wire_elements()); `grads`, when given, gets the one step's
+/// head-side gradients (an unbanded plan of R = 1: all S rows of this rank's heads).
+template <class Comm>
+LayerOut library_layer(Comm& comm, const Config& c, const DistributedAttentionPlan& plan, const QkvIn& in, const std::vector<float>& dout,
+                       const RowTransforms& tx, const RowTransforms& tx_back, Result& res, HeadGrads* grads) {
+  const Plan &qkv = plan.qkv_plan(), &po = plan.out_plan();
+  LayerOut r{buffer(po.seq_bytes(0)), {}, {}, {}};
+  std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
+  auto forward = [&](const AttentionStep& st) {
+    if (c.wire != Wire::element) check_wire_elements(st, c, res);
+    const auto t0 = Clock::now();
+    ulysses_ring_demo::step_attention(st);
+    res.attention_ms += ms_since(t0);
+  };
+  distributed_attention(plan, comm, in, ByteSpan(r.out), forward, saved, ws, tx);
+  if (!c.backward) return r;
+  r.dq = buffer(qkv.seq_bytes(0)), r.dk = buffer(qkv.seq_bytes(1)), r.dv = buffer(qkv.seq_bytes(2));
+  auto backward = [&](const AttentionGradStep& g) {
+    const auto t0 = Clock::now();
+    ulysses_ring_demo::step_backward(g);
+    res.attention_ms += ms_since(t0);
+    if (!grads) return;
+    auto copy = [&](const float* p, std::int64_t rows, std::int64_t heads, std::int64_t dim) { return std::vector<float>(p, p + c.batch * rows * heads * dim); };
+    grads->dq = copy(g.dq, g.fwd.q_len, g.fwd.heads.q_count, c.head_dim);
+    grads->dk = copy(g.dk, g.fwd.kv_len, g.fwd.heads.kv_count, c.head_dim);
+    grads->dv = copy(g.dv, g.fwd.kv_len, g.fwd.heads.kv_count, c.v_head_dim);
+  };
+  distributed_attention_backward(plan, comm, ConstByteSpan(dout), QkvGradOut().dq(r.dq).dk(r.dk).dv(r.dv), backward, saved, ws, tx_back);
+  return r;
+}
+
+/// --device cuda: the layer exchange by exchange (distributed_attention() runs on host buffers
+/// only): seq->head of q, k, v on the GPU, this rank's attention on the host (attention_head(),
+/// fp32), head->seq of o; with --backward head->seq's adjoint of do, the gradients, and
+/// seq->head's adjoint of dq, dk, dv (summed). `grads` gets the head-side gradients.
+template <class Comm>
+LayerOut exchange_layer(Exchanges<Comm>& ex, const Config& c, const AttentionSpecs& a, const Plan& qkv, const Plan& po, const QkvIn& in,
+                        const std::vector<float>& dout, Result& res, HeadGrads& grads) {
+  const int r = qkv.rank();
+  const std::int64_t S = c.seq, Hr = a.query_heads.count(r);
+  const Layout &lq = qkv.head_layout(0), &lk = qkv.head_layout(1), &lv = qkv.head_layout(2), &lo = po.head_layout(0);
+  std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), po.workspace_bytes()));
+  std::vector<float> q2 = buffer(qkv.head_bytes(0)), k2 = buffer(qkv.head_bytes(1)), v2 = buffer(qkv.head_bytes(2)), o = buffer(po.head_bytes(0)), do2;
+  ex.seq_to_head(qkv, in, QkvOut().q(q2).k(k2).v(v2), ws);
+  if (c.backward) {
+    do2 = buffer(po.head_bytes(0));
+    ex.head_to_seq_backward(po, dout, do2, ws);
+    grads.dq = buffer(qkv.head_bytes(0)), grads.dk = buffer(qkv.head_bytes(1)), grads.dv = buffer(qkv.head_bytes(2));
+  }
+  std::vector<float> O(static_cast<std::size_t>(S * c.v_head_dim)), dQ(static_cast<std::size_t>(S * c.head_dim)),
+      dK(static_cast<std::size_t>(S * c.head_dim)), dV(static_cast<std::size_t>(S * c.v_head_dim));
+  const auto t0 = Clock::now();
+  for (std::int64_t b = 0; b < c.batch; ++b)
+    for (std::int64_t h = 0; h < Hr; ++h) {  // (ascending query heads: dk, dv add in that order)
+      const std::int64_t kv = a.local_kv_head(r, h);
+      const auto Q = rows_of(q2, lq, b, h), K = rows_of(k2, lk, b, kv), V = rows_of(v2, lv, b, kv);
+      std::vector<float> G;
+      if (c.backward) G = rows_of(do2, lo, b, h);
+      std::fill(dK.begin(), dK.end(), 0.f), std::fill(dV.begin(), dV.end(), 0.f);
+      attention_head<float>(Q.data(), K.data(), V.data(), c.backward ? G.data() : nullptr, S, c.head_dim, c.v_head_dim, 0, S, O.data(),
+                            dQ.data(), dK.data(), dV.data());
+      for (std::int64_t s = 0; s < S; ++s) {
+        for (std::int64_t d = 0; d < c.v_head_dim; ++d) o[static_cast<std::size_t>(lo.offset(b, s, h, d))] = O[static_cast<std::size_t>(s * c.v_head_dim + d)];
+        if (!c.backward) continue;
+        for (std::int64_t d = 0; d < c.head_dim; ++d) {
+          grads.dq[static_cast<std::size_t>(lq.offset(b, s, h, d))] = dQ[static_cast<std::size_t>(s * c.head_dim + d)];
+          grads.dk[static_cast<std::size_t>(lk.offset(b, s, kv, d))] += dK[static_cast<std::size_t>(s * c.head_dim + d)];
+        }
+        for (std::int64_t d = 0; d < c.v_head_dim; ++d) grads.dv[static_cast<std::size_t>(lv.offset(b, s, kv, d))] += dV[static_cast<std::size_t>(s * c.v_head_dim + d)];
+      }
+    }
+  res.attention_ms = ms_since(t0);
+  LayerOut out{buffer(po.seq_bytes(0)), {}, {}, {}};
+  ex.head_to_seq(po, o, out.out, ws);
+  if (!c.backward) return out;
+  out.dq = buffer(qkv.seq_bytes(0)), out.dk = buffer(qkv.seq_bytes(1)), out.dv = buffer(qkv.seq_bytes(2));
+  ex.seq_to_head_backward(qkv, QkvGradIn().dq(grads.dq).dk(grads.dk).dv(grads.dv), QkvGradOut().dq(out.dq).dk(out.dk).dv(out.dv), ws);
+  return out;
+}
+
+/// Times the layer's exchanges on its plans (the library's calls alone; seq->head from the
+/// layer's inputs `in`, the others on zero-filled buffers of their own) against the bare
+/// all-to-all-v of the same bytes. Collective; a host communicator with allgather() (the barriers).
+template <class Comm>
+void time_layer_exchanges(Exchanges<Comm>& ex, const Config& c, const Plan& qkv, const Plan& po, const QkvIn& in, const RowTransforms& tx,
+                          const RowTransforms& tx_back, Result& res) {
+  std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), po.workspace_bytes()));
+  std::vector<float> q = buffer(qkv.seq_bytes(0)), k = buffer(qkv.seq_bytes(1)), v = buffer(qkv.seq_bytes(2)), q2 = buffer(qkv.head_bytes(0)),
+                     k2 = buffer(qkv.head_bytes(1)), v2 = buffer(qkv.head_bytes(2)), o2 = buffer(po.head_bytes(0)), o = buffer(po.seq_bytes(0));
+  const QkvOut heads = QkvOut().q(q2).k(k2).v(v2);
+  time_exchange(0, c, ex.comm, input_bytes(qkv, Direction::seq_to_head), [&] { ex.seq_to_head(qkv, in, heads, ws, tx); }, res);
+  time_exchange(1, c, ex.comm, input_bytes(po, Direction::head_to_seq), [&] { ex.head_to_seq(po, o2, o, ws); }, res);
+  if (!c.backward) return;
+  const QkvGradIn grad_in = QkvGradIn().dq(q2).dk(k2).dv(v2);
+  const QkvGradOut grad_out = QkvGradOut().dq(q).dk(k).dv(v);
+  time_exchange(2, c, ex.comm, input_bytes(po, Direction::seq_to_head), [&] { ex.head_to_seq_backward(po, o, o2, ws); }, res);
+  time_exchange(3, c, ex.comm, input_bytes(qkv, Direction::head_to_seq), [&] { ex.seq_to_head_backward(qkv, grad_in, grad_out, ws, tx_back); }, res);
+}
+
 template <class Comm>
 Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
   Result res;
   const int P = comm.size(), r = comm.rank();
   const auto seq = SeqPartition::balanced(c.seq, P);
   const std::vector<SeqChunk> mine = seq.chunks_of(r);
-  // q, k, v in one plan (one exchange), the output o in another; k and v serve q and sum their
-  // replicas in head→seq (the backward of seq→head).
-  const AttentionSpecs a = attention_specs<float>(P, {c.heads, c.kv_heads, c.head_dim, c.v_head_dim},
-                                                  c.balanced ? HeadPolicy::balanced : HeadPolicy::even);
+  // q, k, v in one plan (one exchange), the output o in another, both made by the layer's
+  // DistributedAttentionPlan: the engine's tensors in --layout, the head side bshd; k and v serve
+  // q and sum their replicas in head→seq (the backward of seq→head).
+  AttentionSpecs a = attention_specs<float>(P, {c.heads, c.kv_heads, c.head_dim, c.v_head_dim}, c.balanced ? HeadPolicy::balanced : HeadPolicy::even);
   // --rope: q and k planned row by row, so that the call's RowTransforms rotate them in the copy.
-  std::vector<TensorSpec> qkv_specs = a.qkv();
-  if (c.rope) qkv_specs[0].with_row_transforms(), qkv_specs[1].with_row_transforms();
+  a.q.with_row_transforms(c.rope);
+  a.k.with_row_transforms(c.rope);
   // --wire: q and k travel on that wire (each head row quantized on pack, dequantized on unpack).
-  if (c.wire != Wire::element) qkv_specs[0].with_wire(c.wire), qkv_specs[1].with_wire(c.wire);
-  Plan qkv({P, r}, c.batch, seq, qkv_specs, c.layout);
+  if (c.wire != Wire::element) {
+    a.q.with_wire(c.wire);
+    a.k.with_wire(c.wire);
+  }
+  DistributedAttentionOptions opt;
+  opt.seq_format = c.layout;
+  const DistributedAttentionPlan layer({P, r}, c.batch, seq, a, false, opt);
+  const Plan &qkv = layer.qkv_plan(), &po = layer.out_plan();
   // RoPE of q and k fused into the pack of seq->head (positions: the global token), and its
   // inverse on the unpack of the backward's head->seq of dq and dk (empty without --rope).
   std::optional<Rope> rope, rope_inv;
@@ -567,145 +715,49 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     tx.on_pack(0, *rope).on_pack(1, *rope);
     tx_back.on_unpack(0, *rope_inv).on_unpack(1, *rope_inv);
   }
-  Plan po({P, r}, c.batch, seq, a.out(), c.layout);
-  std::vector<std::byte> ws(std::max(qkv.workspace_bytes(), po.workspace_bytes()));
   Exchanges<Comm> ex{comm};
   res.path = ex.path(qkv);
-
-  // ---- forward: q, k, v by name, seq-sharded → head-sharded in one exchange ----
-  std::vector<float> q = seq_input(0, qkv.seq_layout(0), qkv.seq_bytes(0), mine), k = seq_input(1, qkv.seq_layout(1), qkv.seq_bytes(1), mine),
-                     v = seq_input(2, qkv.seq_layout(2), qkv.seq_bytes(2), mine);
-  std::vector<float> q2 = buffer(qkv.head_bytes(0)), k2 = buffer(qkv.head_bytes(1)), v2 = buffer(qkv.head_bytes(2));
+  const std::vector<float> q = seq_input(0, qkv.seq_layout(0), qkv.seq_bytes(0), mine), k = seq_input(1, qkv.seq_layout(1), qkv.seq_bytes(1), mine),
+                           v = seq_input(2, qkv.seq_layout(2), qkv.seq_bytes(2), mine);
+  const std::vector<float> dout = c.backward ? seq_input(3, po.seq_layout(0), po.seq_bytes(0), mine) : std::vector<float>{};
   const QkvIn qkv_in = QkvIn().q(q).k(k).v(v);
-  ex.seq_to_head(qkv, qkv_in, QkvOut().q(q2).k(k2).v(v2), ws, tx);
-  if (c.wire != Wire::element) {  // every received q and k element within the wire's element bound
-    const WireElementBound eb = wire_element_bound(c.wire);
-    for (int t = 0; t < 2; ++t) {
-      const Layout& l = qkv.head_layout(t);
-      const std::vector<float>& x = t == 0 ? q2 : k2;
-      const std::int64_t h0 = qkv.tensor(t).heads.begin(r);
-      for (std::int64_t b = 0; b < c.batch; ++b)
-        for (std::int64_t s = 0; s < c.seq; ++s)
-          for (std::int64_t h = 0; h < l.extent[2]; ++h) {
-            double amax = 0;
-            for (std::int64_t d = 0; d < c.head_dim; ++d) amax = std::max(amax, std::abs(static_cast<double>(input_value(t, b, s, h0 + h, d))));
-            for (std::int64_t d = 0; d < c.head_dim; ++d) {
-              const double want = input_value(t, b, s, h0 + h, d), got = x[static_cast<std::size_t>(l.offset(b, s, h, d))];
-              const double ratio = std::abs(got - want) / (eb.eps * std::abs(want) + eb.unit * amax + eb.abs);
-              res.element_ratio = std::isnan(ratio) ? INFINITY : std::max(res.element_ratio, ratio);
-            }
-          }
-    }
-  }
 
-  // Attention for this rank's query heads over all S tokens (and, with --backward, its gradients
-  // from the head-sharded do: dq2 of its query heads, partial dk2, dv2 of the kv heads it holds).
-  const std::int64_t S = c.seq, Hr = a.query_heads.count(r);
-  const Layout &lq = qkv.head_layout(0), &lk = qkv.head_layout(1), &lv = qkv.head_layout(2), &lo = po.head_layout(0);
-  std::vector<float> o = buffer(po.head_bytes(0)), do_seq, do2, dq2, dk2, dv2;
-  if (c.backward) {
-    // do → head-sharded: head_to_seq_backward(po, ...), which is seq→head of po (the backward
-    // calls refuse a plan whose replicated heads take their owner's copy; o has none).
-    do_seq = seq_input(3, po.seq_layout(0), po.seq_bytes(0), mine);
-    do2 = buffer(po.head_bytes(0));
-    ex.head_to_seq_backward(po, do_seq, do2, ws);
-    dq2 = buffer(qkv.head_bytes(0)), dk2 = buffer(qkv.head_bytes(1)), dv2 = buffer(qkv.head_bytes(2));
+  // ---- the layer: host communicators through distributed_attention(), --device cuda exchange by exchange ----
+  HeadGrads grads;
+  LayerOut got;
+  if constexpr (kHostComm<Comm>) {
+    got = library_layer(comm, c, layer, qkv_in, dout, tx, tx_back, res, &grads);
+  } else {
+    got = exchange_layer(ex, c, a, qkv, po, qkv_in, dout, res, grads);
   }
-  // The attention of local query heads [h0, h1), all B batches, from the head-sharded qkv[0..2]
-  // into oh; with `grad` also from the head-sharded dout, dq written, dk and dv added into (in
-  // ascending query-head order: a band's heads then add up as the unbanded loop's do).
-  using Views = std::array<const std::vector<float>*, 3>;
-  using Grads = std::array<std::vector<float>*, 3>;
-  auto attend = [&](std::int64_t h0, std::int64_t h1, const Views& qkv, const std::vector<float>& dout, std::vector<float>& oh,
-                    const Grads& dqkv, bool grad) {
-    std::vector<float> O(static_cast<std::size_t>(S * c.v_head_dim)), dQ(static_cast<std::size_t>(S * c.head_dim)),
-        dK(static_cast<std::size_t>(S * c.head_dim)), dV(static_cast<std::size_t>(S * c.v_head_dim));
-    for (std::int64_t b = 0; b < c.batch; ++b)
-      for (std::int64_t h = h0; h < h1; ++h) {
-        const std::int64_t kv = a.local_kv_head(r, h);
-        const auto Q = rows_of(*qkv[0], lq, b, h), K = rows_of(*qkv[1], lk, b, kv), V = rows_of(*qkv[2], lv, b, kv);
-        std::vector<float> G;
-        if (grad) G = rows_of(dout, lo, b, h);
-        std::fill(dK.begin(), dK.end(), 0.f), std::fill(dV.begin(), dV.end(), 0.f);
-        attention_head<float>(Q.data(), K.data(), V.data(), grad ? G.data() : nullptr, S, c.head_dim, c.v_head_dim, 0, S, O.data(),
-                              dQ.data(), dK.data(), dV.data());
-        for (std::int64_t s = 0; s < S; ++s) {
-          for (std::int64_t d = 0; d < c.v_head_dim; ++d) oh[static_cast<std::size_t>(lo.offset(b, s, h, d))] = O[static_cast<std::size_t>(s * c.v_head_dim + d)];
-          if (!grad) continue;
-          for (std::int64_t d = 0; d < c.head_dim; ++d) {
-            (*dqkv[0])[static_cast<std::size_t>(lq.offset(b, s, h, d))] = dQ[static_cast<std::size_t>(s * c.head_dim + d)];
-            (*dqkv[1])[static_cast<std::size_t>(lk.offset(b, s, kv, d))] += dK[static_cast<std::size_t>(s * c.head_dim + d)];
-          }
-          for (std::int64_t d = 0; d < c.v_head_dim; ++d) (*dqkv[2])[static_cast<std::size_t>(lv.offset(b, s, kv, d))] += dV[static_cast<std::size_t>(s * c.v_head_dim + d)];
-        }
-      }
-  };
-  auto t0 = Clock::now();
-  attend(0, Hr, Views{&q2, &k2, &v2}, do2, o, Grads{&dq2, &dk2, &dv2}, c.backward);
-  res.attention_ms = ms_since(t0);
-
-  std::vector<float> out = buffer(po.seq_bytes(0));
-  ex.head_to_seq(po, o, out, ws);
   constexpr bool timed = PathSupport<Comm, HostExecutor>::same_memory && detail::has_allgather<Comm>::value;
-  if constexpr (timed) {  // timing runs after the checked ones, into buffers of their own
-    std::vector<float> q3 = buffer(qkv.head_bytes(0)), k3 = buffer(qkv.head_bytes(1)), v3 = buffer(qkv.head_bytes(2)), out2 = buffer(po.seq_bytes(0));
-    const QkvOut qkv_out = QkvOut().q(q3).k(k3).v(v3);
-    time_exchange(0, c, comm, input_bytes(qkv, Direction::seq_to_head), [&] { ex.seq_to_head(qkv, qkv_in, qkv_out, ws, tx); }, res);
-    time_exchange(1, c, comm, input_bytes(po, Direction::head_to_seq), [&] { ex.head_to_seq(po, o, out2, ws); }, res);
-  }
+  if constexpr (timed) time_layer_exchanges(ex, c, qkv, po, qkv_in, tx, tx_back, res);  // after the checked run, on buffers of their own
   res.bytes_s2h = static_cast<double>(input_bytes(qkv, Direction::seq_to_head));
   res.bytes_h2s = static_cast<double>(input_bytes(po, Direction::head_to_seq));
-
-  // ---- backward: dq, dk, dv back to the seq sharding, summing the kv heads' partial gradients ----
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dk_unsummed, dv_unsummed;
   if (c.backward) {
-    dq = buffer(qkv.seq_bytes(0)), dk = buffer(qkv.seq_bytes(1)), dv = buffer(qkv.seq_bytes(2));
-    // seq_to_head_backward by name: head→seq of qkv, whose k and v sum their replicas.
-    const QkvGradIn grad_in = QkvGradIn().dq(dq2).dk(dk2).dv(dv2);
-    ex.seq_to_head_backward(qkv, grad_in, QkvGradOut().dq(dq).dk(dk).dv(dv), ws, tx_back);
     res.bytes_replica = static_cast<double>(qkv.replica_bytes(Direction::head_to_seq));
-    if constexpr (timed) {
-      std::vector<float> do2b = buffer(po.head_bytes(0)), dqb = buffer(qkv.seq_bytes(0)), dkb = buffer(qkv.seq_bytes(1)),
-                         dvb = buffer(qkv.seq_bytes(2));
-      const QkvGradOut grad_out = QkvGradOut().dq(dqb).dk(dkb).dv(dvb);
-      time_exchange(2, c, comm, input_bytes(po, Direction::seq_to_head), [&] { ex.head_to_seq_backward(po, do_seq, do2b, ws); }, res);
-      time_exchange(3, c, comm, input_bytes(qkv, Direction::head_to_seq), [&] { ex.seq_to_head_backward(qkv, grad_in, grad_out, ws, tx_back); }, res);
-    }
     // What an engine that takes one rank's copy instead of the sum gets (the fault this prevents):
-    // the same gradients through a plan whose k and v take their owner's copy.
+    // the same head-side gradients through a plan whose k and v take their owner's copy.
     Plan owner({P, r}, c.batch, seq,
-               {TensorSpec(a.q).with_row_transforms(c.rope), TensorSpec(a.k).with_replicas(Replicas::owner).with_row_transforms(c.rope),
-                TensorSpec(a.v).with_replicas(Replicas::owner)},
-               c.layout);
-    std::vector<float> dq_u = buffer(owner.seq_bytes(0)), dk_u = buffer(owner.seq_bytes(1)), dv_u = buffer(owner.seq_bytes(2));
+               {qkv.tensor(0), TensorSpec(qkv.tensor(1)).with_replicas(Replicas::owner), TensorSpec(qkv.tensor(2)).with_replicas(Replicas::owner)},
+               Format::bshd);
+    std::vector<float> dq_u = buffer(owner.seq_bytes(0));
+    dk_unsummed = buffer(owner.seq_bytes(1)), dv_unsummed = buffer(owner.seq_bytes(2));
     std::vector<std::byte> ws_u(owner.workspace_bytes());
-    ex.inverse(owner, {dq2, dk2, dv2}, {dq_u, dk_u, dv_u}, ws_u, tx_back);
-    dk2 = std::move(dk_u), dv2 = std::move(dv_u);  // kept for the comparison below
+    ex.inverse(owner, {grads.dq, grads.dk, grads.dv}, {dq_u, dk_unsummed, dv_unsummed}, ws_u, tx_back);
   }
 
-  // ---- --bands G: the layer again through the head-band pipeline, compared bit for bit ----
+  // ---- --bands G: the layer again through distributed_attention() over G head bands, compared bit for bit ----
   if constexpr (kHostComm<Comm>) {
     if (c.bands > 0) {
       const auto tb = Clock::now();
-      const HeadBands hb({P, r}, c.batch, seq, a, c.bands, c.layout);
-      HostExecutor exec;
-      std::vector<float> q3 = buffer(qkv.head_bytes(0)), k3 = buffer(qkv.head_bytes(1)), v3 = buffer(qkv.head_bytes(2)), o3 = buffer(po.head_bytes(0)),
-                         out3 = buffer(po.seq_bytes(0));
-      std::vector<std::byte> wq(hb.qkv().workspace_bytes()), wo(hb.out().workspace_bytes());
-      const Views qkv3{&q3, &k3, &v3};
-      banded_attention(hb, comm, exec, qkv_in.list(), QkvOut().q(q3).k(k3).v(v3).list(), wq, o3, out3, wo,
-                       [&](const Band& b) { attend(b.query.lo, b.query.hi, qkv3, do2, o3, Grads{}, false); });
-      res.bands_diff = bits_differ(out, out3);
-      if (c.backward) {
-        std::vector<float> do3 = buffer(po.head_bytes(0)), o_bwd = buffer(po.head_bytes(0)), dq3 = buffer(qkv.head_bytes(0)),
-                           dk3 = buffer(qkv.head_bytes(1)), dv3 = buffer(qkv.head_bytes(2)), dq3s = buffer(qkv.seq_bytes(0)),
-                           dk3s = buffer(qkv.seq_bytes(1)), dv3s = buffer(qkv.seq_bytes(2));
-        banded_attention_backward(hb, comm, exec, do_seq, do3, wo, QkvGradIn().dq(dq3).dk(dk3).dv(dv3).list(),
-                                  QkvGradOut().dq(dq3s).dk(dk3s).dv(dv3s).list(), wq, [&](const Band& b) {
-                                    attend(b.query.lo, b.query.hi, qkv3, do3, o_bwd, Grads{&dq3, &dk3, &dv3}, true);
-                                  });
-        res.bands_diff += bits_differ(dq, dq3s) + bits_differ(dk, dk3s) + bits_differ(dv, dv3s);
-      }
+      DistributedAttentionOptions ob = opt;
+      ob.bands = c.bands;
+      Result scratch;
+      const LayerOut banded = library_layer(comm, c, DistributedAttentionPlan({P, r}, c.batch, seq, a, false, ob), qkv_in, dout, tx, tx_back, scratch, nullptr);
+      res.bands_diff = bits_differ(got.out, banded.out);
+      if (c.backward) res.bands_diff += bits_differ(got.dq, banded.dq) + bits_differ(got.dk, banded.dk) + bits_differ(got.dv, banded.dv);
       res.bands_ms = ms_since(tb);
     }
   }
@@ -719,17 +771,18 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
     own = reference(c, rows, c.backward);
     shared_ref = &own;
   }
-  res.err_o = max_error(out, po.seq_layout(0), mine, shared_ref->o, S);
+  const std::int64_t S = c.seq;
+  res.err_o = max_error(got.out, po.seq_layout(0), mine, shared_ref->o, S);
   if (c.wire != Wire::element) {
-    res.err_unquantized = max_error(out, po.seq_layout(0), mine, shared_ref->o_unquantized, S);
+    res.err_unquantized = max_error(got.out, po.seq_layout(0), mine, shared_ref->o_unquantized, S);
     res.logit_delta = shared_ref->logit_delta;
   }
   if (c.backward) {
-    res.err_dq = max_error(dq, qkv.seq_layout(0), mine, shared_ref->dq, S);
-    res.err_dk = max_error(dk, qkv.seq_layout(1), mine, shared_ref->dk, S);
-    res.err_dv = max_error(dv, qkv.seq_layout(2), mine, shared_ref->dv, S);
-    res.err_unsummed = std::max(max_error(dk2, qkv.seq_layout(1), mine, shared_ref->dk, S),
-                                max_error(dv2, qkv.seq_layout(2), mine, shared_ref->dv, S));
+    res.err_dq = max_error(got.dq, qkv.seq_layout(0), mine, shared_ref->dq, S);
+    res.err_dk = max_error(got.dk, qkv.seq_layout(1), mine, shared_ref->dk, S);
+    res.err_dv = max_error(got.dv, qkv.seq_layout(2), mine, shared_ref->dv, S);
+    res.err_unsummed = std::max(max_error(dk_unsummed, qkv.seq_layout(1), mine, shared_ref->dk, S),
+                                max_error(dv_unsummed, qkv.seq_layout(2), mine, shared_ref->dv, S));
   }
   res.pack_ms = ex.phase_ms[0], res.exchange_ms = ex.phase_ms[1], res.unpack_ms = ex.phase_ms[2];
   return res;
@@ -780,12 +833,11 @@ Result run_rank(Comm& comm, const Config& c, const Reference* shared_ref) {
       "        plus half a subnormal step of the row's scale); o against the unquantized reference within the bound\n"
       "        (e^(2 delta) - 1) max|v| + tolerance, delta the largest logit change (measured in the reference; and\n"
       "        the a priori delta from the element bound, printed). Host executor only; not with --rope, --backward, --ring.\n"
-      "--bands G: the layer once more through the head-band pipeline (banded_attention(), with --backward\n"
-      "        banded_attention_backward(); docs/overlap.md): G bands of each rank's query heads, GQA groups whole;\n"
+      "--bands G: the layer once more through distributed_attention() over G head bands (DistributedAttentionOptions::bands;\n"
+      "        docs/overlap.md): G bands of each rank's query heads, GQA groups whole;\n"
       "        o (and dq, dk, dv) must equal the unbanded layer's bit for bit. With --ring R: the hybrid through\n"
       "        distributed_attention() over G bands x R ring steps (each band's k|v rotating as its own block),\n"
-      "        against the unbanded hybrid bit for bit. Host only; not with --docs, --allgather-kv, --wire,\n"
-      "        nor --rope without --ring. 1 <= G <= 64.\n"
+      "        against the unbanded hybrid bit for bit. Host only; not with --docs, --allgather-kv, --wire. 1 <= G <= 64.\n"
       "--device cuda: q, k, v and o are redistributed on the GPU (P virtual ranks on one device,\n"
       "               CUDA executor + in-process device group); attention stays on the host.\n");
   std::exit(code);
@@ -883,8 +935,8 @@ Config parse(int argc, char** argv) {
     std::fprintf(stderr, "--wire runs on the host executor (--device cpu: only HostExecutor runs wires), without --ring, --rope, --backward\n");
     std::exit(2);
   }
-  if (c.bands > 0 && (c.device != "cpu" || !c.docs.empty() || c.allgather || (c.rope && c.ring == 0) || c.wire != Wire::element)) {
-    std::fprintf(stderr, "--bands runs on the host (--device cpu), without --docs, --allgather-kv, --wire, and --rope only with --ring\n");
+  if (c.bands > 0 && (c.device != "cpu" || !c.docs.empty() || c.allgather || c.wire != Wire::element)) {
+    std::fprintf(stderr, "--bands runs on the host (--device cpu), without --docs, --allgather-kv, --wire\n");
     std::exit(2);
   }
   if (!c.docs.empty()) {
@@ -936,7 +988,10 @@ int report(const Config& c, int P, const Result& m) {
     std::printf("  q and k travel seq->head on the %s wire (TensorSpec::with_wire; v on its elements); the attention runs on the\n"
                 "  dequantized q, k\n", to_string(c.wire));
   if (c.device == "cuda")
-    std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup); attention on the host\n", P);
+    std::printf("  device: CUDA, %d virtual ranks on one GPU (CudaExecutor + DeviceLocalGroup), exchange by exchange; attention on the host\n", P);
+  else
+    std::printf("  the layer: distributed_attention()%s around this demo's fp32 kernel (docs/attention.md)\n",
+                c.backward ? " and distributed_attention_backward()" : "");
   std::printf("  bytes a rank (its input tensors, own chunk included, as nccl-tests counts an all-to-all; the largest rank's):\n"
               "  seq->head (q,k,v in one exchange) %.3f MiB, head->seq (o) %.3f MiB; path: %s%s\n",
               m.bytes_s2h / (1 << 20), m.bytes_h2s / (1 << 20), to_string(m.path),
@@ -996,9 +1051,9 @@ int report(const Config& c, int P, const Result& m) {
                 m.err_unsummed);
   if (c.bands > 0) {
     const bool same = m.bands_diff == 0;
-    std::printf("  head bands: the layer again in %d band%s (banded_attention()%s: seq->head of band g+1 and head->seq of band g-1\n"
-                "  around the attention of band g), %.1f ms; elements differing from the unbanded layer (o%s): %.0f: %s\n",
-                c.bands, c.bands == 1 ? "" : "s", c.backward ? ", banded_attention_backward()" : "", m.bands_ms, c.backward ? ", dq, dk, dv" : "", m.bands_diff,
+    std::printf("  head bands: the layer again in %d band%s (distributed_attention()%s with options.bands: seq->head of band g+1 and\n"
+                "  head->seq of band g-1 around the attention of band g), %.1f ms; elements differing from the unbanded layer (o%s): %.0f: %s\n",
+                c.bands, c.bands == 1 ? "" : "s", c.backward ? " and its backward" : "", m.bands_ms, c.backward ? ", dq, dk, dv" : "", m.bands_diff,
                 same ? "OK" : "FAILED");
     ok = ok && same;
   }
