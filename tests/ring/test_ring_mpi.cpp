@@ -108,6 +108,20 @@ void check_same_bits(const ulysses_ring_demo::RingRankResult& got, const ulysses
   CHECK(same(got.dk, want.dk));
   CHECK(same(got.dv, want.dv));
 }
+
+/// f(U, R, m) for every factorisation U x R of the world (U ascending), m the world split into
+/// nodes of U ranks (split_ring(): index == world rank), freed after f.
+template <class F>
+void for_each_mesh(F&& f) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (int U = 1; U <= W; ++U) {
+    if (W % U) continue;
+    MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, W / U, U);
+    f(U, W / U, m);
+    m.free();
+  }
+}
 }  // namespace
 
 TEST_CASE("MPI ring rotation: every factorisation U x R of the world, bit-exact, in order, both progress modes") {
@@ -421,12 +435,7 @@ TEST_CASE("MPI whole attention through Ulysses x Ring: every U x R, causal zigza
 
 TEST_CASE("MPI RoPE in distributed_attention: every U x R, causal zigzag, GQA; q, k rotated in seq->head at global tokens, dq, dk by the inverse, on MpiComm and MpiWindowComm; bit-identical to in-process") {
   namespace rd = ulysses_ring_demo;
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  for (int U = 1; U <= W; ++U) {
-    if (W % U) continue;
-    const int R = W / U;
-    MpiRingMesh m = split_ring(MPI_COMM_WORLD, U, R, U);
+  for_each_mesh([](int U, int R, MpiRingMesh& m) {
     rd::RingCase c;
     c.U = U, c.R = R, c.B = 2, c.D = 8, c.Dv = 6, c.H = 2 * U, c.Hkv = std::max(1, U / 2), c.S = 4 * R * U + 3, c.rope = true;
     c.bands = U > 1 ? 2 : 1;
@@ -441,8 +450,7 @@ TEST_CASE("MPI RoPE in distributed_attention: every U x R, causal zigzag, GQA; q
       check_same_bits(rd::ring_rank_attention(c, g, m.index, wuly, ring, true), want);
     }
     CHECK(rd::rank_errors(c, rd::case_reference(c, g, true), m.index, want).max() < 2e-5);
-    m.free();
-  }
+  });
 }
 
 TEST_CASE("MPI head bands: distributed_attention over G = 2 .. 4 bands on MpiComm and MpiWindowComm (MHA, GQA groups split across bands, MQA replicated); the in-process unbanded bits") {
