@@ -110,8 +110,17 @@ void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, B
     if (!plan.tensor(t).by_rows())
       fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) +
                                     ", whose plan was not built for them: plan it with TensorSpec::with_row_transforms()");
-    for (const RowTransformRef& r : {tx->pack(t), tx->unpack(t)})
-      if (r && r.check) r.check(r.object, plan.batch(), plan.seq().seq_len(), plan.tensor(t).head_dim);
+    for (int side = 0; side < 2; ++side) {
+      const RowTransformRef r = side == 0 ? tx->pack(t) : tx->unpack(t);
+      if (!r || !r.check) continue;
+      try {
+        r.check(r.object, plan.batch(), plan.seq().seq_len(), plan.tensor(t).head_dim);
+      } catch (const Error& e) {  // (named: which tensor, which side)
+        const std::string what = e.what(), head = std::string("ulysses: ") + to_string(e.code()) + ": ";
+        fail(e.code(), call + ": the " + (side == 0 ? "pack" : "unpack") + " transform of tensor " + std::to_string(t) + " refuses its rows: " +
+                           (what.compare(0, head.size(), head) == 0 ? what.substr(head.size()) : what));
+      }
+    }
   }
   if constexpr (!executor_traits<Exec>::row_transforms)
     fail(Errc::invalid_shape, call + ": row transforms were given, but the executor applies none (HostExecutor does; "

@@ -1025,3 +1025,38 @@ TEST_CASE("seq_format: the engine's seq-sharded tensors in sbhd or bhsd give the
   CHECK(code == Errc::invalid_shape);
   CHECK(what.find("seq_format = sbhd") != std::string::npos);
 }
+
+TEST_CASE("row transforms: a transform for a tensor not planned by rows, or outside q, k, v, is refused in the attention's terms on every rank") {
+  const int P = 2;
+  const std::int64_t S = 16;
+  const AttentionSpecs specs = attention_specs<float>(P, {4, 2, 8});  // (q, k, v not planned by rows)
+  const Rope rope(8, S);
+  std::vector<std::pair<Errc, std::string>> fwd(P), bwd(P), bad(P);
+  LocalGroup(P, std::chrono::seconds(30)).spawn([&](LocalGroup::Comm& comm) {
+    const int w = comm.rank();
+    const DistributedAttentionPlan plan({P, w}, 1, SeqPartition::balanced(S, P), specs, true);
+    std::vector<float> x(1 << 12);
+    std::vector<std::byte> saved(plan.saved_bytes()), ws(std::max(plan.forward_workspace_bytes(), plan.backward_workspace_bytes()));
+    const auto W = static_cast<std::size_t>(w);
+    fwd[W] = ut::error_of([&] {
+      distributed_attention(plan, comm, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, saved, ws, RowTransforms().on_pack(1, rope));
+    });
+    bwd[W] = ut::error_of([&] {
+      distributed_attention_backward(plan, comm, ConstByteSpan(x), QkvGradOut().dq(x).dk(x).dv(x), rd::step_backward, saved, ws,
+                                     RowTransforms().on_unpack(0, rope));
+    });
+    bad[W] = ut::error_of([&] {
+      distributed_attention(plan, comm, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, saved, ws, RowTransforms().on_pack(3, rope));
+    });
+  });
+  for (int w = 0; w < P; ++w) {
+    const auto W = static_cast<std::size_t>(w);
+    CHECK(fwd[W].first == Errc::invalid_shape);
+    CHECK(fwd[W].second.find("distributed_attention: a row transform was given for k (tensor 1)") != std::string::npos);
+    CHECK(fwd[W].second.find("specs.k.with_row_transforms()") != std::string::npos);
+    CHECK(bwd[W].first == Errc::invalid_shape);
+    CHECK(bwd[W].second.find("distributed_attention_backward: a row transform was given for dq (tensor 0)") != std::string::npos);
+    CHECK(bad[W].first == Errc::invalid_shape);
+    CHECK(bad[W].second.find("tensor 3; the tensors are 0, 1, 2 (q, k, v)") != std::string::npos);
+  }
+}

@@ -343,7 +343,7 @@ TEST_CASE("cross-rank agreement (on by default, every build): a rank that planne
   const std::vector<Variant> variants = {
       {"the sequence length S", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(r == 2 ? 12 : 8, P), {TensorSpec::of<float>(q, 4)}); }},
       {"the head partition of tensor 0", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(HeadPartition::even(r == 2 ? 4 : 8, P), 4)}); }},
-      {"the head dim and element size of tensor 0 (rank 2: D=4, 8-byte elements; rank 0: D=4, 4-byte elements)", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
+      {"the rows of tensor 0: head dim, element size, row transforms and wire (rank 2: D=4, 8-byte elements; rank 0: D=4, 4-byte elements)", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {r == 2 ? TensorSpec::of<double>(q, 4) : TensorSpec::of<float>(q, 4)}); }},
       {"the sequence partition", [&](int r) { return Plan({P, r}, 1, r == 2 ? SeqPartition::lengths(8, P, {3, 1, 2, 2}) : SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}); }},
       {"the number of stages K", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{r == 2 ? 2 : 1}); }},
       {"the path and stage options (PlanOptions::path, in_place_messages, head_bands)", [&](int r) { return Plan({P, r}, 1, SeqPartition::even(8, P), {TensorSpec::of<float>(q, 4)}, Format::bshd, PlanOptions{1, r != 2}); }},

@@ -326,6 +326,7 @@ TEST_CASE("a row transform's errors, on every rank before any byte moves: a tens
     CHECK(e[1].second.find("with_row_transforms") != std::string::npos);
     CHECK(e[2].second.find("tensor 5") != std::string::npos);
     CHECK(e[3].second.find("max_position") != std::string::npos);
+    CHECK(e[3].second.find("the unpack transform of tensor 0 refuses its rows") != std::string::npos);  // (which tensor, which side)
     CHECK(e[4].second.find("executor") != std::string::npos);
   }
   CHECK(ut::code_of([] {
@@ -337,6 +338,12 @@ TEST_CASE("a row transform's errors, on every rank before any byte moves: a tens
   CHECK(ut::code_of([] {
           Plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 2048).with_row_transforms()});
         }) == Errc::invalid_shape);
+  // A wire alone plans by rows: the refusal names the wire, not with_row_transforms().
+  const auto [code, what] = ut::error_of([] {
+    Plan({1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<float>(HeadPartition::even(2, 1), 2048).with_wire(Wire::fp8_e4m3)});
+  });
+  CHECK(code == Errc::invalid_shape);
+  CHECK(what.find("tensor 0 (with_wire(fp8_e4m3): planned by rows): head_dim D=2048") != std::string::npos);
 }
 
 TEST_CASE("with_row_transforms() is in the agreement record: ranks that differ get plan_mismatch on every rank") {
@@ -492,7 +499,7 @@ TEST_CASE("fp8 wire bytes: (D + 4) / (2 D) of the bf16 wire for the fp8 tensors,
   const std::size_t a = bf.stage_lists(Direction::seq_to_head).send_total, b = f8.stage_lists(Direction::seq_to_head).send_total;
   CHECK(b * 2 * D == a * (D + 4));  // 0.515625 at D = 128
   CHECK(f8.agreement_record() != bf.agreement_record());
-  CHECK(Plan::agreement_field(detail::kElementWord) == "the head dim and element size of tensor 0");
+  CHECK(Plan::agreement_field(detail::kElementWord) == "the rows of tensor 0: head dim, element size, row transforms and wire");
   CHECK(detail::agreement_value(detail::kElementWord, f8.agreement_record()[detail::kElementWord]) ==
         "D=128, 2-byte elements, row transforms, wire fp8_e4m3");
 }

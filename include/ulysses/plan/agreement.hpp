@@ -100,7 +100,8 @@ inline std::string Plan::agreement_field(int i) {
                                        "the path and stage options (PlanOptions::path, in_place_messages, head_bands)"};
   if (i < 8) return first[i];
   if (i < detail::kElementWord) return "the head partition of tensor " + std::to_string(i - detail::kHeadsWord);
-  if (i < detail::kReplicasWord) return "the head dim and element size of tensor " + std::to_string(i - detail::kElementWord);
+  if (i < detail::kReplicasWord)
+    return "the rows of tensor " + std::to_string(i - detail::kElementWord) + ": head dim, element size, row transforms and wire";
   if (i < detail::kReplicasWord + kMaxTensors) return "the replica handling (Replicas, element type) of tensor " + std::to_string(i - detail::kReplicasWord);
   if (i == detail::kNodesWord) return "the node layout of the two-level exchange (PlanOptions::nodes, lanes)";
   if (i == detail::kRingWord) return "the Ulysses x Ring configuration (PlanOptions::ring: U, R, ring layout, causal, S, messages a block, packed documents, kv by all-gather)";

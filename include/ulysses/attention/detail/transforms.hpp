@@ -51,7 +51,8 @@ class AttentionRowTransforms {
       fail(Errc::invalid_shape, std::string(call) +
                                     ": row transforms run in the seq->head exchange of q|k|v (and the head->seq of dq|dk|dv); an "
                                     "all-gather-KV plan has none (q stays on its tokens, k|v are gathered): transform them before the call");
-    if (!p.has_ring_plan() || user.has_bad_index()) return;  // (a bad index: the exchange refuses the set, naming it)
+    check_planned(p, user, call);
+    if (!p.has_ring_plan()) return;
     const RingPlan& rp = p.ring_plan();
     const std::int64_t L = rp.ulysses_partition().seq_len();
     global_.resize(static_cast<std::size_t>(L));
@@ -62,6 +63,26 @@ class AttentionRowTransforms {
       if (user.unpack(t)) own_.on_unpack(t, wrap_[1][t] = GlobalTokenRows{user.unpack(t), global_.data(), S});
     }
     user_ = &own_;
+  }
+  /// The engine's names for the call's tensors: a transform for a tensor outside q, k, v, or for
+  /// one whose spec was not planned by rows, refused in the attention's terms (the exchange
+  /// would name seq_to_head and a tensor index).
+  static void check_planned(const DistributedAttentionPlan& p, const RowTransforms& user, const char* call) {
+    static const char* const names[3] = {"q", "k", "v"};
+    const bool fwd = std::string(call) == "distributed_attention";
+    if (user.has_bad_index())
+      fail(Errc::invalid_shape, std::string(call) + ": a row transform was given for tensor " + std::to_string(user.bad_index()) +
+                                    "; the tensors are 0, 1, 2 (" + (fwd ? "q, k, v" : "dq, dk, dv") + ")");
+    for (int t = 0; t < kMaxTensors; ++t) {
+      if (!user.any(t)) continue;
+      if (t >= 3)
+        fail(Errc::invalid_shape, std::string(call) + ": a row transform was given for tensor " + std::to_string(t) + "; the tensors are 0, 1, 2 (" +
+                                      (fwd ? "q, k, v" : "dq, dk, dv") + ")");
+      if (!p.qkv_plan().tensor(t).by_rows())
+        fail(Errc::invalid_shape, std::string(call) + ": a row transform was given for " + (fwd ? "" : "d") + names[t] +
+                                      " (tensor " + std::to_string(t) + "), but the plan's " + names[t] + " was not planned by rows: call specs." +
+                                      names[t] + ".with_row_transforms() on the AttentionSpecs before making the plan");
+    }
   }
   AttentionRowTransforms(const AttentionRowTransforms&) = delete;
   AttentionRowTransforms& operator=(const AttentionRowTransforms&) = delete;

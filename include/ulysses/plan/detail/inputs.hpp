@@ -191,7 +191,7 @@ class PlanFields {
   /// What a tensor planned with_row_transforms() needs: a type the rows can be loaded as, rows
   /// that fit the executor's row buffer, D contiguous on both sides.
   static void check_row_transforms(const TensorSpec& x, int t) {
-    const std::string name = "tensor " + std::to_string(t) + " (with_row_transforms)";
+    const std::string name = "tensor " + std::to_string(t) + (x.wire == Wire::element ? " (with_row_transforms)" : " (with_wire(" + std::string(to_string(x.wire)) + "): planned by rows)");
     if (!summable(x.type))
       detail::fail(Errc::invalid_shape, name + ": row transforms load float16, bfloat16, float32 or float64 elements, but the element "
                                                "type is opaque: declare it (TensorSpec::of<T>(heads, D, ElementType::bfloat16) or with_type())");
