@@ -898,11 +898,11 @@ TEST_CASE("U x AG: Ulysses across, k|v all-gathered over the ring ranks; one seq
       }
 }
 
-TEST_CASE("U x AG errors: the Ulysses-only overload refuses it; a rank that rotates where the others gather is plan_mismatch on every rank") {
+TEST_CASE("U x AG errors: the Ulysses-only overloads refuse it, forward and backward (the backward's would skip the reduce-scatter); a rank that rotates where the others gather is plan_mismatch on every rank") {
   const int U = 2, R = 2;
   const std::int64_t S = 24;
   const AttentionSpecs specs = attention_specs<float>(U, {4, 2, 8});
-  std::vector<Errc> plain(4), mixed(4);
+  std::vector<Errc> plain(4), plain_bwd(4), mixed(4);
   LocalMesh(U, R, std::chrono::seconds(30)).spawn([&](int w, LocalGroup::Comm& uc, LocalGroup::Comm& rc) {
     const RingPlan rp(RingPartition(S, U, R, RingLayout::zigzag), Mesh(4, U, R, 4), w, 1, specs, true);
     const DistributedAttentionPlan ag = DistributedAttentionPlan::allgather(rp);
@@ -914,6 +914,8 @@ TEST_CASE("U x AG errors: the Ulysses-only overload refuses it; a rank that rota
     std::vector<std::byte> b(1 << 16);
     plain[static_cast<std::size_t>(w)] =
         ut::code_of([&] { distributed_attention(ag, uc, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, b, b); });
+    plain_bwd[static_cast<std::size_t>(w)] = ut::code_of(
+        [&] { distributed_attention_backward(ag, uc, ConstByteSpan(x), QkvGradOut().dq(x).dk(x).dv(x), rd::step_backward, b, b); });
     const DistributedAttentionPlan rot(rp);
     const DistributedAttentionPlan& mine = w == 3 ? rot : ag;  // world rank 3 rotates
     std::vector<std::byte> saved(std::max(ag.saved_bytes(), rot.saved_bytes())),
@@ -922,6 +924,7 @@ TEST_CASE("U x AG errors: the Ulysses-only overload refuses it; a rank that rota
         ut::code_of([&] { distributed_attention(mine, uc, rc, QkvIn().q(x).k(x).v(x), ByteSpan(x), rd::step_attention, saved, ws); });
   });
   for (int w = 0; w < 4; ++w) CHECK(plain[static_cast<std::size_t>(w)] == Errc::comm_mismatch);
+  for (int w = 0; w < 4; ++w) CHECK(plain_bwd[static_cast<std::size_t>(w)] == Errc::comm_mismatch);
   for (int w = 0; w < 4; ++w) CHECK(mixed[static_cast<std::size_t>(w)] == Errc::plan_mismatch);
 }
 

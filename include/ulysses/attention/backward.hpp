@@ -329,14 +329,13 @@ void distributed_attention_backward(const DistributedAttentionPlan& plan, Ulysse
 }
 
 /// Plain Ulysses' backward (no ring, a plan of R = 1), as above.
-/// @throws Error(comm_mismatch) a plan with R > 1; as above.
+/// @throws Error(comm_mismatch) a plan with R > 1, or U × AG (whose dk|dv must be reduce-scattered
+///         over its ring group); as above.
 template <class UlyssesComm, class AttentionBackward>
 void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, ConstByteSpan dout, const QkvGradOut& grads,
                                     AttentionBackward&& backward, ConstByteSpan saved, Workspace workspace,
                                     const RowTransforms& transforms = {}) {
-  if (plan.steps() != 1)
-    detail::fail(Errc::comm_mismatch, "distributed_attention_backward: the plan has R=" + std::to_string(plan.steps()) +
-                                          " ring steps; pass its ring communicator too (the overload with `ring`)");
+  detail::require_no_ring(plan, "distributed_attention_backward");
   detail::NoRing* none = nullptr;
   detail::attention_guard(ulysses, none, "distributed_attention_backward",
                           [&] {

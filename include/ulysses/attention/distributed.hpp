@@ -198,14 +198,11 @@ void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ul
 /// Plain Ulysses (DeepSpeed's DistributedAttention: seq→head, the local attention over all S
 /// tokens, head→seq): distributed_attention() with no ring, for a plan of R = 1. The causal flag
 /// and the partition are agreed in the plans' own agreement check (their first exchange).
-/// @throws Error(comm_mismatch) a plan with R > 1 (it needs its ring); as above.
+/// @throws Error(comm_mismatch) a plan with R > 1, or U × AG (it needs its ring); as above.
 template <class UlyssesComm, class Attention>
 void distributed_attention(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, const QkvIn& qkv, ByteSpan out, Attention&& attention,
                            ByteSpan saved, Workspace workspace, const RowTransforms& transforms = {}) {
-  if (plan.steps() != 1 || plan.is_ulysses_allgather())
-    detail::fail(Errc::comm_mismatch, "distributed_attention: the plan has R=" + std::to_string(plan.has_ring_plan() ? plan.ring_plan().steps() : 1) +
-                                          (plan.is_ulysses_allgather() ? " ring ranks that gather k|v" : " ring steps") +
-                                          "; pass its ring communicator too (the overload with `ring`)");
+  detail::require_no_ring(plan, "distributed_attention");
   detail::NoRing* none = nullptr;
   detail::attention_guard(ulysses, none, "distributed_attention",
                           [&] {

@@ -41,6 +41,16 @@ void break_attention_groups(UC& uc, RC* rc, const char* call, const std::string&
     if (rc) break_group_for(*rc, failure_notice(rc->rank(), call, what));
 }
 
+/// The Ulysses-only overloads (no ring communicator) take plain Ulysses plans only: a plan of R > 1
+/// ring steps, or U × AG (one step, but its k|v gathered over the ring group), needs its ring.
+/// @throws Error(comm_mismatch) such a plan (locally, before any collective).
+inline void require_no_ring(const DistributedAttentionPlan& plan, const char* call) {
+  if (plan.steps() != 1 || plan.is_ulysses_allgather())
+    fail(Errc::comm_mismatch, std::string(call) + ": the plan has R=" + std::to_string(plan.has_ring_plan() ? plan.ring_plan().steps() : 1) +
+                                  (plan.is_ulysses_allgather() ? " ring ranks that gather k|v" : " ring steps") +
+                                  "; pass its ring communicator too (the overload with `ring`)");
+}
+
 /// Runs f(); on an error breaks both groups first (every error but the verdicts every rank reaches
 /// alike, plan_mismatch, and the local comm_mismatch), so that no peer of either group waits out its deadline.
 template <class UC, class RC, class F>
