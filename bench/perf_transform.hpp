@@ -137,8 +137,8 @@ std::vector<Line> lines_at(std::int64_t T, std::int64_t H, std::int64_t D, doubl
 inline int print(const std::vector<Line>& lines, std::int64_t H, std::int64_t D, double theta, int iters, int warmup, bool check) {
   std::printf("# ulysses_perf --op transform: one thread, rows of T tokens x H=%lld heads x D=%lld ([T, H, D]), %d iters after %d warm-up%s\n",
               static_cast<long long>(H), static_cast<long long>(D), iters, warmup, check ? ", checked bit for bit" : "");
-  std::printf("# rope: one transformed BlockCopy through run_block_host() (Rope theta %g, half rotation, on pack: load in double, rotate,\n"
-              "# round once); fp8 e4m3: per row row_amax, fp8_scale_of, quantize_fp8 from the float32 rows (codes + a scale a row);\n"
+  std::printf("# rope: one transformed BlockCopy through run_block_host() (Rope theta %g, half rotation, on pack: widen to float, rotate\n"
+              "# with fma, round once); fp8 e4m3: per row row_amax, fp8_scale_of, quantize_fp8 from the float32 rows (codes + a scale a row);\n"
               "# each alternating with std::memcpy of the same input bytes; time: the median over iterations; GB/s = input bytes / time;\n"
               "# ratio = memcpy(us) / time(us) (1 = memcpy's speed)\n",
               theta);

@@ -13,6 +13,9 @@
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 #define ULYSSES_HOST_AVX2 1
 #define ULYSSES_TARGET_AVX2 __attribute__((target("avx2")))
+// AVX2 with FMA, for loops written with std::fma (an fma is one IEEE operation: the same bits
+// with or without the instruction); AVX-512F implies FMA.
+#define ULYSSES_TARGET_AVX2_FMA __attribute__((target("avx2,fma")))
 // The AVX-512 twin (F, VL, BW, DQ) on 512-bit vectors: GCC's prefer-vector-width, Clang's min_vector_width.
 #if defined(__clang__)
 #define ULYSSES_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), min_vector_width(512)))
@@ -24,6 +27,7 @@
 #else
 #define ULYSSES_HOST_AVX2 0
 #define ULYSSES_TARGET_AVX2
+#define ULYSSES_TARGET_AVX2_FMA
 #define ULYSSES_TARGET_AVX512
 #endif
 // A loop body written once, inlined into its plain caller and its AVX2 twin (and compiled for each).
@@ -39,6 +43,15 @@ namespace detail {
 inline bool host_has_avx2() {
 #if ULYSSES_HOST_AVX2
   static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+#else
+  return false;
+#endif
+}
+/// Whether this CPU runs AVX2 with FMA (the ULYSSES_TARGET_AVX2_FMA twins; asked once).
+inline bool host_has_avx2_fma() {
+#if ULYSSES_HOST_AVX2
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 #else
   return false;

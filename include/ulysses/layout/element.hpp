@@ -143,6 +143,14 @@ ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16(float f) {
   return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
+/// float32 → bfloat16 bits, rounded to nearest, ties to even; a NaN becomes the canonical quiet
+/// NaN 0x7fc0 (SumArith's narrow(); branch-free, one compare).
+ULYSSES_HOST_DEVICE inline std::uint16_t float_to_bfloat16_canonical(float f) {
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+}
+
 /// The arithmetic of a sum of elements of type T (see docs/headers.md, "layout/element.hpp"): `Acc` the type terms
 /// are added in, `Bits` the stored element, widen() one term to Acc (exactly), narrow() the
 /// result back (rounded; a NaN becomes the canonical quiet NaN); load() / store() the same from /
@@ -279,7 +287,7 @@ struct SumArith<ElementType::float16> : SumArithBytes<SumArith<ElementType::floa
 template <>
 struct SumArith<ElementType::bfloat16> : SumArithBytes<SumArith<ElementType::bfloat16>, float, std::uint16_t> {
   ULYSSES_HOST_DEVICE static Acc widen(Bits b) { return bfloat16_to_float(b); }
-  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return x != x ? Bits{0x7fc0} : float_to_bfloat16(x); }
+  ULYSSES_HOST_DEVICE static Bits narrow(Acc x) { return float_to_bfloat16_canonical(x); }
 };
 
 /// Calls f(SumArith<type>{}) for a summable type (nothing for opaque). Host and device, whatever

@@ -32,11 +32,16 @@ enum class RopeStyle : int {
 /// with f_i = theta^(−2i / rotary_dim) (or the given tables). The inverse (backward of q and k:
 /// dq, dk) rotates by −p · f_i.
 ///
-/// Arithmetic, the same on every path, rank and compiler (contraction included): cos and sin are
-/// held as float pairs hi + lo (hi = float(c), lo = float(c − hi), from c in double), so every
-/// product of an element with them is exact in double; the row's value is
-/// (x·c_hi − y·s_hi) + (x·c_lo − y·s_lo) in double, then rounded once to the element type by the
-/// executor. Within 1 ulp of the float32 result of an exact rotation with double cos and sin.
+/// Arithmetic: float32 with explicit fused multiply-adds, as FlashAttention's apply_rotary computes
+/// in float32: c = float(cos(p·f_i)) and s = float(sin(p·f_i)) (cos and sin in double, rounded once;
+/// or the given float tables), and
+///   x' = fma(x, c, −(y·s)),  y' = fma(y, c, x·s)
+/// (y·s and x·s rounded to float, each fma rounded once), then rounded to the element type (RNE).
+/// The same bits on every path, rank, compiler and ISA: an fma is one IEEE operation whether the
+/// CPU has the instruction or not (CUDA: __fmaf_rn), and -ffp-contract cannot change an explicit
+/// one. Every element type computes in float32, float64 rows included (their values are rounded to
+/// float first). Error: |x' − exact| ≤ 2^−22 (|x·c| + |y·s|), |y' − exact| ≤ 2^−22 (|y·c| + |x·s|)
+/// (the roundings of the table, the product and the fma; tests/layout/test_rope.cpp).
 ///
 /// Positions: the row's global token index (the default), or position ids read at the global
 /// token (with_position_ids(): never at a rank-local index), or the token's offset in its
@@ -55,7 +60,7 @@ class Rope {
   }
 
   /// Rotation with given tables: cos_table[p * rotary_dim / 2 + i] and sin_table[...] for
-  /// positions p in [0, max_position) and pairs i (float32, as engines cache them).
+  /// positions p in [0, max_position) and pairs i (float32, as engines cache them), used as c and s.
   /// @throws as the other constructor; Error(invalid_shape) a null table.
   static Rope from_tables(std::int64_t head_dim, std::int64_t rotary_dim, std::int64_t max_position, const float* cos_table,
                           const float* sin_table, RopeStyle style = RopeStyle::half) {
@@ -96,10 +101,10 @@ class Rope {
   /// The inverse rotation (by −p · f_i): the backward of this one, for dq and dk.
   Rope inverse() const {
     Rope r = *this;
-    const std::int64_t half = rd_ / 2;  // sin(−a) = −sin(a): every position's sine halves negated (exactly)
+    const std::int64_t half = rd_ / 2;  // sin(−a) = −sin(a): every position's sines negated (exactly)
     for (std::int64_t p = 0; p < max_pos_; ++p)
-      for (std::int64_t i = 2 * half; i < 4 * half; ++i) {
-        float& e = r.tab_[static_cast<std::size_t>(p * half * 4 + i)];
+      for (std::int64_t i = half; i < 2 * half; ++i) {
+        float& e = r.tab_[static_cast<std::size_t>(p * half * 2 + i)];
         e = -e;
       }
     return r;
@@ -111,40 +116,39 @@ class Rope {
     const std::int64_t i = at.batch * batch_stride_ + at.token;
     return i >= 0 && i < static_cast<std::int64_t>(ids_.size()) ? ids_[static_cast<std::size_t>(i)] : 0;
   }
-  /// Rotates one head row in place (the row-transform concept).
+  /// Rotates one head row in place (the row-transform concept): its values rounded to float
+  /// (exact for the elements of a 16- or 32-bit tensor), rotated in float32 as the class comment
+  /// says, and written back exactly.
   /// @pre check_rows() passed for the plan: n == head_dim(), the position in [0, max_position)
   void operator()(const RowCoord& at, double* row, std::int64_t n) const {
     const std::int64_t p = position(at), half = rd_ / 2;
     (void)n;
-    const float* t = &tab_[static_cast<std::size_t>(p * half * 4)];
-    if (style_ == RopeStyle::half) {
-      rotate(row, row + half, t, half);
-    } else {  // (pairs 2k, 2k + 1: gathered into halves, rotated, scattered back)
-      double x[kMaxPairs], y[kMaxPairs];
-      for (std::int64_t k = 0; k < half; ++k) {
-        x[k] = row[2 * k];
-        y[k] = row[2 * k + 1];
-      }
-      rotate(x, y, t, half);
-      for (std::int64_t k = 0; k < half; ++k) {
-        row[2 * k] = x[k];
-        row[2 * k + 1] = y[k];
-      }
+    const float* t = &tab_[static_cast<std::size_t>(p * half * 2)];
+    const std::int64_t step = style_ == RopeStyle::half ? 1 : 2, other = style_ == RopeStyle::half ? half : 1;
+    float x[kMaxPairs], y[kMaxPairs];  // (interleaved: pairs 2k, 2k + 1 gathered into halves)
+    for (std::int64_t k = 0; k < half; ++k) {
+      x[k] = static_cast<float>(row[step * k]);
+      y[k] = static_cast<float>(row[step * k + other]);
+    }
+    rotate(x, y, t, half);
+    for (std::int64_t k = 0; k < half; ++k) {
+      row[step * k] = static_cast<double>(x[k]);
+      row[step * k + other] = static_cast<double>(y[k]);
     }
   }
   /// Loads, rotates and stores one head row of `type` in one pass: the same bits as
   /// detail::load_row(type, src, row, n), (*this)(at, row, n) and detail::store_row(type, dst,
-  /// row, n) (the same IEEE operations: each product of an element with a table value is exact
-  /// in double, so contraction cannot change them). The optional fused form of the row-transform
-  /// concept: the host executor takes it for a row that only this transform touches (no fp8 or
-  /// cast wire, no transform on the other side). src and dst hold n elements each, may be
-  /// misaligned, and are either the same row or disjoint.
+  /// row, n) (the same IEEE operations: the elements widen to float exactly, and the float
+  /// results round to the type once, as store_row() rounds them held exactly in double). The
+  /// optional fused form of the row-transform concept: the host executor takes it for a row that
+  /// only this transform touches (no fp8 or cast wire, no transform on the other side). src and
+  /// dst hold n elements each, may be misaligned, and are either the same row or disjoint.
   /// @returns false, touching nothing, for a type it has no fused form for (float64, opaque), or
   ///          n != head_dim(): the executor then takes the row path.
   /// @pre as operator(): n == head_dim(), the position in [0, max_position)
   bool copy_row(const RowCoord& at, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) const {
     const std::int64_t half = rd_ / 2, eb = static_cast<std::int64_t>(size_of(type));
-    const float* t = &tab_[static_cast<std::size_t>(position(at) * half * 4)];
+    const float* t = &tab_[static_cast<std::size_t>(position(at) * half * 2)];
     const bool il = style_ == RopeStyle::interleaved;
     if (type != ElementType::bfloat16 && type != ElementType::float16 && type != ElementType::float32) return false;
     if (n != d_) return false;  // (outside the precondition: the general path, which reads the row as given)
@@ -158,9 +162,9 @@ class Rope {
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
 #if ULYSSES_HOST_AVX2
         if (detail::host_has_avx512()) return copy_rotated_avx512<A>(src, dst, t, half, il);
-        if (detail::host_has_avx2()) return copy_rotated_avx2<A>(src, dst, t, half, il);
+        if (detail::host_has_avx2_fma()) return copy_rotated_avx2<A>(src, dst, t, half, il);
 #endif
-        copy_rotated<A>(src, dst, t, half, il);
+        copy_rotated_sized<A>(src, dst, t, half, il);
       }
     });
     return true;
@@ -190,110 +194,95 @@ class Rope {
   void check(bool ok, const std::string& what) const {
     if (!ok) detail::fail(Errc::invalid_shape, "Rope(head_dim=" + std::to_string(d_) + ", rotary_dim=" + std::to_string(rd_) + "): " + what);
   }
-  /// Rotates the pairs (x[k], y[k]), k < m, by a position's table t: c_hi[m], c_lo[m], s_hi[m],
-  /// s_lo[m] back to back (four contiguous loads: the loop vectorises).
-  static void rotate(double* x, double* y, const float* t, std::int64_t m) {
+  /// Rotates the pairs (x[k], y[k]), k < m, by a position's table t: c[m] and s[m] back to back
+  /// (two contiguous loads: the loop vectorises).
+  static void rotate(float* x, float* y, const float* t, std::int64_t m) {
 #if ULYSSES_HOST_AVX2
-    if (detail::host_has_avx2()) return rotate_pairs_avx2(x, y, t, m);
+    if (detail::host_has_avx2_fma()) return rotate_pairs_avx2(x, y, t, m);
 #endif
     rotate_pairs(x, y, t, m);
   }
-  /// rotate()'s loop, written once and compiled twice: plainly, and inside an AVX2 twin (the
-  /// float table's widening keeps the plain one scalar). The same IEEE operations, the same bits.
-  /// Pair k: (x, y) rotated by its table entries in double, as the class comment says (the
-  /// inverse's table holds the sines negated).
-  ULYSSES_ALWAYS_INLINE static void rotate_pairs(double* x, double* y, const float* t, std::int64_t m) {
-    for (std::int64_t k = 0; k < m; ++k) {
-      const double u = x[k], v = y[k], c_hi = t[k], c_lo = t[m + k], s_hi = t[2 * m + k], s_lo = t[3 * m + k];
-      x[k] = (u * c_hi - v * s_hi) + (u * c_lo - v * s_lo);
-      y[k] = (v * c_hi + u * s_hi) + (v * c_lo + u * s_lo);
-    }
+  /// rotate()'s loop, written once and compiled twice: plainly (std::fma: the library's fmaf where
+  /// the ISA has no FMA) and inside an AVX2 + FMA twin. Pair k: x' = fma(x, c, −(y·s)),
+  /// y' = fma(y, c, x·s), as the class comment says (the inverse's table holds the sines negated).
+  ULYSSES_ALWAYS_INLINE static void rotate_pairs(float* x, float* y, const float* t, std::int64_t m) {
+    for (std::int64_t k = 0; k < m; ++k) rotate_pair(x[k], y[k], t[k], t[m + k]);
+  }
+  /// The rotation of one pair (x, y) by c and s, in place: the class comment's arithmetic, written once.
+  ULYSSES_ALWAYS_INLINE static void rotate_pair(float& x, float& y, float c, float s) {
+    const float u = x, v = y;
+    x = std::fma(u, c, -(v * s));
+    y = std::fma(v, c, u * s);
   }
 #if ULYSSES_HOST_AVX2
-  ULYSSES_TARGET_AVX2 static void rotate_pairs_avx2(double* x, double* y, const float* t, std::int64_t m) {
+  ULYSSES_TARGET_AVX2_FMA static void rotate_pairs_avx2(float* x, float* y, const float* t, std::int64_t m) {
     rotate_pairs(x, y, t, m);
   }
 #endif
   /// copy_row()'s pass over the first 2m elements (A: SumArith of a type whose Acc is float):
-  /// widened to double (exactly), rotated by rotate_pairs(), rounded to float (16-bit types: to
-  /// odd by detail::round_odd_n(), so that the narrowing rounds once, as store_row() does), narrowed.
-  /// Written once and compiled three times: plainly, in an AVX2 twin and in an AVX-512 twin.
-  template <class A>
-  ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
+  /// each pair widened to float (exactly), rotated as rotate_pairs() does, narrowed (RNE, a NaN
+  /// made canonical), in one loop between two local rows (the row is read whole first: src may be
+  /// dst). Written once and compiled three times: plainly, in an AVX2 + FMA twin and in an AVX-512
+  /// twin; each for m = 32 and 64 (head dims 64 and 128: fixed trip counts) and for any m (M = 0).
+  template <class A, int M>
+  ULYSSES_ALWAYS_INLINE static void copy_rotated(const std::byte* src, std::byte* dst, const float* t, std::int64_t m_any, bool il) {
+    const std::int64_t m = M != 0 ? M : m_any;
     using Bits = typename A::Bits;
-    Bits b[2 * kMaxPairs];
-    double x[kMaxPairs], y[kMaxPairs];
-    std::memcpy(b, src, static_cast<std::size_t>(2 * m) * sizeof(Bits));
+    constexpr std::size_t kPairs = M != 0 ? static_cast<std::size_t>(M) : kMaxPairs;
+    Bits b[2 * kPairs], o[2 * kPairs];
+    const std::size_t bytes = static_cast<std::size_t>(2 * m) * sizeof(Bits);
+    std::memcpy(b, src, bytes);
+    const float* c = t;
+    const float* s = t + m;
     if (il) {
       for (std::int64_t k = 0; k < m; ++k) {
-        x[k] = static_cast<double>(A::widen(b[2 * k]));
-        y[k] = static_cast<double>(A::widen(b[2 * k + 1]));
+        float u = A::widen(b[2 * k]), v = A::widen(b[2 * k + 1]);
+        rotate_pair(u, v, c[k], s[k]);
+        o[2 * k] = A::narrow(u);
+        o[2 * k + 1] = A::narrow(v);
       }
     } else {
       for (std::int64_t k = 0; k < m; ++k) {
-        x[k] = static_cast<double>(A::widen(b[k]));
-        y[k] = static_cast<double>(A::widen(b[k + m]));
+        float u = A::widen(b[k]), v = A::widen(b[k + m]);
+        rotate_pair(u, v, c[k], s[k]);
+        o[k] = A::narrow(u);
+        o[k + m] = A::narrow(v);
       }
     }
-    rotate_pairs(x, y, t, m);
-    float ox[kMaxPairs], oy[kMaxPairs];
-    if constexpr (sizeof(Bits) == 4) {
-      for (std::int64_t k = 0; k < m; ++k) {
-        ox[k] = static_cast<float>(x[k]);
-        oy[k] = static_cast<float>(y[k]);
-      }
-    } else {
-      detail::round_odd_n(x, ox, m);
-      detail::round_odd_n(y, oy, m);
-    }
-    if (il) {
-      for (std::int64_t k = 0; k < m; ++k) {
-        b[2 * k] = A::narrow(ox[k]);
-        b[2 * k + 1] = A::narrow(oy[k]);
-      }
-    } else {
-      for (std::int64_t k = 0; k < m; ++k) {
-        b[k] = A::narrow(ox[k]);
-        b[k + m] = A::narrow(oy[k]);
-      }
-    }
-    std::memcpy(dst, b, static_cast<std::size_t>(2 * m) * sizeof(Bits));
+    std::memcpy(dst, o, bytes);
+  }
+  template <class A>
+  ULYSSES_ALWAYS_INLINE static void copy_rotated_sized(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
+    if (m == 64) return copy_rotated<A, 64>(src, dst, t, m, il);
+    if (m == 32) return copy_rotated<A, 32>(src, dst, t, m, il);
+    copy_rotated<A, 0>(src, dst, t, m, il);
   }
 #if ULYSSES_HOST_AVX2
   template <class A>
   ULYSSES_TARGET_AVX512 static void copy_rotated_avx512(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
-    copy_rotated<A>(src, dst, t, m, il);
+    copy_rotated_sized<A>(src, dst, t, m, il);
   }
   template <class A>
-  ULYSSES_TARGET_AVX2 static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
-    copy_rotated<A>(src, dst, t, m, il);
+  ULYSSES_TARGET_AVX2_FMA static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
+    copy_rotated_sized<A>(src, dst, t, m, il);
   }
 #endif
   static constexpr std::int64_t kMaxPairs = 512;  // rotary_dim / 2 for D <= 1024
   double freq(std::int64_t i) const { return std::pow(theta_, -2.0 * static_cast<double>(i) / static_cast<double>(rd_)); }
-  static void split(double v, float& hi, float& lo) {
-    hi = static_cast<float>(v);
-    lo = static_cast<float>(v - static_cast<double>(hi));
-  }
-  /// The tables [max_position][c_hi, c_lo, s_hi, s_lo][rotary_dim / 2], from the given float
-  /// tables (lo = 0) or from theta.
+  /// The tables [max_position][c, s][rotary_dim / 2], from the given float tables or from theta
+  /// (cos and sin in double, rounded to float).
   void tables(const float* cos_t, const float* sin_t, double theta) {
     check(d_ >= 1 && rd_ >= 2 && rd_ % 2 == 0 && rd_ <= d_, "rotary_dim must be even, >= 2 and <= head_dim");
     check(d_ <= 2 * kMaxPairs, "head_dim must be <= 1024 (the longest row a row transform sees: Plan refuses longer ones too)");
     check(max_pos_ >= 1, "max_position must be >= 1");
     theta_ = theta;
     const std::int64_t half = rd_ / 2;
-    tab_.assign(static_cast<std::size_t>(detail::mul(detail::mul(max_pos_, half, "Rope table"), 4, "Rope table")), 0.0f);
+    tab_.assign(static_cast<std::size_t>(detail::mul(detail::mul(max_pos_, half, "Rope table"), 2, "Rope table")), 0.0f);
     for (std::int64_t p = 0; p < max_pos_; ++p)
       for (std::int64_t i = 0; i < half; ++i) {
-        float* e = &tab_[static_cast<std::size_t>(p * half * 4 + i)];  // c_hi, c_lo, s_hi, s_lo: `half` apart
-        if (cos_t) {
-          e[0] = cos_t[p * half + i];
-          e[2 * half] = sin_t[p * half + i];
-          continue;
-        }
-        split(std::cos(static_cast<double>(p) * freq(i)), e[0], e[half]);
-        split(std::sin(static_cast<double>(p) * freq(i)), e[2 * half], e[3 * half]);
+        float* e = &tab_[static_cast<std::size_t>(p * half * 2 + i)];  // c, s: `half` apart
+        e[0] = cos_t ? cos_t[p * half + i] : static_cast<float>(std::cos(static_cast<double>(p) * freq(i)));
+        e[half] = sin_t ? sin_t[p * half + i] : static_cast<float>(std::sin(static_cast<double>(p) * freq(i)));
       }
   }
 
