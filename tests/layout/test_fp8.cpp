@@ -125,8 +125,14 @@ TEST_CASE("fp8 → float is exact for all 256 codes of both formats, float → f
   CHECK(fp8_to_float(0x01, Fp8Format::e4m3) == std::ldexp(1.0f, -9));
   CHECK(fp8_to_float(0x01, Fp8Format::e5m2) == std::ldexp(1.0f, -16));
   CHECK(fp8_to_float(0x7c, Fp8Format::e5m2) == HUGE_VALF);
-  // dequantize_fp8 (the host's table of the 256 values) gives fp8_to_float(q) * scale bit for bit,
-  // and the canonical NaN 0x7fc00000 for every NaN code or scale, whatever their signs and payloads.
+  // The branch-free decode dequantize_fp8 runs gives fp8_to_float's bits for every code, NaNs'
+  // signs included.
+  for (int c = 0; c < 256; ++c) {
+    CHECK(same_bits(detail::fp8_value<3, 7, true>(static_cast<std::uint32_t>(c)), fp8_to_float(static_cast<std::uint8_t>(c), Fp8Format::e4m3)));
+    CHECK(same_bits(detail::fp8_value<2, 15, false>(static_cast<std::uint32_t>(c)), fp8_to_float(static_cast<std::uint8_t>(c), Fp8Format::e5m2)));
+  }
+  // dequantize_fp8 (that decode, in this CPU's widest twin) gives fp8_to_float(q) * scale bit for
+  // bit, and the canonical NaN 0x7fc00000 for every NaN code or scale, whatever their signs and payloads.
   const float nan_scales[] = {std::nanf(""), -std::nanf(""), detail::bits_float(0x7fc12345u)};
   for (Fp8Format f : kFormats)
     for (float scale : {1.0f, 0.0078125f, 3.3f, 1.17549435e-38f, nan_scales[0], nan_scales[1], nan_scales[2]}) {

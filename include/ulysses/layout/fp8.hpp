@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "../detail/cpu.hpp"
 #include "../version.hpp"
@@ -127,6 +128,55 @@ ULYSSES_TARGET_AVX2 inline void quantize_fp8_avx2(const float* x, std::int64_t n
 }
 #endif
 
+/// fp8_to_float() of a format given as constants (M mantissa bits, bias B; E4M3: e4m3's NaN
+/// encoding, else e5m2's infinities and NaNs), without branches, so that a row's loop vectorises:
+/// the same bits for each of the 256 codes (tests/layout/test_fp8.cpp).
+template <std::uint32_t M, std::uint32_t B, bool E4M3>
+ULYSSES_HOST_DEVICE inline float fp8_value(std::uint32_t code) {
+  constexpr std::uint32_t top = (1u << (7u - M)) - 1u;  // the all-ones exponent field
+  const std::uint32_t sign = (code & 0x80u) << 24, mag = code & 0x7fu, exp = mag >> M, mant = mag & ((1u << M) - 1u);
+  const std::uint32_t normal = sign | ((exp + 127u - B) << 23) | (mant << (23u - M));
+  const std::uint32_t sub = sign | float_bits(static_cast<float>(static_cast<std::int32_t>(mant)) * bits_float((128u - B - M) << 23));
+  const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(E4M3 ? mag == 0x7fu : exp == top);  // all ones: NaN or infinity
+  const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(exp == 0);                              // all ones: zero or subnormal
+  const std::uint32_t spec = sign | (0x7f800000u + ((0u - static_cast<std::uint32_t>(mant != 0)) & 0x400000u));
+  return bits_float((spec & is_special) | (sub & is_sub) | (normal & ~(is_special | is_sub)));
+}
+/// dequantize_fp8()'s loops (fp8_value() per code, times the scale, a NaN made canonical), written
+/// once: inlined into dequantize_fp8() and into its AVX2 and AVX-512 twins.
+ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void dequantize_codes(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f,
+                                                                       float* out) {
+  const float nan = bits_float(kFloatNanBits);
+  float o[64];  // (written in runs of 64 to a local array: the codes, which are bytes, cannot alias it)
+  for (std::int64_t i0 = 0; i0 < n; i0 += 64) {
+    const std::int64_t m = n - i0 < 64 ? n - i0 : 64;
+    const std::uint8_t* c = q + i0;
+    if (f == Fp8Format::e4m3) {
+      for (std::int64_t i = 0; i < m; ++i) {
+        const float v = fp8_value<3, 7, true>(c[i]) * scale;
+        o[i] = v != v ? nan : v;
+      }
+    } else {
+      for (std::int64_t i = 0; i < m; ++i) {
+        const float v = fp8_value<2, 15, false>(c[i]) * scale;
+        o[i] = v != v ? nan : v;
+      }
+    }
+    if (m == 64)
+      std::memcpy(out + i0, o, sizeof(o));  // (a fixed size: inline vector moves)
+    else
+      std::memcpy(out + i0, o, static_cast<std::size_t>(m) * sizeof(float));
+  }
+}
+#if ULYSSES_HOST_AVX2
+ULYSSES_TARGET_AVX512 inline void dequantize_fp8_avx512(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
+  dequantize_codes(q, n, scale, f, out);
+}
+ULYSSES_TARGET_AVX2 inline void dequantize_fp8_avx2(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
+  dequantize_codes(q, n, scale, f, out);
+}
+#endif
+
 }  // namespace detail
 
 /// The largest finite magnitude of format f: 448 (e4m3) or 57344 (e5m2).
@@ -180,24 +230,6 @@ ULYSSES_HOST_DEVICE inline float fp8_to_float(std::uint8_t b, Fp8Format f) {
   }
   return detail::bits_float(sign | ((exp + 127u - p.bias) << 23) | (mant << (23u - p.mant_bits)));
 }
-
-namespace detail {
-/// fp8_to_float() of each of the 256 codes of format f (e4m3, else e5m2), built once: the host's
-/// dequantize_fp8() reads them (the same floats, NaN bits included).
-inline const float* fp8_values(Fp8Format f) {
-  struct Values {
-    float e4m3[256], e5m2[256];
-    Values() {
-      for (int c = 0; c < 256; ++c) {
-        e4m3[c] = fp8_to_float(static_cast<std::uint8_t>(c), Fp8Format::e4m3);
-        e5m2[c] = fp8_to_float(static_cast<std::uint8_t>(c), Fp8Format::e5m2);
-      }
-    }
-  };
-  static const Values values;
-  return f == Fp8Format::e4m3 ? values.e4m3 : values.e5m2;
-}
-}  // namespace detail
 
 /// The scale of a row whose largest magnitude is amax: the row is stored as fp8(x / scale), read
 /// back as fp8_to_float(q) * scale. So that no NaN or infinity can appear on the wire or on the
@@ -269,19 +301,11 @@ ULYSSES_HOST_DEVICE inline void quantize_fp8(const float* x, std::int64_t n, flo
 /// @param f      the format
 /// @param out    n floats
 ULYSSES_HOST_DEVICE inline void dequantize_fp8(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
-  const float nan = detail::bits_float(detail::kFloatNanBits);
-#if !defined(__CUDA_ARCH__)
-  const float* value = detail::fp8_values(f);  // (the host: one load a code)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = value[q[i]] * scale;
-    out[i] = v != v ? nan : v;
-  }
-#else
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = fp8_to_float(q[i], f) * scale;
-    out[i] = v != v ? nan : v;
-  }
+#if ULYSSES_HOST_AVX2 && !defined(__CUDA_ARCH__)
+  if (detail::host_has_avx512()) return detail::dequantize_fp8_avx512(q, n, scale, f, out);
+  if (detail::host_has_avx2()) return detail::dequantize_fp8_avx2(q, n, scale, f, out);
 #endif
+  detail::dequantize_codes(q, n, scale, f, out);
 }
 
 ULYSSES_NAMESPACE_END

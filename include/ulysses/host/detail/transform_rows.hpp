@@ -101,25 +101,46 @@ struct RowWork {
     bool done = false;
     with_sum_arith(type, [&](auto a) {
       using A = decltype(a);
-      using Bits = typename A::Bits;
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
-        Bits b[kMaxTransformedRow];
         done = true;
-        if (!input) {
-          get_fp8(src);
-        } else {
-          std::memcpy(b, src, static_cast<std::size_t>(n) * sizeof(Bits));
-          for (std::int64_t i = 0; i < n; ++i) f[i] = A::widen(b[i]);
-          const float scale = quantize_f();
-          if (!output) return put_fp8(dst, scale);
-          dequantize_fp8(q, n, scale, wire, f);
-        }
-        for (std::int64_t i = 0; i < n; ++i) b[i] = A::narrow(f[i]);
-        std::memcpy(dst, b, static_cast<std::size_t>(n) * sizeof(Bits));
+#if ULYSSES_HOST_AVX2
+        if (host_has_avx512()) return fp8_direct_avx512<A>(src, dst, input, output);
+        if (host_has_avx2()) return fp8_direct_avx2<A>(src, dst, input, output);
+#endif
+        fp8_direct_rows<A>(src, dst, input, output);
       }
     });
     return done;
   }
+  /// fp8_direct()'s work for the SumArith A of a 16- or 32-bit type, written once and compiled
+  /// three times: plainly and inside AVX2 and AVX-512 twins (its widening and narrowing loops
+  /// vectorise there; the codec's loops dispatch on their own).
+  template <class A>
+  ULYSSES_ALWAYS_INLINE void fp8_direct_rows(const std::byte* src, std::byte* dst, bool input, bool output) {
+    using Bits = typename A::Bits;
+    Bits b[kMaxTransformedRow];
+    if (!input) {
+      get_fp8(src);
+    } else {
+      std::memcpy(b, src, static_cast<std::size_t>(n) * sizeof(Bits));
+      for (std::int64_t i = 0; i < n; ++i) f[i] = A::widen(b[i]);
+      const float scale = quantize_f();
+      if (!output) return put_fp8(dst, scale);
+      dequantize_fp8(q, n, scale, wire, f);
+    }
+    for (std::int64_t i = 0; i < n; ++i) b[i] = A::narrow(f[i]);
+    std::memcpy(dst, b, static_cast<std::size_t>(n) * sizeof(Bits));
+  }
+#if ULYSSES_HOST_AVX2
+  template <class A>
+  ULYSSES_TARGET_AVX512 void fp8_direct_avx512(const std::byte* src, std::byte* dst, bool input, bool output) {
+    fp8_direct_rows<A>(src, dst, input, output);
+  }
+  template <class A>
+  ULYSSES_TARGET_AVX2 void fp8_direct_avx2(const std::byte* src, std::byte* dst, bool input, bool output) {
+    fp8_direct_rows<A>(src, dst, input, output);
+  }
+#endif
   /// v = the row at p of a source that is an input (`input`) or the wire, as the receiver sees it
   /// before its unpack transform. From an input: the pack transform, then, as the wire would
   /// carry it when something follows (`carried`: the destination is not the wire; `summed`: a
