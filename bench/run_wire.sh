@@ -21,7 +21,8 @@
 # reference quantizer, the baseline against the oracle). Knobs: BUILD_DIR (build), ITERS (5),
 # S0, S1 (1024, 4096: sections 1-2), SMPI_BUILD (build-smpi: ulysses_perf built there with smpicxx
 # when missing), SMPI_S (32768: P=64), SMPI_GS (4096: P=8 x 8; a rank holds 8x the tokens of P=64, and the
-# row path's host work of 64 ranks on one core is the wall time), SMPI_ITERS (2), SMPI_TIMEOUT (600 s a run), NETNS (1; 0 skips section 3), WIRE_RATES
+# row path's host work of 64 ranks on one core is the wall time), SMPI_ITERS (2), SMPI_TIMEOUT (600 s a run), SMPI (1; 0 skips section 4: simulated time does not
+# count host work, so a change to the host's arithmetic leaves it as it was), NETNS (1; 0 skips section 3), WIRE_RATES
 # (netns.sh: "1gbit 200mbit"), WIRE_S0, WIRE_S1 (2048, 8192).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 out_md="${1:-$root/bench/results/wire.md}"
@@ -32,7 +33,7 @@ ub_configure
 ub_build ulysses_perf
 ub_mpi_env
 perf="$build/bench/ulysses_perf"
-if [ ! -x "$smpi_build/ulysses_perf" ] && command -v smpicxx >/dev/null; then
+if [ "${SMPI:-1}" != 0 ] && [ ! -x "$smpi_build/ulysses_perf" ] && command -v smpicxx >/dev/null; then
   mkdir -p "$smpi_build"  # bench/smpi/smpi.sh build's flags, ulysses_perf alone
   smpicxx -std=c++17 -O2 -fno-gnu-unique -I"$root/include" -I"$root/tests/support" -I"$root/examples/common" \
     -DULYSSES_PERF_MPI=1 -DULYSSES_PERF_JSON=1 "$root/bench/ulysses_perf.cpp" "$root/bench/smpi/fold.cpp" -o "$smpi_build/ulysses_perf"
@@ -71,7 +72,7 @@ section() {  # section TITLE COMMAND...: a heading, the command, its output in a
     section "fp8 wire across throttled links (bench/netns/netns.sh wire: MpiComm, P=2 = 1 + 1 ranks, P=4 = 2 + 2)" \
       env PERF="$perf" WIRE_RATES="${WIRE_RATES:-1gbit 200mbit}" WIRE_S0="${WIRE_S0:-2048}" WIRE_S1="${WIRE_S1:-8192}" "$here/netns/netns.sh" wire "$nsdir"
   fi
-  if [ -x "$smpi_build/ulysses_perf" ]; then
+  if [ "${SMPI:-1}" != 0 ] && [ -x "$smpi_build/ulysses_perf" ]; then
     smpi=(env BUILD="$smpi_build" TIMEOUT="${SMPI_TIMEOUT:-600}" "$here/smpi/smpi.sh" perf 8)
     section "fp8 wire under SMPI, 64 ranks (8 nodes x 8), Llama-3.1-70B, P=64, checked (S=1024)" \
       "${smpi[@]}" --model Llama-3.1-70B --dtype bf16 --wire fp8_e4m3 --mpi-window 0 -b 1024 -e 1024 -n 1 -w 0 -c 1

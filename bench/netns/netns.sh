@@ -71,11 +71,14 @@ down() {
 
 # RATE (a tc rate: 1gbit, 200mbit, or "none"): a token bucket on the egress of both veth ends.
 # The burst (128 KiB) holds one segmentation-offloaded packet (64 KiB) and is 1 ms at 1 Gbit/s.
+# TBF_LATENCY (200ms): the longest a packet may wait in the bucket's queue, i.e. its depth (200 ms
+# is 25 MB at 1 Gbit/s: a message's handshake or a TCP ack can queue behind that much data; a
+# switch port buffers a few MB).
 throttle() {
   for p in "$ns1 $if1" "$ns2 $if2"; do
     set -- $p
     tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-    [ "$RATE" = none ] || tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst 128kb latency 200ms
+    [ "$RATE" = none ] || tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst 128kb latency "${TBF_LATENCY:-200ms}"
   done
 }
 
@@ -208,7 +211,7 @@ throttled() {
   [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
   mkdir -p "$out"
   RATE="$rate" throttle
-  { echo "# bench/netns/netns.sh $name, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at $rate (tbf)"; "$fn"; } | tee "$out/$name.txt"
+  { echo "# bench/netns/netns.sh $name, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; the veth at $rate (tbf, latency ${TBF_LATENCY:-200ms})"; "$fn"; } | tee "$out/$name.txt"
   RATE=none throttle
 }
 
