@@ -145,15 +145,23 @@ void run_band_pipeline(int G, BandOf&& band_of, Comm& comm, Exec& exec, Progress
 /// @param attend   `attend(const Band& b)`: the attention of b's local query heads (reading qkv_head's
 ///                 q heads b.query and k, v heads b.kv, which have arrived) into o_head's heads b.query
 /// @param progress how the exchanges progress during `attend` (Progress; docs/overlap.md)
-/// @throws what the exchanges throw (Exchange::start(), finish()); what `attend` throws, after
-///         breaking the group (break_group_on_failure()), so that every rank throws.
+/// @param transforms row transforms of q, k, v's seq→head (tensors 0, 1, 2 of bands.qkv(), e.g.
+///                 RoPE on pack; docs/transforms.md), band by band at each row's global token:
+///                 the bits of seq_to_head(bands.qkv(), ..., transforms) unbanded. o's head→seq
+///                 takes none. A tensor given one must be planned with_row_transforms().
+/// @throws what the exchanges throw (Exchange::start(), finish(); a transform's refusal of its
+///         rows or of its tensor's plan: Error(invalid_shape), before any byte moves); what
+///         `attend` throws, after breaking the group (break_group_on_failure()), so that every
+///         rank throws.
 template <class Comm, class Exec, class Attend>
 void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& qkv_seq,
                       const TensorList<ByteSpan>& qkv_head, Workspace qkv_ws, ConstByteSpan o_head, ByteSpan o_seq, Workspace o_ws,
-                      Attend&& attend, Progress progress = Progress::automatic) {
+                      Attend&& attend, Progress progress = Progress::automatic, const RowTransforms& transforms = {}) {
   detail::run_band_pipeline(
       bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,
-      [&](int g) { return ExchangeCall{&bands.qkv(), Direction::seq_to_head, qkv_seq, qkv_head, qkv_ws, StageRange::one(g)}; },
+      [&](int g) {
+        return ExchangeCall{&bands.qkv(), Direction::seq_to_head, qkv_seq, qkv_head, qkv_ws, StageRange::one(g), &transforms};
+      },
       [&](int g) {
         return ExchangeCall{&bands.out(), Direction::head_to_seq, TensorList<ConstByteSpan>{o_head}, TensorList<ByteSpan>{o_seq}, o_ws,
                             StageRange::one(g)};
@@ -178,11 +186,16 @@ void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const Tens
 /// @param qkv_ws    at least bands.qkv().workspace_bytes()
 /// @param attend_backward `attend_backward(const Band& b)`
 /// @param progress  how the exchanges progress during `attend_backward` (Progress)
+/// @param transforms row transforms of dq, dk, dv's head→seq (e.g. the inverse RoPE on unpack,
+///                  applied to the float32 sum of a replicated kv head's gradients): the bits of
+///                  seq_to_head_backward(bands.qkv(), ..., transforms) unbanded. do's seq→head
+///                  takes none.
 /// @throws Error(not_adjoint) the q, k, v plan takes replicas from their owner; as banded_attention().
 template <class Comm, class Exec, class AttendBackward>
 void banded_attention_backward(const HeadBands& bands, Comm& comm, Exec& exec, ConstByteSpan do_seq, ByteSpan do_head, Workspace o_ws,
                                const TensorList<ConstByteSpan>& dqkv_head, const TensorList<ByteSpan>& dqkv_seq, Workspace qkv_ws,
-                               AttendBackward&& attend_backward, Progress progress = Progress::automatic) {
+                               AttendBackward&& attend_backward, Progress progress = Progress::automatic,
+                               const RowTransforms& transforms = {}) {
   detail::require_adjoint(bands.qkv(), "banded_attention_backward");
   detail::run_band_pipeline(
       bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,
@@ -190,7 +203,9 @@ void banded_attention_backward(const HeadBands& bands, Comm& comm, Exec& exec, C
         return ExchangeCall{&bands.out(), Direction::seq_to_head, TensorList<ConstByteSpan>{do_seq}, TensorList<ByteSpan>{do_head}, o_ws,
                             StageRange::one(g)};
       },
-      [&](int g) { return ExchangeCall{&bands.qkv(), Direction::head_to_seq, dqkv_head, dqkv_seq, qkv_ws, StageRange::one(g)}; },
+      [&](int g) {
+        return ExchangeCall{&bands.qkv(), Direction::head_to_seq, dqkv_head, dqkv_seq, qkv_ws, StageRange::one(g), &transforms};
+      },
       attend_backward, "the attention backward of a head band");
 }
 

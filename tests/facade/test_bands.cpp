@@ -3,7 +3,8 @@
 // the first band that uses them) and the band pipeline in-process: banded_attention() and
 // banded_attention_backward() over every band count from 1 to the largest H_r give the bits of the
 // unbanded layer (GQA, MQA with replicated kv heads, uneven H; P = 2, 3, 4), with the worker thread
-// and without; a failing attention on one rank is every rank's error; C24 (bands [7,7] and
+// and without; RoPE fused (row transforms) band by band, and a transform for a tensor not planned
+// by rows refused before a byte moves; a failing attention on one rank is every rank's error; C24 (bands [7,7] and
 // [5,5,4] of 14 heads a rank, MHA and GQA, new inputs every round, outputs poisoned with NaN).
 #include <doctest/doctest.h>
 #include <ulysses/bands.hpp>
@@ -109,6 +110,53 @@ TEST_CASE("banded_attention and its backward: the bits of the unbanded layer for
         }
       }
     }
+}
+
+TEST_CASE("banded_attention and its backward with RoPE fused (row transforms): the bits of the unbanded calls with the same transforms") {
+  for (int P : {2, 3})
+    for (bt::BandCase c : bt::band_cases(P)) {
+      CAPTURE(c.name());
+      const std::vector<bt::BandResult> plain = run_all(c, 0);
+      c.rope = true;
+      const std::vector<bt::BandResult> ref = run_all(c, 0);
+      for (int r = 0; r < P; ++r) {  // the rotation changes o, and dq, dk through the inverse (dv is RoPE's identity)
+        CHECK(ref[static_cast<std::size_t>(r)].o != plain[static_cast<std::size_t>(r)].o);
+        CHECK(ref[static_cast<std::size_t>(r)].dq != plain[static_cast<std::size_t>(r)].dq);
+        CHECK(ref[static_cast<std::size_t>(r)].dv == plain[static_cast<std::size_t>(r)].dv);
+      }
+      for (int G = 1; G <= bt::max_bands(c); ++G) {
+        CAPTURE(G);
+        for (Progress pr : {Progress::automatic, Progress::in_start}) {
+          const std::vector<bt::BandResult> got = run_all(c, G, pr);
+          for (int r = 0; r < P; ++r) CHECK(got[static_cast<std::size_t>(r)] == ref[static_cast<std::size_t>(r)]);
+        }
+      }
+    }
+}
+
+TEST_CASE("banded_attention: a transform for a tensor not planned by rows is refused on every rank before a byte moves") {
+  const bt::BandCase c{2, 1, 8, 4, 2, 4};  // q, k not planned by rows
+  LocalGroup g(2);
+  std::vector<Errc> codes(2, Errc{});
+  g.spawn([&](LocalGroup::Comm& comm) {
+    HostExecutor exec;
+    const bt::LayerPlans lp(c, comm.rank(), 2);
+    const Rope rope(c.D, c.S);
+    RowTransforms tx;
+    tx.on_pack(0, rope);
+    const std::int64_t Hr = lp.specs.query_heads.count(comm.rank()), Kr = lp.specs.kv_heads.count(comm.rank());
+    std::vector<float> q(static_cast<std::size_t>(c.S / 2 * c.H * c.D)), k(static_cast<std::size_t>(c.S / 2 * c.Hkv * c.D)), v = k, o = q;
+    std::vector<float> q2(static_cast<std::size_t>(c.S * Hr * c.D)), k2(static_cast<std::size_t>(c.S * Kr * c.D)), v2 = k2, o2 = q2;
+    std::vector<std::byte> w1(lp.qkv().workspace_bytes()), w2(lp.out().workspace_bytes());
+    bool attended = false;
+    codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] {
+      banded_attention(lp.bands, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1, ConstByteSpan(o2),
+                       ByteSpan(o), w2, [&](const Band&) { attended = true; }, Progress::automatic, tx);
+    });
+    CHECK_FALSE(attended);
+  });
+  CHECK(codes[0] == Errc::invalid_shape);
+  CHECK(codes[1] == Errc::invalid_shape);
 }
 
 TEST_CASE("banded_attention: an attention that throws on one rank is every rank's error, within the deadline") {

@@ -2,7 +2,8 @@
 // bands.hpp and split_phase.hpp under mpiexec (-n 2, 3, 4): the band pipeline over MpiComm (the
 // split-phase posts: start() packs and posts, finish() waits and unpacks) and over MpiWindowComm
 // (the peer copy unbanded, messages for a band), forward and backward, gives the bits of the
-// unbanded layer for every band count (GQA, MQA with replicated kv heads, uneven H); a rank that
+// unbanded layer for every band count (GQA, MQA with replicated kv heads, uneven H; RoPE fused as
+// row transforms too); a rank that
 // leaves a split-phase exchange unfinished is every rank's coded error within the deadline.
 #include "mpi_groups.hpp"
 
@@ -59,6 +60,27 @@ TEST_CASE("banded_attention over MpiWindowComm: the bits of the unbanded layer f
         const bt::BandResult ref = bt::run_layer(c, wc, exec, 0);
         for (int G = 1; G <= bt::max_bands(c); ++G) {
           CAPTURE(G);
+          CHECK(bt::run_layer(c, wc, exec, G) == ref);
+        }
+      }
+    });
+}
+
+TEST_CASE("banded_attention with RoPE fused over MpiComm and MpiWindowComm: the bits of the unbanded calls with the same transforms") {
+  for (int P = 2; P <= 4; ++P)
+    ut::on_groups_of(P, [&](MPI_Comm sub) {
+      MpiComm comm(sub);
+      HostExecutor exec;
+      for (bt::BandCase c : bt::band_cases(P)) {
+        c.rope = true;
+        CAPTURE(c.name());
+        MpiWindow win(comm, window_bytes(c));
+        MpiWindowComm wc(comm, win);
+        const bt::BandResult ref = bt::run_layer(c, comm, exec, 0);
+        CHECK(bt::run_layer(c, wc, exec, 0) == ref);
+        for (int G = 1; G <= bt::max_bands(c); ++G) {
+          CAPTURE(G);
+          CHECK(bt::run_layer(c, comm, exec, G) == ref);
           CHECK(bt::run_layer(c, wc, exec, G) == ref);
         }
       }

@@ -31,11 +31,21 @@ struct BandCase {
   HeadPolicy policy = HeadPolicy::automatic;
   unsigned salt = 0;    ///< varies the inputs (a new round of the same shapes)
   bool poison = false;  ///< the outputs start as NaN (every element must be written)
+  /// RoPE fused into the exchanges (q and k planned by rows): on pack of q, k's seq→head, its
+  /// inverse on unpack of dq, dk's head→seq (Rope(D, S), the half pairing)
+  bool rope = false;
   std::string name() const {
     return "P=" + std::to_string(P) + " B=" + std::to_string(B) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
            " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
   }
-  AttentionSpecs specs() const { return attention_specs<float>(P, AttentionShape{H, Hkv, D, D}, policy); }
+  AttentionSpecs specs() const {
+    AttentionSpecs s = attention_specs<float>(P, AttentionShape{H, Hkv, D, D}, policy);
+    if (rope) {
+      s.q.with_row_transforms();
+      s.k.with_row_transforms();
+    }
+    return s;
+  }
 };
 
 /// The value of global element i of tensor t (0 q, 1 k, 2 v, 3 do): a small float, deterministic.
@@ -159,15 +169,23 @@ BandResult run_layer(const BandCase& c, Comm& comm, Exec& exec, int bands, Progr
   res.dk.assign(k.size(), start);
   res.dv.assign(v.size(), start);
   std::vector<std::byte> ws_qkv(qkv.workspace_bytes()), ws_o(out.workspace_bytes());
+  const Rope rope(c.D, c.S);
+  const Rope inverse = rope.inverse();
+  RowTransforms fwd, bwd;  // (empty without c.rope)
+  if (c.rope) {
+    fwd.on_pack(0, rope).on_pack(1, rope);
+    bwd.on_unpack(0, inverse).on_unpack(1, inverse);
+  }
   const TensorList<ConstByteSpan> qkv_in{q, k, v};
   const TensorList<ByteSpan> qkv_head{q2, k2, v2};
   if (!bands) {
-    seq_to_head(qkv, comm, exec, qkv_in, qkv_head, ws_qkv);
+    seq_to_head(qkv, comm, exec, qkv_in, qkv_head, ws_qkv, fwd);
     eng.forward({0, Hr}, q2.data(), k2.data(), v2.data(), o2.data());
     head_to_seq(out, comm, exec, ConstByteSpan(o2), ByteSpan(res.o), ws_o);
     head_to_seq_backward(out, comm, exec, ConstByteSpan(dout), ByteSpan(do2), ws_o);
     eng.backward({0, Hr}, q2.data(), do2.data(), dq2.data(), dk2.data(), dv2.data());
-    seq_to_head_backward(qkv, comm, exec, TensorList<ConstByteSpan>{dq2, dk2, dv2}, TensorList<ByteSpan>{res.dq, res.dk, res.dv}, ws_qkv);
+    seq_to_head_backward(qkv, comm, exec, TensorList<ConstByteSpan>{dq2, dk2, dv2}, TensorList<ByteSpan>{res.dq, res.dk, res.dv}, ws_qkv,
+                         bwd);
     return res;
   }
   std::fill(q2.begin(), q2.end(), kNotArrived);
@@ -186,11 +204,11 @@ BandResult run_layer(const BandCase& c, Comm& comm, Exec& exec, int bands, Progr
           for (std::int64_t j = hb.band(g).query.lo; j < hb.band(g).query.hi; ++j) res.early += arrived(j);
         eng.forward(b.query, q2.data(), k2.data(), v2.data(), o2.data());
       },
-      progress);
+      progress, fwd);
   banded_attention_backward(
       hb, comm, exec, ConstByteSpan(dout), ByteSpan(do2), ws_o, TensorList<ConstByteSpan>{dq2, dk2, dv2},
       TensorList<ByteSpan>{res.dq, res.dk, res.dv}, ws_qkv,
-      [&](const Band& b) { eng.backward(b.query, q2.data(), do2.data(), dq2.data(), dk2.data(), dv2.data()); }, progress);
+      [&](const Band& b) { eng.backward(b.query, q2.data(), do2.data(), dq2.data(), dk2.data(), dv2.data()); }, progress, bwd);
   return res;
 }
 
