@@ -190,13 +190,21 @@ void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const Tens
 ///                  applied to the float32 sum of a replicated kv head's gradients): the bits of
 ///                  seq_to_head_backward(bands.qkv(), ..., transforms) unbanded. do's seq→head
 ///                  takes none.
-/// @throws Error(not_adjoint) the q, k, v plan takes replicas from their owner; as banded_attention().
+/// @throws Error(not_adjoint) the q, k, v plan takes replicas from their owner; a refused
+///         transform (as banded_attention()) before do moves or `attend_backward` runs; as
+///         banded_attention().
 template <class Comm, class Exec, class AttendBackward>
 void banded_attention_backward(const HeadBands& bands, Comm& comm, Exec& exec, ConstByteSpan do_seq, ByteSpan do_head, Workspace o_ws,
                                const TensorList<ConstByteSpan>& dqkv_head, const TensorList<ByteSpan>& dqkv_seq, Workspace qkv_ws,
                                AttendBackward&& attend_backward, Progress progress = Progress::automatic,
                                const RowTransforms& transforms = {}) {
   detail::require_adjoint(bands.qkv(), "banded_attention_backward");
+  // dq, dk, dv's transforms are checked before do's seq→head and the engine's attention backward
+  // run (the pipeline meets them only at band 0's head→seq), every rank told of a refusal.
+  detail::tell_peers_on_failure(comm, comm.rank(), "banded_attention_backward", [&] {
+    BufferTable unused;
+    detail::bind_transforms<Exec>(bands.qkv(), Direction::head_to_seq, &transforms, unused);
+  });
   detail::run_band_pipeline(
       bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,
       [&](int g) {

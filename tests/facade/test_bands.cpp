@@ -159,6 +159,40 @@ TEST_CASE("banded_attention: a transform for a tensor not planned by rows is ref
   CHECK(codes[1] == Errc::invalid_shape);
 }
 
+TEST_CASE("banded_attention_backward: a refused transform is every rank's error before do moves or the attention backward runs") {
+  const bt::BandCase c{2, 1, 8, 4, 2, 4};  // v not planned by rows
+  for (int G : {1, 2})
+    for (bool one_rank : {false, true}) {
+      CAPTURE(G);
+      CAPTURE(one_rank);
+      LocalGroup g(2);
+      std::vector<Errc> codes(2, Errc{});
+      std::vector<int> attended(2, 0);
+      g.spawn([&](LocalGroup::Comm& comm) {
+        HostExecutor exec;
+        const int r = comm.rank();
+        const bt::LayerPlans lp(c, r, G);
+        const Rope rope(c.D, c.S);
+        RowTransforms tx;
+        if (!one_rank || r == 1) tx.on_unpack(2, rope);
+        const std::int64_t Hr = lp.specs.query_heads.count(r), Kr = lp.specs.kv_heads.count(r);
+        std::vector<float> dout(static_cast<std::size_t>(c.S / 2 * c.H * c.D), 1.0f), do2(static_cast<std::size_t>(c.S * Hr * c.D), -1.0f);
+        std::vector<float> dq2(static_cast<std::size_t>(c.S * Hr * c.D)), dk2(static_cast<std::size_t>(c.S * Kr * c.D)), dv2 = dk2;
+        std::vector<float> dq(dout.size()), dk(static_cast<std::size_t>(c.S / 2 * c.Hkv * c.D)), dv = dk;
+        std::vector<std::byte> w1(lp.qkv().workspace_bytes()), w2(lp.out().workspace_bytes());
+        codes[static_cast<std::size_t>(r)] = ut::code_of([&] {
+          banded_attention_backward(lp.bands, comm, exec, ConstByteSpan(dout), ByteSpan(do2), w2, TensorList<ConstByteSpan>{dq2, dk2, dv2},
+                                    TensorList<ByteSpan>{dq, dk, dv}, w1, [&](const Band&) { ++attended[static_cast<std::size_t>(r)]; },
+                                    Progress::automatic, tx);
+        });
+        if (!one_rank || r == 1) CHECK(do2 == std::vector<float>(do2.size(), -1.0f));  // do never moved on a refusing rank
+      });
+      CHECK(attended == std::vector<int>{0, 0});
+      CHECK(codes[1] == Errc::invalid_shape);
+      CHECK(codes[0] == (one_rank ? Errc::aborted : Errc::invalid_shape));
+    }
+}
+
 TEST_CASE("banded_attention: an attention that throws on one rank is every rank's error, within the deadline") {
   const bt::BandCase c{3, 1, 6, 6, 3, 4};
   LocalGroup g(c.P, std::chrono::seconds(20));

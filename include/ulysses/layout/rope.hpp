@@ -40,8 +40,12 @@ enum class RopeStyle : int {
 /// The same bits on every path, rank, compiler and ISA: an fma is one IEEE operation whether the
 /// CPU has the instruction or not (CUDA: __fmaf_rn), and -ffp-contract cannot change an explicit
 /// one. Every element type computes in float32, float64 rows included (their values are rounded to
-/// float first). Error: |x' − exact| ≤ 2^−22 (|x·c| + |y·s|), |y' − exact| ≤ 2^−22 (|y·c| + |x·s|)
-/// (the roundings of the table, the product and the fma; tests/layout/test_rope.cpp).
+/// float first). Error against the exact rotation by a = p·f_i (theta's tables):
+///   |x' − exact| ≤ 2^−22 (|x·c| + |y·s|) + (|x| + |y|) (a (ln theta + 3) + 2) 2^−53
+/// (y': x and y swapped). The first term: the roundings of c and s to float, of the product and
+/// of the fma; the second: the angle's in double (its exponent −2i/rotary_dim, pow, the product
+/// and cos, sin), which counts only where c or s nears 0 at a large position (4.4× the first term
+/// alone at p = 104348, theta 10000). tests/layout/test_rope.cpp checks every position below 128k.
 ///
 /// Positions: the row's global token index (the default), or position ids read at the global
 /// token (with_position_ids(): never at a rank-local index), or the token's offset in its
