@@ -34,6 +34,14 @@ ULYSSES_NAMESPACE_BEGIN
 namespace detail {
 /// The name of direction d's call, for the peers' messages.
 constexpr const char* call_name(Direction d) { return d == Direction::seq_to_head ? "seq_to_head" : "head_to_seq"; }
+/// What an exchange of `plan` in direction `dir` with row transforms `tx` (null: none) is, for the
+/// call numbering (begin_call()): its plan, direction and the tensors and sides that carry a
+/// transform (RowTransforms::sides()), so that ranks which disagree on them get
+/// Error(plan_mismatch) instead of moving rows transformed on some ranks only.
+inline std::uint64_t exchange_word(const Plan& plan, Direction dir, const RowTransforms* tx) {
+  const std::uint64_t w = fnv1a(plan.fingerprint(), static_cast<int>(dir)), sides = tx ? tx->sides() : 0;
+  return sides ? fnv1a(w, static_cast<std::int64_t>(sides)) : w;
+}
 /// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
 inline void require_adjoint(const Plan& plan, const char* what) {
   const int t = plan.first_non_adjoint_tensor();
@@ -109,7 +117,8 @@ void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, B
                                     std::to_string(plan.num_tensors()) + " tensors");
     if (!plan.tensor(t).by_rows())
       fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) +
-                                    ", whose plan was not built for them: plan it with TensorSpec::with_row_transforms()");
+                                    ", whose plan was not built for them: plan it with TensorSpec::with_row_transforms() (with "
+                                    "attention_specs(): specs.q, specs.k or specs.v .with_row_transforms() before the plans or HeadBands)");
     for (int side = 0; side < 2; ++side) {
       const RowTransformRef r = side == 0 ? tx->pack(t) : tx->unpack(t);
       if (!r || !r.check) continue;
@@ -278,7 +287,7 @@ template <class Comm, class Exec>
 void redistribute(const Plan& plan, Direction dir, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& in,
                   const TensorList<ByteSpan>& out, Workspace ws, const RowTransforms* transforms = nullptr) {
   detail::refuse_beside_worker(comm, detail::call_name(dir));
-  detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
+  detail::begin_call(comm, detail::call_name(dir), detail::exchange_word(plan, dir, transforms));
   detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir), [&] {
     detail::run_part(detail::bind_part(plan, dir, comm, exec, in, out, ws, StageRange::all(), transforms), comm, exec);
   });

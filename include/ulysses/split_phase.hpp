@@ -104,7 +104,7 @@ class Exchange {
         (calls[0].stages.count == -1 || calls[0].stages.count == calls[0].plan->num_stages())) {
       // one exchange of every stage: numbered as the blocking call (redistribute()), so that a
       // rank's seq_to_head() pairs with its peers' start_seq_to_head() + finish()
-      what = detail::fnv1a(calls[0].plan->fingerprint(), static_cast<int>(calls[0].dir));
+      what = detail::exchange_word(*calls[0].plan, calls[0].dir, calls[0].transforms);
     } else {
       for (int i = 0; calls && i < n && i < kMaxExchangeParts; ++i) {
         // the stages as resolved (StageRange::all() and {0, K} are one exchange on every rank)
@@ -113,6 +113,8 @@ class Exchange {
         what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
                                            static_cast<int>(calls[i].dir)),
                              static_cast<std::int64_t>(s.first) * 65536 + count);
+        if (calls[i].transforms && calls[i].transforms->sides())  // (the tensors and sides with a transform: exchange_word())
+          what = detail::fnv1a(what, static_cast<std::int64_t>(calls[i].transforms->sides()));
       }
     }
     detail::begin_call(*comm_, name_, what);

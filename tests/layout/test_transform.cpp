@@ -16,6 +16,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -362,6 +363,46 @@ TEST_CASE("with_row_transforms() is in the agreement record: ranks that differ g
   });
   CHECK(codes[0] == Errc::plan_mismatch);
   CHECK(codes[1] == Errc::plan_mismatch);
+}
+
+TEST_CASE("a row transform on one rank only (every rank planned by rows): plan_mismatch on every rank, blocking and split-phase, nothing written") {
+  const int P = 3;
+  for (int odd : {0, 2})
+    for (bool split : {false, true}) {
+      CAPTURE(odd);
+      CAPTURE(split);
+      LocalGroup g(P);
+      std::vector<Errc> codes(P);
+      std::vector<std::string> messages(P);
+      std::vector<int> written(P);
+      g.spawn([&](LocalGroup::Comm& comm) {
+        const int r = comm.rank();
+        const Plan plan({P, r}, 1, SeqPartition::even(6, P), {TensorSpec::of<float>(HeadPartition::even(3, P), 4).with_row_transforms()});
+        std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), o(plan.head_bytes(0) / 4, -7.0f);
+        std::vector<std::byte> ws(plan.workspace_bytes());
+        HostExecutor ex;
+        const Rope rope(4, 6);
+        RowTransforms tx;
+        if (r == odd) tx.on_pack(0, rope);
+        std::tie(codes[static_cast<std::size_t>(r)], messages[static_cast<std::size_t>(r)]) = ut::error_of([&] {
+          const TensorList<ConstByteSpan> in{ConstByteSpan(a)};
+          const TensorList<ByteSpan> out{ByteSpan(o)};
+          if (split) {
+            Exchange<LocalGroup::Comm, HostExecutor> h(comm, ex, ExchangeCall{&plan, Direction::seq_to_head, in, out, ws, StageRange::all(), &tx});
+            h.finish();
+          } else {
+            seq_to_head(plan, comm, ex, in, out, ws, tx);
+          }
+        });
+        for (float x : o) written[static_cast<std::size_t>(r)] += x != -7.0f;
+      });
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+        CHECK(messages[static_cast<std::size_t>(r)].find("row transforms") != std::string::npos);
+        CHECK(written[static_cast<std::size_t>(r)] == 0);
+      }
+    }
 }
 
 // ---- the fp8 wire (TensorSpec::with_wire) --------------------------------------------------------

@@ -494,4 +494,47 @@ TEST_CASE("with_row_transforms() on one rank only: plan_mismatch on every rank, 
       }
 }
 
+// (Over MpiComm's message path the calls' messages carry different tags and never pair: every
+// rank times out at its deadline naming the peers, as for any two different calls there.)
+TEST_CASE("a row transform on one rank only (every rank planned by rows): plan_mismatch on every rank at once, over MpiComm (alltoallv) and MpiWindowComm (direct)") {
+  const int P = ut::world_size();
+  for (int odd : {0, P - 1})  // the rank that passes RoPE on q; its peers pass none
+    for (int via : {1, 2}) {  // alltoallv, the window's direct path
+      CAPTURE(odd);
+      CAPTURE(via);
+      ut::on_groups_of(P, [&](MPI_Comm sub) {
+        {
+          MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+          const int r = comm.rank();
+          MpiWindow win(comm, 1u << 16);
+          MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+          PlanOptions opt;
+          opt.path = via == 1 ? Path::alltoallv : Path::direct;
+          const HeadPartition qh = HeadPartition::even(2 * P, P), kvh = HeadPartition::gqa(qh, 1);
+          const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P),
+                          {TensorSpec::of<float>(qh, 4).with_row_transforms(), TensorSpec::of<float>(kvh, 4)}, Format::bshd, opt);
+          std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), b(plan.seq_bytes(1) / 4, 2.0f), oa(plan.head_bytes(0) / 4), ob(plan.head_bytes(1) / 4);
+          std::vector<std::byte> ws(plan.workspace_bytes());
+          HostExecutor ex;
+          const Rope rope(4, 2 * P);
+          RowTransforms tx;
+          if (r == odd) tx.on_pack(0, rope);
+          const TensorList<ConstByteSpan> in{ConstByteSpan(a), ConstByteSpan(b)};
+          const TensorList<ByteSpan> out{ByteSpan(oa), ByteSpan(ob)};
+          const ut::TimedError t = ut::timed_error_of([&] {
+            if (via == 1)
+              seq_to_head(plan, comm, ex, in, out, ws, tx);
+            else
+              seq_to_head(plan, wc, ex, in, out, ws, tx);
+          });
+          CAPTURE(r);
+          CAPTURE(t.message);
+          CHECK(t.code == Errc::plan_mismatch);
+          CHECK(t.ms < 15000);
+        }
+        drop_leftovers(sub);
+      });
+    }
+}
+
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }

@@ -156,7 +156,8 @@ std::string call_mismatch(int P, Number&& number, What&& what, Name&& name) {
         return "call " + std::to_string(number(p)) + " (" + (n && *n ? n : "no library call") + ")";
       });
   if (diff.empty()) return diff;
-  return diff + " of this communicator: a rank skipped a call, or runs another (the calls are not paired; every rank reports this)";
+  return diff + " of this communicator: a rank skipped a call, or runs another (another plan, direction, or row transforms on other "
+                "tensors; the calls are not paired; every rank reports this)";
 }
 
 }  // namespace detail

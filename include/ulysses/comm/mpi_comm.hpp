@@ -140,7 +140,8 @@ class MpiComm {
       throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank_) + " in " + call.who + " (" + state_.call().name + ", call " +
                                            std::to_string(state_.call().number) +
                                            "): the ranks are in different library calls of this communicator (a rank skipped a call, or "
-                                           "runs another; every rank reports this)");
+                                           "runs another: another plan, direction, or row transforms on other tensors; every rank "
+                                           "reports this)");
     if (c.fits[0]) {
       for (std::size_t p = 0; p < c.sc.size(); ++p) {
         c.sc[p] = static_cast<int>(send_bytes[p]);

@@ -112,8 +112,10 @@ struct RowTransformRef {
 /// element.hpp and applies the unpack transform to the float32 sum before its one rounding.
 ///
 /// Non-owning: the transform objects must outlive the call (for a split-phase exchange, its
-/// finish()). Every rank passes the same transforms (not checked: they travel as code, not
-/// data). The plan's tensor must have been built with TensorSpec::with_row_transforms(), and the
+/// finish()). Every rank passes transforms on the same tensors and sides: the calls compare
+/// sides() across ranks with the call's plan and direction (a rank with RoPE beside one without
+/// is Error(plan_mismatch) on every rank, on the communicators that number their calls); what
+/// each transform computes travels as code and is not compared. The plan's tensor must have been built with TensorSpec::with_row_transforms(), and the
 /// executor must run transforms (executor_traits::row_transforms: HostExecutor); else the call
 /// throws Error(invalid_shape) before any byte moves.
 class RowTransforms {
@@ -141,6 +143,14 @@ class RowTransforms {
   RowTransformRef unpack(int t) const { return t >= 0 && t < kMaxTensors ? unpack_[t] : RowTransformRef{}; }
   /// Whether tensor t has a transform on either side.
   bool any(int t) const { return static_cast<bool>(pack(t)) || static_cast<bool>(unpack(t)); }
+  /// Which tensors and sides have a transform: bit 2t tensor t's pack transform, bit 2t + 1 its
+  /// unpack transform (what the calls compare across ranks).
+  std::uint64_t sides() const {
+    std::uint64_t m = 0;
+    for (int t = 0; t < kMaxTensors; ++t)
+      m |= (pack(t) ? std::uint64_t{1} : 0) << (2 * t) | (unpack(t) ? std::uint64_t{1} : 0) << (2 * t + 1);
+    return m;
+  }
   /// Whether any tensor has a transform.
   bool empty() const {
     for (int t = 0; t < kMaxTensors; ++t)
