@@ -452,89 +452,52 @@ void drop_leftovers(MPI_Comm sub) {
 }
 }  // namespace
 
-TEST_CASE("with_row_transforms() on one rank only: plan_mismatch on every rank, over MpiComm (messages, alltoallv) and MpiWindowComm (direct)") {
+// all_rows: every rank plans q by rows and only rank `odd` passes RoPE: the call numbering tells
+// the calls apart (over MpiComm's message path their messages carry different tags and never
+// pair: every rank times out at its deadline naming the peers, as for any two different calls).
+TEST_CASE("with_row_transforms() or a row transform on one rank only: plan_mismatch on every rank, over MpiComm (messages, alltoallv) and MpiWindowComm (direct)") {
   const int P = ut::world_size();
-  for (int odd : {0, P - 1})          // the rank whose tensor is planned row by row
-    for (int with_tx : {0, 1})        // whether that rank passes a transform for it
-      for (int via = 0; via < 3; ++via) {  // messages, alltoallv, the window's direct path
-        CAPTURE(odd);
-        CAPTURE(with_tx);
-        CAPTURE(via);
-        ut::on_groups_of(P, [&](MPI_Comm sub) {
-          {
-            MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
-            const int r = comm.rank();
-            MpiWindow win(comm, 1u << 16);
-            MpiWindowComm wc(comm, win, std::chrono::seconds(20));
-            PlanOptions opt;
-            opt.path = via == 0 ? Path::messages : via == 1 ? Path::alltoallv : Path::direct;
-            const HeadPartition qh = HeadPartition::even(2 * P, P), kvh = HeadPartition::gqa(qh, 1);
-            TensorSpec q = TensorSpec::of<float>(qh, 4);
-            if (r == odd) q.with_row_transforms();
-            const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {q, TensorSpec::of<float>(kvh, 4)}, Format::bshd, opt);
-            std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), b(plan.seq_bytes(1) / 4, 2.0f), oa(plan.head_bytes(0) / 4), ob(plan.head_bytes(1) / 4);
-            std::vector<std::byte> ws(plan.workspace_bytes());
-            HostExecutor ex;
-            const Rope rope(4, 2 * P);
-            RowTransforms tx;
-            if (r == odd && with_tx) tx.on_pack(0, rope);
-            const TensorList<ConstByteSpan> in{ConstByteSpan(a), ConstByteSpan(b)};
-            const TensorList<ByteSpan> out{ByteSpan(oa), ByteSpan(ob)};
-            const ut::TimedError t = ut::timed_error_of([&] {
-              if (via < 2) seq_to_head(plan, comm, ex, in, out, ws, tx);
-              else seq_to_head(plan, wc, ex, in, out, ws, tx);
-            });
-            CAPTURE(r);
-            CAPTURE(t.message);
-            CHECK(t.code == Errc::plan_mismatch);
-            CHECK(t.ms < 15000);
-          }
-          drop_leftovers(sub);
-        });
-      }
-}
-
-// (Over MpiComm's message path the calls' messages carry different tags and never pair: every
-// rank times out at its deadline naming the peers, as for any two different calls there.)
-TEST_CASE("a row transform on one rank only (every rank planned by rows): plan_mismatch on every rank at once, over MpiComm (alltoallv) and MpiWindowComm (direct)") {
-  const int P = ut::world_size();
-  for (int odd : {0, P - 1})  // the rank that passes RoPE on q; its peers pass none
-    for (int via : {1, 2}) {  // alltoallv, the window's direct path
-      CAPTURE(odd);
-      CAPTURE(via);
-      ut::on_groups_of(P, [&](MPI_Comm sub) {
-        {
-          MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
-          const int r = comm.rank();
-          MpiWindow win(comm, 1u << 16);
-          MpiWindowComm wc(comm, win, std::chrono::seconds(20));
-          PlanOptions opt;
-          opt.path = via == 1 ? Path::alltoallv : Path::direct;
-          const HeadPartition qh = HeadPartition::even(2 * P, P), kvh = HeadPartition::gqa(qh, 1);
-          const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P),
-                          {TensorSpec::of<float>(qh, 4).with_row_transforms(), TensorSpec::of<float>(kvh, 4)}, Format::bshd, opt);
-          std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), b(plan.seq_bytes(1) / 4, 2.0f), oa(plan.head_bytes(0) / 4), ob(plan.head_bytes(1) / 4);
-          std::vector<std::byte> ws(plan.workspace_bytes());
-          HostExecutor ex;
-          const Rope rope(4, 2 * P);
-          RowTransforms tx;
-          if (r == odd) tx.on_pack(0, rope);
-          const TensorList<ConstByteSpan> in{ConstByteSpan(a), ConstByteSpan(b)};
-          const TensorList<ByteSpan> out{ByteSpan(oa), ByteSpan(ob)};
-          const ut::TimedError t = ut::timed_error_of([&] {
-            if (via == 1)
-              seq_to_head(plan, comm, ex, in, out, ws, tx);
-            else
-              seq_to_head(plan, wc, ex, in, out, ws, tx);
+  for (int all_rows : {0, 1})
+    for (int odd : {0, P - 1})          // the rank whose tensor is planned row by row (all_rows: that passes a transform)
+      for (int with_tx : {0, 1})        // whether that rank passes a transform for it
+        for (int via = 0; via < 3; ++via) {  // messages, alltoallv, the window's direct path
+          if (all_rows && (!with_tx || via == 0)) continue;
+          CAPTURE(all_rows);
+          CAPTURE(odd);
+          CAPTURE(with_tx);
+          CAPTURE(via);
+          ut::on_groups_of(P, [&](MPI_Comm sub) {
+            {
+              MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+              const int r = comm.rank();
+              MpiWindow win(comm, 1u << 16);
+              MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+              PlanOptions opt;
+              opt.path = via == 0 ? Path::messages : via == 1 ? Path::alltoallv : Path::direct;
+              const HeadPartition qh = HeadPartition::even(2 * P, P), kvh = HeadPartition::gqa(qh, 1);
+              TensorSpec q = TensorSpec::of<float>(qh, 4);
+              if (r == odd || all_rows) q.with_row_transforms();
+              const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {q, TensorSpec::of<float>(kvh, 4)}, Format::bshd, opt);
+              std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), b(plan.seq_bytes(1) / 4, 2.0f), oa(plan.head_bytes(0) / 4), ob(plan.head_bytes(1) / 4);
+              std::vector<std::byte> ws(plan.workspace_bytes());
+              HostExecutor ex;
+              const Rope rope(4, 2 * P);
+              RowTransforms tx;
+              if (r == odd && with_tx) tx.on_pack(0, rope);
+              const TensorList<ConstByteSpan> in{ConstByteSpan(a), ConstByteSpan(b)};
+              const TensorList<ByteSpan> out{ByteSpan(oa), ByteSpan(ob)};
+              const ut::TimedError t = ut::timed_error_of([&] {
+                if (via < 2) seq_to_head(plan, comm, ex, in, out, ws, tx);
+                else seq_to_head(plan, wc, ex, in, out, ws, tx);
+              });
+              CAPTURE(r);
+              CAPTURE(t.message);
+              CHECK(t.code == Errc::plan_mismatch);
+              CHECK(t.ms < 15000);
+            }
+            drop_leftovers(sub);
           });
-          CAPTURE(r);
-          CAPTURE(t.message);
-          CHECK(t.code == Errc::plan_mismatch);
-          CHECK(t.ms < 15000);
         }
-        drop_leftovers(sub);
-      });
-    }
 }
 
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }

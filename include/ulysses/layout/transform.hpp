@@ -114,10 +114,12 @@ struct RowTransformRef {
 /// Non-owning: the transform objects must outlive the call (for a split-phase exchange, its
 /// finish()). Every rank passes transforms on the same tensors and sides: the calls compare
 /// sides() across ranks with the call's plan and direction (a rank with RoPE beside one without
-/// is Error(plan_mismatch) on every rank, on the communicators that number their calls); what
-/// each transform computes travels as code and is not compared. The plan's tensor must have been built with TensorSpec::with_row_transforms(), and the
-/// executor must run transforms (executor_traits::row_transforms: HostExecutor); else the call
-/// throws Error(invalid_shape) before any byte moves.
+/// is Error(plan_mismatch) on every rank, on the communicators that number their calls; over
+/// MpiComm's message path the calls never pair and time out at the deadline); what each
+/// transform computes travels as code and is not compared. The plan's tensor must have been
+/// built with TensorSpec::with_row_transforms(), and the executor must run transforms
+/// (executor_traits::row_transforms: HostExecutor); else the call throws Error(invalid_shape)
+/// before any byte moves.
 class RowTransforms {
  public:
   /// Applies `x` to tensor t's rows on pack (see the class comment). Keeps a reference to x.
