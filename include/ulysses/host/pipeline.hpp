@@ -44,7 +44,7 @@ class HostPipeline {
                     const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out, Workspace ws) {
     static_assert(executor_traits<PackExec>::runs_on_host == executor_traits<UnpackExec>::runs_on_host,
                   "the pack and unpack executors of a HostPipeline run in the same memory");
-    detail::begin_call(comm, detail::call_name(dir), detail::fnv1a(plan.fingerprint(), static_cast<int>(dir)));
+    detail::begin_call(comm, detail::call_name(dir), detail::exchange_word(plan, dir, nullptr));
     detail::tell_peers_on_failure(comm, plan.rank(), detail::call_name(dir), [&] { run_stages(plan, dir, comm, pack_exec, unpack_exec, in, out, ws); });
   }
 
