@@ -182,6 +182,66 @@ TEST_CASE("Rope::copy_row (the fused load, rotate, store): the bits of load_row,
   CHECK(y == std::vector<double>(8, -2.0));
 }
 
+TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a run along the heads or the tokens, strided, in place") {
+  // Runs of 1..9 rows with gaps between rows (strides above the row), along the heads of one token
+  // (one position's table for the run) and along the tokens (each row its own), plain positions
+  // and position ids; random bit patterns (NaNs, subnormals: the bf16 kernel's lane-by-lane
+  // narrowing) and ordinary numbers; every type and pairing, full and partial rotary dims.
+  std::mt19937 rng(11);
+  std::vector<std::int64_t> ids(64);
+  for (std::int64_t& v : ids) v = static_cast<std::int64_t>(rng() % 4096u);
+  RowTransforms tx;
+  for (ElementType type : {ElementType::bfloat16, ElementType::float16, ElementType::float32})
+    for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
+      for (std::int64_t rd : {std::int64_t{0}, std::int64_t{64}, std::int64_t{32}})
+        for (bool with_ids : {false, true}) {
+          Rope rope(128, 4096, 10000.0, rd, style);
+          if (with_ids) rope.with_position_ids(ids.data(), static_cast<std::int64_t>(ids.size()));
+          tx.on_pack(0, rope);
+          CHECK(static_cast<bool>(tx.pack(0).copy_run));  // RowTransforms carries the run form
+          const std::size_t e = size_of(type), row = 128 * e, stride = row + 3 * e;
+          long long wrong = 0;
+          for (int trial = 0; trial < 40; ++trial) {
+            const std::int64_t count = 1 + trial % 9;
+            const bool along_heads = trial % 2 == 0, ordinary = trial % 4 < 2, in_place = trial % 3 == 0;
+            std::vector<std::byte> src(stride * static_cast<std::size_t>(count)), run_out(src.size(), std::byte{0x5a}), want(src.size(), std::byte{0x5a});
+            for (std::byte& b : src) b = static_cast<std::byte>(rng() & 0xffu);
+            if (ordinary)
+              for (std::size_t i = 0; i < src.size(); i += e) src[i + e - 1] = static_cast<std::byte>((rng() & 0x80u) | 0x3fu);
+            const RowCoord first{0, static_cast<std::int64_t>(rng() % 40u), static_cast<std::int64_t>(rng() % 8u)};
+            const RowCoord step = along_heads ? RowCoord{0, 0, 1} : RowCoord{0, 1, 0};
+            std::vector<std::byte> copy = src;
+            for (std::int64_t i = 0; i < count; ++i) {
+              const std::size_t off = stride * static_cast<std::size_t>(i);
+              CHECK(rope.copy_row(RowRun{first, step}.at(i), type, src.data() + off, want.data() + off, 128));
+            }
+            std::byte* dst = in_place ? copy.data() : run_out.data();
+            const auto s = static_cast<std::int64_t>(stride);
+            CHECK(tx.pack(0).copy_run(tx.pack(0).object, RowRun{first, step, copy.data(), s, dst, s, 128, count}, type));
+            for (std::int64_t i = 0; i < count; ++i) {  // each row's bytes; the gaps untouched
+              const std::size_t off = stride * static_cast<std::size_t>(i);
+              wrong += std::memcmp(dst + off, want.data() + off, row) != 0;
+              if (!in_place) wrong += std::memcmp(dst + off + row, want.data() + off + row, stride - row) != 0;
+            }
+          }
+          CAPTURE(static_cast<int>(type));
+          CAPTURE(static_cast<int>(style));
+          CAPTURE(rd);
+          CAPTURE(with_ids);
+          CHECK(wrong == 0);
+        }
+  // Rows of another length, or float64: false, nothing written.
+  const Rope r(8, 4);
+  std::vector<float> x(32, 1.5f), y(32, -2.0f);
+  CHECK_FALSE(r.copy_run(RowRun{RowCoord{}, RowCoord{0, 0, 1}, reinterpret_cast<const std::byte*>(x.data()), 64,
+                                reinterpret_cast<std::byte*>(y.data()), 64, 16, 2},
+                         ElementType::float32));
+  CHECK_FALSE(r.copy_run(RowRun{RowCoord{}, RowCoord{0, 0, 1}, reinterpret_cast<const std::byte*>(x.data()), 64,
+                                reinterpret_cast<std::byte*>(y.data()), 64, 8, 2},
+                         ElementType::float64));
+  CHECK(y == std::vector<float>(32, -2.0f));
+}
+
 TEST_CASE("Rope from float tables: the tables' values, the same bits as theta's tables rounded to float") {
   const std::int64_t D = 8, maxp = 16, half = D / 2;
   std::vector<float> c(static_cast<std::size_t>(maxp * half)), s(c.size());

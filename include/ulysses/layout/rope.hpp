@@ -15,6 +15,10 @@
 #include <vector>
 
 #include "../detail/checked.hpp"
+#include "../detail/cpu.hpp"
+#if ULYSSES_HOST_AVX2
+#include <immintrin.h>
+#endif
 #include "../error.hpp"
 #include "transform.hpp"
 
@@ -151,24 +155,33 @@ class Rope {
   ///          n != head_dim(): the executor then takes the row path.
   /// @pre as operator(): n == head_dim(), the position in [0, max_position)
   bool copy_row(const RowCoord& at, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) const {
-    const std::int64_t half = rd_ / 2, eb = static_cast<std::int64_t>(size_of(type));
-    const float* t = &tab_[static_cast<std::size_t>(position(at) * half * 2)];
-    const bool il = style_ == RopeStyle::interleaved;
+    return copy_run(RowRun{at, RowCoord{}, src, 0, dst, 0, n, 1}, type);
+  }
+  /// copy_row() over a RowRun of rows in one call (the run form of the row-transform concept):
+  /// the same bits as copy_row() on each row, with one dispatch for the run; the rows of a run
+  /// along the heads (run.step.token == run.step.batch == 0) share one position's table.
+  /// @returns false, touching nothing, where copy_row() would (a type it has no fused form for,
+  ///          or run.n != head_dim()).
+  /// @pre as copy_row(), for every row of the run
+  bool copy_run(const RowRun& run, ElementType type) const {
+    const std::int64_t eb = static_cast<std::int64_t>(size_of(type));
     if (type != ElementType::bfloat16 && type != ElementType::float16 && type != ElementType::float32) return false;
-    if (n != d_) return false;  // (outside the precondition: the general path, which reads the row as given)
-    if (n > rd_) {  // the elements past rotary_dim pass through one load and store (a NaN made canonical)
-      double rest[kMaxPairs * 2];
-      detail::load_row(type, src + rd_ * eb, rest, n - rd_);
-      detail::store_row(type, dst + rd_ * eb, rest, n - rd_);
+    if (run.n != d_) return false;  // (outside the precondition: the general path, which reads the row as given)
+    for (std::int64_t i = 0; run.n > rd_ && i < run.count; ++i) {  // the elements past rotary_dim: one load and store
+      double rest[kMaxPairs * 2];                                  // (a NaN made canonical)
+      detail::load_row(type, run.src + i * run.src_stride + rd_ * eb, rest, run.n - rd_);
+      detail::store_row(type, run.dst + i * run.dst_stride + rd_ * eb, rest, run.n - rd_);
     }
     detail::with_sum_arith(type, [&](auto a) {
       using A = decltype(a);
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
 #if ULYSSES_HOST_AVX2
-        if (detail::host_has_avx512()) return copy_rotated_avx512<A>(src, dst, t, half, il);
-        if (detail::host_has_avx2_fma()) return copy_rotated_avx2<A>(src, dst, t, half, il);
+        if constexpr (std::is_same_v<A, detail::SumArith<ElementType::bfloat16>>)  // (half rotation, 16 pairs a vector)
+          if (style_ == RopeStyle::half && rd_ % 32 == 0 && detail::host_has_avx512_bf16()) return copy_rotated_bf16(run);
+        if (detail::host_has_avx512()) return copy_rotated_avx512<A>(run);
+        if (detail::host_has_avx2_fma()) return copy_rotated_avx2<A>(run);
 #endif
-        copy_rotated_sized<A>(src, dst, t, half, il);
+        copy_rotated_sized<A>(run);
       }
     });
     return true;
@@ -255,20 +268,74 @@ class Rope {
     }
     std::memcpy(dst, o, bytes);
   }
+  /// The run's rows through copy_rotated<A, M>: one position's table for a run along the heads,
+  /// each row's own otherwise.
+  template <class A, int M>
+  ULYSSES_ALWAYS_INLINE void copy_rotated_run(const RowRun& run) const {
+    const std::int64_t m = rd_ / 2;
+    const bool il = style_ == RopeStyle::interleaved, one_position = run.step.token == 0 && run.step.batch == 0;
+    const float* t = &tab_[static_cast<std::size_t>(position(run.first) * m * 2)];
+    for (std::int64_t i = 0; i < run.count; ++i) {
+      if (!one_position && i > 0) t = &tab_[static_cast<std::size_t>(position(run.at(i)) * m * 2)];
+      copy_rotated<A, M>(run.src + i * run.src_stride, run.dst + i * run.dst_stride, t, m, il);
+    }
+  }
   template <class A>
-  ULYSSES_ALWAYS_INLINE static void copy_rotated_sized(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
-    if (m == 64) return copy_rotated<A, 64>(src, dst, t, m, il);
-    if (m == 32) return copy_rotated<A, 32>(src, dst, t, m, il);
-    copy_rotated<A, 0>(src, dst, t, m, il);
+  ULYSSES_ALWAYS_INLINE void copy_rotated_sized(const RowRun& run) const {
+    if (rd_ == 128) return copy_rotated_run<A, 64>(run);
+    if (rd_ == 64) return copy_rotated_run<A, 32>(run);
+    copy_rotated_run<A, 0>(run);
   }
 #if ULYSSES_HOST_AVX2
   template <class A>
-  ULYSSES_TARGET_AVX512 static void copy_rotated_avx512(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
-    copy_rotated_sized<A>(src, dst, t, m, il);
+  ULYSSES_TARGET_AVX512 void copy_rotated_avx512(const RowRun& run) const {
+    copy_rotated_sized<A>(run);
   }
   template <class A>
-  ULYSSES_TARGET_AVX2_FMA static void copy_rotated_avx2(const std::byte* src, std::byte* dst, const float* t, std::int64_t m, bool il) {
-    copy_rotated_sized<A>(src, dst, t, m, il);
+  ULYSSES_TARGET_AVX2_FMA void copy_rotated_avx2(const RowRun& run) const {
+    copy_rotated_sized<A>(run);
+  }
+  /// Stores float_to_bfloat16_canonical() of 16 floats at p: VCVTNEPS2BF16 (RNE) where no lane
+  /// is a NaN or a float32 subnormal (the instruction flushes subnormals to zero and keeps a
+  /// NaN's payload); such a vector, rare, is narrowed lane by lane. The same bits either way.
+  ULYSSES_TARGET_AVX512_BF16 static void store_bf16x16(std::byte* p, __m512 x) {
+    if (_mm512_fpclass_ps_mask(x, 0xA1) == 0) {  // (0x01 quiet NaN, 0x20 subnormal, 0x80 signalling NaN)
+      const __m256bh h = _mm512_cvtneps_pbh(x);
+      std::memcpy(p, &h, 32);
+      return;
+    }
+    float f[16];
+    std::uint16_t b[16];
+    _mm512_storeu_ps(f, x);
+    for (int i = 0; i < 16; ++i) b[i] = detail::float_to_bfloat16_canonical(f[i]);
+    std::memcpy(p, b, 32);
+  }
+  /// 16 bf16 at p widened to float (exactly). (The all-lanes masked forms: GCC 12's unmasked ones
+  /// start from an undefined vector, which -Wmaybe-uninitialized reports.)
+  ULYSSES_TARGET_AVX512_BF16 static __m512 load_bf16x16(const std::byte* p) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, b), 16));
+  }
+  /// copy_rotated_run<bf16>'s half rotation (rotary_dim a multiple of 32) in AVX-512 with BF16:
+  /// per 16 pairs, x and y widened exactly, rotated by rotate_pair()'s operations
+  /// (x' = x·c − (y·s) and y' = y·c + (x·s), one fused rounding each, the products rounded first)
+  /// and narrowed by store_bf16x16(): the same bits. Each 16 pairs are loaded before they are
+  /// stored (src may be dst); a run along the heads keeps one position's table.
+  ULYSSES_TARGET_AVX512_BF16 void copy_rotated_bf16(const RowRun& run) const {
+    const std::int64_t m = rd_ / 2;
+    const bool one_position = run.step.token == 0 && run.step.batch == 0;
+    const float* t = &tab_[static_cast<std::size_t>(position(run.first) * m * 2)];
+    for (std::int64_t i = 0; i < run.count; ++i) {
+      if (!one_position && i > 0) t = &tab_[static_cast<std::size_t>(position(run.at(i)) * m * 2)];
+      const std::byte* src = run.src + i * run.src_stride;
+      std::byte* dst = run.dst + i * run.dst_stride;
+      for (std::int64_t k = 0; k < m; k += 16) {
+        const __m512 x = load_bf16x16(src + 2 * k), y = load_bf16x16(src + 2 * (m + k));
+        const __m512 c = _mm512_loadu_ps(t + k), sn = _mm512_loadu_ps(t + m + k);
+        store_bf16x16(dst + 2 * k, _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn)));
+        store_bf16x16(dst + 2 * (m + k), _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn)));
+      }
+    }
   }
 #endif
   static constexpr std::int64_t kMaxPairs = 512;  // rotary_dim / 2 for D <= 1024

@@ -25,6 +25,24 @@ struct RowCoord {
   std::int64_t head = 0;   ///< global head index in [0, H)
 };
 
+/// A run of `count` head rows of n elements each that the executor hands a transform's fused
+/// copy_run() at once: row i (0 <= i < count) is read at src + i·src_stride and written at
+/// dst + i·dst_stride (strides in bytes), and lies at RowCoord first + i·step (step: the
+/// per-row increment of batch, token and head; {0, 0, 1} along the heads of one token). Each
+/// row's src and dst are the same row or disjoint, and the rows do not overlap one another.
+struct RowRun {
+  RowCoord first;                  ///< row 0's coordinates
+  RowCoord step;                   ///< the coordinates' increment from one row to the next
+  const std::byte* src = nullptr;  ///< row 0's elements, read
+  std::int64_t src_stride = 0;     ///< bytes from one row's source to the next
+  std::byte* dst = nullptr;        ///< row 0's destination, written
+  std::int64_t dst_stride = 0;     ///< bytes from one row's destination to the next
+  std::int64_t n = 0;              ///< elements a row (D)
+  std::int64_t count = 0;          ///< rows
+  /// Row i's coordinates: first + i·step.
+  RowCoord at(std::int64_t i) const { return {first.batch + i * step.batch, first.token + i * step.token, first.head + i * step.head}; }
+};
+
 namespace detail {
 /// Whether X has `void operator()(const RowCoord&, double*, std::int64_t) const`.
 template <class X, class = void>
@@ -47,7 +65,12 @@ struct names_call<X, std::void_t<decltype(&X::operator())>> : std::true_type {};
 /// same result for the same (at, row) on every call: every path and rank then writes the same
 /// bits. It may also have the fused form `bool copy_row(const RowCoord& at, ElementType type,
 /// const std::byte* src, std::byte* dst, std::int64_t n) const`, which loads, transforms and
-/// stores a row in one pass with the same bits (Rope has one; RowTransformRef::copy).
+/// stores a row in one pass with the same bits (Rope has one; RowTransformRef::copy), and the run
+/// form `bool copy_run(const RowRun& run, ElementType type) const`, copy_row() over a RowRun of
+/// rows in one call (RowTransformRef::copy_run: the executor prefers it, one call per run of
+/// rows along a block's innermost loop). Each returns false, touching nothing, where it does not
+/// fuse (a type, a row length; copy_run() also a run it declines): the executor then copies
+/// those rows one by one (copy_row(), else the row path).
 /// True when X passes; else a static_assert names what is wrong.
 template <class X>
 constexpr bool check_row_transform() {
@@ -82,6 +105,12 @@ struct has_copy_row<X, std::void_t<decltype(bool{std::declval<const X&>().copy_r
                                                                                    std::declval<const std::byte*>(),
                                                                                    std::declval<std::byte*>(), std::int64_t{})})>>
     : std::true_type {};
+/// Whether X has the optional run form `bool copy_run(const RowRun&, ElementType) const`.
+template <class X, class = void>
+struct has_copy_run : std::false_type {};
+template <class X>
+struct has_copy_run<X, std::void_t<decltype(bool{std::declval<const X&>().copy_run(std::declval<const RowRun&>(), ElementType{})})>>
+    : std::true_type {};
 }  // namespace detail
 
 /// A non-owning reference to one row transform (what RowTransforms holds per tensor and side).
@@ -95,6 +124,9 @@ struct RowTransformRef {
   /// loads, transforms and stores one row with the same bits as load_row(), the transform and
   /// store_row(); it returns false, touching nothing, for a type it does not fuse.
   bool (*copy)(const void*, const RowCoord&, ElementType, const std::byte*, std::byte*, std::int64_t) = nullptr;
+  /// The transform's fused copy_run(run, type) (optional: null when it has none): copy over a
+  /// RowRun of rows in one call, with the same bits; false, touching nothing, where copy would be.
+  bool (*copy_run)(const void*, const RowRun&, ElementType) = nullptr;
   /// Whether a transform is set.
   constexpr explicit operator bool() const noexcept { return apply != nullptr; }
   /// Applies it to the row (n elements) at `at`. @pre a transform is set.
@@ -180,6 +212,8 @@ class RowTransforms {
       side[t].copy = [](const void* o, const RowCoord& at, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) {
         return static_cast<const X*>(o)->copy_row(at, type, src, dst, n);
       };
+    if constexpr (detail::has_copy_run<X>::value)
+      side[t].copy_run = [](const void* o, const RowRun& run, ElementType type) { return static_cast<const X*>(o)->copy_run(run, type); };
     return *this;
   }
   RowTransformRef pack_[kMaxTensors] = {};

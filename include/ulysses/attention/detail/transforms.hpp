@@ -33,6 +33,14 @@ struct GlobalTokenRows {
   bool copy_row(const RowCoord& rc, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) const {
     return inner.copy && inner.copy(inner.object, at(rc), type, src, dst, n);
   }
+  /// A run along the heads of one token forwards whole (its first row's token mapped); a run
+  /// along the tokens, whose global tokens need not be consecutive, is declined (false: the
+  /// executor copies its rows one by one through copy_row()), as is any run when the engine's
+  /// transform has no run form.
+  bool copy_run(const RowRun& run, ElementType type) const {
+    if (!inner.copy_run || (run.step.token != 0 && run.count > 1)) return false;
+    return inner.copy_run(inner.object, RowRun{at(run.first), run.step, run.src, run.src_stride, run.dst, run.dst_stride, run.n, run.count}, type);
+  }
 };
 
 /// The row transforms one distributed attention call hands its Ulysses exchange: the engine's

@@ -6,6 +6,7 @@
 ///        a transformed sum adds its terms by the sum rules first. docs/transforms.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -37,10 +38,35 @@ inline bool transforms_rows(const BlockCopy& c, const BufferTable& t) {
 
 /// The RowCoord of the cursor's row of block c (c.origin advanced along c.axis).
 inline RowCoord row_coord(const BlockCopy& c, const RowCursor& at) {
-  std::int64_t v[3] = {c.origin[0], c.origin[1], c.origin[2]};
-  for (int i = 0; i < 4; ++i)
-    if (c.axis[i] >= 0) v[c.axis[i]] += at.idx[i];
-  return {v[0], v[1], v[2]};
+  RowCoord rc{c.origin[0], c.origin[1], c.origin[2]};  // (selects, not an indexed array: stays in registers)
+  for (int i = 0; i < 4; ++i) {
+    rc.batch += c.axis[i] == 0 ? at.idx[i] : 0;
+    rc.token += c.axis[i] == 1 ? at.idx[i] : 0;
+    rc.head += c.axis[i] == 2 ? at.idx[i] : 0;
+  }
+  return rc;
+}
+
+/// The RowCoord increment from one row of block c to the next along its innermost loop.
+inline RowCoord row_step(const BlockCopy& c) {
+  return {c.axis[3] == 0 ? 1 : 0, c.axis[3] == 1 ? 1 : 0, c.axis[3] == 2 ? 1 : 0};
+}
+
+/// Rows [r, r1) of block c through a transform's fused copy_run(), one run along the block's
+/// innermost loop at a time, the cursor `at` on row r and advanced past the rows copied.
+/// @returns the first row not copied: r1, or r untouched where the transform does not fuse.
+inline std::int64_t copy_runs(const BlockCopy& c, const RowTransformRef& x, ElementType type, std::int64_t n, const std::byte* src,
+                              std::byte* dst, RowCursor& at, std::int64_t r, std::int64_t r1) {
+  const RowCoord step = row_step(c);
+  while (r < r1) {
+    const std::int64_t count = std::min(c.extent[3] - at.idx[3], r1 - r);
+    const RowRun run{row_coord(c, at), step, src + at.offset(c, true), c.src_stride[3], dst + at.offset(c, false), c.dst_stride[3], n, count};
+    if (!x.copy_run(x.object, run, type)) return r;
+    r += count;
+    at.idx[3] += count - 1;  // (count - 1 stays inside the loop's extent; next() carries)
+    at.next(c);
+  }
+  return r;
 }
 
 /// One row's work space and the call's transforms of the block's tensor.
@@ -197,6 +223,7 @@ inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::
                               : !input && output                     ? w.unpack
                                                                      : RowTransformRef{};
   const bool fp8_plain = w.fp8 && !(input && w.pack) && !(output && w.unpack);  // an fp8 row no transform touches
+  if (one.copy_run) r0 = copy_runs(c, one, w.type, w.n, src, dst, at, r0, r1);
   for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
     const RowCoord rc = row_coord(c, at);
     if (one.copy && one.copy(one.object, rc, w.type, src + at.offset(c, true), dst + at.offset(c, false), w.n)) continue;
