@@ -266,6 +266,62 @@ std::string run_backward(int P, std::int64_t B, std::int64_t S, std::int64_t H, 
 
 }  // namespace
 
+TEST_CASE("seq->head with Rope's runs (half rotation, D = 128 and 64: the bf16 kernel) on pack and on unpack, stored plainly and streamed: the bits of rows rotated first") {
+  // Rope itself on q and k (its run form: a run along a token's heads; the bf16 kernel), one rank
+  // on two threads (runs cut across threads), executors that stream every store
+  // (streaming_min_bytes 0: non-temporal stores in the kernel) beside ones that never do.
+  for (std::int64_t D : {std::int64_t{128}, std::int64_t{64}})
+    for (bool unpack : {false, true})
+      for (Path path : {Path::direct, Path::messages}) {
+        const int P = 4;
+        const std::int64_t B = 2, S = 24, H = 8, Hkv = 4;
+        const Rope rope(D, S, 10000.0, 0, RopeStyle::half);
+        const SeqPartition seq = SeqPartition::zigzag(S, P);
+        const Global<bf16> q = random_tensor<bf16>(B, S, H, D, 5), k = random_tensor<bf16>(B, S, Hkv, D, 6), v = random_tensor<bf16>(B, S, Hkv, D, 7);
+        const Global<bf16> want[3] = {transformed(q, rope), transformed(k, rope), v};
+        const Global<bf16>* in[3] = {&q, &k, &v};
+        LocalGroup group(P);
+        std::vector<std::string> err(static_cast<std::size_t>(P));
+        group.spawn([&](LocalGroup::Comm& comm) {
+          const int r = comm.rank();
+          const HeadPartition qh = HeadPartition::even(H, P), kvh = HeadPartition::gqa(qh, Hkv);
+          PlanOptions opt;
+          opt.path = path;
+          Plan plan({P, r}, B, seq,
+                    {TensorSpec::of<bf16>(qh, D).with_row_transforms(), TensorSpec::of<bf16>(kvh, D).with_row_transforms(),
+                     TensorSpec::of<bf16>(kvh, D).with_row_transforms()},
+                    Format::bshd, opt);
+          std::vector<std::vector<bf16>> ins, outs;
+          for (int t = 0; t < 3; ++t) {
+            ins.push_back(seq_local(*in[t], seq, r, plan.seq_layout(t)));
+            outs.emplace_back(static_cast<std::size_t>(plan.head_layout(t).span_elems()), E<bf16>::of(-99.0));
+          }
+          std::vector<std::byte> ws(plan.workspace_bytes());
+          RowTransforms tx;
+          if (unpack) tx.on_unpack(0, rope).on_unpack(1, rope);
+          else tx.on_pack(0, rope).on_pack(1, rope);
+          HostExecutorOptions xo{r % 2 ? 2 : 1};
+          if (r < 2) xo.streaming_min_bytes = 0;
+          HostExecutor ex(xo);
+          try {
+            seq_to_head(plan, comm, ex, {ins[0], ins[1], ins[2]}, {outs[0], outs[1], outs[2]}, ws, tx);
+          } catch (const std::exception& e) {
+            err[static_cast<std::size_t>(r)] = e.what();
+            return;
+          }
+          const HeadPartition* parts[3] = {&qh, &kvh, &kvh};
+          for (int t = 0; t < 3; ++t) {
+            const std::string m = head_mismatch(want[t], outs[static_cast<std::size_t>(t)], plan.head_layout(t), parts[t]->begin(r), parts[t]->end(r));
+            if (!m.empty()) err[static_cast<std::size_t>(r)] += "tensor " + std::to_string(t) + " at " + m + "; ";
+          }
+        });
+        CAPTURE(D);
+        CAPTURE(unpack);
+        CAPTURE(to_string(path));
+        for (const std::string& e : err) CHECK(e == "");
+      }
+}
+
 TEST_CASE("backward: head->seq of dq and dk with the inverse rotation; replicated kv heads (GQA, MQA) summed in float32, rotated, rounded once") {
   struct Shape {
     int P;

@@ -40,7 +40,7 @@ ULYSSES_NAMESPACE_BEGIN
 ///                  another thread. Same bytes either way.
 /// @pre the table holds valid pointers for the block's buffers; source and destination do not overlap.
 inline void run_block_host(const BlockCopy& c, const BufferTable& t, bool streaming = false) {
-  if (detail::transforms_rows(c, t)) return detail::run_transformed_rows(c, t, 0, c.rows());
+  if (detail::transforms_rows(c, t)) return detail::run_transformed_rows(c, t, 0, c.rows(), streaming);
   const std::byte* src = detail::buffer_at(t, c.src_buffer);
   std::byte* dst = detail::buffer_at(t, c.dst_buffer);
   detail::for_each_row_run(c, [&](std::int64_t so, std::int64_t dso) {
@@ -94,7 +94,7 @@ inline BlockCopy host_order(const BlockCopy& c) {
 inline void run_block_range(const BlockCopy& c, const BufferTable& t, std::int64_t lo, std::int64_t hi, bool streaming) {
   if (lo == 0 && hi == c.bytes()) return run_block_host(c, t, streaming);
   if (transforms_rows(c, t))  // whole rows: those that start in [lo, hi) (neighbouring ranges meet exactly)
-    return run_transformed_rows(c, t, (lo + c.row_bytes - 1) / c.row_bytes, (hi + c.row_bytes - 1) / c.row_bytes);
+    return run_transformed_rows(c, t, (lo + c.row_bytes - 1) / c.row_bytes, (hi + c.row_bytes - 1) / c.row_bytes, streaming);
   const std::byte* src = detail::buffer_at(t, c.src_buffer) + c.src_offset;
   std::byte* dst = detail::buffer_at(t, c.dst_buffer) + c.dst_offset;
   const std::int64_t R = c.row_bytes, e3 = c.extent[3];

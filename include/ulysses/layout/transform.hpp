@@ -39,6 +39,9 @@ struct RowRun {
   std::int64_t dst_stride = 0;     ///< bytes from one row's destination to the next
   std::int64_t n = 0;              ///< elements a row (D)
   std::int64_t count = 0;          ///< rows
+  /// Whether the executor streams this call's stores (a list larger than the caches; it fences
+  /// after the call): the copy may store its rows with non-temporal stores. Same bits either way.
+  bool stream = false;
   /// Row i's coordinates: first + i·step.
   RowCoord at(std::int64_t i) const { return {first.batch + i * step.batch, first.token + i * step.token, first.head + i * step.head}; }
 };

@@ -39,7 +39,9 @@ struct GlobalTokenRows {
   /// transform has no run form.
   bool copy_run(const RowRun& run, ElementType type) const {
     if (!inner.copy_run || (run.step.token != 0 && run.count > 1)) return false;
-    return inner.copy_run(inner.object, RowRun{at(run.first), run.step, run.src, run.src_stride, run.dst, run.dst_stride, run.n, run.count}, type);
+    RowRun global = run;
+    global.first = at(run.first);
+    return inner.copy_run(inner.object, global, type);
   }
 };
 

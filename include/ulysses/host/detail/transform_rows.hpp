@@ -52,19 +52,38 @@ inline RowCoord row_step(const BlockCopy& c) {
   return {c.axis[3] == 0 ? 1 : 0, c.axis[3] == 1 ? 1 : 0, c.axis[3] == 2 ? 1 : 0};
 }
 
+/// Prefetches the source of the next run while this one is copied: a run starts a new stride
+/// (a token's heads in a seq-sharded tensor lie H·D elements apart), which the hardware
+/// prefetcher does not follow. `rows` contiguous rows of `row_bytes` from p (a hint: never faults).
+inline void prefetch_run(const std::byte* p, std::int64_t rows, std::int64_t row_bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+  const std::int64_t bytes = std::min<std::int64_t>(rows * row_bytes, 4096);
+  for (std::int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
+#else
+  (void)p;
+  (void)rows;
+  (void)row_bytes;
+#endif
+}
+
 /// Rows [r, r1) of block c through a transform's fused copy_run(), one run along the block's
-/// innermost loop at a time, the cursor `at` on row r and advanced past the rows copied.
+/// innermost loop at a time, the cursor `at` on row r and advanced past the rows copied;
+/// `streaming`: the runs may store non-temporally (RowRun::stream; the caller fences).
 /// @returns the first row not copied: r1, or r untouched where the transform does not fuse.
 inline std::int64_t copy_runs(const BlockCopy& c, const RowTransformRef& x, ElementType type, std::int64_t n, const std::byte* src,
-                              std::byte* dst, RowCursor& at, std::int64_t r, std::int64_t r1) {
+                              std::byte* dst, RowCursor& at, std::int64_t r, std::int64_t r1, bool streaming) {
   const RowCoord step = row_step(c);
   while (r < r1) {
     const std::int64_t count = std::min(c.extent[3] - at.idx[3], r1 - r);
-    const RowRun run{row_coord(c, at), step, src + at.offset(c, true), c.src_stride[3], dst + at.offset(c, false), c.dst_stride[3], n, count};
+    const RowRun run{row_coord(c, at), step, src + at.offset(c, true), c.src_stride[3], dst + at.offset(c, false), c.dst_stride[3], n, count,
+                     streaming};
+    RowCursor next = at;
+    next.idx[3] += count - 1;  // (count - 1 stays inside the loop's extent; next() carries)
+    next.next(c);
+    if (r + count < r1) prefetch_run(src + next.offset(c, true), c.src_stride[3] == c.row_bytes ? count : 1, c.row_bytes);
     if (!x.copy_run(x.object, run, type)) return r;
     r += count;
-    at.idx[3] += count - 1;  // (count - 1 stays inside the loop's extent; next() carries)
-    at.next(c);
+    at = next;
   }
   return r;
 }
@@ -209,7 +228,7 @@ struct RowWork {
 /// Rows [r0, r1) of the row-path copy block c: each row read (RowWork::read()) and written
 /// (RowWork::write()) with its RowCoord.
 /// @pre transforms_rows(c, t); D <= kMaxTransformedRow
-inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::int64_t r0, std::int64_t r1) {
+inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::int64_t r0, std::int64_t r1, bool streaming = false) {
   if (r0 >= r1) return;
   const std::byte* src = buffer_at(t, c.src_buffer) + c.src_offset;
   std::byte* dst = buffer_at(t, c.dst_buffer) + c.dst_offset;
@@ -223,7 +242,7 @@ inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::
                               : !input && output                     ? w.unpack
                                                                      : RowTransformRef{};
   const bool fp8_plain = w.fp8 && !(input && w.pack) && !(output && w.unpack);  // an fp8 row no transform touches
-  if (one.copy_run) r0 = copy_runs(c, one, w.type, w.n, src, dst, at, r0, r1);
+  if (one.copy_run) r0 = copy_runs(c, one, w.type, w.n, src, dst, at, r0, r1, streaming);
   for (std::int64_t r = r0; r < r1; ++r, at.next(c)) {
     const RowCoord rc = row_coord(c, at);
     if (one.copy && one.copy(one.object, rc, w.type, src + at.offset(c, true), dst + at.offset(c, false), w.n)) continue;
