@@ -390,3 +390,36 @@ TEST_CASE("fp8_code (quantize_fp8's branch-free encoder) == float_to_fp8: every 
   MESSAGE("floats checked: " << checked);
   CHECK(differ == 0);
 }
+
+TEST_CASE("quantize_fp8 (its AVX-512 kernel where the CPU has one) == fp8_code: every 251st float32, and every float32 near the subnormal boundary and the largest finite value, as rows of 4096 and a tail") {
+  using ulysses::detail::bits_float;
+  using ulysses::detail::fp8_code;
+  std::vector<float> row;
+  std::vector<std::uint8_t> q4, q5;
+  std::uint64_t checked = 0, differ = 0;
+  auto flush = [&] {  // scale 1: x / 1 is x, so the codes are fp8_code(x)'s
+    const auto n = static_cast<std::int64_t>(row.size());
+    q4.assign(row.size(), 0);
+    q5.assign(row.size(), 0);
+    ulysses::quantize_fp8(row.data(), n, 1.0f, ulysses::Fp8Format::e4m3, q4.data());
+    ulysses::quantize_fp8(row.data(), n, 1.0f, ulysses::Fp8Format::e5m2, q5.data());
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      differ += q4[i] != fp8_code<3, 7, 0x7e, 0x7f>(row[i]);
+      differ += q5[i] != fp8_code<2, 15, 0x7b, 0x7e>(row[i]);
+    }
+    checked += row.size();
+    row.clear();
+  };
+  auto add = [&](std::uint32_t u) {
+    row.push_back(bits_float(u));
+    if (row.size() == 4096) flush();
+  };
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 251) add(static_cast<std::uint32_t>(u));
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t e : {112u, 113u, 114u, 115u, 116u, 117u, 118u, 119u, 120u, 121u, 122u, 123u, 141u, 142u, 143u})
+      for (std::uint32_t m = 0; m < (1u << 23); m += 3) add(sign | e << 23 | m);
+  for (int i = 0; i < 13; ++i) add(0x3f800000u + static_cast<std::uint32_t>(i) * 77777u);  // a row whose length is no multiple of 16
+  flush();
+  MESSAGE("floats checked: " << checked);
+  CHECK(differ == 0);
+}
