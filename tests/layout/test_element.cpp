@@ -187,3 +187,58 @@ TEST_CASE("bfloat16 and float16 sums of 2..32 random terms equal the float32-acc
   }
   CHECK(wrong == 0);
 }
+
+#if ULYSSES_HOST_AVX2
+namespace {
+/// Lanes of the 32 float32 patterns from `base` where bf16x16_store / bf16x32_store differ from
+/// float_to_bfloat16_canonical (twice each: the 16- and the 32-lane store). @pre host_has_avx512_bf16()
+ULYSSES_TARGET_AVX512_BF16 std::uint64_t bf16_block_differ(std::uint64_t base) {
+  alignas(64) float x[32];
+  alignas(64) std::uint16_t got16[32], got32[32];
+  for (int i = 0; i < 32; ++i) x[i] = ulysses::detail::bits_float(static_cast<std::uint32_t>(base + static_cast<std::uint64_t>(i)));
+  ulysses::detail::bf16x16_store(reinterpret_cast<std::byte*>(got16), _mm512_loadu_ps(x));
+  ulysses::detail::bf16x16_store(reinterpret_cast<std::byte*>(got16 + 16), _mm512_loadu_ps(x + 16), true);
+  ulysses::detail::bf16x32_store(reinterpret_cast<std::byte*>(got32), _mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), base % 64 == 0);
+  _mm_sfence();
+  std::uint64_t differ = 0;
+  for (int i = 0; i < 32; ++i) {
+    const std::uint16_t want = ulysses::detail::float_to_bfloat16_canonical(x[i]);
+    differ += static_cast<std::uint64_t>(got16[i] != want) + static_cast<std::uint64_t>(got32[i] != want);
+  }
+  return differ;
+}
+/// Lanes where bf16x16_load differs from the bits shifted up, over every bf16 pattern.
+ULYSSES_TARGET_AVX512_BF16 std::uint64_t bf16_load_differ() {
+  std::uint64_t differ = 0;
+  std::uint16_t b[16];
+  float w[16];
+  for (std::uint32_t v = 0; v < 65536; v += 16) {
+    for (std::uint32_t i = 0; i < 16; ++i) b[i] = static_cast<std::uint16_t>(v + i);
+    _mm512_storeu_ps(w, ulysses::detail::bf16x16_load(reinterpret_cast<const std::byte*>(b)));
+    for (std::uint32_t i = 0; i < 16; ++i) differ += ulysses::detail::float_bits(w[i]) != (v + i) << 16;
+  }
+  return differ;
+}
+}  // namespace
+#endif
+
+TEST_CASE("bf16x16_store / bf16x32_store (AVX-512 BF16) == float_to_bfloat16_canonical (a sweep, and every NaN, subnormal and overflowing pattern); bf16x16_load widens exactly") {
+#if ULYSSES_HOST_AVX2
+  if (!ulysses::detail::host_has_avx512_bf16()) {
+    MESSAGE("skipped: this CPU has no AVX512-BF16 (the kernels that use these do not run here either)");
+    return;
+  }
+  // Every 61st block of 32 over all float32 (every binade's rounding cases), and every pattern of
+  // the binades where the instruction differs or overflows: exponent fields 0 (zeros,
+  // subnormals), 1, 0xfe (rounding up to infinity) and 0xff (infinities, NaNs), both signs.
+  std::uint64_t differ = 0;
+  for (std::uint64_t base = 0; base < (std::uint64_t{1} << 32); base += 32 * 61) differ += bf16_block_differ(base);
+  for (std::uint64_t sign : {0u, 1u})
+    for (std::uint64_t e : {0x00u, 0x01u, 0xfeu, 0xffu})
+      for (std::uint64_t m = 0; m < (std::uint64_t{1} << 23); m += 32) differ += bf16_block_differ(sign << 31 | e << 23 | m);
+  CHECK(differ == 0);
+  CHECK(bf16_load_differ() == 0);
+#else
+  MESSAGE("skipped: no x86-64 host SIMD in this build");
+#endif
+}

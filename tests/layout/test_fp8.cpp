@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp8_rows.hpp"
@@ -391,10 +392,10 @@ TEST_CASE("fp8_code (quantize_fp8's branch-free encoder) == float_to_fp8: every 
   CHECK(differ == 0);
 }
 
-TEST_CASE("quantize_fp8 (its AVX-512 kernel where the CPU has one) == fp8_code: every 251st float32, and every float32 near the subnormal boundary and the largest finite value, as rows of 4096 and a tail") {
+TEST_CASE("quantize_fp8 and dequantize_fp8 (their AVX-512 kernels where the CPU has them) == fp8_code and the plain loop: every 251st float32, and every float32 near the subnormal boundary and the largest finite value, as rows of 4096 and a tail") {
   using ulysses::detail::bits_float;
   using ulysses::detail::fp8_code;
-  std::vector<float> row;
+  std::vector<float> row, back, want;
   std::vector<std::uint8_t> q4, q5;
   std::uint64_t checked = 0, differ = 0;
   auto flush = [&] {  // scale 1: x / 1 is x, so the codes are fp8_code(x)'s
@@ -406,6 +407,15 @@ TEST_CASE("quantize_fp8 (its AVX-512 kernel where the CPU has one) == fp8_code: 
     for (std::size_t i = 0; i < row.size(); ++i) {
       differ += q4[i] != fp8_code<3, 7, 0x7e, 0x7f>(row[i]);
       differ += q5[i] != fp8_code<2, 15, 0x7b, 0x7e>(row[i]);
+    }
+    // and back: dequantize_fp8 (its AVX-512 kernel) == the plain loop, bit for bit, at a scale
+    // that is not a power of two (the product rounds)
+    for (auto [q, f] : {std::pair{&q4, ulysses::Fp8Format::e4m3}, std::pair{&q5, ulysses::Fp8Format::e5m2}}) {
+      back.assign(row.size(), 0.0f);
+      want.assign(row.size(), 0.0f);
+      ulysses::dequantize_fp8(q->data(), n, 0.7f, f, back.data());
+      ulysses::detail::dequantize_codes(q->data(), n, 0.7f, f, want.data());
+      differ += static_cast<std::uint64_t>(std::memcmp(back.data(), want.data(), row.size() * sizeof(float)) != 0);
     }
     checked += row.size();
     row.clear();

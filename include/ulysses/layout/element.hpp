@@ -12,7 +12,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../detail/cpu.hpp"
 #include "../version.hpp"
+#if ULYSSES_HOST_AVX2
+#include <immintrin.h>
+#endif
 
 ULYSSES_NAMESPACE_BEGIN
 
@@ -318,6 +322,54 @@ ULYSSES_HOST_DEVICE inline void sum_element(ElementType type, const std::byte* c
     A::store(dst, acc);
   });
 }
+
+#if ULYSSES_HOST_AVX2
+// ---- 16 and 32 bf16 lanes in AVX-512 with BF16 (host kernels that call them run only where
+// host_has_avx512_bf16()): widening exactly, narrowing as float_to_bfloat16_canonical(). The
+// all-lanes masked forms: GCC 12's unmasked ones start from an undefined vector, which
+// -Wmaybe-uninitialized reports.
+/// 16 bf16 at p (any alignment) widened to float, exactly.
+ULYSSES_TARGET_AVX512_BF16 inline __m512 bf16x16_load(const std::byte* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, b), 16));
+}
+/// Stores float_to_bfloat16_canonical() of 16 floats at p: VCVTNEPS2BF16 (RNE) where no lane is a
+/// NaN or a float32 subnormal (the instruction flushes subnormals to zero and keeps a NaN's
+/// payload); such a vector, rare, is narrowed lane by lane. The same bits either way. `stream`:
+/// a non-temporal store where p is 32-byte aligned (the caller fences).
+ULYSSES_TARGET_AVX512_BF16 inline void bf16x16_store(std::byte* p, __m512 x, bool stream = false) {
+  if (_mm512_fpclass_ps_mask(x, 0xA1) == 0) {  // (0x01 quiet NaN, 0x20 subnormal, 0x80 signalling NaN)
+    const __m256bh h = _mm512_cvtneps_pbh(x);
+    __m256i v;
+    std::memcpy(&v, &h, 32);
+    if (stream && (reinterpret_cast<std::uintptr_t>(p) & 31) == 0)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+    return;
+  }
+  float f[16];
+  std::uint16_t b[16];
+  _mm512_storeu_ps(f, x);
+  for (int i = 0; i < 16; ++i) b[i] = float_to_bfloat16_canonical(f[i]);
+  std::memcpy(p, b, 32);
+}
+/// bf16x16_store() of lo at p and hi at p + 32 bytes, as one 64-byte store (VCVTNE2PS2BF16)
+/// where neither has a NaN or subnormal lane; `stream`: non-temporal where p is 64-byte aligned.
+ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store(std::byte* p, __m512 lo, __m512 hi, bool stream = false) {
+  if ((_mm512_fpclass_ps_mask(lo, 0xA1) | _mm512_fpclass_ps_mask(hi, 0xA1)) != 0) {
+    bf16x16_store(p, lo, stream);
+    return bf16x16_store(p + 32, hi, stream);
+  }
+  const __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);  // (lo in the lower half)
+  __m512i v;
+  std::memcpy(&v, &h, 64);
+  if (stream && (reinterpret_cast<std::uintptr_t>(p) & 63) == 0)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  else
+    _mm512_storeu_si512(p, v);
+}
+#endif
 
 }  // namespace detail
 

@@ -215,8 +215,45 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void dequantize_codes(const std
   }
 }
 #if ULYSSES_HOST_AVX2
+/// fp8_value() of 16 codes (one a 32-bit lane) in AVX-512, its operations one for one, times
+/// the scale, a NaN made canonical: dequantize_codes()' values (tests/layout/test_fp8.cpp: every
+/// code of both formats).
+template <std::uint32_t M, std::uint32_t B, bool E4M3>
+ULYSSES_TARGET_AVX512 inline __m512 fp8_value_x16(__m512i code, __m512 scale) {
+  constexpr std::uint32_t top = (1u << (7u - M)) - 1u;
+  constexpr __mmask16 all = 0xffff;
+  const auto k = u32x16;
+  const __m512i sign = _mm512_maskz_slli_epi32(all, _mm512_and_si512(code, k(0x80u)), 24), mag = _mm512_and_si512(code, k(0x7fu));
+  const __m512i exp = _mm512_maskz_srli_epi32(all, mag, M), mant = _mm512_and_si512(mag, k((1u << M) - 1u));
+  const __m512i normal = _mm512_or_si512(_mm512_or_si512(sign, _mm512_maskz_slli_epi32(all, _mm512_add_epi32(exp, k(127u - B)), 23)),
+                                         _mm512_maskz_slli_epi32(all, mant, 23u - M));
+  const __m512 sub_abs = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(all, mant), _mm512_castsi512_ps(k((128u - B - M) << 23)));
+  const __m512i sub = _mm512_or_si512(sign, _mm512_castps_si512(sub_abs));
+  const __mmask16 is_special = E4M3 ? _mm512_cmpeq_epi32_mask(mag, k(0x7fu)) : _mm512_cmpeq_epi32_mask(exp, k(top));
+  const __mmask16 is_sub = _mm512_cmpeq_epi32_mask(exp, k(0u)), has_mant = _mm512_cmpneq_epi32_mask(mant, k(0u));
+  const __m512i spec = _mm512_or_si512(sign, _mm512_mask_mov_epi32(k(0x7f800000u), has_mant, k(0x7fc00000u)));
+  const __m512i bits = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(normal, is_sub, sub), is_special, spec);
+  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits), scale);
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(k(kFloatNanBits)));
+}
+/// dequantize_codes() of one format in AVX-512: 16 codes a step, the tail in one masked step.
+template <std::uint32_t M, std::uint32_t B, bool E4M3>
+ULYSSES_TARGET_AVX512 inline void dequantize_format_avx512(const std::uint8_t* q, std::int64_t n, float scale, float* out) {
+  const __m512 s = _mm512_set1_ps(scale);
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i c = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    _mm512_storeu_ps(out + i, fp8_value_x16<M, B, E4M3>(c, s));
+  }
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512i c = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(m, q + i));
+    _mm512_mask_storeu_ps(out + i, m, fp8_value_x16<M, B, E4M3>(c, s));
+  }
+}
 ULYSSES_TARGET_AVX512 inline void dequantize_fp8_avx512(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
-  dequantize_codes(q, n, scale, f, out);
+  if (f == Fp8Format::e4m3) return dequantize_format_avx512<3, 7, true>(q, n, scale, out);
+  dequantize_format_avx512<2, 15, false>(q, n, scale, out);
 }
 ULYSSES_TARGET_AVX2 inline void dequantize_fp8_avx2(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
   dequantize_codes(q, n, scale, f, out);

@@ -16,9 +16,6 @@
 
 #include "../detail/checked.hpp"
 #include "../detail/cpu.hpp"
-#if ULYSSES_HOST_AVX2
-#include <immintrin.h>
-#endif
 #include "../error.hpp"
 #include "transform.hpp"
 
@@ -295,52 +292,10 @@ class Rope {
   ULYSSES_TARGET_AVX2_FMA void copy_rotated_avx2(const RowRun& run) const {
     copy_rotated_sized<A>(run);
   }
-  /// Stores float_to_bfloat16_canonical() of 16 floats at p: VCVTNEPS2BF16 (RNE) where no lane
-  /// is a NaN or a float32 subnormal (the instruction flushes subnormals to zero and keeps a
-  /// NaN's payload); such a vector, rare, is narrowed lane by lane. The same bits either way.
-  /// `stream`: a non-temporal store where p is 32-byte aligned (RowRun::stream).
-  ULYSSES_TARGET_AVX512_BF16 static void store_bf16x16(std::byte* p, __m512 x, bool stream) {
-    if (_mm512_fpclass_ps_mask(x, 0xA1) == 0) {  // (0x01 quiet NaN, 0x20 subnormal, 0x80 signalling NaN)
-      const __m256bh h = _mm512_cvtneps_pbh(x);
-      __m256i v;
-      std::memcpy(&v, &h, 32);
-      if (stream && (reinterpret_cast<std::uintptr_t>(p) & 31) == 0)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);  // (non-temporal: RowRun::stream)
-      else
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
-      return;
-    }
-    float f[16];
-    std::uint16_t b[16];
-    _mm512_storeu_ps(f, x);
-    for (int i = 0; i < 16; ++i) b[i] = detail::float_to_bfloat16_canonical(f[i]);
-    std::memcpy(p, b, 32);
-  }
-  /// store_bf16x16() of lo at p and hi at p + 32 bytes, as one 64-byte store (VCVTNE2PS2BF16)
-  /// where neither has a NaN or subnormal lane; `stream`: non-temporal where p is 64-byte aligned.
-  ULYSSES_TARGET_AVX512_BF16 static void store_bf16x32(std::byte* p, __m512 lo, __m512 hi, bool stream) {
-    if ((_mm512_fpclass_ps_mask(lo, 0xA1) | _mm512_fpclass_ps_mask(hi, 0xA1)) != 0) {
-      store_bf16x16(p, lo, stream);
-      return store_bf16x16(p + 32, hi, stream);
-    }
-    const __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);  // (lo in the lower half)
-    __m512i v;
-    std::memcpy(&v, &h, 64);
-    if (stream && (reinterpret_cast<std::uintptr_t>(p) & 63) == 0)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
-    else
-      _mm512_storeu_si512(p, v);
-  }
-  /// 16 bf16 at p widened to float (exactly). (The all-lanes masked forms: GCC 12's unmasked ones
-  /// start from an undefined vector, which -Wmaybe-uninitialized reports.)
-  ULYSSES_TARGET_AVX512_BF16 static __m512 load_bf16x16(const std::byte* p) {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, b), 16));
-  }
   /// copy_rotated_run<bf16>'s half rotation (rotary_dim a multiple of 32) in AVX-512 with BF16:
   /// per 16 pairs, x and y widened exactly, rotated by rotate_pair()'s operations
   /// (x' = x·c − (y·s) and y' = y·c + (x·s), one fused rounding each, the products rounded first)
-  /// and narrowed by store_bf16x16(): the same bits. Each 16 pairs are loaded before they are
+  /// and narrowed by detail::bf16x16_store(): the same bits. Each 16 pairs are loaded before they are
   /// stored (src may be dst); a run along the heads keeps one position's table.
   ULYSSES_TARGET_AVX512_BF16 void copy_rotated_bf16(const RowRun& run) const {
     const std::int64_t m = rd_ / 2;
@@ -355,19 +310,19 @@ class Rope {
         __m512 xo[2], yo[2];
         for (int h = 0; h < 2; ++h) {
           const std::int64_t j = k + 16 * h;
-          const __m512 x = load_bf16x16(src + 2 * j), y = load_bf16x16(src + 2 * (m + j));
+          const __m512 x = detail::bf16x16_load(src + 2 * j), y = detail::bf16x16_load(src + 2 * (m + j));
           const __m512 c = _mm512_loadu_ps(t + j), sn = _mm512_loadu_ps(t + m + j);
           xo[h] = _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn));
           yo[h] = _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn));
         }
-        store_bf16x32(dst + 2 * k, xo[0], xo[1], run.stream);
-        store_bf16x32(dst + 2 * (m + k), yo[0], yo[1], run.stream);
+        detail::bf16x32_store(dst + 2 * k, xo[0], xo[1], run.stream);
+        detail::bf16x32_store(dst + 2 * (m + k), yo[0], yo[1], run.stream);
       }
       if (k < m) {  // 16 pairs left (rotary_dim a multiple of 32, not of 64)
-        const __m512 x = load_bf16x16(src + 2 * k), y = load_bf16x16(src + 2 * (m + k));
+        const __m512 x = detail::bf16x16_load(src + 2 * k), y = detail::bf16x16_load(src + 2 * (m + k));
         const __m512 c = _mm512_loadu_ps(t + k), sn = _mm512_loadu_ps(t + m + k);
-        store_bf16x16(dst + 2 * k, _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn)), run.stream);
-        store_bf16x16(dst + 2 * (m + k), _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn)), run.stream);
+        detail::bf16x16_store(dst + 2 * k, _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn)), run.stream);
+        detail::bf16x16_store(dst + 2 * (m + k), _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn)), run.stream);
       }
     }
   }

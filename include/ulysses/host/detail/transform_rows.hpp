@@ -149,6 +149,8 @@ struct RowWork {
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
         done = true;
 #if ULYSSES_HOST_AVX2
+        if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>)
+          if (n % 16 == 0 && host_has_avx512_bf16()) return fp8_direct_bf16(src, dst, input, output);
         if (host_has_avx512()) return fp8_direct_avx512<A>(src, dst, input, output);
         if (host_has_avx2()) return fp8_direct_avx2<A>(src, dst, input, output);
 #endif
@@ -184,6 +186,49 @@ struct RowWork {
   template <class A>
   ULYSSES_TARGET_AVX2 void fp8_direct_avx2(const std::byte* src, std::byte* dst, bool input, bool output) {
     fp8_direct_rows<A>(src, dst, input, output);
+  }
+  /// fp8_direct_rows() of a bf16 row of a multiple of 16 elements in AVX-512 with BF16: widened,
+  /// its amax taken and quantized in one pass over registers and one local float row, dequantized
+  /// and narrowed in registers (fp8.hpp's fp8_code_x16() and fp8_value_x16(), element.hpp's
+  /// bf16x16_store()): the same bits, without the row's trips through the work space.
+  ULYSSES_TARGET_AVX512_BF16 void fp8_direct_bf16(const std::byte* src, std::byte* dst, bool input, bool output) {
+    if (wire == Fp8Format::e4m3) return fp8_direct_bf16_as<3, 7, 0x7e, 0x7f, true>(src, dst, input, output);
+    fp8_direct_bf16_as<2, 15, 0x7b, 0x7e, false>(src, dst, input, output);
+  }
+  template <std::uint32_t M, std::uint32_t B, std::uint32_t MaxCode, std::uint32_t NanCode, bool E4M3>
+  ULYSSES_TARGET_AVX512_BF16 void fp8_direct_bf16_as(const std::byte* src, std::byte* dst, bool input, bool output) {
+    float scale;
+    if (!input) {  // the wire's codes and scale, dequantized into the output
+      std::memcpy(&scale, src + n, 4);
+      const __m512 s = _mm512_set1_ps(scale);
+      for (std::int64_t i = 0; i < n; i += 16) {
+        const __m512i c = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+        bf16x16_store(dst + 2 * i, fp8_value_x16<M, B, E4M3>(c, s));
+      }
+      return;
+    }
+    __m512i m = _mm512_setzero_si512();  // row_amax(): magnitudes as integers, any NaN noted
+    __mmask16 nan = 0;
+    for (std::int64_t i = 0; i < n; i += 16) {
+      const __m512 x = bf16x16_load(src + 2 * i);
+      _mm512_storeu_ps(f + i, x);
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+      nan = static_cast<__mmask16>(nan | _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000)));
+      m = _mm512_maskz_max_epu32(0xffff, m, a);
+    }
+    std::uint32_t lanes[16], amax = 0;
+    _mm512_storeu_si512(lanes, m);
+    for (std::uint32_t a : lanes) amax = a > amax ? a : amax;
+    scale = fp8_scale_of(bits_float(nan ? kFloatNanBits : amax), wire);
+    const __m512 s = _mm512_set1_ps(scale);
+    for (std::int64_t i = 0; i < n; i += 16) {
+      const __m128i c = fp8_code_x16<M, B, MaxCode, NanCode>(_mm512_div_ps(_mm512_loadu_ps(f + i), s));
+      if (!output)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), c);
+      else
+        bf16x16_store(dst + 2 * i, fp8_value_x16<M, B, E4M3>(_mm512_maskz_cvtepu8_epi32(0xffff, c), s));
+    }
+    if (!output) std::memcpy(dst + n, &scale, 4);
   }
 #endif
   /// v = the row at p of a source that is an input (`input`) or the wire, as the receiver sees it
