@@ -452,6 +452,51 @@ TEST_CASE("C19 under MPI (MpiComm): one rank's mistake is every rank's coded err
   MESSAGE("MpiComm, -n " << W << ": slowest rank of every local failure " << slowest << " ms (deadline 30000 ms)");
 }
 
+TEST_CASE("MPI call probe: ranks in different calls of the same number on the message path get plan_mismatch on every rank within seconds, not at the deadline") {
+  // Rank `odd` runs head->seq where its peers run seq->head of the same plan (its call number is
+  // theirs, its word another): their messages carry other tags and never pair. The waits' call
+  // probe (after a tenth of the deadline, at most 200 ms) finds it: every rank plan_mismatch, far
+  // before the 30 s deadline; the peers that saw it themselves or through a shared notice alike.
+  const int P = world_size();
+  if (P < 2) return;
+  for (int odd : {0, P - 1}) {
+    CAPTURE(odd);
+    MPI_Comm dup = MPI_COMM_NULL;  // broken by the test: a communicator of its own
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    {
+      MpiComm comm(dup, MpiComm::kIntMaxBytes, std::chrono::seconds(30));
+      const int r = comm.rank();
+      PlanOptions opt;
+      opt.path = Path::messages;
+      const HeadPartition qh = HeadPartition::even(2 * P, P);
+      const Plan plan({P, r}, 1, SeqPartition::even(4 * P, P), {TensorSpec::of<float>(qh, 8)}, Format::bshd, opt);
+      const Direction d = r == odd ? Direction::head_to_seq : Direction::seq_to_head;
+      std::vector<float> in(plan.input_bytes(d, 0) / 4, 1.0f), out(plan.output_bytes(d, 0) / 4);
+      std::vector<std::byte> ws(plan.workspace_bytes());
+      HostExecutor ex;
+      const ut::TimedError t = ut::timed_error_of([&] {
+        redistribute(plan, d, comm, ex, {ConstByteSpan(in.data(), in.size() * 4)}, {ByteSpan(out.data(), out.size() * 4)}, {ws.data(), ws.size()});
+      });
+      CAPTURE(r);
+      CAPTURE(t.message);
+      CHECK(t.code == Errc::plan_mismatch);
+      CHECK(t.ms < 5000);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (;;) {  // the probes and notices nobody read (the communicator is not used again)
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, dup, &flag, &st);
+      if (!flag) break;
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      std::vector<char> buf(static_cast<std::size_t>(count) + 1);
+      MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, dup, MPI_STATUS_IGNORE);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }
 
 TEST_CASE("MPI two-level exchange: simulated node layouts of the whole world (8 = 2x4, 6 = 3x2, uneven), same bits") {

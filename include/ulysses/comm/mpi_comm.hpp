@@ -35,16 +35,18 @@ ULYSSES_NAMESPACE_BEGIN
 
 /// Communicator over an MPI communicator (models the communicator concept of comm/concepts.hpp).
 /// Copies share the failure state (one MpiComm, or its copies, per MPI_Comm: the notices of a
-/// failure are read by whichever object probes first). Tags kTag, kNoticeTag and [kCallTags,
-/// kCallTags + kCallTagCount) of the MPI_Comm are this class's: the messages of a library call
-/// (ExchangeState::call(): its number and kind) carry a tag of that call, so that a rank that
-/// skipped a call, or runs another, never pairs its messages with its peers' (they time out
-/// instead, naming it), and the all-to-all-v's path agreement also compares the calls (Error(plan_mismatch) on every rank).
+/// failure are read by whichever object probes first). Tags kTag, kNoticeTag, kCallProbeTag and
+/// [kCallTags, kCallTags + kCallTagCount) of the MPI_Comm are this class's: the messages of a
+/// library call (ExchangeState::call(): its number and kind) carry a tag of that call, so that a
+/// rank that skipped a call, or runs another, never pairs its messages with its peers'. Ranks in
+/// different calls of the same number get Error(plan_mismatch) on every rank (the all-to-all-v's
+/// agreement, or a long wait's call probe, detail::MpiCallProbe); a skipped call, a timeout.
 class MpiComm {
  public:
   static constexpr std::size_t kIntMaxBytes = static_cast<std::size_t>(INT_MAX);  ///< largest message an `int` count of MPI_BYTE describes
   static constexpr int kTag = 0x75a;        ///< the tag of the exchanges' point-to-point messages ("ulysses")
   static constexpr int kNoticeTag = 0x75b;  ///< the tag of the notice a rank sends its peers when it gives up (times out or fails)
+  static constexpr int kCallProbeTag = 0x75c;  ///< the tag of the call probe of a long wait (detail::MpiCallProbe)
   /// The first of the tags that name a library call (within MPI's guaranteed MPI_TAG_UB, 32767).
   static constexpr int kCallTags = 0x1000;
   /// How many: a call's tag is kCallTags + a hash of its ExchangeState::Call (number, what) modulo this.
@@ -269,10 +271,6 @@ class MpiComm {
     std::chrono::steady_clock::time_point deadline;  // when it gives up
   };
   using NoticeHeader = detail::MpiNoticeHeader;
-  /// detail::joint_verdict(): half the timeout after its own (deadlines spread as arrivals), a tenth after a peer's notice.
-  std::string joint_verdict(std::uint64_t senders, std::uint64_t missing, bool own_timeout = true) {
-    return detail::joint_verdict(comm_, kNoticeTag, sh_->generation, rank_, own_timeout ? timeout_ / 2 : timeout_ / 10, senders, missing);
-  }
 
   /// Starts a call: throws Error(aborted) when broken, and (`notices`) what a peer's notice says
   /// (exchange_messages() reads them once its messages are posted: see start_messages()).
@@ -359,6 +357,7 @@ class MpiComm {
       if (ready()) return true;
       if (++n % 32 == 0) {
         take_notices(call);
+        probe_call(call);
         if (watch_.why) {
           const std::string why = watch_.why(watch_.ctx);
           if (!why.empty())  // it leaves this call pending: its peers must not use the MPI communicator as if it were healthy
@@ -369,39 +368,37 @@ class MpiComm {
     });
   }
 
+  /// The call probe (detail::MpiCallProbe) of a library call that has waited past its grace
+  /// (a tenth of the timeout, at most 200 ms): Error(plan_mismatch) where a peer is in the call of
+  /// the same number with another word (their messages carry other tags and would never pair).
+  void probe_call(const Call& call) {
+    const ExchangeState::Call& c = state_.call();
+    if (ULYSSES_MPI_BLOCKING_WAITS || !c.number ||
+        std::chrono::steady_clock::now() < call.deadline - timeout_ + std::min<std::chrono::milliseconds>(timeout_ / 10, std::chrono::milliseconds(200)))
+      return;
+    sh_->probe.send(comm_, rank_, size_, kCallProbeTag, call.seq, sh_->generation, c.number, call_word());
+    const int other = detail::MpiCallProbe::find_other(comm_, kCallProbeTag, sh_->generation, c.number, call_word());
+    if (other < 0) return;
+    const std::string why = "rank " + std::to_string(rank_) + " in " + call.who + " (" + c.name + ", library call " + std::to_string(c.number) +
+                            "): rank " + std::to_string(other) + " runs another call as its call " + std::to_string(c.number) +
+                            " (another kind, plan, direction or set of row transforms): their messages would never pair";
+    notify(call, Errc::plan_mismatch, why, 0, true);  // every rank's verdict (MpiNoticeHeader::shared)
+    give_up(call, Errc::plan_mismatch, why, false);
+  }
+
   /// "rank r waited T ms in <call>", the start of a timeout's message.
   std::string waited(const Call& call) const {
     return "rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_.count()) + " ms in " + call.who;
   }
 
-  /// Reads every notice the peers sent (a peer gave up); if there is one, gives up too:
-  /// Error(timeout) when the first peer timed out in this very call (the same verdict), else
-  /// Error(aborted). Sends its own notice too (a joint verdict then counts it alive).
+  /// Reads every notice the peers sent (a peer gave up); if there is one, gives up too, with
+  /// detail::notice_verdict()'s code and story (told too: a joint verdict then counts this rank alive).
   void take_notices(const Call& call) {
-    std::string first;
-    int from = -1;
-    NoticeHeader head{0, 0};
-    std::uint64_t senders = 0, missing = 0;  // the timed-out ranks that sent notices, and whom they named
-    for (Notice n; receive_notice(n);) {
-      if (n.head.missing && n.from < 64) senders |= std::uint64_t{1} << n.from;
-      missing |= n.head.missing;
-      if (from >= 0) continue;
-      from = n.from;
-      head = n.head;
-      first = n.text;
-    }
-    if (from < 0) return;
-    if (missing) first += joint_verdict(senders, missing, false);  // the same story as the timed-out ranks'
-    const bool same = head.seq == call.seq && head.code == static_cast<int>(Errc::timeout);
-    const bool broke = head.code == static_cast<int>(Errc::aborted);  // abort(): a failure of that rank alone
-    const std::vector<int> late = msgs_.incomplete(0, msgs_.n_recv);  // this rank's own view: whose messages it still waits for
-    give_up(call, same ? Errc::timeout : Errc::aborted,
-            "rank " + std::to_string(rank_) + " in " + call.who + " (call " + std::to_string(call.seq) + "): rank " +
-                std::to_string(from) + (broke ? " broke the group" : " gave up") + " in call " + std::to_string(head.seq) +
-                " of this communicator" +
-                (late.empty() ? "" : " (this rank still waited for the messages of ranks " + detail::join(late) + ")") + ": " +
-                first,
-            true);  // told too: a joint verdict then counts this rank alive, not missing
+    Errc code = Errc::aborted;
+    std::string story;
+    auto late = [&] { return msgs_.incomplete(0, msgs_.n_recv); };  // this rank's own view: whose messages it still waits for
+    if (detail::notice_verdict(comm_, kNoticeTag, sh_->generation, rank_, call.who, call.seq, timeout_ / 10, late, code, story))
+      give_up(call, code, story, true);
   }
 
   /// An MPI return code other than MPI_SUCCESS gives up with Error(backend).
@@ -419,15 +416,18 @@ class MpiComm {
     sh_->failure.record(code, Error(code, message + end).what());
     if (tell) notify(call, code, Error(code, message + end).what(), missing);
     if (tell && missing) {  // a timeout naming ranks: add what the peers that timed out too found
-      const Error e(code, message + joint_verdict(0, missing) + end);
+      // detail::joint_verdict(): half the timeout after its own (deadlines spread as arrivals; a tenth after a peer's notice)
+      const Error e(code, message + detail::joint_verdict(comm_, kNoticeTag, sh_->generation, rank_, timeout_ / 2, 0, missing) + end);
       throw e;
     }
     throw Error(code, message + end);
   }
 
-  /// Sends every peer the notice {call's number, code, missing ranks, message} (best effort: errors ignored).
-  void notify(const Call& call, Errc code, const std::string& what, std::uint64_t missing = 0) {
-    sh_->send_notice(comm_, rank_, size_, kNoticeTag, NoticeHeader{call.seq, static_cast<int>(code), missing, sh_->generation}, what);
+  /// Sends every peer the notice {call's number, code, missing ranks, message, `shared`: every
+  /// rank's verdict} (best effort: errors ignored).
+  void notify(const Call& call, Errc code, const std::string& what, std::uint64_t missing = 0, bool shared = false) {
+    sh_->send_notice(comm_, rank_, size_, kNoticeTag, NoticeHeader{call.seq, static_cast<int>(code), missing, sh_->generation, shared ? 1u : 0u},
+                     what);
   }
 
   /// Throws Error(backend) when rc is not MPI_SUCCESS (before any call: nothing to give up).

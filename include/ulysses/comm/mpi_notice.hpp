@@ -2,7 +2,8 @@
 /// @file
 /// @brief The failure notices of MpiComm (comm/mpi_comm.hpp): the small message {call number,
 ///        code, missing ranks, text} a rank that gives up sends each peer, how it is received,
-///        and the state the copies of one MpiComm share (docs/design.md, "Failure model").
+///        the call probe of a long wait, and the state the copies of one MpiComm share
+///        (docs/design.md, "Failure model").
 #pragma once
 
 #include <mpi.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +44,7 @@ struct MpiNoticeHeader {
   int code;
   std::uint64_t missing = 0;     ///< a timeout's: the ranks (< 64) the sender waited for, as a mask
   std::uint64_t generation = 0;  ///< the sending MpiComm's number on its MPI communicator (MpiCommGenerations)
+  std::uint64_t shared = 0;      ///< 1: the verdict is every rank's (a call probe's plan_mismatch), not the sender's own failure
 };
 
 /// A failure notice as received: its sender, header and text.
@@ -168,6 +171,39 @@ inline std::string joint_verdict(MPI_Comm comm, int tag, std::uint64_t generatio
          " did not arrive";
 }
 
+/// What a call learns from its peers' notices (MpiComm::take_notices()): reads every notice of
+/// `generation` on `tag`; where there is one, returns true with the code and story this rank
+/// gives up with: Error(timeout) when the first peer timed out in this very call `seq` (the same
+/// verdict, with the joint verdict of the timed-out ranks, `window` long), the notice's own code
+/// where it is every rank's verdict (MpiNoticeHeader::shared: a call probe found the ranks in
+/// different calls, Error(plan_mismatch)), else Error(aborted) (that rank's own failure). `late()` gives the ranks whose messages this rank still waits for.
+template <class Late>
+bool notice_verdict(MPI_Comm comm, int tag, std::uint64_t generation, int rank, const char* who, std::uint64_t seq,
+                    std::chrono::milliseconds window, Late&& late, Errc& code, std::string& story) {
+  std::string first;
+  int from = -1;
+  MpiNoticeHeader head{0, 0};
+  std::uint64_t senders = 0, missing = 0;  // the timed-out ranks that sent notices, and whom they named
+  for (MpiNotice n; receive_mpi_notice(comm, tag, generation, n);) {
+    if (n.head.missing && n.from < 64) senders |= std::uint64_t{1} << n.from;
+    missing |= n.head.missing;
+    if (from >= 0) continue;
+    from = n.from;
+    head = n.head;
+    first = n.text;
+  }
+  if (from < 0) return false;
+  if (missing) first += joint_verdict(comm, tag, generation, rank, window, senders, missing);  // the timed-out ranks' story
+  const bool same = head.seq == seq && head.code == static_cast<int>(Errc::timeout);
+  const bool broke = head.code == static_cast<int>(Errc::aborted);  // abort(): a failure of that rank alone
+  code = same ? Errc::timeout : head.shared ? static_cast<Errc>(head.code) : Errc::aborted;
+  const std::vector<int> waits = late();
+  story = "rank " + std::to_string(rank) + " in " + who + " (call " + std::to_string(seq) + "): rank " + std::to_string(from) +
+          (broke ? " broke the group" : " gave up") + " in call " + std::to_string(head.seq) + " of this communicator" +
+          (waits.empty() ? "" : " (this rank still waited for the messages of ranks " + join(waits) + ")") + ": " + first;
+  return true;
+}
+
 /// What MPI may still read or write after a collective times out (it can be neither cancelled
 /// nor freed): kept alive for MPI, on the heap, and leaked once its collective timed out.
 struct MpiCollective {
@@ -175,6 +211,71 @@ struct MpiCollective {
   int fits[3] = {1, 0, 0};          // the MPI_Iallreduce's operand: {path fits, call, -call}
   std::vector<std::byte> gather_send, gather_recv;  // allgather's copies
   MPI_Request req = MPI_REQUEST_NULL;               // the collective in flight
+};
+
+/// The call probe of MpiComm's polled waits: a rank that has waited past a grace tells every
+/// peer, once per call, which library call it is in, {generation, number, word} on a tag of its
+/// own, and reads the probes its peers sent. A peer in the call of the same number with another
+/// word runs another call there (another kind, plan, direction or set of row transforms): over
+/// the message path the two would never pair their messages, so both give up at once with
+/// Error(plan_mismatch) instead of waiting out their deadlines. Probes of another generation or
+/// call number are dropped (a peer behind or ahead). Best effort: a probe whose earlier sends are
+/// still in flight is not sent again.
+struct MpiCallProbe {
+  std::unique_ptr<std::uint64_t[]> out{new std::uint64_t[3]{}};  // the probe last sent (MPI may read it while its sends run)
+  std::vector<MPI_Request> reqs;                                  // its sends
+  std::uint64_t sent_for = ~std::uint64_t{0};                     // the call (MpiComm's own numbering) it was sent in
+  std::mutex busy;  // one sender at a time (copies of one MpiComm may wait on several threads: MPI_THREAD_MULTIPLE)
+  MpiCallProbe() = default;
+  MpiCallProbe(const MpiCallProbe&) = delete;
+  MpiCallProbe& operator=(const MpiCallProbe&) = delete;
+  /// Leaves a probe still being sent to MPI (the buffer leaked, the requests freed).
+  ~MpiCallProbe() {
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (finalized || !in_flight()) return;
+    for (MPI_Request& r : reqs)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    (void)out.release();
+  }
+  /// Whether the last probe's sends are still running.
+  bool in_flight() {
+    int done = 1;
+    if (!reqs.empty()) MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) reqs.clear();
+    return !done;
+  }
+  /// Sends {generation, number, word} to every peer but `rank` with `tag`, once for call `seq`.
+  void send(MPI_Comm comm, int rank, int size, int tag, std::uint64_t seq, std::uint64_t generation, std::uint64_t number,
+            std::uint64_t word) {
+    const std::unique_lock<std::mutex> one(busy, std::try_to_lock);  // (another thread sends one: this one need not)
+    if (!one || sent_for == seq || in_flight()) return;
+    sent_for = seq;
+    out[0] = generation;
+    out[1] = number;
+    out[2] = word;
+    for (int p = 0; p < size; ++p) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (p != rank && MPI_Isend(out.get(), 3 * 8, MPI_BYTE, p, tag, comm, &r) == MPI_SUCCESS) reqs.push_back(r);
+    }
+  }
+  /// Reads every probe sent on `tag`: the first peer whose probe names call `number` of
+  /// `generation` with a word other than `word`, or -1.
+  static int find_other(MPI_Comm comm, int tag, std::uint64_t generation, std::uint64_t number, std::uint64_t word) {
+    int other = -1;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return other;
+      std::uint64_t in[3] = {0, 0, 0};
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
+      MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+      if (count == 3 * 8) std::memcpy(in, buf.data(), sizeof in);
+      if (other < 0 && in[0] == generation && in[1] == number && in[2] != word) other = st.MPI_SOURCE;
+    }
+  }
 };
 
 /// The state the copies of one MpiComm share.
@@ -186,6 +287,7 @@ struct MpiShared {
   std::unique_ptr<MpiCollective> coll = std::make_unique<MpiCollective>();
   std::vector<std::unique_ptr<char[]>> notices;  // the notices sent to the peers (each kept while MPI may read it), and their sends
   std::vector<MPI_Request> notice_reqs;
+  MpiCallProbe probe;  // the call probe of the polled waits
   MpiShared() = default;
   MpiShared(const MpiShared&) = delete;
   MpiShared& operator=(const MpiShared&) = delete;

@@ -123,11 +123,7 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline float row_amax_loop(const float
 #if ULYSSES_HOST_AVX2
 ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
 ULYSSES_TARGET_AVX512 inline float row_amax_avx512(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
-/// fp8_code() of 16 lanes in AVX-512, its integer and float operations one for one (the normal
-/// code by the same rounding, min for the saturating select, the subnormal code by the 2^23
-/// addend, masks for the selects), packed to bytes: the same codes (tests/layout/test_fp8.cpp
-/// compares quantize_fp8() with fp8_code() over the same floats). The compiler's vectorisation of
-/// fp8_code() spills and shuffles; this is 2x faster.
+/// 16 lanes of the 32-bit value v (the AVX-512 kernels' constants).
 ULYSSES_TARGET_AVX512 inline __m512i u32x16(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 /// fp8_code() of 16 lanes in AVX-512, its integer and float operations one for one (the normal
 /// code by the same rounding, min for the saturating select, the subnormal code by the 2^23

@@ -164,6 +164,7 @@ class Rope {
     const std::int64_t eb = static_cast<std::int64_t>(size_of(type));
     if (type != ElementType::bfloat16 && type != ElementType::float16 && type != ElementType::float32) return false;
     if (run.n != d_) return false;  // (outside the precondition: the general path, which reads the row as given)
+    if (run.count <= 0) return true;  // (no row: nothing to read, not even a position)
     for (std::int64_t i = 0; run.n > rd_ && i < run.count; ++i) {  // the elements past rotary_dim: one load and store
       double rest[kMaxPairs * 2];                                  // (a NaN made canonical)
       detail::load_row(type, run.src + i * run.src_stride + rd_ * eb, rest, run.n - rd_);

@@ -150,7 +150,7 @@ struct RowTransformRef {
 /// finish()). Every rank passes transforms on the same tensors and sides: the calls compare
 /// sides() across ranks with the call's plan and direction (a rank with RoPE beside one without
 /// is Error(plan_mismatch) on every rank, on the communicators that number their calls; over
-/// MpiComm's message path the calls never pair and time out at the deadline); what each
+/// MpiComm's message path through the call probe of a wait, within a tenth of the timeout); what each
 /// transform computes travels as code and is not compared. The plan's tensor must have been
 /// built with TensorSpec::with_row_transforms(), and the executor must run transforms
 /// (executor_traits::row_transforms: HostExecutor); else the call throws Error(invalid_shape)

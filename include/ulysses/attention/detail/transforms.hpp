@@ -39,9 +39,9 @@ struct GlobalTokenRows {
   /// transform has no run form.
   bool copy_run(const RowRun& run, ElementType type) const {
     if (!inner.copy_run || (run.step.token != 0 && run.count > 1)) return false;
-    RowRun global = run;
-    global.first = at(run.first);
-    return inner.copy_run(inner.object, global, type);
+    RowRun mapped = run;
+    mapped.first = at(run.first);
+    return inner.copy_run(inner.object, mapped, type);
   }
 };
 
