@@ -455,7 +455,7 @@ TEST_CASE("C19 under MPI (MpiComm): one rank's mistake is every rank's coded err
 TEST_CASE("MPI call probe: ranks in different calls of the same number on the message path get plan_mismatch on every rank within seconds, not at the deadline") {
   // Rank `odd` runs head->seq where its peers run seq->head of the same plan (its call number is
   // theirs, its word another): their messages carry other tags and never pair. The waits' call
-  // probe (after a tenth of the deadline, at most 200 ms) finds it: every rank plan_mismatch, far
+  // probe (after a tenth of the deadline, at most 2 s) finds it: every rank plan_mismatch, far
   // before the 30 s deadline; the peers that saw it themselves or through a shared notice alike.
   const int P = world_size();
   if (P < 2) return;
@@ -480,20 +480,10 @@ TEST_CASE("MPI call probe: ranks in different calls of the same number on the me
       CAPTURE(r);
       CAPTURE(t.message);
       CHECK(t.code == Errc::plan_mismatch);
-      CHECK(t.ms < 5000);
+      CHECK(t.ms < 10000);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    for (;;) {  // the probes and notices nobody read (the communicator is not used again)
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, dup, &flag, &st);
-      if (!flag) break;
-      int count = 0;
-      MPI_Get_count(&st, MPI_BYTE, &count);
-      std::vector<char> buf(static_cast<std::size_t>(count) + 1);
-      MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, dup, MPI_STATUS_IGNORE);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    ut::drop_leftovers(dup);  // the probes and notices nobody read
+    MPI_Comm_free(&dup);
   }
 }
 

@@ -90,28 +90,7 @@ TEST_CASE("banded_attention with RoPE fused over MpiComm and MpiWindowComm: the 
 // ---- break31 -------------------------------------------------------------------------------------
 
 namespace {
-/// Receives and drops every message left on `sub` once every rank is done with it. A broken
-/// MpiComm leaves failure notices (and messages of abandoned exchanges) unreceived; Open MPI
-/// hands them to the next communicator that reuses the context id (an Error(aborted) there, or
-/// a crash in MPI_Comm_split when that one is smaller: see the break31 report).
-void drop_leftovers(MPI_Comm sub) {
-  MPI_Barrier(sub);
-  for (int round = 0; round < 5; ++round) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, sub, &flag, &st);
-      if (!flag) break;
-      int count = 0;
-      MPI_Get_count(&st, MPI_BYTE, &count);
-      std::vector<char> buf(static_cast<std::size_t>(count) + 1);
-      MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, sub, MPI_STATUS_IGNORE);
-    }
-  }
-  MPI_Barrier(sub);
-}
-/// Every rank's error of `body` over a P-rank MpiComm (20 s deadline), then drop_leftovers().
+/// Every rank's error of `body` over a P-rank MpiComm (20 s deadline), then ut::drop_leftovers().
 template <class F>
 void every_rank_mpi(int P, F&& body, const std::function<void(int, Errc, const std::string&)>& check) {
   ut::on_groups_of(P, [&](MPI_Comm sub) {
@@ -121,7 +100,7 @@ void every_rank_mpi(int P, F&& body, const std::function<void(int, Errc, const s
       check(comm.rank(), t.code, t.message);
       CHECK(t.ms < 15000);
     }
-    drop_leftovers(sub);
+    ut::drop_leftovers(sub);
   });
 }
 }  // namespace
@@ -281,7 +260,7 @@ TEST_CASE("split-phase over MpiComm: a rank that destroys its handle before fini
     CHECK(t.code == Errc::aborted);
     CHECK(t.message.find("rank 1 destroyed a split-phase seq_to_head before its finish()") != std::string::npos);
     CHECK(t.ms < 10000);
-    drop_leftovers(sub);  // (break31: the notices of the broken group must not reach the next test's)
+    ut::drop_leftovers(sub);  // (break31: the notices of the broken group must not reach the next test's)
   });
 }
 

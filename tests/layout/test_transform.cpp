@@ -48,6 +48,7 @@ struct Config {
   Path path;
   bool pull;  // direct path: pulled (as across processes) rather than pushed
   bool on_unpack;
+  bool rope_runs = false;  // q and k both through a full-rotary Rope itself (its run form: the bf16 kernel), ranks 0, 1 streaming every store
 };
 
 /// This rank's seq-sharded local tensor of g (layout: the plan's).
@@ -74,8 +75,9 @@ std::string head_mismatch(const Global<T>& g, const std::vector<T>& v, const Lay
   return "";
 }
 
-/// seq→head of q, k, v with `rope` (and a scale on q) on pack or unpack of q and k; every rank's
-/// outputs against the reference. Returns the failures.
+/// seq→head of q, k, v with `rope` (and a scale on q) on pack or unpack of q and k, or with
+/// c.rope_runs a full-rotary Rope on both; every rank's outputs against the reference. Returns
+/// the failures.
 template <class T>
 std::string run_forward(const Config& c) {
   const Rope rope(c.D, c.S, 10000.0, c.D - (c.D % 4 == 0 ? 2 : 0), RopeStyle::half);
@@ -95,7 +97,8 @@ std::string run_forward(const Config& c) {
   } q_tx{&rope, &scale};
   const Global<T> q = random_tensor<T>(c.B, c.S, c.H, c.D, 1), k = random_tensor<T>(c.B, c.S, c.Hkv, c.D, 2),
                   v = random_tensor<T>(c.B, c.S, c.Hkv, c.D, 3);
-  const Global<T> want[3] = {transformed(q, q_ref), transformed(k, rope_gptj), v};
+  const Rope full(c.D, c.S, 10000.0, 0, RopeStyle::half);
+  const Global<T> want[3] = {c.rope_runs ? transformed(q, full) : transformed(q, q_ref), transformed(k, c.rope_runs ? full : rope_gptj), v};
   const Global<T>* in[3] = {&q, &k, &v};
   LocalGroup group(c.P);
   std::vector<std::string> err(static_cast<std::size_t>(c.P));
@@ -115,9 +118,13 @@ std::string run_forward(const Config& c) {
     }
     std::vector<std::byte> ws(plan.workspace_bytes());
     RowTransforms tx;
-    if (c.on_unpack) tx.on_unpack(0, q_tx).on_unpack(1, rope_gptj);
+    if (c.rope_runs && c.on_unpack) tx.on_unpack(0, full).on_unpack(1, full);
+    else if (c.rope_runs) tx.on_pack(0, full).on_pack(1, full);
+    else if (c.on_unpack) tx.on_unpack(0, q_tx).on_unpack(1, rope_gptj);
     else tx.on_pack(0, q_tx).on_pack(1, rope_gptj);
-    HostExecutor ex(r % 2 ? 2 : 1);  // one rank on two threads: the rows cut across threads
+    HostExecutorOptions xo{r % 2 ? 2 : 1};              // one rank on two threads: the rows cut across threads
+    if (c.rope_runs && r < 2) xo.streaming_min_bytes = 0;  // non-temporal stores in the kernel
+    HostExecutor ex(xo);
     auto go = [&](auto& cm) {
       seq_to_head(plan, cm, ex, {ins[0], ins[1], ins[2]}, {outs[0], outs[1], outs[2]}, ws, tx);
     };
@@ -268,58 +275,21 @@ std::string run_backward(int P, std::int64_t B, std::int64_t S, std::int64_t H, 
 
 TEST_CASE("seq->head with Rope's runs (half rotation, D = 128 and 64: the bf16 kernel) on pack and on unpack, stored plainly and streamed: the bits of rows rotated first") {
   // Rope itself on q and k (its run form: a run along a token's heads; the bf16 kernel), one rank
-  // on two threads (runs cut across threads), executors that stream every store
-  // (streaming_min_bytes 0: non-temporal stores in the kernel) beside ones that never do.
+  // on two threads (runs cut across threads), executors that stream every store (ranks 0 and 1:
+  // non-temporal stores in the kernel) beside ones that never do; direct pushed and pulled, messages.
   for (std::int64_t D : {std::int64_t{128}, std::int64_t{64}})
     for (bool unpack : {false, true})
-      for (Path path : {Path::direct, Path::messages}) {
-        const int P = 4;
-        const std::int64_t B = 2, S = 24, H = 8, Hkv = 4;
-        const Rope rope(D, S, 10000.0, 0, RopeStyle::half);
-        const SeqPartition seq = SeqPartition::zigzag(S, P);
-        const Global<bf16> q = random_tensor<bf16>(B, S, H, D, 5), k = random_tensor<bf16>(B, S, Hkv, D, 6), v = random_tensor<bf16>(B, S, Hkv, D, 7);
-        const Global<bf16> want[3] = {transformed(q, rope), transformed(k, rope), v};
-        const Global<bf16>* in[3] = {&q, &k, &v};
-        LocalGroup group(P);
-        std::vector<std::string> err(static_cast<std::size_t>(P));
-        group.spawn([&](LocalGroup::Comm& comm) {
-          const int r = comm.rank();
-          const HeadPartition qh = HeadPartition::even(H, P), kvh = HeadPartition::gqa(qh, Hkv);
-          PlanOptions opt;
-          opt.path = path;
-          Plan plan({P, r}, B, seq,
-                    {TensorSpec::of<bf16>(qh, D).with_row_transforms(), TensorSpec::of<bf16>(kvh, D).with_row_transforms(),
-                     TensorSpec::of<bf16>(kvh, D).with_row_transforms()},
-                    Format::bshd, opt);
-          std::vector<std::vector<bf16>> ins, outs;
-          for (int t = 0; t < 3; ++t) {
-            ins.push_back(seq_local(*in[t], seq, r, plan.seq_layout(t)));
-            outs.emplace_back(static_cast<std::size_t>(plan.head_layout(t).span_elems()), E<bf16>::of(-99.0));
-          }
-          std::vector<std::byte> ws(plan.workspace_bytes());
-          RowTransforms tx;
-          if (unpack) tx.on_unpack(0, rope).on_unpack(1, rope);
-          else tx.on_pack(0, rope).on_pack(1, rope);
-          HostExecutorOptions xo{r % 2 ? 2 : 1};
-          if (r < 2) xo.streaming_min_bytes = 0;
-          HostExecutor ex(xo);
-          try {
-            seq_to_head(plan, comm, ex, {ins[0], ins[1], ins[2]}, {outs[0], outs[1], outs[2]}, ws, tx);
-          } catch (const std::exception& e) {
-            err[static_cast<std::size_t>(r)] = e.what();
-            return;
-          }
-          const HeadPartition* parts[3] = {&qh, &kvh, &kvh};
-          for (int t = 0; t < 3; ++t) {
-            const std::string m = head_mismatch(want[t], outs[static_cast<std::size_t>(t)], plan.head_layout(t), parts[t]->begin(r), parts[t]->end(r));
-            if (!m.empty()) err[static_cast<std::size_t>(r)] += "tensor " + std::to_string(t) + " at " + m + "; ";
-          }
-        });
-        CAPTURE(D);
-        CAPTURE(unpack);
-        CAPTURE(to_string(path));
-        for (const std::string& e : err) CHECK(e == "");
-      }
+      for (Path path : {Path::direct, Path::messages})
+        for (bool pull : {false, true}) {
+          if (pull && path != Path::direct) continue;
+          const Config c{4, 2, 24, 8, 4, D, SeqPartition::zigzag(24, 4), Format::bshd, path, pull, unpack, true};
+          CAPTURE(D);
+          CAPTURE(unpack);
+          CAPTURE(to_string(path));
+          CAPTURE(pull);
+          CHECK(run_forward<bf16>(c) == "");
+          CHECK(run_forward<float>(c) == "");
+        }
 }
 
 TEST_CASE("backward: head->seq of dq and dk with the inverse rotation; replicated kv heads (GQA, MQA) summed in float32, rotated, rounded once") {

@@ -430,27 +430,6 @@ TEST_CASE("backward: dq, dk with rope.inverse() on unpack and on pack; replicate
 
 // ---- 3. the agreement ---------------------------------------------------------------------------
 
-namespace {
-/// Receives and drops every message left on `sub` once every rank is done with it (as
-/// test_bands_mpi: a failed exchange may leave notices that the next communicator would get).
-void drop_leftovers(MPI_Comm sub) {
-  MPI_Barrier(sub);
-  for (int round = 0; round < 5; ++round) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, sub, &flag, &st);
-      if (!flag) break;
-      int count = 0;
-      MPI_Get_count(&st, MPI_BYTE, &count);
-      std::vector<char> buf(static_cast<std::size_t>(count) + 1);
-      MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, sub, MPI_STATUS_IGNORE);
-    }
-  }
-  MPI_Barrier(sub);
-}
-}  // namespace
 
 // all_rows: every rank plans q by rows and only rank `odd` passes RoPE: the call numbering tells
 // the calls apart (over MpiComm's message path their messages carry different tags and never
@@ -495,7 +474,7 @@ TEST_CASE("with_row_transforms() or a row transform on one rank only: plan_misma
               CHECK(t.code == Errc::plan_mismatch);
               CHECK(t.ms < 15000);
             }
-            drop_leftovers(sub);
+            ut::drop_leftovers(sub);
           });
         }
 }

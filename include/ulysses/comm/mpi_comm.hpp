@@ -368,15 +368,14 @@ class MpiComm {
     });
   }
 
-  /// The call probe (detail::MpiCallProbe) of a library call that has waited past its grace
-  /// (a tenth of the timeout, at most 200 ms): Error(plan_mismatch) where a peer is in the call of
-  /// the same number with another word (their messages carry other tags and would never pair).
+  /// The call probe (detail::MpiCallProbe) of a call past its grace (a tenth of the timeout, at most 2 s:
+  /// few probes stay unread), to the peers it waits for: plan_mismatch where one runs another call.
   void probe_call(const Call& call) {
     const ExchangeState::Call& c = state_.call();
     if (ULYSSES_MPI_BLOCKING_WAITS || !c.number ||
-        std::chrono::steady_clock::now() < call.deadline - timeout_ + std::min<std::chrono::milliseconds>(timeout_ / 10, std::chrono::milliseconds(200)))
+        std::chrono::steady_clock::now() < call.deadline - timeout_ + std::min<std::chrono::milliseconds>(timeout_ / 10, std::chrono::seconds(2)))
       return;
-    sh_->probe.send(comm_, rank_, size_, kCallProbeTag, call.seq, sh_->generation, c.number, call_word());
+    sh_->probe.send(comm_, msgs_.incomplete(0, msgs_.n_recv), kCallProbeTag, call.seq, sh_->generation, c.number, call_word());
     const int other = detail::MpiCallProbe::find_other(comm_, kCallProbeTag, sh_->generation, c.number, call_word());
     if (other < 0) return;
     const std::string why = "rank " + std::to_string(rank_) + " in " + call.who + " (" + c.name + ", library call " + std::to_string(c.number) +
@@ -391,14 +390,15 @@ class MpiComm {
     return "rank " + std::to_string(rank_) + " waited " + std::to_string(timeout_.count()) + " ms in " + call.who;
   }
 
-  /// Reads every notice the peers sent (a peer gave up); if there is one, gives up too, with
-  /// detail::notice_verdict()'s code and story (told too: a joint verdict then counts this rank alive).
+  /// Reads the peers' notices; if there is one, gives up too (detail::notice_verdict()) and tells
+  /// the peers (a joint verdict counts it alive), every rank's verdict (plan_mismatch) as such.
   void take_notices(const Call& call) {
     Errc code = Errc::aborted;
     std::string story;
     auto late = [&] { return msgs_.incomplete(0, msgs_.n_recv); };  // this rank's own view: whose messages it still waits for
-    if (detail::notice_verdict(comm_, kNoticeTag, sh_->generation, rank_, call.who, call.seq, timeout_ / 10, late, code, story))
-      give_up(call, code, story, true);
+    if (!detail::notice_verdict(comm_, kNoticeTag, sh_->generation, rank_, call.who, call.seq, timeout_ / 10, late, code, story)) return;
+    if (code == Errc::plan_mismatch) notify(call, code, story, 0, true);
+    give_up(call, code, story, code != Errc::plan_mismatch);
   }
 
   /// An MPI return code other than MPI_SUCCESS gives up with Error(backend).

@@ -213,9 +213,24 @@ struct MpiCollective {
   MPI_Request req = MPI_REQUEST_NULL;               // the collective in flight
 };
 
-/// The call probe of MpiComm's polled waits: a rank that has waited past a grace tells every
-/// peer, once per call, which library call it is in, {generation, number, word} on a tag of its
-/// own, and reads the probes its peers sent. A peer in the call of the same number with another
+/// At the destruction of what owns the buffers of the sends `reqs`: whether MPI may still read
+/// them. No after MPI_Finalize or once every send completed (the buffers can go); else the
+/// requests are freed (MPI completes the sends on its own) and the caller must leak the buffers.
+inline bool sends_left_to_mpi(std::vector<MPI_Request>& reqs) {
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  if (finalized || reqs.empty()) return false;
+  int done = 0;
+  MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+  if (done) return false;
+  for (MPI_Request& r : reqs)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  return true;
+}
+
+/// The call probe of MpiComm's polled waits: a rank that has waited past a grace tells the peers
+/// whose messages it still waits for, once per call, which library call it is in, {generation,
+/// number, word} on a tag of its own, and reads the probes its peers sent. A peer in the call of the same number with another
 /// word runs another call there (another kind, plan, direction or set of row transforms): over
 /// the message path the two would never pair their messages, so both give up at once with
 /// Error(plan_mismatch) instead of waiting out their deadlines. Probes of another generation or
@@ -231,12 +246,7 @@ struct MpiCallProbe {
   MpiCallProbe& operator=(const MpiCallProbe&) = delete;
   /// Leaves a probe still being sent to MPI (the buffer leaked, the requests freed).
   ~MpiCallProbe() {
-    int finalized = 1;
-    MPI_Finalized(&finalized);
-    if (finalized || !in_flight()) return;
-    for (MPI_Request& r : reqs)
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    (void)out.release();
+    if (sends_left_to_mpi(reqs)) (void)out.release();
   }
   /// Whether the last probe's sends are still running.
   bool in_flight() {
@@ -245,8 +255,8 @@ struct MpiCallProbe {
     if (done) reqs.clear();
     return !done;
   }
-  /// Sends {generation, number, word} to every peer but `rank` with `tag`, once for call `seq`.
-  void send(MPI_Comm comm, int rank, int size, int tag, std::uint64_t seq, std::uint64_t generation, std::uint64_t number,
+  /// Sends {generation, number, word} to `peers` with `tag`, once for call `seq`.
+  void send(MPI_Comm comm, const std::vector<int>& peers, int tag, std::uint64_t seq, std::uint64_t generation, std::uint64_t number,
             std::uint64_t word) {
     const std::unique_lock<std::mutex> one(busy, std::try_to_lock);  // (another thread sends one: this one need not)
     if (!one || sent_for == seq || in_flight()) return;
@@ -254,9 +264,9 @@ struct MpiCallProbe {
     out[0] = generation;
     out[1] = number;
     out[2] = word;
-    for (int p = 0; p < size; ++p) {
+    for (int p : peers) {
       MPI_Request r = MPI_REQUEST_NULL;
-      if (p != rank && MPI_Isend(out.get(), 3 * 8, MPI_BYTE, p, tag, comm, &r) == MPI_SUCCESS) reqs.push_back(r);
+      if (MPI_Isend(out.get(), 3 * 8, MPI_BYTE, p, tag, comm, &r) == MPI_SUCCESS) reqs.push_back(r);
     }
   }
   /// Reads every probe sent on `tag`: the first peer whose probe names call `number` of
@@ -293,15 +303,8 @@ struct MpiShared {
   MpiShared& operator=(const MpiShared&) = delete;
   /// Frees the notices once MPI has sent them; leaves them to MPI (leaked) while it has not.
   ~MpiShared() {
-    int finalized = 1;
-    MPI_Finalized(&finalized);
-    if (finalized || notice_reqs.empty()) return;
-    int done = 0;
-    MPI_Testall(static_cast<int>(notice_reqs.size()), notice_reqs.data(), &done, MPI_STATUSES_IGNORE);
-    if (done) return;
-    for (MPI_Request& r : notice_reqs)
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    for (auto& n : notices) (void)n.release();  // MPI may still read them
+    if (sends_left_to_mpi(notice_reqs))
+      for (auto& n : notices) (void)n.release();  // MPI may still read them
   }
   /// Sends every peer but `rank` of the `size` ranks of `comm` the notice {head, what} with `tag`
   /// (best effort: errors ignored; the text is cut at 4 KiB).
