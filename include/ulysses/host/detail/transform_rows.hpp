@@ -271,7 +271,9 @@ struct RowWork {
 };
 
 /// Rows [r0, r1) of the row-path copy block c: each row read (RowWork::read()) and written
-/// (RowWork::write()) with its RowCoord.
+/// (RowWork::write()) with its RowCoord, or, where one transform alone touches the rows, through
+/// its fused copy_run() (copy_runs()) or copy_row(). `streaming`: the call streams its stores
+/// (RowRun::stream: a fused copy may store non-temporally; the caller fences).
 /// @pre transforms_rows(c, t); D <= kMaxTransformedRow
 inline void run_transformed_rows(const BlockCopy& c, const BufferTable& t, std::int64_t r0, std::int64_t r1, bool streaming = false) {
   if (r0 >= r1) return;
