@@ -216,6 +216,38 @@ TEST_CASE("row_amax: the largest magnitude, NaN-propagating") {
   CHECK(row_amax(i, 2) == HUGE_VALF);
 }
 
+TEST_CASE("row_amax's AVX-512 and AVX2 kernels (where the CPU has them) == row_amax_loop, bit for bit: every length 0..70, a NaN or an infinity at every position, the maximum at every position") {
+  using ulysses::detail::bits_float;
+  using ulysses::detail::float_bits;
+  using ulysses::detail::row_amax_loop;
+  std::vector<float (*)(const float*, std::int64_t)> kernels;
+#if ULYSSES_HOST_AVX2
+  if (ulysses::detail::host_has_avx512()) kernels.push_back(&ulysses::detail::row_amax_avx512);
+  if (ulysses::detail::host_has_avx2()) kernels.push_back(&ulysses::detail::row_amax_avx2);
+#endif
+  if (kernels.empty()) MESSAGE("no AVX2 on this CPU: row_amax is row_amax_loop");
+  std::uint64_t rows = 0, differ = 0;
+  std::uint32_t seed = 12345;
+  for (std::int64_t n = 0; n <= 70; ++n) {
+    std::vector<float> x(static_cast<std::size_t>(n) + 1);  // one more: a kernel must not read it
+    for (std::int64_t special = -1; special < n; ++special)
+      for (std::uint32_t what : {0x7fc00001u, 0xffa00000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0x80000000u}) {
+        for (auto& v : x) {
+          seed = seed * 1664525u + 1013904223u;
+          v = bits_float((seed & 0x80000000u) | (seed >> 9 & 0x3fffffffu));  // any sign, magnitudes below 2
+        }
+        x[static_cast<std::size_t>(n)] = bits_float(0x7f900000u);  // a NaN past the end
+        if (special >= 0) x[static_cast<std::size_t>(special)] = bits_float(what);
+        const std::uint32_t want = float_bits(row_amax_loop(x.data(), n));
+        for (auto k : kernels) differ += float_bits(k(x.data(), n)) != want;
+        ++rows;
+      }
+  }
+  MESSAGE("rows: " << rows << ", kernels: " << kernels.size());
+  CHECK(rows > 10000);
+  CHECK(differ == 0);
+}
+
 TEST_CASE("fp8_scale_of: amax / fp8_max, floored at FLT_MIN; the top and the non-finite amax") {
   for (Fp8Format f : kFormats) {
     const std::string fmt = to_string(f);

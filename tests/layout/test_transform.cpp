@@ -773,3 +773,39 @@ TEST_CASE("float_round_odd_normal: float_round_odd's bits wherever outside_float
   CHECK(misflagged == 0);
   CHECK(wrong == 0);
 }
+
+TEST_CASE("round_odd_n's AVX-512 and AVX2 kernels (where the CPU has them) == float_round_odd, bit for bit: rows of every length 0..40, with and without a lane outside the float normals at every position") {
+  using fn = void (*)(const double*, float*, std::int64_t);
+  std::vector<fn> kernels = {&detail::round_odd_n};
+#if ULYSSES_HOST_AVX2
+  if (detail::host_has_avx512()) kernels.push_back(&detail::round_odd_n_avx512);
+  if (detail::host_has_avx2()) kernels.push_back(&detail::round_odd_n_avx2);
+#endif
+  std::mt19937_64 rng(5);
+  const double specials[] = {0x1p-130, -0x1p-149, 0x1.8p128, std::nan(""), HUGE_VAL, -0.0, 0x1p-1074};
+  long long rows = 0, wrong = 0;
+  for (std::int64_t n = 0; n <= 40; ++n)
+    for (std::int64_t at = -1; at < n; ++at)
+      for (double sp : specials) {
+        std::vector<double> r(static_cast<std::size_t>(n));
+        for (auto& d : r) {
+          const std::uint64_t b = (rng() & 0x800fffffffffffffull) | ((897ull + rng() % 254u) << 52);  // float normals
+          std::memcpy(&d, &b, 8);
+        }
+        if (at >= 0) r[static_cast<std::size_t>(at)] = sp;
+        for (fn k : kernels) {
+          std::vector<float> o(static_cast<std::size_t>(n) + 1, 7.0f);  // one more: must stay 7
+          k(r.data(), o.data(), n);
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float want = detail::float_round_odd(r[static_cast<std::size_t>(i)]), got = o[static_cast<std::size_t>(i)];
+            wrong += !((want != want && got != got) || detail::float_bits(want) == detail::float_bits(got));
+          }
+          wrong += o[static_cast<std::size_t>(n)] != 7.0f;
+        }
+        ++rows;
+        if (at >= 0 && sp != sp) break;  // one NaN row a position is enough
+      }
+  MESSAGE("rows: " << rows << ", kernels: " << kernels.size());
+  CHECK(rows > 3000);
+  CHECK(wrong == 0);
+}

@@ -121,32 +121,77 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline float row_amax_loop(const float
   return bits_float(nan ? kFloatNanBits : m);
 }
 #if ULYSSES_HOST_AVX2
-ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
-ULYSSES_TARGET_AVX512 inline float row_amax_avx512(const float* x, std::int64_t n) { return row_amax_loop(x, n); }
 /// 16 lanes of the 32-bit value v (the AVX-512 kernels' constants).
 ULYSSES_TARGET_AVX512 inline __m512i u32x16(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
-/// fp8_code() of 16 lanes in AVX-512, its integer and float operations one for one (the normal
-/// code by the same rounding, min for the saturating select, the subnormal code by the 2^23
-/// addend, masks for the selects), packed to bytes: the same codes (tests/layout/test_fp8.cpp
-/// compares quantize_fp8() with fp8_code() over the same floats). The compiler's vectorisation of
-/// fp8_code() spills and shuffles. (All-lanes masked forms: GCC 12's unmasked ones start from an
-/// undefined vector, which -Wmaybe-uninitialized reports.)
+/// row_amax_loop()'s rule on 16 lanes in AVX-512, in intrinsics so that its speed does not depend
+/// on the user's optimisation flags (GCC's -O2 leaves the loop scalar: 2.5x slower fp8 rows):
+/// the running maximum m of the magnitudes as unsigned integers, any NaN lane noted in nan.
+struct Amax16 {
+  __m512i m;
+  __mmask16 nan;
+};
+ULYSSES_TARGET_AVX512 inline void amax_add_x16(Amax16& a, __m512 x) {
+  const __m512i mag = _mm512_and_si512(_mm512_castps_si512(x), u32x16(0x7fffffffu));
+  a.nan = static_cast<__mmask16>(a.nan | _mm512_cmpgt_epu32_mask(mag, u32x16(0x7f800000u)));
+  a.m = _mm512_maskz_max_epu32(0xffff, a.m, mag);
+}
+/// The amax of the lanes seen: NaN when any was NaN (row_amax_loop()'s result, bit for bit).
+ULYSSES_TARGET_AVX512 inline float amax_of_x16(const Amax16& a) {
+  // halves, max, halves (not _mm512_reduce_max_epu32(): GCC 12's starts from an undefined vector)
+  const __m256i h = _mm256_max_epu32(_mm512_maskz_extracti64x4_epi64(0xf, a.m, 0), _mm512_maskz_extracti64x4_epi64(0xf, a.m, 1));
+  __m128i q = _mm_max_epu32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xb1));
+  return bits_float(a.nan ? kFloatNanBits : static_cast<std::uint32_t>(_mm_cvtsi128_si32(q)));
+}
+ULYSSES_TARGET_AVX512 inline float row_amax_avx512(const float* x, std::int64_t n) {
+  Amax16 a{_mm512_setzero_si512(), 0};
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) amax_add_x16(a, _mm512_loadu_ps(x + i));
+  if (i < n) amax_add_x16(a, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (n - i)) - 1u), x + i));  // zeros: no effect
+  return amax_of_x16(a);
+}
+/// The same in AVX2, 8 lanes a step, the tail by row_amax_loop().
+ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  __m256i m = _mm256_setzero_si256(), nan = _mm256_setzero_si256();
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i mag = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
+    nan = _mm256_or_si256(nan, _mm256_cmpgt_epi32(mag, inf));  // both non-negative as int32
+    m = _mm256_max_epu32(m, mag);
+  }
+  std::uint32_t lanes[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), m);
+  std::uint32_t r = float_bits(row_amax_loop(x + i, n - i));  // NaN bits when the tail has one
+  for (std::uint32_t l : lanes) r = l > r ? l : r;
+  return bits_float(_mm256_testz_si256(nan, nan) ? r : kFloatNanBits);
+}
+/// fp8_code() of 16 lanes in AVX-512, packed to bytes: the same codes (tests/layout/test_fp8.cpp
+/// compares quantize_fp8() with fp8_code() over 101M floats; every float32 was checked once).
+/// - normal: fp8_code()'s rounding of the magnitude's bits (the lowest kept bit added back for
+///   ties to even), the exponent rebased in the same addition, min for the saturation;
+/// - subnormal (below 2^(1 - B)): one float addition of 2^(1 - B - M + 23), whose ulp is the
+///   subnormal step, rounds to nearest even (the default MXCSR mode); its bits less the addend's
+///   are the code (2^M where it rounds up to the smallest normal, as fp8_code() gives);
+/// - NaN: NanCode without the sign, through the min's mask and the sign's.
+/// 15 vector operations (the compiler's vectorisation of fp8_code() spills and shuffles). All-lanes
+/// masked forms: GCC 12's unmasked ones start from an undefined vector, which
+/// -Wmaybe-uninitialized reports.
 template <std::uint32_t M, std::uint32_t B, std::uint32_t MaxCode, std::uint32_t NanCode>
 ULYSSES_TARGET_AVX512 inline __m128i fp8_code_x16(__m512 x) {
-  constexpr std::uint32_t drop = 23u - M, min_normal = (128u - B) << 23;
+  constexpr std::uint32_t drop = 23u - M, min_normal = (128u - B) << 23, magic = (151u - B - M) << 23;
   constexpr __mmask16 all = 0xffff;
   const auto k = u32x16;
   const __m512i u = _mm512_castps_si512(x), ax = _mm512_and_si512(u, k(0x7fffffffu));
-  const __m512i sign = _mm512_and_si512(_mm512_maskz_srli_epi32(all, u, 24), k(0x80u));
-  const __mmask16 is_sub = _mm512_cmplt_epu32_mask(ax, k(min_normal)), is_nan = _mm512_cmpgt_epu32_mask(ax, k(0x7f800000u));
-  __m512i r = _mm512_sub_epi32(ax, k((127u - B) << 23));
-  r = _mm512_add_epi32(r, _mm512_add_epi32(k((1u << (drop - 1u)) - 1u), _mm512_and_si512(_mm512_maskz_srli_epi32(all, r, drop), k(1u))));
-  const __m512i normal = _mm512_maskz_min_epu32(all, _mm512_maskz_srli_epi32(all, r, drop), k(MaxCode));
-  const __m512 units = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_maskz_mov_epi32(is_sub, ax)), _mm512_castsi512_ps(k((127u + B + M - 1u) << 23)));
-  const __m512 two23 = _mm512_set1_ps(8388608.0f);
-  const __m512i sub = _mm512_maskz_cvttps_epi32(all, _mm512_sub_ps(_mm512_add_ps(units, two23), two23));
-  const __m512i code = _mm512_or_si512(sign, _mm512_mask_blend_epi32(is_sub, normal, sub));
-  return _mm512_maskz_cvtepi32_epi8(all, _mm512_mask_mov_epi32(code, is_nan, k(NanCode)));
+  const __mmask16 is_sub = _mm512_cmplt_epu32_mask(ax, k(min_normal)), not_nan = _mm512_cmple_epu32_mask(ax, k(0x7f800000u));
+  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(all, ax, drop), k(1u));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(ax, lsb), k((1u << (drop - 1u)) - 1u - ((127u - B) << 23)));
+  const __m512i normal = _mm512_mask_min_epu32(k(NanCode), not_nan, _mm512_maskz_srli_epi32(all, r, drop), k(MaxCode));
+  const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(ax), _mm512_castsi512_ps(k(magic)));
+  const __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(sum), k(magic));
+  const __m512i sign = _mm512_maskz_srli_epi32(not_nan, u, 24);  // 0x80 of it: the sign, none for NaN
+  return _mm512_maskz_cvtepi32_epi8(all, _mm512_ternarylogic_epi32(_mm512_mask_blend_epi32(is_sub, normal, sub), sign, k(0x80u), 0xf8));
 }
 /// quantize_codes() of one format in AVX-512: 16 elements a step (x / scale, then fp8_code_x16()),
 /// the tail in one masked step.

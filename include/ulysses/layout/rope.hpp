@@ -307,17 +307,16 @@ class Rope {
       const std::byte* src = run.src + i * run.src_stride;
       std::byte* dst = run.dst + i * run.dst_stride;
       std::int64_t k = 0;
-      for (; k + 32 <= m; k += 32) {  // 32 pairs: 64-byte stores of x' and of y'
-        __m512 xo[2], yo[2];
-        for (int h = 0; h < 2; ++h) {
-          const std::int64_t j = k + 16 * h;
-          const __m512 x = detail::bf16x16_load(src + 2 * j), y = detail::bf16x16_load(src + 2 * (m + j));
-          const __m512 c = _mm512_loadu_ps(t + j), sn = _mm512_loadu_ps(t + m + j);
-          xo[h] = _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn));
-          yo[h] = _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn));
-        }
-        detail::bf16x32_store(dst + 2 * k, xo[0], xo[1], run.stream);
-        detail::bf16x32_store(dst + 2 * (m + k), yo[0], yo[1], run.stream);
+      for (; k + 32 <= m; k += 32) {  // 32 pairs: 64-byte stores of x' and of y' (written out: GCC's -O2 keeps
+                                      // a loop over the two halves, and its arrays on the stack)
+        const __m512 x0 = detail::bf16x16_load(src + 2 * k), y0 = detail::bf16x16_load(src + 2 * (m + k));
+        const __m512 x1 = detail::bf16x16_load(src + 2 * (k + 16)), y1 = detail::bf16x16_load(src + 2 * (m + k + 16));
+        const __m512 c0 = _mm512_loadu_ps(t + k), s0 = _mm512_loadu_ps(t + m + k);
+        const __m512 c1 = _mm512_loadu_ps(t + k + 16), s1 = _mm512_loadu_ps(t + m + k + 16);
+        detail::bf16x32_store(dst + 2 * k, _mm512_fmsub_ps(x0, c0, _mm512_mul_ps(y0, s0)), _mm512_fmsub_ps(x1, c1, _mm512_mul_ps(y1, s1)),
+                              run.stream);
+        detail::bf16x32_store(dst + 2 * (m + k), _mm512_fmadd_ps(y0, c0, _mm512_mul_ps(x0, s0)),
+                              _mm512_fmadd_ps(y1, c1, _mm512_mul_ps(x1, s1)), run.stream);
       }
       if (k < m) {  // 16 pairs left (rotary_dim a multiple of 32, not of 64)
         const __m512 x = detail::bf16x16_load(src + 2 * k), y = detail::bf16x16_load(src + 2 * (m + k));

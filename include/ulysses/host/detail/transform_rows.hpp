@@ -207,19 +207,13 @@ struct RowWork {
       }
       return;
     }
-    __m512i m = _mm512_setzero_si512();  // row_amax(): magnitudes as integers, any NaN noted
-    __mmask16 nan = 0;
+    Amax16 amax{_mm512_setzero_si512(), 0};  // row_amax()'s, on the widened lanes
     for (std::int64_t i = 0; i < n; i += 16) {
       const __m512 x = bf16x16_load(src + 2 * i);
       _mm512_storeu_ps(f + i, x);
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-      nan = static_cast<__mmask16>(nan | _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000)));
-      m = _mm512_maskz_max_epu32(0xffff, m, a);
+      amax_add_x16(amax, x);
     }
-    std::uint32_t lanes[16], amax = 0;
-    _mm512_storeu_si512(lanes, m);
-    for (std::uint32_t a : lanes) amax = a > amax ? a : amax;
-    scale = fp8_scale_of(bits_float(nan ? kFloatNanBits : amax), wire);
+    scale = fp8_scale_of(amax_of_x16(amax), wire);
     const __m512 s = _mm512_set1_ps(scale);
     for (std::int64_t i = 0; i < n; i += 16) {
       const __m128i c = fp8_code_x16<M, B, MaxCode, NanCode>(_mm512_div_ps(_mm512_loadu_ps(f + i), s));
