@@ -114,6 +114,21 @@ inline MpiCommGenerations& comm_generations(MPI_Comm comm) {
   return *fresh.release();
 }
 
+/// Receives the next message on `tag` from any rank, if one has arrived (MPI_Iprobe, then
+/// MPI_Recv of its size): its bytes into buf, its sender into from. False when none has.
+inline bool receive_next_mpi(MPI_Comm comm, int tag, std::vector<char>& buf, int& from) {
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  buf.assign(static_cast<std::size_t>(std::max(count, 0)) + 1, 0);
+  MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
+  buf.pop_back();
+  from = st.MPI_SOURCE;
+  return true;
+}
+
 /// Receives the next failure notice of generation `generation` a peer sent on `comm` with `tag`,
 /// if there is one: true and `n` filled, or false. Reads the notices kept for it first, then
 /// MPI's (MPI_Iprobe, then MPI_Recv): one of an earlier generation is dropped, one of a later
@@ -127,25 +142,17 @@ inline bool receive_mpi_notice(MPI_Comm comm, int tag, std::uint64_t generation,
       g.ahead.erase(it);
       return true;
     }
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return false;
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
-    MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
-    const auto bytes = static_cast<std::size_t>(std::max(count, 0));
-    n.from = st.MPI_SOURCE;
+  for (std::vector<char> buf; receive_next_mpi(comm, tag, buf, n.from);) {
     n.head = MpiNoticeHeader{0, 0};
     n.text.clear();
-    if (bytes >= sizeof n.head) {
+    if (buf.size() >= sizeof n.head) {
       std::memcpy(&n.head, buf.data(), sizeof n.head);
-      n.text.assign(buf.data() + sizeof n.head, bytes - sizeof n.head);
+      n.text.assign(buf.data() + sizeof n.head, buf.size() - sizeof n.head);
     }
     if (n.head.generation == generation) return true;
     if (n.head.generation > generation) g.ahead.push_back(std::move(n));  // (else: an earlier object's, dropped)
   }
+  return false;
 }
 
 /// One story on every rank after a timeout (a ring whose rank left: each rank waits on its own
@@ -272,19 +279,13 @@ struct MpiCallProbe {
   /// Reads every probe sent on `tag`: the first peer whose probe names call `number` of
   /// `generation` with a word other than `word`, or -1.
   static int find_other(MPI_Comm comm, int tag, std::uint64_t generation, std::uint64_t number, std::uint64_t word) {
-    int other = -1;
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st) != MPI_SUCCESS || !flag) return other;
+    int other = -1, from = -1;
+    for (std::vector<char> buf; receive_next_mpi(comm, tag, buf, from);) {
       std::uint64_t in[3] = {0, 0, 0};
-      int count = 0;
-      MPI_Get_count(&st, MPI_BYTE, &count);
-      std::vector<char> buf(static_cast<std::size_t>(std::max(count, 0)) + 1);
-      MPI_Recv(buf.data(), count, MPI_BYTE, st.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
-      if (count == 3 * 8) std::memcpy(in, buf.data(), sizeof in);
-      if (other < 0 && in[0] == generation && in[1] == number && in[2] != word) other = st.MPI_SOURCE;
+      if (buf.size() == sizeof in) std::memcpy(in, buf.data(), sizeof in);
+      if (other < 0 && in[0] == generation && in[1] == number && in[2] != word) other = from;
     }
+    return other;
   }
 };
 

@@ -266,17 +266,19 @@ class Rope {
     }
     std::memcpy(dst, o, bytes);
   }
-  /// The run's rows through copy_rotated<A, M>: one position's table for a run along the heads,
-  /// each row's own otherwise.
+  /// The table (c then s, rotary_dim / 2 each) of row i of a run: the first row's position for a
+  /// run along the heads (no step in tokens or batches), row i's own otherwise.
+  const float* run_table(const RowRun& run, std::int64_t i) const {
+    const bool one_position = run.step.token == 0 && run.step.batch == 0;
+    return &tab_[static_cast<std::size_t>(position(one_position ? run.first : run.at(i)) * rd_)];
+  }
+  /// The run's rows through copy_rotated<A, M>, each with its run_table().
   template <class A, int M>
   ULYSSES_ALWAYS_INLINE void copy_rotated_run(const RowRun& run) const {
     const std::int64_t m = rd_ / 2;
-    const bool il = style_ == RopeStyle::interleaved, one_position = run.step.token == 0 && run.step.batch == 0;
-    const float* t = &tab_[static_cast<std::size_t>(position(run.first) * m * 2)];
-    for (std::int64_t i = 0; i < run.count; ++i) {
-      if (!one_position && i > 0) t = &tab_[static_cast<std::size_t>(position(run.at(i)) * m * 2)];
-      copy_rotated<A, M>(run.src + i * run.src_stride, run.dst + i * run.dst_stride, t, m, il);
-    }
+    const bool il = style_ == RopeStyle::interleaved;
+    for (std::int64_t i = 0; i < run.count; ++i)
+      copy_rotated<A, M>(run.src + i * run.src_stride, run.dst + i * run.dst_stride, run_table(run, i), m, il);
   }
   template <class A>
   ULYSSES_ALWAYS_INLINE void copy_rotated_sized(const RowRun& run) const {
@@ -300,10 +302,8 @@ class Rope {
   /// stored (src may be dst); a run along the heads keeps one position's table.
   ULYSSES_TARGET_AVX512_BF16 void copy_rotated_bf16(const RowRun& run) const {
     const std::int64_t m = rd_ / 2;
-    const bool one_position = run.step.token == 0 && run.step.batch == 0;
-    const float* t = &tab_[static_cast<std::size_t>(position(run.first) * m * 2)];
     for (std::int64_t i = 0; i < run.count; ++i) {
-      if (!one_position && i > 0) t = &tab_[static_cast<std::size_t>(position(run.at(i)) * m * 2)];
+      const float* t = run_table(run, i);
       const std::byte* src = run.src + i * run.src_stride;
       std::byte* dst = run.dst + i * run.dst_stride;
       std::int64_t k = 0;
