@@ -429,7 +429,7 @@ TEST_CASE("quantize_fp8 and dequantize_fp8 (their AVX-512 kernels where the CPU 
   using ulysses::detail::fp8_code;
   std::vector<float> row, back, want;
   std::vector<std::uint8_t> q4, q5;
-  std::uint64_t checked = 0, differ = 0;
+  std::uint64_t checked = 0, differ = 0, avx2_rows = 0;
   auto flush = [&] {  // scale 1: x / 1 is x, so the codes are fp8_code(x)'s
     const auto n = static_cast<std::int64_t>(row.size());
     q4.assign(row.size(), 0);
@@ -440,6 +440,21 @@ TEST_CASE("quantize_fp8 and dequantize_fp8 (their AVX-512 kernels where the CPU 
       differ += q4[i] != fp8_code<3, 7, 0x7e, 0x7f>(row[i]);
       differ += q5[i] != fp8_code<2, 15, 0x7b, 0x7e>(row[i]);
     }
+#if ULYSSES_HOST_AVX2
+    if (ulysses::detail::host_has_avx2()) {  // the AVX2 kernels too (what a CPU without AVX-512 runs)
+      std::vector<std::uint8_t> a4(row.size()), a5(row.size());
+      ulysses::detail::quantize_fp8_avx2(row.data(), n, 1.0f, ulysses::Fp8Format::e4m3, a4.data());
+      ulysses::detail::quantize_fp8_avx2(row.data(), n, 1.0f, ulysses::Fp8Format::e5m2, a5.data());
+      differ += static_cast<std::uint64_t>(a4 != q4) + static_cast<std::uint64_t>(a5 != q5);
+      for (auto [q, f] : {std::pair{&q4, ulysses::Fp8Format::e4m3}, std::pair{&q5, ulysses::Fp8Format::e5m2}}) {
+        std::vector<float> b(row.size()), w(row.size());
+        ulysses::detail::dequantize_fp8_avx2(q->data(), n, 0.7f, f, b.data());
+        ulysses::detail::dequantize_codes(q->data(), n, 0.7f, f, w.data());
+        differ += static_cast<std::uint64_t>(std::memcmp(b.data(), w.data(), row.size() * sizeof(float)) != 0);
+      }
+      ++avx2_rows;
+    }
+#endif
     // and back: dequantize_fp8 (its AVX-512 kernel) == the plain loop, bit for bit, at a scale
     // that is not a power of two (the product rounds)
     for (auto [q, f] : {std::pair{&q4, ulysses::Fp8Format::e4m3}, std::pair{&q5, ulysses::Fp8Format::e5m2}}) {
@@ -462,6 +477,6 @@ TEST_CASE("quantize_fp8 and dequantize_fp8 (their AVX-512 kernels where the CPU 
       for (std::uint32_t m = 0; m < (1u << 23); m += 3) add(sign | e << 23 | m);
   for (int i = 0; i < 13; ++i) add(0x3f800000u + static_cast<std::uint32_t>(i) * 77777u);  // a row whose length is no multiple of 16
   flush();
-  MESSAGE("floats checked: " << checked);
+  MESSAGE("floats checked: " << checked << ", rows also through the AVX2 kernels: " << avx2_rows);
   CHECK(differ == 0);
 }

@@ -96,6 +96,12 @@ ULYSSES_HOST_DEVICE inline float bits_float(std::uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+/// The smallest normal float32, FLT_MIN = 2^-126 (1.17549435e-38f), as bits.
+inline constexpr std::uint32_t kFloatMinBits = 0x00800000u;
+/// The largest finite float32, FLT_MAX (3.40282347e38f), as bits.
+inline constexpr std::uint32_t kFloatMaxBits = 0x7f7fffffu;
+/// The canonical quiet float32 NaN.
+inline constexpr std::uint32_t kFloatNanBits = 0x7fc00000u;
 
 /// binary16 bits → float32, exactly (subnormals, infinities and NaN payloads included). Rebias
 /// the exponent; infinities and NaNs get the top exponent; subnormals are renormalised by one

@@ -13,6 +13,7 @@
 
 #include "../detail/cpu.hpp"
 #include "../version.hpp"
+#include "detail/fp8_lanes.hpp"
 #include "element.hpp"
 #if ULYSSES_HOST_AVX2
 #include <immintrin.h>
@@ -51,13 +52,6 @@ ULYSSES_HOST_DEVICE inline Fp8Params fp8_params(Fp8Format f) {
   if (f == Fp8Format::e4m3) return Fp8Params{3u, 7u, 0x7eu, 0x7fu};
   return Fp8Params{2u, 15u, 0x7bu, 0x7eu};
 }
-
-/// The smallest normal float32, FLT_MIN = 2^-126 (1.17549435e-38f), as bits.
-inline constexpr std::uint32_t kFloatMinBits = 0x00800000u;
-/// The largest finite float32, FLT_MAX (3.40282347e38f), as bits.
-inline constexpr std::uint32_t kFloatMaxBits = 0x7f7fffffu;
-/// The canonical quiet float32 NaN.
-inline constexpr std::uint32_t kFloatNanBits = 0x7fc00000u;
 
 /// Magnitude bits (sign clear) of the fp8 value nearest |x| for a finite |x| below the format's
 /// smallest normal: a subnormal or zero code, rounded to nearest, ties to even.
@@ -98,9 +92,8 @@ ULYSSES_HOST_DEVICE inline std::uint8_t fp8_code(float x) {
   return static_cast<std::uint8_t>((NanCode & is_nan) | (code & ~is_nan));
 }
 
-/// quantize_fp8()'s loops (fp8_code() per element), written once: inlined into quantize_fp8() and
-/// into its AVX2 and AVX-512 twins, where they vectorise (the float-to-byte narrowing keeps SSE2
-/// scalar).
+/// quantize_fp8()'s loops (fp8_code() per element): the device's and the CPU without AVX2's, and
+/// the reference of the AVX2 and AVX-512 kernels (detail/fp8_lanes.hpp).
 ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void quantize_codes(const float* x, std::int64_t n, float scale, Fp8Format f,
                                                                      std::uint8_t* out) {
   if (f == Fp8Format::e4m3) {
@@ -121,29 +114,6 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline float row_amax_loop(const float
   return bits_float(nan ? kFloatNanBits : m);
 }
 #if ULYSSES_HOST_AVX2
-/// 16 lanes of the 32-bit value v (the AVX-512 kernels' constants).
-ULYSSES_TARGET_AVX512 inline __m512i u32x16(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
-/// row_amax_loop()'s rule on 16 lanes in AVX-512, in intrinsics so that its speed does not depend
-/// on the user's optimisation flags (GCC's -O2 leaves the loop scalar: 2.5x slower fp8 rows):
-/// the running maximum m of the magnitudes as unsigned integers, any NaN lane noted in nan.
-struct Amax16 {
-  __m512i m;
-  __mmask16 nan;
-};
-ULYSSES_TARGET_AVX512 inline void amax_add_x16(Amax16& a, __m512 x) {
-  const __m512i mag = _mm512_and_si512(_mm512_castps_si512(x), u32x16(0x7fffffffu));
-  a.nan = static_cast<__mmask16>(a.nan | _mm512_cmpgt_epu32_mask(mag, u32x16(0x7f800000u)));
-  a.m = _mm512_maskz_max_epu32(0xffff, a.m, mag);
-}
-/// The amax of the lanes seen: NaN when any was NaN (row_amax_loop()'s result, bit for bit).
-ULYSSES_TARGET_AVX512 inline float amax_of_x16(const Amax16& a) {
-  // halves, max, halves (not _mm512_reduce_max_epu32(): GCC 12's starts from an undefined vector)
-  const __m256i h = _mm256_max_epu32(_mm512_maskz_extracti64x4_epi64(0xf, a.m, 0), _mm512_maskz_extracti64x4_epi64(0xf, a.m, 1));
-  __m128i q = _mm_max_epu32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4e));
-  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xb1));
-  return bits_float(a.nan ? kFloatNanBits : static_cast<std::uint32_t>(_mm_cvtsi128_si32(q)));
-}
 ULYSSES_TARGET_AVX512 inline float row_amax_avx512(const float* x, std::int64_t n) {
   Amax16 a{_mm512_setzero_si512(), 0};
   std::int64_t i = 0;
@@ -167,32 +137,6 @@ ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) {
   for (std::uint32_t l : lanes) r = l > r ? l : r;
   return bits_float(_mm256_testz_si256(nan, nan) ? r : kFloatNanBits);
 }
-/// fp8_code() of 16 lanes in AVX-512, packed to bytes: the same codes (tests/layout/test_fp8.cpp
-/// compares quantize_fp8() with fp8_code() over 101M floats; every float32 was checked once).
-/// - normal: fp8_code()'s rounding of the magnitude's bits (the lowest kept bit added back for
-///   ties to even), the exponent rebased in the same addition, min for the saturation;
-/// - subnormal (below 2^(1 - B)): one float addition of 2^(1 - B - M + 23), whose ulp is the
-///   subnormal step, rounds to nearest even (the default MXCSR mode); its bits less the addend's
-///   are the code (2^M where it rounds up to the smallest normal, as fp8_code() gives);
-/// - NaN: NanCode without the sign, through the min's mask and the sign's.
-/// 15 vector operations (the compiler's vectorisation of fp8_code() spills and shuffles). All-lanes
-/// masked forms: GCC 12's unmasked ones start from an undefined vector, which
-/// -Wmaybe-uninitialized reports.
-template <std::uint32_t M, std::uint32_t B, std::uint32_t MaxCode, std::uint32_t NanCode>
-ULYSSES_TARGET_AVX512 inline __m128i fp8_code_x16(__m512 x) {
-  constexpr std::uint32_t drop = 23u - M, min_normal = (128u - B) << 23, magic = (151u - B - M) << 23;
-  constexpr __mmask16 all = 0xffff;
-  const auto k = u32x16;
-  const __m512i u = _mm512_castps_si512(x), ax = _mm512_and_si512(u, k(0x7fffffffu));
-  const __mmask16 is_sub = _mm512_cmplt_epu32_mask(ax, k(min_normal)), not_nan = _mm512_cmple_epu32_mask(ax, k(0x7f800000u));
-  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(all, ax, drop), k(1u));
-  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(ax, lsb), k((1u << (drop - 1u)) - 1u - ((127u - B) << 23)));
-  const __m512i normal = _mm512_mask_min_epu32(k(NanCode), not_nan, _mm512_maskz_srli_epi32(all, r, drop), k(MaxCode));
-  const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(ax), _mm512_castsi512_ps(k(magic)));
-  const __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(sum), k(magic));
-  const __m512i sign = _mm512_maskz_srli_epi32(not_nan, u, 24);  // 0x80 of it: the sign, none for NaN
-  return _mm512_maskz_cvtepi32_epi8(all, _mm512_ternarylogic_epi32(_mm512_mask_blend_epi32(is_sub, normal, sub), sign, k(0x80u), 0xf8));
-}
 /// quantize_codes() of one format in AVX-512: 16 elements a step (x / scale, then fp8_code_x16()),
 /// the tail in one masked step.
 template <std::uint32_t M, std::uint32_t B, std::uint32_t MaxCode, std::uint32_t NanCode>
@@ -210,8 +154,18 @@ ULYSSES_TARGET_AVX512 inline void quantize_fp8_avx512(const float* x, std::int64
   if (f == Fp8Format::e4m3) return quantize_format_avx512<3, 7, 0x7e, 0x7f>(x, n, scale, out);
   quantize_format_avx512<2, 15, 0x7b, 0x7e>(x, n, scale, out);
 }
+/// quantize_codes() of one format in AVX2: 8 elements a step (fp8_code_x8()), the tail by the loop.
+template <std::uint32_t M, std::uint32_t B, std::uint32_t MaxCode, std::uint32_t NanCode>
+ULYSSES_TARGET_AVX2 inline void quantize_format_avx2(const float* x, std::int64_t n, float scale, std::uint8_t* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  const std::int64_t body = n > 0 ? n - n % 8 : 0;
+  for (std::int64_t i = 0; i < body; i += 8)
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), low_bytes_x8(fp8_code_x8<M, B, MaxCode, NanCode>(_mm256_div_ps(_mm256_loadu_ps(x + i), s))));
+  for (std::int64_t i = body; i < n; ++i) out[i] = fp8_code<M, B, MaxCode, NanCode>(x[i] / scale);
+}
 ULYSSES_TARGET_AVX2 inline void quantize_fp8_avx2(const float* x, std::int64_t n, float scale, Fp8Format f, std::uint8_t* out) {
-  quantize_codes(x, n, scale, f, out);
+  if (f == Fp8Format::e4m3) return quantize_format_avx2<3, 7, 0x7e, 0x7f>(x, n, scale, out);
+  quantize_format_avx2<2, 15, 0x7b, 0x7e>(x, n, scale, out);
 }
 #endif
 
@@ -229,8 +183,8 @@ ULYSSES_HOST_DEVICE inline float fp8_value(std::uint32_t code) {
   const std::uint32_t spec = sign | (0x7f800000u + ((0u - static_cast<std::uint32_t>(mant != 0)) & 0x400000u));
   return bits_float((spec & is_special) | (sub & is_sub) | (normal & ~(is_special | is_sub)));
 }
-/// dequantize_fp8()'s loops (fp8_value() per code, times the scale, a NaN made canonical), written
-/// once: inlined into dequantize_fp8() and into its AVX2 and AVX-512 twins.
+/// dequantize_fp8()'s loops (fp8_value() per code, times the scale, a NaN made canonical): the
+/// device's and the CPU without AVX2's, the AVX2 kernel's tail, and the kernels' reference.
 ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void dequantize_codes(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f,
                                                                        float* out) {
   const float nan = bits_float(kFloatNanBits);
@@ -256,27 +210,6 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline void dequantize_codes(const std
   }
 }
 #if ULYSSES_HOST_AVX2
-/// fp8_value() of 16 codes (one a 32-bit lane) in AVX-512, its operations one for one, times
-/// the scale, a NaN made canonical: dequantize_codes()' values (tests/layout/test_fp8.cpp: every
-/// code of both formats).
-template <std::uint32_t M, std::uint32_t B, bool E4M3>
-ULYSSES_TARGET_AVX512 inline __m512 fp8_value_x16(__m512i code, __m512 scale) {
-  constexpr std::uint32_t top = (1u << (7u - M)) - 1u;
-  constexpr __mmask16 all = 0xffff;
-  const auto k = u32x16;
-  const __m512i sign = _mm512_maskz_slli_epi32(all, _mm512_and_si512(code, k(0x80u)), 24), mag = _mm512_and_si512(code, k(0x7fu));
-  const __m512i exp = _mm512_maskz_srli_epi32(all, mag, M), mant = _mm512_and_si512(mag, k((1u << M) - 1u));
-  const __m512i normal = _mm512_or_si512(_mm512_or_si512(sign, _mm512_maskz_slli_epi32(all, _mm512_add_epi32(exp, k(127u - B)), 23)),
-                                         _mm512_maskz_slli_epi32(all, mant, 23u - M));
-  const __m512 sub_abs = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(all, mant), _mm512_castsi512_ps(k((128u - B - M) << 23)));
-  const __m512i sub = _mm512_or_si512(sign, _mm512_castps_si512(sub_abs));
-  const __mmask16 is_special = E4M3 ? _mm512_cmpeq_epi32_mask(mag, k(0x7fu)) : _mm512_cmpeq_epi32_mask(exp, k(top));
-  const __mmask16 is_sub = _mm512_cmpeq_epi32_mask(exp, k(0u)), has_mant = _mm512_cmpneq_epi32_mask(mant, k(0u));
-  const __m512i spec = _mm512_or_si512(sign, _mm512_mask_mov_epi32(k(0x7f800000u), has_mant, k(0x7fc00000u)));
-  const __m512i bits = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(normal, is_sub, sub), is_special, spec);
-  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits), scale);
-  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(k(kFloatNanBits)));
-}
 /// dequantize_codes() of one format in AVX-512: 16 codes a step, the tail in one masked step.
 template <std::uint32_t M, std::uint32_t B, bool E4M3>
 ULYSSES_TARGET_AVX512 inline void dequantize_format_avx512(const std::uint8_t* q, std::int64_t n, float scale, float* out) {
@@ -296,8 +229,18 @@ ULYSSES_TARGET_AVX512 inline void dequantize_fp8_avx512(const std::uint8_t* q, s
   if (f == Fp8Format::e4m3) return dequantize_format_avx512<3, 7, true>(q, n, scale, out);
   dequantize_format_avx512<2, 15, false>(q, n, scale, out);
 }
+/// dequantize_codes() of one format in AVX2: 8 codes a step (fp8_value_x8()), the tail by the loop.
+template <std::uint32_t M, std::uint32_t B, bool E4M3>
+ULYSSES_TARGET_AVX2 inline void dequantize_format_avx2(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  const std::int64_t body = n > 0 ? n - n % 8 : 0;
+  for (std::int64_t i = 0; i < body; i += 8)
+    _mm256_storeu_ps(out + i, fp8_value_x8<M, B, E4M3>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i))), s));
+  dequantize_codes(q + body, n - body, scale, f, out + body);
+}
 ULYSSES_TARGET_AVX2 inline void dequantize_fp8_avx2(const std::uint8_t* q, std::int64_t n, float scale, Fp8Format f, float* out) {
-  dequantize_codes(q, n, scale, f, out);
+  if (f == Fp8Format::e4m3) return dequantize_format_avx2<3, 7, true>(q, n, scale, f, out);
+  dequantize_format_avx2<2, 15, false>(q, n, scale, f, out);
 }
 #endif
 
