@@ -230,8 +230,18 @@ class Rope {
     y = std::fma(v, c, u * s);
   }
 #if ULYSSES_HOST_AVX2
+  /// rotate_pairs() 8 pairs a step in AVX2 + FMA intrinsics (fmsub / fmadd of the rounded
+  /// products: rotate_pair()'s operations; not left to the vectoriser, which -O2 skips), the rest
+  /// by rotate_pairs().
   ULYSSES_TARGET_AVX2_FMA static void rotate_pairs_avx2(float* x, float* y, const float* t, std::int64_t m) {
-    rotate_pairs(x, y, t, m);
+    const std::int64_t body = m > 0 ? m - m % 8 : 0;
+    for (std::int64_t k = 0; k < body; k += 8) {
+      const __m256 u = _mm256_loadu_ps(x + k), v = _mm256_loadu_ps(y + k);
+      const __m256 c = _mm256_loadu_ps(t + k), sn = _mm256_loadu_ps(t + m + k);
+      _mm256_storeu_ps(x + k, _mm256_fmsub_ps(u, c, _mm256_mul_ps(v, sn)));
+      _mm256_storeu_ps(y + k, _mm256_fmadd_ps(v, c, _mm256_mul_ps(u, sn)));
+    }
+    for (std::int64_t k = body; k < m; ++k) rotate_pair(x[k], y[k], t[k], t[m + k]);
   }
 #endif
   /// copy_row()'s pass over the first 2m elements (A: SumArith of a type whose Acc is float):
