@@ -340,7 +340,7 @@ ULYSSES_TARGET_AVX512 inline void round_odd_n_avx512(const double* r, float* o, 
     for (std::int64_t i = 0; i < m; ++i) o[i] = float_round_odd(r[i]);
 }
 /// The same in AVX2, 4 lanes a step (signed compares: the exponent field is below 2^11), the tail
-/// by round_odd_n().
+/// one by one.
 ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std::int64_t m) {
   const __m256i low = _mm256_set1_epi64x(0x1fffffff), zero = _mm256_setzero_si256();
   __m256i outside = zero;
@@ -355,10 +355,13 @@ ULYSSES_TARGET_AVX2 inline void round_odd_n_avx2(const double* r, float* o, std:
     const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi64(e, _mm256_set1_epi64x(2047)), _mm256_cmpeq_epi64(_mm256_add_epi64(b, b), zero));
     outside = _mm256_or_si256(outside, _mm256_andnot_si256(special, off));
   }
-  if (!_mm256_testz_si256(outside, outside)) {
-    for (std::int64_t j = 0; j < i; ++j) o[j] = float_round_odd(r[j]);
+  bool any = !_mm256_testz_si256(outside, outside);
+  for (; i < m; ++i) {
+    o[i] = float_round_odd_normal(r[i]);
+    any = any || outside_float_normals(r[i]) != 0;
   }
-  round_odd_n(r + i, o + i, m - i);
+  if (any)  // all again, as round_odd_n() does (the same bits: a NaN's payload too)
+    for (std::int64_t j = 0; j < m; ++j) o[j] = float_round_odd(r[j]);
 }
 #endif
 /// round_odd_n() through the widest twin this CPU runs.
