@@ -12,6 +12,9 @@
 # Llama-3.1-8B shapes (H=32, Hkv=8, D=128), bf16, S = 4096, 8192, 16384; every table checked bit
 # for bit (-c 1: (b) fused == (c) separate). Knobs: BUILD_DIR (build), ITERS (10), JOBS (1), S0 and
 # S1 (the --rope sweep, 4096 and 16384), T0 and T1 (--op transform's tokens, 1024 and 4096).
+# The flags a consumer builds with are its own: BUILD_DIR=build-o2 after
+# `cmake -B build-o2 -DCMAKE_BUILD_TYPE=RelWithDebInfo` (-O2) times what such a build gets
+# (bench/results/transforms-o2.md).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 out_md="${1:-$root/bench/results/transforms.md}"
 build="${BUILD_DIR:-$root/build}"
@@ -27,6 +30,7 @@ tmp="$(mktemp)"
   echo "# bench/run_transforms.sh, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
   echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $(uname -sr), git $(git -C "$root" rev-parse --short HEAD)."
+  echo "Build: $build, CMAKE_BUILD_TYPE $(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt") ($(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt"))."
   echo "Load before: $(uptime)"
   echo
   echo "## RoPE fused into seq->head, in-process (LocalGroup, 4 ranks on threads)"
@@ -57,7 +61,7 @@ tmp="$(mktemp)"
 } > "$tmp"
 # The summary table at the top: every figure of the tables above, with the targets.
 {
-  sed -n '1,4p' "$tmp"
+  sed -n '1,5p' "$tmp"
   echo
   echo "| run | S / T | plain (us) | fused (us) | separate (us) | fused/plain (target <= 1.10) | separate/plain (expected >= 1.4) | #diff |"
   echo "|---|---|---|---|---|---|---|---|"
@@ -71,7 +75,7 @@ tmp="$(mktemp)"
        on && /^ rope / {printf "| rope | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $2, $3, $4, $6, $7, $8, $9, $10, $11}
        on && /^ fp8 / {printf "| fp8 %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $2, $3, $4, $5, $7, $8, $9, $10, $11, $12}' "$tmp"
   echo
-  sed -n '5,$p' "$tmp"
+  sed -n '6,$p' "$tmp"
 } > "$out_md"
 rm -f "$tmp"
 echo "run_transforms.sh: $out_md"

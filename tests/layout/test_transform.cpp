@@ -819,3 +819,63 @@ TEST_CASE("round_odd_n's AVX-512 and AVX2 kernels (where the CPU has them) == th
   CHECK(rows == 13776);  // 2 x 8 specials x (n + 1) positions, n = 0..40
   CHECK(wrong == 0);
 }
+
+TEST_CASE("load_row, store_row and round_row (their AVX2 lanes for bfloat16 and float32 where the CPU has them) == SumArith and round_to element by element, bit for bit: every bfloat16, random float32 and double bit patterns, rows of every length 0..40, 255..257 and 300") {
+  std::mt19937_64 rng(23);
+  auto dbits = [](double d) {
+    std::uint64_t b;
+    std::memcpy(&b, &d, 8);
+    return b;
+  };
+  auto random_double = [&] {  // float normals, specials, float subnormals and beyond float
+    const std::uint64_t r = rng(), pick = r % 8;
+    std::uint64_t b = rng();
+    if (pick < 5) b = (b & 0x800fffffffffffffull) | ((897ull + rng() % 254u) << 52);
+    if (pick == 5) b = (b & 0x800fffffffffffffull) | ((860ull + rng() % 37u) << 52);  // float subnormals and below
+    if (pick == 6) b = rng() % 2 ? 0x7ff8000000000000ull | (b & 0xffffull) : (b & 0x8000000000000000ull) | 0x7ff0000000000000ull;
+    double d;
+    std::memcpy(&d, &b, 8);
+    return d;
+  };
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t n = 0; n <= 40; ++n) lengths.push_back(n);
+  for (std::int64_t n : {255, 256, 257, 300}) lengths.push_back(n);
+  long long checked = 0, wrong = 0;
+  std::uint32_t next_bf16 = 0;  // every bfloat16 pattern, across the rows
+  for (int rep = 0; rep < 300; ++rep)
+    for (std::int64_t n : lengths) {
+      const ElementType ty = rep % 3 == 0 ? ElementType::bfloat16 : rep % 3 == 1 ? ElementType::float32 : ElementType::float16;
+      detail::with_sum_arith(ty, [&](auto a) {
+        using A = decltype(a);
+        using Bits = typename A::Bits;
+        const auto un = static_cast<std::size_t>(n);
+        std::vector<Bits> in(un + 1), out(un + 1, Bits{0x55}), want(un);
+        for (auto& b : in) b = sizeof(Bits) == 2 && std::is_same_v<A, detail::SumArith<ElementType::bfloat16>> ? static_cast<Bits>(next_bf16++ & 0xffffu)
+                                                                                                            : static_cast<Bits>(rng());
+        std::vector<double> row(un + 1, 9.0), x(un), r(un);
+        detail::load_row(ty, reinterpret_cast<const std::byte*>(in.data()), row.data(), n);  // load
+        for (std::size_t i = 0; i < un; ++i) wrong += dbits(row[i]) != dbits(static_cast<double>(A::widen(in[i])));
+        wrong += row[un] != 9.0;
+        for (std::size_t i = 0; i < un; ++i) x[i] = random_double();
+        detail::store_row(ty, reinterpret_cast<std::byte*>(out.data()), x.data(), n);  // store
+        for (std::size_t i = 0; i < un; ++i) {
+          const double xi = x[i];
+          Bits w;
+          if constexpr (sizeof(Bits) == 4) w = A::narrow(static_cast<float>(xi));
+          else w = A::narrow(detail::float_round_odd(xi));
+          wrong += out[i] != w;
+        }
+        wrong += out[un] != Bits{0x55};
+        r = x;
+        detail::round_row(ty, r.data(), n);  // round
+        for (std::size_t i = 0; i < un; ++i) {
+          const double w = sizeof(Bits) == 4 ? static_cast<double>(static_cast<float>(x[i])) : detail::round_to(ty, x[i]);
+          wrong += dbits(r[i]) != dbits(w);
+        }
+        checked += n;
+      });
+    }
+  MESSAGE("elements: " << checked << ", bfloat16 patterns: " << next_bf16);
+  CHECK(next_bf16 >= 65536);
+  CHECK(wrong == 0);
+}

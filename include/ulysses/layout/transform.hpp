@@ -12,6 +12,7 @@
 
 #include "../detail/cpu.hpp"
 #include "blocks.hpp"
+#include "detail/row_lanes.hpp"
 #include "element.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -275,7 +276,8 @@ inline std::uint64_t outside_float_normals(double d) {
 /// Loads n elements of `type` at p (misaligned allowed) into row, exactly.
 /// @pre type is float16, bfloat16, float32 or float64
 inline void load_row(ElementType type, const std::byte* p, double* row, std::int64_t n) {
-  // One copy of the row's bytes into a typed buffer, then a plain loop the compiler vectorises.
+  // One copy of the row's bytes into a typed buffer, then AVX2 lanes (bfloat16, float32:
+  // detail/row_lanes.hpp) and a plain loop for the rest.
   constexpr std::int64_t kChunk = 256;
   with_sum_arith(type, [&](auto a) {
     using A = decltype(a);
@@ -284,7 +286,12 @@ inline void load_row(ElementType type, const std::byte* p, double* row, std::int
     for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
       const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
       std::memcpy(b, p + i0 * static_cast<std::int64_t>(sizeof(Bits)), static_cast<std::size_t>(m) * sizeof(Bits));
-      for (std::int64_t i = 0; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(b[i]));
+      std::int64_t i = 0;
+#if ULYSSES_HOST_AVX2
+      if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>) i = host_has_avx2() ? bf16_to_double_avx2(b, row + i0, m) : 0;
+      if constexpr (std::is_same_v<A, SumArith<ElementType::float32>>) i = host_has_avx2() ? float_to_double_avx2(b, row + i0, m) : 0;
+#endif
+      for (; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(b[i]));
     }
   });
 }
@@ -373,7 +380,8 @@ inline void round_odd_to(const double* r, float* o, std::int64_t m) {
   round_odd_n(r, o, m);
 }
 
-/// row[i] = round_to(type, row[i]) for i < n, with one dispatch for the row (the loops vectorise).
+/// row[i] = round_to(type, row[i]) for i < n, with one dispatch for the row (AVX2 lanes for
+/// float32 and bfloat16, detail/row_lanes.hpp; plain loops otherwise).
 inline void round_row(ElementType type, double* row, std::int64_t n) {
   constexpr std::int64_t kChunk = 256;
   with_sum_arith(type, [&](auto a) {
@@ -382,13 +390,21 @@ inline void round_row(ElementType type, double* row, std::int64_t n) {
     if constexpr (std::is_same_v<Acc, double>) {
       (void)row;
     } else if constexpr (sizeof(typename A::Bits) == 4) {
-      for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<double>(static_cast<float>(row[i]));  // (NaN stays NaN)
+      std::int64_t i = 0;
+#if ULYSSES_HOST_AVX2
+      if (host_has_avx2()) i = round_float_double_avx2(row, n);
+#endif
+      for (; i < n; ++i) row[i] = static_cast<double>(static_cast<float>(row[i]));  // (NaN stays NaN)
     } else {
       float f[kChunk];
       for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
         const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
         round_odd_to(row + i0, f, m);
-        for (std::int64_t i = 0; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(A::narrow(f[i])));
+        std::int64_t i = 0;
+#if ULYSSES_HOST_AVX2
+        if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>) i = host_has_avx2() ? bf16_round_double_avx2(f, row + i0, m) : 0;
+#endif
+        for (; i < m; ++i) row[i0 + i] = static_cast<double>(A::widen(A::narrow(f[i])));
       }
     }
   });
@@ -405,14 +421,21 @@ inline void store_row(ElementType type, std::byte* p, const double* row, std::in
     for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
       const std::int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
       const double* r = row + i0;
+      std::int64_t i = 0;  // (AVX2 lanes for float32 and bfloat16: detail/row_lanes.hpp)
       if constexpr (std::is_same_v<Acc, double>) {
-        for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(r[i]);
+        for (; i < m; ++i) b[i] = A::narrow(r[i]);
       } else if constexpr (sizeof(Bits) == 4) {
-        for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(static_cast<float>(r[i]));
+#if ULYSSES_HOST_AVX2
+        i = host_has_avx2() ? double_to_float_avx2(r, b, m) : 0;
+#endif
+        for (; i < m; ++i) b[i] = A::narrow(static_cast<float>(r[i]));
       } else {
         float f[kChunk];
         round_odd_to(r, f, m);
-        for (std::int64_t i = 0; i < m; ++i) b[i] = A::narrow(f[i]);
+#if ULYSSES_HOST_AVX2
+        if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>) i = host_has_avx2() ? float_to_bf16_avx2(f, b, m) : 0;
+#endif
+        for (; i < m; ++i) b[i] = A::narrow(f[i]);
       }
       std::memcpy(p + i0 * static_cast<std::int64_t>(sizeof(Bits)), b, static_cast<std::size_t>(m) * sizeof(Bits));
     }
