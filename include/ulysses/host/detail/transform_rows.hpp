@@ -160,8 +160,8 @@ struct RowWork {
     return done;
   }
   /// fp8_direct()'s work for the SumArith A of a 16- or 32-bit type, written once and compiled
-  /// three times: plainly and inside AVX2 and AVX-512 twins (its widening and narrowing loops
-  /// vectorise there; the codec's loops dispatch on their own).
+  /// three times: plainly and inside AVX2 and AVX-512 twins (a bfloat16 row widens and narrows in
+  /// detail/row_lanes.hpp's AVX2 lanes; the codec's loops dispatch on their own).
   template <class A>
   ULYSSES_ALWAYS_INLINE void fp8_direct_rows(const std::byte* src, std::byte* dst, bool input, bool output) {
     using Bits = typename A::Bits;
@@ -170,12 +170,20 @@ struct RowWork {
       get_fp8(src);
     } else {
       std::memcpy(b, src, static_cast<std::size_t>(n) * sizeof(Bits));
-      for (std::int64_t i = 0; i < n; ++i) f[i] = A::widen(b[i]);
+      std::int64_t i = 0;
+#if ULYSSES_HOST_AVX2
+      if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>) i = host_has_avx2() ? bf16_to_float_avx2(b, f, n) : 0;
+#endif
+      for (; i < n; ++i) f[i] = A::widen(b[i]);
       const float scale = quantize_f();
       if (!output) return put_fp8(dst, scale);
       dequantize_fp8(q, n, scale, wire, f);
     }
-    for (std::int64_t i = 0; i < n; ++i) b[i] = A::narrow(f[i]);
+    std::int64_t i = 0;
+#if ULYSSES_HOST_AVX2
+    if constexpr (std::is_same_v<A, SumArith<ElementType::bfloat16>>) i = host_has_avx2() ? float_to_bf16_avx2(f, b, n) : 0;
+#endif
+    for (; i < n; ++i) b[i] = A::narrow(f[i]);
     std::memcpy(dst, b, static_cast<std::size_t>(n) * sizeof(Bits));
   }
 #if ULYSSES_HOST_AVX2

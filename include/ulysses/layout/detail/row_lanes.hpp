@@ -41,6 +41,12 @@ ULYSSES_TARGET_AVX2 inline std::int64_t bf16_to_double_avx2(const std::uint16_t*
   for (; i + 8 <= m; i += 8) store_doubles_x8(row + i, bf16_widen_x8(b + i));
   return i;
 }
+/// f[i] = bfloat16_to_float(b[i]), i < m - m % 8; @returns how many it did.
+ULYSSES_TARGET_AVX2 inline std::int64_t bf16_to_float_avx2(const std::uint16_t* b, float* f, std::int64_t m) {
+  std::int64_t i = 0;
+  for (; i + 8 <= m; i += 8) _mm256_storeu_ps(f + i, bf16_widen_x8(b + i));
+  return i;
+}
 /// row[i] = b[i] (float32 bits) as double, i < m - m % 8; @returns how many it did.
 ULYSSES_TARGET_AVX2 inline std::int64_t float_to_double_avx2(const std::uint32_t* b, double* row, std::int64_t m) {
   std::int64_t i = 0;
