@@ -193,7 +193,7 @@ TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a
   RowTransforms tx;
   for (ElementType type : {ElementType::bfloat16, ElementType::float16, ElementType::float32})
     for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
-      for (std::int64_t rd : {std::int64_t{0}, std::int64_t{64}, std::int64_t{32}})
+      for (std::int64_t rd : {std::int64_t{0}, std::int64_t{96}, std::int64_t{64}, std::int64_t{32}})
         for (bool with_ids : {false, true}) {
           Rope rope(128, 4096, 10000.0, rd, style);
           if (with_ids) rope.with_position_ids(ids.data(), static_cast<std::int64_t>(ids.size()));
@@ -230,6 +230,30 @@ TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a
           CAPTURE(with_ids);
           CHECK(wrong == 0);
         }
+  // Streaming stores (RowRun::stream: non-temporal where the row is 64-byte aligned, then fenced):
+  // the same bits as copy_row, rows at 64-byte aligned and misaligned addresses.
+  for (ElementType type : {ElementType::bfloat16, ElementType::float32})
+    for (std::int64_t rd : {std::int64_t{0}, std::int64_t{96}}) {
+      const Rope rope(128, 4096, 10000.0, rd, RopeStyle::half);
+      const std::size_t e = size_of(type), row = 128 * e;
+      std::vector<std::byte> src(row * 8), buf(row * 8 + 128), want(row * 8);
+      for (std::byte& b : src) b = static_cast<std::byte>(rng() & 0xffu);
+      for (std::size_t i = 0; i < src.size(); i += 2 * e) src[i + e - 1] = static_cast<std::byte>((rng() & 0x80u) | 0x3fu);
+      const RowRun along{RowCoord{0, 5, 0}, RowCoord{0, 0, 1}};
+      for (std::int64_t i = 0; i < 8; ++i) CHECK(rope.copy_row(along.at(i), type, src.data() + row * static_cast<std::size_t>(i), want.data() + row * static_cast<std::size_t>(i), 128));
+      const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(buf.data());
+      for (std::size_t skew : {std::size_t{0}, 4 * e}) {
+        std::byte* dst = buf.data() + (64 - a % 64) % 64 + skew;
+        RowRun run{along.first, along.step, src.data(), static_cast<std::int64_t>(row), dst, static_cast<std::int64_t>(row), 128, 8};
+        run.stream = true;
+        CHECK(rope.copy_run(run, type));
+        detail::stream_fence();
+        CAPTURE(static_cast<int>(type));
+        CAPTURE(rd);
+        CAPTURE(skew);
+        CHECK(std::memcmp(dst, want.data(), want.size()) == 0);
+      }
+    }
   // Rows of another length, or float64: false, nothing written.
   const Rope r(8, 4);
   std::vector<float> x(32, 1.5f), y(32, -2.0f);

@@ -339,12 +339,15 @@ ULYSSES_TARGET_AVX512_BF16 inline __m512 bf16x16_load(const std::byte* p) {
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, b), 16));
 }
+/// The lanes of x that VCVTNE(2)PS2BF16 narrows otherwise than float_to_bfloat16_canonical():
+/// NaNs (0x01 quiet, 0x80 signalling) and float32 subnormals (0x20).
+ULYSSES_TARGET_AVX512_BF16 inline __mmask16 bf16_special_lanes(__m512 x) { return _mm512_fpclass_ps_mask(x, 0xA1); }
 /// Stores float_to_bfloat16_canonical() of 16 floats at p: VCVTNEPS2BF16 (RNE) where no lane is a
 /// NaN or a float32 subnormal (the instruction flushes subnormals to zero and keeps a NaN's
 /// payload); such a vector, rare, is narrowed lane by lane. The same bits either way. `stream`:
 /// a non-temporal store where p is 32-byte aligned (the caller fences).
 ULYSSES_TARGET_AVX512_BF16 inline void bf16x16_store(std::byte* p, __m512 x, bool stream = false) {
-  if (_mm512_fpclass_ps_mask(x, 0xA1) == 0) {  // (0x01 quiet NaN, 0x20 subnormal, 0x80 signalling NaN)
+  if (bf16_special_lanes(x) == 0) {
     const __m256bh h = _mm512_cvtneps_pbh(x);
     __m256i v;
     std::memcpy(&v, &h, 32);
@@ -360,13 +363,10 @@ ULYSSES_TARGET_AVX512_BF16 inline void bf16x16_store(std::byte* p, __m512 x, boo
   for (int i = 0; i < 16; ++i) b[i] = float_to_bfloat16_canonical(f[i]);
   std::memcpy(p, b, 32);
 }
-/// bf16x16_store() of lo at p and hi at p + 32 bytes, as one 64-byte store (VCVTNE2PS2BF16)
-/// where neither has a NaN or subnormal lane; `stream`: non-temporal where p is 64-byte aligned.
-ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store(std::byte* p, __m512 lo, __m512 hi, bool stream = false) {
-  if ((_mm512_fpclass_ps_mask(lo, 0xA1) | _mm512_fpclass_ps_mask(hi, 0xA1)) != 0) {
-    bf16x16_store(p, lo, stream);
-    return bf16x16_store(p + 32, hi, stream);
-  }
+/// Stores lo and hi narrowed at p as bf16x32_store() does where no lane is special: one
+/// VCVTNE2PS2BF16 and one 64-byte store, unchecked.
+/// @pre bf16_special_lanes() of lo and of hi is 0 (else its bits are not float_to_bfloat16_canonical()'s)
+ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store_plain(std::byte* p, __m512 lo, __m512 hi, bool stream = false) {
   const __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);  // (lo in the lower half)
   __m512i v;
   std::memcpy(&v, &h, 64);
@@ -374,6 +374,15 @@ ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store(std::byte* p, __m512 lo, __
     _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
   else
     _mm512_storeu_si512(p, v);
+}
+/// bf16x16_store() of lo at p and hi at p + 32 bytes, as one 64-byte store (VCVTNE2PS2BF16)
+/// where neither has a NaN or subnormal lane; `stream`: non-temporal where p is 64-byte aligned.
+ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store(std::byte* p, __m512 lo, __m512 hi, bool stream = false) {
+  if ((bf16_special_lanes(lo) | bf16_special_lanes(hi)) != 0) {
+    bf16x16_store(p, lo, stream);
+    return bf16x16_store(p + 32, hi, stream);
+  }
+  bf16x32_store_plain(p, lo, hi, stream);
 }
 #endif
 

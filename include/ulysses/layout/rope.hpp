@@ -175,7 +175,9 @@ class Rope {
       if constexpr (!std::is_same_v<typename A::Acc, double>) {
 #if ULYSSES_HOST_AVX2
         if constexpr (std::is_same_v<A, detail::SumArith<ElementType::bfloat16>>)  // (half rotation, 16 pairs a vector)
-          if (style_ == RopeStyle::half && rd_ % 32 == 0 && detail::host_has_avx512_bf16()) return copy_rotated_bf16(run);
+          if (style_ == RopeStyle::half && rd_ % 32 == 0 && detail::host_has_avx512_bf16()) return rd_ == 128 ? copy_rotated_bf16<64>(run) : copy_rotated_bf16<0>(run);
+        if constexpr (std::is_same_v<A, detail::SumArith<ElementType::float32>>)  // (half rotation, 16 pairs a vector)
+          if (style_ == RopeStyle::half && rd_ % 32 == 0 && detail::host_has_avx512()) return copy_rotated_f32(run);
         if (detail::host_has_avx512()) return copy_rotated_avx512<A>(run);
         if (detail::host_has_avx2_fma()) return copy_rotated_avx2<A>(run);
 #endif
@@ -231,8 +233,8 @@ class Rope {
   }
 #if ULYSSES_HOST_AVX2
   /// rotate_pairs() 8 pairs a step in AVX2 + FMA intrinsics (fmsub / fmadd of the rounded
-  /// products: rotate_pair()'s operations; not left to the vectoriser, which -O2 skips), the rest
-  /// by rotate_pairs().
+  /// products: rotate_pair()'s operations; not left to the vectoriser, which -O2 skips), the last
+  /// m % 8 pairs one by one through rotate_pair().
   ULYSSES_TARGET_AVX2_FMA static void rotate_pairs_avx2(float* x, float* y, const float* t, std::int64_t m) {
     const std::int64_t body = m > 0 ? m - m % 8 : 0;
     for (std::int64_t k = 0; k < body; k += 8) {
@@ -276,19 +278,21 @@ class Rope {
     }
     std::memcpy(dst, o, bytes);
   }
-  /// The table (c then s, rotary_dim / 2 each) of row i of a run: the first row's position for a
-  /// run along the heads (no step in tokens or batches), row i's own otherwise.
-  const float* run_table(const RowRun& run, std::int64_t i) const {
-    const bool one_position = run.step.token == 0 && run.step.batch == 0;
-    return &tab_[static_cast<std::size_t>(position(one_position ? run.first : run.at(i)) * rd_)];
+  /// The table (c then s, rotary_dim / 2 each) of the row at `at`.
+  const float* table_of(const RowCoord& at) const { return &tab_[static_cast<std::size_t>(position(at) * rd_)]; }
+  /// The table of row i of a run, given first = table_of(run.first): that one for a run along the
+  /// heads (no step in tokens or batches: one position, looked up once a run), row i's own otherwise.
+  const float* run_table(const RowRun& run, std::int64_t i, const float* first) const {
+    return run.step.token == 0 && run.step.batch == 0 ? first : table_of(run.at(i));
   }
   /// The run's rows through copy_rotated<A, M>, each with its run_table().
   template <class A, int M>
   ULYSSES_ALWAYS_INLINE void copy_rotated_run(const RowRun& run) const {
     const std::int64_t m = rd_ / 2;
     const bool il = style_ == RopeStyle::interleaved;
+    const float* first = table_of(run.first);  // (copy_run() returns before an empty run)
     for (std::int64_t i = 0; i < run.count; ++i)
-      copy_rotated<A, M>(run.src + i * run.src_stride, run.dst + i * run.dst_stride, run_table(run, i), m, il);
+      copy_rotated<A, M>(run.src + i * run.src_stride, run.dst + i * run.dst_stride, run_table(run, i, first), m, il);
   }
   template <class A>
   ULYSSES_ALWAYS_INLINE void copy_rotated_sized(const RowRun& run) const {
@@ -305,34 +309,78 @@ class Rope {
   ULYSSES_TARGET_AVX2_FMA void copy_rotated_avx2(const RowRun& run) const {
     copy_rotated_sized<A>(run);
   }
-  /// copy_rotated_run<bf16>'s half rotation (rotary_dim a multiple of 32) in AVX-512 with BF16:
-  /// per 16 pairs, x and y widened exactly, rotated by rotate_pair()'s operations
-  /// (x' = x·c − (y·s) and y' = y·c + (x·s), one fused rounding each, the products rounded first)
-  /// and narrowed by detail::bf16x16_store(): the same bits. Each 16 pairs are loaded before they are
-  /// stored (src may be dst); a run along the heads keeps one position's table.
+  /// 16 pairs k..k+15 of a bf16 row at src rotated by table t (c then s, m each): x and y widened
+  /// exactly, x' = x·c − (y·s) and y' = y·c + (x·s) (rotate_pair()'s operations, one fused rounding
+  /// each, the products rounded first) into xo and yo; the lanes bf16_special_lanes() flags or-ed
+  /// into `special`.
+  ULYSSES_TARGET_AVX512_BF16 static void rotate_bf16x16(const std::byte* src, const float* t, std::int64_t m, std::int64_t k,
+                                                        __m512& xo, __m512& yo, __mmask16& special) {
+    const __m512 x = detail::bf16x16_load(src + 2 * k), y = detail::bf16x16_load(src + 2 * (m + k));
+    const __m512 c = _mm512_loadu_ps(t + k), sn = _mm512_loadu_ps(t + m + k);
+    xo = _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn));
+    yo = _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn));
+    special = static_cast<__mmask16>(special | detail::bf16_special_lanes(xo) | detail::bf16_special_lanes(yo));
+  }
+  /// copy_rotated_run<bf16>'s half rotation (rotary_dim a multiple of 32) in AVX-512 with BF16, the
+  /// same bits: per 32 pairs (64 bytes of x', 64 of y'), rotate_bf16x16() twice, every load before
+  /// any store (src may be dst); where no lane is special, one VCVTNE2PS2BF16 and one 64-byte
+  /// store per 32 elements (one check a group: no branch waits on each store), else
+  /// detail::bf16x16_store()'s lane by lane narrowing. A run along the heads keeps one position's table.
+  /// M: rotary_dim / 2 fixed at 64 (head dim 128: the loop's trip count known), or 0 (any).
+  template <int M>
   ULYSSES_TARGET_AVX512_BF16 void copy_rotated_bf16(const RowRun& run) const {
-    const std::int64_t m = rd_ / 2;
+    const std::int64_t m = M != 0 ? M : rd_ / 2;
+    const bool stream = run.stream;
+    const float* first = table_of(run.first);  // (copy_run() returns before an empty run)
     for (std::int64_t i = 0; i < run.count; ++i) {
-      const float* t = run_table(run, i);
+      const float* t = run_table(run, i, first);
       const std::byte* src = run.src + i * run.src_stride;
       std::byte* dst = run.dst + i * run.dst_stride;
-      std::int64_t k = 0;
-      for (; k + 32 <= m; k += 32) {  // 32 pairs: 64-byte stores of x' and of y' (written out: GCC's -O2 keeps
-                                      // a loop over the two halves, and its arrays on the stack)
-        const __m512 x0 = detail::bf16x16_load(src + 2 * k), y0 = detail::bf16x16_load(src + 2 * (m + k));
-        const __m512 x1 = detail::bf16x16_load(src + 2 * (k + 16)), y1 = detail::bf16x16_load(src + 2 * (m + k + 16));
-        const __m512 c0 = _mm512_loadu_ps(t + k), s0 = _mm512_loadu_ps(t + m + k);
-        const __m512 c1 = _mm512_loadu_ps(t + k + 16), s1 = _mm512_loadu_ps(t + m + k + 16);
-        detail::bf16x32_store(dst + 2 * k, _mm512_fmsub_ps(x0, c0, _mm512_mul_ps(y0, s0)), _mm512_fmsub_ps(x1, c1, _mm512_mul_ps(y1, s1)),
-                              run.stream);
-        detail::bf16x32_store(dst + 2 * (m + k), _mm512_fmadd_ps(y0, c0, _mm512_mul_ps(x0, s0)),
-                              _mm512_fmadd_ps(y1, c1, _mm512_mul_ps(x1, s1)), run.stream);
+      for (std::int64_t k = 0; k < m; k += 32) {
+        __m512 x0, y0, x1 = _mm512_setzero_ps(), y1 = _mm512_setzero_ps();
+        __mmask16 special = 0;
+        const bool two = k + 32 <= m;  // (else 16 pairs left: rotary_dim a multiple of 32, not of 64)
+        rotate_bf16x16(src, t, m, k, x0, y0, special);
+        if (two) rotate_bf16x16(src, t, m, k + 16, x1, y1, special);
+        if (two && special == 0) {
+          detail::bf16x32_store_plain(dst + 2 * k, x0, x1, stream);
+          detail::bf16x32_store_plain(dst + 2 * (m + k), y0, y1, stream);
+          continue;
+        }
+        detail::bf16x16_store(dst + 2 * k, x0, stream);
+        detail::bf16x16_store(dst + 2 * (m + k), y0, stream);
+        if (!two) continue;
+        detail::bf16x16_store(dst + 2 * (k + 16), x1, stream);
+        detail::bf16x16_store(dst + 2 * (m + k + 16), y1, stream);
       }
-      if (k < m) {  // 16 pairs left (rotary_dim a multiple of 32, not of 64)
-        const __m512 x = detail::bf16x16_load(src + 2 * k), y = detail::bf16x16_load(src + 2 * (m + k));
+    }
+  }
+  /// copy_rotated_run<float32>'s half rotation (rotary_dim a multiple of 32) in AVX-512, the same
+  /// bits: per 16 pairs x and y loaded (both before either store: src may be dst), rotated by
+  /// rotate_pair()'s operations, a NaN lane made SumArith<float32>::narrow()'s canonical NaN by a
+  /// masked move, stored (non-temporal with run.stream where 64-byte aligned).
+  ULYSSES_TARGET_AVX512 void copy_rotated_f32(const RowRun& run) const {
+    const std::int64_t m = rd_ / 2;
+    const __m512 canonical = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000));
+    const float* first = table_of(run.first);  // (copy_run() returns before an empty run)
+    for (std::int64_t i = 0; i < run.count; ++i) {
+      const float* t = run_table(run, i, first);
+      const std::byte* src = run.src + i * run.src_stride;  // (4-byte elements: any alignment)
+      std::byte* dst = run.dst + i * run.dst_stride;
+      const bool stream = run.stream && (reinterpret_cast<std::uintptr_t>(dst) & 63) == 0;  // (m a multiple of 16: y' too)
+      for (std::int64_t k = 0; k < m; k += 16) {
+        const __m512 x = _mm512_loadu_ps(src + 4 * k), y = _mm512_loadu_ps(src + 4 * (m + k));
         const __m512 c = _mm512_loadu_ps(t + k), sn = _mm512_loadu_ps(t + m + k);
-        detail::bf16x16_store(dst + 2 * k, _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn)), run.stream);
-        detail::bf16x16_store(dst + 2 * (m + k), _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn)), run.stream);
+        __m512 xo = _mm512_fmsub_ps(x, c, _mm512_mul_ps(y, sn)), yo = _mm512_fmadd_ps(y, c, _mm512_mul_ps(x, sn));
+        xo = _mm512_mask_mov_ps(xo, _mm512_fpclass_ps_mask(xo, 0x81), canonical);  // (0x01 quiet, 0x80 signalling NaN)
+        yo = _mm512_mask_mov_ps(yo, _mm512_fpclass_ps_mask(yo, 0x81), canonical);
+        if (stream) {
+          _mm512_stream_ps(reinterpret_cast<float*>(dst + 4 * k), xo);
+          _mm512_stream_ps(reinterpret_cast<float*>(dst + 4 * (m + k)), yo);
+        } else {
+          _mm512_storeu_ps(dst + 4 * k, xo);
+          _mm512_storeu_ps(dst + 4 * (m + k), yo);
+        }
       }
     }
   }
