@@ -5,6 +5,8 @@
 // x H heads of D elements, token-major ([T, H, D], as a seq-sharded q of one rank).
 //   rope  bf16 / fp32: one transformed BlockCopy (detail::make_block with a RowOrigin, Rope on
 //         pack) run by run_block_host(): each row loaded into double, rotated, stored rounded once;
+//         streaming (non-temporal stores, then detail::stream_fence()) from HostExecutorOptions'
+//         streaming_min_bytes (4 MiB) on, as HostExecutor decides for a call that moves as much;
 //   fp8   e4m3 from fp32: per row row_amax(), fp8_scale_of(), quantize_fp8() into bytes + a scale.
 // GB/s = the rows' input bytes / time (memcpy: the same bytes); ratio = memcpy(us) / ours(us)
 // (1: as fast as memcpy). -c 1: the transformed copy against a row-by-row load_row, Rope,
@@ -80,8 +82,13 @@ std::vector<Line> lines_at(std::int64_t T, std::int64_t H, std::int64_t D, doubl
     t.base[BufferIndex::output(0)] = dst.data();
     t.transforms = &tx;
     Line l{"rope", type, T, N, static_cast<double>(bytes)};
+    const bool streaming = bytes >= HostExecutorOptions{}.streaming_min_bytes;  // (HostExecutor's choice for a call of these bytes)
+    auto transformed = [&] {
+      run_block_host(c, t, streaming);
+      if (streaming) detail::stream_fence();
+    };
     if (check) {
-      run_block_host(c, t);
+      transformed();
       std::vector<std::byte> want(bytes);
       double row[detail::kMaxTransformedRow];
       l.wrong = 0;
@@ -96,7 +103,7 @@ std::vector<Line> lines_at(std::int64_t T, std::int64_t H, std::int64_t D, doubl
     }
     const std::vector<double> m = alternate(std::vector<std::function<double()>>{
         [&] { return time_us([&] { std::memcpy(copy.data(), src.data(), bytes); }); },
-        [&] { return time_us([&] { run_block_host(c, t); }); }});
+        [&] { return time_us(transformed); }});
     l.memcpy_us = m[0], l.us = m[1];
     out.push_back(l);
     if (type != ElementType::float32) continue;
@@ -138,7 +145,7 @@ inline int print(const std::vector<Line>& lines, std::int64_t H, std::int64_t D,
   std::printf("# ulysses_perf --op transform: one thread, rows of T tokens x H=%lld heads x D=%lld ([T, H, D]), %d iters after %d warm-up%s\n",
               static_cast<long long>(H), static_cast<long long>(D), iters, warmup, check ? ", checked bit for bit" : "");
   std::printf("# rope: one transformed BlockCopy through run_block_host() (Rope theta %g, half rotation, on pack: widen to float, rotate\n"
-              "# with fma, round once); fp8 e4m3: per row row_amax, fp8_scale_of, quantize_fp8 from the float32 rows (codes + a scale a row);\n"
+              "# with fma, round once; streaming stores from 4 MiB, as HostExecutor); fp8 e4m3: per row row_amax, fp8_scale_of, quantize_fp8 from the float32 rows (codes + a scale a row);\n"
               "# each alternating with std::memcpy of the same input bytes; time: the median over iterations; GB/s = input bytes / time;\n"
               "# ratio = memcpy(us) / time(us) (1 = memcpy's speed)\n",
               theta);
