@@ -100,8 +100,9 @@ struct Options {
   double band_call_us = 0;              // --advise --band-call-us: what each band's exchange and attention call adds
   bool rope = false;                    // --rope (--op seq_to_head, host backends): plain, RoPE fused on pack of q and k, a separate RoPE pass + plain
   double rope_theta = 10000.0;          // --rope-theta: the rotation's base
-  Wire wire = Wire::element;            // --wire W (--op seq_to_head, host backends): q and k on wire W against every tensor on its element wire
+  Wire wire = Wire::element;            // --wire W (--op seq_to_head, host backends): q and k (--wire-tensors) on wire W against every tensor on its element wire
   bool wire_given = false;
+  int wire_tensors = 2;                 // --wire-tensors qk|qkv: (b) puts the first 2 (q, k) or all 3 (q, k, v) on wire W
   perf_model::LinkFlags links;          // --advise
   perf_documents::Spec docs;            // --docs: packed documents (--advise's hybrid table, --allgather-kv's third split, --op layer)
 #if ULYSSES_PERF_MPI
@@ -563,8 +564,8 @@ std::unique_ptr<Exchange> make_exchange(Comm& comm, const Options& o, const Atte
   auto specs = step.qkv ? a.qkv() : a.out();
   if (transformed)  // --rope (b): q and k planned row by row, so that a call's RowTransforms rotate them
     for (std::size_t t = 0; t < 2 && t < specs.size(); ++t) specs[t].with_row_transforms();
-  if (wire != Wire::element)  // --wire: q and k travel on the wire (v on its element wire)
-    for (std::size_t t = 0; t < 2 && t < specs.size(); ++t) specs[t].with_wire(wire);
+  if (wire != Wire::element)  // --wire: q and k travel on the wire (v too with --wire-tensors qkv)
+    for (std::size_t t = 0; t < static_cast<std::size_t>(o.wire_tensors) && t < specs.size(); ++t) specs[t].with_wire(wire);
   auto x = std::make_unique<Exchange>(Exchange{Plan({P, r}, o.batch, seq, specs, o.layout, po), step.dir, {}, {}, {}, 0});
   double in = 0;
   for (int t = 0; t < x->plan.num_tensors(); ++t) in += static_cast<double>(x->plan.input_bytes(x->dir, t));
@@ -760,10 +761,10 @@ void wire_reference_row(ElementType type, Wire wire, const std::byte* p, std::by
   detail::store_row(type, want, row, D);
 }
 
-/// Output elements of seq->head exchange `x` (q and k planned on `wire`, the others on their
-/// element wire) that differ bitwise from the reference: the oracle's input row through
-/// wire_reference_row() for tensors 0 and 1 (q, k), the oracle's value for the others (v).
-long long count_wire_wrong(const Exchange& x, const SeqPartition& seq, int r, Wire wire) {
+/// Output elements of seq->head exchange `x` (its first `wired` tensors planned on `wire`, the
+/// others on their element wire) that differ bitwise from the reference: the oracle's input row
+/// through wire_reference_row() for tensors t < wired, the oracle's value for the others.
+long long count_wire_wrong(const Exchange& x, const SeqPartition& seq, int r, Wire wire, int wired) {
   long long wrong = 0;
   std::byte in[8 * detail::kMaxTransformedRow], want[8 * detail::kMaxTransformedRow];
   for (int t = 0; t < x.plan.num_tensors(); ++t) {
@@ -775,7 +776,7 @@ long long count_wire_wrong(const Exchange& x, const SeqPartition& seq, int r, Wi
         const double v = value(spec.type, t, b, s, h, d, -1);
         store_sum(spec.type, &v, 1, in + static_cast<std::size_t>(d) * e);
       }
-      if (t < 2) wire_reference_row(spec.type, wire, in, want, spec.head_dim);
+      if (t < wired) wire_reference_row(spec.type, wire, in, want, spec.head_dim);
       else std::memcpy(want, in, static_cast<std::size_t>(spec.head_dim) * e);
       for (std::int64_t d = 0; d < spec.head_dim; ++d)
         wrong += std::memcmp(want + static_cast<std::size_t>(d) * e, base + static_cast<std::size_t>(off + d * sd) * e, e) != 0;
@@ -796,9 +797,10 @@ double wire_bytes(Comm& comm, const Options& o, const std::vector<TensorSpec>& s
 /// --wire W on one rank of the runners' group (make(): a new HostRunner or WindowRunner): per S,
 /// two seq->head exchanges of q, k, v timed in one alternating run (alternate_all()): (a) every
 /// tensor on its element wire (the baseline), (b) q and k on wire W (TensorSpec::with_wire), v on
-/// its element wire. The wire bytes of both (q, k alone and q, k, v) from the plans. -c 1: (a)
-/// against the oracle (#wrong), (b) against the reference quantizer (count_wire_wrong()) bit for
-/// bit; an fp8 wire that changed no element is a failure too (the check would prove nothing). Collective.
+/// its element wire (on W too with --wire-tensors qkv). The wire bytes of both (q, k alone and
+/// q, k, v) from the plans. -c 1: (a) against the oracle (#wrong), (b) against the reference
+/// quantizer (count_wire_wrong()) bit for bit; an fp8 wire that changed no element is a failure
+/// too (the check would prove nothing). Collective.
 template <class Make>
 std::vector<Row> run_wire(const Options& o, Make&& make) {
   auto ra = make(), rb = make();
@@ -826,14 +828,14 @@ std::vector<Row> run_wire(const Options& o, Make&& make) {
     row.path = ra->path(xa->plan) + "/" + rb->path(xb->plan);
     row.bytes = max_over_ranks(comm, static_cast<double>(xa->in_bytes));
     std::vector<TensorSpec> base = a.qkv(), wired = base;
-    for (int t = 0; t < 2; ++t) wired[static_cast<std::size_t>(t)].with_wire(o.wire);
+    for (int t = 0; t < o.wire_tensors; ++t) wired[static_cast<std::size_t>(t)].with_wire(o.wire);
     row.qkv_bytes = wire_bytes(comm, o, base, S), row.qkv_wire_bytes = wire_bytes(comm, o, wired, S);
     row.qk_bytes = wire_bytes(comm, o, {base[0], base[1]}, S), row.qk_wire_bytes = wire_bytes(comm, o, {wired[0], wired[1]}, S);
     if (o.check) {
       ra->once(), ra->fetch();
       rb->once(), rb->fetch();
       row.wrong = sum_over_ranks(comm, count_wrong(*xa, seq, r));
-      row.wire_wrong = sum_over_ranks(comm, count_wire_wrong(*xb, seq, r, o.wire));
+      row.wire_wrong = sum_over_ranks(comm, count_wire_wrong(*xb, seq, r, o.wire, o.wire_tensors));
       if (fp8 && sum_over_ranks(comm, count_differ(*xa, *xb)) == 0) {  // the fp8 wire rounded nothing: the check would prove nothing
         if (r == 0) std::fprintf(stderr, "ulysses_perf --wire: the fp8 wire changed no element at S=%lld\n", static_cast<long long>(S));
         row.wire_wrong = std::max(row.wire_wrong, 1LL);
@@ -1074,8 +1076,8 @@ bool write_json(const Options& o, int P, const std::vector<Row>& rows, const Set
       std::fprintf(f, ", \"rope_fused_us\": %.3f, \"rope_separate_us\": %.3f, \"rope_diff\": %lld", w.rope_us, w.separate_us, w.rope_diff);
     if (o.wire_given)  // --wire: time_us is (a) every tensor on its element wire; (b) of the same alternating run
       std::fprintf(f, ", \"wire\": \"%s\", \"wire_us\": %.3f, \"wire_wrong\": %lld, \"qk_wire_bytes\": %.0f, \"qk_element_bytes\": %.0f, "
-                   "\"qkv_wire_bytes\": %.0f, \"qkv_element_bytes\": %.0f", to_string(o.wire), w.wire_us, w.wire_wrong, w.qk_wire_bytes,
-                   w.qk_bytes, w.qkv_wire_bytes, w.qkv_bytes);
+                   "\"qkv_wire_bytes\": %.0f, \"qkv_element_bytes\": %.0f, \"wire_tensors\": \"%s\"", to_string(o.wire), w.wire_us,
+                   w.wire_wrong, w.qk_wire_bytes, w.qk_bytes, w.qkv_wire_bytes, w.qkv_bytes, o.wire_tensors == 3 ? "qkv" : "qk");
     if (ring_columns(o))  // --op ring's baselines (the table's split, rfa and rfa-new columns)
       std::fprintf(f, ", \"split_us\": %.3f, \"split_k\": %d, \"rfa_us\": %.3f, \"rfa_fresh_us\": %.3f, \"baselines_wrong\": %lld", w.split_us,
                    w.split_k, w.rfa_us, w.rfa_fresh_us, w.base_wrong);
@@ -1122,12 +1124,13 @@ void print_wire(const Options& o, int P, const std::vector<Row>& rows, const Set
               o.backend.c_str(), o.iters, o.warmup, o.check ? ", checked bit for bit" : "");
   print_setup(o, setup);
   std::printf("# one alternating run of two seq->head calls of q, k, v (each time: the median over iterations of the slowest rank's):\n"
-              "# element(us): (a) every tensor on its element wire (the baseline); wire(us): (b) q and k on wire %s (with_wire), v on its\n"
-              "# element wire; wire/el = wire(us) / element(us). Wire bytes: Plan::exchanged_bytes(seq_to_head) (the stages' send_total,\n"
+              "# element(us): (a) every tensor on its element wire (the baseline); wire(us): (b) %s on wire %s (with_wire)%s\n"
+              "# wire/el = wire(us) / element(us). Wire bytes: Plan::exchanged_bytes(seq_to_head) (the stages' send_total,\n"
               "# own chunk excluded) summed over the ranks: qk = (b)'s / (a)'s for q and k alone, qkv = for q, k, v together.\n"
               "# path: (a)'s / (b)'s; #wrong: (a) against the oracle; #wrong-w: (b) against the reference quantizer (layout/fp8.hpp's\n"
-              "# row_amax, fp8_scale_of, quantize_fp8, dequantize_fp8 on each row as float, rounded back to the type; v: the oracle)\n",
-              to_string(o.wire));
+              "# row_amax, fp8_scale_of, quantize_fp8, dequantize_fp8 on each row as float, rounded back to the type%s)\n",
+              o.wire_tensors == 3 ? "q, k and v" : "q and k", to_string(o.wire), o.wire_tensors == 3 ? ";" : ", v on its element wire;",
+              o.wire_tensors == 3 ? "" : "; v: the oracle");
   std::printf("#%9s %13s %-17s %12s %10s %8s %14s %8s %8s %7s %8s\n", "S", "bytes", "path", "element(us)", "wire(us)", "wire/el",
               "qkv wire bytes", "qk", "qkv", "#wrong", "#wrong-w");
   long long bad = 0;
@@ -1213,7 +1216,7 @@ void usage_model() {
 [[noreturn]] void usage(int code) {
   std::printf(
       "usage: ulysses_perf [--op seq_to_head|head_to_seq|decode|ring|bands|transform|allgather_kv | --allgather-kv] [--rope [--rope-theta X]]\n"
-      "                    [--wire fp8_e4m3|fp8_e5m2|bfloat16|float16|element] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
+      "                    [--wire fp8_e4m3|fp8_e5m2|bfloat16|float16|element [--wire-tensors qk|qkv]] [--backend local|mpi|window|nccl|cuda-local|cuda-ipc] [--ranks P]\n"
       "                    [--model NAME | --heads H --kv-heads Hkv --head-dim D\n"
       "                    [--v-head-dim Dv]] [--dtype fp32|bf16|fp16|fp64] [-b S0] [-e S1] [-f F | -i INC] [--batch B]\n"
       "                    [--layout bshd|sbhd|bhsd] [--direction seq_to_head|head_to_seq|both] [--balanced]\n"
@@ -1251,7 +1254,8 @@ void usage_model() {
       "  wire-byte ratios (b)/(a) of Plan::exchanged_bytes(seq_to_head) (send_total) for q, k alone (qk) and q, k, v (qkv);\n"
       "  -c 1: (a) against the oracle (#wrong), (b) against a reference quantizer of each row (layout/fp8.hpp's row_amax,\n"
       "  fp8_scale_of, quantize_fp8, dequantize_fp8 on the row as float, rounded back to the type) bit for bit (#wrong-w).\n"
-      "  --groups G allowed (each group's rank 0 prints). No bare column.\n"
+      "  --groups G allowed (each group's rank 0 prints). No bare column. --wire-tensors qkv: (b) puts v on wire W too (the\n"
+      "  default, qk: q and k only).\n"
       "--op transform: one thread, no group: rows of T tokens (the sizes) x H heads x D ([T, H, D], the model's H and D): the\n"
       "  transformed copy of one BlockCopy with Rope on pack (run_block_host(), bf16 and fp32) and the fp8 e4m3 quantize of\n"
       "  the fp32 rows (row_amax, fp8_scale_of, quantize_fp8 per row), each alternating with std::memcpy of the same input\n"
@@ -1582,7 +1586,7 @@ Options parse(int argc, char** argv) {
       const Wire wires[] = {Wire::fp8_e4m3, Wire::fp8_e5m2, Wire::bfloat16, Wire::float16, Wire::element};
       o.wire = wires[ulysses_cli::one_of(argc, argv, i, {"fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "element"})];
       o.wire_given = true;
-    }
+    } else if (a == "--wire-tensors") o.wire_tensors = static_cast<int>(ulysses_cli::one_of(argc, argv, i, {"qk", "qkv"})) + 2;
     else if (parse_run_flag(argc, argv, i, o)) continue;
     else if (parse_model_flag(argc, argv, i, o)) continue;
     else if (!a.empty() && a[0] != '-') o.inputs.push_back(a);

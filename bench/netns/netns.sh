@@ -247,7 +247,8 @@ layer() { throttled layer "${LAYER_RATE:-1gbit}" "${1:-}" layer_runs; }
 # (the bf16 baseline), plain MpiComm messages (--mpi-window 0) across the throttled link, 1 rank in
 # each namespace (P=2) and 2 in each (P=4), -c 1 (the wire's outputs against the reference
 # quantizer, bit for bit): OUTDIR/wire.txt. Knobs: WIRE (fp8_e4m3), WIRE_RATES (1gbit), WIRE_MODEL
-# (Llama-3.1-8B), WIRE_S0, WIRE_S1 (2048, 8192), WIRE_ITERS (3, after 1 warm-up).
+# (Llama-3.1-8B), WIRE_S0, WIRE_S1 (2048, 8192), WIRE_ITERS (3, after 1 warm-up), WIRE_TENSORS ("qk":
+# q and k on the wire, v on its element wire; "qk qkv" runs both, qkv puts v on the wire too).
 wire() {
   local out="${1:-$root/bench/results/netns}" perf="${PERF:-$root/build/bench/ulysses_perf}"
   [ -x "$perf" ] || { echo "netns.sh: no $perf" >&2; return 1; }
@@ -256,11 +257,14 @@ wire() {
     echo "# bench/netns/netns.sh wire, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load: $(uptime | sed 's/.*load average/load average/')"
     for RATE in ${WIRE_RATES:-1gbit}; do
       throttle
-      for layout in "1 1" "2 2"; do
-        set -- $layout
-        echo "## the veth at $RATE (tbf), $1 + $2 ranks (P=$(($1 + $2)))"
-        launch "$1" "$2" "$perf" --backend mpi --mpi-window 0 --wire "${WIRE:-fp8_e4m3}" --model "${WIRE_MODEL:-Llama-3.1-8B}" --dtype bf16 \
-          -b "${WIRE_S0:-2048}" -e "${WIRE_S1:-8192}" -f 2 -n "${WIRE_ITERS:-3}" -w 1 -c 1 || return 1
+      for tensors in ${WIRE_TENSORS:-qk}; do
+        for layout in "1 1" "2 2"; do
+          set -- $layout
+          echo "## the veth at $RATE (tbf), wire tensors $tensors, $1 + $2 ranks (P=$(($1 + $2)))"
+          launch "$1" "$2" "$perf" --backend mpi --mpi-window 0 --wire "${WIRE:-fp8_e4m3}" --wire-tensors "$tensors" \
+            --model "${WIRE_MODEL:-Llama-3.1-8B}" --dtype bf16 -b "${WIRE_S0:-2048}" -e "${WIRE_S1:-8192}" -f 2 -n "${WIRE_ITERS:-3}" -w 1 -c 1 ||
+            return 1
+        done
       done
     done
   } | tee "$out/wire.txt"
