@@ -55,7 +55,9 @@ inline RowCoord row_step(const BlockCopy& c) {
 /// Prefetches the source of the next run while this one is copied: a run starts a new stride
 /// (a token's heads in a seq-sharded tensor lie H·D elements apart), which the hardware
 /// prefetcher does not follow. `rows` contiguous rows of `row_bytes` from p (a hint: never faults).
-inline void prefetch_run(const std::byte* p, std::int64_t rows, std::int64_t row_bytes) {
+/// Always inlined: GCC takes __builtin_prefetch for free of side effects, so at -O2, where this
+/// function stayed out of line, its pure-const pass found the call dead and deleted it.
+ULYSSES_ALWAYS_INLINE inline void prefetch_run(const std::byte* p, std::int64_t rows, std::int64_t row_bytes) {
 #if defined(__GNUC__) || defined(__clang__)
   const std::int64_t bytes = std::min<std::int64_t>(rows * row_bytes, 4096);
   for (std::int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
