@@ -157,6 +157,12 @@ template <class Comm, class Exec, class Attend>
 void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const TensorList<ConstByteSpan>& qkv_seq,
                       const TensorList<ByteSpan>& qkv_head, Workspace qkv_ws, ConstByteSpan o_head, ByteSpan o_seq, Workspace o_ws,
                       Attend&& attend, Progress progress = Progress::automatic, const RowTransforms& transforms = {}) {
+  // q, k, v's transforms are checked here, so that a refusal names this call (the pipeline meets
+  // them in band 0's seq→head), every rank told of it.
+  detail::tell_peers_on_failure(comm, comm.rank(), "banded_attention", [&] {
+    BufferTable unused;
+    detail::bind_transforms<Exec>(bands.qkv(), Direction::seq_to_head, &transforms, unused, "banded_attention");
+  });
   detail::run_band_pipeline(
       bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,
       [&](int g) {
@@ -203,7 +209,7 @@ void banded_attention_backward(const HeadBands& bands, Comm& comm, Exec& exec, C
   // run (the pipeline meets them only at band 0's head→seq), every rank told of a refusal.
   detail::tell_peers_on_failure(comm, comm.rank(), "banded_attention_backward", [&] {
     BufferTable unused;
-    detail::bind_transforms<Exec>(bands.qkv(), Direction::head_to_seq, &transforms, unused);
+    detail::bind_transforms<Exec>(bands.qkv(), Direction::head_to_seq, &transforms, unused, "banded_attention_backward");
   });
   detail::run_band_pipeline(
       bands.count(), [&](int g) { return bands.band(g); }, comm, exec, progress,

@@ -94,19 +94,21 @@ struct ExchangePart {
 /// Sets a call's row transforms into its buffer table, after checking them: every tensor given
 /// is one of the plan's, planned with TensorSpec::with_row_transforms(), and the executor applies
 /// transforms (executor_traits::row_transforms). Nothing for none (null or empty). A plan with an
-/// fp8 wire (TensorSpec::with_wire()) needs such an executor too.
-/// @throws Error(invalid_shape) naming the tensor or the executor, before any byte moves.
+/// fp8 wire (TensorSpec::with_wire()) needs such an executor too. `caller`: the user's call the
+/// messages name (e.g. "banded_attention": "banded_attention (its seq_to_head): ..."); null: the
+/// exchange's own name.
+/// @throws Error(invalid_shape) naming the call, the tensor or the executor, before any byte moves.
 template <class Exec>
-void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, BufferTable& table) {
+void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, BufferTable& table, const char* caller = nullptr) {
+  const std::string call = caller ? std::string(caller) + " (its " + call_name(dir) + ")" : std::string(call_name(dir));
   if constexpr (!executor_traits<Exec>::row_transforms) {
     for (int t = 0; t < plan.num_tensors(); ++t)
       if (plan.tensor(t).wire != Wire::element)
-        fail(Errc::invalid_shape, std::string(call_name(dir)) + ": tensor " + std::to_string(t) + " travels as " +
+        fail(Errc::invalid_shape, call + ": tensor " + std::to_string(t) + " travels as " +
                                       to_string(plan.tensor(t).wire) + ", but the executor applies no row work (HostExecutor does; "
                                       "executor_traits::row_transforms)");
   }
   if (!tx || (tx->empty() && !tx->has_bad_index())) return;
-  const std::string call = call_name(dir);
   if (tx->has_bad_index())
     fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(tx->bad_index()) +
                                   ", outside the plan's " + std::to_string(plan.num_tensors()) + " tensors");

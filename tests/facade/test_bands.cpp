@@ -16,6 +16,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "band_case.hpp"
@@ -138,6 +139,7 @@ TEST_CASE("banded_attention: a transform for a tensor not planned by rows is ref
   const bt::BandCase c{2, 1, 8, 4, 2, 4};  // q, k not planned by rows
   LocalGroup g(2);
   std::vector<Errc> codes(2, Errc{});
+  std::vector<std::string> whats(2);
   g.spawn([&](LocalGroup::Comm& comm) {
     HostExecutor exec;
     const bt::LayerPlans lp(c, comm.rank(), 2);
@@ -149,7 +151,7 @@ TEST_CASE("banded_attention: a transform for a tensor not planned by rows is ref
     std::vector<float> q2(static_cast<std::size_t>(c.S * Hr * c.D)), k2(static_cast<std::size_t>(c.S * Kr * c.D)), v2 = k2, o2 = q2;
     std::vector<std::byte> w1(lp.qkv().workspace_bytes()), w2(lp.out().workspace_bytes());
     bool attended = false;
-    codes[static_cast<std::size_t>(comm.rank())] = ut::code_of([&] {
+    std::tie(codes[static_cast<std::size_t>(comm.rank())], whats[static_cast<std::size_t>(comm.rank())]) = ut::error_of([&] {
       banded_attention(lp.bands, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1, ConstByteSpan(o2),
                        ByteSpan(o), w2, [&](const Band&) { attended = true; }, Progress::automatic, tx);
     });
@@ -157,6 +159,11 @@ TEST_CASE("banded_attention: a transform for a tensor not planned by rows is ref
   });
   CHECK(codes[0] == Errc::invalid_shape);
   CHECK(codes[1] == Errc::invalid_shape);
+  for (const std::string& w : whats) {  // the user's call named, then its exchange, the tensor and the cure
+    CAPTURE(w);
+    CHECK(w.find("banded_attention (its seq_to_head): a row transform was given for tensor 0") != std::string::npos);
+    CHECK(w.find("with_row_transforms()") != std::string::npos);
+  }
 }
 
 TEST_CASE("banded_attention_backward: a refused transform is every rank's error before do moves or the attention backward runs") {
@@ -168,6 +175,7 @@ TEST_CASE("banded_attention_backward: a refused transform is every rank's error 
       LocalGroup g(2);
       std::vector<Errc> codes(2, Errc{});
       std::vector<int> attended(2, 0);
+      std::string refused;  // rank 1's error
       g.spawn([&](LocalGroup::Comm& comm) {
         HostExecutor exec;
         const int r = comm.rank();
@@ -180,13 +188,17 @@ TEST_CASE("banded_attention_backward: a refused transform is every rank's error 
         std::vector<float> dq2(static_cast<std::size_t>(c.S * Hr * c.D)), dk2(static_cast<std::size_t>(c.S * Kr * c.D)), dv2 = dk2;
         std::vector<float> dq(dout.size()), dk(static_cast<std::size_t>(c.S / 2 * c.Hkv * c.D)), dv = dk;
         std::vector<std::byte> w1(lp.qkv().workspace_bytes()), w2(lp.out().workspace_bytes());
-        codes[static_cast<std::size_t>(r)] = ut::code_of([&] {
+        std::string what;
+        std::tie(codes[static_cast<std::size_t>(r)], what) = ut::error_of([&] {
           banded_attention_backward(lp.bands, comm, exec, ConstByteSpan(dout), ByteSpan(do2), w2, TensorList<ConstByteSpan>{dq2, dk2, dv2},
                                     TensorList<ByteSpan>{dq, dk, dv}, w1, [&](const Band&) { ++attended[static_cast<std::size_t>(r)]; },
                                     Progress::automatic, tx);
         });
         if (!one_rank || r == 1) CHECK(do2 == std::vector<float>(do2.size(), -1.0f));  // do never moved on a refusing rank
+        if (r == 1) refused = what;
       });
+      CAPTURE(refused);
+      CHECK(refused.find("banded_attention_backward (its head_to_seq): a row transform was given for tensor 2") != std::string::npos);
       CHECK(attended == std::vector<int>{0, 0});
       CHECK(codes[1] == Errc::invalid_shape);
       CHECK(codes[0] == (one_rank ? Errc::aborted : Errc::invalid_shape));
