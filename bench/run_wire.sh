@@ -117,7 +117,11 @@ rm -rf "$nsdir"
        run != "" && /^ +[0-9]+ +[0-9]+ / && !seen[run, wt, $1]++ {
          printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", run, wt, $1, $4, $5, $6, tgt, $8, $9, $10, $11 }' "$tmp"
   echo
+  failed=$(grep -c 'FAILED)$' "$tmp" || true)
+  [ "$failed" = 0 ] || { echo "**$failed section(s) FAILED (their rows are missing above): see \"FAILED\" below.**"; echo; }
   sed -n '5,$p' "$tmp"
 } > "$out_md"
+failed=$(grep -c 'FAILED)$' "$tmp" || true)
 rm -f "$tmp"
 echo "run_wire.sh: $out_md"
+[ "$failed" = 0 ] || { echo "run_wire.sh: $failed section(s) FAILED" >&2; exit 1; }
