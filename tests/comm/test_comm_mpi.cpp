@@ -36,6 +36,13 @@ void check_mpi(const std::vector<ut::Case>& cases, std::size_t max_message = Mpi
     }
 }
 
+/// A plan of one float tensor on the message path: 2 heads and 4 tokens a rank of P, D = 8.
+Plan messages_plan(int P, int r) {
+  PlanOptions opt;
+  opt.path = Path::messages;
+  return Plan({P, r}, 1, SeqPartition::even(4 * P, P), {TensorSpec::of<float>(HeadPartition::even(2 * P, P), 8)}, Format::bshd, opt);
+}
+
 }  // namespace
 
 TEST_CASE("MPI C1: batch > 1 in bshd, sbhd, bhsd") { check_mpi<float>(ut::c1_cases()); }
@@ -466,10 +473,7 @@ TEST_CASE("MPI call probe: ranks in different calls of the same number on the me
     {
       MpiComm comm(dup, MpiComm::kIntMaxBytes, std::chrono::seconds(30));
       const int r = comm.rank();
-      PlanOptions opt;
-      opt.path = Path::messages;
-      const HeadPartition qh = HeadPartition::even(2 * P, P);
-      const Plan plan({P, r}, 1, SeqPartition::even(4 * P, P), {TensorSpec::of<float>(qh, 8)}, Format::bshd, opt);
+      const Plan plan = messages_plan(P, r);
       const Direction d = r == odd ? Direction::head_to_seq : Direction::seq_to_head;
       std::vector<float> in(plan.input_bytes(d, 0) / 4, 1.0f), out(plan.output_bytes(d, 0) / 4);
       std::vector<std::byte> ws(plan.workspace_bytes());
@@ -497,10 +501,7 @@ TEST_CASE("MPI slow peer: a call that outlasts the call probe's grace, some mess
   if (P < 3) return;
   MpiComm comm(MPI_COMM_WORLD, MpiComm::kIntMaxBytes, std::chrono::seconds(3));
   const int r = comm.rank();
-  PlanOptions opt;
-  opt.path = Path::messages;
-  const HeadPartition qh = HeadPartition::even(2 * P, P);
-  const Plan plan({P, r}, 1, SeqPartition::even(4 * P, P), {TensorSpec::of<float>(qh, 8)}, Format::bshd, opt);
+  const Plan plan = messages_plan(P, r);
   const Direction d = Direction::seq_to_head;
   std::vector<float> in(plan.input_bytes(d, 0) / 4), out(plan.output_bytes(d, 0) / 4, -1.0f), want(out.size());
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r * 100000 + static_cast<int>(i));
