@@ -100,25 +100,25 @@ struct ExchangePart {
 /// @throws Error(invalid_shape) naming the call, the tensor or the executor, before any byte moves.
 template <class Exec>
 void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, BufferTable& table, const char* caller = nullptr) {
-  const std::string call = caller ? std::string(caller) + " (its " + call_name(dir) + ")" : std::string(call_name(dir));
+  auto name = [&] { return caller ? std::string(caller) + " (its " + call_name(dir) + ")" : std::string(call_name(dir)); };  // (built on failure only)
   if constexpr (!executor_traits<Exec>::row_transforms) {
     for (int t = 0; t < plan.num_tensors(); ++t)
       if (plan.tensor(t).wire != Wire::element)
-        fail(Errc::invalid_shape, call + ": tensor " + std::to_string(t) + " travels as " +
+        fail(Errc::invalid_shape, name() + ": tensor " + std::to_string(t) + " travels as " +
                                       to_string(plan.tensor(t).wire) + ", but the executor applies no row work (HostExecutor does; "
                                       "executor_traits::row_transforms)");
   }
   if (!tx || (tx->empty() && !tx->has_bad_index())) return;
   if (tx->has_bad_index())
-    fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(tx->bad_index()) +
+    fail(Errc::invalid_shape, name() + ": a row transform was given for tensor " + std::to_string(tx->bad_index()) +
                                   ", outside the plan's " + std::to_string(plan.num_tensors()) + " tensors");
   for (int t = 0; t < kMaxTensors; ++t) {
     if (!tx->any(t)) continue;
     if (t >= plan.num_tensors())
-      fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) + ", but the plan moves " +
+      fail(Errc::invalid_shape, name() + ": a row transform was given for tensor " + std::to_string(t) + ", but the plan moves " +
                                     std::to_string(plan.num_tensors()) + " tensors");
     if (!plan.tensor(t).by_rows())
-      fail(Errc::invalid_shape, call + ": a row transform was given for tensor " + std::to_string(t) +
+      fail(Errc::invalid_shape, name() + ": a row transform was given for tensor " + std::to_string(t) +
                                     ", whose plan was not built for them: plan it with TensorSpec::with_row_transforms() (with "
                                     "attention_specs(): specs.q, specs.k or specs.v .with_row_transforms() before the plans or HeadBands)");
     for (int side = 0; side < 2; ++side) {
@@ -128,13 +128,13 @@ void bind_transforms(const Plan& plan, Direction dir, const RowTransforms* tx, B
         r.check(r.object, plan.batch(), plan.seq().seq_len(), plan.tensor(t).head_dim);
       } catch (const Error& e) {  // (named: which tensor, which side)
         const std::string what = e.what(), head = std::string("ulysses: ") + to_string(e.code()) + ": ";
-        fail(e.code(), call + ": the " + (side == 0 ? "pack" : "unpack") + " transform of tensor " + std::to_string(t) + " refuses its rows: " +
+        fail(e.code(), name() + ": the " + (side == 0 ? "pack" : "unpack") + " transform of tensor " + std::to_string(t) + " refuses its rows: " +
                            (what.compare(0, head.size(), head) == 0 ? what.substr(head.size()) : what));
       }
     }
   }
   if constexpr (!executor_traits<Exec>::row_transforms)
-    fail(Errc::invalid_shape, call + ": row transforms were given, but the executor applies none (HostExecutor does; "
+    fail(Errc::invalid_shape, name() + ": row transforms were given, but the executor applies none (HostExecutor does; "
                                      "executor_traits::row_transforms)");
   table.transforms = tx;
 }

@@ -166,6 +166,37 @@ TEST_CASE("banded_attention: a transform for a tensor not planned by rows is ref
   }
 }
 
+TEST_CASE("banded_attention: one rank's refused transform reaches its peer within milliseconds, not at the deadline") {
+  const bt::BandCase c{2, 1, 8, 4, 2, 4};  // q, k not planned by rows
+  LocalGroup g(2, std::chrono::seconds(20));
+  std::vector<ut::TimedError> errs(2);
+  std::vector<int> attended(2, 0);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    HostExecutor exec;
+    const int r = comm.rank();
+    const bt::LayerPlans lp(c, r, 2);
+    const Rope rope(c.D, c.S);
+    RowTransforms tx;
+    if (r == 1) tx.on_pack(0, rope);  // rank 1 alone refuses
+    const std::int64_t Hr = lp.specs.query_heads.count(r), Kr = lp.specs.kv_heads.count(r);
+    std::vector<float> q(static_cast<std::size_t>(c.S / 2 * c.H * c.D)), k(static_cast<std::size_t>(c.S / 2 * c.Hkv * c.D)), v = k, o = q;
+    std::vector<float> q2(static_cast<std::size_t>(c.S * Hr * c.D)), k2(static_cast<std::size_t>(c.S * Kr * c.D)), v2 = k2, o2 = q2;
+    std::vector<std::byte> w1(lp.qkv().workspace_bytes()), w2(lp.out().workspace_bytes());
+    errs[static_cast<std::size_t>(r)] = ut::timed_error_of([&] {
+      banded_attention(lp.bands, comm, exec, TensorList<ConstByteSpan>{q, k, v}, TensorList<ByteSpan>{q2, k2, v2}, w1, ConstByteSpan(o2),
+                       ByteSpan(o), w2, [&](const Band&) { ++attended[static_cast<std::size_t>(r)]; }, Progress::automatic, tx);
+    });
+  });
+  CAPTURE(errs[0].message);
+  CAPTURE(errs[1].message);
+  CHECK(errs[1].code == Errc::invalid_shape);
+  CHECK(errs[1].message.find("banded_attention (its seq_to_head): a row transform was given for tensor 0") != std::string::npos);
+  CHECK(errs[0].code == Errc::aborted);
+  CHECK(errs[0].message.find("rank 1") != std::string::npos);
+  CHECK(errs[0].ms < 2000);  // told, not the 20 s deadline
+  CHECK(attended == std::vector<int>{0, 0});
+}
+
 TEST_CASE("banded_attention_backward: a refused transform is every rank's error before do moves or the attention backward runs") {
   const bt::BandCase c{2, 1, 8, 4, 2, 4};  // v not planned by rows
   for (int G : {1, 2})
