@@ -88,6 +88,42 @@ TEST_CASE("call numbers: a rank at another call is named with its call on every 
   }
 }
 
+TEST_CASE("call numbers: ranks in the same call under one name with other row transforms are told apart by the call's record") {
+  const std::int64_t S = 8, H = 4, D = 8;
+  const Rope rope(D, S);
+  for (bool warm : {false, true}) {
+    LocalGroup g(2, std::chrono::seconds(30));
+    std::vector<std::string> msg(2);
+    g.spawn([&](LocalGroup::Comm& c) {
+      const Plan plan({2, c.rank()}, 1, SeqPartition::even(S, 2), {TensorSpec::of<float>(HeadPartition::even(H, 2), D).with_row_transforms()});
+      std::vector<float> x(plan.seq_bytes(0) / 4, 1.0f), y(plan.head_bytes(0) / 4);
+      std::vector<std::byte> ws(plan.workspace_bytes());
+      HostExecutor ex;
+      RowTransforms plain, rotated;
+      rotated.on_pack(0, rope);
+      if (warm) seq_to_head(plan, c, ex, {ConstByteSpan(x)}, {ByteSpan(y)}, ws, plain);
+      msg[static_cast<std::size_t>(c.rank())] =
+          ut::error_of([&] { seq_to_head(plan, c, ex, {ConstByteSpan(x)}, {ByteSpan(y)}, ws, c.rank() == 1 ? rotated : plain); }).second;
+    });
+    for (const std::string& m : msg) {
+      CAPTURE(warm);
+      CAPTURE(m);
+      CHECK(m.find("plan_mismatch") != std::string::npos);
+      const std::string call = warm ? "call 2 (seq_to_head, record 0x" : "call 1 (seq_to_head, record 0x";
+      auto record_of = [&](const std::string& who) {  // the 16 hex digits after "<who>: <call>", "" when absent
+        const std::size_t at = m.find(who + ": " + call);
+        if (at == std::string::npos) return std::string();
+        const std::string digits = m.substr(at + who.size() + 2 + call.size(), 17);
+        return digits.size() == 17 && digits[16] == ')' && digits.find_first_not_of("0123456789abcdef") == 16 ? digits.substr(0, 16) : std::string();
+      };
+      const std::string mine = record_of("(rank 1"), theirs = record_of("; rank 0");
+      CHECK(mine.size() == 16);
+      CHECK(theirs.size() == 16);
+      CHECK(mine != theirs);  // the two calls never read alike
+    }
+  }
+}
+
 TEST_CASE("break_group_on_failure: returns f's value, breaks nothing when f succeeds") {
   LocalGroup g(2);
   g.spawn([&](LocalGroup::Comm& c) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <iterator>
 #include <string>
@@ -145,15 +146,31 @@ std::vector<Record> allgather_record(Comm& comm, int P, int me, const Record& mi
 /// "" when every rank's library call (ExchangeState::call(), read by every rank alike) is rank 0's;
 /// else the plan_mismatch message every rank gives: "rank 2 differs from rank 0 in the library
 /// call (rank 2: call 7 (head_to_seq); rank 0: call 8 (seq_to_head)) of this communicator: ...".
+/// Where a differing rank is in the same numbered call of the same name as rank 0 (another plan,
+/// direction or row transforms under one name), every call shown also gives its record, the hash
+/// of its kind and plan: "rank 1: call 1 (seq_to_head, record 0x...); rank 0: call 1 (seq_to_head,
+/// record 0x...)", so that the two never read alike.
 /// @param number callable as std::uint64_t(int p), @param what as std::uint64_t(int p),
 /// @param name as const char*(int p): rank p's call
 template <class Number, class What, class Name>
 std::string call_mismatch(int P, Number&& number, What&& what, Name&& name) {
+  auto name_of = [&](int p) -> std::string {
+    const char* n = name(p);
+    return n && *n ? n : "no library call";
+  };
+  auto key = [&](int p) { return number(p) * 0x9e3779b97f4a7c15ull ^ what(p); };
+  bool same_name = false;  // a differing rank whose number and name are rank 0's: only the record tells them apart
+  for (int p = 1; p < P; ++p) same_name = same_name || (key(p) != key(0) && number(p) == number(0) && name_of(p) == name_of(0));
   const std::string diff = records_differ(
-      P, 1, [&](int p, int) { return number(p) * 0x9e3779b97f4a7c15ull ^ what(p); }, [](int) { return std::string("the library call"); },
+      P, 1, [&](int p, int) { return key(p); }, [](int) { return std::string("the library call"); },
       [&](int p, int) {
-        const char* n = name(p);
-        return "call " + std::to_string(number(p)) + " (" + (n && *n ? n : "no library call") + ")";
+        std::string shown = "call " + std::to_string(number(p)) + " (" + name_of(p);
+        if (same_name) {
+          char hex[40];
+          std::snprintf(hex, sizeof hex, ", record 0x%016llx", static_cast<unsigned long long>(what(p)));
+          shown += hex;
+        }
+        return shown + ")";
       });
   if (diff.empty()) return diff;
   return diff + " of this communicator: a rank skipped a call, or runs another (another plan, direction, or row transforms on other "
