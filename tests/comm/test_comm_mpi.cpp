@@ -518,6 +518,40 @@ TEST_CASE("MPI slow peer: a call that outlasts the call probe's grace, some mess
   CHECK(out == want);
 }
 
+TEST_CASE("MPI late rank: a rank that enters a call after its peers gave up on it fails that call too, never returns as if it had paired") {
+  // The last rank enters seq->head 1.5 s late under a 400 ms deadline: its peers time out and
+  // tell it. Their messages (a few hundred bytes: eager, delivered and complete on its side)
+  // reached it before their notices, so its waits could complete and the call return with the
+  // right bytes while every peer threw; it heard of their timeout only in its next call. Every
+  // rank gets an Error of this call, the late one Error(timeout) naming the peer that gave up.
+  const int P = world_size();
+  if (P < 2) return;
+  MPI_Comm dup = MPI_COMM_NULL;  // broken by the test: a communicator of its own
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  {
+    MpiComm comm(dup, MpiComm::kIntMaxBytes, std::chrono::milliseconds(400));
+    const int r = comm.rank();
+    const Plan plan = messages_plan(P, r);
+    const Direction d = Direction::seq_to_head;
+    std::vector<float> in(plan.input_bytes(d, 0) / 4, 1.0f), out(plan.output_bytes(d, 0) / 4);
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    auto call = [&] {
+      redistribute(plan, d, comm, ex, {ConstByteSpan(in.data(), in.size() * 4)}, {ByteSpan(out.data(), out.size() * 4)}, {ws.data(), ws.size()});
+    };
+    call();  // agreement checked: the next call meets its peers in the messages
+    if (r == P - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    const ut::TimedError t = ut::timed_error_of(call);
+    CAPTURE(r);
+    CAPTURE(t.message);
+    CHECK(t.code == Errc::timeout);
+    if (r == P - 1) CHECK(t.message.find("gave up in call") != std::string::npos);
+    CHECK(ut::code_of(call) == Errc::aborted);  // and the communicator stays broken
+  }
+  ut::drop_leftovers(dup);
+  MPI_Comm_free(&dup);
+}
+
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }
 
 TEST_CASE("MPI two-level exchange: simulated node layouts of the whole world (8 = 2x4, 6 = 3x2, uneven), same bits") {

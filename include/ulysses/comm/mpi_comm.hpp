@@ -327,6 +327,7 @@ class MpiComm {
                   " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)",
               true, detail::mask_of_ranks(late_recv) | detail::mask_of_ranks(late_send));
     }
+    end_waits(call);
     const std::string short_receive = msgs_.short_receive(rank_);
     msgs_.clear();
     if (!short_receive.empty())  // a shorter message than posted matched: the ranks' lists differ (never silent data)
@@ -346,6 +347,16 @@ class MpiComm {
               waited(call) + " in " + what +
                   ": some rank did not arrive (MPI's collectives do not say which: a rank skipped the call, failed outside it, "
                   "or died); MPI may still write this call's receive buffer if it arrives later");
+    end_waits(call);
+  }
+
+  /// After a call's waits completed: a peer that gave up on this very call (it timed out before
+  /// this rank came, or failed) sent its messages before its notice, and small ones complete here
+  /// all the same. Reads the notices once more, so that this rank fails the call with its peers
+  /// (take_notices(): Error(timeout) where the peer timed out in it) rather than return as if the
+  /// call had paired. Best effort: a notice still on its way is the next call's.
+  void end_waits(const Call& call) {
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
   }
 
   /// Polls `ready` until it returns true (→ true) or the call's deadline passes (→ false),
