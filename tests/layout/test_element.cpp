@@ -207,6 +207,25 @@ ULYSSES_TARGET_AVX512_BF16 std::uint64_t bf16_block_differ(std::uint64_t base) {
   }
   return differ;
 }
+/// stream_store_x32 / stream_store_x64 at every offset 0..63 of a 64-byte aligned buffer: the bytes
+/// given written there and no other byte touched; how many bytes differ from that.
+/// @pre host_has_avx512()
+ULYSSES_TARGET_AVX512 std::uint64_t stream_store_differ() {
+  std::uint64_t differ = 0;
+  alignas(64) unsigned char v[64], buf[192];
+  for (int i = 0; i < 64; ++i) v[i] = static_cast<unsigned char>(3 * i + 1);
+  for (int width : {32, 64})
+    for (int off = 0; off < 64; ++off) {
+      std::memset(buf, 0xee, sizeof buf);
+      std::byte* p = reinterpret_cast<std::byte*>(buf + off);
+      if (width == 32) ulysses::detail::stream_store_x32(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(v)));
+      else ulysses::detail::stream_store_x64(p, _mm512_load_si512(v));
+      _mm_sfence();
+      for (int i = 0; i < static_cast<int>(sizeof buf); ++i)
+        differ += buf[i] != (i >= off && i < off + width ? v[i - off] : 0xee);
+    }
+  return differ;
+}
 /// Lanes where bf16x16_load differs from the bits shifted up, over every bf16 pattern.
 ULYSSES_TARGET_AVX512_BF16 std::uint64_t bf16_load_differ() {
   std::uint64_t differ = 0;
@@ -221,6 +240,18 @@ ULYSSES_TARGET_AVX512_BF16 std::uint64_t bf16_load_differ() {
 }
 }  // namespace
 #endif
+
+TEST_CASE("stream_store_x32 / stream_store_x64: the bytes at every alignment (non-temporal at 64, 32 or 16 bytes, else plain), nothing around them") {
+#if ULYSSES_HOST_AVX2
+  if (!ulysses::detail::host_has_avx512()) {
+    MESSAGE("skipped: this CPU has no AVX-512 (the kernels that use these do not run here either)");
+    return;
+  }
+  CHECK(stream_store_differ() == 0);
+#else
+  MESSAGE("skipped: no x86-64 host SIMD in this build");
+#endif
+}
 
 TEST_CASE("bf16x16_store / bf16x32_store (AVX-512 BF16) == float_to_bfloat16_canonical (a sweep, and every NaN, subnormal and overflowing pattern); bf16x16_load widens exactly") {
 #if ULYSSES_HOST_AVX2

@@ -230,8 +230,8 @@ TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a
           CAPTURE(with_ids);
           CHECK(wrong == 0);
         }
-  // Streaming stores (RowRun::stream: non-temporal where the row is 64-byte aligned, then fenced):
-  // the same bits as copy_row, rows at 64-byte aligned and misaligned addresses.
+  // Streaming stores (RowRun::stream: non-temporal as wide as the row's alignment allows, 64, 32 or
+  // 16 bytes, then fenced): the same bits as copy_row, rows at each alignment and misaligned.
   for (ElementType type : {ElementType::bfloat16, ElementType::float32})
     for (std::int64_t rd : {std::int64_t{0}, std::int64_t{96}}) {
       const Rope rope(128, 4096, 10000.0, rd, RopeStyle::half);
@@ -242,7 +242,7 @@ TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a
       const RowRun along{RowCoord{0, 5, 0}, RowCoord{0, 0, 1}};
       for (std::int64_t i = 0; i < 8; ++i) CHECK(rope.copy_row(along.at(i), type, src.data() + row * static_cast<std::size_t>(i), want.data() + row * static_cast<std::size_t>(i), 128));
       const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(buf.data());
-      for (std::size_t skew : {std::size_t{0}, 4 * e}) {
+      for (std::size_t skew : {std::size_t{0}, std::size_t{16}, std::size_t{32}, std::size_t{48}, 4 * e}) {  // 64-, 16-, 32-, 16-byte aligned, not at all
         std::byte* dst = buf.data() + (64 - a % 64) % 64 + skew;
         RowRun run{along.first, along.step, src.data(), static_cast<std::int64_t>(row), dst, static_cast<std::int64_t>(row), 128, 8};
         run.stream = true;

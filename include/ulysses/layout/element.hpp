@@ -330,6 +330,29 @@ ULYSSES_HOST_DEVICE inline void sum_element(ElementType type, const std::byte* c
 }
 
 #if ULYSSES_HOST_AVX2
+// ---- non-temporal stores at the alignment a row has: a buffer from malloc (std::vector) is only
+// 16-byte aligned, and a row kernel that streamed only at 64 bytes wrote its rows with plain
+// stores there (each line read for ownership first: 3 bytes of traffic per byte), where the plain
+// copy streams (stream_row(): 16-byte stores). The caller fences (stream_fence()).
+/// The 32 bytes v at p: one non-temporal store where p is 32-byte aligned, two of 16 bytes where
+/// it is 16-byte aligned, else a plain store.
+ULYSSES_TARGET_AVX2 inline void stream_store_x32(std::byte* p, __m256i v) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if ((a & 31) == 0) return _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+  if ((a & 15) != 0) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+  _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(v));
+  _mm_stream_si128(reinterpret_cast<__m128i*>(p + 16), _mm256_extracti128_si256(v, 1));
+}
+/// The 64 bytes v at p: non-temporal stores of 64, 32 or 16 bytes as p's alignment allows, else a
+/// plain store.
+ULYSSES_TARGET_AVX512 inline void stream_store_x64(std::byte* p, __m512i v) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if ((a & 63) == 0) return _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  if ((a & 15) != 0) return _mm512_storeu_si512(p, v);
+  stream_store_x32(p, _mm512_maskz_extracti64x4_epi64(0xf, v, 0));
+  stream_store_x32(p + 32, _mm512_maskz_extracti64x4_epi64(0xf, v, 1));
+}
+
 // ---- 16 and 32 bf16 lanes in AVX-512 with BF16 (host kernels that call them run only where
 // host_has_avx512_bf16()): widening exactly, narrowing as float_to_bfloat16_canonical(). The
 // all-lanes masked forms: GCC 12's unmasked ones start from an undefined vector, which
@@ -345,14 +368,14 @@ ULYSSES_TARGET_AVX512_BF16 inline __mmask16 bf16_special_lanes(__m512 x) { retur
 /// Stores float_to_bfloat16_canonical() of 16 floats at p: VCVTNEPS2BF16 (RNE) where no lane is a
 /// NaN or a float32 subnormal (the instruction flushes subnormals to zero and keeps a NaN's
 /// payload); such a vector, rare, is narrowed lane by lane. The same bits either way. `stream`:
-/// a non-temporal store where p is 32-byte aligned (the caller fences).
+/// non-temporal stores where p is 16-byte aligned (stream_store_x32(); the caller fences).
 ULYSSES_TARGET_AVX512_BF16 inline void bf16x16_store(std::byte* p, __m512 x, bool stream = false) {
   if (bf16_special_lanes(x) == 0) {
     const __m256bh h = _mm512_cvtneps_pbh(x);
     __m256i v;
     std::memcpy(&v, &h, 32);
-    if (stream && (reinterpret_cast<std::uintptr_t>(p) & 31) == 0)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+    if (stream)
+      stream_store_x32(p, v);
     else
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
     return;
@@ -364,19 +387,19 @@ ULYSSES_TARGET_AVX512_BF16 inline void bf16x16_store(std::byte* p, __m512 x, boo
   std::memcpy(p, b, 32);
 }
 /// Stores lo and hi narrowed at p as bf16x32_store() does where no lane is special: one
-/// VCVTNE2PS2BF16 and one 64-byte store, unchecked.
+/// VCVTNE2PS2BF16 and one 64-byte store (`stream`: stream_store_x64()), unchecked.
 /// @pre bf16_special_lanes() of lo and of hi is 0 (else its bits are not float_to_bfloat16_canonical()'s)
 ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store_plain(std::byte* p, __m512 lo, __m512 hi, bool stream = false) {
   const __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);  // (lo in the lower half)
   __m512i v;
   std::memcpy(&v, &h, 64);
-  if (stream && (reinterpret_cast<std::uintptr_t>(p) & 63) == 0)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
+  if (stream)
+    stream_store_x64(p, v);
   else
     _mm512_storeu_si512(p, v);
 }
 /// bf16x16_store() of lo at p and hi at p + 32 bytes, as one 64-byte store (VCVTNE2PS2BF16)
-/// where neither has a NaN or subnormal lane; `stream`: non-temporal where p is 64-byte aligned.
+/// where neither has a NaN or subnormal lane; `stream`: non-temporal where p is 16-byte aligned.
 ULYSSES_TARGET_AVX512_BF16 inline void bf16x32_store(std::byte* p, __m512 lo, __m512 hi, bool stream = false) {
   if ((bf16_special_lanes(lo) | bf16_special_lanes(hi)) != 0) {
     bf16x16_store(p, lo, stream);

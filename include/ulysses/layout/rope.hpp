@@ -358,7 +358,7 @@ class Rope {
   /// copy_rotated_run<float32>'s half rotation (rotary_dim a multiple of 32) in AVX-512, the same
   /// bits: per 16 pairs x and y loaded (both before either store: src may be dst), rotated by
   /// rotate_pair()'s operations, a NaN lane made SumArith<float32>::narrow()'s canonical NaN by a
-  /// masked move, stored (non-temporal with run.stream where 64-byte aligned).
+  /// masked move, stored (non-temporal with run.stream where 16-byte aligned: stream_store_x64()).
   ULYSSES_TARGET_AVX512 void copy_rotated_f32(const RowRun& run) const {
     const std::int64_t m = rd_ / 2;
     const __m512 canonical = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000));
@@ -367,7 +367,7 @@ class Rope {
       const float* t = run_table(run, i, first);
       const std::byte* src = run.src + i * run.src_stride;  // (4-byte elements: any alignment)
       std::byte* dst = run.dst + i * run.dst_stride;
-      const bool stream = run.stream && (reinterpret_cast<std::uintptr_t>(dst) & 63) == 0;  // (m a multiple of 16: y' too)
+      const bool stream = run.stream;
       for (std::int64_t k = 0; k < m; k += 16) {
         const __m512 x = _mm512_loadu_ps(src + 4 * k), y = _mm512_loadu_ps(src + 4 * (m + k));
         const __m512 c = _mm512_loadu_ps(t + k), sn = _mm512_loadu_ps(t + m + k);
@@ -375,8 +375,8 @@ class Rope {
         xo = _mm512_mask_mov_ps(xo, _mm512_fpclass_ps_mask(xo, 0x81), canonical);  // (0x01 quiet, 0x80 signalling NaN)
         yo = _mm512_mask_mov_ps(yo, _mm512_fpclass_ps_mask(yo, 0x81), canonical);
         if (stream) {
-          _mm512_stream_ps(reinterpret_cast<float*>(dst + 4 * k), xo);
-          _mm512_stream_ps(reinterpret_cast<float*>(dst + 4 * (m + k)), yo);
+          detail::stream_store_x64(dst + 4 * k, _mm512_castps_si512(xo));
+          detail::stream_store_x64(dst + 4 * (m + k), _mm512_castps_si512(yo));
         } else {
           _mm512_storeu_ps(dst + 4 * k, xo);
           _mm512_storeu_ps(dst + 4 * (m + k), yo);

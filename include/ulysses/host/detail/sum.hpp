@@ -69,7 +69,7 @@ __attribute__((target("avx2"))) inline std::int64_t sum_run_bf16_avx2(std::byte*
                                                                        bool streaming) {
   const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
                 qnan = _mm256_set1_epi32(0x7fc0);
-  const bool nt = streaming && (reinterpret_cast<std::uintptr_t>(d) & 31) == 0;
+  const bool nt = streaming && (reinterpret_cast<std::uintptr_t>(d) & 15) == 0;  // (stream_store_x32())
   std::int64_t i = 0;
   for (; i + 16 <= m; i += 16) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[0] + 2 * i));
@@ -88,7 +88,7 @@ __attribute__((target("avx2"))) inline std::int64_t sum_run_bf16_avx2(std::byte*
       h[k] = _mm256_blendv_epi8(rounded, qnan, _mm256_castps_si256(_mm256_cmp_ps(f[k], f[k], _CMP_UNORD_Q)));
     }
     const __m256i r = _mm256_packs_epi32(h[0], h[1]);
-    if (nt) _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 2 * i), r);
+    if (nt) stream_store_x32(d + 2 * i, r);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * i), r);
   }
   return i;
