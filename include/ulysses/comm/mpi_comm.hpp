@@ -237,13 +237,7 @@ class MpiComm {
   /// scratch lists (comm/exchange_state.hpp).
   ExchangeState& exchange_state() noexcept { return state_; }
 
-  /// A failure another object can see and this one cannot (MpiWindowComm: its window's abort
-  /// word), polled with the peers' notices while a call waits: `why(ctx)` returns "" while there
-  /// is none, else the reason, and the call then gives up with Error(aborted) and that reason.
-  struct AbortWatch {
-    const void* ctx = nullptr;                     ///< handed to why
-    std::string (*why)(const void* ctx) = nullptr;  ///< null: nothing to watch
-  };
+  using AbortWatch = detail::MpiAbortWatch;  ///< a failure another object can see (comm/mpi_notice.hpp)
   /// Sets (or, with a default AbortWatch, clears) the watch of the calls that follow. Local.
   void watch_for_abort(AbortWatch w) noexcept { watch_ = w; }
 
@@ -327,7 +321,10 @@ class MpiComm {
                   " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)",
               true, detail::mask_of_ranks(late_recv) | detail::mask_of_ranks(late_send));
     }
-    end_waits(call);
+    // A peer that gave up on this very call (timed out before this rank came, or failed) sent its
+    // messages before its notice, and small ones complete all the same: the notices once more, so
+    // that this rank fails the call with its peers (best effort: one still on its way is the next call's).
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
     const std::string short_receive = msgs_.short_receive(rank_);
     msgs_.clear();
     if (!short_receive.empty())  // a shorter message than posted matched: the ranks' lists differ (never silent data)
@@ -347,16 +344,7 @@ class MpiComm {
               waited(call) + " in " + what +
                   ": some rank did not arrive (MPI's collectives do not say which: a rank skipped the call, failed outside it, "
                   "or died); MPI may still write this call's receive buffer if it arrives later");
-    end_waits(call);
-  }
-
-  /// After a call's waits completed: a peer that gave up on this very call (it timed out before
-  /// this rank came, or failed) sent its messages before its notice, and small ones complete here
-  /// all the same. Reads the notices once more, so that this rank fails the call with its peers
-  /// (take_notices(): Error(timeout) where the peer timed out in it) rather than return as if the
-  /// call had paired. Best effort: a notice still on its way is the next call's.
-  void end_waits(const Call& call) {
-    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);  // (as wait_messages())
   }
 
   /// Polls `ready` until it returns true (→ true) or the call's deadline passes (→ false),

@@ -211,6 +211,15 @@ bool notice_verdict(MPI_Comm comm, int tag, std::uint64_t generation, int rank, 
   return true;
 }
 
+/// A failure another object can see and an MpiComm cannot (MpiWindowComm: its window's abort
+/// word), polled with the peers' notices while a call waits (MpiComm::watch_for_abort()):
+/// `why(ctx)` returns "" while there is none, else the reason, and the call then gives up with
+/// Error(aborted) and that reason.
+struct MpiAbortWatch {
+  const void* ctx = nullptr;                     ///< handed to why
+  std::string (*why)(const void* ctx) = nullptr;  ///< null: nothing to watch
+};
+
 /// What MPI may still read or write after a collective times out (it can be neither cancelled
 /// nor freed): kept alive for MPI, on the heap, and leaked once its collective timed out.
 struct MpiCollective {
