@@ -321,10 +321,7 @@ class MpiComm {
                   " (a rank skipped the call, runs another (its messages carry another call's tag), failed outside it, or died)",
               true, detail::mask_of_ranks(late_recv) | detail::mask_of_ranks(late_send));
     }
-    // A peer that gave up on this very call (timed out before this rank came, or failed) sent its
-    // messages before its notice, and small ones complete all the same: the notices once more, so
-    // that this rank fails the call with its peers (best effort: one still on its way is the next call's).
-    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call, true);  // a peer that timed out in this call before this rank came
     const std::string short_receive = msgs_.short_receive(rank_);
     msgs_.clear();
     if (!short_receive.empty())  // a shorter message than posted matched: the ranks' lists differ (never silent data)
@@ -344,7 +341,7 @@ class MpiComm {
               waited(call) + " in " + what +
                   ": some rank did not arrive (MPI's collectives do not say which: a rank skipped the call, failed outside it, "
                   "or died); MPI may still write this call's receive buffer if it arrives later");
-    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call);  // (as wait_messages())
+    if (!ULYSSES_MPI_BLOCKING_WAITS) take_notices(call, true);  // (as wait_messages())
   }
 
   /// Polls `ready` until it returns true (→ true) or the call's deadline passes (→ false),
@@ -391,11 +388,15 @@ class MpiComm {
 
   /// Reads the peers' notices; if there is one, gives up too (detail::notice_verdict()) and tells
   /// the peers (a joint verdict counts it alive), every rank's verdict (plan_mismatch) as such.
-  void take_notices(const Call& call) {
+  /// `ended`: the call's waits completed (a peer that timed out in it sent its small messages before
+  /// its notice): only a peer's timeout in this very call fails it (the same verdict; best effort),
+  /// another notice breaks the communicator for the next call.
+  void take_notices(const Call& call, bool ended = false) {
     Errc code = Errc::aborted;
     std::string story;
     auto late = [&] { return msgs_.incomplete(0, msgs_.n_recv); };  // this rank's own view: whose messages it still waits for
     if (!detail::notice_verdict(comm_, kNoticeTag, sh_->generation, rank_, call.who, call.seq, timeout_ / 10, late, code, story)) return;
+    if (ended && code != Errc::timeout) return sh_->failure.record(code, Error(code, story).what());
     if (code == Errc::plan_mismatch) notify(call, code, story, 0, true);
     give_up(call, code, story, code != Errc::plan_mismatch);
   }
