@@ -217,7 +217,9 @@ TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a
             }
             std::byte* dst = in_place ? copy.data() : run_out.data();
             const auto s = static_cast<std::int64_t>(stride);
-            CHECK(tx.pack(0).copy_run(tx.pack(0).object, RowRun{first, step, copy.data(), s, dst, s, 128, count}, type));
+            RowRun run{first, step, copy.data(), s, dst, s, 128, count};
+            if (trial % 5 == 1) run.next_src = src.data();  // a prefetch hint (RowRun::next_src): the same bits
+            CHECK(tx.pack(0).copy_run(tx.pack(0).object, run, type));
             for (std::int64_t i = 0; i < count; ++i) {  // each row's bytes; the gaps untouched
               const std::size_t off = stride * static_cast<std::size_t>(i);
               wrong += std::memcmp(dst + off, want.data() + off, row) != 0;
@@ -246,6 +248,7 @@ TEST_CASE("Rope::copy_run (the run form): the bits of copy_row on every row of a
         std::byte* dst = buf.data() + (64 - a % 64) % 64 + skew;
         RowRun run{along.first, along.step, src.data(), static_cast<std::int64_t>(row), dst, static_cast<std::int64_t>(row), 128, 8};
         run.stream = true;
+        run.next_src = skew % 32 == 16 ? src.data() : nullptr;  // (with and without the prefetch hint)
         CHECK(rope.copy_run(run, type));
         detail::stream_fence();
         CAPTURE(static_cast<int>(type));

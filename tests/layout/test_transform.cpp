@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -290,6 +291,67 @@ TEST_CASE("seq->head with Rope's runs (half rotation, D = 128 and 64: the bf16 k
           CHECK(run_forward<bf16>(c) == "");
           CHECK(run_forward<float>(c) == "");
         }
+}
+
+namespace {
+/// A row transform whose copy_run records each run's src and next_src (RowRun::next_src) and
+/// copies the rows; it declares prefetches_next_src = Prefetches.
+template <bool Prefetches>
+struct RunRecorder {
+  static constexpr bool prefetches_next_src = Prefetches;
+  std::vector<std::pair<const std::byte*, const std::byte*>>* seen;
+  void operator()(const RowCoord&, double*, std::int64_t) const {}
+  bool copy_run(const RowRun& run, ElementType) const {
+    seen->emplace_back(run.src, run.next_src);
+    for (std::int64_t i = 0; i < run.count; ++i)
+      std::memcpy(run.dst + i * run.dst_stride, run.src + i * run.src_stride, static_cast<std::size_t>(run.n) * 4);
+    return true;
+  }
+};
+}  // namespace
+
+TEST_CASE("RowRun::next_src: the next run's first row where it starts a new stride, for a transform that prefetches it; null otherwise, and no change to the bytes") {
+  // A block of 3 tokens x 2 heads (the innermost loop: a run) of rows of 4 floats, read from a
+  // token of 4 heads (the runs 4 rows apart: a new stride each) or of 2 (whole tokens: the next
+  // run follows on, which the hardware streams), written densely.
+  for (std::int64_t heads_in : {std::int64_t{4}, std::int64_t{2}}) {
+    BlockCopy c{};
+    const std::int64_t row = 16;
+    const std::int64_t ext[4] = {1, 1, 3, 2};
+    for (int i = 0; i < 4; ++i) c.extent[i] = ext[i];
+    c.src_stride[3] = row, c.src_stride[2] = heads_in * row, c.src_stride[1] = 3 * heads_in * row, c.src_stride[0] = c.src_stride[1];
+    c.dst_stride[3] = row, c.dst_stride[2] = 2 * row, c.dst_stride[1] = 6 * row, c.dst_stride[0] = c.dst_stride[1];
+    c.row_bytes = row, c.elem_bytes = 4, c.type = ElementType::float32, c.row_tensor = 0, c.row_sides = 1;
+    c.axis[0] = 0, c.axis[1] = 0, c.axis[2] = 1, c.axis[3] = 2;
+    std::vector<float> in(static_cast<std::size_t>(3 * heads_in * 4)), out(24, -1.0f);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+    const auto* src = reinterpret_cast<const std::byte*>(in.data());
+    std::vector<std::pair<const std::byte*, const std::byte*>> with, without;
+    RunRecorder<true> a{&with};
+    RunRecorder<false> b{&without};
+    RowTransforms tx;
+    tx.on_pack(0, a).on_pack(1, b);
+    CHECK(tx.pack(0).prefetches_next_src);
+    CHECK_FALSE(tx.pack(1).prefetches_next_src);
+    for (int t = 0; t < 2; ++t) {
+      detail::RowCursor at(c, 0);
+      CHECK(detail::copy_runs(c, tx.pack(t), ElementType::float32, 4, src, reinterpret_cast<std::byte*>(out.data()), at, 0, 6, false) == 6);
+      for (std::int64_t k = 0; k < 3; ++k)
+        for (std::int64_t h = 0; h < 2; ++h)
+          for (std::int64_t d = 0; d < 4; ++d)
+            CHECK(out[static_cast<std::size_t>((k * 2 + h) * 4 + d)] == in[static_cast<std::size_t>((k * heads_in + h) * 4 + d)]);
+    }
+    const std::byte* first[3] = {src, src + heads_in * row, src + 2 * heads_in * row};
+    REQUIRE(with.size() == 3);
+    REQUIRE(without.size() == 3);
+    for (std::size_t k = 0; k < 3; ++k) {
+      CAPTURE(heads_in);
+      CAPTURE(k);
+      CHECK(with[k].first == first[k]);
+      CHECK(with[k].second == (heads_in == 4 && k < 2 ? first[k + 1] : nullptr));  // (the last run: nothing after it)
+      CHECK(without[k].second == nullptr);  // (the executor prefetches for it)
+    }
+  }
 }
 
 TEST_CASE("backward: head->seq of dq and dk with the inverse rotation; replicated kv heads (GQA, MQA) summed in float32, rotated, rounded once") {

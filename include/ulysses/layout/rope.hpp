@@ -17,6 +17,7 @@
 #include "../detail/checked.hpp"
 #include "../detail/cpu.hpp"
 #include "../error.hpp"
+#include "rows.hpp"
 #include "transform.hpp"
 
 ULYSSES_NAMESPACE_BEGIN
@@ -186,6 +187,9 @@ class Rope {
     });
     return true;
   }
+  /// copy_run() prefetches RowRun::next_src a row at a time, row i of it while it copies row i
+  /// (layout/transform.hpp): the executor then issues no burst of prefetches before the run.
+  static constexpr bool prefetches_next_src = true;
   /// What a call checks before any byte moves (the optional check of the row-transform concept):
   /// rows of D == head_dim() elements, and a position in [0, max_position) for every token of a
   /// batch of B sequences of S tokens (the global token index, or the position ids' count).
@@ -285,14 +289,20 @@ class Rope {
   const float* run_table(const RowRun& run, std::int64_t i, const float* first) const {
     return run.step.token == 0 && run.step.batch == 0 ? first : table_of(run.at(i));
   }
-  /// The run's rows through copy_rotated<A, M>, each with its run_table().
+  /// Row i of the run after this one (RowRun::next_src, rows src_stride apart), where there is one.
+  ULYSSES_ALWAYS_INLINE static void prefetch_next(const RowRun& run, std::int64_t i) {
+    if (run.next_src != nullptr) detail::prefetch_run(run.next_src + i * run.src_stride, 1, run.src_stride);
+  }
+  /// The run's rows through copy_rotated<A, M>, each with its run_table() and prefetch_next().
   template <class A, int M>
   ULYSSES_ALWAYS_INLINE void copy_rotated_run(const RowRun& run) const {
     const std::int64_t m = rd_ / 2;
     const bool il = style_ == RopeStyle::interleaved;
     const float* first = table_of(run.first);  // (copy_run() returns before an empty run)
-    for (std::int64_t i = 0; i < run.count; ++i)
+    for (std::int64_t i = 0; i < run.count; ++i) {
+      prefetch_next(run, i);
       copy_rotated<A, M>(run.src + i * run.src_stride, run.dst + i * run.dst_stride, run_table(run, i, first), m, il);
+    }
   }
   template <class A>
   ULYSSES_ALWAYS_INLINE void copy_rotated_sized(const RowRun& run) const {
@@ -336,6 +346,7 @@ class Rope {
       const float* t = run_table(run, i, first);
       const std::byte* src = run.src + i * run.src_stride;
       std::byte* dst = run.dst + i * run.dst_stride;
+      prefetch_next(run, i);
       for (std::int64_t k = 0; k < m; k += 32) {
         __m512 x0, y0, x1 = _mm512_setzero_ps(), y1 = _mm512_setzero_ps();
         __mmask16 special = 0;
@@ -368,6 +379,7 @@ class Rope {
       const std::byte* src = run.src + i * run.src_stride;  // (4-byte elements: any alignment)
       std::byte* dst = run.dst + i * run.dst_stride;
       const bool stream = run.stream;
+      prefetch_next(run, i);
       for (std::int64_t k = 0; k < m; k += 16) {
         const __m512 x = _mm512_loadu_ps(src + 4 * k), y = _mm512_loadu_ps(src + 4 * (m + k));
         const __m512 c = _mm512_loadu_ps(t + k), sn = _mm512_loadu_ps(t + m + k);

@@ -6,6 +6,7 @@
 ///        (comm/cross_memory.hpp) walk blocks with these (docs/design.md, "Plan → pack → exchange → unpack").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "blocks.hpp"
@@ -13,6 +14,25 @@
 ULYSSES_NAMESPACE_BEGIN
 
 namespace detail {
+
+/// Prefetches the source of the next run of rows while this one is copied: a run starts a new
+/// stride (a token's heads in a seq-sharded tensor lie H·D elements apart), which the hardware
+/// prefetcher does not follow (the host executor's copy_runs() skips it where the next run
+/// follows on from this one: a block of whole tokens, which the hardware streams, and the
+/// prefetches only took fill buffers from the loads; Rope prefetches RowRun::next_src a row at a
+/// time). `rows` contiguous rows of `row_bytes` from p (a hint: never faults).
+/// Always inlined: GCC takes __builtin_prefetch for free of side effects, so at -O2, where this
+/// function stayed out of line, its pure-const pass found the call dead and deleted it.
+ULYSSES_ALWAYS_INLINE inline void prefetch_run(const std::byte* p, std::int64_t rows, std::int64_t row_bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+  const std::int64_t bytes = std::min<std::int64_t>(rows * row_bytes, 4096);
+  for (std::int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
+#else
+  (void)p;
+  (void)rows;
+  (void)row_bytes;
+#endif
+}
 
 /// Calls fn(so, dso) for every run of block `c`'s rows along its innermost loop, in row order:
 /// so and dso are the byte offsets of the run's first row from the source and destination

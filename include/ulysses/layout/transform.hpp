@@ -43,6 +43,10 @@ struct RowRun {
   /// Whether the executor streams this call's stores (a list larger than the caches; it fences
   /// after the call): the copy may store its rows with non-temporal stores. Same bits either way.
   bool stream = false;
+  /// The first row of the run copied next where it starts a new stride (rows src_stride apart, at
+  /// most `count`), else null: a hint, never read. A transform with `static constexpr bool
+  /// prefetches_next_src = true` prefetches its row i in copying row i; else the executor does.
+  const std::byte* next_src = nullptr;
   /// Row i's coordinates: first + i·step.
   RowCoord at(std::int64_t i) const { return {first.batch + i * step.batch, first.token + i * step.token, first.head + i * step.head}; }
 };
@@ -59,6 +63,31 @@ template <class X, class = void>
 struct names_call : std::false_type {};
 template <class X>
 struct names_call<X, std::void_t<decltype(&X::operator())>> : std::true_type {};
+/// Whether X has the optional `void check_rows(std::int64_t B, std::int64_t S, std::int64_t D) const`.
+template <class X, class = void>
+struct has_check_rows : std::false_type {};
+template <class X>
+struct has_check_rows<X, std::void_t<decltype(std::declval<const X&>().check_rows(std::int64_t{}, std::int64_t{}, std::int64_t{}))>>
+    : std::true_type {};
+/// Whether X has the fused `bool copy_row(const RowCoord&, ElementType, const std::byte*, std::byte*, std::int64_t) const`.
+template <class X, class = void>
+struct has_copy_row : std::false_type {};
+template <class X>
+struct has_copy_row<X, std::void_t<decltype(bool{std::declval<const X&>().copy_row(std::declval<const RowCoord&>(), ElementType{},
+                                                                                   std::declval<const std::byte*>(),
+                                                                                   std::declval<std::byte*>(), std::int64_t{})})>>
+    : std::true_type {};
+/// Whether X has the optional run form `bool copy_run(const RowRun&, ElementType) const`.
+template <class X, class = void>
+struct has_copy_run : std::false_type {};
+template <class X>
+struct has_copy_run<X, std::void_t<decltype(bool{std::declval<const X&>().copy_run(std::declval<const RowRun&>(), ElementType{})})>>
+    : std::true_type {};
+/// Whether X's copy_run prefetches RowRun::next_src itself (`static constexpr bool prefetches_next_src`).
+template <class X, class = void>
+struct prefetches_next_src : std::false_type {};
+template <class X>
+struct prefetches_next_src<X, std::enable_if_t<X::prefetches_next_src>> : std::true_type {};
 }  // namespace detail
 
 /// Compile-time check of a row-transform type X (the concept): X must be callable as
@@ -90,33 +119,6 @@ constexpr bool check_row_transform() {
   return true;
 }
 
-namespace detail {
-/// Whether X has the optional `void check_rows(std::int64_t B, std::int64_t S, std::int64_t D) const`.
-template <class X, class = void>
-struct has_check_rows : std::false_type {};
-template <class X>
-struct has_check_rows<X, std::void_t<decltype(std::declval<const X&>().check_rows(std::int64_t{}, std::int64_t{}, std::int64_t{}))>>
-    : std::true_type {};
-}  // namespace detail
-
-namespace detail {
-/// Whether X has the optional fused form `bool copy_row(const RowCoord&, ElementType, const
-/// std::byte* src, std::byte* dst, std::int64_t n) const` (Rope::copy_row() documents its contract).
-template <class X, class = void>
-struct has_copy_row : std::false_type {};
-template <class X>
-struct has_copy_row<X, std::void_t<decltype(bool{std::declval<const X&>().copy_row(std::declval<const RowCoord&>(), ElementType{},
-                                                                                   std::declval<const std::byte*>(),
-                                                                                   std::declval<std::byte*>(), std::int64_t{})})>>
-    : std::true_type {};
-/// Whether X has the optional run form `bool copy_run(const RowRun&, ElementType) const`.
-template <class X, class = void>
-struct has_copy_run : std::false_type {};
-template <class X>
-struct has_copy_run<X, std::void_t<decltype(bool{std::declval<const X&>().copy_run(std::declval<const RowRun&>(), ElementType{})})>>
-    : std::true_type {};
-}  // namespace detail
-
 /// A non-owning reference to one row transform (what RowTransforms holds per tensor and side).
 struct RowTransformRef {
   const void* object = nullptr;                                          ///< the transform (the caller's object)
@@ -131,6 +133,7 @@ struct RowTransformRef {
   /// The transform's fused copy_run(run, type) (optional: null when it has none): copy over a
   /// RowRun of rows in one call, with the same bits; false, touching nothing, where copy would be.
   bool (*copy_run)(const void*, const RowRun&, ElementType) = nullptr;
+  bool prefetches_next_src = false;  ///< whether copy_run prefetches RowRun::next_src (else the executor does)
   /// Whether a transform is set.
   constexpr explicit operator bool() const noexcept { return apply != nullptr; }
   /// Applies it to the row (n elements) at `at`. @pre a transform is set.
@@ -218,6 +221,7 @@ class RowTransforms {
       };
     if constexpr (detail::has_copy_run<X>::value)
       side[t].copy_run = [](const void* o, const RowRun& run, ElementType type) { return static_cast<const X*>(o)->copy_run(run, type); };
+    side[t].prefetches_next_src = detail::prefetches_next_src<X>::value;
     return *this;
   }
   RowTransformRef pack_[kMaxTensors] = {};

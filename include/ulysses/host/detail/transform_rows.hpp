@@ -52,24 +52,6 @@ inline RowCoord row_step(const BlockCopy& c) {
   return {c.axis[3] == 0 ? 1 : 0, c.axis[3] == 1 ? 1 : 0, c.axis[3] == 2 ? 1 : 0};
 }
 
-/// Prefetches the source of the next run while this one is copied: a run starts a new stride
-/// (a token's heads in a seq-sharded tensor lie H·D elements apart), which the hardware
-/// prefetcher does not follow (copy_runs() skips it where the next run follows on from this one:
-/// a block of whole tokens, which the hardware streams, and the prefetches only took fill
-/// buffers from the loads). `rows` contiguous rows of `row_bytes` from p (a hint: never faults).
-/// Always inlined: GCC takes __builtin_prefetch for free of side effects, so at -O2, where this
-/// function stayed out of line, its pure-const pass found the call dead and deleted it.
-ULYSSES_ALWAYS_INLINE inline void prefetch_run(const std::byte* p, std::int64_t rows, std::int64_t row_bytes) {
-#if defined(__GNUC__) || defined(__clang__)
-  const std::int64_t bytes = std::min<std::int64_t>(rows * row_bytes, 4096);
-  for (std::int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
-#else
-  (void)p;
-  (void)rows;
-  (void)row_bytes;
-#endif
-}
-
 /// Rows [r, r1) of block c through a transform's fused copy_run(), one run along the block's
 /// innermost loop at a time, the cursor `at` on row r and advanced past the rows copied;
 /// `streaming`: the runs may store non-temporally (RowRun::stream; the caller fences).
@@ -79,15 +61,18 @@ inline std::int64_t copy_runs(const BlockCopy& c, const RowTransformRef& x, Elem
   const RowCoord step = row_step(c);
   while (r < r1) {
     const std::int64_t count = std::min(c.extent[3] - at.idx[3], r1 - r);
-    const RowRun run{row_coord(c, at), step, src + at.offset(c, true), c.src_stride[3], dst + at.offset(c, false), c.dst_stride[3], n, count,
-                     streaming};
+    RowRun run{row_coord(c, at), step, src + at.offset(c, true), c.src_stride[3], dst + at.offset(c, false), c.dst_stride[3], n, count,
+               streaming};
     RowCursor next = at;
     next.idx[3] += count - 1;  // (count - 1 stays inside the loop's extent; next() carries)
     next.next(c);
     if (r + count < r1) {
       const std::byte* next_src = src + next.offset(c, true);
       const bool contiguous = c.src_stride[3] == c.row_bytes;  // (rows one after the other: the next run's too)
-      if (!contiguous || next_src != run.src + count * c.row_bytes) prefetch_run(next_src, contiguous ? count : 1, c.row_bytes);
+      if (!contiguous || next_src != run.src + count * c.row_bytes) {
+        if (contiguous && x.prefetches_next_src) run.next_src = next_src;  // (row by row as this run's are copied: no burst of prefetches)
+        else prefetch_run(next_src, contiguous ? count : 1, c.row_bytes);
+      }
     }
     if (!x.copy_run(x.object, run, type)) return r;
     r += count;
