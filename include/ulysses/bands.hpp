@@ -141,7 +141,8 @@ void run_band_pipeline(int G, BandOf&& band_of, Comm& comm, Exec& exec, Progress
 /// @param qkv_ws   at least bands.qkv().workspace_bytes()
 /// @param o_head   head-sharded o [B, S, H_r, Dv], which `attend` writes band by band
 /// @param o_seq    seq-sharded o [B, S_r, H, Dv]: the result
-/// @param o_ws     at least bands.out().workspace_bytes() (a workspace of its own)
+/// @param o_ws     at least bands.out().workspace_bytes(), a workspace of its own (with G >= 2 a
+///                 shared one is Error(buffer_overlap): the two exchanges are in flight together)
 /// @param attend   `attend(const Band& b)`: the attention of b's local query heads (reading qkv_head's
 ///                 q heads b.query and k, v heads b.kv, which have arrived) into o_head's heads b.query
 /// @param progress how the exchanges progress during `attend` (Progress; docs/overlap.md)
@@ -185,7 +186,7 @@ void banded_attention(const HeadBands& bands, Comm& comm, Exec& exec, const Tens
 /// @param exec      the executor of the copies (its memory the communicator's)
 /// @param do_seq    seq-sharded do [B, S_r, H, Dv]
 /// @param do_head   head-sharded do [B, S, H_r, Dv]: filled band by band
-/// @param o_ws      at least bands.out().workspace_bytes()
+/// @param o_ws      at least bands.out().workspace_bytes(), not overlapping qkv_ws (as banded_attention())
 /// @param dqkv_head head-sharded dq, dk, dv, which `attend_backward` writes: dq heads b.query;
 ///                  dk and dv heads b.kv, to which it adds its band's partials (zero them before)
 /// @param dqkv_seq  seq-sharded dq, dk, dv: the result

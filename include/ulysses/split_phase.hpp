@@ -27,7 +27,8 @@ inline constexpr int kMaxExchangeParts = 4;
 /// [stages.first, stages.first + stages.count) of `plan` (all of them by default; a head band is
 /// one stage of a HeadBands plan). Buffers as redistribute(); `ws` at least
 /// plan.workspace_bytes() (the stages' regions in it are disjoint, so that the bands of one plan
-/// may be in flight at once, but two plans in flight need a workspace each).
+/// may be in flight at once, but two plans in flight need a workspace each: start() refuses a
+/// shared one, and outputs that share bytes, with Error(buffer_overlap)).
 struct ExchangeCall {
   const Plan* plan = nullptr;                ///< the plan (must outlive the handle's finish())
   Direction dir = Direction::seq_to_head;    ///< which way
@@ -37,6 +38,52 @@ struct ExchangeCall {
   StageRange stages = StageRange::all();     ///< which stages (head bands) it moves
   const RowTransforms* transforms = nullptr;  ///< its row transforms (redistribute()), or none; must outlive finish()
 };
+
+namespace detail {
+/// Part k's buffers as CallBuffers ranges (plan/buffers.hpp): its inputs, its outputs, and its
+/// workspace where its path uses one.
+inline CallBuffers part_buffers(const ExchangePart& p) {
+  CallBuffers b;
+  b.T = p.plan->num_tensors();
+  b.s2h = p.dir == Direction::seq_to_head;
+  for (int t = 0; t < b.T; ++t) {
+    b.range[t] = {p.table.base[BufferIndex::input(t)], p.plan->input_bytes(p.dir, t)};
+    b.range[b.T + t] = {p.table.base[BufferIndex::output(t)], p.plan->output_bytes(p.dir, t)};
+  }
+  b.range[2 * b.T] = {p.table.base[BufferIndex::send], p.path == Path::direct ? 0 : p.plan->workspace_bytes()};
+  return b;
+}
+/// The exchanges of one handle against each other (each alone passed bind_table()): they are in
+/// flight together (the split mode packs every part before any unpack), so none may write bytes
+/// another one reads or writes: an output against the other's outputs (the exact test of
+/// check_overlaps(): views interleaved without sharing a byte pass), a workspace against every
+/// buffer of the other. Stages of one plan (the same plan, direction and buffers, disjoint
+/// stages) write disjoint heads and workspace regions: they pass. An output that another part
+/// reads is not refused (the library's band pipeline reads only finished bands), but its bytes
+/// are then undefined. @throws Error(buffer_overlap) naming both exchanges and buffers.
+inline void check_parts_overlap(const ExchangePart* parts, int n) {
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      const ExchangePart &x = parts[a], &y = parts[b];
+      const CallBuffers bx = part_buffers(x), by = part_buffers(y);
+      const bool stages = x.plan == y.plan && x.dir == y.dir &&
+                          (x.stages.first + x.stages.count <= y.stages.first || y.stages.first + y.stages.count <= x.stages.first);
+      for (int i = bx.T; i <= 2 * bx.T; ++i)  // what x writes: its outputs, its workspace
+        for (int j = i < 2 * bx.T ? by.T : 0; j <= 2 * by.T; ++j) {  // an output against outputs and the workspace
+          const CallBuffers::Range &u = bx.range[i], &v = by.range[j];
+          if (!u.n || !v.n || !(u.p < v.p + v.n && v.p < u.p + u.n)) continue;
+          if (stages && i == j && u.p == v.p) continue;  // (one plan's disjoint stages: other heads, other workspace regions)
+          if (i < 2 * bx.T && j < 2 * by.T && x.plan->tensor(i % bx.T).elem_bytes == y.plan->tensor(j % by.T).elem_bytes &&
+              !views_overlap(bx.layout(*x.plan, i), u.p, by.layout(*y.plan, j), v.p, x.plan->tensor(i % bx.T).elem_bytes))
+            continue;
+          fail(Errc::buffer_overlap, "exchange " + std::to_string(a) + " (" + call_name(x.dir) + "), " + bx.name(i) + ", overlaps exchange " +
+                                         std::to_string(b) + " (" + call_name(y.dir) + "), " + by.name(j) +
+                                         "; the exchanges of one handle are in flight together: each needs its own outputs and workspace");
+        }
+    }
+}
+}  // namespace detail
 
 /// A split-phase exchange on communicator type Comm with executor type Exec: start() does every
 /// check before a byte moves (the arguments, the communicator, the plans' agreement before their
@@ -89,8 +136,10 @@ class Exchange {
   /// path where the communicator has one, else the all-to-all-v (the peer copy has no stages).
   /// @throws Error(invalid_group) the handle is in flight (finish() first); Error(invalid_shape)
   ///         n outside [1, kMaxExchangeParts], a stage range outside the plan's, or
-  ///         Progress::thread on a communicator that does not allow a worker thread; what
-  ///         redistribute() throws before its exchange; the communicator's errors.
+  ///         Progress::thread on a communicator that does not allow a worker thread;
+  ///         Error(buffer_overlap) two exchanges that write the same bytes, or one whose workspace
+  ///         holds another's buffers (detail::check_parts_overlap()); what redistribute() throws
+  ///         before its exchange; the communicator's errors.
   void start(const ExchangeCall* calls, int n) {
     name_ = n == 1 && calls ? detail::call_name(calls[0].dir) : "exchange";
     if (pending_) {
@@ -120,14 +169,15 @@ class Exchange {
     detail::begin_call(*comm_, name_, what);
     detail::tell_peers_on_failure(*comm_, comm_->rank(), name_, [&] {
       if (!calls || n < 1 || n > kMaxExchangeParts)
-        detail::fail(Errc::invalid_shape, std::string(name_) + ": " + std::to_string(n) + " exchanges in one handle; give 1 to " +
-                                              std::to_string(kMaxExchangeParts));
+        detail::fail(Errc::invalid_shape, std::string(name_) + ": " + (calls ? std::to_string(n) + " exchanges in one handle" : "no exchanges (null)") +
+                                              "; give 1 to " + std::to_string(kMaxExchangeParts));
       n_ = 0;
       for (int i = 0; i < n; ++i) {
         if (!calls[i].plan) detail::fail(Errc::invalid_shape, std::string(name_) + ": exchange " + std::to_string(i) + " has no plan");
         parts_[n_++] = detail::bind_part(*calls[i].plan, calls[i].dir, *comm_, *exec_, calls[i].in, calls[i].out, calls[i].ws, calls[i].stages,
                                         calls[i].transforms);
       }
+      detail::check_parts_overlap(parts_, n_);
       mode_ = mode_of();
       if (mode_ == Mode::thread) {
         if constexpr (detail::has_allows_worker_thread<Comm>::value)

@@ -336,6 +336,37 @@ TEST_CASE("break31: ranks giving one MpiComm handle the exchanges in different o
 }
 
 
+TEST_CASE("break33: two exchanges of one MpiComm handle sharing a workspace: buffer_overlap on every rank, nothing written; one plan's two stages with the same buffers give the unstaged bytes") {
+  every_rank_mpi(
+      3,
+      [&](MpiComm& comm, int r) {
+        HostExecutor exec;
+        MpiLayer a(r), c(r);
+        Exchange<MpiComm, HostExecutor> h(comm, exec);
+        ExchangeCall calls[2] = {a.call(), c.call()};
+        calls[1].ws = Workspace(a.ws);  // (the split mode packs both into it before either unpacks: wrong bytes, unchecked)
+        h.start(calls, 2);
+        h.finish();
+      },
+      [&](int, Errc code, const std::string& what) {
+        CAPTURE(what);
+        CHECK(code == Errc::buffer_overlap);
+      });
+  ut::on_groups_of(3, [&](MPI_Comm sub) {
+    MpiComm comm(sub);
+    HostExecutor exec;
+    MpiLayer a(comm.rank()), b(comm.rank(), 2);
+    seq_to_head(a.plan, comm, exec, TensorList<ConstByteSpan>{a.q, a.k, a.v}, TensorList<ByteSpan>{a.q2, a.k2, a.v2}, a.ws);
+    Exchange<MpiComm, HostExecutor> h(comm, exec);
+    const ExchangeCall calls[2] = {b.call(StageRange::one(0)), b.call(StageRange::one(1))};
+    h.start(calls, 2);
+    h.finish();
+    CHECK(a.q2 == b.q2);
+    CHECK(a.k2 == b.k2);
+    CHECK(a.v2 == b.v2);
+  });
+}
+
 TEST_CASE("break31: an attention (or its backward) that throws on one rank over MpiComm is every rank's error, in time") {
   for (Progress pr : {Progress::automatic, Progress::thread})
   for (int back = 0; back < 2; ++back)

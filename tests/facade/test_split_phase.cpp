@@ -10,6 +10,7 @@
 #include <ulysses/plan/attention.hpp>
 #include <ulysses/split_phase.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ struct Layer {
   TensorList<ByteSpan> head() { return {q2, k2, v2}; }
   TensorList<ConstByteSpan> head_in() const { return {q2, k2, v2}; }
   TensorList<ByteSpan> back() { return {q3, k3, v3}; }
+  ExchangeCall call() { return {&plan, Direction::seq_to_head, in(), head(), ws}; }
 };
 }  // namespace
 
@@ -181,6 +183,72 @@ std::pair<std::vector<Errc>, std::vector<std::string>> every_rank(F&& body, int 
   return {codes, whats};
 }
 }  // namespace
+
+TEST_CASE("break33: two exchanges of one handle sharing a workspace or an output: buffer_overlap on every rank before a byte moves; one plan's stages with the same buffers pass") {
+  PlanOptions a2a;
+  a2a.path = Path::alltoallv;  // (a path with a workspace; the peer copy has none)
+  for (int variant = 0; variant < 3; ++variant) {
+    CAPTURE(variant);
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      Layer a(r, a2a), c(r, a2a);
+      const std::vector<float> c_q2 = c.q2;
+      // 0: c's workspace is a's; 1: c writes its outputs over a's; 2: c's workspace holds a's input q
+      std::vector<float> big(c.ws.size() / 4 + a.q.size());
+      std::copy(a.q.begin(), a.q.end(), big.begin());
+      const TensorList<ConstByteSpan> a_in = variant == 2 ? TensorList<ConstByteSpan>{ConstByteSpan(big.data(), a.q.size() * 4), a.k, a.v} : a.in();
+      const Workspace cws = variant == 0 ? Workspace(a.ws) : variant == 2 ? Workspace(big.data(), big.size() * 4) : Workspace(c.ws);
+      const ExchangeCall calls[2] = {{&a.plan, Direction::seq_to_head, a_in, a.head(), a.ws},
+                                     {&c.plan, Direction::seq_to_head, c.in(), variant == 1 ? a.head() : c.head(), cws}};
+      Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec);
+      struct Untouched {  // checked as the error leaves: nothing written
+        const Layer& c;
+        const std::vector<float>& q2;
+        ~Untouched() { CHECK(c.q2 == q2); }
+      } untouched{c, c_q2};
+      h.start(calls, 2);
+      h.finish();
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc::buffer_overlap);
+      CHECK(whats[static_cast<std::size_t>(r)].find("in flight together") != std::string::npos);
+    }
+  }
+  // A null list of exchanges, or a count outside [1, kMaxExchangeParts]: invalid_shape, said as such.
+  for (int n : {1, 0, kMaxExchangeParts + 1}) {
+    const auto [codes, whats] = every_rank([&](LocalGroup::Comm& comm, int r) {
+      HostExecutor exec;
+      Layer a(r);
+      const ExchangeCall calls[kMaxExchangeParts + 1] = {a.call(), a.call(), a.call(), a.call(), a.call()};
+      Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec);
+      h.start(n == 1 ? nullptr : calls, n);
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(whats[static_cast<std::size_t>(r)]);
+      CHECK(codes[static_cast<std::size_t>(r)] == Errc::invalid_shape);
+      CHECK(whats[static_cast<std::size_t>(r)].find(n == 1 ? "no exchanges (null)" : std::to_string(n) + " exchanges in one handle") != std::string::npos);
+    }
+  }
+  // Stages 0 and 1 of one plan in one handle, with the same buffers and workspace: other heads
+  // and other workspace regions; the blocking call's bytes.
+  PlanOptions staged = a2a;
+  staged.stages = 2;
+  LocalGroup g(kP);
+  g.spawn([&](LocalGroup::Comm& comm) {
+    HostExecutor exec;
+    Layer a(comm.rank()), b(comm.rank(), staged);
+    seq_to_head(a.plan, comm, exec, a.in(), a.head(), a.ws);
+    Exchange<LocalGroup::Comm, HostExecutor> h(comm, exec);
+    const ExchangeCall calls[2] = {{&b.plan, Direction::seq_to_head, b.in(), b.head(), b.ws, StageRange::one(1)},
+                                   {&b.plan, Direction::seq_to_head, b.in(), b.head(), b.ws, StageRange::one(0)}};
+    h.start(calls, 2);
+    h.finish();
+    CHECK(a.q2 == b.q2);
+    CHECK(a.k2 == b.k2);
+    CHECK(a.v2 == b.v2);
+  });
+}
 
 TEST_CASE("break31: ranks giving one handle different exchanges, orders or counts: a coded error on every rank") {
   for (int variant = 0; variant < 3; ++variant)
