@@ -4,6 +4,10 @@
 #include <doctest/doctest.h>
 #include <ulysses/plan/plan.hpp>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "expect_error.hpp"
 
 using namespace ulysses;
@@ -293,6 +297,23 @@ TEST_CASE("C10: a kv split that does not follow its query split is gqa_invalid, 
   CHECK(ut::code_of([&] {
           Plan({4, 0}, 1, SeqPartition::even(8, 4), {TensorSpec::of<float>(q, 8).serving(1), TensorSpec::of<float>(q, 8).serving(0)});
         }) == Errc::gqa_invalid);
+}
+
+TEST_CASE("break33: a Format or PlanOptions::path value cast into the enum (none of its names) is invalid_shape, as a Wire value is") {
+  const std::vector<TensorSpec> specs = {TensorSpec::of<float>(HeadPartition::even(4, 2), 4)};
+  auto [code, msg] = ut::error_of([&] { Plan({2, 0}, 1, SeqPartition::even(8, 2), specs, static_cast<Format>(9)); });
+  CHECK(code == Errc::invalid_shape);
+  CHECK(msg.find("Format value 9") != std::string::npos);
+  PlanOptions o;
+  o.path = static_cast<Path>(9);
+  std::tie(code, msg) = ut::error_of([&] { Plan({2, 0}, 1, SeqPartition::even(8, 2), specs, Format::bshd, o); });
+  CHECK(code == Errc::invalid_shape);
+  CHECK(msg.find("PlanOptions::path value 9") != std::string::npos);
+  for (Format f : {Format::bshd, Format::sbhd, Format::bhsd})
+    for (Path p : {Path::automatic, Path::alltoallv, Path::messages, Path::direct, Path::two_level}) {
+      o.path = p;
+      CHECK(ut::code_of([&] { Plan({2, 0}, 1, SeqPartition::even(8, 2), specs, f, o); }) == Errc{});
+    }
 }
 
 TEST_CASE("summing replicated heads needs an element type with addition: not_summable at plan time, on every rank") {

@@ -59,6 +59,10 @@ class PlanFields {
       detail::fail(Errc::invalid_group, "the sequence partition was made for P=" + std::to_string(seq_.degree()) +
                                             " ranks but the group has P=" + std::to_string(P));
     if (batch_ < 1) detail::fail(Errc::invalid_shape, "batch B=" + std::to_string(batch_) + " must be >= 1");
+    if (static_cast<unsigned>(format_) > static_cast<unsigned>(Format::bhsd))  // (a value cast into the enum: no layout to build)
+      detail::fail(Errc::invalid_shape, "Format value " + std::to_string(static_cast<int>(format_)) + " is not one of Format's");
+    if (static_cast<unsigned>(options_.path) > static_cast<unsigned>(Path::two_level))
+      detail::fail(Errc::invalid_shape, "PlanOptions::path value " + std::to_string(static_cast<int>(options_.path)) + " is not one of Path's");
     if (options_.stages < 1 || options_.stages > kMaxStages)
       detail::fail(Errc::invalid_shape, "PlanOptions::stages=" + std::to_string(options_.stages) + " must be in [1, " + std::to_string(kMaxStages) + "]");
     if (tensors_.empty() || tensors_.size() > at(kMaxTensors))
