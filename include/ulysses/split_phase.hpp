@@ -40,8 +40,8 @@ struct ExchangeCall {
 };
 
 namespace detail {
-/// Part k's buffers as CallBuffers ranges (plan/buffers.hpp): its inputs, its outputs, and its
-/// workspace where its path uses one.
+/// One exchange part's buffers as CallBuffers ranges (plan/buffers.hpp): its inputs, its outputs,
+/// and its workspace where its path uses one.
 inline CallBuffers part_buffers(const ExchangePart& p) {
   CallBuffers b;
   b.T = p.plan->num_tensors();
@@ -62,11 +62,13 @@ inline CallBuffers part_buffers(const ExchangePart& p) {
 /// reads is not refused (the library's band pipeline reads only finished bands), but its bytes
 /// are then undefined. @throws Error(buffer_overlap) naming both exchanges and buffers.
 inline void check_parts_overlap(const ExchangePart* parts, int n) {
+  CallBuffers bufs[kMaxExchangeParts];
+  for (int a = 0; a < n; ++a) bufs[a] = part_buffers(parts[a]);
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b) {
       if (a == b) continue;
       const ExchangePart &x = parts[a], &y = parts[b];
-      const CallBuffers bx = part_buffers(x), by = part_buffers(y);
+      const CallBuffers &bx = bufs[a], &by = bufs[b];
       const bool stages = x.plan == y.plan && x.dir == y.dir &&
                           (x.stages.first + x.stages.count <= y.stages.first || y.stages.first + y.stages.count <= x.stages.first);
       for (int i = bx.T; i <= 2 * bx.T; ++i)  // what x writes: its outputs, its workspace
