@@ -480,3 +480,55 @@ TEST_CASE("quantize_fp8 and dequantize_fp8 (their AVX-512 kernels where the CPU 
   MESSAGE("floats checked: " << checked << ", rows also through the AVX2 kernels: " << avx2_rows);
   CHECK(differ == 0);
 }
+
+TEST_CASE("quantize_fp8 and its AVX2 kernel (where the CPU has it) == the plain loop of x / scale at 3000 scales that are no power of two, and at the edges of the normal range: the elements at and beside every tie of both formats, and random bits") {
+  using ulysses::detail::bits_float;
+  std::mt19937 rng(20261207);
+  std::vector<float> scales = {1.0f / 3.0f, 0.7f, 3.0f, 1e-30f, 1e30f, bits_float(0x00800000u), bits_float(0x00800001u),
+                               bits_float(0x7e800000u), bits_float(0x7e7fffffu), bits_float(0x7e800001u), bits_float(0x007fffffu), bits_float(0x7f7fffffu)};
+  std::uniform_int_distribution<std::uint32_t> any_scale(0x00800000u, 0x7e800000u), amax_bits(0x00000001u, 0x7f7fffffu);
+  for (int i = 0; i < 2000; ++i) scales.push_back(bits_float(any_scale(rng)));
+  for (int i = 0; i < 1000; ++i) scales.push_back(ulysses::fp8_scale_of(bits_float(amax_bits(rng)), i % 2 ? Fp8Format::e5m2 : Fp8Format::e4m3));
+  std::uint64_t checked = 0, differ = 0, at_ties = 0;
+  for (Fp8Format f : kFormats) {
+    // the fp8 magnitudes and the midpoints between neighbours (exact in float32), and one beyond max
+    std::vector<float> grid;
+    for (int c = 0; c < max_code(f); ++c) {
+      const double a = ref_decode(static_cast<std::uint8_t>(c), f), b = ref_decode(static_cast<std::uint8_t>(c + 1), f);
+      grid.push_back(static_cast<float>(a));
+      grid.push_back(static_cast<float>((a + b) / 2));
+    }
+    grid.push_back(static_cast<float>(ref_decode(max_code(f), f) * 1.0625));
+    std::vector<float> row;
+    std::vector<std::uint8_t> got, want;
+    for (float s : scales) {
+      row.clear();
+      for (float v : grid)
+        for (int k = -6; k <= 6; ++k) {  // the floats around v * s (whose quotients fall at v or beside it)
+          const std::uint32_t u = bits(v * s);
+          if (u == 0 || u >= 0x7f800000u) continue;
+          const float x = bits_float(static_cast<std::uint32_t>(static_cast<std::int64_t>(u) + k));
+          row.push_back(x);
+          row.push_back(-x);
+          at_ties += ref_encode(x / s, f) != ref_encode(bits_float(bits(x / s) ^ 1u), f);  // the quotient's neighbour has another code
+        }
+      for (int i = 0; i < 61; ++i) row.push_back(bits_float(rng()));  // and anything, NaN and infinity included; a tail
+      const auto n = static_cast<std::int64_t>(row.size());
+      got.assign(row.size(), 0);
+      want.assign(row.size(), 0);
+      ulysses::detail::quantize_codes(row.data(), n, s, f, want.data());
+      ulysses::quantize_fp8(row.data(), n, s, f, got.data());
+      differ += static_cast<std::uint64_t>(got != want);
+#if ULYSSES_HOST_AVX2
+      if (ulysses::detail::host_has_avx2()) {
+        ulysses::detail::quantize_fp8_avx2(row.data(), n, s, f, got.data());
+        differ += static_cast<std::uint64_t>(got != want);
+      }
+#endif
+      checked += row.size();
+    }
+  }
+  MESSAGE("elements checked: " << checked << ", of them with a quotient whose float32 neighbour has another code: " << at_ties);
+  CHECK(at_ties > 10000);
+  CHECK(differ == 0);
+}

@@ -115,27 +115,24 @@ ULYSSES_ALWAYS_INLINE ULYSSES_HOST_DEVICE inline float row_amax_loop(const float
 }
 #if ULYSSES_HOST_AVX2
 ULYSSES_TARGET_AVX512 inline float row_amax_avx512(const float* x, std::int64_t n) {
-  Amax16 a{_mm512_setzero_si512(), 0};
+  Amax16 a{_mm512_setzero_si512()};
   std::int64_t i = 0;
   for (; i + 16 <= n; i += 16) amax_add_x16(a, _mm512_loadu_ps(x + i));
   if (i < n) amax_add_x16(a, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (n - i)) - 1u), x + i));  // zeros: no effect
   return amax_of_x16(a);
 }
-/// The same in AVX2, 8 lanes a step, the tail by row_amax_loop().
+/// The same in AVX2, 8 lanes a step (a NaN known by its magnitude, as in amax_add_x16()), the tail
+/// by row_amax_loop().
 ULYSSES_TARGET_AVX2 inline float row_amax_avx2(const float* x, std::int64_t n) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  __m256i m = _mm256_setzero_si256(), nan = _mm256_setzero_si256();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i m = _mm256_setzero_si256();
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i mag = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
-    nan = _mm256_or_si256(nan, _mm256_cmpgt_epi32(mag, inf));  // both non-negative as int32
-    m = _mm256_max_epu32(m, mag);
-  }
+  for (; i + 8 <= n; i += 8) m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask));
   std::uint32_t lanes[8];
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), m);
   std::uint32_t r = float_bits(row_amax_loop(x + i, n - i));  // NaN bits when the tail has one
   for (std::uint32_t l : lanes) r = l > r ? l : r;
-  return bits_float(_mm256_testz_si256(nan, nan) ? r : kFloatNanBits);
+  return bits_float(r > 0x7f800000u ? kFloatNanBits : r);
 }
 /// quantize_codes() of one format in AVX-512: 16 elements a step (x / scale, then fp8_code_x16()),
 /// the tail in one masked step.

@@ -208,7 +208,7 @@ struct RowWork {
       }
       return;
     }
-    Amax16 amax{_mm512_setzero_si512(), 0};  // row_amax()'s, on the widened lanes
+    Amax16 amax{_mm512_setzero_si512()};  // row_amax()'s, on the widened lanes
     for (std::int64_t i = 0; i < n; i += 16) {
       const __m512 x = bf16x16_load(src + 2 * i);
       _mm512_storeu_ps(f + i, x);
