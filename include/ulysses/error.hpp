@@ -36,7 +36,7 @@ enum class Errc : int {
   not_summable,              ///< replicated heads are to be summed, but the element type has no addition (opaque)
   not_adjoint,               ///< a backward call on a plan whose head→seq takes replicated heads from their owner
   path_unsupported,          ///< PlanOptions::path names a transport the communicator and executor cannot do
-  tensor_mismatch,           ///< an at::Tensor (torch.hpp) undefined, on another device, of another dtype, or not strided
+  tensor_mismatch,           ///< another element type: an at::Tensor (torch.hpp) of another dtype, undefined, on another device or not strided; a range of another element size
   invalid_mesh,              ///< a node layout or 2-D mesh whose degrees, node sizes or rank counts do not fit together
 };
 

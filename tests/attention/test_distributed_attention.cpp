@@ -976,6 +976,47 @@ TEST_CASE("row transforms (RoPE): the bits of the call on q and k rotated before
   }
 }
 
+TEST_CASE("a tensor given as a range of another element size (q or o in doubles for a float32 plan, dq in uint16): tensor_mismatch on that rank before any data moves, aborted on its peers; plain Ulysses and all-gather KV (whose q and o skip the exchanges' check)") {
+  const int P = 4;
+  const std::int64_t S = 24;
+  const AttentionSpecs specs = attention_specs<float>(1, {4, 2, 8});  // all-gather KV's (every head on every rank)
+  for (int kind = 0; kind < 2; ++kind)
+    for (int which = 0; which < 3; ++which) {  // q, o (forward), dq (backward)
+      CAPTURE(kind);
+      CAPTURE(which);
+      std::vector<std::pair<Errc, std::string>> errs(P);
+      auto no_attention = [](const AttentionStep&) {};  // (only the checks matter here)
+      auto no_backward = [](const AttentionGradStep&) {};
+      LocalGroup(P, std::chrono::seconds(30)).spawn([&](LocalGroup::Comm& comm) {
+        const int w = comm.rank();
+        const DistributedAttentionPlan p = kind == 0 ? DistributedAttentionPlan({P, w}, 1, SeqPartition::balanced(S, P), attention_specs<float>(P, {4, 2, 8}), true)
+                                                     : DistributedAttentionPlan::allgather({P, w}, 1, SeqPartition::balanced(S, P), specs, true, nullptr);
+        std::vector<float> x(1 << 12), o(1 << 12), dk(1 << 12), dv(1 << 12);
+        std::vector<double> x8(1 << 11);
+        std::vector<std::uint16_t> x2(1 << 13);
+        std::vector<std::byte> saved(p.saved_bytes()), ws(std::max(p.forward_workspace_bytes(), p.backward_workspace_bytes()));
+        const bool bad = w == 1;
+        errs[static_cast<std::size_t>(w)] = ut::error_of([&] {
+          if (which < 2) {
+            const QkvIn in = bad && which == 0 ? QkvIn().q(x8).k(x).v(x) : QkvIn().q(x).k(x).v(x);
+            distributed_attention(p, comm, in, bad && which == 1 ? ByteSpan(x8) : ByteSpan(o), no_attention, saved, ws);
+          } else {
+            distributed_attention(p, comm, QkvIn().q(x).k(x).v(x), ByteSpan(o), no_attention, saved, ws);
+            const QkvGradOut g = bad ? QkvGradOut().dq(x2).dk(dk).dv(dv) : QkvGradOut().dq(x).dk(dk).dv(dv);
+            distributed_attention_backward(p, comm, ConstByteSpan(o), g, no_backward, saved, ws);
+          }
+        });
+      });
+      for (int w = 0; w < P; ++w) {
+        CAPTURE(w);
+        CAPTURE(errs[static_cast<std::size_t>(w)].second);
+        CHECK(errs[static_cast<std::size_t>(w)].first == (w == 1 ? Errc::tensor_mismatch : Errc::aborted));
+      }
+      const char* name = which == 0 ? "distributed_attention: q was given" : which == 1 ? "distributed_attention: o was given" : "distributed_attention_backward: dq was given";
+      CHECK(errs[1].second.find(name) != std::string::npos);
+    }
+}
+
 TEST_CASE("row transforms: an all-gather-KV plan (no seq->head to run them in) refuses them on every rank, before any data moves") {
   const int P = 4;
   const std::int64_t S = 24;

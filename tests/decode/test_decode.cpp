@@ -376,6 +376,25 @@ TEST_CASE("call errors are coded and thrown by every rank before any collective 
   CHECK(msg.find("holds 10 bytes") != std::string::npos);
 }
 
+TEST_CASE("a buffer given as a range of another element size (the LSE in doubles, the output in floats for bf16): tensor_mismatch before any collective, naming it; bytes pass") {
+  const DecodeCase c = c16();
+  const DecodePlan plan(ud::spec_of(c, 0), 0);
+  std::vector<std::byte> in(plan.partial_span_bytes()), out(plan.out_span_bytes()), olse(plan.out_lse_span_bytes()), ws(plan.workspace_bytes());
+  std::vector<double> lse8(plan.lse_span_bytes() / 8 + 1);
+  LocalGroup g1(c.P);
+  LocalGroup::Comm comm0 = g1.comm(0);
+  const DecodeBuffers b = DecodeBuffers().partial(in).lse(lse8).out(out).out_lse(olse).workspace(ws);
+  const auto [code, msg] = ut::error_of([&] { decode_exchange(plan, comm0, HostDecodeExecutor{}, b); });
+  CHECK(code == Errc::tensor_mismatch);
+  CHECK(msg.find("the partial LSE_r (DecodeBuffers::lse) was given as a range of 8-byte elements; the tensor's are 4-byte float32") !=
+        std::string::npos);
+  std::vector<std::uint16_t> out16(plan.out_span_bytes() / 2 + 1);
+  REQUIRE(plan.spec().out_type == ElementType::float32);
+  const auto [code2, msg2] = ut::error_of([&] { decode_exchange(plan, comm0, HostDecodeExecutor{}, b.lse(ConstByteSpan(lse8.data(), lse8.size() * 8)).out(out16)); });
+  CHECK(code2 == Errc::tensor_mismatch);
+  CHECK(msg2.find("the merged output (DecodeBuffers::out)") != std::string::npos);
+}
+
 TEST_CASE("ranks that planned different exchanges: every rank throws plan_mismatch at the first call, naming what differs") {
   DecodeCase c = c16();
   LocalGroup g(c.P, std::chrono::seconds(20));

@@ -2,7 +2,10 @@
 // redistribute.hpp: seq_to_head / head_to_seq on the in-process group, every shared fault case
 // (C1–C8) and every model, bit for bit; argument errors with their codes.
 #include <chrono>
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <doctest/doctest.h>
 #include <ulysses/compat/v0_1.hpp>  // make_buffers: the deprecated name is tested too
 
@@ -267,6 +270,75 @@ TEST_CASE_FIXTURE(Fixture, "argument errors are raised before the exchange, with
   CHECK(msg.find("needs 128 bytes") != std::string::npos);
   CHECK(code_of([&] { seq_to_head(plan, comm, ex, ConstByteSpan{in.data(), 64}, out, w); }) == Errc::buffer_too_small);
   CHECK(code_of([&] { seq_to_head(plan, comm, ex, ConstByteSpan{nullptr, 0}, out, w); }) == Errc::buffer_too_small);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a tensor given as a range of another element size (std::vector<double> for float32) is tensor_mismatch before anything moves; bytes, (pointer, bytes), the same size and an opaque element's divisor pass with the same bits (new user's report)") {
+  LocalGroup g(1);
+  auto comm = g.comm(0);
+  HostExecutor ex;
+  Workspace w{ws.data(), ws.size()};
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) + 0.5f;
+  seq_to_head(plan, comm, ex, in, out, w);
+  const std::vector<float> want = out;
+  std::vector<double> din(16), dout(16);  // the plan's 128 bytes, as doubles
+  auto [code, msg] = ut::error_of([&] { seq_to_head(plan, comm, ex, din, out, w); });
+  CHECK(code == Errc::tensor_mismatch);
+  CHECK(msg.find("input 0 (tensor 0, seq-sharded) was given as a range of 8-byte elements; the tensor's are 4-byte float32") !=
+        std::string::npos);
+  std::fill(out.begin(), out.end(), -1.0f);
+  CHECK(ut::error_of([&] { seq_to_head(plan, comm, ex, in, dout, w); }).second.find("output 0") != std::string::npos);
+  CHECK(ut::code_of([&] { head_to_seq(plan, comm, ex, in, dout, w); }) == Errc::tensor_mismatch);
+  CHECK(ut::code_of([&] { seq_to_head(plan, comm, ex, TensorList<ConstByteSpan>{in}, TensorList<ByteSpan>{span_from(dout, 0)}, w); }) ==
+        Errc::tensor_mismatch);
+  std::vector<std::uint16_t> half(64);
+  CHECK(ut::code_of([&] { seq_to_head(plan, comm, ex, half, out, w); }) == Errc::tensor_mismatch);
+  CHECK(out == std::vector<float>(32, -1.0f));  // nothing written by the refused calls
+  // bytes: a std::vector<std::byte>, or (pointer, bytes) of the doubles' memory
+  std::vector<std::byte> raw(128);
+  std::memcpy(raw.data(), in.data(), 128);
+  CHECK(ut::code_of([&] { seq_to_head(plan, comm, ex, raw, out, w); }) == Errc{});
+  CHECK(out == want);
+  std::memcpy(din.data(), in.data(), 128);
+  std::fill(out.begin(), out.end(), -1.0f);
+  CHECK(ut::code_of([&] { seq_to_head(plan, comm, ex, ConstByteSpan(din.data(), 128), out, w); }) == Errc{});
+  CHECK(out == want);
+  // an opaque 12-byte element held in a range of floats (a divisor) passes; in doubles it does not
+  struct Vec3 {
+    float x, y, z;
+  };
+  Plan p3{{1, 0}, 1, SeqPartition::even(4, 1), {TensorSpec::of<Vec3>(HeadPartition::even(2, 1), 4)}};
+  std::vector<float> a(96), b(96, -1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  std::vector<std::byte> w3(p3.workspace_bytes() + 64);
+  CHECK(ut::code_of([&] { seq_to_head(p3, comm, ex, a, b, Workspace{w3.data(), w3.size()}); }) == Errc{});
+  CHECK(b == a);  // one rank: the layouts coincide
+  std::vector<double> a8(48);
+  CHECK(ut::code_of([&] { seq_to_head(p3, comm, ex, a8, b, Workspace{w3.data(), w3.size()}); }) == Errc::tensor_mismatch);
+}
+
+TEST_CASE("a null workspace that the path needs is invalid_shape, as a null tensor is (its size was enough: not workspace_too_small), and its peer gets aborted; a short one is workspace_too_small (new user's report)") {
+  const int P = 2;
+  for (int fault = 0; fault < 3; ++fault) {  // null with enough bytes, short, none
+    CAPTURE(fault);
+    LocalGroup g(P, std::chrono::seconds(20));
+    std::vector<std::pair<Errc, std::string>> errs(P);
+    g.spawn([&](LocalGroup::Comm& comm) {
+      const int r = comm.rank();
+      PlanOptions o;
+      o.path = Path::alltoallv;
+      const Plan plan{{P, r}, 1, SeqPartition::even(4, P), {TensorSpec::of<float>(HeadPartition::even(2, P), 4)}, Format::bshd, o};
+      REQUIRE(plan.workspace_bytes() > 0);
+      HostExecutor ex;
+      std::vector<float> in(plan.seq_bytes(0) / 4), out(plan.head_bytes(0) / 4);
+      std::vector<std::byte> ws(plan.workspace_bytes());
+      Workspace w{ws.data(), ws.size()};
+      if (r == 0) w = fault == 0 ? Workspace{nullptr, ws.size()} : fault == 1 ? Workspace{ws.data(), ws.size() - 1} : Workspace{nullptr, 0};
+      errs[static_cast<std::size_t>(r)] = ut::error_of([&] { seq_to_head(plan, comm, ex, in, out, w); });
+    });
+    CHECK(errs[0].first == (fault == 0 ? Errc::invalid_shape : Errc::workspace_too_small));
+    if (fault == 0) CHECK(errs[0].second.find("the workspace is null but holds") != std::string::npos);
+    CHECK(errs[1].first == Errc::aborted);
+  }
 }
 
 TEST_CASE("q, k, v carved from one arena and passed in the wrong order (q and k of different sizes): buffer_too_small naming the tensor") {

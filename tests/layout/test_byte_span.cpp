@@ -44,3 +44,31 @@ TEST_CASE("span_from: the bytes from element `first` to the end; ByteSpan for a 
   CHECK(span_from(none, 8).bytes == 0);
   CHECK(span_from(none, 8).data == none.data());
 }
+
+TEST_CASE("a span remembers its range's element size (what the calls check against the tensor's): sizeof(T) from a range, 0 from (pointer, bytes), kept by ByteSpan -> ConstByteSpan and span_from()") {
+  std::vector<double> d(4);
+  std::vector<std::byte> raw(8);
+  const std::vector<float> f(4);
+  CHECK(ConstByteSpan(d).elem_bytes == 8);
+  CHECK(ConstByteSpan(f).elem_bytes == 4);
+  CHECK(ConstByteSpan(raw).elem_bytes == 1);
+  CHECK(ConstByteSpan(d.data(), 32).elem_bytes == 0);
+  ByteSpan b = d;
+  CHECK(b.elem_bytes == 8);
+  const ConstByteSpan c = b;
+  CHECK(c.elem_bytes == 8);
+  CHECK(span_from(d, 1).elem_bytes == 8);
+  CHECK(span_from(f, 1).elem_bytes == 4);
+  // the check: another size refused (naming the buffer), the same size, bytes, unknown and an opaque divisor pass
+  auto name = [] { return std::string("input 0 (tensor 0, seq-sharded)"); };
+  const auto [code, msg] = ut::error_of([&] { detail::check_range_element(name, 8, 4, "float32", false); });
+  CHECK(code == Errc::tensor_mismatch);
+  CHECK(msg.find("input 0 (tensor 0, seq-sharded) was given as a range of 8-byte elements; the tensor's are 4-byte float32") != std::string::npos);
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 2, 4, "float32", false); }) == Errc::tensor_mismatch);
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 4, 4, "float32", false); }) == Errc{});
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 1, 4, "float32", false); }) == Errc{});
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 0, 2, "bfloat16", false); }) == Errc{});
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 4, 12, "opaque", true); }) == Errc{});
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 8, 12, "opaque", true); }) == Errc::tensor_mismatch);
+  CHECK(ut::code_of([&] { detail::check_range_element(name, 4, 12, "float32", false); }) == Errc::tensor_mismatch);
+}

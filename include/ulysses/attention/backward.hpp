@@ -243,9 +243,7 @@ template <class UC, class RC, class G>
 void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, ConstByteSpan dout, const QkvGradOut& grads, G& backward,
                         ConstByteSpan saved, Workspace ws, const RowTransforms& tx) {
   const char* call = "distributed_attention_backward";
-  check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
-  check_attention_span(call, "workspace", ws.data, ws.bytes, p.backward_workspace_bytes(), Errc::workspace_too_small,
-                       "backward_workspace_bytes");
+  check_backward_spans(call, p, dout, grads, saved, ws);
   const AttentionRegions& r = p.regions();
   AttentionCarve sv(saved.data), wk(ws.data);
   const std::byte *q_h = sv.take(r.saved[0]), *own = sv.take(r.saved[1]), *o_h = sv.take(r.saved[2]);
@@ -315,7 +313,8 @@ void attention_backward(const DistributedAttentionPlan& p, UC& uc, RC* rc, Const
 ///                  rope.inverse(): applied to the float32 sum of replicated kv heads, rounded
 ///                  once), by global token as the forward's. None by default.
 /// @throws Error(buffer_too_small) / Error(workspace_too_small) the spans (before any
-///         collective); Error(invalid_shape) as the forward's transforms; what the exchanges, the rotation and `backward` throw. Any error breaks
+///         collective); Error(tensor_mismatch) do, dq, dk or dv given as a range of elements of
+///         another size than the plan's (before any byte moves); Error(invalid_shape) as the forward's transforms; what the exchanges, the rotation and `backward` throw. Any error breaks
 ///         both groups first, as the forward's.
 template <class UlyssesComm, class RingComm, class AttentionBackward>
 void distributed_attention_backward(const DistributedAttentionPlan& plan, UlyssesComm& ulysses, RingComm& ring, ConstByteSpan dout,

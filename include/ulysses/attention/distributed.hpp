@@ -76,8 +76,7 @@ template <class UC, class RC, class F>
 void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const QkvIn& in, ByteSpan out, F& attention, ByteSpan saved,
                        Workspace ws, const RowTransforms& tx) {
   const char* call = "distributed_attention";
-  check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
-  check_attention_span(call, "workspace", ws.data, ws.bytes, p.forward_workspace_bytes(), Errc::workspace_too_small, "forward_workspace_bytes");
+  check_forward_spans(call, p, in, out, saved, ws);
   if constexpr (!std::is_same_v<RC, NoRing>)  // every rank of the block, before any data moves, at the plan's first call on uc and rc
     if (ring_config_due(p.qkv_plan(), uc, *rc)) check_ring_config(p.qkv_plan(), uc, *rc);
   const AttentionRegions& r = p.regions();
@@ -174,7 +173,9 @@ void attention_forward(const DistributedAttentionPlan& p, UC& uc, RC* rc, const 
 /// Host memory (HostExecutor). No tensor-sized allocation beyond the spans: a call makes its ring
 /// rotation (lists of R entries; with thread progress its worker thread) and the check's small records.
 /// @throws Error(buffer_too_small) `saved` too small, Error(workspace_too_small) the workspace
-///         (both before any collective); Error(invalid_shape) transforms for an all-gather-KV
+///         (both before any collective); Error(tensor_mismatch) q, k, v or `out` given as a range
+///         of elements of another size than the plan's (std::vector<double> for float32; before
+///         any byte moves); Error(invalid_shape) transforms for an all-gather-KV
 ///         plan (no seq→head to run them in), or for a tensor not planned by rows (seq_to_head(),
 ///         before any byte moves), or bands over a ring with
 ///         Progress::thread on a communicator that cannot be called from two threads at once

@@ -108,24 +108,30 @@ struct DecodeStep {
 struct DecodeRange {
   const char* name;
   const void* p;
-  std::size_t need, given, align;
+  std::size_t need, given, align;  // align: the element's size (1: the workspace's bytes)
   bool written;
+  std::size_t range_elem;  // ConstByteSpan::elem_bytes of the span given
+  const char* type;        // the element type's name
 };
 
 /// The local checks of one call (this rank's buffers against its plan).
-/// @throws Error(buffer_too_small), Error(workspace_too_small), Error(misaligned),
-///         Error(buffer_overlap) as decode_exchange().
+/// @throws Error(tensor_mismatch), Error(buffer_too_small), Error(workspace_too_small),
+///         Error(misaligned), Error(buffer_overlap) as decode_exchange().
 inline void check_decode_buffers(const DecodePlan& plan, const DecodeBuffers& b) {
   const DecodeSpec& s = plan.spec();
   const DecodeRange r[5] = {
-      {"the partial output O_r (DecodeBuffers::partial)", b.partial().data, plan.partial_span_bytes(), b.partial().bytes, size_of(s.partial_type), false},
-      {"the partial LSE_r (DecodeBuffers::lse)", b.lse().data, plan.lse_span_bytes(), b.lse().bytes, 4, false},
-      {"the merged output (DecodeBuffers::out)", b.out().data, plan.out_span_bytes(), b.out().bytes, size_of(s.out_type), true},
-      {"the merged LSE (DecodeBuffers::out_lse)", b.out_lse().data, b.out_lse().data ? plan.out_lse_span_bytes() : 0, b.out_lse().bytes, 4, true},
-      {"the workspace (DecodeBuffers::workspace)", b.workspace().data, plan.workspace_bytes(), b.workspace().bytes, 1, true}};
+      {"the partial output O_r (DecodeBuffers::partial)", b.partial().data, plan.partial_span_bytes(), b.partial().bytes, size_of(s.partial_type), false,
+       b.partial().elem_bytes, to_string(s.partial_type)},
+      {"the partial LSE_r (DecodeBuffers::lse)", b.lse().data, plan.lse_span_bytes(), b.lse().bytes, 4, false, b.lse().elem_bytes, "float32"},
+      {"the merged output (DecodeBuffers::out)", b.out().data, plan.out_span_bytes(), b.out().bytes, size_of(s.out_type), true,
+       b.out().elem_bytes, to_string(s.out_type)},
+      {"the merged LSE (DecodeBuffers::out_lse)", b.out_lse().data, b.out_lse().data ? plan.out_lse_span_bytes() : 0, b.out_lse().bytes, 4, true,
+       b.out_lse().elem_bytes, "float32"},
+      {"the workspace (DecodeBuffers::workspace)", b.workspace().data, plan.workspace_bytes(), b.workspace().bytes, 1, true, 0, "bytes"}};
   for (int i = 0; i < 5; ++i) {
     const DecodeRange& x = r[i];
     if (x.need == 0) continue;
+    check_range_element([&] { return x.name; }, x.range_elem, x.align, x.type, false);
     if (!x.p || x.given < x.need)
       fail(i == 4 ? Errc::workspace_too_small : Errc::buffer_too_small,
            std::string(x.name) + " holds " + std::to_string(x.p ? x.given : 0) + " bytes; the decode plan needs " +
@@ -199,6 +205,8 @@ void run_decode_exchange(const DecodePlan& plan, Comm& comm, const Exec& exec, c
 /// communicator can carry it (comm/tell_peers.hpp): the peers throw Error(aborted) naming it.
 /// @throws Error(comm_mismatch) the communicator's size or rank is not the plan's, or the executor
 ///         and the communicator run on different streams;
+///         Error(tensor_mismatch) a buffer given as a range of elements of another size than its
+///         type's (std::vector<double> for fp32 LSEs; ranges of bytes and (pointer, bytes) pass);
 ///         Error(buffer_too_small) a buffer shorter than its layout's span (the message names it);
 ///         Error(workspace_too_small) a workspace smaller than plan.workspace_bytes();
 ///         Error(misaligned) a pointer not aligned to its element size;

@@ -84,12 +84,15 @@ struct CallBuffers {
   const Layout& layout(const Plan& plan, int i) const { return (i < T) == s2h ? plan.seq_layout(i % T) : plan.head_layout(i % T); }
 };
 
-/// Checks buffer i of a call (input or output) against its size, null pointer and alignment.
-/// @throws Error(buffer_too_small, invalid_shape, misaligned)
-inline void check_buffer(const Plan& plan, Direction dir, const CallBuffers& b, int i, std::size_t given) {
+/// Checks buffer i of a call (input or output) against its element size (given as a range of
+/// range_elem-byte elements; 0: bytes), its size, null pointer and alignment.
+/// @throws Error(tensor_mismatch, buffer_too_small, invalid_shape, misaligned)
+inline void check_buffer(const Plan& plan, Direction dir, const CallBuffers& b, int i, std::size_t given, std::size_t range_elem) {
   const int t = i % b.T;
   const bool is_in = i < b.T;
   const std::size_t n = b.range[i].n, e = plan.tensor(t).elem_bytes;
+  const ElementType type = plan.tensor(t).type;
+  check_range_element([&] { return b.name(i); }, range_elem, e, to_string(type), type == ElementType::opaque);
   if (given < n)
     fail(Errc::buffer_too_small, b.name(i) + " holds " + std::to_string(given) + " bytes; its layout " + b.layout(plan, i).str() +
                                      " of " + std::to_string(e) + "-byte elements needs " + std::to_string(n) + " bytes (Plan::" +
@@ -121,18 +124,20 @@ inline void check_overlaps(const Plan& plan, const CallBuffers& b) {
 /// Checks the call's arguments against the plan and fills the buffer table. The checks are
 /// local to this rank (the plan has made the global ones) and allocate nothing unless they fail.
 /// `ws_needed`: the workspace bytes the path uses (Plan::workspace_bytes(), or 0 for the peer copy).
-/// @throws Error(wrong_tensor_count, workspace_too_small, buffer_too_small, misaligned,
-///         buffer_overlap, invalid_shape)
+/// @throws Error(wrong_tensor_count, workspace_too_small, tensor_mismatch, buffer_too_small,
+///         misaligned, buffer_overlap, invalid_shape)
 inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in,
                               const TensorList<ByteSpan>& out, Workspace ws, std::size_t ws_needed) {
   const int T = plan.num_tensors();
   if (in.size != static_cast<std::size_t>(T) || out.size != static_cast<std::size_t>(T))
     fail(Errc::wrong_tensor_count, std::to_string(in.size) + " inputs and " + std::to_string(out.size) +
                                        " outputs given; the plan moves " + std::to_string(T) + " tensors");
-  if (ws.bytes < ws_needed || (ws_needed && !ws.data))
-    fail(Errc::workspace_too_small, "workspace of " + std::to_string(ws.bytes) + " bytes at " +
-                                        (ws.data ? "a valid address" : "null") + "; the plan needs " +
+  if (ws.bytes < ws_needed)
+    fail(Errc::workspace_too_small, "workspace of " + std::to_string(ws.bytes) + " bytes; the plan needs " +
                                         std::to_string(plan.workspace_bytes()) + " bytes (Plan::workspace_bytes())");
+  if (ws_needed && !ws.data)  // (as a null tensor: invalid_shape)
+    fail(Errc::invalid_shape, "the workspace is null but holds " + std::to_string(ws.bytes) + " bytes; the plan needs " +
+                                  std::to_string(plan.workspace_bytes()) + " (Plan::workspace_bytes())");
   CallBuffers b;
   b.T = T;
   b.s2h = dir == Direction::seq_to_head;
@@ -142,7 +147,7 @@ inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<
     const bool is_in = i < T;
     const auto* p = is_in ? static_cast<const std::byte*>(in.data[t].data) : static_cast<const std::byte*>(out.data[t].data);
     b.range[i] = {p, is_in ? plan.input_bytes(dir, t) : plan.output_bytes(dir, t)};
-    check_buffer(plan, dir, b, i, is_in ? in.data[t].bytes : out.data[t].bytes);
+    check_buffer(plan, dir, b, i, is_in ? in.data[t].bytes : out.data[t].bytes, is_in ? in.data[t].elem_bytes : out.data[t].elem_bytes);
     tab.base[is_in ? BufferIndex::input(t) : BufferIndex::output(t)] = const_cast<std::byte*>(p);
   }
   auto* w = ws_needed ? static_cast<std::byte*>(ws.data) : nullptr;
@@ -172,7 +177,9 @@ inline BufferTable bind_table(const Plan& plan, Direction dir, const TensorList<
 ///         message names the tensor, the bytes given and the bytes needed);
 ///         Error(misaligned) a pointer not aligned to its element size (up to 16 bytes);
 ///         Error(buffer_overlap) an output overlapping another buffer;
-///         Error(invalid_shape) a null pointer for a non-empty tensor.
+///         Error(tensor_mismatch) a tensor given as a range of elements of another size than the
+///         plan's (std::vector<double> for float32; ranges of bytes and (pointer, bytes) pass);
+///         Error(invalid_shape) a null pointer for a non-empty tensor or a needed workspace.
 inline BufferTable bind_buffers(const Plan& plan, Direction dir, const TensorList<ConstByteSpan>& in, const TensorList<ByteSpan>& out,
                                 Workspace ws) {
   return detail::bind_table(plan, dir, in, out, ws, plan.workspace_bytes());

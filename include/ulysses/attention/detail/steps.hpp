@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../../attention_call.hpp"
 #include "../../bands.hpp"
 #include "../../comm/tell_peers.hpp"
 #include "../../ring/merge.hpp"
@@ -31,6 +32,36 @@ inline void check_attention_span(const char* call, const char* span, const void*
   if (have >= need && (data || need == 0)) return;
   fail(code, std::string(call) + ": the " + span + " has " + std::to_string(have) + " bytes" + (data ? "" : " (null)") + ", it needs " +
                  std::to_string(need) + " (DistributedAttentionPlan::" + query + "())");
+}
+
+/// The engine's q, k, v (or dq, dk, dv) and o (or do) against the plan's element sizes, before
+/// any byte moves (check_range_element(): a span made from a range of another element size is
+/// Error(tensor_mismatch)). The exchanges check the spans they take too, but an all-gather-KV
+/// plan copies q and o without one.
+template <class S>
+void check_attention_elements(const char* call, const DistributedAttentionPlan& p, const TensorList<S>& qkv, std::size_t o_elem, bool grads) {
+  static const char* const names[2][4] = {{"q", "k", "v", "o"}, {"dq", "dk", "dv", "do"}};
+  auto check = [&](int i, std::size_t range_elem, const TensorSpec& s) {
+    check_range_element([&] { return std::string(call) + ": " + names[grads ? 1 : 0][i]; }, range_elem, s.elem_bytes, to_string(s.type),
+                        s.type == ElementType::opaque);
+  };
+  const TensorSpec* spec[4] = {&p.specs().q, &p.specs().k, &p.specs().v, &p.specs().o};  // (an all-gather plan's qkv_plan() lacks q)
+  for (int t = 0; t < 3 && t < static_cast<int>(qkv.size); ++t) check(t, qkv.data[t].elem_bytes, *spec[t]);
+  check(3, o_elem, *spec[3]);
+}
+/// The forward's spans before anything moves: q, k, v and out's element sizes, `saved` and the
+/// workspace's sizes. @throws Error(tensor_mismatch, buffer_too_small, workspace_too_small)
+inline void check_forward_spans(const char* call, const DistributedAttentionPlan& p, const QkvIn& in, ByteSpan out, ByteSpan saved, ByteSpan ws) {
+  check_attention_elements(call, p, in.list(), out.elem_bytes, false);
+  check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
+  check_attention_span(call, "workspace", ws.data, ws.bytes, p.forward_workspace_bytes(), Errc::workspace_too_small, "forward_workspace_bytes");
+}
+/// The backward's spans before anything moves, as check_forward_spans(): do, dq, dk, dv, `saved`, the workspace.
+inline void check_backward_spans(const char* call, const DistributedAttentionPlan& p, ConstByteSpan dout, const QkvGradOut& grads,
+                                 ConstByteSpan saved, ByteSpan ws) {
+  check_attention_elements(call, p, grads.list(), dout.elem_bytes, true);
+  check_attention_span(call, "saved span", saved.data, saved.bytes, p.saved_bytes(), Errc::buffer_too_small, "saved_bytes");
+  check_attention_span(call, "workspace", ws.data, ws.bytes, p.backward_workspace_bytes(), Errc::workspace_too_small, "backward_workspace_bytes");
 }
 
 /// Breaks the groups of both communicators with `what` (the peers throw Error(aborted) naming this rank).
