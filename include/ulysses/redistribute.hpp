@@ -35,12 +35,13 @@ namespace detail {
 /// The name of direction d's call, for the peers' messages.
 constexpr const char* call_name(Direction d) { return d == Direction::seq_to_head ? "seq_to_head" : "head_to_seq"; }
 /// What an exchange of `plan` in direction `dir` with row transforms `tx` (null: none) is, for the
-/// call numbering (begin_call()): its plan, direction and the tensors and sides that carry a
-/// transform (RowTransforms::sides()), so that ranks which disagree on them get
-/// Error(plan_mismatch) instead of moving rows transformed on some ranks only.
+/// call numbering (begin_call()): its plan, direction, the tensors and sides that carry a
+/// transform and what the transforms that say so compute (RowTransforms::agreement(): Rope's
+/// parameters and positions), so that ranks which disagree on them get Error(plan_mismatch)
+/// instead of moving rows transformed on some ranks only, or two ways.
 inline std::uint64_t exchange_word(const Plan& plan, Direction dir, const RowTransforms* tx) {
-  const std::uint64_t w = fnv1a(plan.fingerprint(), static_cast<int>(dir)), sides = tx ? tx->sides() : 0;
-  return sides ? fnv1a(w, static_cast<std::int64_t>(sides)) : w;
+  const std::uint64_t w = fnv1a(plan.fingerprint(), static_cast<int>(dir)), sides = tx ? tx->agreement() : 0;
+  return sides ? fnv1a(w, sides) : w;
 }
 /// Throws Error(not_adjoint) unless seq→head and head→seq of the plan are each other's adjoints.
 inline void require_adjoint(const Plan& plan, const char* what) {

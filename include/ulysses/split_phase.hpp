@@ -164,8 +164,8 @@ class Exchange {
         what = detail::fnv1a(detail::fnv1a(detail::fnv1a(what, static_cast<std::int64_t>(calls[i].plan ? calls[i].plan->fingerprint() : 0)),
                                            static_cast<int>(calls[i].dir)),
                              static_cast<std::int64_t>(s.first) * 65536 + count);
-        if (calls[i].transforms && calls[i].transforms->sides())  // (the tensors and sides with a transform: exchange_word())
-          what = detail::fnv1a(what, static_cast<std::int64_t>(calls[i].transforms->sides()));
+        if (calls[i].transforms && calls[i].transforms->sides())  // (the transforms' agreement: exchange_word())
+          what = detail::fnv1a(what, calls[i].transforms->agreement());
       }
     }
     detail::begin_call(*comm_, name_, what);

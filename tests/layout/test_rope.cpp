@@ -386,3 +386,44 @@ TEST_CASE("break32: a negative batch_stride is refused; a max_position whose tab
   CHECK(ut::code_of([&] { Rope(4, 16).with_position_ids(nullptr, 8); }) == Errc::invalid_shape);
   CHECK(ut::code_of([] { Rope(128, std::int64_t{1} << 61); }) == Errc::size_overflow);
 }
+
+TEST_CASE("Rope::agreement_word: the same for the same rotation (whatever max_position), another for another theta, style, rotary_dim, head_dim, position ids, documents, tables or direction") {
+  const Rope base(64, 128, 10000.0, 32, RopeStyle::half);
+  CHECK(Rope(64, 4096, 10000.0, 32, RopeStyle::half).agreement_word() == base.agreement_word());  // a longer table: the same rotation
+  CHECK(Rope(64, 128, 10000.0, 32, RopeStyle::half).agreement_word() == base.agreement_word());
+  const std::vector<Rope> others = {Rope(64, 128, 500000.0, 32, RopeStyle::half), Rope(64, 128, 10000.0, 32, RopeStyle::interleaved),
+                                    Rope(64, 128, 10000.0, 64, RopeStyle::half), Rope(32, 128, 10000.0, 32, RopeStyle::half), base.inverse()};
+  std::vector<std::uint64_t> words = {base.agreement_word()};
+  for (const Rope& r : others) words.push_back(r.agreement_word());
+  const std::vector<std::int64_t> ids = {3, 2, 1, 0}, ids2 = {3, 2, 1, 1};
+  words.push_back(Rope(base).with_position_ids(ids.data(), 4).agreement_word());
+  words.push_back(Rope(base).with_position_ids(ids2.data(), 4).agreement_word());
+  words.push_back(Rope(base).with_position_ids(ids.data(), 4, 2).agreement_word());  // another batch stride
+  words.push_back(Rope(base).with_documents({0, 2, 4}).agreement_word());
+  words.push_back(Rope(base).with_documents({0, 1, 4}).agreement_word());
+  std::vector<float> c(128 * 16, 0.5f), s(128 * 16, 0.25f);
+  words.push_back(Rope::from_tables(64, 32, 128, c.data(), s.data()).agreement_word());
+  for (std::size_t i = 0; i < words.size(); ++i)
+    for (std::size_t j = i + 1; j < words.size(); ++j) {
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(words[i] != words[j]);
+    }
+  CHECK(base.inverse().inverse().agreement_word() == base.agreement_word());
+  CHECK(Rope(base).with_position_ids(ids.data(), 4).agreement_word() == Rope(64, 999, 10000.0, 32).with_position_ids(ids.data(), 4).agreement_word());
+  // what the calls compare: RowTransforms::agreement() folds it in after sides()
+  RowTransforms a, b, none;
+  const Rope theta2(64, 128, 20000.0, 32);
+  a.on_pack(0, base);
+  b.on_pack(0, theta2);
+  CHECK(a.sides() == b.sides());
+  CHECK(a.agreement() != b.agreement());
+  CHECK(none.agreement() == 0);
+  const Scale half{0.5};
+  RowTransforms sa, sb;  // a transform without agreement_word(): its sides only
+  sa.on_pack(1, half);
+  const Scale third{1.0 / 3.0};
+  sb.on_pack(1, third);
+  CHECK(sa.agreement() == sa.sides());
+  CHECK(sa.agreement() == sb.agreement());
+}

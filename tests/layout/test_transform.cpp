@@ -493,6 +493,67 @@ TEST_CASE("a row transform on one rank only (every rank planned by rows): plan_m
     }
 }
 
+TEST_CASE("a Rope that differs on one rank (theta, style, rotary_dim, position ids, direction): plan_mismatch on every rank, blocking and split-phase, nothing written; another max_position passes (breaker: rows rotated two ways, no error)") {
+  const int P = 3, S = 6, D = 8;
+  const std::vector<std::int64_t> ids = {5, 4, 3, 2, 1, 0};
+  auto rope_of = [&](int variant) {
+    switch (variant) {
+      case 1: return Rope(D, S, 500000.0);
+      case 2: return Rope(D, S, 10000.0, 0, RopeStyle::interleaved);
+      case 3: return Rope(D, S, 10000.0, 4);
+      case 4: return Rope(D, S).with_position_ids(ids.data(), S);
+      case 5: return Rope(D, S).inverse();
+      case 6: return Rope(D, 4 * S);  // the same rotation, a longer table
+      default: return Rope(D, S);
+    }
+  };
+  for (int variant = 1; variant <= 6; ++variant)
+    for (bool split : {false, true}) {
+      CAPTURE(variant);
+      CAPTURE(split);
+      LocalGroup g(P);
+      std::vector<Errc> codes(P);
+      std::vector<std::string> messages(P);
+      std::vector<int> written(P);
+      std::vector<std::vector<float>> outs(P);
+      g.spawn([&](LocalGroup::Comm& comm) {
+        const int r = comm.rank();
+        const Plan plan({P, r}, 1, SeqPartition::even(S, P), {TensorSpec::of<float>(HeadPartition::even(3, P), D).with_row_transforms()});
+        std::vector<float> a(plan.seq_bytes(0) / 4), o(plan.head_bytes(0) / 4, -7.0f);
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 5) + 0.25f;
+        std::vector<std::byte> ws(plan.workspace_bytes());
+        HostExecutor ex;
+        const Rope rope = rope_of(r == 1 ? variant : 0);
+        RowTransforms tx;
+        tx.on_pack(0, rope);
+        std::tie(codes[static_cast<std::size_t>(r)], messages[static_cast<std::size_t>(r)]) = ut::error_of([&] {
+          const TensorList<ConstByteSpan> in{ConstByteSpan(a)};
+          const TensorList<ByteSpan> out{ByteSpan(o)};
+          if (split) {
+            Exchange<LocalGroup::Comm, HostExecutor> h(comm, ex, ExchangeCall{&plan, Direction::seq_to_head, in, out, ws, StageRange::all(), &tx});
+            h.finish();
+          } else {
+            seq_to_head(plan, comm, ex, in, out, ws, tx);
+          }
+        });
+        for (float x : o) written[static_cast<std::size_t>(r)] += x != -7.0f;
+        outs[static_cast<std::size_t>(r)] = o;
+      });
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        CAPTURE(messages[static_cast<std::size_t>(r)]);
+        if (variant == 6) {  // the same rotation: it runs, every row rotated
+          CHECK(codes[static_cast<std::size_t>(r)] == Errc{});
+          CHECK(written[static_cast<std::size_t>(r)] == static_cast<int>(outs[static_cast<std::size_t>(r)].size()));
+        } else {
+          CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+          CHECK(messages[static_cast<std::size_t>(r)].find("row transforms") != std::string::npos);
+          CHECK(written[static_cast<std::size_t>(r)] == 0);
+        }
+      }
+    }
+}
+
 // ---- the fp8 wire (TensorSpec::with_wire) --------------------------------------------------------
 
 namespace {

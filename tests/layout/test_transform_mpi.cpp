@@ -23,6 +23,7 @@
 #include <ulysses/layout/rope.hpp>
 #include <ulysses/ulysses.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -477,6 +478,45 @@ TEST_CASE("with_row_transforms() or a row transform on one rank only: plan_misma
             ut::drop_leftovers(sub);
           });
         }
+}
+
+TEST_CASE("a Rope with another theta or style on one rank: plan_mismatch on every rank, over MpiComm (messages, alltoallv) and MpiWindowComm (direct); nothing written") {
+  const int P = ut::world_size();
+  for (int odd : {0, P - 1})
+    for (int variant : {1, 2})
+      for (int via = 0; via < 3; ++via) {
+        CAPTURE(odd);
+        CAPTURE(variant);
+        CAPTURE(via);
+        ut::on_groups_of(P, [&](MPI_Comm sub) {
+          {
+            MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+            const int r = comm.rank();
+            MpiWindow win(comm, 1u << 16);
+            MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+            PlanOptions opt;
+            opt.path = via == 0 ? Path::messages : via == 1 ? Path::alltoallv : Path::direct;
+            const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {TensorSpec::of<float>(HeadPartition::even(2 * P, P), 4).with_row_transforms()},
+                            Format::bshd, opt);
+            std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), o(plan.head_bytes(0) / 4, -7.0f);
+            std::vector<std::byte> ws(plan.workspace_bytes());
+            HostExecutor ex;
+            const Rope rope = r != odd ? Rope(4, 2 * P) : variant == 1 ? Rope(4, 2 * P, 500000.0) : Rope(4, 2 * P, 10000.0, 0, RopeStyle::interleaved);
+            RowTransforms tx;
+            tx.on_pack(0, rope);
+            const ut::TimedError t = ut::timed_error_of([&] {
+              if (via < 2) seq_to_head(plan, comm, ex, TensorList<ConstByteSpan>{a}, TensorList<ByteSpan>{o}, ws, tx);
+              else seq_to_head(plan, wc, ex, TensorList<ConstByteSpan>{a}, TensorList<ByteSpan>{o}, ws, tx);
+            });
+            CAPTURE(r);
+            CAPTURE(t.message);
+            CHECK(t.code == Errc::plan_mismatch);
+            CHECK(t.ms < 15000);
+            CHECK(std::count(o.begin(), o.end(), -7.0f) == static_cast<std::ptrdiff_t>(o.size()));
+          }
+          ut::drop_leftovers(sub);
+        });
+      }
 }
 
 int main(int argc, char** argv) { return ut::mpi_doctest_main(argc, argv); }

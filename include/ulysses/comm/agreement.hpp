@@ -174,7 +174,7 @@ std::string call_mismatch(int P, Number&& number, What&& what, Name&& name) {
       });
   if (diff.empty()) return diff;
   return diff + " of this communicator: a rank skipped a call, or runs another (another plan, direction, or row transforms on other "
-                "tensors; the calls are not paired; every rank reports this)";
+                "tensors or with other settings, such as a Rope's; the calls are not paired; every rank reports this)";
 }
 
 }  // namespace detail

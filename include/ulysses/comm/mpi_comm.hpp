@@ -142,8 +142,8 @@ class MpiComm {
       throw Error(Errc::plan_mismatch, "rank " + std::to_string(rank_) + " in " + call.who + " (" + state_.call().name + ", call " +
                                            std::to_string(state_.call().number) +
                                            "): the ranks are in different library calls of this communicator (a rank skipped a call, or "
-                                           "runs another: another plan, direction, or row transforms on other tensors; every rank "
-                                           "reports this)");
+                                           "runs another: another plan, direction, or row transforms on other tensors or with other "
+                                           "settings, such as a Rope's; every rank reports this)");
     if (c.fits[0]) {
       for (std::size_t p = 0; p < c.sc.size(); ++p) {
         c.sc[p] = static_cast<int>(send_bytes[p]);
@@ -376,7 +376,7 @@ class MpiComm {
     if (other < 0) return;
     const std::string why = "rank " + std::to_string(rank_) + " in " + call.who + " (" + c.name + ", library call " + std::to_string(c.number) +
                             "): rank " + std::to_string(other) + " runs another call as its call " + std::to_string(c.number) +
-                            " (another kind, plan, direction or set of row transforms): their messages would never pair";
+                            " (another kind, plan, direction or set of row transforms, or a transform's settings): their messages would never pair";
     notify(call, Errc::plan_mismatch, why, 0, true);  // every rank's verdict (MpiNoticeHeader::shared)
     give_up(call, Errc::plan_mismatch, why, false);
   }

@@ -16,6 +16,7 @@
 
 #include "../detail/checked.hpp"
 #include "../detail/cpu.hpp"
+#include "../detail/hash.hpp"
 #include "../error.hpp"
 #include "rows.hpp"
 #include "transform.hpp"
@@ -86,6 +87,7 @@ class Rope {
     has_ids_ = true;
     for (std::int64_t v : ids_) check(v >= 0 && v < max_pos_, "position id " + std::to_string(v) + " is outside [0, max_position)");
     batch_stride_ = batch_stride;
+    digest();
     return *this;
   }
   /// Positions restart at 0 at every document: cu_seqlens (global token offsets, first 0,
@@ -102,6 +104,7 @@ class Rope {
     }
     for (std::int64_t v : ids_) check(v < max_pos_, "a document is longer than max_position");
     batch_stride_ = 0;
+    digest();
     return *this;
   }
   /// The inverse rotation (by −p · f_i): the backward of this one, for dq and dk.
@@ -113,8 +116,14 @@ class Rope {
         float& e = r.tab_[static_cast<std::size_t>(p * half * 2 + i)];
         e = -e;
       }
+    r.inverse_ = !inverse_;
+    r.digest();
     return r;
   }
+  /// What every call compares across ranks (RowTransforms::agreement(): a rank whose Rope differs
+  /// is Error(plan_mismatch) on every rank): a digest of head_dim, rotary_dim, style, theta (0:
+  /// tables given), inverse() and the positions; not max_position nor the given tables' values.
+  std::uint64_t agreement_word() const { return word_; }
 
   /// The position of the row at (b, token).
   std::int64_t position(const RowCoord& at) const {
@@ -414,6 +423,16 @@ class Rope {
         e[0] = cos_t ? cos_t[p * half + i] : static_cast<float>(std::cos(static_cast<double>(p) * freq(i)));
         e[half] = sin_t ? sin_t[p * half + i] : static_cast<float>(std::sin(static_cast<double>(p) * freq(i)));
       }
+    digest();
+  }
+  /// word_ of the present state (agreement_word()).
+  void digest() {
+    std::uint64_t w = detail::fnv1a(detail::fnv1a(detail::fnv1a(detail::kFnvBasis, d_), rd_), static_cast<int>(style_));
+    std::uint64_t theta_bits;
+    std::memcpy(&theta_bits, &theta_, 8);
+    w = detail::fnv1a(detail::fnv1a(detail::fnv1a(detail::fnv1a(w, theta_bits), static_cast<int>(inverse_)), static_cast<int>(has_ids_)), batch_stride_);
+    for (std::int64_t v : ids_) w = detail::fnv1a(w, v);
+    word_ = w;
   }
 
   std::int64_t d_, rd_;
@@ -424,6 +443,8 @@ class Rope {
   std::vector<std::int64_t> ids_;
   bool has_ids_ = false;  // positions from ids_ (position ids or documents), even when it is empty
   std::int64_t batch_stride_ = 0;
+  bool inverse_ = false;   // made by inverse() (an odd number of times)
+  std::uint64_t word_ = 0;  // agreement_word()
 };
 
 ULYSSES_NAMESPACE_END

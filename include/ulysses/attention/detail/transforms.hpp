@@ -30,6 +30,8 @@ struct GlobalTokenRows {
   void check_rows(std::int64_t B, std::int64_t, std::int64_t D) const {
     if (inner.check) inner.check(inner.object, B, seq_len, D);
   }
+  /// The engine's transform's agreement_word() (0 when it has none: every rank wraps alike).
+  std::uint64_t agreement_word() const { return inner.word ? inner.word(inner.object) : 0; }
   bool copy_row(const RowCoord& rc, ElementType type, const std::byte* src, std::byte* dst, std::int64_t n) const {
     return inner.copy && inner.copy(inner.object, at(rc), type, src, dst, n);
   }
