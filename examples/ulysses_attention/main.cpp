@@ -348,19 +348,20 @@ void wire_round_trip(Wire w, float* x, std::int64_t n) {
 
 /// What one wire round trip may do to an element x of a row whose largest magnitude is amax:
 /// |x^ - x| <= eps |x| + unit * amax + abs. fp8 with m mantissa bits: the scaled value x / scale
-/// (scale = amax / fp8_max) rounds to nearest, half an ulp, 2^-(m+1) relative (e4m3 2^-4, e5m2
-/// 2^-3) in the normal range, and half a subnormal step below it (2^(emin-m-1) * scale: e4m3
-/// 2^-10 / 448, e5m2 2^-17 / 57344 of amax); the float32 division, the product and the scale's
-/// own rounding add 2^-24 relative each (2^-22 and 2^-20 cover them). bfloat16: 2^-8 relative
-/// (8 significant bits), subnormals far below these inputs (2^-133 absolute).
+/// (scale = max(amax / fp8_max, FLT_MIN): fp8_scale_of()) rounds to nearest, half an ulp, 2^-(m+1)
+/// relative (e4m3 2^-4, e5m2 2^-3) in the normal range, and half a subnormal step below it
+/// (2^(emin-m-1) * scale: e4m3 2^-10 / 448, e5m2 2^-17 / 57344 of amax, and at the FLT_MIN floor,
+/// rows with amax < fp8_max * FLT_MIN, 2^-136 and 2^-143 absolute); the float32 division, the
+/// product and the scale's own rounding add 2^-24 relative each (2^-22 and 2^-20 cover them).
+/// bfloat16: 2^-8 relative (8 significant bits), subnormals far below these inputs (2^-133 absolute).
 struct WireElementBound {
   double eps = 0, unit = 0, abs = 0;
 };
 WireElementBound wire_element_bound(Wire w) {
   const double slack = std::ldexp(1.0, -22), scale_slack = 1 + std::ldexp(1.0, -20);
   switch (w) {
-    case Wire::fp8_e4m3: return {std::ldexp(1.0, -4) + slack, std::ldexp(1.0, -10) / 448.0 * scale_slack, 0};
-    case Wire::fp8_e5m2: return {std::ldexp(1.0, -3) + slack, std::ldexp(1.0, -17) / 57344.0 * scale_slack, 0};
+    case Wire::fp8_e4m3: return {std::ldexp(1.0, -4) + slack, std::ldexp(1.0, -10) / 448.0 * scale_slack, std::ldexp(1.0, -136)};
+    case Wire::fp8_e5m2: return {std::ldexp(1.0, -3) + slack, std::ldexp(1.0, -17) / 57344.0 * scale_slack, std::ldexp(1.0, -143)};
     case Wire::bfloat16: return {std::ldexp(1.0, -8), 0, std::ldexp(1.0, -133)};
     default: return {};
   }

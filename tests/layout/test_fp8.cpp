@@ -532,3 +532,27 @@ TEST_CASE("quantize_fp8 and its AVX2 kernel (where the CPU has it) == the plain 
   CHECK(at_ties > 10000);
   CHECK(differ == 0);
 }
+
+TEST_CASE("a row below the scale's floor (amax < fp8_max * FLT_MIN): scale FLT_MIN, the round trip within 2^-(m+1) |x| + half a subnormal step of FLT_MIN, the tiny elements back as zeros of their sign (breaker's row)") {
+  using ulysses::detail::bits_float;
+  const float flt_min = bits_float(0x00800000u);
+  const std::vector<float> row = {1e-36f, 3e-42f, 5e-42f, -1.1e-41f, 0.0f, -2e-37f};
+  for (Fp8Format f : kFormats) {
+    CAPTURE(ulysses::to_string(f));
+    const float s = ulysses::fp8_scale_of(ulysses::row_amax(row.data(), 6), f);
+    CHECK(bits(s) == bits(flt_min));
+    std::vector<std::uint8_t> q(6);
+    std::vector<float> back(6);
+    ulysses::quantize_fp8(row.data(), 6, s, f, q.data());
+    ulysses::dequantize_fp8(q.data(), 6, s, f, back.data());
+    const int m = f == Fp8Format::e4m3 ? 3 : 2;
+    const double half_sub = std::ldexp(static_cast<double>(flt_min), f == Fp8Format::e4m3 ? -10 : -17);
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      CAPTURE(i);
+      const double x = row[i], err = std::fabs(static_cast<double>(back[i]) - x);
+      CHECK(err <= std::ldexp(std::fabs(x), -(m + 1)) * (1 + 1e-6) + half_sub);
+      if (std::fabs(x) < half_sub) CHECK(bits(back[i]) == (std::signbit(row[i]) ? 0x80000000u : 0u));
+    }
+    if (f == Fp8Format::e4m3) CHECK(bits(back[3]) == 0x80000000u);  // -1.1e-41 < 2^-10 FLT_MIN = 1.15e-41: -0 (e5m2 keeps it)
+  }
+}

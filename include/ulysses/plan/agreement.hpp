@@ -150,7 +150,7 @@ std::string agreement_mismatch(const Plan& plan, Comm& comm) {
   const std::string diff = words_differ(all, [](int i) { return Plan::agreement_field(i); }, detail::agreement_value);
   if (diff.empty()) return "";
   const std::vector<int> differ = ranks_where(P, [&](int p) { return all[static_cast<std::size_t>(p)] != all[0]; });
-  return "ranks " + rank_set(differ) + " planned another wire than rank 0 (every rank reports this; this is rank " + std::to_string(me) + "): " + diff +
+  return "ranks " + rank_set(differ) + " planned another exchange than rank 0 (every rank reports this; this is rank " + std::to_string(me) + "): " + diff +
          ". Every rank must plan with the same P, B, sequence partition, head partitions, head dims, element "
          "sizes, stages, path options, replica handling and ring configuration (local layouts may differ)";
 }
