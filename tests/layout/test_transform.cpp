@@ -453,103 +453,81 @@ TEST_CASE("with_row_transforms() is in the agreement record: ranks that differ g
   CHECK(codes[1] == Errc::plan_mismatch);
 }
 
-TEST_CASE("a row transform on one rank only (every rank planned by rows): plan_mismatch on every rank, blocking and split-phase, nothing written") {
+namespace {
+/// One seq->head of a float tensor [B=1, S, 3 heads, D] planned by rows on P = 3 ranks in-process,
+/// blocking or split-phase, each rank's transforms set by `set(tx, rank)`: every rank's code and
+/// message, and how many elements of its output it wrote (the output starts at -7).
+struct MismatchRun {
+  std::vector<Errc> codes;
+  std::vector<std::string> messages;
+  std::vector<int> written;
+};
+MismatchRun run_with_transforms(std::int64_t S, std::int64_t D, bool split, const std::function<void(RowTransforms&, int)>& set) {
   const int P = 3;
+  LocalGroup g(P);
+  MismatchRun m{std::vector<Errc>(P), std::vector<std::string>(P), std::vector<int>(P)};
+  g.spawn([&](LocalGroup::Comm& comm) {
+    const int r = comm.rank();
+    const Plan plan({P, r}, 1, SeqPartition::even(S, P), {TensorSpec::of<float>(HeadPartition::even(3, P), D).with_row_transforms()});
+    std::vector<float> a(plan.seq_bytes(0) / 4), o(plan.head_bytes(0) / 4, -7.0f);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 5) + 0.25f;
+    std::vector<std::byte> ws(plan.workspace_bytes());
+    HostExecutor ex;
+    RowTransforms tx;
+    set(tx, r);
+    std::tie(m.codes[static_cast<std::size_t>(r)], m.messages[static_cast<std::size_t>(r)]) = ut::error_of([&] {
+      const TensorList<ConstByteSpan> in{ConstByteSpan(a)};
+      const TensorList<ByteSpan> out{ByteSpan(o)};
+      if (split) {
+        Exchange<LocalGroup::Comm, HostExecutor> h(comm, ex, ExchangeCall{&plan, Direction::seq_to_head, in, out, ws, StageRange::all(), &tx});
+        h.finish();
+      } else {
+        seq_to_head(plan, comm, ex, in, out, ws, tx);
+      }
+    });
+    for (float x : o) m.written[static_cast<std::size_t>(r)] += x != -7.0f;
+  });
+  return m;
+}
+}  // namespace
+
+TEST_CASE("a row transform on one rank only (every rank planned by rows): plan_mismatch on every rank, blocking and split-phase, nothing written") {
+  const Rope rope(4, 6);
   for (int odd : {0, 2})
     for (bool split : {false, true}) {
       CAPTURE(odd);
       CAPTURE(split);
-      LocalGroup g(P);
-      std::vector<Errc> codes(P);
-      std::vector<std::string> messages(P);
-      std::vector<int> written(P);
-      g.spawn([&](LocalGroup::Comm& comm) {
-        const int r = comm.rank();
-        const Plan plan({P, r}, 1, SeqPartition::even(6, P), {TensorSpec::of<float>(HeadPartition::even(3, P), 4).with_row_transforms()});
-        std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), o(plan.head_bytes(0) / 4, -7.0f);
-        std::vector<std::byte> ws(plan.workspace_bytes());
-        HostExecutor ex;
-        const Rope rope(4, 6);
-        RowTransforms tx;
+      const MismatchRun m = run_with_transforms(6, 4, split, [&](RowTransforms& tx, int r) {
         if (r == odd) tx.on_pack(0, rope);
-        std::tie(codes[static_cast<std::size_t>(r)], messages[static_cast<std::size_t>(r)]) = ut::error_of([&] {
-          const TensorList<ConstByteSpan> in{ConstByteSpan(a)};
-          const TensorList<ByteSpan> out{ByteSpan(o)};
-          if (split) {
-            Exchange<LocalGroup::Comm, HostExecutor> h(comm, ex, ExchangeCall{&plan, Direction::seq_to_head, in, out, ws, StageRange::all(), &tx});
-            h.finish();
-          } else {
-            seq_to_head(plan, comm, ex, in, out, ws, tx);
-          }
-        });
-        for (float x : o) written[static_cast<std::size_t>(r)] += x != -7.0f;
       });
-      for (int r = 0; r < P; ++r) {
+      for (int r = 0; r < 3; ++r) {
         CAPTURE(r);
-        CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
-        CHECK(messages[static_cast<std::size_t>(r)].find("row transforms") != std::string::npos);
-        CHECK(written[static_cast<std::size_t>(r)] == 0);
+        CHECK(m.codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
+        CHECK(m.messages[static_cast<std::size_t>(r)].find("row transforms") != std::string::npos);
+        CHECK(m.written[static_cast<std::size_t>(r)] == 0);
       }
     }
 }
 
 TEST_CASE("a Rope that differs on one rank (theta, style, rotary_dim, position ids, direction): plan_mismatch on every rank, blocking and split-phase, nothing written; another max_position passes (breaker: rows rotated two ways, no error)") {
-  const int P = 3, S = 6, D = 8;
+  const std::int64_t S = 6, D = 8;
   const std::vector<std::int64_t> ids = {5, 4, 3, 2, 1, 0};
-  auto rope_of = [&](int variant) {
-    switch (variant) {
-      case 1: return Rope(D, S, 500000.0);
-      case 2: return Rope(D, S, 10000.0, 0, RopeStyle::interleaved);
-      case 3: return Rope(D, S, 10000.0, 4);
-      case 4: return Rope(D, S).with_position_ids(ids.data(), S);
-      case 5: return Rope(D, S).inverse();
-      case 6: return Rope(D, 4 * S);  // the same rotation, a longer table
-      default: return Rope(D, S);
-    }
-  };
-  for (int variant = 1; variant <= 6; ++variant)
+  const Rope base(D, S);
+  const std::vector<Rope> variants = {Rope(D, S, 500000.0), Rope(D, S, 10000.0, 0, RopeStyle::interleaved), Rope(D, S, 10000.0, 4),
+                                      Rope(D, S).with_position_ids(ids.data(), S), Rope(D, S).inverse(),
+                                      Rope(D, 4 * S)};  // the last: the same rotation, a longer table
+  for (std::size_t v = 0; v < variants.size(); ++v)
     for (bool split : {false, true}) {
-      CAPTURE(variant);
+      CAPTURE(v);
       CAPTURE(split);
-      LocalGroup g(P);
-      std::vector<Errc> codes(P);
-      std::vector<std::string> messages(P);
-      std::vector<int> written(P);
-      std::vector<std::vector<float>> outs(P);
-      g.spawn([&](LocalGroup::Comm& comm) {
-        const int r = comm.rank();
-        const Plan plan({P, r}, 1, SeqPartition::even(S, P), {TensorSpec::of<float>(HeadPartition::even(3, P), D).with_row_transforms()});
-        std::vector<float> a(plan.seq_bytes(0) / 4), o(plan.head_bytes(0) / 4, -7.0f);
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 5) + 0.25f;
-        std::vector<std::byte> ws(plan.workspace_bytes());
-        HostExecutor ex;
-        const Rope rope = rope_of(r == 1 ? variant : 0);
-        RowTransforms tx;
-        tx.on_pack(0, rope);
-        std::tie(codes[static_cast<std::size_t>(r)], messages[static_cast<std::size_t>(r)]) = ut::error_of([&] {
-          const TensorList<ConstByteSpan> in{ConstByteSpan(a)};
-          const TensorList<ByteSpan> out{ByteSpan(o)};
-          if (split) {
-            Exchange<LocalGroup::Comm, HostExecutor> h(comm, ex, ExchangeCall{&plan, Direction::seq_to_head, in, out, ws, StageRange::all(), &tx});
-            h.finish();
-          } else {
-            seq_to_head(plan, comm, ex, in, out, ws, tx);
-          }
-        });
-        for (float x : o) written[static_cast<std::size_t>(r)] += x != -7.0f;
-        outs[static_cast<std::size_t>(r)] = o;
-      });
-      for (int r = 0; r < P; ++r) {
+      const bool same = v + 1 == variants.size();
+      const MismatchRun m = run_with_transforms(S, D, split, [&](RowTransforms& tx, int r) { tx.on_pack(0, r == 1 ? variants[v] : base); });
+      for (int r = 0; r < 3; ++r) {
         CAPTURE(r);
-        CAPTURE(messages[static_cast<std::size_t>(r)]);
-        if (variant == 6) {  // the same rotation: it runs, every row rotated
-          CHECK(codes[static_cast<std::size_t>(r)] == Errc{});
-          CHECK(written[static_cast<std::size_t>(r)] == static_cast<int>(outs[static_cast<std::size_t>(r)].size()));
-        } else {
-          CHECK(codes[static_cast<std::size_t>(r)] == Errc::plan_mismatch);
-          CHECK(messages[static_cast<std::size_t>(r)].find("row transforms") != std::string::npos);
-          CHECK(written[static_cast<std::size_t>(r)] == 0);
-        }
+        CAPTURE(m.messages[static_cast<std::size_t>(r)]);
+        CHECK(m.codes[static_cast<std::size_t>(r)] == (same ? Errc{} : Errc::plan_mismatch));
+        if (!same) CHECK(m.messages[static_cast<std::size_t>(r)].find("row transforms") != std::string::npos);
+        CHECK(m.written[static_cast<std::size_t>(r)] == (same ? 6 * 8 : 0));  // (its one head of all 6 tokens, or nothing)
       }
     }
 }

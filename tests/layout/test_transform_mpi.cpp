@@ -435,6 +435,25 @@ TEST_CASE("backward: dq, dk with rope.inverse() on unpack and on pack; replicate
 // all_rows: every rank plans q by rows and only rank `odd` passes RoPE: the call numbering tells
 // the calls apart (over MpiComm's message path their messages carry different tags and never
 // pair; the call probe of the wait finds the peer in another call of the same number).
+namespace {
+/// body(comm, wc, options) on every group of P ranks (20 s deadlines), with the path `via`: 0
+/// messages, 1 alltoallv (over MpiComm), 2 the window's direct path (over wc, an MpiWindowComm).
+template <class Body>
+void on_path(int P, int via, Body&& body) {
+  ut::on_groups_of(P, [&](MPI_Comm sub) {
+    {
+      MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
+      MpiWindow win(comm, 1u << 16);
+      MpiWindowComm wc(comm, win, std::chrono::seconds(20));
+      PlanOptions opt;
+      opt.path = via == 0 ? Path::messages : via == 1 ? Path::alltoallv : Path::direct;
+      body(comm, wc, opt);
+    }
+    ut::drop_leftovers(sub);
+  });
+}
+}  // namespace
+
 TEST_CASE("with_row_transforms() or a row transform on one rank only: plan_mismatch on every rank, over MpiComm (messages, alltoallv) and MpiWindowComm (direct)") {
   const int P = ut::world_size();
   for (int all_rows : {0, 1})
@@ -446,36 +465,28 @@ TEST_CASE("with_row_transforms() or a row transform on one rank only: plan_misma
           CAPTURE(odd);
           CAPTURE(with_tx);
           CAPTURE(via);
-          ut::on_groups_of(P, [&](MPI_Comm sub) {
-            {
-              MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
-              const int r = comm.rank();
-              MpiWindow win(comm, 1u << 16);
-              MpiWindowComm wc(comm, win, std::chrono::seconds(20));
-              PlanOptions opt;
-              opt.path = via == 0 ? Path::messages : via == 1 ? Path::alltoallv : Path::direct;
-              const HeadPartition qh = HeadPartition::even(2 * P, P), kvh = HeadPartition::gqa(qh, 1);
-              TensorSpec q = TensorSpec::of<float>(qh, 4);
-              if (r == odd || all_rows) q.with_row_transforms();
-              const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {q, TensorSpec::of<float>(kvh, 4)}, Format::bshd, opt);
-              std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), b(plan.seq_bytes(1) / 4, 2.0f), oa(plan.head_bytes(0) / 4), ob(plan.head_bytes(1) / 4);
-              std::vector<std::byte> ws(plan.workspace_bytes());
-              HostExecutor ex;
-              const Rope rope(4, 2 * P);
-              RowTransforms tx;
-              if (r == odd && with_tx) tx.on_pack(0, rope);
-              const TensorList<ConstByteSpan> in{ConstByteSpan(a), ConstByteSpan(b)};
-              const TensorList<ByteSpan> out{ByteSpan(oa), ByteSpan(ob)};
-              const ut::TimedError t = ut::timed_error_of([&] {
-                if (via < 2) seq_to_head(plan, comm, ex, in, out, ws, tx);
-                else seq_to_head(plan, wc, ex, in, out, ws, tx);
-              });
-              CAPTURE(r);
-              CAPTURE(t.message);
-              CHECK(t.code == Errc::plan_mismatch);
-              CHECK(t.ms < 15000);
-            }
-            ut::drop_leftovers(sub);
+          on_path(P, via, [&](MpiComm& comm, MpiWindowComm& wc, const PlanOptions& opt) {
+            const int r = comm.rank();
+            const HeadPartition qh = HeadPartition::even(2 * P, P), kvh = HeadPartition::gqa(qh, 1);
+            TensorSpec q = TensorSpec::of<float>(qh, 4);
+            if (r == odd || all_rows) q.with_row_transforms();
+            const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {q, TensorSpec::of<float>(kvh, 4)}, Format::bshd, opt);
+            std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), b(plan.seq_bytes(1) / 4, 2.0f), oa(plan.head_bytes(0) / 4), ob(plan.head_bytes(1) / 4);
+            std::vector<std::byte> ws(plan.workspace_bytes());
+            HostExecutor ex;
+            const Rope rope(4, 2 * P);
+            RowTransforms tx;
+            if (r == odd && with_tx) tx.on_pack(0, rope);
+            const TensorList<ConstByteSpan> in{ConstByteSpan(a), ConstByteSpan(b)};
+            const TensorList<ByteSpan> out{ByteSpan(oa), ByteSpan(ob)};
+            const ut::TimedError t = ut::timed_error_of([&] {
+              if (via < 2) seq_to_head(plan, comm, ex, in, out, ws, tx);
+              else seq_to_head(plan, wc, ex, in, out, ws, tx);
+            });
+            CAPTURE(r);
+            CAPTURE(t.message);
+            CHECK(t.code == Errc::plan_mismatch);
+            CHECK(t.ms < 15000);
           });
         }
 }
@@ -488,33 +499,25 @@ TEST_CASE("a Rope with another theta or style on one rank: plan_mismatch on ever
         CAPTURE(odd);
         CAPTURE(variant);
         CAPTURE(via);
-        ut::on_groups_of(P, [&](MPI_Comm sub) {
-          {
-            MpiComm comm(sub, MpiComm::kIntMaxBytes, std::chrono::seconds(20));
-            const int r = comm.rank();
-            MpiWindow win(comm, 1u << 16);
-            MpiWindowComm wc(comm, win, std::chrono::seconds(20));
-            PlanOptions opt;
-            opt.path = via == 0 ? Path::messages : via == 1 ? Path::alltoallv : Path::direct;
-            const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {TensorSpec::of<float>(HeadPartition::even(2 * P, P), 4).with_row_transforms()},
-                            Format::bshd, opt);
-            std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), o(plan.head_bytes(0) / 4, -7.0f);
-            std::vector<std::byte> ws(plan.workspace_bytes());
-            HostExecutor ex;
-            const Rope rope = r != odd ? Rope(4, 2 * P) : variant == 1 ? Rope(4, 2 * P, 500000.0) : Rope(4, 2 * P, 10000.0, 0, RopeStyle::interleaved);
-            RowTransforms tx;
-            tx.on_pack(0, rope);
-            const ut::TimedError t = ut::timed_error_of([&] {
-              if (via < 2) seq_to_head(plan, comm, ex, TensorList<ConstByteSpan>{a}, TensorList<ByteSpan>{o}, ws, tx);
-              else seq_to_head(plan, wc, ex, TensorList<ConstByteSpan>{a}, TensorList<ByteSpan>{o}, ws, tx);
-            });
-            CAPTURE(r);
-            CAPTURE(t.message);
-            CHECK(t.code == Errc::plan_mismatch);
-            CHECK(t.ms < 15000);
-            CHECK(std::count(o.begin(), o.end(), -7.0f) == static_cast<std::ptrdiff_t>(o.size()));
-          }
-          ut::drop_leftovers(sub);
+        on_path(P, via, [&](MpiComm& comm, MpiWindowComm& wc, const PlanOptions& opt) {
+          const int r = comm.rank();
+          const Plan plan({P, r}, 1, SeqPartition::even(2 * P, P), {TensorSpec::of<float>(HeadPartition::even(2 * P, P), 4).with_row_transforms()},
+                          Format::bshd, opt);
+          std::vector<float> a(plan.seq_bytes(0) / 4, 1.0f), o(plan.head_bytes(0) / 4, -7.0f);
+          std::vector<std::byte> ws(plan.workspace_bytes());
+          HostExecutor ex;
+          const Rope rope = r != odd ? Rope(4, 2 * P) : variant == 1 ? Rope(4, 2 * P, 500000.0) : Rope(4, 2 * P, 10000.0, 0, RopeStyle::interleaved);
+          RowTransforms tx;
+          tx.on_pack(0, rope);
+          const ut::TimedError t = ut::timed_error_of([&] {
+            if (via < 2) seq_to_head(plan, comm, ex, TensorList<ConstByteSpan>{a}, TensorList<ByteSpan>{o}, ws, tx);
+            else seq_to_head(plan, wc, ex, TensorList<ConstByteSpan>{a}, TensorList<ByteSpan>{o}, ws, tx);
+          });
+          CAPTURE(r);
+          CAPTURE(t.message);
+          CHECK(t.code == Errc::plan_mismatch);
+          CHECK(t.ms < 15000);
+          CHECK(std::count(o.begin(), o.end(), -7.0f) == static_cast<std::ptrdiff_t>(o.size()));
         });
       }
 }
