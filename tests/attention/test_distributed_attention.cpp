@@ -987,6 +987,7 @@ TEST_CASE("a tensor given as a range of another element size (q or o in doubles 
       std::vector<std::pair<Errc, std::string>> errs(P);
       auto no_attention = [](const AttentionStep&) {};  // (only the checks matter here)
       auto no_backward = [](const AttentionGradStep&) {};
+      const auto t0 = std::chrono::steady_clock::now();
       LocalGroup(P, std::chrono::seconds(30)).spawn([&](LocalGroup::Comm& comm) {
         const int w = comm.rank();
         const DistributedAttentionPlan p = kind == 0 ? DistributedAttentionPlan({P, w}, 1, SeqPartition::balanced(S, P), attention_specs<float>(P, {4, 2, 8}), true)
@@ -1014,6 +1015,7 @@ TEST_CASE("a tensor given as a range of another element size (q or o in doubles 
       }
       const char* name = which == 0 ? "distributed_attention: q was given" : which == 1 ? "distributed_attention: o was given" : "distributed_attention_backward: dq was given";
       CHECK(errs[1].second.find(name) != std::string::npos);
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // the peers heard at once (the deadline is 30 s)
     }
 }
 

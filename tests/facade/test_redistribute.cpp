@@ -322,6 +322,7 @@ TEST_CASE("a null workspace that the path needs is invalid_shape, as a null tens
     CAPTURE(fault);
     LocalGroup g(P, std::chrono::seconds(20));
     std::vector<std::pair<Errc, std::string>> errs(P);
+    const auto t0 = std::chrono::steady_clock::now();
     g.spawn([&](LocalGroup::Comm& comm) {
       const int r = comm.rank();
       PlanOptions o;
@@ -338,6 +339,7 @@ TEST_CASE("a null workspace that the path needs is invalid_shape, as a null tens
     CHECK(errs[0].first == (fault == 0 ? Errc::invalid_shape : Errc::workspace_too_small));
     if (fault == 0) CHECK(errs[0].second.find("the workspace is null but holds") != std::string::npos);
     CHECK(errs[1].first == Errc::aborted);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // the peer heard at once (its deadline is 20 s)
   }
 }
 
